@@ -1,0 +1,5 @@
+-- Run once by the postgres image on an empty data directory, connected as
+-- POSTGRES_USER (tributary: superuser, may replicate).
+ALTER ROLE tributary WITH REPLICATION;
+CREATE DATABASE source OWNER tributary;
+CREATE DATABASE destination OWNER tributary;
