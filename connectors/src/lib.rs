@@ -1,0 +1,14 @@
+//! Tributary's connectors: the [`Source`] and [`Sink`] traits, the error kinds
+//! and their policy, and one module per system, each with the same files.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod sink;
+pub mod source;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
+pub use error::{policy, Decision, Error, ErrorKind, Result};
+pub use sink::{ApplyError, KafkaPosition, Sink, SinkBatch, SinkRecord};
+pub use source::{Checkpoint, Source, SourceBatch, SourceMessage};

@@ -1,0 +1,73 @@
+//! The `Source` trait: what every source connector gives the source runner.
+
+use async_trait::async_trait;
+use tributary_schemas::{ChangeEvent, TableId, TableSchema};
+
+use crate::error::Result;
+
+/// A source's resumable state, serialized by the source itself (JSON) and
+/// stored by the runner in the offsets topic, in the same Kafka transaction as
+/// the events it covers.
+///
+/// It holds everything needed to resume without loss or duplication: for
+/// PostgreSQL the slot name, the last committed LSN and, during a snapshot,
+/// the last key of the last committed chunk of each table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint(pub String);
+
+/// One message from a source, in source order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceMessage {
+    /// A row change (or a truncate).
+    Change(ChangeEvent),
+    /// A table's schema changed (or a table appeared): every following event
+    /// of the table uses this schema. Runners register the new version before
+    /// producing anything that needs it.
+    SchemaChanged(std::sync::Arc<TableSchema>),
+    /// A table was dropped in the source. Runners produce a table-dropped
+    /// control record on the table's topic, after every earlier change.
+    TableDropped(TableId),
+}
+
+/// A group of messages that the runner commits atomically, with the
+/// checkpoint that holds once they are all durable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceBatch {
+    /// Messages in source order. May be empty (a heartbeat that only moves the
+    /// checkpoint, so the source can release old log).
+    pub messages: Vec<SourceMessage>,
+    /// The state to resume from once every message above is durable.
+    pub checkpoint: Checkpoint,
+}
+
+/// A database that changes.
+///
+/// # Delivery contract
+///
+/// * [`Source::next_batch`] returns messages in source order. A batch never
+///   splits a source transaction's effects across a checkpoint: the batch's
+///   checkpoint is a point where every message before it is in this or an
+///   earlier batch, and none after it is.
+/// * The runner makes a batch durable (one Kafka transaction holding the
+///   events and the checkpoint) and only then calls [`Source::acknowledge`]
+///   with that checkpoint. A source releases source-side history (the
+///   replication slot's confirmed flush LSN, binlog retention) only up to an
+///   acknowledged checkpoint, so a crash at any moment loses nothing.
+/// * After a crash the runner calls [`Source::start`] with the last durable
+///   checkpoint; the source resumes exactly after it, so nothing is emitted
+///   twice into committed Kafka transactions.
+/// * Errors carry a kind (see [`crate::error`]); the runner, not the source,
+///   decides to retry or pause. A source must be able to be started again
+///   after any error.
+#[async_trait]
+pub trait Source: Send {
+    /// Connects and positions the source after `checkpoint` (or at the start
+    /// of a new snapshot when there is none).
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()>;
+
+    /// The next batch, waiting at most until a heartbeat is due.
+    async fn next_batch(&mut self) -> Result<SourceBatch>;
+
+    /// Called once the batch carrying `checkpoint` is durable in Kafka.
+    async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+}

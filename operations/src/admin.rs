@@ -1,0 +1,382 @@
+//! The admin server of a runner: health, readiness, status, metrics, and
+//! pause/resume for the whole runner or one table.
+//!
+//! It listens on loopback by default. When it listens anywhere else, the
+//! mutating endpoints require `Authorization: Bearer <token>` and refuse
+//! without a configured token, so a runner can never be paused by anyone who
+//! can reach its port.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::config::{resolve_secret, ConfigError};
+use crate::telemetry::Telemetry;
+
+/// Default admin address: loopback only, so nothing is exposed by accident.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8090";
+
+/// The `[admin]` section of a runner config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address to listen on; `off` disables the server.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Bearer token for pause/resume/delete: inline, `env:NAME` or
+    /// `file:/path`. Required when `listen` is not a loopback address.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            token: None,
+        }
+    }
+}
+
+fn default_listen() -> String {
+    DEFAULT_ADMIN_LISTEN.to_string()
+}
+
+impl AdminConfig {
+    /// The address, or `None` when the server is off.
+    pub fn address(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.listen == "off" {
+            return Ok(None);
+        }
+        self.listen
+            .parse()
+            .map(Some)
+            .map_err(|_| ConfigError::invalid("admin.listen", "must be host:port (an IP address) or \"off\""))
+    }
+
+    /// Checks the fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.address().map(|_| ())
+    }
+
+    /// The token, resolved.
+    pub fn token(&self) -> Result<Option<SecretString>, ConfigError> {
+        self.token
+            .as_deref()
+            .map(|t| resolve_secret("admin.token", t))
+            .transpose()
+    }
+}
+
+/// Which parts of a runner an operator paused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PauseSet {
+    /// The whole runner.
+    pub all: bool,
+    /// Single tables, `schema.table`.
+    pub tables: BTreeSet<String>,
+}
+
+impl PauseSet {
+    /// Whether `table` is paused (directly or through the whole runner).
+    pub fn is_paused(&self, table: &str) -> bool {
+        self.all || self.tables.contains(table)
+    }
+}
+
+/// Pause and resume, shared between the admin server and the runner loop.
+#[derive(Clone)]
+pub struct Control {
+    tx: Arc<watch::Sender<PauseSet>>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Control {
+    /// Nothing paused, not ready.
+    pub fn new() -> Self {
+        Self {
+            tx: Arc::new(watch::channel(PauseSet::default()).0),
+            ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Pauses the runner (`None`) or one table.
+    pub fn pause(&self, table: Option<&str>) {
+        self.tx.send_modify(|p| match table {
+            None => p.all = true,
+            Some(t) => {
+                p.tables.insert(t.to_string());
+            }
+        });
+    }
+
+    /// Resumes the runner (`None`: everything) or one table.
+    pub fn resume(&self, table: Option<&str>) {
+        self.tx.send_modify(|p| match table {
+            None => *p = PauseSet::default(),
+            Some(t) => {
+                p.tables.remove(t);
+            }
+        });
+    }
+
+    /// The current pause set.
+    pub fn paused(&self) -> PauseSet {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that wakes on every change.
+    pub fn subscribe(&self) -> watch::Receiver<PauseSet> {
+        self.tx.subscribe()
+    }
+
+    /// Marks the runner ready (connected, past start-up) or not.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    telemetry: Telemetry,
+    control: Control,
+    token: Option<Arc<SecretString>>,
+    loopback: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct TableQuery {
+    table: Option<String>,
+}
+
+/// Why a mutating request is refused, if it is.
+fn refuse(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match (&state.token, presented) {
+        (Some(token), Some(p)) if constant_time_eq(token.expose_secret().as_bytes(), p.as_bytes()) => None,
+        (Some(_), _) => Some((StatusCode::UNAUTHORIZED, "a valid bearer token is required\n").into_response()),
+        (None, _) if state.loopback => None,
+        (None, _) => Some(
+            (
+                StatusCode::FORBIDDEN,
+                "this admin server listens beyond loopback and has no token configured: set admin.token\n",
+            )
+                .into_response(),
+        ),
+    }
+}
+
+/// Compares without an early exit, so timing does not leak the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn health() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(s): State<AppState>) -> Response {
+    if s.control.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    }
+}
+
+async fn status(State(s): State<AppState>) -> Response {
+    let mut st = s.telemetry.status();
+    let paused = s.control.paused();
+    if paused.all && st.paused.is_none() {
+        st.paused = Some("paused by an operator".to_string());
+    }
+    for (name, t) in st.tables.iter_mut() {
+        if paused.tables.contains(name) {
+            t.state = crate::telemetry::TableState::Paused("paused by an operator".to_string());
+        }
+    }
+    Json(st).into_response()
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        s.telemetry.metrics_text(),
+    )
+        .into_response()
+}
+
+async fn pause(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {
+    if let Some(r) = refuse(&s, &headers) {
+        return r;
+    }
+    s.control.pause(q.table.as_deref());
+    tracing::info!(table = q.table.as_deref().unwrap_or("*"), "paused by an operator");
+    (StatusCode::OK, "paused\n").into_response()
+}
+
+async fn resume(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {
+    if let Some(r) = refuse(&s, &headers) {
+        return r;
+    }
+    s.control.resume(q.table.as_deref());
+    tracing::info!(table = q.table.as_deref().unwrap_or("*"), "resumed by an operator");
+    (StatusCode::OK, "resumed\n").into_response()
+}
+
+/// The admin routes, for tests and for [`serve`].
+pub fn router(telemetry: Telemetry, control: Control, token: Option<SecretString>, loopback: bool) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/pause", post(pause))
+        .route("/resume", post(resume))
+        .with_state(AppState {
+            telemetry,
+            control,
+            token: token.map(Arc::new),
+            loopback,
+        })
+}
+
+/// Binds the admin server and serves it in a background task. Returns the
+/// bound address (useful with port 0), or `None` when it is off.
+pub async fn serve(
+    config: &AdminConfig,
+    telemetry: Telemetry,
+    control: Control,
+) -> Result<Option<SocketAddr>, std::io::Error> {
+    let invalid = |e: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string());
+    let Some(addr) = config.address().map_err(invalid)? else {
+        return Ok(None);
+    };
+    let token = config.token().map_err(invalid)?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(telemetry, control, token, addr.ip().is_loopback());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "admin server stopped");
+        }
+    });
+    tracing::info!(address = %bound, "admin server listening");
+    Ok(Some(bound))
+}
+
+/// The client side of the admin API, for the runners' `status`, `pause` and
+/// `resume` commands.
+pub mod client {
+    pub use reqwest::Method;
+    use secrecy::{ExposeSecret, SecretString};
+
+    use super::RunnerStatusView;
+
+    /// Calls the admin API of a running runner at `listen` (its `admin.listen`).
+    pub async fn call(
+        listen: &str,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&SecretString>,
+    ) -> Result<String, String> {
+        let host = listen.replace("0.0.0.0", "127.0.0.1");
+        let url = format!("http://{host}{path}");
+        let mut req = reqwest::Client::new().request(method, &url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t.expose_secret());
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach the runner's admin server at {host}: {e} (is the runner running?)"))?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(|e| e.to_string())?;
+        if status.is_success() {
+            Ok(body)
+        } else {
+            Err(format!("{status}: {}", body.trim()))
+        }
+    }
+
+    /// Renders `GET /status` as a readable table.
+    pub fn render_status(json: &str) -> Result<String, String> {
+        let s: RunnerStatusView = serde_json::from_str(json).map_err(|e| format!("unexpected status: {e}"))?;
+        let mut out = format!(
+            "{} runner {}: {}\n",
+            s.kind,
+            s.runner,
+            s.paused.as_deref().map_or("running".to_string(), |r| format!("paused ({r})"))
+        );
+        out.push_str(&format!(
+            "{:<32} {:<14} {:>10} {:>10} {:>8} {:>8} {:>9}  {}\n",
+            "TABLE", "STATE", "SNAPSHOT", "EVENTS", "EV/S", "FAILED", "LAG", "LAST ERROR"
+        ));
+        for (name, t) in &s.tables {
+            let state = match &t.reason {
+                Some(r) => format!("{} ({r})", t.state),
+                None => t.state.clone(),
+            };
+            out.push_str(&format!(
+                "{:<32} {:<14} {:>10} {:>10} {:>8.1} {:>8} {:>9}  {}\n",
+                name,
+                state,
+                t.rows_snapshotted,
+                t.events,
+                t.events_per_second,
+                t.failed_records,
+                t.lag_seconds.map_or("-".to_string(), |l| format!("{l:.1}s")),
+                t.last_error.as_ref().map_or("", |e| e.message.as_str()),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// `GET /status` as the client reads it.
+#[derive(Debug, Deserialize)]
+struct RunnerStatusView {
+    runner: String,
+    kind: String,
+    paused: Option<String>,
+    tables: std::collections::BTreeMap<String, TableStatusView>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TableStatusView {
+    state: String,
+    reason: Option<String>,
+    rows_snapshotted: u64,
+    events: u64,
+    events_per_second: f64,
+    failed_records: u64,
+    lag_seconds: Option<f64>,
+    last_error: Option<LastErrorView>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LastErrorView {
+    message: String,
+}

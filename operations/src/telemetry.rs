@@ -1,0 +1,347 @@
+//! What a runner knows about itself, per table: state, progress, lag,
+//! failures. One `Telemetry` feeds both `GET /status` (JSON) and
+//! `GET /metrics` (Prometheus text), so the two can never disagree.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+/// Metric names: `tributary_<name>_<unit>`; the registry adds `_total` to
+/// counters.
+pub mod names {
+    /// Change events moved (counter).
+    pub const EVENTS: &str = "tributary_events";
+    /// Encoded bytes moved (counter).
+    pub const BYTES: &str = "tributary_bytes";
+    /// Records sent to a dead-letter topic (counter).
+    pub const FAILED_RECORDS: &str = "tributary_failed_records";
+    /// Seconds from source commit to visible in the destination (gauge).
+    pub const LAG_SECONDS: &str = "tributary_lag_seconds";
+    /// Rows copied by the snapshot (gauge).
+    pub const SNAPSHOT_ROWS: &str = "tributary_snapshot_rows";
+    /// Estimated rows of the table to snapshot (gauge).
+    pub const SNAPSHOT_ROWS_ESTIMATED: &str = "tributary_snapshot_rows_estimated";
+    /// Batch latency (histogram).
+    pub const BATCH_SECONDS: &str = "tributary_batch_duration_seconds";
+    /// 1 while paused (gauge).
+    pub const PAUSED: &str = "tributary_paused";
+}
+
+/// The `table` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    /// `schema.table`.
+    pub table: String,
+}
+
+/// A table's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state", content = "reason")]
+pub enum TableState {
+    /// Copying existing rows.
+    Snapshotting,
+    /// Following changes.
+    Streaming,
+    /// Paused, by an operator or until a problem is fixed; says why.
+    Paused(String),
+    /// Stopped on an error that needs an operator.
+    Failed(String),
+}
+
+/// The last error of a table.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastError {
+    /// The message (never row values).
+    pub message: String,
+    /// When, milliseconds since the epoch.
+    pub at_ms: i64,
+}
+
+/// One table's status, as served by `GET /status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TableStatus {
+    /// State and reason.
+    #[serde(flatten)]
+    pub state: TableState,
+    /// Rows copied by the snapshot.
+    pub rows_snapshotted: u64,
+    /// Estimated rows of the table, for snapshot progress.
+    pub rows_estimated: Option<u64>,
+    /// Events moved since start.
+    pub events: u64,
+    /// Events per second over the last measurement window.
+    pub events_per_second: f64,
+    /// Source commit time of the newest event seen, ms since the epoch.
+    pub last_source_commit_seen_ms: Option<i64>,
+    /// Source commit time of the newest event applied (sink) or committed to
+    /// Kafka (source), ms since the epoch.
+    pub last_source_commit_applied_ms: Option<i64>,
+    /// Seconds from that source commit to the moment it was applied.
+    pub lag_seconds: Option<f64>,
+    /// Records sent to the dead-letter topic.
+    pub failed_records: u64,
+    /// Last error.
+    pub last_error: Option<LastError>,
+    #[serde(skip)]
+    window: (Option<Instant>, u64),
+}
+
+impl Default for TableStatus {
+    fn default() -> Self {
+        Self {
+            state: TableState::Streaming,
+            rows_snapshotted: 0,
+            rows_estimated: None,
+            events: 0,
+            events_per_second: 0.0,
+            last_source_commit_seen_ms: None,
+            last_source_commit_applied_ms: None,
+            lag_seconds: None,
+            failed_records: 0,
+            last_error: None,
+            window: (None, 0),
+        }
+    }
+}
+
+/// The runner's status, as served by `GET /status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunnerStatus {
+    /// Runner name.
+    pub runner: String,
+    /// `source` or `sink`.
+    pub kind: &'static str,
+    /// Whether the whole runner is paused, and why.
+    pub paused: Option<String>,
+    /// Per table, by `schema.table`.
+    pub tables: BTreeMap<String, TableStatus>,
+}
+
+/// How often the events/s figure is recomputed.
+const RATE_WINDOW_SECS: f64 = 5.0;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+struct Metrics {
+    events: Family<TableLabel, Counter>,
+    bytes: Family<TableLabel, Counter>,
+    failed: Family<TableLabel, Counter>,
+    lag: Family<TableLabel, Gauge<f64, AtomicU64>>,
+    snapshot_rows: Family<TableLabel, Gauge>,
+    snapshot_estimated: Family<TableLabel, Gauge>,
+    batch: Histogram,
+    paused: Gauge,
+}
+
+/// Status and metrics of one runner. Cheap to clone and share.
+#[derive(Clone)]
+pub struct Telemetry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    status: Mutex<RunnerStatus>,
+    registry: Registry,
+    metrics: Metrics,
+}
+
+impl Telemetry {
+    /// New telemetry for runner `runner` of `kind` (`source` or `sink`).
+    pub fn new(runner: &str, kind: &'static str) -> Self {
+        let mut registry = Registry::default();
+        let metrics = Metrics {
+            events: Family::default(),
+            bytes: Family::default(),
+            failed: Family::default(),
+            lag: Family::default(),
+            snapshot_rows: Family::default(),
+            snapshot_estimated: Family::default(),
+            // 1 ms .. ~65 s: a batch spans a small streaming commit to a
+            // large snapshot chunk.
+            batch: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            paused: Gauge::default(),
+        };
+        registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
+        registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
+        registry.register(
+            names::FAILED_RECORDS,
+            "Records sent to a dead-letter topic",
+            metrics.failed.clone(),
+        );
+        registry.register(
+            names::LAG_SECONDS,
+            "Seconds from source commit to applied",
+            metrics.lag.clone(),
+        );
+        registry.register(names::SNAPSHOT_ROWS, "Rows copied by the snapshot", metrics.snapshot_rows.clone());
+        registry.register(
+            names::SNAPSHOT_ROWS_ESTIMATED,
+            "Estimated rows of the table being snapshotted",
+            metrics.snapshot_estimated.clone(),
+        );
+        registry.register(names::BATCH_SECONDS, "Batch latency", metrics.batch.clone());
+        registry.register(names::PAUSED, "1 while the runner is paused", metrics.paused.clone());
+        Self {
+            inner: Arc::new(Inner {
+                status: Mutex::new(RunnerStatus {
+                    runner: runner.to_string(),
+                    kind,
+                    paused: None,
+                    tables: BTreeMap::new(),
+                }),
+                registry,
+                metrics,
+            }),
+        }
+    }
+
+    fn with_table<R>(&self, table: &str, f: impl FnOnce(&mut TableStatus) -> R) -> R {
+        // A poisoned lock only means another thread panicked mid-update of
+        // counters; the data is still usable for reporting.
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        f(status.tables.entry(table.to_string()).or_default())
+    }
+
+    fn label(table: &str) -> TableLabel {
+        TableLabel {
+            table: table.to_string(),
+        }
+    }
+
+    /// Sets a table's state.
+    pub fn set_state(&self, table: &str, state: TableState) {
+        self.with_table(table, |t| t.state = state);
+    }
+
+    /// Records events moved for a table, and the newest source commit time
+    /// among them.
+    pub fn record_events(&self, table: &str, events: u64, bytes: u64, source_commit_ms: Option<i64>) {
+        let label = Self::label(table);
+        self.inner.metrics.events.get_or_create(&label).inc_by(events);
+        self.inner.metrics.bytes.get_or_create(&label).inc_by(bytes);
+        self.with_table(table, |t| {
+            t.events += events;
+            if let Some(ms) = source_commit_ms {
+                t.last_source_commit_seen_ms = Some(t.last_source_commit_seen_ms.map_or(ms, |m| m.max(ms)));
+            }
+            let now = Instant::now();
+            match t.window.0 {
+                None => t.window = (Some(now), t.events),
+                Some(start) => {
+                    let secs = now.duration_since(start).as_secs_f64();
+                    if secs >= RATE_WINDOW_SECS {
+                        t.events_per_second = (t.events - t.window.1) as f64 / secs;
+                        t.window = (Some(now), t.events);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Records that changes up to `source_commit_ms` are applied (visible in
+    /// the destination, or committed to Kafka for a source).
+    pub fn record_applied(&self, table: &str, source_commit_ms: i64) {
+        let lag = ((now_ms() - source_commit_ms) as f64 / 1000.0).max(0.0);
+        self.inner.metrics.lag.get_or_create(&Self::label(table)).set(lag);
+        self.with_table(table, |t| {
+            t.last_source_commit_applied_ms = Some(source_commit_ms);
+            t.lag_seconds = Some(lag);
+        });
+    }
+
+    /// Records a record sent to the dead-letter topic.
+    pub fn record_failed(&self, table: &str, error: &str) {
+        self.inner.metrics.failed.get_or_create(&Self::label(table)).inc();
+        self.with_table(table, |t| {
+            t.failed_records += 1;
+            t.last_error = Some(LastError {
+                message: error.to_string(),
+                at_ms: now_ms(),
+            });
+        });
+    }
+
+    /// Records an error of a table without a failed record (e.g. a retry).
+    pub fn record_error(&self, table: &str, error: &str) {
+        self.with_table(table, |t| {
+            t.last_error = Some(LastError {
+                message: error.to_string(),
+                at_ms: now_ms(),
+            })
+        });
+    }
+
+    /// Records snapshot progress of a table.
+    pub fn record_snapshot(&self, table: &str, rows: u64, estimated: Option<u64>) {
+        let label = Self::label(table);
+        self.inner.metrics.snapshot_rows.get_or_create(&label).set(rows as i64);
+        if let Some(e) = estimated {
+            self.inner.metrics.snapshot_estimated.get_or_create(&label).set(e as i64);
+        }
+        self.with_table(table, |t| {
+            t.rows_snapshotted = rows;
+            t.rows_estimated = estimated;
+        });
+    }
+
+    /// Records one batch's latency.
+    pub fn record_batch_seconds(&self, seconds: f64) {
+        self.inner.metrics.batch.observe(seconds);
+    }
+
+    /// Sets or clears the runner-wide pause and its reason.
+    pub fn set_paused(&self, reason: Option<String>) {
+        self.inner.metrics.paused.set(i64::from(reason.is_some()));
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.paused = reason;
+    }
+
+    /// A snapshot of the status.
+    pub fn status(&self) -> RunnerStatus {
+        self.inner.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_metrics_agree() {
+        let t = Telemetry::new("r1", "sink");
+        t.record_events("public.orders", 10, 1000, Some(now_ms()));
+        t.record_failed("public.orders", "value too long for column note");
+        t.record_applied("public.orders", now_ms() - 2000);
+        let s = t.status();
+        let orders = &s.tables["public.orders"];
+        assert_eq!(orders.events, 10);
+        assert_eq!(orders.failed_records, 1);
+        assert!(orders.lag_seconds.unwrap_or(0.0) >= 2.0);
+        let text = t.metrics_text();
+        assert!(text.contains("tributary_events_total{table=\"public.orders\"} 10"), "{text}");
+        assert!(text.contains("tributary_failed_records_total{table=\"public.orders\"} 1"), "{text}");
+        assert!(text.contains("tributary_lag_seconds{table=\"public.orders\"}"), "{text}");
+    }
+}

@@ -1,0 +1,137 @@
+//! The source runner's config file.
+
+use serde::Deserialize;
+use tributary_operations::config::{ConfigError, Validate};
+use tributary_operations::kafka::KafkaConfig;
+
+/// Default schema registry: the local stack's Apicurio, Confluent API.
+pub const DEFAULT_SCHEMA_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
+/// Default topic template, Debezium's naming so its consumers feel at home.
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "{prefix}.{schema}.{table}";
+/// Kafka transaction timeout. Long enough for a large snapshot chunk on a
+/// slow broker, short enough that a crashed runner's open transaction is
+/// aborted by the broker quickly if the runner does not come back.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u32 = 60_000;
+/// Producer queue limit. Bounds the runner's memory (the RSS target is
+/// 64 MiB); a full queue applies backpressure to the source.
+pub const DEFAULT_PRODUCER_QUEUE_KBYTES: u32 = 16 * 1024;
+
+/// A source runner: one source database into per-table Kafka topics.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceRunnerConfig {
+    /// The runner's logical name: the default topic prefix, the Kafka
+    /// `transactional.id` (`tributary-source-<name>`) and the key of its
+    /// checkpoint in the offsets topic. Changing it starts a new copy.
+    pub name: String,
+    /// Topic prefix; defaults to `name`.
+    #[serde(default)]
+    pub topic_prefix: Option<String>,
+    /// Topic name template with `{prefix}`, `{schema}` and `{table}`.
+    #[serde(default = "default_topic_template")]
+    pub topic_template: String,
+    /// Whether a tombstone (key, null value) follows each delete, so that
+    /// compacted topics forget deleted keys.
+    #[serde(default = "default_true")]
+    pub tombstones: bool,
+    /// Confluent-compatible schema registry URL.
+    #[serde(default = "default_registry")]
+    pub schema_registry_url: String,
+    /// Kafka connection.
+    pub kafka: KafkaConfig,
+    /// Kafka transaction timeout in milliseconds.
+    #[serde(default = "default_txn_timeout")]
+    pub transaction_timeout_ms: u32,
+    /// Producer queue limit in KiB (memory bound and backpressure).
+    #[serde(default = "default_queue_kbytes")]
+    pub producer_queue_kbytes: u32,
+    /// The admin server (status, metrics, pause/resume).
+    #[serde(default)]
+    pub admin: tributary_operations::admin::AdminConfig,
+    /// A PostgreSQL source.
+    #[serde(default)]
+    pub postgres: Option<tributary_connectors::postgres::config::PostgresSourceConfig>,
+}
+
+fn default_topic_template() -> String {
+    DEFAULT_TOPIC_TEMPLATE.to_string()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_registry() -> String {
+    DEFAULT_SCHEMA_REGISTRY_URL.to_string()
+}
+fn default_txn_timeout() -> u32 {
+    DEFAULT_TRANSACTION_TIMEOUT_MS
+}
+fn default_queue_kbytes() -> u32 {
+    DEFAULT_PRODUCER_QUEUE_KBYTES
+}
+
+impl SourceRunnerConfig {
+    /// The topic prefix in use.
+    pub fn prefix(&self) -> &str {
+        self.topic_prefix.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The source connector kind, as Debezium names it (`source.connector`).
+    pub fn connector(&self) -> &'static str {
+        "postgresql"
+    }
+
+    /// The offsets topic holding this runner's checkpoints.
+    pub fn offsets_topic(&self) -> String {
+        format!("{}.tributary.offsets", self.prefix())
+    }
+
+    /// The Kafka transactional id: stable per runner, so a restarted runner
+    /// fences its crashed predecessor and aborts its open transaction.
+    pub fn transactional_id(&self) -> String {
+        format!("tributary-source-{}", self.name)
+    }
+}
+
+impl Validate for SourceRunnerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        if !name_ok {
+            return Err(ConfigError::invalid(
+                "name",
+                "must be non-empty and use only letters, digits, '.', '_' and '-' (it becomes part of topic names)",
+            ));
+        }
+        for part in ["{schema}", "{table}"] {
+            if !self.topic_template.contains(part) {
+                return Err(ConfigError::invalid(
+                    "topic_template",
+                    format!("must contain {part} so that each table gets its own topic"),
+                ));
+            }
+        }
+        if !(self.schema_registry_url.starts_with("http://")
+            || self.schema_registry_url.starts_with("https://"))
+        {
+            return Err(ConfigError::invalid("schema_registry_url", "must be an http:// or https:// URL"));
+        }
+        if self.transaction_timeout_ms < 1_000 {
+            return Err(ConfigError::invalid("transaction_timeout_ms", "must be at least 1000"));
+        }
+        self.kafka.validate("kafka")?;
+        self.admin.validate()?;
+        match &self.postgres {
+            Some(pg) => pg.validate_as("postgres")?,
+            None => {
+                return Err(ConfigError::invalid(
+                    "postgres",
+                    "a source section is required: [postgres] (MySQL, SQL Server and Oracle come later)",
+                ))
+            }
+        }
+        Ok(())
+    }
+}

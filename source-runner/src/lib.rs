@@ -1,0 +1,169 @@
+//! The source runner: one process per source database. Consistent snapshot,
+//! then streaming, into per-table Kafka topics, exactly once.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod runner;
+
+use std::process::ExitCode;
+
+use config::SourceRunnerConfig;
+use tributary_connectors::Error;
+
+/// Builds the configured source and runs it until Ctrl-C or SIGTERM.
+pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
+    let source = build_source(&config)?;
+    let telemetry = tributary_operations::telemetry::Telemetry::new(&config.name, "source");
+    let control = tributary_operations::admin::Control::new();
+    tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone())
+        .await
+        .map_err(|e| Error::needs_operator(format!("cannot start the admin server on {}: {e}", config.admin.listen)))?;
+    runner::run(config, source, telemetry, control, shutdown_signal()).await
+}
+
+/// The source named by the config.
+pub fn build_source(config: &SourceRunnerConfig) -> Result<Box<dyn tributary_connectors::Source>, Error> {
+    match &config.postgres {
+        Some(pg) => Ok(Box::new(tributary_connectors::postgres::PostgresSource::new(
+            pg.clone(),
+            config.name.clone(),
+        )?)),
+        None => Err(Error::needs_operator("no source configured: add a [postgres] section")),
+    }
+}
+
+/// `source-runner check`: prints each problem with the SQL that fixes it.
+pub async fn check(config: SourceRunnerConfig) -> ExitCode {
+    let Some(pg) = &config.postgres else {
+        eprintln!("error: no source configured");
+        return ExitCode::from(2);
+    };
+    let problems = tributary_connectors::postgres::check::check(pg).await;
+    if problems.is_empty() {
+        println!("ok: the source is ready for Tributary");
+        return ExitCode::SUCCESS;
+    }
+    for p in &problems {
+        println!("{p}");
+    }
+    // Warnings alone (e.g. REPLICA IDENTITY DEFAULT) still let the copy run.
+    if problems
+        .iter()
+        .any(|p| p.severity == tributary_connectors::postgres::check::Severity::Error)
+    {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// `status`, `pause` and `resume`: calls the running runner's admin server.
+pub async fn admin_command(config: &SourceRunnerConfig, what: &str, json: bool) -> ExitCode {
+    use tributary_operations::admin::client;
+    let token = match config.admin.token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (method, path) = match what {
+        "status" => (reqwest_method::GET, "/status"),
+        "pause" => (reqwest_method::POST, "/pause"),
+        _ => (reqwest_method::POST, "/resume"),
+    };
+    match client::call(&config.admin.listen, method, path, token.as_ref()).await {
+        Ok(body) if what == "status" && !json => match client::render_status(&body) {
+            Ok(t) => {
+                print!("{t}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(body) => {
+            print!("{body}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+use tributary_operations::admin::client::Method as reqwest_method;
+
+/// `delete`: removes everything this copy owns on the source, in Kafka and
+/// in the schema registry. Destination tables belong to sinks
+/// (`sink-runner delete --drop-destination`).
+pub async fn delete(config: SourceRunnerConfig, yes: bool) -> ExitCode {
+    let prefix = config.prefix().to_string();
+    if !yes {
+        println!(
+            "This deletes copy {name:?}: its replication slot and publication, every Kafka topic \
+             named {prefix}.*, and their schema subjects. Type the copy's name to confirm:",
+            name = config.name
+        );
+        let mut answer = String::new();
+        if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != config.name {
+            eprintln!("not confirmed; nothing deleted");
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut failed = false;
+    if let Some(pg) = &config.postgres {
+        match tributary_connectors::postgres::check::teardown(pg).await {
+            Ok(done) => {
+                for d in done {
+                    println!("deleted {d}");
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed = true;
+            }
+        }
+    }
+    match runner::delete_topics(&config).await {
+        Ok(topics) => {
+            for t in topics {
+                println!("deleted topic {t} and its schema subjects");
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,88 @@
+//! `source-runner`: copy one source database into per-table Kafka topics.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use source_runner::config::SourceRunnerConfig;
+use tributary_operations::logging::{self, LogFormat};
+
+/// Copies one source database into per-table Kafka topics: a consistent
+/// snapshot, then every change, exactly once.
+#[derive(Debug, Parser)]
+#[command(name = "source-runner", version, about)]
+struct Cli {
+    /// Config file (TOML). See examples/source-postgres.toml.
+    #[arg(long, short, global = true, env = "TRIBUTARY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format: text (terminal) or json.
+    #[arg(long, global = true, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the copy (the default).
+    Run,
+    /// Check the source's settings and privileges; print the SQL that fixes
+    /// each problem.
+    Check,
+    /// Show the running runner's status per table (through its admin server).
+    Status {
+        /// Print the raw JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause the running runner: it stops reading; the slot keeps its place.
+    Pause,
+    /// Resume a paused runner.
+    Resume,
+    /// Delete this copy: the replication slot, the publication, the change
+    /// topics, the offsets topic and the schema subjects.
+    Delete {
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    let Some(path) = cli.config else {
+        eprintln!("error: --config FILE is required (or set TRIBUTARY_CONFIG)");
+        return ExitCode::from(2);
+    };
+    let config: SourceRunnerConfig = match tributary_operations::config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command.unwrap_or(Command::Run) {
+            Command::Run => match source_runner::run_from_config(config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Command::Check => source_runner::check(config).await,
+            Command::Status { json } => source_runner::admin_command(&config, "status", json).await,
+            Command::Pause => source_runner::admin_command(&config, "pause", false).await,
+            Command::Resume => source_runner::admin_command(&config, "resume", false).await,
+            Command::Delete { yes } => source_runner::delete(config, yes).await,
+        }
+    })
+}

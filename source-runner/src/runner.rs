@@ -1,0 +1,559 @@
+//! The source runner's loop: source batch -> Avro -> one Kafka transaction
+//! (events + checkpoint) -> acknowledge to the source.
+//!
+//! Exactly once rests on three facts:
+//! 1. the events of a batch and the checkpoint that covers them are written in
+//!    one Kafka transaction, so `read_committed` consumers see both or neither;
+//! 2. the transactional id is stable per runner, so a restarted runner fences
+//!    its crashed predecessor and the broker aborts whatever it left open
+//!    before we read the last checkpoint;
+//! 3. the source releases history (slot flush LSN) only after the commit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tracing::{info, info_span, warn, Instrument};
+use tributary_connectors::{policy, Checkpoint, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_schemas::avro::EnvelopeOptions;
+use tributary_schemas::encoder::EventEncoder;
+use tributary_schemas::registry::Registry;
+use tributary_schemas::topic::TopicNaming;
+use tributary_operations::admin::Control;
+use tributary_operations::telemetry::{TableState, Telemetry};
+use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
+
+use crate::config::SourceRunnerConfig;
+
+/// Header that marks a control record on a change topic (see docs/CONTRACTS.md).
+pub const CONTROL_HEADER: &str = "tributary.control";
+/// Control record: the source table was dropped.
+pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
+/// How long to wait for Kafka's answer to a transaction step.
+const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to look for the last checkpoint in the offsets topic.
+const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Maps a Kafka error onto our error kinds. Kafka codes are classified, never
+/// string-matched.
+fn kafka_error(context: &str, err: KafkaError) -> Error {
+    let kind = match &err {
+        KafkaError::Transaction(e) if e.is_fatal() => ErrorKind::NeedsOperator,
+        KafkaError::Transaction(_) => ErrorKind::Retryable,
+        e => match e.rdkafka_error_code() {
+            Some(
+                RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::Authentication,
+            ) => ErrorKind::NeedsOperator,
+            _ => ErrorKind::Retryable,
+        },
+    };
+    Error::new(kind, format!("kafka: {context}"))
+        .with_class(format!("kafka.{:?}", err.rdkafka_error_code()))
+        .with_source(err)
+}
+
+/// Runs `f`, a blocking librdkafka call, without stalling the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::retryable(format!("blocking Kafka call did not finish: {e}")))
+}
+
+/// The Kafka side of a source runner.
+pub struct KafkaSide {
+    config: SourceRunnerConfig,
+    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    admin: AdminClient<DefaultClientContext>,
+    encoder: EventEncoder,
+    naming: TopicNaming,
+    /// Topics known to exist, with their partition count.
+    topics: HashMap<String, i32>,
+    /// The schema each table's last produced event used.
+    schemas: HashMap<TableId, Arc<TableSchema>>,
+}
+
+impl KafkaSide {
+    /// Connects to Kafka and the registry and fences any earlier instance of
+    /// this runner (`init_transactions`).
+    pub async fn connect(config: &SourceRunnerConfig) -> Result<Self, Error> {
+        let client = config
+            .kafka
+            .client_config()
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        let mut producer_config = client.clone();
+        producer_config
+            .set("transactional.id", config.transactional_id())
+            .set("enable.idempotence", "true")
+            .set("transaction.timeout.ms", config.transaction_timeout_ms.to_string())
+            .set("queue.buffering.max.kbytes", config.producer_queue_kbytes.to_string())
+            .set("linger.ms", "5")
+            .set("compression.type", "zstd");
+        let producer: ThreadedProducer<DefaultProducerContext> = producer_config
+            .create()
+            .map_err(|e| kafka_error("cannot create the producer", e))?;
+        let producer = Arc::new(producer);
+        let p = producer.clone();
+        blocking(move || p.init_transactions(KAFKA_TXN_STEP_TIMEOUT))
+            .await?
+            .map_err(|e| kafka_error("init_transactions (fencing the previous instance)", e))?;
+        let admin: AdminClient<DefaultClientContext> = client
+            .create()
+            .map_err(|e| kafka_error("cannot create the admin client", e))?;
+        let registry = Registry::new(&config.schema_registry_url)?;
+        let encoder = EventEncoder::new(
+            registry,
+            EnvelopeOptions {
+                connector: config.connector().to_string(),
+                tombstones: config.tombstones,
+            },
+        );
+        let naming = TopicNaming::new(config.topic_template.clone());
+        let mut side = KafkaSide {
+            config: config.clone(),
+            producer,
+            admin,
+            encoder,
+            naming,
+            topics: HashMap::new(),
+            schemas: HashMap::new(),
+        };
+        side.ensure_topic(&config.offsets_topic(), true).await?;
+        Ok(side)
+    }
+
+    /// Creates a topic if it does not exist (compacted for the offsets topic)
+    /// and remembers its partition count.
+    async fn ensure_topic(&mut self, topic: &str, compacted: bool) -> Result<i32, Error> {
+        if let Some(p) = self.topics.get(topic) {
+            return Ok(*p);
+        }
+        let new = NewTopic::new(topic, if compacted { 1 } else { -1 }, TopicReplication::Fixed(-1));
+        let new = if compacted {
+            new.set("cleanup.policy", "compact")
+        } else {
+            new
+        };
+        let results = self
+            .admin
+            .create_topics(&[new], &AdminOptions::new())
+            .await
+            .map_err(|e| kafka_error("create topic", e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => {
+                    return Err(Error::new(
+                        if code == RDKafkaErrorCode::TopicAuthorizationFailed {
+                            ErrorKind::NeedsOperator
+                        } else {
+                            ErrorKind::Retryable
+                        },
+                        format!("cannot create topic {t}: {code}"),
+                    ))
+                }
+            }
+        }
+        let producer = self.producer.clone();
+        let name = topic.to_string();
+        let partitions = blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(10))
+                .map(|m| m.topics().first().map(|t| t.partitions().len() as i32).unwrap_or(0))
+        })
+        .await?
+        .map_err(|e| kafka_error("topic metadata", e))?;
+        if partitions == 0 {
+            return Err(Error::retryable(format!("topic {topic} has no partitions yet")));
+        }
+        self.topics.insert(topic.to_string(), partitions);
+        Ok(partitions)
+    }
+
+    /// Reads this runner's last committed checkpoint from the offsets topic.
+    ///
+    /// Must run after [`KafkaSide::connect`]: `init_transactions` has aborted
+    /// whatever a crashed predecessor left open, so `read_committed` sees the
+    /// final state.
+    pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>, Error> {
+        let mut c = self
+            .config
+            .kafka
+            .client_config()
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        c.set("group.id", format!("tributary-source-{}-checkpoint", self.config.name))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed");
+        let consumer: BaseConsumer = c.create().map_err(|e| kafka_error("checkpoint consumer", e))?;
+        let topic = self.config.offsets_topic();
+        let name = self.config.name.clone();
+        blocking(move || -> Result<Option<Checkpoint>, Error> {
+            let (low, high) = consumer
+                .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+                .map_err(|e| kafka_error("offsets topic watermarks", e))?;
+            if high <= low {
+                return Ok(None);
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, 0, Offset::Beginning)
+                .map_err(|e| kafka_error("assign offsets topic", e))?;
+            consumer.assign(&tpl).map_err(|e| kafka_error("assign offsets topic", e))?;
+            let deadline = Instant::now() + CHECKPOINT_READ_TIMEOUT;
+            let mut last = None;
+            loop {
+                let position = consumer
+                    .position()
+                    .ok()
+                    .and_then(|p| p.find_partition(&topic, 0).and_then(|e| e.offset().to_raw()))
+                    .unwrap_or(-1);
+                if position >= high {
+                    return Ok(last);
+                }
+                if Instant::now() > deadline {
+                    return Err(Error::retryable(format!(
+                        "could not read the offsets topic {topic} to its end ({position} of {high}) in time"
+                    )));
+                }
+                match consumer.poll(Duration::from_millis(200)) {
+                    Some(Ok(m)) => {
+                        if m.key() == Some(name.as_bytes()) {
+                            last = m
+                                .payload()
+                                .map(|p| Checkpoint(String::from_utf8_lossy(p).into_owned()));
+                        }
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                    Some(Err(e)) => return Err(kafka_error("read offsets topic", e)),
+                }
+            }
+        })
+        .await?
+    }
+
+    /// Produces a batch and its checkpoint in one Kafka transaction.
+    ///
+    /// On error the transaction is aborted (or the producer must be rebuilt
+    /// when the error is fatal); nothing of the batch is visible to
+    /// `read_committed` consumers.
+    ///
+    /// Returns the encoded bytes produced per table.
+    pub async fn commit_batch(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
+        // Register new schema versions before the transaction starts: an
+        // incompatible change must stop us before anything is produced.
+        for msg in &batch.messages {
+            let schema = match msg {
+                SourceMessage::SchemaChanged(s) => s.clone(),
+                SourceMessage::Change(e) => e.schema.clone(),
+                SourceMessage::TableDropped(_) => continue,
+            };
+            if self.schemas.get(&schema.id) != Some(&schema) {
+                let topic = self.naming.topic(self.config.prefix(), &schema.id);
+                self.ensure_topic(&topic, false).await?;
+                self.encoder.prepare(&schema, &topic).await?;
+                self.schemas.insert(schema.id.clone(), schema);
+            }
+        }
+        let p = self.producer.clone();
+        blocking(move || p.begin_transaction())
+            .await?
+            .map_err(|e| kafka_error("begin_transaction", e))?;
+        match self.produce_all(batch).await {
+            Ok(bytes) => {
+                let p = self.producer.clone();
+                match blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await? {
+                    Ok(()) => Ok(bytes),
+                    Err(e) => {
+                        self.abort().await;
+                        Err(kafka_error("commit_transaction", e))
+                    }
+                }
+            }
+            Err(e) => {
+                self.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(&self) {
+        let p = self.producer.clone();
+        match blocking(move || p.abort_transaction(KAFKA_TXN_STEP_TIMEOUT)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "abort_transaction failed; the broker aborts the transaction at its timeout"),
+            Err(e) => warn!(error = %e, "abort_transaction did not run"),
+        }
+    }
+
+    async fn produce_all(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
+        let mut bytes: HashMap<TableId, u64> = HashMap::new();
+        for msg in &batch.messages {
+            match msg {
+                SourceMessage::SchemaChanged(_) => {}
+                SourceMessage::Change(event) => {
+                    let topic = self.naming.topic(self.config.prefix(), &event.schema.id);
+                    let encoded = self.encoder.encode(event, &topic)?;
+                    *bytes.entry(event.schema.id.clone()).or_default() += (encoded.key.as_ref().map_or(0, |k| k.len())
+                        + encoded.value.as_ref().map_or(0, |v| v.len()))
+                        as u64;
+                    if event.op == Op::Truncate {
+                        // A truncate concerns every key, so every partition
+                        // gets it, in order with that partition's rows.
+                        let partitions = self.ensure_topic(&topic, false).await?;
+                        for p in 0..partitions {
+                            self.send(&topic, Some(p), encoded.key.as_deref(), encoded.value.as_deref(), None)
+                                .await?;
+                        }
+                    } else {
+                        self.send(&topic, None, encoded.key.as_deref(), encoded.value.as_deref(), None)
+                            .await?;
+                        if let Some(tombstone) = self.encoder.tombstone(event, &topic)? {
+                            self.send(&topic, None, tombstone.key.as_deref(), None, None).await?;
+                        }
+                    }
+                }
+                SourceMessage::TableDropped(table) => {
+                    let topic = self.naming.topic(self.config.prefix(), table);
+                    let partitions = self.ensure_topic(&topic, false).await?;
+                    for p in 0..partitions {
+                        let headers = OwnedHeaders::new().insert(Header {
+                            key: CONTROL_HEADER,
+                            value: Some(CONTROL_TABLE_DROPPED),
+                        });
+                        self.send(&topic, Some(p), None, None, Some(headers)).await?;
+                    }
+                    self.schemas.remove(table);
+                }
+            }
+        }
+        let topic = self.config.offsets_topic();
+        let key = self.config.name.clone();
+        self.send(&topic, Some(0), Some(key.as_bytes()), Some(batch.checkpoint.0.as_bytes()), None)
+            .await?;
+        Ok(bytes)
+    }
+
+    /// Enqueues one record; a full queue is backpressure: wait for
+    /// deliveries, then try again.
+    async fn send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: Option<OwnedHeaders>,
+    ) -> Result<(), Error> {
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        if let Some(h) = headers {
+            record = record.headers(h);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    let p = self.producer.clone();
+                    // flush() waits for in-flight deliveries, which frees queue space.
+                    blocking(move || p.flush(Duration::from_millis(100))).await?.ok();
+                }
+                Err((e, _)) => return Err(kafka_error("produce", e)),
+            }
+        }
+    }
+}
+
+/// Runs a source until it fails for good or `shutdown` resolves.
+///
+/// Retryable and operator errors are retried per [`policy`], restarting the
+/// source from the last durable checkpoint; nothing is ever skipped.
+pub async fn run(
+    config: SourceRunnerConfig,
+    mut source: Box<dyn Source>,
+    telemetry: Telemetry,
+    control: Control,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), Error> {
+    tokio::pin!(shutdown);
+    let span = info_span!("source_runner", runner = %config.name);
+    async move {
+        let mut attempt = 0u32;
+        loop {
+            let result = tokio::select! {
+                r = run_once(&config, source.as_mut(), &telemetry, &control) => r,
+                _ = &mut shutdown => { info!("shutting down"); return Ok(()); }
+            };
+            let err = match result {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            attempt += 1;
+            control.set_ready(false);
+            let table = err.table().map(|t| t.to_string());
+            if let Some(t) = &table {
+                telemetry.record_error(t, &err.to_string());
+            }
+            let delay = match policy(err.kind(), attempt) {
+                Decision::RetryAfter(d) => {
+                    warn!(error = %err, attempt, delay_ms = d.as_millis() as u64, "retrying from the last checkpoint");
+                    telemetry.set_paused(Some(format!("retrying: {err}")));
+                    d
+                }
+                Decision::PauseAndProbe(d) => {
+                    warn!(error = %err, hint = err.hint().unwrap_or(""), "paused until an operator fixes this; probing again");
+                    telemetry.set_paused(Some(err.to_string()));
+                    d
+                }
+                Decision::DeadLetter => {
+                    tracing::error!(error = %err, "stopping: a source cannot skip a change");
+                    if let Some(t) = &table {
+                        telemetry.set_state(t, TableState::Failed(err.to_string()));
+                    }
+                    return Err(err);
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = &mut shutdown => { info!("shutting down"); return Ok(()); }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// One life of the pipeline: connect, resume from the last checkpoint, then
+/// loop until an error.
+async fn run_once(
+    config: &SourceRunnerConfig,
+    source: &mut dyn Source,
+    telemetry: &Telemetry,
+    control: &Control,
+) -> Result<(), Error> {
+    let mut kafka = KafkaSide::connect(config).await?;
+    let checkpoint = kafka.last_checkpoint().await?;
+    info!(resuming = checkpoint.is_some(), "connected to Kafka");
+    source.start(checkpoint).await?;
+    control.set_ready(true);
+    telemetry.set_paused(None);
+    let mut pause = control.subscribe();
+    let mut batch_no: u64 = 0;
+    loop {
+        // A paused source stops reading: its slot keeps the position, and
+        // nothing after the last commit is lost.
+        while pause.borrow_and_update().all {
+            telemetry.set_paused(Some("paused by an operator".to_string()));
+            if pause.changed().await.is_err() {
+                return Ok(());
+            }
+        }
+        telemetry.set_paused(None);
+        let batch = source.next_batch().await?;
+        batch_no += 1;
+        let events = batch.messages.len();
+        let span = info_span!("batch", batch = batch_no, events);
+        let started = Instant::now();
+        let bytes = async {
+            let bytes = kafka.commit_batch(&batch).await?;
+            source.acknowledge(&batch.checkpoint).await?;
+            Ok::<_, Error>(bytes)
+        }
+        .instrument(span)
+        .await?;
+        telemetry.record_batch_seconds(started.elapsed().as_secs_f64());
+        record_batch(telemetry, &batch, &bytes);
+    }
+}
+
+/// Feeds a committed batch into status and metrics, per table.
+fn record_batch(telemetry: &Telemetry, batch: &SourceBatch, bytes: &HashMap<TableId, u64>) {
+    let mut per_table: HashMap<String, (u64, i64, bool)> = HashMap::new();
+    for msg in &batch.messages {
+        if let SourceMessage::Change(e) = msg {
+            let entry = per_table
+                .entry(e.schema.id.to_string())
+                .or_insert((0, i64::MIN, false));
+            entry.0 += 1;
+            entry.1 = entry.1.max(e.source.ts_ms);
+            entry.2 |= e.source.snapshot != SnapshotMarker::False;
+        }
+    }
+    for (table, (events, ts, snapshot)) in per_table {
+        let b = bytes
+            .iter()
+            .find(|(id, _)| id.to_string() == table)
+            .map_or(0, |(_, b)| *b);
+        telemetry.record_events(&table, events, b, Some(ts));
+        telemetry.record_applied(&table, ts);
+        telemetry.set_state(
+            &table,
+            if snapshot {
+                TableState::Snapshotting
+            } else {
+                TableState::Streaming
+            },
+        );
+    }
+}
+
+/// Deletes every topic of this copy (`<prefix>.*`) and its schema subjects.
+/// Returns the deleted topic names.
+pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, Error> {
+    let client = config
+        .kafka
+        .client_config()
+        .map_err(|e| Error::needs_operator(e.to_string()))?;
+    let admin: AdminClient<DefaultClientContext> =
+        client.create().map_err(|e| kafka_error("cannot create the admin client", e))?;
+    let consumer: BaseConsumer = client.create().map_err(|e| kafka_error("metadata client", e))?;
+    let prefix = format!("{}.", config.prefix());
+    let topics: Vec<String> = blocking(move || {
+        consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map(|m| m.topics().iter().map(|t| t.name().to_string()).collect::<Vec<_>>())
+    })
+    .await?
+    .map_err(|e| kafka_error("list topics", e))?
+    .into_iter()
+    .filter(|t| t.starts_with(&prefix))
+    .collect();
+    if topics.is_empty() {
+        return Ok(topics);
+    }
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    for r in admin
+        .delete_topics(&names, &AdminOptions::new())
+        .await
+        .map_err(|e| kafka_error("delete topics", e))?
+    {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((t, code)) => return Err(Error::retryable(format!("cannot delete topic {t}: {code}"))),
+        }
+    }
+    let registry = Registry::new(&config.schema_registry_url)?;
+    for t in &topics {
+        for suffix in ["key", "value"] {
+            registry.delete_subject(&format!("{t}-{suffix}")).await?;
+        }
+    }
+    Ok(topics)
+}
