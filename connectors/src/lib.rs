@@ -11,4 +11,4 @@ pub mod postgres;
 
 pub use error::{policy, Decision, Error, ErrorKind, Result};
 pub use sink::{ApplyError, KafkaPosition, Sink, SinkBatch, SinkRecord};
-pub use source::{Checkpoint, Source, SourceBatch, SourceMessage};
+pub use source::{Checkpoint, SnapshotTableProgress, Source, SourceBatch, SourceMessage};

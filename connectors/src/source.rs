@@ -40,6 +40,19 @@ pub struct SourceBatch {
     pub checkpoint: Checkpoint,
 }
 
+/// Snapshot progress of one table, for status and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotTableProgress {
+    /// The table.
+    pub table: TableId,
+    /// Rows read so far by this run.
+    pub rows: u64,
+    /// The database's estimate of the table's rows, when it has one.
+    pub estimated_rows: Option<u64>,
+    /// Whether the table's snapshot is complete.
+    pub done: bool,
+}
+
 /// A database that changes.
 ///
 /// # Delivery contract
@@ -70,4 +83,9 @@ pub trait Source: Send {
 
     /// Called once the batch carrying `checkpoint` is durable in Kafka.
     async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// Snapshot progress per table (empty when there is no snapshot).
+    fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
+        Vec::new()
+    }
 }

@@ -480,6 +480,13 @@ async fn run_once(
         .await?;
         telemetry.record_batch_seconds(started.elapsed().as_secs_f64());
         record_batch(telemetry, &batch, &bytes);
+        for p in source.snapshot_progress() {
+            let table = p.table.to_string();
+            telemetry.record_snapshot(&table, p.rows, p.estimated_rows);
+            if !p.done {
+                telemetry.set_state(&table, TableState::Snapshotting);
+            }
+        }
     }
 }
 

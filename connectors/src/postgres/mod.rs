@@ -1,0 +1,1282 @@
+//! PostgreSQL: source (snapshot + pgoutput) and sink.
+//!
+//! The source ([`PostgresSource`]) reads a consistent snapshot of the
+//! selected tables, then streams their changes from a logical replication
+//! slot through the `pgoutput` plugin. See `docs/sources/postgresql.md` for
+//! the operator's view and [`snapshot`] / [`stream`] for the mechanics.
+//!
+//! # Checkpoint
+//!
+//! A [`SourceState`] as JSON: the slot, the LSN streaming resumes from (the
+//! end of the last transaction emitted, or a keepalive position between
+//! transactions), the captured tables and, while a snapshot is unfinished,
+//! per table the key ranges with the last key emitted in each.
+
+pub mod check;
+pub mod config;
+pub mod sink;
+pub mod snapshot;
+pub mod stream;
+pub mod types;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, TlsConfig};
+use secrecy::ExposeSecret;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::NoTls;
+use tributary_schemas::{Column, SnapshotMarker, TableId, TableSchema};
+
+use self::config::{ConnectionParams, NewTables, PostgresSourceConfig, SnapshotMode, TableFilter, TlsMode};
+use self::snapshot::{
+    Chunk, SnapshotOrigin, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan,
+};
+use self::stream::{StreamContext, Streamer};
+use self::types::{map_type, quote_ident, quote_table, PgType};
+use crate::error::{Error, ErrorKind, Result};
+use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
+
+pub use self::config::PostgresSourceConfig as Config;
+
+/// Version of the checkpoint JSON.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// What every event of a source carries besides its row.
+#[derive(Debug, Clone)]
+pub struct EventContext {
+    /// The runner's logical name (`source.name`).
+    pub name: String,
+    /// Database name (`source.db`).
+    pub db: String,
+}
+
+/// The source's resumable state, serialized as the [`Checkpoint`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceState {
+    /// Format version.
+    pub version: u32,
+    /// Replication slot.
+    pub slot: String,
+    /// LSN streaming resumes from.
+    pub lsn: u64,
+    /// Tables captured (`schema.table`).
+    #[serde(default)]
+    pub tables: BTreeSet<String>,
+    /// Snapshot work not done yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotState>,
+}
+
+impl SourceState {
+    /// Serializes the state.
+    pub fn to_checkpoint(&self) -> Checkpoint {
+        Checkpoint(serde_json::to_string(self).unwrap_or_default())
+    }
+
+    /// Parses a checkpoint written by this source.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
+        let state: SourceState = serde_json::from_str(&checkpoint.0).map_err(|e| {
+            Error::needs_operator(format!("the checkpoint is not a PostgreSQL source checkpoint: {e}"))
+                .with_hint("reset the runner's checkpoint only if a full re-snapshot is intended")
+        })?;
+        if state.version != CHECKPOINT_VERSION {
+            return Err(Error::needs_operator(format!(
+                "checkpoint version {} is not supported (expected {CHECKPOINT_VERSION})",
+                state.version
+            )));
+        }
+        Ok(state)
+    }
+}
+
+/// `0/16B3748`.
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+/// Parses `0/16B3748`.
+pub fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Opens an ordinary connection (catalog, snapshot).
+pub async fn connect(params: &ConnectionParams) -> Result<tokio_postgres::Client> {
+    let connected = if params.tls == TlsMode::Disable {
+        params.pg.connect(NoTls).await.map(|(client, connection)| {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
+                }
+            });
+            client
+        })
+    } else {
+        let mut pg = params.pg.clone();
+        pg.ssl_mode(tokio_postgres::config::SslMode::Require);
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls::client_config(
+            params.tls,
+            params.tls_ca_file.as_deref(),
+        )?);
+        pg.connect(tls).await.map(|(client, connection)| {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
+                }
+            });
+            client
+        })
+    };
+    connected.map_err(|e| classify_pg(e, "connecting to PostgreSQL"))
+}
+
+/// rustls settings for each [`TlsMode`], matching libpq's `sslmode`.
+mod tls {
+    use std::sync::Arc;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::crypto::CryptoProvider;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+    use super::config::TlsMode;
+    use crate::error::{Error, Result};
+
+    fn provider() -> Arc<CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    fn roots(ca_file: Option<&str>) -> Result<RootCertStore> {
+        let path = ca_file.ok_or_else(|| {
+            Error::needs_operator("postgres.tls_ca_file is required to verify the server certificate")
+        })?;
+        let mut roots = RootCertStore::empty();
+        let certs = CertificateDer::pem_file_iter(path).map_err(|e| {
+            Error::needs_operator(format!("cannot read postgres.tls_ca_file {path}: {e}"))
+        })?;
+        for cert in certs {
+            let cert = cert.map_err(|e| {
+                Error::needs_operator(format!("postgres.tls_ca_file {path} is not a PEM certificate file: {e}"))
+            })?;
+            roots.add(cert).map_err(|e| {
+                Error::needs_operator(format!("postgres.tls_ca_file {path} holds an unusable certificate: {e}"))
+            })?;
+        }
+        Ok(roots)
+    }
+
+    /// The client configuration for `mode` (never `Disable`).
+    pub fn client_config(mode: TlsMode, ca_file: Option<&str>) -> Result<rustls::ClientConfig> {
+        let provider = provider();
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::needs_operator(format!("TLS setup failed: {e}")))?;
+        let verifier: Arc<dyn ServerCertVerifier> = match mode {
+            TlsMode::Disable | TlsMode::Require => Arc::new(AcceptAny(provider)),
+            TlsMode::VerifyCa | TlsMode::VerifyFull => {
+                let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca_file)?), provider)
+                    .build()
+                    .map_err(|e| Error::needs_operator(format!("TLS setup failed: {e}")))?;
+                if mode == TlsMode::VerifyCa {
+                    Arc::new(IgnoreHostName(webpki))
+                } else {
+                    webpki
+                }
+            }
+        };
+        Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth())
+    }
+
+    /// `sslmode=require`: encrypted, the certificate is not checked.
+    #[derive(Debug)]
+    struct AcceptAny(Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp_response: &[u8],
+            _now: UnixTime,
+        ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// `sslmode=verify-ca`: the chain must lead to the CA, any host name.
+    #[derive(Debug)]
+    struct IgnoreHostName(Arc<WebPkiServerVerifier>);
+
+    impl ServerCertVerifier for IgnoreHostName {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp_response: &[u8],
+            now: UnixTime,
+        ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+            match self
+                .0
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+            {
+                Err(rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+                )) => Ok(ServerCertVerified::assertion()),
+                other => other,
+            }
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            self.0.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            self.0.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.supported_verify_schemes()
+        }
+    }
+}
+
+/// The kind of a SQLSTATE.
+pub fn classify_sqlstate(code: &str) -> ErrorKind {
+    match code {
+        // Retry: the server or the network is busy or restarting, a lock
+        // or the slot is held by a session that is going away.
+        "55006" | "53300" | "55P03" | "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" => {
+            ErrorKind::Retryable
+        }
+        c if c.starts_with("08") || c.starts_with("58") || c.starts_with("XX") => ErrorKind::Retryable,
+        // An operator has to act: privileges, credentials, missing objects,
+        // server configuration, full disk.
+        "42501" | "28P01" | "28000" | "3D000" | "42704" | "42P01" | "55000" | "53100" | "53400"
+        | "53200" => ErrorKind::NeedsOperator,
+        c if c.starts_with("22") => ErrorKind::Permanent,
+        c if c.starts_with("42") => ErrorKind::NeedsOperator,
+        _ => ErrorKind::Retryable,
+    }
+}
+
+fn sqlstate_hint(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "42501" => "grant the privilege named in the message to the source role (see `tributary check`)",
+        "28P01" | "28000" => "check the user and password in postgres.url / postgres.password",
+        "3D000" => "check the database name in postgres.url",
+        "53400" => "raise max_replication_slots / max_wal_senders in postgresql.conf and restart PostgreSQL",
+        "55000" => "set wal_level = logical in postgresql.conf and restart PostgreSQL",
+        "53100" => "free disk space on the PostgreSQL server",
+        _ => return None,
+    })
+}
+
+/// Classifies a `tokio_postgres` error; `context` says what was being done.
+pub fn classify_pg(err: tokio_postgres::Error, context: &str) -> Error {
+    if let Some(db) = err.as_db_error() {
+        let code = db.code().code().to_string();
+        let kind = classify_sqlstate(&code);
+        let mut e = Error::new(kind, format!("{context}: {}", db.message()))
+            .with_class(format!("sqlstate.{code}"));
+        if let Some(h) = sqlstate_hint(&code) {
+            e = e.with_hint(h);
+        }
+        return e;
+    }
+    let text = err.to_string();
+    let kind = if text.starts_with("authentication")
+        || text.starts_with("invalid configuration")
+        || text.starts_with("error performing TLS handshake")
+    {
+        ErrorKind::NeedsOperator
+    } else {
+        ErrorKind::Retryable
+    };
+    Error::new(kind, format!("{context}: {text}")).with_class("tokio_postgres")
+}
+
+/// Classifies a replication client error.
+pub fn classify_wire(err: PgWireError, context: &str) -> Error {
+    let (kind, class) = match &err {
+        PgWireError::Server(msg) => {
+            let code = msg
+                .rsplit_once("SQLSTATE ")
+                .map(|(_, c)| c.trim_end_matches(')').to_string())
+                .unwrap_or_default();
+            let kind = if code.is_empty() { ErrorKind::Retryable } else { classify_sqlstate(&code) };
+            let mut e = Error::new(kind, format!("{context}: {msg}")).with_class(format!("sqlstate.{code}"));
+            if code == "42704" && msg.contains("replication slot") {
+                e = e.with_hint(
+                    "the replication slot is gone, so changes since the checkpoint are lost: \
+                     reset the runner's checkpoint to take a new snapshot",
+                );
+            } else if let Some(h) = sqlstate_hint(&code) {
+                e = e.with_hint(h);
+            }
+            return e;
+        }
+        PgWireError::Auth(_) => (ErrorKind::NeedsOperator, "pgwire.auth"),
+        PgWireError::Tls(_) => (ErrorKind::NeedsOperator, "pgwire.tls"),
+        PgWireError::MessageTooLarge { .. } => (ErrorKind::NeedsOperator, "pgwire.message_too_large"),
+        PgWireError::Io(_) => (ErrorKind::Retryable, "pgwire.io"),
+        _ => (ErrorKind::Retryable, "pgwire"),
+    };
+    Error::new(kind, format!("{context}: {err}")).with_class(class)
+}
+
+/// A table's schema as captured, with how pgoutput's columns map onto it.
+#[derive(Debug, Clone)]
+pub struct BuiltSchema {
+    /// The schema (captured columns only).
+    pub schema: Arc<TableSchema>,
+    /// Whether the key is unique (primary key or configured key).
+    pub keyed: bool,
+    /// Whether the table is partitioned (read with its partitions).
+    pub partitioned: bool,
+    /// For each source column (pgoutput / catalog order), its index in
+    /// `schema.columns`, or `None` when excluded.
+    pub source_columns: Vec<Option<usize>>,
+}
+
+/// A catalog connection: table lists, schemas, type descriptions.
+pub struct Catalog {
+    client: tokio_postgres::Client,
+    types: HashMap<(u32, i32), PgType>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog").finish_non_exhaustive()
+    }
+}
+
+impl Catalog {
+    /// Connects.
+    pub async fn connect(params: &ConnectionParams) -> Result<Self> {
+        Ok(Self {
+            client: connect(params).await?,
+            types: HashMap::new(),
+        })
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// Every ordinary or partitioned table outside the system schemas that
+    /// `filter` selects, with its oid.
+    pub async fn list_tables(&self, filter: &TableFilter) -> Result<Vec<(u32, TableId)>> {
+        let rows = self
+            .client
+            .query(
+                "SELECT c.oid, n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                   AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                   AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
+                 ORDER BY 2, 3",
+                &[],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "listing tables"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get::<_, u32>(0), TableId::new(r.get::<_, String>(1), r.get::<_, String>(2))))
+            .filter(|(_, id)| filter.captures(id))
+            .collect())
+    }
+
+    /// The oid of `table`, if it exists.
+    pub async fn relid(&self, table: &TableId) -> Result<Option<u32>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&table.schema, &table.table],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "looking up a table").with_table(table.clone()))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn pg_type(&mut self, oid: u32, typmod: i32) -> Result<PgType> {
+        if let Some(t) = self.types.get(&(oid, typmod)) {
+            return Ok(t.clone());
+        }
+        let row = self
+            .client
+            .query_one(
+                "SELECT t.typname::text, t.typtype::text, t.typelem, t.typbasetype, t.typcategory::text, \
+                        format_type(t.oid, $2) \
+                 FROM pg_type t WHERE t.oid = $1",
+                &[&oid, &typmod],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "describing a type"))?;
+        let typname: String = row.get(0);
+        let typtype: String = row.get(1);
+        let elem: u32 = row.get(2);
+        let base: u32 = row.get(3);
+        let category: String = row.get(4);
+        let formatted: String = row.get(5);
+        let mut t = if typtype == "d" && base != 0 {
+            // A domain maps as its base type, keeps its own spelling.
+            let mut b = Box::pin(self.pg_type(base, typmod)).await?;
+            b.oid = oid;
+            b.formatted = formatted;
+            b
+        } else {
+            let element = if category == "A" && elem != 0 {
+                Some(Box::new(Box::pin(self.pg_type(elem, typmod)).await?))
+            } else {
+                None
+            };
+            PgType {
+                oid,
+                typname,
+                typtype: typtype.chars().next().unwrap_or('b'),
+                typmod,
+                mapping_text: formatted.clone(),
+                formatted,
+                element,
+                enum_labels: Vec::new(),
+            }
+        };
+        if t.typtype == 'e' && t.enum_labels.is_empty() {
+            let rows = self
+                .client
+                .query(
+                    "SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder",
+                    &[&oid],
+                )
+                .await
+                .map_err(|e| classify_pg(e, "reading enum labels"))?;
+            t.enum_labels = rows.iter().map(|r| r.get(0)).collect();
+        }
+        self.types.insert((oid, typmod), t.clone());
+        Ok(t)
+    }
+
+    /// Builds the captured schema of `table`. `columns` are pgoutput's
+    /// `(name, type oid, typmod)` when building from a Relation message; the
+    /// catalog's current columns otherwise. Nullability and the primary key
+    /// always come from the catalog.
+    pub async fn build_schema(
+        &mut self,
+        config: &PostgresSourceConfig,
+        filter: &TableFilter,
+        table: &TableId,
+        relid: u32,
+        columns: Option<&[(String, u32, i32)]>,
+    ) -> Result<BuiltSchema> {
+        let rows = self
+            .client
+            .query(
+                "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull FROM pg_attribute a \
+                 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading columns").with_table(table.clone()))?;
+        let catalog_cols: Vec<(String, u32, i32, bool)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        let pk_rows = self
+            .client
+            .query(
+                "SELECT a.attname::text FROM pg_index i \
+                 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the primary key").with_table(table.clone()))?;
+        let pk: Vec<String> = pk_rows.iter().map(|r| r.get(0)).collect();
+        let source: Vec<(String, u32, i32)> = match columns {
+            Some(c) => c.to_vec(),
+            None => catalog_cols.iter().map(|(n, o, m, _)| (n.clone(), *o, *m)).collect(),
+        };
+        let key = match config.configured_key(table) {
+            Some(k) => Some(k.clone()),
+            None if !pk.is_empty() => Some(pk),
+            None => None,
+        };
+        let mut cols = Vec::with_capacity(source.len());
+        let mut source_columns = Vec::with_capacity(source.len());
+        for (name, oid, typmod) in &source {
+            let is_key = key.as_ref().is_some_and(|k| k.contains(name));
+            if !is_key && filter.excludes_column(table, name) {
+                source_columns.push(None);
+                continue;
+            }
+            let t = self.pg_type(*oid, *typmod).await.map_err(|e| e.with_table(table.clone()))?;
+            let notnull = catalog_cols.iter().any(|(n, _, _, nn)| n == name && *nn);
+            source_columns.push(Some(cols.len()));
+            cols.push(Column {
+                name: name.clone(),
+                data_type: map_type(&t, table, name),
+                nullable: !notnull,
+                source_type: t.formatted.clone(),
+            });
+        }
+        if let Some(k) = &key {
+            for name in k {
+                if !cols.iter().any(|c| &c.name == name) {
+                    return Err(Error::needs_operator(format!(
+                        "key column {name} configured in postgres.keys does not exist"
+                    ))
+                    .with_table(table.clone())
+                    .with_column(name.clone()));
+                }
+            }
+        }
+        let keyed = key.is_some();
+        let key = key.unwrap_or_else(|| cols.iter().map(|c| c.name.clone()).collect());
+        let partitioned: bool = self
+            .client
+            .query_one("SELECT relkind = 'p' FROM pg_class WHERE oid = $1", &[&relid])
+            .await
+            .map_err(|e| classify_pg(e, "reading the table kind").with_table(table.clone()))?
+            .get(0);
+        Ok(BuiltSchema {
+            schema: Arc::new(TableSchema {
+                id: table.clone(),
+                columns: cols,
+                key,
+            }),
+            keyed,
+            partitioned,
+            source_columns,
+        })
+    }
+
+    /// Runs `sql` (simple protocol) and returns the first row's values as
+    /// text, or `None` when there is no row.
+    pub async fn query_texts(&self, sql: &str) -> Result<Option<Vec<Option<String>>>> {
+        let messages = self
+            .client
+            .simple_query(sql)
+            .await
+            .map_err(|e| classify_pg(e, "reading a row by key"))?;
+        for m in messages {
+            if let tokio_postgres::SimpleQueryMessage::Row(row) = m {
+                return Ok(Some((0..row.len()).map(|i| row.get(i).map(str::to_string)).collect()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the connected role is a superuser.
+    pub async fn is_superuser(&self) -> Result<bool> {
+        let row = self
+            .client
+            .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+            .await
+            .map_err(|e| classify_pg(e, "reading the role"))?;
+        Ok(row.get(0))
+    }
+}
+
+/// A running snapshot with one chunk held back, so that the very last row
+/// of the snapshot can be marked as such.
+struct ActiveSnapshot {
+    run: SnapshotRun,
+    pending: Option<(Chunk, Checkpoint)>,
+}
+
+/// The PostgreSQL source.
+pub struct PostgresSource {
+    config: PostgresSourceConfig,
+    params: ConnectionParams,
+    filter: TableFilter,
+    ctx: EventContext,
+    progress: Arc<SnapshotProgress>,
+    state: Option<SourceState>,
+    catalog: Option<Catalog>,
+    announced: HashMap<TableId, Arc<TableSchema>>,
+    prelude: Vec<SourceMessage>,
+    snapshot: Option<ActiveSnapshot>,
+    streamer: Option<Streamer>,
+    acked_lsn: u64,
+    /// State and announced schemas as of the last batch returned: what
+    /// `next_batch` rolls back to after an error, so that a retried call
+    /// continues exactly after what the runner has seen.
+    emitted: Option<(SourceState, HashMap<TableId, Arc<TableSchema>>)>,
+}
+
+impl std::fmt::Debug for PostgresSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSource")
+            .field("slot", &self.config.slot_name)
+            .field("params", &self.params)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresSource {
+    /// A source for `config`; `runner_name` is the runner's logical name
+    /// (`source.name` of every event). Nothing connects before
+    /// [`Source::start`].
+    pub fn new(config: PostgresSourceConfig, runner_name: impl Into<String>) -> Result<Self> {
+        config
+            .validate_as("postgres")
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        let params = config.connection()?;
+        let filter = config.filter();
+        let ctx = EventContext {
+            name: runner_name.into(),
+            db: params.database.clone(),
+        };
+        Ok(Self {
+            config,
+            params,
+            filter,
+            ctx,
+            progress: Arc::new(SnapshotProgress::default()),
+            state: None,
+            catalog: None,
+            announced: HashMap::new(),
+            prelude: Vec::new(),
+            snapshot: None,
+            streamer: None,
+            acked_lsn: 0,
+            emitted: None,
+        })
+    }
+
+    /// Snapshot progress, readable at any time (the runner's status API).
+    pub fn progress(&self) -> Arc<SnapshotProgress> {
+        self.progress.clone()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PostgresSourceConfig {
+        &self.config
+    }
+
+    fn replication_config(&self, start: u64, ack: u64) -> ReplicationConfig {
+        let p = &self.params;
+        let mut cfg = ReplicationConfig::new(
+            p.host.clone(),
+            p.user.clone(),
+            p.password.expose_secret().to_string(),
+            p.database.clone(),
+            self.config.slot_name.clone(),
+            self.config.publication_name.clone(),
+        )
+        .with_port(p.port)
+        .with_start_lsn(Lsn::from_u64(start))
+        .with_ack_lsn(Lsn::from_u64(ack))
+        .with_options(config::SESSION_OPTIONS)
+        .with_application_name(format!("tributary-{}", self.config.slot_name))
+        .with_status_interval(std::time::Duration::from_secs(1))
+        .with_buffer_size(1024);
+        cfg = cfg.with_tls(match p.tls {
+            TlsMode::Disable => TlsConfig::disabled(),
+            TlsMode::Require => TlsConfig::require(),
+            TlsMode::VerifyCa => TlsConfig::verify_ca(p.tls_ca_file.clone().map(Into::into)),
+            TlsMode::VerifyFull => TlsConfig::verify_full(p.tls_ca_file.clone().map(Into::into)),
+        });
+        cfg
+    }
+
+    fn state_mut(&mut self) -> Result<&mut SourceState> {
+        self.state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))
+    }
+
+    fn reset(&mut self) {
+        self.snapshot = None;
+        self.streamer = None;
+        self.catalog = None;
+        self.state = None;
+        self.announced.clear();
+        self.prelude.clear();
+        self.emitted = None;
+    }
+
+    /// Announces the schema of `table` (a `SchemaChanged` before its first
+    /// row) and returns it.
+    async fn announce(&mut self, table: &TableId) -> Result<Option<BuiltSchema>> {
+        let catalog = self
+            .catalog
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let Some(relid) = catalog.relid(table).await? else {
+            return Ok(None);
+        };
+        let built = catalog
+            .build_schema(&self.config, &self.filter, table, relid, None)
+            .await?;
+        self.announced.insert(table.clone(), built.schema.clone());
+        self.prelude.push(SourceMessage::SchemaChanged(built.schema.clone()));
+        Ok(Some(built))
+    }
+
+    /// Creates the slot on a gated replication session; returns the session
+    /// (holding the exported snapshot, if any), the consistent point and the
+    /// snapshot name.
+    async fn create_slot(&self, export: bool) -> Result<(ReplicationClient, u64, Option<String>)> {
+        let mut gated = ReplicationClient::connect_gated(self.replication_config(0, 0))
+            .await
+            .map_err(|e| classify_wire(e, "opening a replication connection"))?;
+        let sql = format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {}",
+            quote_ident(&self.config.slot_name),
+            if export { "EXPORT_SNAPSHOT" } else { "NOEXPORT_SNAPSHOT" }
+        );
+        let rows = gated
+            .simple_query(&sql)
+            .await
+            .map_err(|e| classify_wire(e, "creating the replication slot"))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::retryable("CREATE_REPLICATION_SLOT returned no row"))?;
+        let text = |i: usize| {
+            row.get(i)
+                .and_then(|v| v.as_ref())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        };
+        let lsn = text(1)
+            .as_deref()
+            .and_then(parse_lsn)
+            .ok_or_else(|| Error::retryable("CREATE_REPLICATION_SLOT returned no consistent point"))?;
+        Ok((gated, lsn, text(2)))
+    }
+
+    async fn drop_slot(&self) -> Result<()> {
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        catalog
+            .client()
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.config.slot_name])
+            .await
+            .map_err(|e| classify_pg(e, "dropping a replication slot without checkpoint"))?;
+        Ok(())
+    }
+
+    async fn slot_exists(&self) -> Result<bool> {
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let row = catalog
+            .client()
+            .query_opt(
+                "SELECT plugin::text, database::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.config.slot_name],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading replication slots"))?;
+        match row {
+            None => Ok(false),
+            Some(r) => {
+                let plugin: Option<String> = r.get(0);
+                let db: Option<String> = r.get(1);
+                if plugin.as_deref() != Some("pgoutput") || db.as_deref() != Some(self.params.database.as_str()) {
+                    return Err(Error::needs_operator(format!(
+                        "replication slot {} exists but is not a pgoutput slot of database {}",
+                        self.config.slot_name, self.params.database
+                    ))
+                    .with_hint(format!(
+                        "choose another postgres.slot_name, or SELECT pg_drop_replication_slot('{}');",
+                        self.config.slot_name
+                    )));
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Starts (or resumes) the snapshot recorded in the state.
+    async fn start_snapshot_run(&mut self, origin: SnapshotOrigin) -> Result<()> {
+        let plan = self
+            .state
+            .as_ref()
+            .and_then(|s| s.snapshot.clone())
+            .ok_or_else(|| Error::retryable("no snapshot to run"))?;
+        // New tables join the publication before their snapshot, so every
+        // change after it is streamed.
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        // Only tables that still exist and are selectable (not partitions).
+        let selectable: BTreeSet<TableId> = catalog
+            .list_tables(&self.filter)
+            .await?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        let plan = SnapshotState {
+            tables: plan
+                .tables
+                .into_iter()
+                .filter(|t| {
+                    let keep = selectable.contains(&t.id());
+                    if !keep {
+                        tracing::warn!(table = %t.id(), "not snapshotting a table that is gone or is a partition");
+                    }
+                    keep
+                })
+                .collect(),
+            ..plan
+        };
+        let ids: Vec<TableId> = plan.tables.iter().map(TablePlan::id).collect();
+        check::ensure_publication(catalog.client(), &self.config, &ids).await?;
+        let mut tables = Vec::with_capacity(plan.tables.len());
+        for t in plan.tables {
+            let id = t.id();
+            let catalog = self.catalog.as_mut().ok_or_else(|| Error::retryable("the source is not started"))?;
+            let Some(relid) = catalog.relid(&id).await? else {
+                tracing::warn!(table = %id, "table to snapshot no longer exists; skipping it");
+                continue;
+            };
+            let built = catalog.build_schema(&self.config, &self.filter, &id, relid, None).await?;
+            // Rows carry the schema they were read with; announce it unless
+            // it is the one announced last.
+            if self.announced.get(&id).is_none_or(|a| **a != *built.schema) {
+                self.announced.insert(id.clone(), built.schema.clone());
+                self.prelude.push(SourceMessage::SchemaChanged(built.schema.clone()));
+            }
+            tables.push(SnapshotTable {
+                schema: built.schema,
+                keyed: built.keyed,
+                partitioned: built.partitioned,
+                plan: t,
+            });
+        }
+        let origin_is_exported = matches!(origin, SnapshotOrigin::Exported { .. });
+        let run = SnapshotRun::start(
+            &self.params,
+            tables,
+            origin,
+            self.config.snapshot_parallelism,
+            self.config.snapshot_chunk_rows,
+            self.ctx.clone(),
+            self.progress.clone(),
+        )
+        .await?;
+        let state = self.state_mut()?;
+        if let Some(snap) = state.snapshot.as_mut() {
+            snap.tables = run.tables.iter().map(|t| t.plan.clone()).collect();
+        }
+        tracing::info!(
+            tables = run.tables.len(),
+            lsn = %format_lsn(run.lsn),
+            exported = origin_is_exported,
+            "snapshot started"
+        );
+        self.snapshot = Some(ActiveSnapshot { run, pending: None });
+        Ok(())
+    }
+
+    async fn open_stream(&mut self) -> Result<()> {
+        let state = self
+            .state
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        // Only what the runner acknowledged may be reported as flushed.
+        let ack = self.acked_lsn.min(state.lsn);
+        let mut client = ReplicationClient::connect(self.replication_config(state.lsn, ack))
+            .await
+            .map_err(|e| classify_wire(e, "opening the replication stream"))?;
+        client
+            .wait_started()
+            .await
+            .map_err(|e| classify_wire(e, "starting replication"))?;
+        tracing::info!(slot = %self.config.slot_name, lsn = %format_lsn(state.lsn), "streaming started");
+        self.streamer = Some(Streamer::new(client, state.lsn));
+        Ok(())
+    }
+
+    async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
+        loop {
+            let Some(active) = self.snapshot.as_mut() else { return Ok(None) };
+            match active.run.next_chunk().await? {
+                Some(chunk) => {
+                    let table_id = active.run.tables[chunk.table].schema.id.clone();
+                    let state = self
+                        .state
+                        .as_mut()
+                        .ok_or_else(|| Error::retryable("the source is not started"))?;
+                    let snap = state
+                        .snapshot
+                        .as_mut()
+                        .ok_or_else(|| Error::retryable("snapshot state missing"))?;
+                    let seg = &mut snap.tables[chunk.table].segments[chunk.segment];
+                    if chunk.last.is_some() {
+                        seg.last = chunk.last.clone();
+                    }
+                    seg.done |= chunk.done;
+                    if snap.tables[chunk.table].segments.iter().all(|s| s.done) {
+                        snapshot::mark_table_done(&self.progress, &table_id);
+                    }
+                    if chunk.messages.is_empty() {
+                        continue;
+                    }
+                    let checkpoint = state.to_checkpoint();
+                    if let Some((prev, cp)) = active.pending.replace((chunk, checkpoint)) {
+                        let mut messages = std::mem::take(&mut self.prelude);
+                        messages.extend(prev.messages);
+                        return Ok(Some(SourceBatch {
+                            messages,
+                            checkpoint: cp,
+                        }));
+                    }
+                }
+                None => {
+                    let pending = active.pending.take();
+                    let initial = self
+                        .state
+                        .as_ref()
+                        .and_then(|s| s.snapshot.as_ref())
+                        .is_some_and(|s| s.initial);
+                    self.snapshot = None;
+                    let state = self.state_mut()?;
+                    state.snapshot = None;
+                    let checkpoint = state.to_checkpoint();
+                    let mut messages = std::mem::take(&mut self.prelude);
+                    if let Some((mut chunk, _)) = pending {
+                        if initial {
+                            if let Some(SourceMessage::Change(e)) = chunk.messages.last_mut() {
+                                e.source.snapshot = SnapshotMarker::Last;
+                            }
+                        }
+                        messages.extend(chunk.messages);
+                    }
+                    tracing::info!("snapshot finished");
+                    return Ok(Some(SourceBatch { messages, checkpoint }));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Source for PostgresSource {
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
+        self.reset();
+        let resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
+        if let Some(s) = &resumed {
+            if s.slot != self.config.slot_name {
+                return Err(Error::needs_operator(format!(
+                    "the checkpoint belongs to slot {}, the config names slot {}",
+                    s.slot, self.config.slot_name
+                ))
+                .with_hint("restore postgres.slot_name, or reset the runner's checkpoint to start a new copy"));
+            }
+        }
+        self.catalog = Some(Catalog::connect(&self.params).await?);
+        let slot_exists = self.slot_exists().await?;
+        if resumed.is_some() && !slot_exists {
+            return Err(Error::needs_operator(format!(
+                "replication slot {} does not exist, so the changes since the checkpoint are lost",
+                self.config.slot_name
+            ))
+            .with_hint("reset the runner's checkpoint to take a new snapshot (the slot is created again)"));
+        }
+        let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+        let selected: Vec<TableId> = catalog
+            .list_tables(&self.filter)
+            .await?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        check::require_select(catalog.client(), &self.params.user, &selected).await?;
+        check::ensure_publication(catalog.client(), &self.config, &selected).await?;
+        if self.config.install_ddl_trigger {
+            check::install_ddl_trigger(catalog.client()).await?;
+        }
+
+        match resumed {
+            None => {
+                if slot_exists {
+                    // Nothing was ever made durable from this slot (there is
+                    // no checkpoint), so it is safe to start over.
+                    tracing::warn!(slot = %self.config.slot_name, "dropping a replication slot that has no checkpoint");
+                    self.drop_slot().await?;
+                }
+                let mut tables = BTreeSet::new();
+                for id in &selected {
+                    if self.announce(id).await?.is_some() {
+                        tables.insert(id.to_string());
+                    }
+                }
+                match self.config.snapshot_mode {
+                    SnapshotMode::Initial => {
+                        let (gated, lsn, name) = self.create_slot(true).await?;
+                        let name = name.ok_or_else(|| Error::retryable("the slot exported no snapshot"))?;
+                        self.state = Some(SourceState {
+                            version: CHECKPOINT_VERSION,
+                            slot: self.config.slot_name.clone(),
+                            lsn,
+                            tables,
+                            snapshot: Some(SnapshotState {
+                                initial: true,
+                                tables: selected.iter().map(TablePlan::new).collect(),
+                            }),
+                        });
+                        self.acked_lsn = lsn;
+                        let started = self
+                            .start_snapshot_run(SnapshotOrigin::Exported { snapshot: name, lsn })
+                            .await;
+                        // Every worker imported the snapshot (or failed):
+                        // the exporting session may end.
+                        drop(gated);
+                        started?;
+                    }
+                    SnapshotMode::Never => {
+                        let (gated, lsn, _) = self.create_slot(false).await?;
+                        drop(gated);
+                        self.state = Some(SourceState {
+                            version: CHECKPOINT_VERSION,
+                            slot: self.config.slot_name.clone(),
+                            lsn,
+                            tables,
+                            snapshot: None,
+                        });
+                        self.acked_lsn = lsn;
+                    }
+                }
+            }
+            Some(mut state) => {
+                let pending: BTreeSet<TableId> = state
+                    .snapshot
+                    .iter()
+                    .flat_map(|s| s.tables.iter().map(TablePlan::id))
+                    .collect();
+                for id in &selected {
+                    let known = state.tables.contains(&id.to_string());
+                    if known && !pending.contains(id) {
+                        self.announce(id).await?;
+                    } else if !known && !pending.contains(id) && self.config.new_tables == NewTables::Capture {
+                        // Created while the source was away: snapshot it.
+                        tracing::info!(table = %id, "table appeared while the source was stopped");
+                        state.tables.insert(id.to_string());
+                        state
+                            .snapshot
+                            .get_or_insert_with(SnapshotState::default)
+                            .tables
+                            .push(TablePlan::new(id));
+                    }
+                }
+                self.acked_lsn = state.lsn;
+                self.state = Some(state);
+            }
+        }
+        self.emitted = self.state.clone().map(|s| (s, self.announced.clone()));
+        Ok(())
+    }
+
+    async fn next_batch(&mut self) -> Result<SourceBatch> {
+        match self.next_batch_inner().await {
+            Ok(batch) => {
+                // The batch's own checkpoint, not `self.state`: a snapshot
+                // chunk held back for the last-row marker is already
+                // counted in `self.state` but not returned yet.
+                let state = SourceState::from_checkpoint(&batch.checkpoint)?;
+                self.emitted = Some((state, self.announced.clone()));
+                Ok(batch)
+            }
+            Err(e) => {
+                // Drop the half-done work; the next call resumes after the
+                // last batch returned (the runner may also start() again
+                // from its durable checkpoint).
+                self.snapshot = None;
+                self.streamer = None;
+                if let Some((state, announced)) = self.emitted.clone() {
+                    self.state = Some(state);
+                    self.announced = announced;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let state = SourceState::from_checkpoint(checkpoint)?;
+        if state.lsn > self.acked_lsn {
+            self.acked_lsn = state.lsn;
+        }
+        if let Some(streamer) = &self.streamer {
+            streamer.acknowledge(self.acked_lsn);
+        }
+        Ok(())
+    }
+
+    fn snapshot_progress(&self) -> Vec<crate::source::SnapshotTableProgress> {
+        self.progress
+            .view()
+            .into_iter()
+            .map(|v| crate::source::SnapshotTableProgress {
+                table: v.table,
+                rows: v.rows,
+                // 0 means unknown: reltuples is -1 before the first ANALYZE.
+                estimated_rows: (v.estimated_rows > 0).then_some(v.estimated_rows),
+                done: v.done,
+            })
+            .collect()
+    }
+}
+
+impl PostgresSource {
+    async fn next_batch_inner(&mut self) -> Result<SourceBatch> {
+        if self.state.is_none() {
+            return Err(Error::retryable("the source is not started"));
+        }
+        // A snapshot recorded in the state but not running (a resume, or
+        // tables created while streaming) starts in a fresh snapshot.
+        if self.snapshot.is_none() && self.state.as_ref().is_some_and(|s| s.snapshot.is_some()) {
+            self.start_snapshot_run(SnapshotOrigin::Fresh).await?;
+        }
+        if self.snapshot.is_some() {
+            if let Some(batch) = self.next_snapshot_batch().await? {
+                return Ok(batch);
+            }
+        }
+        if self.streamer.is_none() {
+            self.open_stream().await?;
+        }
+        let (Some(streamer), Some(catalog)) = (self.streamer.as_mut(), self.catalog.as_mut()) else {
+            return Err(Error::retryable("the source is not started"));
+        };
+        let mut sc = StreamContext {
+            catalog,
+            config: &self.config,
+            filter: &self.filter,
+            ctx: &self.ctx,
+            announced: &mut self.announced,
+        };
+        let out = streamer.next_batch(&mut sc).await?;
+        let mut messages = std::mem::take(&mut self.prelude);
+        messages.extend(out.messages);
+        let state = self.state_mut()?;
+        state.lsn = out.lsn;
+        for m in &messages {
+            if let SourceMessage::TableDropped(id) = m {
+                state.tables.remove(&id.to_string());
+            }
+        }
+        if !out.created.is_empty() {
+            let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
+            for id in &out.created {
+                state.tables.insert(id.to_string());
+                snap.tables.push(TablePlan::new(id));
+            }
+        }
+        Ok(SourceBatch {
+            messages,
+            checkpoint: state.to_checkpoint(),
+        })
+    }
+}
+
+/// `"schema"."table"` for SQL text (re-exported for `check`).
+pub(crate) fn sql_table(table: &TableId) -> String {
+    quote_table(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_text_round_trips() {
+        assert_eq!(parse_lsn("0/16B3748"), Some(0x16B3748));
+        assert_eq!(format_lsn(0x1_0000_0010), "1/10");
+        assert_eq!(parse_lsn(&format_lsn(u64::MAX)), Some(u64::MAX));
+    }
+
+    #[test]
+    fn sqlstates_are_classified() {
+        assert_eq!(classify_sqlstate("42501"), ErrorKind::NeedsOperator);
+        assert_eq!(classify_sqlstate("55006"), ErrorKind::Retryable);
+        assert_eq!(classify_sqlstate("08006"), ErrorKind::Retryable);
+        assert_eq!(classify_sqlstate("22P02"), ErrorKind::Permanent);
+        assert_eq!(classify_sqlstate("42704"), ErrorKind::NeedsOperator);
+    }
+
+    #[test]
+    fn wire_errors_are_classified_by_sqlstate() {
+        let e = classify_wire(
+            PgWireError::Server("replication slot \"x\" does not exist (SQLSTATE 42704)".into()),
+            "starting",
+        );
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.hint().unwrap_or("").contains("checkpoint"));
+        let e = classify_wire(
+            PgWireError::Server("replication slot \"x\" is active for PID 1 (SQLSTATE 55006)".into()),
+            "starting",
+        );
+        assert_eq!(e.kind(), ErrorKind::Retryable);
+    }
+
+    #[test]
+    fn checkpoint_round_trips() {
+        let s = SourceState {
+            version: CHECKPOINT_VERSION,
+            slot: "s".into(),
+            lsn: 42,
+            tables: ["public.a".to_string()].into_iter().collect(),
+            snapshot: None,
+        };
+        assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).unwrap(), s);
+        assert!(SourceState::from_checkpoint(&Checkpoint("{}".into())).is_err());
+    }
+}
