@@ -1,0 +1,35 @@
+//! Tributary's change-event format: the table model, type mapping from each
+//! source database, the Debezium-compatible Avro envelope, the Confluent wire
+//! format with a schema registry, and a generic decoder for sinks.
+#![deny(missing_docs)]
+// `SchemaError` is large (it names table, column and type), and its shape
+// is shared with the other crates; errors are off the hot path, so the
+// size of `Result` does not matter here.
+#![allow(clippy::result_large_err)]
+
+pub mod avro;
+pub mod binary;
+pub mod compat;
+pub mod decimal;
+pub mod decoder;
+pub mod encoder;
+pub mod error;
+pub mod fuzzing;
+pub mod hashing;
+pub mod mapping;
+pub mod model;
+pub mod registry;
+pub mod temporal;
+pub mod topic;
+pub mod writer_schema;
+
+pub use avro::{envelope, EnvelopeOptions, EnvelopeSchemas};
+pub use decoder::{CompiledEnvelope, Decoded, EventDecoder};
+pub use encoder::{EncodedRecord, EventEncoder};
+pub use error::SchemaError;
+pub use model::{
+    ChangeEvent, Column, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId,
+    TableSchema, TransactionInfo, Value,
+};
+pub use registry::Registry;
+pub use topic::TopicNaming;

@@ -1,0 +1,398 @@
+//! The table and change-event model every connector speaks.
+//!
+//! Sources turn what their database says into these types; the Avro layer
+//! (`crate::avro`) turns them into Debezium-compatible change events; sinks get
+//! them back from the decoder. Keeping one model means a new connector only
+//! maps its own types onto [`DataType`] and never touches the wire format.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A table's identity in its source: `schema.table` (for MySQL the schema is
+/// the database name).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableId {
+    /// Schema (PostgreSQL, SQL Server, Oracle) or database (MySQL).
+    pub schema: String,
+    /// Table name, as the source spells it.
+    pub table: String,
+}
+
+impl TableId {
+    /// Builds a table id from its two parts.
+    pub fn new(schema: impl Into<String>, table: impl Into<String>) -> Self {
+        Self {
+            schema: schema.into(),
+            table: table.into(),
+        }
+    }
+}
+
+impl fmt::Display for TableId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
+/// The logical type of a column, independent of any database.
+///
+/// Each variant has exactly one Avro representation (see `docs/type-mapping.md`),
+/// chosen to match what Debezium emits so that its consumers feel at home.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `boolean`.
+    Boolean,
+    /// 16-bit integer (Avro `int`, `connect.type=int16`).
+    Int16,
+    /// 32-bit integer.
+    Int32,
+    /// 64-bit integer.
+    Int64,
+    /// 32-bit IEEE float.
+    Float32,
+    /// 64-bit IEEE float.
+    Float64,
+    /// Fixed precision and scale (Avro `bytes` with logical type `decimal`).
+    Decimal {
+        /// Total digits.
+        precision: u32,
+        /// Digits after the decimal point.
+        scale: u32,
+    },
+    /// A numeric without declared scale (PostgreSQL `numeric`): Debezium's
+    /// `io.debezium.data.VariableScaleDecimal` record of `scale` and `value`.
+    VariableDecimal,
+    /// Unicode text of any length.
+    Text,
+    /// JSON document, carried as text (`io.debezium.data.Json`).
+    Json,
+    /// UUID, carried as its canonical text (logical type `uuid`).
+    Uuid,
+    /// Raw bytes.
+    Bytes,
+    /// Calendar date: days since 1970-01-01 (logical type `date`).
+    Date,
+    /// Time of day in microseconds (logical type `time-micros`).
+    Time,
+    /// Date and time without zone, microseconds since the epoch of the
+    /// wall clock (logical type `local-timestamp-micros`).
+    Timestamp,
+    /// An instant, microseconds since the Unix epoch in UTC (logical type
+    /// `timestamp-micros`).
+    TimestampTz,
+    /// An interval: months, days and microseconds (`io.debezium.time.Interval`
+    /// is ISO-8601 text; we keep the three parts and render that text).
+    Interval,
+    /// One of a fixed set of labels (`io.debezium.data.Enum`, carried as text
+    /// so that adding a label stays backward compatible).
+    Enum {
+        /// The allowed labels, in declaration order.
+        symbols: Vec<String>,
+    },
+    /// An array of one element type.
+    Array(Box<DataType>),
+    /// Geometry or geography as WKB bytes (`io.debezium.data.geometry.Geometry`).
+    Geometry,
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataType::Boolean => f.write_str("boolean"),
+            DataType::Int16 => f.write_str("int16"),
+            DataType::Int32 => f.write_str("int32"),
+            DataType::Int64 => f.write_str("int64"),
+            DataType::Float32 => f.write_str("float32"),
+            DataType::Float64 => f.write_str("float64"),
+            DataType::Decimal { precision, scale } => write!(f, "decimal({precision},{scale})"),
+            DataType::VariableDecimal => f.write_str("decimal"),
+            DataType::Text => f.write_str("text"),
+            DataType::Json => f.write_str("json"),
+            DataType::Uuid => f.write_str("uuid"),
+            DataType::Bytes => f.write_str("bytes"),
+            DataType::Date => f.write_str("date"),
+            DataType::Time => f.write_str("time"),
+            DataType::Timestamp => f.write_str("timestamp"),
+            DataType::TimestampTz => f.write_str("timestamptz"),
+            DataType::Interval => f.write_str("interval"),
+            DataType::Enum { .. } => f.write_str("enum"),
+            DataType::Array(inner) => write!(f, "array<{inner}>"),
+            DataType::Geometry => f.write_str("geometry"),
+        }
+    }
+}
+
+/// One column of a table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Column {
+    /// Column name, as the source spells it.
+    pub name: String,
+    /// Logical type.
+    pub data_type: DataType,
+    /// Whether the column accepts NULL.
+    pub nullable: bool,
+    /// The source's own spelling of the type (`numeric(12,2)`, `varchar(40)`),
+    /// kept so that a sink of the same kind can recreate it exactly
+    /// (`__debezium.source.column.type` in Debezium's schema parameters).
+    pub source_type: String,
+}
+
+/// The shape of a table at one point in its history.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableSchema {
+    /// The table.
+    pub id: TableId,
+    /// Columns in the source's ordinal order.
+    pub columns: Vec<Column>,
+    /// Names of the key columns, in key order. All columns when the table has
+    /// no primary key and no key was configured.
+    pub key: Vec<String>,
+}
+
+impl TableSchema {
+    /// Index of a column by name.
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+
+    /// Indexes of the key columns, in key order. Key names that do not exist
+    /// are skipped (the source validates keys when it builds the schema).
+    pub fn key_indexes(&self) -> Vec<usize> {
+        self.key
+            .iter()
+            .filter_map(|k| self.column_index(k))
+            .collect()
+    }
+}
+
+/// A single column value. `Unchanged` exists only between a source and its
+/// own post-processing (a PostgreSQL TOAST value the WAL did not repeat); it
+/// never reaches a topic.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// SQL NULL.
+    Null,
+    /// `boolean`.
+    Boolean(bool),
+    /// `int16`.
+    Int16(i16),
+    /// `int32`.
+    Int32(i32),
+    /// `int64`.
+    Int64(i64),
+    /// `float32`.
+    Float32(f32),
+    /// `float64`.
+    Float64(f64),
+    /// A decimal (fixed or variable scale) as its exact canonical text, e.g.
+    /// `-12.340`. Text keeps every digit and the scale without a big-number
+    /// type in the model.
+    Decimal(String),
+    /// Text.
+    Text(String),
+    /// JSON text.
+    Json(String),
+    /// UUID.
+    Uuid(uuid::Uuid),
+    /// Bytes.
+    Bytes(Vec<u8>),
+    /// Days since 1970-01-01.
+    Date(i32),
+    /// Microseconds since midnight.
+    Time(i64),
+    /// Wall-clock microseconds since 1970-01-01T00:00:00 (no zone).
+    Timestamp(i64),
+    /// Microseconds since the Unix epoch, UTC.
+    TimestampTz(i64),
+    /// An interval.
+    Interval {
+        /// Months.
+        months: i32,
+        /// Days.
+        days: i32,
+        /// Microseconds.
+        micros: i64,
+    },
+    /// An enum label.
+    Enum(String),
+    /// Array elements.
+    Array(Vec<Value>),
+    /// WKB bytes.
+    Geometry(Vec<u8>),
+    /// A value the source did not send because it did not change (see the
+    /// type's doc). Encoders reject it.
+    Unchanged,
+}
+
+impl Value {
+    /// A short name of the value's kind, for error messages (never the value
+    /// itself: row values are not logged).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Boolean(_) => "boolean",
+            Value::Int16(_) => "int16",
+            Value::Int32(_) => "int32",
+            Value::Int64(_) => "int64",
+            Value::Float32(_) => "float32",
+            Value::Float64(_) => "float64",
+            Value::Decimal(_) => "decimal",
+            Value::Text(_) => "text",
+            Value::Json(_) => "json",
+            Value::Uuid(_) => "uuid",
+            Value::Bytes(_) => "bytes",
+            Value::Date(_) => "date",
+            Value::Time(_) => "time",
+            Value::Timestamp(_) => "timestamp",
+            Value::TimestampTz(_) => "timestamptz",
+            Value::Interval { .. } => "interval",
+            Value::Enum(_) => "enum",
+            Value::Array(_) => "array",
+            Value::Geometry(_) => "geometry",
+            Value::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// A row: one value per column, in the column order of its [`TableSchema`].
+pub type Row = Vec<Value>;
+
+/// What happened to a row (Debezium's `op` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `r`: read during the snapshot.
+    Read,
+    /// `c`: insert.
+    Create,
+    /// `u`: update.
+    Update,
+    /// `d`: delete.
+    Delete,
+    /// `t`: truncate of the whole table.
+    Truncate,
+}
+
+impl Op {
+    /// Debezium's one-letter code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Op::Read => "r",
+            Op::Create => "c",
+            Op::Update => "u",
+            Op::Delete => "d",
+            Op::Truncate => "t",
+        }
+    }
+
+    /// Parses Debezium's one-letter code.
+    pub fn from_code(code: &str) -> Option<Op> {
+        Some(match code {
+            "r" => Op::Read,
+            "c" => Op::Create,
+            "u" => Op::Update,
+            "d" => Op::Delete,
+            "t" => Op::Truncate,
+            _ => return None,
+        })
+    }
+}
+
+/// A totally ordered position in the source's change history.
+///
+/// `commit` orders transactions (PostgreSQL: commit LSN; MySQL: binlog file
+/// number << 32 | offset of the transaction's end), `index` orders events
+/// within one transaction. Snapshot rows carry the position the snapshot is
+/// consistent with and index 0, so every streamed change sorts after them.
+/// Sinks compare positions to never move a row backwards on a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Position {
+    /// Orders transactions.
+    pub commit: u64,
+    /// Orders events inside one transaction.
+    pub index: u64,
+}
+
+/// Snapshot marker of an event (Debezium's `source.snapshot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SnapshotMarker {
+    /// A streamed change.
+    False,
+    /// A snapshot row.
+    True,
+    /// The last row of the snapshot of the last table.
+    Last,
+}
+
+impl SnapshotMarker {
+    /// Debezium's text for the marker.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotMarker::False => "false",
+            SnapshotMarker::True => "true",
+            SnapshotMarker::Last => "last",
+        }
+    }
+}
+
+/// Where an event came from (Debezium's `source` block).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceInfo {
+    /// Connector kind: `postgresql`, `mysql`, `sqlserver`, `oracle`.
+    pub connector: String,
+    /// The runner's logical name (Debezium's `topic.prefix`).
+    pub name: String,
+    /// Database name.
+    pub db: String,
+    /// Source commit time, milliseconds since the epoch.
+    pub ts_ms: i64,
+    /// Snapshot marker.
+    pub snapshot: SnapshotMarker,
+    /// Source transaction id, when the source has one.
+    pub tx_id: Option<String>,
+    /// Ordered position.
+    pub position: Position,
+    /// The source's native position text (`0/16B3748`, `mysql-bin.000003:154`).
+    pub native_position: String,
+}
+
+/// Transaction metadata (Debezium's `transaction` block).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransactionInfo {
+    /// Transaction id.
+    pub id: String,
+    /// 1-based order of this event among all events of the transaction.
+    pub total_order: i64,
+    /// 1-based order of this event among the transaction's events for its table.
+    pub data_collection_order: i64,
+}
+
+/// One change to one row, or to a whole table for truncate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangeEvent {
+    /// The table's schema at the time of the change.
+    pub schema: Arc<TableSchema>,
+    /// What happened.
+    pub op: Op,
+    /// Row before the change (updates and deletes, per replica identity).
+    pub before: Option<Row>,
+    /// Row after the change (reads, inserts, updates).
+    pub after: Option<Row>,
+    /// Where it came from.
+    pub source: SourceInfo,
+    /// When the runner processed it, milliseconds since the epoch.
+    pub ts_ms: i64,
+    /// Transaction metadata, when the source provides it.
+    pub transaction: Option<TransactionInfo>,
+}
+
+impl ChangeEvent {
+    /// The row that carries the key: `after` for reads, inserts and updates,
+    /// `before` for deletes.
+    pub fn key_row(&self) -> Option<&Row> {
+        match self.op {
+            Op::Delete => self.before.as_ref(),
+            Op::Truncate => None,
+            _ => self.after.as_ref().or(self.before.as_ref()),
+        }
+    }
+}

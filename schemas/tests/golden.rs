@@ -1,0 +1,105 @@
+//! Golden files of the event format: the encoded key and value of each
+//! operation of a fixed table, and the schemas. A change of the wire format
+//! shows up here as a byte difference. After a deliberate change, refresh
+//! them with `UPDATE_GOLDEN=1 cargo test -p tributary-schemas --test golden`
+//! and review the diff.
+
+mod fixtures;
+
+use std::path::PathBuf;
+
+use tributary_schemas::{EnvelopeOptions, EventDecoder, EventEncoder, Registry};
+use tributary_schemas::decoder::Decoded;
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn check(name: &str, actual: &[u8]) {
+    let path = golden_dir().join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(golden_dir()).expect("create golden dir");
+        std::fs::write(&path, actual).expect("write golden file");
+        return;
+    }
+    let expected = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+    assert!(
+        expected == actual,
+        "{name} differs from its golden file ({} vs {} bytes); if the change is deliberate, rerun with UPDATE_GOLDEN=1",
+        expected.len(),
+        actual.len()
+    );
+}
+
+fn check_json(name: &str, actual: &str) {
+    let pretty = |s: &str| {
+        let v: serde_json::Value = serde_json::from_str(s).expect("schema is JSON");
+        serde_json::to_string_pretty(&v).expect("serializes") + "\n"
+    };
+    let path = golden_dir().join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, pretty(actual)).expect("write golden schema");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+    // Compared as JSON values: key order may differ between serde_json
+    // feature sets, the meaning may not.
+    let a: serde_json::Value = serde_json::from_str(actual).expect("json");
+    let e: serde_json::Value = serde_json::from_str(&expected).expect("json");
+    assert_eq!(a, e, "{name} differs from its golden file; rerun with UPDATE_GOLDEN=1 if deliberate");
+}
+
+#[tokio::test]
+async fn encoded_events_match_golden_files() {
+    let registry = Registry::in_memory();
+    let mut encoder = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
+    let table = fixtures::table();
+    encoder.prepare(&table, fixtures::TOPIC).await.expect("prepare");
+    let (schemas, _, _) = encoder.prepared(fixtures::TOPIC).expect("prepared");
+    check_json("key.avsc", schemas.key.as_deref().expect("key schema"));
+    check_json("value.avsc", &schemas.value);
+    let value_schema = apache_avro::Schema::parse_str(&schemas.value).expect("value schema parses");
+    let key_schema = apache_avro::Schema::parse_str(schemas.key.as_deref().expect("key")).expect("key parses");
+
+    let mut decoder = EventDecoder::new(registry);
+    for (op, event) in fixtures::events() {
+        let rec = encoder.encode(&event, fixtures::TOPIC).expect("encode");
+        let value = rec.value.as_deref().expect("value");
+        check(&format!("{op}.value.bin"), value);
+        match &rec.key {
+            Some(key) => {
+                check(&format!("{op}.key.bin"), key);
+                let (_, left) = fixtures::apache_read(&key_schema, &key[5..]);
+                assert_eq!(left, 0);
+            }
+            None => assert_eq!(op, "t", "only truncates have no key"),
+        }
+        // apache-avro reads every byte we wrote.
+        let (_, left) = fixtures::apache_read(&value_schema, &value[5..]);
+        assert_eq!(left, 0, "{op}: apache-avro left bytes unread");
+
+        let decoded = decoder
+            .decode(fixtures::TOPIC, rec.key.as_deref(), rec.value.as_deref())
+            .await
+            .expect("decode");
+        assert_eq!(decoded, Decoded::Change(event.clone()), "{op} round trip");
+
+        let tomb = encoder.tombstone(&event, fixtures::TOPIC).expect("tombstone");
+        assert_eq!(tomb.is_some(), op == "d");
+        if let Some(t) = tomb {
+            assert_eq!(t.value, None);
+            assert_eq!(t.key, rec.key);
+        }
+    }
+}
+
+#[tokio::test]
+async fn tombstones_can_be_turned_off() {
+    let options = EnvelopeOptions { tombstones: false, ..EnvelopeOptions::default() };
+    let mut encoder = EventEncoder::new(Registry::in_memory(), options);
+    encoder.prepare(&fixtures::table(), fixtures::TOPIC).await.expect("prepare");
+    let (_, delete) = fixtures::events().into_iter().find(|(op, _)| *op == "d").expect("delete");
+    assert_eq!(encoder.tombstone(&delete, fixtures::TOPIC).expect("ok"), None);
+}

@@ -1,0 +1,153 @@
+//! Against the real schema registry (`SCHEMA_REGISTRY_URL`, default the
+//! local stack's Apicurio, Confluent-compatible API). Subjects are unique
+//! per run so reruns do not collide. Skipped with a message when the
+//! registry is down, unless `CI` is set.
+
+mod fixtures;
+
+use std::sync::Arc;
+
+use tributary_schemas::decoder::Decoded;
+use tributary_schemas::{
+    Column, DataType, EnvelopeOptions, EventDecoder, EventEncoder, Registry, SchemaError, TableSchema,
+};
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+const SCHEMA_A: &str = r#"{"type":"record","name":"A","namespace":"t","fields":[{"name":"a","type":"int"}]}"#;
+
+#[tokio::test]
+async fn register_read_and_reregister() {
+    if !fixtures::service_available("schema registry", fixtures::registry_up()).await {
+        return;
+    }
+    let subject = unique("reg-test");
+    let registry = Registry::new(fixtures::registry_url()).expect("client");
+    let id = registry.register(&subject, SCHEMA_A).await.expect("register");
+    // A second client (empty caches) gets the same id from the server.
+    let fresh = Registry::new(fixtures::registry_url()).expect("client");
+    assert_eq!(fresh.register(&subject, SCHEMA_A).await.expect("re-register"), id);
+    let schema = fresh.schema(id).await.expect("read by id");
+    assert!(matches!(&*schema, apache_avro::Schema::Record(r) if r.name.name() == "A"));
+    let text = fresh.schema_text(id).await.expect("text");
+    assert!(text.contains("\"a\""));
+    let latest = fresh.latest(&subject).await.expect("latest").expect("has a version");
+    assert_eq!(latest.0, id);
+    assert_eq!(fresh.latest(&unique("none")).await.expect("latest"), None);
+}
+
+#[tokio::test]
+async fn errors_say_whether_to_retry() {
+    if !fixtures::service_available("schema registry", fixtures::registry_up()).await {
+        return;
+    }
+    let registry = Registry::new(fixtures::registry_url()).expect("client");
+    match registry.schema(u32::MAX - 7).await {
+        Err(SchemaError::Registry { retryable, .. }) => assert!(!retryable, "404 is not retryable"),
+        other => panic!("expected a registry error, got {other:?}"),
+    }
+    let dead = Registry::new("http://127.0.0.1:9/apis/ccompat/v7").expect("client");
+    match dead.schema(1).await {
+        Err(SchemaError::Registry { retryable, .. }) => assert!(retryable, "a refused connection is retryable"),
+        other => panic!("expected a registry error, got {other:?}"),
+    }
+    // The registry itself refuses an incompatible version (409).
+    let subject = unique("reg-refuse");
+    registry.set_compatibility(&subject, "BACKWARD").await.expect("config");
+    registry.register(&subject, SCHEMA_A).await.expect("v1");
+    let narrowed = SCHEMA_A.replace(r#""type":"int""#, r#""type":"string""#);
+    assert!(!registry.check_compatible(&subject, &narrowed).await.expect("check"));
+    match registry.register(&subject, &narrowed).await {
+        Err(SchemaError::Registry { retryable, .. }) => assert!(!retryable),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn with_columns(base: &TableSchema, f: impl FnOnce(&mut Vec<Column>)) -> Arc<TableSchema> {
+    let mut t = base.clone();
+    f(&mut t.columns);
+    Arc::new(t)
+}
+
+#[tokio::test]
+async fn evolution_is_checked_before_producing() {
+    if !fixtures::service_available("schema registry", fixtures::registry_up()).await {
+        return;
+    }
+    let topic = unique("evo.public.orders");
+    let registry = Registry::new(fixtures::registry_url()).expect("client");
+    let mut encoder = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
+    let v1 = fixtures::table();
+    encoder.prepare(&v1, &topic).await.expect("first version");
+    let (_, key_id, v1_id) = encoder.prepared(&topic).expect("prepared");
+    assert!(key_id.is_some());
+
+    // The subject's level was set to BACKWARD.
+    let config: serde_json::Value = reqwest::get(format!("{}/config/{topic}-value", fixtures::registry_url()))
+        .await
+        .expect("get config")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(config["compatibilityLevel"], "BACKWARD");
+
+    // Compatible: a new nullable column and a widened type.
+    let v2 = with_columns(&v1, |c| {
+        c.push(Column {
+            name: "gift_note".into(),
+            data_type: DataType::Text,
+            nullable: true,
+            source_type: "text".into(),
+        });
+        let qty = c.iter_mut().find(|c| c.name == "qty").expect("qty");
+        qty.data_type = DataType::Int64;
+    });
+    encoder.prepare(&v2, &topic).await.expect("compatible evolution");
+    let (_, _, v2_id) = encoder.prepared(&topic).expect("prepared");
+    assert_ne!(v1_id, v2_id);
+
+    // Incompatible: a NOT NULL column without default and a narrowed type.
+    let v3 = with_columns(&v2, |c| {
+        c.push(Column {
+            name: "must".into(),
+            data_type: DataType::Boolean,
+            nullable: false,
+            source_type: "boolean".into(),
+        });
+        let id = c.iter_mut().find(|c| c.name == "id").expect("id");
+        id.data_type = DataType::Int32;
+    });
+    let err = encoder.prepare(&v3, &topic).await.expect_err("incompatible");
+    match &err {
+        SchemaError::Incompatible { table, columns, .. } => {
+            assert_eq!(table, &v1.id);
+            assert!(columns.contains("must") && columns.contains("id"), "{columns}");
+        }
+        other => panic!("expected Incompatible, got {other:?}"),
+    }
+    assert!(err.to_string().contains("public.orders"));
+
+    // After a restart (a new encoder), the registry's latest version is
+    // the reference: v3 is still refused, v2 is accepted as is.
+    let mut restarted = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
+    assert!(matches!(
+        restarted.prepare(&v3, &topic).await,
+        Err(SchemaError::Incompatible { .. })
+    ));
+    restarted.prepare(&v2, &topic).await.expect("same version after restart");
+    assert_eq!(restarted.prepared(&topic).expect("prepared").2, v2_id);
+
+    // Events encoded with v2 decode through the real registry.
+    let mut event = fixtures::events().remove(1).1;
+    let mut row = event.after.take().expect("row");
+    row[17] = tributary_schemas::Value::Int64(3);
+    row.push(tributary_schemas::Value::Text("for you".into()));
+    event.after = Some(row);
+    event.schema = v2.clone();
+    let rec = restarted.encode(&event, &topic).expect("encode");
+    let mut decoder = EventDecoder::new(Registry::new(fixtures::registry_url()).expect("client"));
+    let decoded = decoder.decode(&topic, rec.key.as_deref(), rec.value.as_deref()).await.expect("decode");
+    assert_eq!(decoded, Decoded::Change(event));
+}
