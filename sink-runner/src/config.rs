@@ -1,0 +1,252 @@
+//! The sink runner's config file.
+//!
+//! ```toml
+//! prefix = "shop"                       # the source runner's topic prefix
+//! consumer_group = "shop-to-warehouse"
+//! schema_registry_url = "http://127.0.0.1:8081/apis/ccompat/v7"
+//!
+//! [kafka]
+//! bootstrap_servers = "127.0.0.1:9092"
+//!
+//! [postgres]
+//! url = "env:DESTINATION_URL"
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tributary_connectors::postgres::sink::PostgresSinkConfig;
+use tributary_operations::config::{ConfigError, Validate};
+use tributary_operations::kafka::KafkaConfig;
+
+/// Change events per batch. Big enough to amortise a destination
+/// transaction over thousands of rows during a snapshot; a batch is flushed
+/// earlier by bytes or time.
+pub const DEFAULT_BATCH_MAX_RECORDS: usize = 20_000;
+/// Bytes of raw (Avro) record data per batch. Decoded rows take a few times
+/// this, and the staged `COPY` text once more, so 4 MiB keeps a runner well
+/// under its 128 MiB RSS budget while one `COPY` still moves tens of
+/// thousands of rows.
+pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// How long the first record of a batch waits for more. Short: it only
+/// groups bursts; latency to the destination stays well under a second.
+pub const DEFAULT_BATCH_LINGER_MS: u64 = 500;
+/// How long the bytes of all tables' pending batches may add up to before
+/// the largest is flushed early (4 batches' worth).
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
+/// librdkafka's prefetch queue per runner, in KiB. Its default (64 MiB)
+/// alone would take half the memory budget; 16 MiB still keeps the
+/// consumer ahead of a destination doing 100k rows/s.
+pub const DEFAULT_QUEUED_MAX_KBYTES: u32 = 16 * 1024;
+/// How often new topics matching the pattern are looked for. 5 s: a new
+/// source table reaches the destination within seconds of its first event.
+pub const DEFAULT_TOPIC_REFRESH_MS: u64 = 5_000;
+
+/// The whole config file of a sink runner.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkRunnerConfig {
+    /// How to reach Kafka.
+    pub kafka: KafkaConfig,
+    /// Confluent-compatible schema registry, e.g.
+    /// `http://127.0.0.1:8081/apis/ccompat/v7`.
+    pub schema_registry_url: String,
+    /// The source runner's topic prefix; the default `topics` pattern is
+    /// `^<prefix>\..*`. Required unless `topics` is set.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Topics to copy, as a regular expression starting with `^` (matched
+    /// by librdkafka against every topic name). Dead-letter topics and the
+    /// source's offsets topic are always left out.
+    #[serde(default)]
+    pub topics: Option<String>,
+    /// Kafka consumer group, and the key of this copy's stored offsets in
+    /// the destination. Runners sharing it share the work.
+    pub consumer_group: String,
+    /// Change events per batch.
+    #[serde(default = "default_batch_max_records")]
+    pub batch_max_records: usize,
+    /// Raw record bytes per batch.
+    #[serde(default = "default_batch_max_bytes")]
+    pub batch_max_bytes: usize,
+    /// How long a batch waits for more records, in milliseconds.
+    #[serde(default = "default_batch_linger_ms")]
+    pub batch_linger_ms: u64,
+    /// Bytes of all pending batches together before the largest is flushed.
+    #[serde(default = "default_max_buffered_bytes")]
+    pub max_buffered_bytes: usize,
+    /// Suffix of a topic's dead-letter topic.
+    #[serde(default = "default_dlq_suffix")]
+    pub dlq_topic_suffix: String,
+    /// The PostgreSQL destination.
+    pub postgres: PostgresSinkConfig,
+}
+
+fn default_batch_max_records() -> usize {
+    DEFAULT_BATCH_MAX_RECORDS
+}
+fn default_batch_max_bytes() -> usize {
+    DEFAULT_BATCH_MAX_BYTES
+}
+fn default_batch_linger_ms() -> u64 {
+    DEFAULT_BATCH_LINGER_MS
+}
+fn default_max_buffered_bytes() -> usize {
+    DEFAULT_MAX_BUFFERED_BYTES
+}
+fn default_dlq_suffix() -> String {
+    tributary_schemas::topic::DLQ_SUFFIX.to_string()
+}
+
+impl Validate for SinkRunnerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.kafka.validate("kafka")?;
+        if self.schema_registry_url.trim().is_empty() {
+            return Err(ConfigError::invalid("schema_registry_url", "must not be empty"));
+        }
+        if !self.schema_registry_url.starts_with("http://") && !self.schema_registry_url.starts_with("https://") {
+            return Err(ConfigError::invalid(
+                "schema_registry_url",
+                "must be an http:// or https:// URL",
+            ));
+        }
+        match (&self.prefix, &self.topics) {
+            (None, None) => {
+                return Err(ConfigError::invalid(
+                    "prefix",
+                    "is required unless `topics` is set (it names the source runner's topics)",
+                ))
+            }
+            (Some(p), _) if p.trim().is_empty() => {
+                return Err(ConfigError::invalid("prefix", "must not be empty"));
+            }
+            _ => {}
+        }
+        if let Some(t) = &self.topics {
+            if !t.starts_with('^') {
+                return Err(ConfigError::invalid(
+                    "topics",
+                    "must be a regular expression starting with ^ (librdkafka treats anything else as one topic name)",
+                ));
+            }
+            regex::Regex::new(t)
+                .map_err(|e| ConfigError::invalid("topics", format!("is not a valid regular expression: {e}")))?;
+        }
+        if self.consumer_group.trim().is_empty() {
+            return Err(ConfigError::invalid("consumer_group", "must not be empty"));
+        }
+        if self.batch_max_records == 0 {
+            return Err(ConfigError::invalid("batch_max_records", "must be greater than 0"));
+        }
+        if self.batch_max_bytes < 1024 {
+            return Err(ConfigError::invalid("batch_max_bytes", "must be at least 1024"));
+        }
+        if self.max_buffered_bytes < self.batch_max_bytes {
+            return Err(ConfigError::invalid(
+                "max_buffered_bytes",
+                "must be at least batch_max_bytes",
+            ));
+        }
+        if self.batch_linger_ms == 0 || self.batch_linger_ms > 60_000 {
+            return Err(ConfigError::invalid(
+                "batch_linger_ms",
+                "must be between 1 and 60000",
+            ));
+        }
+        if self.dlq_topic_suffix.is_empty() {
+            return Err(ConfigError::invalid("dlq_topic_suffix", "must not be empty"));
+        }
+        if let Some(g) = &self.postgres.consumer_group {
+            if *g != self.consumer_group {
+                return Err(ConfigError::invalid(
+                    "postgres.consumer_group",
+                    "conflicts with consumer_group: leave it out (it is taken from consumer_group)",
+                ));
+            }
+        }
+        self.postgres.validate_at("postgres")?;
+        Ok(())
+    }
+}
+
+impl SinkRunnerConfig {
+    /// The subscription pattern.
+    pub fn topic_pattern(&self) -> String {
+        match (&self.topics, &self.prefix) {
+            (Some(t), _) => t.clone(),
+            (None, Some(p)) => format!("^{}\\..*", regex::escape(p)),
+            // validate() refuses this; a pattern that matches nothing.
+            (None, None) => "^$".to_string(),
+        }
+    }
+
+    /// Whether a topic matched by the pattern is still left out: dead-letter
+    /// topics and the source runner's offsets topic.
+    pub fn is_excluded(&self, topic: &str) -> bool {
+        if topic.ends_with(&self.dlq_topic_suffix) {
+            return true;
+        }
+        if topic.ends_with(".tributary.offsets") {
+            return true;
+        }
+        topic.starts_with("__")
+    }
+
+    /// The dead-letter topic of a topic.
+    pub fn dlq_topic(&self, topic: &str) -> String {
+        format!("{topic}{}", self.dlq_topic_suffix)
+    }
+
+    /// The sink config with the consumer group filled in.
+    pub fn postgres_config(&self) -> PostgresSinkConfig {
+        let mut c = self.postgres.clone();
+        c.consumer_group = Some(self.consumer_group.clone());
+        c
+    }
+
+    /// Linger as a duration.
+    pub fn linger(&self) -> Duration {
+        Duration::from_millis(self.batch_linger_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_operations::config::parse;
+
+    const MINIMAL: &str = r#"
+prefix = "shop"
+consumer_group = "g"
+schema_registry_url = "http://127.0.0.1:8081/apis/ccompat/v7"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+[postgres]
+url = "postgres://u@127.0.0.1/db"
+"#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c: SinkRunnerConfig = parse(MINIMAL, "test").unwrap();
+        assert_eq!(c.topic_pattern(), "^shop\\..*");
+        assert_eq!(c.batch_linger_ms, DEFAULT_BATCH_LINGER_MS);
+        assert!(c.is_excluded("shop.public.orders.dlq"));
+        assert!(c.is_excluded("shop.tributary.offsets"));
+        assert!(!c.is_excluded("shop.public.orders"));
+        assert_eq!(c.postgres_config().consumer_group.as_deref(), Some("g"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = parse::<SinkRunnerConfig>(&MINIMAL.replace("prefix = \"shop\"", ""), "t").unwrap_err();
+        assert!(e.to_string().contains("`prefix`"), "{e}");
+        let e = parse::<SinkRunnerConfig>(&format!("{MINIMAL}\nbogus = 1"), "t").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let text = MINIMAL.replace("consumer_group = \"g\"", "consumer_group = \"g\"\ntopics = \"shop.*\"");
+        let e = parse::<SinkRunnerConfig>(&text, "t").unwrap_err();
+        assert!(e.to_string().contains("`topics`"), "{e}");
+        let text = MINIMAL.replace("url = \"postgres:", "table = \"x\"\nurl = \"postgres:");
+        let e = parse::<SinkRunnerConfig>(&text, "t").unwrap_err();
+        assert!(e.to_string().contains("`postgres.table`"), "{e}");
+    }
+}

@@ -1,0 +1,829 @@
+//! The run loop: Kafka (read_committed, topic pattern) -> decode -> batch per
+//! table -> [`Sink::apply`] (rows and offsets in one durable step); records
+//! that can never be applied go to `<topic>.dlq`; anything that may clear
+//! pauses the table and retries the same batch.
+//!
+//! # Offsets and consumer groups
+//!
+//! The destination holds the authoritative offsets (written in the same
+//! transaction as the rows). Kafka's group protocol only decides which
+//! runner owns which partition; the rebalance callback ([`RebalanceCtx`])
+//! looks the owned partitions' offsets up in the destination and assigns
+//! them *at* those offsets, so no record is consumed from anywhere else.
+//! The lookup blocks the callback (on the runtime, via `block_in_place`),
+//! which is fine: while it runs nothing can be applied anyway, and Kafka's
+//! session heartbeats continue on librdkafka's own thread.
+//!
+//! The protocol is whatever `partition.assignment.strategy` says: with the
+//! default eager strategies every rebalance revokes everything first, so a
+//! partition is never owned by two runners at once (the revoke happens in
+//! the poll loop, between batches, never during an apply). With
+//! `cooperative-sticky` only moved partitions are revoked and assigned
+//! (incrementally), with the same lookup. Records of a revoked partition
+//! still buffered are dropped; its new owner consumes them again from the
+//! destination's offsets. The offsets committed to Kafka are a mirror for
+//! monitoring tools (`kafka-consumer-groups --describe` shows the lag);
+//! they are never read.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use futures::FutureExt;
+use tokio::sync::{watch, Mutex};
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use tributary_connectors::postgres::sink::PostgresSink;
+use tributary_connectors::{
+    policy, ApplyError, Decision, Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord,
+};
+use tributary_schemas::{Decoded, EventDecoder, Registry, SchemaError, TableId};
+
+use crate::config::{SinkRunnerConfig, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS};
+use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
+use crate::status::{SinkStatus, TableState};
+
+/// Records taken from librdkafka's queue in one go once one arrived. Bounds
+/// how far a batch can overshoot `batch_max_records` before it is flushed.
+const DRAIN_MAX_RECORDS: usize = 1000;
+
+/// Header marking a control record on a change topic.
+pub const CONTROL_HEADER: &str = "tributary.control";
+/// Its value for a dropped source table.
+pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
+
+/// Why the runner stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The configuration cannot work.
+    #[error(transparent)]
+    Config(#[from] tributary_operations::config::ConfigError),
+    /// Kafka refused something the runner cannot do without.
+    #[error("kafka: {0}")]
+    Kafka(String),
+    /// Anything else, with context.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Names the status entry of a source table (its destination table).
+pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
+
+/// Runs a PostgreSQL sink runner until `stop` turns true.
+pub async fn run(config: SinkRunnerConfig, status: Arc<SinkStatus>, stop: watch::Receiver<bool>) -> Result<(), RunError> {
+    let sink = PostgresSink::new(config.postgres_config())?;
+    let pg = config.postgres_config();
+    let labeler: Labeler = Arc::new(move |t: &TableId| pg.destination(t).to_string());
+    run_with_sink(config, sink, labeler, status, stop).await
+}
+
+/// Runs the loop over any [`Sink`] (tests use fakes).
+pub async fn run_with_sink<S: Sink + 'static>(
+    config: SinkRunnerConfig,
+    sink: S,
+    labeler: Labeler,
+    status: Arc<SinkStatus>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let handle = tokio::runtime::Handle::current();
+    if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        return Err(RunError::Other(
+            "the sink runner needs a multi-threaded tokio runtime (its rebalance callback blocks on the destination)".into(),
+        ));
+    }
+    let span = info_span!("sink_runner", group = %config.consumer_group);
+    async move {
+        let sink = Arc::new(Mutex::new(sink));
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let excluded_config = config.clone();
+        let ctx = RebalanceCtx {
+            sink: sink.clone(),
+            handle,
+            events: events.clone(),
+            excluded: Arc::new(move |t: &str| excluded_config.is_excluded(t)),
+            stop: stop.clone(),
+        };
+        let consumer: StreamConsumer<RebalanceCtx<S>> = consumer_config(&config)?
+            .create_with_context(ctx)
+            .map_err(|e| RunError::Kafka(format!("cannot create the consumer: {e}")))?;
+        let pattern = config.topic_pattern();
+        consumer
+            .subscribe(&[pattern.as_str()])
+            .map_err(|e| RunError::Kafka(format!("cannot subscribe to {pattern}: {e}")))?;
+        info!(pattern = %pattern, "subscribed");
+        let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group)
+            .map_err(|e| RunError::Kafka(e.to_string()))?;
+        let registry = Registry::new(config.schema_registry_url.clone())
+            .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
+        let mut state = Loop {
+            config,
+            sink,
+            labeler,
+            status,
+            decoder: EventDecoder::new(registry),
+            dead_letters,
+            consumer,
+            events,
+            buffers: BTreeMap::new(),
+            assigned: BTreeSet::new(),
+            expected: HashMap::new(),
+            tables: HashMap::new(),
+        };
+        state.run(stop).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// The librdkafka consumer settings of a runner.
+pub fn consumer_config(config: &SinkRunnerConfig) -> Result<ClientConfig, RunError> {
+    let mut c = config.kafka.client_config()?;
+    // Correctness: never overridable.
+    c.set("group.id", &config.consumer_group);
+    c.set("enable.auto.commit", "false");
+    c.set("enable.auto.offset.store", "false");
+    c.set("isolation.level", "read_committed");
+    // Tuning: only when the operator did not set it in kafka.properties.
+    let defaults = [
+        ("auto.offset.reset", "earliest".to_string()),
+        ("topic.metadata.refresh.interval.ms", DEFAULT_TOPIC_REFRESH_MS.to_string()),
+        ("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES.to_string()),
+        ("client.id", format!("tributary-sink-{}", config.consumer_group)),
+    ];
+    for (k, v) in defaults {
+        if c.get(k).is_none() {
+            c.set(k, v);
+        }
+    }
+    Ok(c)
+}
+
+enum RebalanceEvent {
+    Assigned(Vec<(String, i32, Option<i64>)>),
+    Revoked(Vec<(String, i32)>),
+}
+
+/// The consumer context: assigns partitions at the destination's offsets.
+pub struct RebalanceCtx<S: Sink + 'static> {
+    sink: Arc<Mutex<S>>,
+    handle: tokio::runtime::Handle,
+    events: Arc<std::sync::Mutex<Vec<RebalanceEvent>>>,
+    excluded: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    stop: watch::Receiver<bool>,
+}
+
+impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {}
+
+impl<S: Sink + 'static> RebalanceCtx<S> {
+    /// The destination's offsets of `parts`, retrying per [`policy`] until
+    /// they come or the runner stops (`None`).
+    fn lookup(&self, parts: &[(String, i32)]) -> Option<Vec<Option<i64>>> {
+        if parts.is_empty() {
+            return Some(Vec::new());
+        }
+        let mut attempt = 0u32;
+        loop {
+            let result = tokio::task::block_in_place(|| {
+                self.handle
+                    .block_on(async { self.sink.lock().await.committed_offsets(parts).await })
+            });
+            match result {
+                Ok(offsets) => return Some(offsets),
+                Err(e) => {
+                    attempt += 1;
+                    let delay = match policy(e.kind(), attempt) {
+                        Decision::RetryAfter(d) | Decision::PauseAndProbe(d) => d,
+                        Decision::DeadLetter => tributary_connectors::error::OPERATOR_PROBE_DELAY,
+                    };
+                    warn!(
+                        error = %e,
+                        hint = e.hint().unwrap_or(""),
+                        retry_in_ms = delay.as_millis() as u64,
+                        "paused: cannot read the stored offsets of newly assigned partitions"
+                    );
+                    let deadline = Instant::now() + delay;
+                    while Instant::now() < deadline {
+                        if *self.stop.borrow() {
+                            return None;
+                        }
+                        tokio::task::block_in_place(|| std::thread::sleep(Duration::from_millis(100)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn push(&self, event: RebalanceEvent) {
+        if let Ok(mut e) = self.events.lock() {
+            e.push(event);
+        }
+    }
+}
+
+impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
+    fn rebalance(&self, base: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let parts: Vec<(String, i32)> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let (skip, wanted): (Vec<_>, Vec<_>) = parts.iter().cloned().partition(|(t, _)| (self.excluded)(t));
+                let offsets = self.lookup(&wanted);
+                let mut assigned = Vec::new();
+                if let Some(offsets) = &offsets {
+                    for ((topic, partition), offset) in wanted.iter().zip(offsets) {
+                        let at = offset.map_or(Offset::Beginning, Offset::Offset);
+                        if let Err(e) = tpl.set_partition_offset(topic, *partition, at) {
+                            error!(topic = %topic, partition, error = %e, "cannot set the start offset");
+                        }
+                        assigned.push((topic.clone(), *partition, *offset));
+                    }
+                }
+                let r = if cooperative { base.incremental_assign(tpl) } else { base.assign(tpl) };
+                if let Err(e) = r {
+                    error!(error = %e, "cannot assign partitions");
+                }
+                // Partitions we do not copy (dead-letter and offsets topics
+                // the pattern also matched; everything when stopping) stay
+                // assigned but never fetch.
+                let mut idle = TopicPartitionList::new();
+                for (t, p) in skip.iter().chain(if offsets.is_none() { wanted.iter() } else { [].iter() }) {
+                    idle.add_partition(t, *p);
+                }
+                if idle.count() > 0 {
+                    if let Err(e) = base.pause(&idle) {
+                        warn!(error = %e, "cannot pause excluded partitions");
+                    }
+                }
+                info!(partitions = assigned.len(), excluded = skip.len(), "partitions assigned");
+                self.push(RebalanceEvent::Assigned(assigned));
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                info!(partitions = parts.len(), "partitions revoked");
+                self.push(RebalanceEvent::Revoked(parts));
+                let r = if cooperative { base.incremental_unassign(tpl) } else { base.unassign() };
+                if let Err(e) = r {
+                    error!(error = %e, "cannot unassign partitions");
+                }
+            }
+            other => {
+                error!(error = ?other, "rebalance failed");
+                self.push(RebalanceEvent::Revoked(parts));
+                if !cooperative {
+                    let _ = base.unassign();
+                }
+            }
+        }
+    }
+}
+
+/// A pending batch of one topic.
+struct Buffer {
+    records: Vec<RawRecord>,
+    bytes: usize,
+    first_at: Option<Instant>,
+    /// Next offset per partition covered by everything received (applied,
+    /// buffered or dead-lettered) and not yet stored.
+    next_offsets: BTreeMap<i32, i64>,
+    retry: Option<Retry>,
+}
+
+struct Retry {
+    attempt: u32,
+    at: Instant,
+}
+
+impl Buffer {
+    fn new() -> Self {
+        Self {
+            records: Vec::new(),
+            bytes: 0,
+            first_at: None,
+            next_offsets: BTreeMap::new(),
+            retry: None,
+        }
+    }
+}
+
+struct Loop<S: Sink + 'static> {
+    config: SinkRunnerConfig,
+    sink: Arc<Mutex<S>>,
+    labeler: Labeler,
+    status: Arc<SinkStatus>,
+    decoder: EventDecoder,
+    dead_letters: DeadLetters,
+    consumer: StreamConsumer<RebalanceCtx<S>>,
+    events: Arc<std::sync::Mutex<Vec<RebalanceEvent>>>,
+    buffers: BTreeMap<String, Buffer>,
+    assigned: BTreeSet<(String, i32)>,
+    /// Next offset expected per partition: anything below is a stale
+    /// prefetched record from before an assignment.
+    expected: HashMap<(String, i32), i64>,
+    /// Source table of each topic, once seen.
+    tables: HashMap<String, TableId>,
+}
+
+enum Flushed {
+    Done,
+    Retrying,
+}
+
+impl<S: Sink + 'static> Loop<S> {
+    async fn run(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), RunError> {
+        let mut consumer_errors = 0u32;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let deadline = self.next_deadline();
+            let received = tokio::select! {
+                _ = stop.changed() => None,
+                m = self.consumer.recv() => Some(m.map(|m| RawRecord::from_message(&m))),
+                _ = sleep_until(deadline) => None,
+            };
+            self.drain_rebalance();
+            match received {
+                Some(Ok(raw)) => {
+                    consumer_errors = 0;
+                    self.accept(raw);
+                    // Take what is already fetched without a trip through
+                    // select! and timers per record (a few µs each, a
+                    // large share of a snapshot's time otherwise).
+                    for _ in 0..DRAIN_MAX_RECORDS {
+                        match self.consumer.recv().now_or_never() {
+                            Some(Ok(m)) => {
+                                let raw = RawRecord::from_message(&m);
+                                drop(m);
+                                self.drain_rebalance();
+                                self.accept(raw);
+                            }
+                            Some(Err(KafkaError::PartitionEOF(_))) => {}
+                            Some(Err(e)) => {
+                                warn!(error = %e, "consumer error");
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    consumer_errors += 1;
+                    match e {
+                        KafkaError::PartitionEOF(_) => {}
+                        KafkaError::MessageConsumptionFatal(code) => {
+                            return Err(RunError::Kafka(format!("fatal consumer error: {code}")));
+                        }
+                        other => {
+                            warn!(error = %other, "consumer error");
+                            // Back off a little on repeated errors (e.g. a
+                            // broker down) instead of spinning.
+                            let delay = Duration::from_millis(100 * u64::from(consumer_errors.min(50)));
+                            tokio::select! {
+                                _ = stop.changed() => {}
+                                _ = tokio::time::sleep(delay) => {}
+                            }
+                        }
+                    }
+                }
+                None => {}
+            }
+            self.flush_due().await;
+        }
+        info!("stopping: applying what is buffered");
+        let topics: Vec<String> = self
+            .buffers
+            .iter()
+            .filter(|(_, b)| b.retry.is_none())
+            .map(|(t, _)| t.clone())
+            .collect();
+        for topic in topics {
+            let _ = self.flush(&topic).await;
+        }
+        info!("stopped");
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let linger = self.config.linger();
+        self.buffers
+            .values()
+            .filter_map(|b| match &b.retry {
+                Some(r) => Some(r.at),
+                None => b.first_at.map(|t| t + linger),
+            })
+            .min()
+    }
+
+    fn drain_rebalance(&mut self) {
+        let events: Vec<RebalanceEvent> = match self.events.lock() {
+            Ok(mut e) => std::mem::take(&mut *e),
+            Err(_) => return,
+        };
+        for event in events {
+            match event {
+                RebalanceEvent::Assigned(parts) => {
+                    for (topic, partition, offset) in parts {
+                        match offset {
+                            Some(o) => {
+                                self.expected.insert((topic.clone(), partition), o);
+                            }
+                            None => {
+                                self.expected.remove(&(topic.clone(), partition));
+                            }
+                        }
+                        self.assigned.insert((topic, partition));
+                    }
+                }
+                RebalanceEvent::Revoked(parts) => {
+                    for (topic, partition) in parts {
+                        self.assigned.remove(&(topic.clone(), partition));
+                        self.expected.remove(&(topic.clone(), partition));
+                        if let Some(buf) = self.buffers.get_mut(&topic) {
+                            buf.records.retain(|r| r.partition != partition);
+                            buf.bytes = buf.records.iter().map(RawRecord::size).sum();
+                            buf.next_offsets.remove(&partition);
+                            if buf.next_offsets.is_empty() {
+                                self.buffers.remove(&topic);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, raw: RawRecord) {
+        let key = (raw.topic.clone(), raw.partition);
+        if !self.assigned.contains(&key) {
+            return; // prefetched before a revoke
+        }
+        if let Some(expected) = self.expected.get(&key) {
+            if raw.offset < *expected {
+                return; // prefetched before the assignment's offset
+            }
+        }
+        self.expected.insert(key, raw.offset + 1);
+        let buf = self.buffers.entry(raw.topic.clone()).or_insert_with(Buffer::new);
+        buf.next_offsets.insert(raw.partition, raw.offset + 1);
+        buf.bytes += raw.size();
+        buf.first_at.get_or_insert_with(Instant::now);
+        buf.records.push(raw);
+    }
+
+    async fn flush_due(&mut self) {
+        let now = Instant::now();
+        let linger = self.config.linger();
+        let total: usize = self.buffers.values().map(|b| b.bytes).sum();
+        let largest = if total > self.config.max_buffered_bytes {
+            self.buffers
+                .iter()
+                .filter(|(_, b)| b.retry.is_none())
+                .max_by_key(|(_, b)| b.bytes)
+                .map(|(t, _)| t.clone())
+        } else {
+            None
+        };
+        let due: Vec<String> = self
+            .buffers
+            .iter()
+            .filter(|(topic, b)| match &b.retry {
+                Some(r) => r.at <= now,
+                None => {
+                    b.records.len() >= self.config.batch_max_records
+                        || b.bytes >= self.config.batch_max_bytes
+                        || b.first_at.is_some_and(|t| t + linger <= now)
+                        || largest.as_deref() == Some(topic.as_str())
+                }
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for topic in due {
+            let _ = self.flush(&topic).await;
+        }
+    }
+
+    fn table_of(&self, topic: &str) -> TableId {
+        if let Some(t) = self.tables.get(topic) {
+            return t.clone();
+        }
+        table_from_topic(topic, self.config.prefix.as_deref())
+    }
+
+    fn pause(&self, topic: &str, paused: bool) {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in &self.assigned {
+            if t == topic {
+                tpl.add_partition(t, *p);
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        let r = if paused { self.consumer.pause(&tpl) } else { self.consumer.resume(&tpl) };
+        if let Err(e) = r {
+            warn!(topic, error = %e, "cannot pause or resume partitions");
+        }
+    }
+
+    /// Schedules a retry of `topic`'s batch after `error`, per [`policy`].
+    fn schedule_retry(&mut self, topic: &str, table: &TableId, error: &Error) {
+        let label = (self.labeler)(table);
+        let attempt = self.buffers.get(topic).and_then(|b| b.retry.as_ref()).map_or(0, |r| r.attempt) + 1;
+        let delay = match policy(error.kind(), attempt) {
+            Decision::RetryAfter(d) | Decision::PauseAndProbe(d) => d,
+            // A permanent error without a record to blame: probe slowly.
+            Decision::DeadLetter => tributary_connectors::error::OPERATOR_PROBE_DELAY,
+        };
+        let first = attempt == 1;
+        if let Some(buf) = self.buffers.get_mut(topic) {
+            buf.retry = Some(Retry {
+                attempt,
+                at: Instant::now() + delay,
+            });
+        }
+        if first {
+            self.pause(topic, true);
+        }
+        let st = self.status.table(&label);
+        st.set_state(TableState::Paused {
+            reason: error.to_string(),
+            hint: error.hint().map(str::to_string),
+        });
+        st.set_error(error.to_string(), &error.kind().to_string());
+        warn!(
+            table = %label,
+            kind = %error.kind(),
+            error = %error,
+            hint = error.hint().unwrap_or(""),
+            attempt,
+            retry_in_ms = delay.as_millis() as u64,
+            "paused"
+        );
+    }
+
+    async fn flush(&mut self, topic: &str) -> Flushed {
+        let table = self.table_of(topic);
+        let label = (self.labeler)(&table);
+        let records = self.buffers.get(topic).map_or(0, |b| b.records.len());
+        let span = info_span!("batch", table = %label, topic, records);
+        let topic = topic.to_string();
+        async move {
+            let outcome = self.flush_inner(&topic).await;
+            if let Err((table, error)) = &outcome {
+                self.schedule_retry(&topic, table, error);
+                return Flushed::Retrying;
+            }
+            Flushed::Done
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn flush_inner(&mut self, topic: &str) -> Result<(), (TableId, Error)> {
+        let Some(buf) = self.buffers.get(topic) else {
+            return Ok(());
+        };
+        let fallback = self.table_of(topic);
+        let started = Instant::now();
+        // 1. Decode; what cannot be decoded is dead-lettered now.
+        let mut batch_records = Vec::with_capacity(buf.records.len());
+        let mut raw_index: Vec<usize> = Vec::with_capacity(buf.records.len());
+        let mut table: Option<TableId> = None;
+        let mut i = 0;
+        while i < self.buffers.get(topic).map_or(0, |b| b.records.len()) {
+            let raw = &self.buffers[topic].records[i];
+            match decode_record(&mut self.decoder, raw, &fallback).await {
+                Ok(Some(record)) => {
+                    if table.is_none() {
+                        if let SinkRecord::Change(ev) = &record {
+                            table = Some(ev.schema.id.clone());
+                        }
+                    }
+                    let pos = KafkaPosition {
+                        topic: raw.topic.clone(),
+                        partition: raw.partition,
+                        offset: raw.offset,
+                    };
+                    batch_records.push((pos, record));
+                    raw_index.push(i);
+                    i += 1;
+                }
+                Ok(None) => i += 1,
+                Err(e) if e.kind() == ErrorKind::Permanent => {
+                    let raw = raw.clone();
+                    let t = table.clone().unwrap_or_else(|| fallback.clone());
+                    self.dead_letter(&raw, Stage::Decode, &e, &t).await.map_err(|e| (t.clone(), e))?;
+                    if let Some(b) = self.buffers.get_mut(topic) {
+                        let gone = b.records.remove(i);
+                        b.bytes = b.bytes.saturating_sub(gone.size());
+                    }
+                }
+                Err(e) => return Err((table.unwrap_or(fallback), e)),
+            }
+        }
+        let table = table.unwrap_or(fallback);
+        self.tables.insert(topic.to_string(), table.clone());
+        let next_offsets: Vec<(String, i32, i64)> = self.buffers[topic]
+            .next_offsets
+            .iter()
+            .map(|(p, o)| (topic.to_string(), *p, *o))
+            .collect();
+        let mut batch = SinkBatch {
+            table: table.clone(),
+            records: batch_records,
+            next_offsets,
+        };
+        let decoded = started.elapsed();
+        // 2. Apply; a record the destination refuses is dead-lettered and
+        // the rest applied again.
+        loop {
+            let result = {
+                let mut sink = self.sink.lock().await;
+                sink.apply(&batch).await
+            };
+            match result {
+                Ok(()) => break,
+                Err(ApplyError { error, record }) => match policy(error.kind(), 1) {
+                    Decision::DeadLetter => {
+                        let blamed: Vec<usize> = match record {
+                            Some(r) if r < batch.records.len() => vec![r],
+                            _ => {
+                                error!(error = %error, "a permanent error without a record to blame: dead-lettering the whole batch");
+                                (0..batch.records.len()).collect()
+                            }
+                        };
+                        if blamed.is_empty() {
+                            return Err((table, error));
+                        }
+                        for &b in blamed.iter().rev() {
+                            let ri = raw_index[b];
+                            let raw = self.buffers[topic].records[ri].clone();
+                            self.dead_letter(&raw, Stage::Apply, &error, &table)
+                                .await
+                                .map_err(|e| (table.clone(), e))?;
+                            batch.records.remove(b);
+                            raw_index.remove(b);
+                            if let Some(buf) = self.buffers.get_mut(topic) {
+                                let gone = buf.records.remove(ri);
+                                buf.bytes = buf.bytes.saturating_sub(gone.size());
+                            }
+                            for r in raw_index.iter_mut().filter(|r| **r > ri) {
+                                *r -= 1;
+                            }
+                        }
+                    }
+                    _ => return Err((table, error)),
+                },
+            }
+        }
+        // 3. Done: forget the batch, tell Kafka (for monitoring) and the status.
+        let newest = batch
+            .records
+            .iter()
+            .filter_map(|(_, r)| match r {
+                SinkRecord::Change(ev) => Some(ev.source.ts_ms),
+                SinkRecord::TableDropped(_) => None,
+            })
+            .max();
+        let label = (self.labeler)(&table);
+        let st = self.status.table(&label);
+        st.applied(batch.records.len() as u64, newest);
+        let was_paused = self.buffers.get(topic).is_some_and(|b| b.retry.is_some());
+        if was_paused {
+            self.pause(topic, false);
+            info!(table = %label, "resumed");
+        }
+        if !matches!(st.state(), TableState::Running) {
+            st.set_state(TableState::Running);
+        }
+        self.buffers.remove(topic);
+        let mut tpl = TopicPartitionList::new();
+        for (t, p, o) in &batch.next_offsets {
+            if self.assigned.contains(&(t.clone(), *p)) {
+                let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*o));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                debug!(error = %e, "cannot mirror offsets to Kafka");
+            }
+        }
+        debug!(
+            table = %label,
+            events = batch.records.len(),
+            decode_ms = decoded.as_millis() as u64,
+            apply_ms = (started.elapsed() - decoded).as_millis() as u64,
+            "applied"
+        );
+        Ok(())
+    }
+
+    async fn dead_letter(&self, raw: &RawRecord, stage: Stage, error: &Error, table: &TableId) -> Result<(), Error> {
+        let label = (self.labeler)(table);
+        let dlq = self.config.dlq_topic(&raw.topic);
+        let failure = Failure::from_error(stage, error, Some(table.to_string()));
+        self.dead_letters.send(&dlq, raw, &failure).await?;
+        let st = self.status.table(&label);
+        st.failed_records.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        st.set_error(error.to_string(), &error.kind().to_string());
+        warn!(
+            table = %label,
+            topic = %raw.topic,
+            partition = raw.partition,
+            offset = raw.offset,
+            dlq = %dlq,
+            stage = stage.as_str(),
+            error = %error,
+            "record dead-lettered"
+        );
+        Ok(())
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => futures::future::pending::<()>().await,
+    }
+}
+
+/// Turns a raw record into what the sink applies: `None` for a tombstone
+/// (nothing to do, its offset is still covered).
+pub async fn decode_record(
+    decoder: &mut EventDecoder,
+    raw: &RawRecord,
+    table: &TableId,
+) -> Result<Option<SinkRecord>, Error> {
+    if raw.value.is_none() {
+        if raw.header(CONTROL_HEADER).as_deref() == Some(CONTROL_TABLE_DROPPED) {
+            return Ok(Some(SinkRecord::TableDropped(table.clone())));
+        }
+        return Ok(None);
+    }
+    match decoder.decode(&raw.topic, raw.key.as_deref(), raw.value.as_deref()).await {
+        Ok(Decoded::Change(ev)) => Ok(Some(SinkRecord::Change(ev))),
+        Ok(Decoded::Tombstone) => Ok(None),
+        Err(e) => Err(classify_decode(e)),
+    }
+}
+
+/// Decoding errors: a registry that is down is retried; a registry that
+/// refuses (wrong URL, no access) needs an operator (dead-lettering every
+/// record over it would be wrong); bytes that do not decode are permanent.
+pub fn classify_decode(e: SchemaError) -> Error {
+    match e {
+        SchemaError::Registry { reason, retryable } => {
+            let kind = if retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator };
+            Error::new(kind, format!("schema registry: {reason}"))
+                .with_class("tributary.registry")
+                .with_hint("check schema_registry_url and that the registry is up and readable")
+        }
+        other => Error::from(other),
+    }
+}
+
+/// The source table of a topic named `<prefix>.<schema>.<table>` (or, without
+/// a known prefix, its last two dot-separated parts).
+pub fn table_from_topic(topic: &str, prefix: Option<&str>) -> TableId {
+    let rest = prefix
+        .and_then(|p| topic.strip_prefix(p))
+        .and_then(|r| r.strip_prefix('.'));
+    if let Some(rest) = rest {
+        if let Some((s, t)) = rest.split_once('.') {
+            return TableId::new(s, t);
+        }
+    }
+    let mut parts = topic.rsplitn(3, '.');
+    let table = parts.next().unwrap_or(topic);
+    let schema = parts.next().unwrap_or("");
+    TableId::new(schema, table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_name_their_table() {
+        assert_eq!(table_from_topic("shop.public.orders", Some("shop")), TableId::new("public", "orders"));
+        assert_eq!(table_from_topic("a.b.shop.public.orders", None), TableId::new("public", "orders"));
+        assert_eq!(table_from_topic("my.shop.public.order.items", Some("my.shop")), TableId::new("public", "order.items"));
+    }
+
+    #[test]
+    fn registry_refusals_pause_and_garbage_dead_letters() {
+        let e = classify_decode(SchemaError::Registry { reason: "down".into(), retryable: true });
+        assert_eq!(e.kind(), ErrorKind::Retryable);
+        let e = classify_decode(SchemaError::Registry { reason: "401".into(), retryable: false });
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        let e = classify_decode(SchemaError::Decode { context: "t".into(), reason: "bad".into() });
+        assert_eq!(e.kind(), ErrorKind::Permanent);
+    }
+}

@@ -1,0 +1,1325 @@
+//! The PostgreSQL sink against the real PostgreSQL of the local stack, and
+//! the sink runner end to end through real Kafka and the schema registry.
+//!
+//! Needs `scripts/stack up`. Endpoints: `PG_DESTINATION_URL` (default
+//! `postgres://tributary:tributary@127.0.0.1:5432/destination`),
+//! `KAFKA_BOOTSTRAP` (default `127.0.0.1:9092`), `SCHEMA_REGISTRY_URL`
+//! (default `http://127.0.0.1:8081/apis/ccompat/v7`).
+//!
+//! Every test works in its own schema (and topics, and consumer group), so
+//! tests run in parallel and leave nothing that another run would trip on.
+//!
+//! The kill -9 test runs the `sink-runner` binary as a child process. Cargo
+//! builds a dependency's binaries only for its own tests, so the test looks
+//! for `target/<profile>/sink-runner` next to its own executable
+//! (`target/<profile>/deps/postgres_sink-*`) and builds it with
+//! `cargo build -p sink-runner` when it is missing or older than this test.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::{Client, NoTls};
+use tributary_connectors::postgres::sink::{PostgresSink, PostgresSinkConfig};
+use tributary_connectors::{ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord};
+use tributary_schemas::{
+    ChangeEvent, Column, DataType, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value,
+};
+
+const DEFAULT_URL: &str = "postgres://tributary:tributary@127.0.0.1:5432/destination";
+
+fn url() -> String {
+    std::env::var("PG_DESTINATION_URL").unwrap_or_else(|_| DEFAULT_URL.to_string())
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the destination");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A schema of its own for one test, dropped at the end.
+struct Fixture {
+    schema: String,
+    group: String,
+    admin: Client,
+}
+
+impl Fixture {
+    async fn new(name: &str) -> Self {
+        let schema = unique(&format!("sink_{name}"));
+        let admin = connect(&url()).await;
+        Self {
+            group: format!("{schema}_group"),
+            schema,
+            admin,
+        }
+    }
+
+    fn config(&self) -> PostgresSinkConfig {
+        let mut c = PostgresSinkConfig::new(url(), self.group.clone());
+        c.schema = Some(self.schema.clone());
+        c
+    }
+
+    fn sink(&self) -> PostgresSink {
+        PostgresSink::new(self.config()).expect("sink config")
+    }
+
+    fn table(&self) -> String {
+        format!("\"{}\".\"items\"", self.schema)
+    }
+
+    async fn exec(&self, sql: &str) {
+        self.admin.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// `id|name|qty|price` per row, ordered by id (none while the table
+    /// does not exist yet).
+    async fn rows(&self) -> Vec<String> {
+        let exists: bool = self
+            .admin
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table()])
+            .await
+            .expect("look up the table")
+            .get(0);
+        if !exists {
+            return Vec::new();
+        }
+        let q = format!(
+            "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
+             FROM {} ORDER BY id",
+            self.table()
+        );
+        self.admin
+            .query(q.as_str(), &[])
+            .await
+            .expect("read rows")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    /// Row versions (`xmin`) and positions, to prove a replay wrote nothing.
+    async fn versions(&self) -> Vec<String> {
+        let q = format!(
+            "SELECT concat_ws('|', id, xmin::text, __tributary_commit, __tributary_index) FROM {} ORDER BY id",
+            self.table()
+        );
+        self.admin.query(q.as_str(), &[]).await.expect("read versions").iter().map(|r| r.get(0)).collect()
+    }
+
+    async fn offsets(&self) -> BTreeMap<(String, i32), i64> {
+        self.admin
+            .query(
+                "SELECT topic, partition, next_offset FROM tributary.offsets WHERE consumer_group = $1",
+                &[&self.group],
+            )
+            .await
+            .expect("read offsets")
+            .iter()
+            .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+            .collect()
+    }
+
+    async fn cleanup(self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
+            .await;
+        let _ = self
+            .admin
+            .execute("DELETE FROM tributary.offsets WHERE consumer_group = $1", &[&self.group])
+            .await;
+    }
+}
+
+fn column(name: &str, data_type: DataType, nullable: bool, source_type: &str) -> Column {
+    Column {
+        name: name.into(),
+        data_type,
+        nullable,
+        source_type: source_type.into(),
+    }
+}
+
+/// `items(id int4 key, name varchar(40), qty int4, price numeric(10,2))`.
+fn items() -> Arc<TableSchema> {
+    Arc::new(TableSchema {
+        id: TableId::new("public", "items"),
+        columns: vec![
+            column("id", DataType::Int32, false, "integer"),
+            column("name", DataType::Text, true, "character varying(40)"),
+            column("qty", DataType::Int32, true, "integer"),
+            column("price", DataType::Decimal { precision: 10, scale: 2 }, true, "numeric(10,2)"),
+        ],
+        key: vec!["id".into()],
+    })
+}
+
+fn row(id: i32, name: &str, qty: i32, price: &str) -> Vec<Value> {
+    vec![
+        Value::Int32(id),
+        Value::Text(name.into()),
+        Value::Int32(qty),
+        Value::Decimal(price.into()),
+    ]
+}
+
+fn key_row(id: i32) -> Vec<Value> {
+    vec![Value::Int32(id), Value::Null, Value::Null, Value::Null]
+}
+
+fn event(schema: &Arc<TableSchema>, op: Op, before: Option<Vec<Value>>, after: Option<Vec<Value>>, commit: u64, index: u64) -> ChangeEvent {
+    ChangeEvent {
+        schema: schema.clone(),
+        op,
+        before,
+        after,
+        source: SourceInfo {
+            connector: "postgresql".into(),
+            name: "test".into(),
+            db: "source".into(),
+            ts_ms: 1_700_000_000_000 + commit as i64,
+            snapshot: if op == Op::Read { SnapshotMarker::True } else { SnapshotMarker::False },
+            tx_id: None,
+            position: Position { commit, index },
+            native_position: String::new(),
+        },
+        ts_ms: 0,
+        transaction: None,
+    }
+}
+
+/// Records on partition 0 of `topic` from `first_offset`, with the offsets
+/// they cover.
+fn batch(topic: &str, first_offset: i64, events: Vec<ChangeEvent>) -> SinkBatch {
+    let n = events.len() as i64;
+    let table = events.first().map(|e| e.schema.id.clone()).unwrap_or_else(|| TableId::new("public", "items"));
+    SinkBatch {
+        table,
+        records: events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                (
+                    KafkaPosition {
+                        topic: topic.into(),
+                        partition: 0,
+                        offset: first_offset + i as i64,
+                    },
+                    SinkRecord::Change(e),
+                )
+            })
+            .collect(),
+        next_offsets: vec![(topic.into(), 0, first_offset + n)],
+    }
+}
+
+#[tokio::test]
+async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
+    let fx = Fixture::new("flow").await;
+    let s = items();
+    let mut sink = fx.sink();
+    let snapshot: Vec<ChangeEvent> = (1..=100)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("item {i}"), i, "1.50")), 10, 0))
+        .collect();
+    sink.apply(&batch("t", 0, snapshot)).await.expect("snapshot");
+    assert_eq!(fx.rows().await.len(), 100);
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&100));
+
+    let changes = vec![
+        event(&s, Op::Update, Some(row(1, "item 1", 1, "1.50")), Some(row(1, "renamed", 7, "2.25")), 11, 0),
+        event(&s, Op::Delete, Some(key_row(2)), None, 11, 1),
+        event(&s, Op::Create, None, Some(row(101, "new", 1, "9.99")), 12, 0),
+        event(&s, Op::Update, None, Some(row(101, "newer", 2, "9.99")), 12, 1),
+        // Delete then insert of the same key in one batch: the insert wins.
+        event(&s, Op::Delete, Some(key_row(3)), None, 13, 0),
+        event(&s, Op::Create, None, Some(row(3, "again", 3, "3.00")), 14, 0),
+        // Insert then delete: gone.
+        event(&s, Op::Create, None, Some(row(102, "brief", 1, "1.00")), 15, 0),
+        event(&s, Op::Delete, Some(key_row(102)), None, 15, 1),
+        // A key change: the old key disappears.
+        event(&s, Op::Update, Some(row(4, "item 4", 4, "1.50")), Some(row(104, "moved", 4, "1.50")), 16, 0),
+    ];
+    sink.apply(&batch("t", 100, changes)).await.expect("changes");
+    let rows = fx.rows().await;
+    assert_eq!(rows.len(), 100, "100 - 2 (deleted) - 4 (moved away) + 101 + 104");
+    assert!(rows.contains(&"1|renamed|7|2.25".to_string()));
+    assert!(rows.contains(&"101|newer|2|9.99".to_string()));
+    assert!(rows.contains(&"3|again|3|3.00".to_string()));
+    assert!(rows.contains(&"104|moved|4|1.50".to_string()));
+    assert!(!rows.iter().any(|r| r.starts_with("2|") || r.starts_with("4|") || r.starts_with("102|")));
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&109));
+
+    // Truncate, then one insert after it in the same batch; an event older
+    // than the truncate in the same batch does not come back.
+    let t = vec![
+        event(&s, Op::Truncate, None, None, 20, 0),
+        event(&s, Op::Create, None, Some(row(500, "after", 1, "1.00")), 21, 0),
+        event(&s, Op::Create, None, Some(row(501, "stale", 1, "1.00")), 19, 0),
+    ];
+    sink.apply(&batch("t", 109, t)).await.expect("truncate");
+    assert_eq!(fx.rows().await, vec!["500|after|1|1.00".to_string()]);
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn replaying_a_batch_changes_nothing() {
+    let fx = Fixture::new("replay").await;
+    let s = items();
+    let mut sink = fx.sink();
+    let events = vec![
+        event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 5, 0),
+        event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 5, 1),
+        event(&s, Op::Update, None, Some(row(1, "a2", 3, "1.00")), 6, 0),
+        event(&s, Op::Create, None, Some(row(3, "c", 3, "3.00")), 7, 0),
+        event(&s, Op::Delete, Some(key_row(3)), None, 8, 0),
+    ];
+    let b = batch("t", 0, events);
+    sink.apply(&b).await.expect("first apply");
+    let rows = fx.rows().await;
+    let versions = fx.versions().await;
+    // Later changes, then the same batch again (a replay after a crash).
+    sink.apply(&batch("t", 5, vec![event(&s, Op::Update, None, Some(row(2, "b2", 9, "2.00")), 9, 0)]))
+        .await
+        .expect("later change");
+    let later_rows = fx.rows().await;
+    let later_versions = fx.versions().await;
+    sink.apply(&b).await.expect("replay");
+    assert_eq!(fx.rows().await, later_rows, "a replay moved rows");
+    assert_eq!(fx.versions().await, later_versions, "a replay wrote row versions");
+    assert_ne!(rows, later_rows);
+    // A second sink (a restarted runner) replaying: the same.
+    let mut again = fx.sink();
+    again.apply(&b).await.expect("replay from a new session");
+    assert_eq!(fx.versions().await, later_versions);
+    let _ = versions;
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn inserts_of_existing_keys_fall_back_from_the_copy_fast_path() {
+    let fx = Fixture::new("fast").await;
+    let s = items();
+    let mut sink = fx.sink();
+    let inserts: Vec<ChangeEvent> =
+        (0..100).map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 10, 0)).collect();
+    let b = batch("t", 0, inserts.clone());
+    sink.apply(&b).await.expect("fast path");
+    sink.apply(&batch("t", 100, vec![event(&s, Op::Update, None, Some(row(7, "newer", 7, "7.00")), 20, 0)]))
+        .await
+        .unwrap();
+    let versions = fx.versions().await;
+    // A replay of the insert-only batch, from a fresh session: the direct
+    // COPY meets existing keys, falls back, and the positions keep the
+    // newer row.
+    let mut fresh = fx.sink();
+    fresh.apply(&b).await.expect("replay");
+    assert_eq!(fx.versions().await, versions);
+    // New and existing keys mixed, in one insert-only batch.
+    let mut mixed = inserts[..10].to_vec();
+    mixed.push(event(&s, Op::Create, None, Some(row(1000, "new", 1, "1.00")), 30, 0));
+    fresh.apply(&batch("t", 101, mixed)).await.expect("mixed");
+    let rows = fx.rows().await;
+    assert_eq!(rows.len(), 101);
+    assert!(rows.contains(&"7|newer|7|7.00".to_string()));
+    assert!(rows.contains(&"1000|new|1|1.00".to_string()));
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_older_event_never_moves_a_row_backwards() {
+    let fx = Fixture::new("order").await;
+    let s = items();
+    let mut sink = fx.sink();
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "new", 2, "2.00")), 20, 0)]))
+        .await
+        .unwrap();
+    // Older update, older delete, in separate batches: nothing changes.
+    sink.apply(&batch("t", 1, vec![event(&s, Op::Update, None, Some(row(1, "old", 1, "1.00")), 15, 0)]))
+        .await
+        .unwrap();
+    sink.apply(&batch("t", 2, vec![event(&s, Op::Delete, Some(key_row(1)), None, 19, 9)]))
+        .await
+        .unwrap();
+    assert_eq!(fx.rows().await, vec!["1|new|2|2.00".to_string()]);
+    // Out of order inside one batch: the newest position wins.
+    sink.apply(&batch(
+        "t",
+        3,
+        vec![
+            event(&s, Op::Update, None, Some(row(1, "newest", 3, "3.00")), 30, 0),
+            event(&s, Op::Update, None, Some(row(1, "older", 9, "9.00")), 25, 0),
+        ],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(fx.rows().await, vec!["1|newest|3|3.00".to_string()]);
+    // An older truncate does not remove newer rows.
+    sink.apply(&batch("t", 5, vec![event(&s, Op::Truncate, None, None, 29, 0)])).await.unwrap();
+    assert_eq!(fx.rows().await, vec!["1|newest|3|3.00".to_string()]);
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failed_apply_moves_neither_rows_nor_offsets_and_names_the_record() {
+    let fx = Fixture::new("atomic").await;
+    let s = items();
+    let mut sink = fx.sink();
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(sink.committed_offsets(&[("t".into(), 0), ("t".into(), 1)]).await.unwrap(), vec![Some(1), None]);
+    // A rule the destination has and the source has not.
+    fx.exec(&format!("ALTER TABLE {} ADD CONSTRAINT qty_small CHECK (qty < 1000)", fx.table())).await;
+    let events: Vec<ChangeEvent> = (0..40)
+        .map(|i| {
+            let qty = if i == 23 { 5000 } else { i };
+            event(&s, Op::Create, None, Some(row(100 + i, "x", qty, "1.00")), 2, i as u64)
+        })
+        .collect();
+    let before = fx.rows().await;
+    let err = sink.apply(&batch("t", 1, events.clone())).await.expect_err("the check constraint must refuse");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent, "{}", err.error);
+    assert_eq!(err.record, Some(23), "{}", err.error);
+    assert!(err.error.to_string().contains("qty_small"), "{}", err.error);
+    assert!(!err.error.to_string().contains("5000"), "a row value leaked: {}", err.error);
+    assert_eq!(fx.rows().await, before, "rows moved after a failed apply");
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&1), "offsets moved after a failed apply");
+    // Without the bad record (what the runner does after dead-lettering it).
+    let mut b = batch("t", 1, events);
+    b.records.remove(23);
+    sink.apply(&b).await.expect("the rest applies");
+    assert_eq!(fx.rows().await.len(), 40);
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&41));
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_value_the_column_cannot_take_is_permanent_for_that_record_only() {
+    let fx = Fixture::new("value").await;
+    let s = items();
+    let mut sink = fx.sink();
+    // A text value where the column is an integer (what a decoder bug or a
+    // hand-changed column would give), at record 2 of 5.
+    let mut events: Vec<ChangeEvent> = (0..5)
+        .map(|i| event(&s, Op::Create, None, Some(row(i, "ok", i, "1.00")), 1, i as u64))
+        .collect();
+    if let Some(after) = events[2].after.as_mut() {
+        after[2] = Value::Text("secret-value".into());
+    }
+    let err = sink.apply(&batch("t", 0, events)).await.expect_err("must fail");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent);
+    assert_eq!(err.record, Some(2));
+    assert_eq!(err.error.column(), Some("qty"), "{}", err.error);
+    assert!(!err.error.to_string().contains("secret-value"), "a row value leaked: {}", err.error);
+
+    // A column changed by hand to a type the source type cannot widen
+    // into: every record of that schema is refused, naming table and column.
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+        .await
+        .unwrap();
+    fx.exec(&format!("ALTER TABLE {} ALTER COLUMN name TYPE integer USING NULL", fx.table())).await;
+    let mut fresh = fx.sink();
+    let err = fresh
+        .apply(&batch("t", 1, vec![event(&s, Op::Create, None, Some(row(2, "b", 1, "1.00")), 2, 0)]))
+        .await
+        .expect_err("incompatible column");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent);
+    assert_eq!(err.record, Some(0));
+    assert_eq!(err.error.column(), Some("name"));
+    assert!(err.error.to_string().contains("items"), "{}", err.error);
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn schema_changes_add_columns_and_widen_types() {
+    let fx = Fixture::new("evolve").await;
+    let s1 = items();
+    let mut sink = fx.sink();
+    sink.apply(&batch("t", 0, vec![event(&s1, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+        .await
+        .unwrap();
+    // v2: qty becomes bigint, name varchar(80), price numeric(12,2), a new column.
+    let mut v2 = (*s1).clone();
+    v2.columns[1] = column("name", DataType::Text, true, "character varying(80)");
+    v2.columns[2] = column("qty", DataType::Int64, true, "bigint");
+    v2.columns[3] = column("price", DataType::Decimal { precision: 12, scale: 2 }, true, "numeric(12,2)");
+    v2.columns.push(column("note", DataType::Text, true, "text"));
+    let s2 = Arc::new(v2);
+    let big = vec![
+        Value::Int32(2),
+        Value::Text("x".repeat(70)),
+        Value::Int64(10_000_000_000),
+        Value::Decimal("1234567890.12".into()),
+        Value::Text("hello".into()),
+    ];
+    // v1 and v2 events in one batch.
+    sink.apply(&batch(
+        "t",
+        1,
+        vec![
+            event(&s1, Op::Create, None, Some(row(3, "c", 3, "3.00")), 2, 0),
+            event(&s2, Op::Create, None, Some(big), 3, 0),
+        ],
+    ))
+    .await
+    .expect("evolved");
+    let types: Vec<String> = fx
+        .admin
+        .query(
+            "SELECT attname || ' ' || format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&fx.table()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        types,
+        vec![
+            "id integer",
+            "name character varying(80)",
+            "qty bigint",
+            "price numeric(12,2)",
+            "__tributary_commit bigint",
+            "__tributary_index bigint",
+            "note text"
+        ]
+    );
+    assert_eq!(fx.rows().await.len(), 3);
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dropped_source_table_is_dropped_only_when_configured() {
+    let fx = Fixture::new("drop").await;
+    let s = items();
+    let mut keep = fx.sink();
+    keep.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+        .await
+        .unwrap();
+    let dropped = |offset| SinkBatch {
+        table: s.id.clone(),
+        records: vec![(
+            KafkaPosition {
+                topic: "t".into(),
+                partition: 0,
+                offset,
+            },
+            SinkRecord::TableDropped(s.id.clone()),
+        )],
+        next_offsets: vec![("t".into(), 0, offset + 1)],
+    };
+    keep.apply(&dropped(1)).await.unwrap();
+    assert_eq!(fx.rows().await.len(), 1, "drop_tables = false must keep the table");
+    let mut config = fx.config();
+    config.drop_tables = true;
+    let mut drop = PostgresSink::new(config).unwrap();
+    drop.apply(&dropped(2)).await.unwrap();
+    let exists: bool = fx
+        .admin
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&fx.table()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!exists);
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&3));
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_destination_is_retryable() {
+    let mut config = PostgresSinkConfig::new("postgres://tributary:tributary@127.0.0.1:1/destination", "g");
+    config.connect_timeout_ms = 2_000;
+    let mut sink = PostgresSink::new(config).unwrap();
+    let s = items();
+    let err = sink
+        .apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+        .await
+        .expect_err("nothing listens on port 1");
+    assert_eq!(err.error.kind(), ErrorKind::Retryable, "{}", err.error);
+    assert_eq!(err.record, None);
+    let err = sink.committed_offsets(&[("t".into(), 0)]).await.expect_err("offsets too");
+    assert_eq!(err.kind(), ErrorKind::Retryable);
+}
+
+#[tokio::test]
+async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_grant() {
+    let fx = Fixture::new("grant").await;
+    let role = unique("sink_role");
+    let db: String = fx.admin.query_one("SELECT current_database()", &[]).await.unwrap().get(0);
+    fx.exec(&format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'pw'; CREATE SCHEMA \"{s}\" AUTHORIZATION {role}; \
+         GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE ON tributary.offsets TO {role}",
+        s = fx.schema
+    ))
+    .await;
+    let mut parsed: tokio_postgres::Config = url().parse().unwrap();
+    parsed.user(&role).password("pw");
+    let host = parsed
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port = parsed.get_ports().first().copied().unwrap_or(5432);
+    let role_url = format!("postgres://{role}:pw@{host}:{port}/{db}");
+    let mut config = fx.config();
+    config.url = role_url;
+    let mut sink = PostgresSink::new(config).unwrap();
+    let s = items();
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+        .await
+        .expect("owner can write");
+    // The table belongs to the role; an operator takes its rights away.
+    fx.exec(&format!("ALTER TABLE {} OWNER TO tributary; REVOKE ALL ON {} FROM {role}", fx.table(), fx.table()))
+        .await;
+    let b = batch("t", 1, vec![event(&s, Op::Create, None, Some(row(2, "b", 1, "1.00")), 2, 0)]);
+    let err = sink.apply(&b).await.expect_err("no privilege");
+    assert_eq!(err.error.kind(), ErrorKind::NeedsOperator, "{}", err.error);
+    assert!(err.error.hint().unwrap_or("").contains("GRANT"), "{:?}", err.error.hint());
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&1));
+    fx.exec(&format!("GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON {} TO {role}", fx.table())).await;
+    sink.apply(&b).await.expect("resumes after the GRANT");
+    assert_eq!(fx.rows().await.len(), 2);
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&2));
+    drop(sink);
+    fx.exec(&format!("DROP SCHEMA \"{}\" CASCADE", fx.schema)).await;
+    let _ = fx
+        .admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await;
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_common_type_round_trips() {
+    let fx = Fixture::new("types").await;
+    let s = Arc::new(TableSchema {
+        id: TableId::new("public", "items"),
+        columns: vec![
+            column("id", DataType::Int64, false, "bigint"),
+            column("b", DataType::Boolean, true, "boolean"),
+            column("s", DataType::Int16, true, "smallint"),
+            column("f4", DataType::Float32, true, "real"),
+            column("f8", DataType::Float64, true, "double precision"),
+            column("d", DataType::VariableDecimal, true, "numeric"),
+            column("t", DataType::Text, true, "text"),
+            column("j", DataType::Json, true, "jsonb"),
+            column("u", DataType::Uuid, true, "uuid"),
+            column("by", DataType::Bytes, true, "bytea"),
+            column("dt", DataType::Date, true, "date"),
+            column("tm", DataType::Time, true, "time without time zone"),
+            column("ts", DataType::Timestamp, true, "timestamp without time zone"),
+            column("tz", DataType::TimestampTz, true, "timestamp with time zone"),
+            column("iv", DataType::Interval, true, "interval"),
+            column("e", DataType::Enum { symbols: vec!["a".into()] }, true, "mood"),
+            column("arr", DataType::Array(Box::new(DataType::Text)), true, "text[]"),
+        ],
+        key: vec!["id".into()],
+    });
+    let values = vec![
+        Value::Int64(1),
+        Value::Boolean(true),
+        Value::Int16(-7),
+        Value::Float32(1.5),
+        Value::Float64(f64::NAN),
+        Value::Decimal("-12.3400".into()),
+        Value::Text("tab\there\nnewline \\ back".into()),
+        Value::Json("{\"a\": [1, 2]}".into()),
+        Value::Uuid(uuid::Uuid::nil()),
+        Value::Bytes(vec![0, 1, 254, 255]),
+        Value::Date(19_723),
+        Value::Time(45_296_000_001),
+        Value::Timestamp(1_700_000_000_123_456),
+        Value::TimestampTz(-1),
+        Value::Interval { months: 13, days: 2, micros: 3_723_000_004 },
+        Value::Enum("a".into()),
+        Value::Array(vec![Value::Text("x,y".into()), Value::Null, Value::Text("\"q\"".into())]),
+    ];
+    let mut sink = fx.sink();
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(values), 1, 0)])).await.expect("apply");
+    let q = format!(
+        "SELECT concat_ws(' ; ', b, s, f4, f8, d, t, j, u, encode(by, 'hex'), dt, tm, ts, tz, iv, e, arr::text, \
+         pg_typeof(e)) FROM {}",
+        fx.table()
+    );
+    let text: String = fx.admin.query_one(q.as_str(), &[]).await.unwrap().get(0);
+    assert_eq!(
+        text,
+        "t ; -7 ; 1.5 ; NaN ; -12.3400 ; tab\there\nnewline \\ back ; {\"a\": [1, 2]} ; \
+         00000000-0000-0000-0000-000000000000 ; 0001feff ; 2024-01-01 ; 12:34:56.000001 ; \
+         2023-11-14 22:13:20.123456 ; 1969-12-31 23:59:59.999999+00 ; 1 year 1 mon 2 days 01:02:03.000004 ; \
+         a ; {\"x,y\",NULL,\"\\\"q\\\"\"} ; text"
+    );
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_snapshot_sized_batch_goes_through_copy_quickly() {
+    let fx = Fixture::new("bulk").await;
+    let s = items();
+    let mut sink = fx.sink();
+    let rows: i32 = 50_000;
+    let events: Vec<ChangeEvent> = (0..rows)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, "some product name", i, "19.99")), 100, 0))
+        .collect();
+    let b = batch("t", 0, events);
+    let started = Instant::now();
+    sink.apply(&b).await.expect("bulk apply");
+    let took = started.elapsed();
+    let count: i64 = fx
+        .admin
+        .query_one(format!("SELECT count(*) FROM {}", fx.table()).as_str(), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, i64::from(rows));
+    eprintln!("{rows} rows in {took:?} ({:.0} rows/s)", f64::from(rows) / took.as_secs_f64());
+    // Generous bound for a debug build on a small machine: the point is
+    // that this is COPY, not row-at-a-time (which takes minutes).
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    fx.cleanup().await;
+}
+
+// ---------------------------------------------------------------- end to end
+
+mod e2e {
+    use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use rdkafka::ClientConfig;
+    use sink_runner::config::SinkRunnerConfig;
+    use sink_runner::dlq;
+    use sink_runner::status::SinkStatus;
+    use tokio::sync::watch;
+    use tributary_schemas::{EnvelopeOptions, EventEncoder, Registry};
+
+    pub fn bootstrap() -> String {
+        std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
+    }
+
+    pub fn registry_url() -> String {
+        std::env::var("SCHEMA_REGISTRY_URL").unwrap_or_else(|_| "http://127.0.0.1:8081/apis/ccompat/v7".into())
+    }
+
+    /// A source side (topic, encoder, transactional producer) and a
+    /// destination fixture for one test.
+    pub struct Pipeline {
+        pub fx: Fixture,
+        pub prefix: String,
+        pub topic: String,
+        encoder: EventEncoder,
+        producer: ThreadedProducer<DefaultProducerContext>,
+    }
+
+    impl Pipeline {
+        pub async fn new(name: &str, partitions: i32) -> Self {
+            let fx = Fixture::new(name).await;
+            let prefix = unique(&format!("e2e_{name}"));
+            let topic = format!("{prefix}.public.items");
+            let admin: AdminClient<DefaultClientContext> =
+                ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client");
+            let dlq_topic = format!("{topic}.dlq");
+            let topics = [
+                NewTopic::new(&topic, partitions, TopicReplication::Fixed(1)),
+                NewTopic::new(&dlq_topic, 1, TopicReplication::Fixed(1)),
+            ];
+            for r in admin.create_topics(&topics, &AdminOptions::new()).await.expect("create topics") {
+                r.expect("topic created");
+            }
+            let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .set("transactional.id", unique("e2e-producer"))
+                .create()
+                .expect("producer");
+            producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
+            let encoder = EventEncoder::new(
+                Registry::new(registry_url()).expect("registry"),
+                EnvelopeOptions::for_connector("postgresql"),
+            );
+            Self {
+                fx,
+                prefix,
+                topic,
+                encoder,
+                producer,
+            }
+        }
+
+        pub fn config_text(&self) -> String {
+            format!(
+                "prefix = \"{prefix}\"\nconsumer_group = \"{group}\"\nschema_registry_url = \"{registry}\"\n\
+                 batch_max_records = 300\nbatch_linger_ms = 100\n\
+                 [kafka]\nbootstrap_servers = \"{bootstrap}\"\n\
+                 [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n\
+                 [postgres]\nurl = \"{url}\"\nschema = \"{schema}\"\n",
+                prefix = self.prefix,
+                group = self.fx.group,
+                registry = registry_url(),
+                bootstrap = bootstrap(),
+                url = url(),
+                schema = self.fx.schema,
+            )
+        }
+
+        pub fn config(&self) -> SinkRunnerConfig {
+            tributary_operations::config::parse(&self.config_text(), "test").expect("runner config")
+        }
+
+        /// Encodes and produces `events` in one Kafka transaction (with a
+        /// tombstone after each delete, like the source runner).
+        pub async fn produce(&mut self, events: &[ChangeEvent]) {
+            for e in events {
+                self.encoder.prepare(&e.schema, &self.topic).await.expect("prepare");
+            }
+            self.producer.begin_transaction().expect("begin");
+            for e in events {
+                let rec = self.encoder.encode(e, &self.topic).expect("encode");
+                self.send(rec.key.as_deref(), rec.value.as_deref(), None);
+                if let Some(t) = self.encoder.tombstone(e, &self.topic).expect("tombstone") {
+                    self.send(t.key.as_deref(), None, None);
+                }
+            }
+            self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
+        }
+
+        /// Produces raw bytes (e.g. garbage) in one transaction.
+        pub fn produce_raw(&self, key: Option<&[u8]>, value: Option<&[u8]>) {
+            self.producer.begin_transaction().expect("begin");
+            self.send(key, value, None);
+            self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
+        }
+
+        fn send(&self, key: Option<&[u8]>, value: Option<&[u8]>, headers: Option<OwnedHeaders>) {
+            let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic);
+            if let Some(k) = key {
+                r = r.key(k);
+            }
+            if let Some(v) = value {
+                r = r.payload(v);
+            }
+            if let Some(h) = headers {
+                r = r.headers(h);
+            }
+            let mut r = r;
+            loop {
+                match self.producer.send(r) {
+                    Ok(()) => break,
+                    Err((e, back)) if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+                        self.producer.poll(Duration::from_millis(50));
+                        r = back;
+                    }
+                    Err((e, _)) => panic!("send: {e}"),
+                }
+            }
+        }
+
+        /// End offsets of the change topic's partitions.
+        pub fn end_offsets(&self) -> BTreeMap<(String, i32), i64> {
+            let c: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .set("group.id", unique("watermarks"))
+                .create()
+                .expect("consumer");
+            let md = c.fetch_metadata(Some(&self.topic), Duration::from_secs(10)).expect("metadata");
+            let mut out = BTreeMap::new();
+            for t in md.topics() {
+                for p in t.partitions() {
+                    let (_, high) = c.fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10)).expect("watermarks");
+                    out.insert((self.topic.clone(), p.id()), high);
+                }
+            }
+            out
+        }
+
+        /// Every record of `topic` (read_committed), from the start.
+        pub fn read_topic(&self, topic: &str, expect: usize, deadline: Duration) -> Vec<rdkafka::message::OwnedMessage> {
+            let c: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .set("group.id", unique("reader"))
+                .set("auto.offset.reset", "earliest")
+                .set("isolation.level", "read_committed")
+                .create()
+                .expect("consumer");
+            c.subscribe(&[topic]).expect("subscribe");
+            let until = Instant::now() + deadline;
+            let mut out = Vec::new();
+            while out.len() < expect && Instant::now() < until {
+                if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+                    out.push(m.detach());
+                }
+            }
+            out
+        }
+    }
+
+    /// Polls `check` until it holds or the deadline passes.
+    pub async fn wait_for<F, Fut>(what: &str, deadline: Duration, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let until = Instant::now() + deadline;
+        loop {
+            if check().await {
+                return;
+            }
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn header(m: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
+        m.headers().and_then(|h| {
+            h.iter()
+                .find(|x: &Header<'_, &[u8]>| x.key == name)
+                .and_then(|x| x.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn runner_copies_dead_letters_and_replays() {
+        tributary_operations::logging::init(tributary_operations::logging::LogFormat::Text);
+        let mut p = Pipeline::new("dlq", 2).await;
+        let s = items();
+        // The destination has a rule the source does not: qty < 1000.
+        p.fx.exec(&format!(
+            "CREATE SCHEMA \"{s}\"; CREATE TABLE \"{s}\".items (id integer PRIMARY KEY, name varchar(40), \
+             qty integer CHECK (qty < 1000), price numeric(10,2), __tributary_commit bigint NOT NULL, \
+             __tributary_index bigint NOT NULL)",
+            s = p.fx.schema
+        ))
+        .await;
+        let snapshot: Vec<ChangeEvent> =
+            (1..=200).map(|i| event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), 10, 0)).collect();
+        p.produce(&snapshot).await;
+        let mut changes = vec![
+            event(&s, Op::Update, None, Some(row(1, "one", 1, "1.00")), 11, 0),
+            event(&s, Op::Delete, Some(key_row(2)), None, 11, 1),
+            event(&s, Op::Update, None, Some(row(3, "bad", 5000, "1.00")), 12, 0),
+        ];
+        changes.push(event(&s, Op::Create, None, Some(row(300, "new", 3, "3.00")), 13, 0));
+        p.produce(&changes).await;
+        // Bytes no decoder can read.
+        p.produce_raw(Some(b"not avro"), Some(b"definitely not avro"));
+
+        let config = p.config();
+        let status = SinkStatus::new();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(config.clone(), status.clone(), stop_rx));
+
+        let label = format!("{}.items", p.fx.schema);
+        let fx = &p.fx;
+        wait_for("rows and two dead letters", Duration::from_secs(90), || async {
+            let rows = fx.rows().await;
+            rows.len() == 200 && status.failed_records(&label) == 2
+        })
+        .await;
+        let rows = p.fx.rows().await;
+        assert!(rows.contains(&"1|one|1|1.00".to_string()));
+        assert!(rows.contains(&"3|n3|3|1.00".to_string()), "the refused update left the row as it was");
+        assert!(rows.contains(&"300|new|3|3.00".to_string()));
+        assert!(!rows.iter().any(|r| r.starts_with("2|")));
+        // Offsets cover everything, dead letters included.
+        let end = p.end_offsets();
+        let fx = &p.fx;
+        wait_for("offsets at the end", Duration::from_secs(30), || async {
+            let stored = fx.offsets().await;
+            end.iter().all(|(k, v)| {
+                // Transaction markers take an offset after the last record.
+                stored.get(k).is_some_and(|s| *s >= v - 1)
+            })
+        })
+        .await;
+
+        let dead = p.read_topic(&format!("{}.dlq", p.topic), 2, Duration::from_secs(30));
+        assert_eq!(dead.len(), 2, "two dead letters");
+        let apply = dead.iter().find(|m| header(m, dlq::HEADER_STAGE).as_deref() == Some("TASK_PUT")).expect("apply failure");
+        let decode = dead
+            .iter()
+            .find(|m| header(m, dlq::HEADER_STAGE).as_deref() == Some("VALUE_CONVERTER"))
+            .expect("decode failure");
+        assert_eq!(header(apply, dlq::HEADER_TOPIC).as_deref(), Some(p.topic.as_str()));
+        assert!(header(apply, dlq::HEADER_PARTITION).is_some());
+        assert!(header(apply, dlq::HEADER_OFFSET).is_some());
+        assert_eq!(header(apply, dlq::HEADER_CLASS).as_deref(), Some("postgres.sqlstate.23514"));
+        assert_eq!(header(apply, dlq::HEADER_TABLE).as_deref(), Some("public.items"));
+        assert!(header(apply, dlq::HEADER_MESSAGE).is_some_and(|m| !m.contains("5000")), "row value leaked");
+        assert!(header(apply, dlq::HEADER_REASON).is_some_and(|r| r.starts_with("permanent")));
+        assert_eq!(decode.payload(), Some(&b"definitely not avro"[..]));
+        assert_eq!(decode.key(), Some(&b"not avro"[..]));
+        let encoded = p.encoder.encode(&changes[2], &p.topic).expect("encode");
+        assert_eq!(apply.payload(), encoded.value.as_deref(), "the original value bytes");
+        assert_eq!(apply.key(), encoded.key.as_deref(), "the original key bytes");
+
+        // Other changes keep flowing while the runner runs.
+        p.produce(&[event(&s, Op::Create, None, Some(row(301, "more", 1, "1.00")), 14, 0)]).await;
+        let fx = &p.fx;
+        wait_for("a later row", Duration::from_secs(30), || async { fx.rows().await.len() == 201 }).await;
+
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner result");
+
+        // The operator fixes the cause; replay lands the record, and what
+        // still fails (the garbage) stays reported.
+        let dlq_topic = format!("{}.dlq", p.topic);
+        let dry = sink_runner::replay::replay(&config, &dlq_topic, true).await.expect("dry run");
+        assert_eq!((dry.applied, dry.failing.len()), (0, 2), "still refused before the fix");
+        p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table())).await;
+        let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
+        assert_eq!(report.read, 2);
+        assert_eq!(report.applied, 1);
+        assert_eq!(report.failing.len(), 1, "the undecodable record still fails");
+        assert!(p.fx.rows().await.contains(&"3|bad|5000|1.00".to_string()));
+        // Replaying again changes nothing.
+        let versions = p.fx.versions().await;
+        sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay again");
+        assert_eq!(p.fx.versions().await, versions);
+        p.fx.cleanup().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_blocked_destination_pauses_the_table_and_it_resumes_by_itself() {
+        let mut p = Pipeline::new("pause", 1).await;
+        let s = items();
+        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]).await;
+        let mut config = p.config();
+        config.postgres.lock_timeout_ms = 500;
+        let status = SinkStatus::new();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(config, status.clone(), stop_rx));
+        let fx = &p.fx;
+        wait_for("the first row", Duration::from_secs(60), || async { fx.rows().await.len() == 1 }).await;
+
+        // An operator's transaction holds the table: writes time out.
+        let blocker = connect(&url()).await;
+        blocker
+            .batch_execute(&format!("BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", p.fx.table()))
+            .await
+            .expect("lock");
+        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)]).await;
+        let label = format!("{}.items", p.fx.schema);
+        wait_for("paused", Duration::from_secs(60), || async {
+            matches!(status.table(&label).state(), sink_runner::status::TableState::Paused { .. })
+        })
+        .await;
+        let last = status.table(&label).last_error().expect("an error is recorded");
+        assert_eq!(last.kind, "retryable");
+        assert!(last.message.contains("55P03"), "{}", last.message);
+        let offsets = p.fx.offsets().await;
+
+        blocker.batch_execute("ROLLBACK").await.expect("unlock");
+        let fx = &p.fx;
+        wait_for("resumed", Duration::from_secs(60), || async {
+            fx.rows().await.len() == 2
+                && matches!(status.table(&label).state(), sink_runner::status::TableState::Running)
+        })
+        .await;
+        assert!(p.fx.offsets().await.values().sum::<i64>() > offsets.values().sum::<i64>());
+        assert_eq!(status.failed_records(&label), 0, "nothing dead-lettered");
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+        p.fx.cleanup().await;
+    }
+
+    #[test]
+    fn a_bad_config_file_is_refused_naming_the_field() {
+        let bin = runner_binary();
+        let out = Command::new(&bin).args(["--config", "/nonexistent/sink.toml"]).output().expect("run");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot read config file /nonexistent/sink.toml"), "{err}");
+
+        let dir = std::env::temp_dir().join(unique("tributary-cfg"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("bad.toml");
+        std::fs::write(
+            &path,
+            "prefix = \"p\"\nconsumer_group = \"g\"\nschema_registry_url = \"http://x\"\nbatch_linger_ms = 0\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[postgres]\nurl = \"postgres://u@h/db\"\n",
+        )
+        .expect("write");
+        let out = Command::new(&bin).arg("check").arg("--config").arg(&path).output().expect("run");
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("field `batch_linger_ms`: must be between 1 and 60000"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn peak_rss_kib(pid: u32) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Throughput of a snapshot through Kafka into PostgreSQL, against
+    /// `pg_dump | psql` of the same rows. Run in release:
+    /// `BENCH_ROWS=1000000 cargo test --release -p tributary-tests --test postgres_sink bench -- --ignored --nocapture`
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[ignore = "benchmark; run explicitly in release"]
+    async fn bench_snapshot_through_kafka_vs_pg_dump() {
+        let rows: i32 = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+        let bin = runner_binary();
+        let mut p = Pipeline::new("bench", 1).await;
+        let s = items();
+        let started = Instant::now();
+        let mut chunk = Vec::with_capacity(10_000);
+        for i in 0..rows {
+            chunk.push(event(&s, Op::Read, None, Some(row(i, &format!("product number {i}"), i, "19.99")), 1000, 0));
+            if chunk.len() == 10_000 {
+                p.produce(&chunk).await;
+                chunk.clear();
+            }
+        }
+        p.produce(&chunk).await;
+        eprintln!("produced {rows} events in {:?}", started.elapsed());
+
+        let dir = std::env::temp_dir().join(unique("tributary-bench"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config_path = dir.join("sink.toml");
+        std::fs::write(&config_path, p.config_text().replace("batch_max_records = 300\n", "")).expect("config");
+        let started = Instant::now();
+        let mut child = spawn_runner(&bin, &config_path, &dir.join("sink.log"));
+        let pid = child.id();
+        let mut peak = 0;
+        let fx = &p.fx;
+        let table = fx.table();
+        let count = || async {
+            let exists: bool =
+                fx.admin.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table]).await.unwrap().get(0);
+            if !exists {
+                return 0;
+            }
+            let n: i64 = fx.admin.query_one(format!("SELECT count(*) FROM {table}").as_str(), &[]).await.unwrap().get(0);
+            n
+        };
+        let until = Instant::now() + Duration::from_secs(1800);
+        while count().await < i64::from(rows) {
+            peak = peak.max(peak_rss_kib(pid).unwrap_or(0));
+            assert!(Instant::now() < until, "timed out");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let took = started.elapsed();
+        peak = peak.max(peak_rss_kib(pid).unwrap_or(0));
+        let _ = child.kill();
+        let _ = child.wait();
+        eprintln!(
+            "sink-runner: {rows} rows in {took:?} ({:.0} rows/s), peak RSS {} MiB (includes the consumer-group join)",
+            f64::from(rows) / took.as_secs_f64(),
+            peak / 1024
+        );
+
+        // Baseline: the same rows as a table, `pg_dump | psql` into another schema.
+        let src = unique("bench_src");
+        let dst_db = unique("bench_dst");
+        p.fx.exec(&format!(
+            "CREATE SCHEMA {src}; CREATE TABLE {src}.items (id integer PRIMARY KEY, name varchar(40), qty integer, \
+             price numeric(10,2), __tributary_commit bigint, __tributary_index bigint); \
+             INSERT INTO {src}.items SELECT i, 'product number ' || i, i, 19.99, 1000, 0 FROM generate_series(0, {}) i",
+            rows - 1
+        ))
+        .await;
+        p.fx.exec(&format!("CREATE DATABASE {dst_db}")).await;
+        let base: tokio_postgres::Config = url().parse().unwrap();
+        let db = base.get_dbname().unwrap_or("destination").to_string();
+        let dst_url = url().replacen(&format!("/{db}"), &format!("/{dst_db}"), 1);
+        let started = Instant::now();
+        let pipeline = format!("pg_dump -t '{src}.items' '{}' | psql -q -v ON_ERROR_STOP=1 '{dst_url}'", url());
+        let status = Command::new("bash")
+            .args(["-c", &format!("psql -q '{dst_url}' -c 'CREATE SCHEMA {src}' && {pipeline}")])
+            .status()
+            .expect("pg_dump | psql");
+        let base_took = started.elapsed();
+        assert!(status.success());
+        eprintln!(
+            "pg_dump | psql: {rows} rows in {base_took:?} ({:.0} rows/s); sink-runner reaches {:.0}% of it",
+            f64::from(rows) / base_took.as_secs_f64(),
+            100.0 * base_took.as_secs_f64() / took.as_secs_f64()
+        );
+        p.fx.exec(&format!("DROP SCHEMA {src} CASCADE")).await;
+        let _ = p.fx.admin.batch_execute(&format!("DROP DATABASE {dst_db}")).await;
+        if std::env::var_os("BENCH_KEEP").is_some() {
+            eprintln!("runner log kept: {}", dir.join("sink.log").display());
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        p.fx.cleanup().await;
+    }
+
+    /// `target/<profile>/sink-runner`, built if needed.
+    fn runner_binary() -> PathBuf {
+        let dir = target_dir();
+        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        cmd.current_dir(&workspace).args(["build", "-q", "-p", "sink-runner", "--bin", "sink-runner"]);
+        // `cargo test` gives this process CARGO_MANIFEST_DIR, CARGO_PKG_*
+        // and friends; build scripts that watch them (ring) would rebuild,
+        // and the outer `cargo test` after them. The nested build gets the
+        // environment of a plain shell.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            let keep = matches!(k.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR")
+                || k.starts_with("CARGO_BUILD_")
+                || k.starts_with("CARGO_REGISTRIES_")
+                || k.starts_with("CARGO_NET_")
+                || k.starts_with("CARGO_PROFILE_");
+            if (k.starts_with("CARGO_") && !keep) || k == "OUT_DIR" {
+                cmd.env_remove(&k);
+            }
+        }
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "cargo build -p sink-runner failed");
+        let bin = dir.join("sink-runner");
+        assert!(bin.exists(), "{} missing after the build", bin.display());
+        bin
+    }
+
+    /// A small xorshift generator: the seed is printed, and `TEST_SEED`
+    /// replays a run.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn spawn_runner(bin: &PathBuf, config: &PathBuf, log: &PathBuf) -> Child {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        Command::new(bin)
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn sink-runner")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn kill_9_at_random_points_loses_and_duplicates_nothing() {
+        let seed = std::env::var("TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().as_u128() as u64 | 1);
+        eprintln!("TEST_SEED={seed}");
+        let mut rng = Rng(seed);
+        let bin = runner_binary();
+        let mut p = Pipeline::new("kill", 3).await;
+        let dir = std::env::temp_dir().join(unique("tributary-kill"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config_path = dir.join("sink.toml");
+        std::fs::write(&config_path, p.config_text()).expect("write config");
+        let log = dir.join("sink.log");
+        eprintln!("runner log: {}", log.display());
+
+        let s = items();
+        let mut expected: BTreeMap<i32, String> = BTreeMap::new();
+        let mut commit = 100u64;
+        let rows = 5_000;
+        let snapshot: Vec<ChangeEvent> = (0..rows)
+            .map(|i| {
+                expected.insert(i, format!("{i}|n{i}|{i}|1.00"));
+                event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), commit, 0)
+            })
+            .collect();
+        for chunk in snapshot.chunks(1000) {
+            p.produce(chunk).await;
+        }
+        let mut child: Option<Child> = None;
+        for round in 0..6 {
+            // Changes keep coming while the runner lives and dies.
+            for _ in 0..5 {
+                commit += 1;
+                let mut txn = Vec::new();
+                for index in 0..50u64 {
+                    let id = rng.below(rows as u64 + 500) as i32;
+                    let ev = if rng.below(5) == 0 {
+                        expected.remove(&id);
+                        event(&s, Op::Delete, Some(key_row(id)), None, commit, index)
+                    } else {
+                        let qty = rng.below(1000) as i32;
+                        expected.insert(id, format!("{id}|r{round}|{qty}|2.00"));
+                        event(&s, Op::Update, None, Some(row(id, &format!("r{round}"), qty, "2.00")), commit, index)
+                    };
+                    txn.push(ev);
+                }
+                p.produce(&txn).await;
+            }
+            if child.is_none() {
+                child = Some(spawn_runner(&bin, &config_path, &log));
+            }
+            // Kill while it works: once it made progress, after a random
+            // moment (often in the middle of a batch).
+            let before: i64 = p.fx.offsets().await.values().sum();
+            let started = Instant::now();
+            while p.fx.offsets().await.values().sum::<i64>() == before && started.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            eprintln!("round {round}: progress after {:?}", started.elapsed());
+            tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+            if let Some(mut c) = child.take() {
+                c.kill().expect("kill -9"); // SIGKILL on unix
+                let _ = c.wait();
+                eprintln!("round {round}: killed");
+            }
+        }
+        let mut last = spawn_runner(&bin, &config_path, &log);
+        let want: Vec<String> = expected.values().cloned().collect();
+        let end = p.end_offsets();
+        let fx = &p.fx;
+        let caught_up = async {
+            wait_for("the copy to equal the source", Duration::from_secs(180), || async {
+                let stored = fx.offsets().await;
+                end.iter().all(|(k, v)| stored.get(k).is_some_and(|s| *s >= v - 1)) && fx.rows().await == want
+            })
+            .await
+        };
+        caught_up.await;
+        let _ = last.kill();
+        let _ = last.wait();
+        let rows = p.fx.rows().await;
+        assert_eq!(rows.len(), expected.len(), "no duplicates, nothing lost");
+        assert_eq!(rows, want);
+        let _ = std::fs::remove_dir_all(&dir);
+        p.fx.cleanup().await;
+    }
+}
+
+#[allow(dead_code)]
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<this test> -> target/<profile>
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(|p| p.parent()).map(PathBuf::from).expect("target dir")
+}
