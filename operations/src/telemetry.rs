@@ -62,6 +62,8 @@ pub enum TableState {
 pub struct LastError {
     /// The message (never row values).
     pub message: String,
+    /// `retryable`, `needs-operator` or `permanent`.
+    pub kind: String,
     /// When, milliseconds since the epoch.
     pub at_ms: i64,
 }
@@ -264,25 +266,32 @@ impl Telemetry {
     }
 
     /// Records a record sent to the dead-letter topic.
-    pub fn record_failed(&self, table: &str, error: &str) {
+    pub fn record_failed(&self, table: &str, error: &str, kind: &str) {
         self.inner.metrics.failed.get_or_create(&Self::label(table)).inc();
-        self.with_table(table, |t| {
-            t.failed_records += 1;
-            t.last_error = Some(LastError {
-                message: error.to_string(),
-                at_ms: now_ms(),
-            });
-        });
+        self.with_table(table, |t| t.failed_records += 1);
+        self.record_error(table, error, kind);
     }
 
     /// Records an error of a table without a failed record (e.g. a retry).
-    pub fn record_error(&self, table: &str, error: &str) {
+    pub fn record_error(&self, table: &str, error: &str, kind: &str) {
         self.with_table(table, |t| {
             t.last_error = Some(LastError {
                 message: error.to_string(),
+                kind: kind.to_string(),
                 at_ms: now_ms(),
             })
         });
+    }
+
+    /// One table's status, if the table was seen.
+    pub fn table(&self, table: &str) -> Option<TableStatus> {
+        let status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.tables.get(table).cloned()
+    }
+
+    /// Failed records of `table` so far.
+    pub fn failed_records(&self, table: &str) -> u64 {
+        self.table(table).map_or(0, |t| t.failed_records)
     }
 
     /// Records snapshot progress of a table.
@@ -332,7 +341,7 @@ mod tests {
     fn status_and_metrics_agree() {
         let t = Telemetry::new("r1", "sink");
         t.record_events("public.orders", 10, 1000, Some(now_ms()));
-        t.record_failed("public.orders", "value too long for column note");
+        t.record_failed("public.orders", "value too long for column note", "permanent");
         t.record_applied("public.orders", now_ms() - 2000);
         let s = t.status();
         let orders = &s.tables["public.orders"];

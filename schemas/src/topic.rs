@@ -89,3 +89,9 @@ mod tests {
         assert_eq!(TopicNaming::dlq_topic("a.b.c"), "a.b.c.dlq");
     }
 }
+
+/// Header that marks a control record on a change topic (a null key and
+/// value; see docs/CONTRACTS.md).
+pub const CONTROL_HEADER: &str = "tributary.control";
+/// Control record: the source table was dropped.
+pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";

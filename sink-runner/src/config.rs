@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tributary_connectors::postgres::sink::PostgresSinkConfig;
+use tributary_operations::admin::AdminConfig;
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_operations::kafka::KafkaConfig;
 
@@ -80,6 +81,10 @@ pub struct SinkRunnerConfig {
     pub dlq_topic_suffix: String,
     /// The PostgreSQL destination.
     pub postgres: PostgresSinkConfig,
+    /// The admin server (status, metrics, pause/resume). Its default port,
+    /// 8091, leaves 8090 to a source runner on the same machine.
+    #[serde(default = "default_admin")]
+    pub admin: AdminConfig,
 }
 
 fn default_batch_max_records() -> usize {
@@ -101,6 +106,7 @@ fn default_dlq_suffix() -> String {
 impl Validate for SinkRunnerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.kafka.validate("kafka")?;
+        self.admin.validate()?;
         if self.schema_registry_url.trim().is_empty() {
             return Err(ConfigError::invalid("schema_registry_url", "must not be empty"));
         }
@@ -248,5 +254,15 @@ url = "postgres://u@127.0.0.1/db"
         let text = MINIMAL.replace("url = \"postgres:", "table = \"x\"\nurl = \"postgres:");
         let e = parse::<SinkRunnerConfig>(&text, "t").unwrap_err();
         assert!(e.to_string().contains("`postgres.table`"), "{e}");
+    }
+}
+
+/// The sink's admin address: next to a source runner's default.
+pub const DEFAULT_SINK_ADMIN_LISTEN: &str = "127.0.0.1:8091";
+
+fn default_admin() -> AdminConfig {
+    AdminConfig {
+        listen: DEFAULT_SINK_ADMIN_LISTEN.to_string(),
+        token: None,
     }
 }

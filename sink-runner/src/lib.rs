@@ -11,8 +11,6 @@ pub mod config;
 pub mod dlq;
 pub mod replay;
 pub mod runner;
-pub mod status;
 
 pub use config::SinkRunnerConfig;
 pub use runner::{run, run_with_sink, RunError};
-pub use status::SinkStatus;

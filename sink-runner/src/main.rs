@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use sink_runner::config::SinkRunnerConfig;
-use sink_runner::status::SinkStatus;
 use tokio::sync::watch;
 use tributary_operations::config::load;
 use tributary_operations::logging::{self, LogFormat};
@@ -37,6 +36,34 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Show the running runner's status per table (through its admin server).
+    Status {
+        /// Print the raw JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause the running runner, or one destination table.
+    Pause {
+        /// `schema.table` of the destination table; all tables when absent.
+        #[arg(long)]
+        table: Option<String>,
+    },
+    /// Resume the running runner, or one destination table.
+    Resume {
+        /// `schema.table` of the destination table; all tables when absent.
+        #[arg(long)]
+        table: Option<String>,
+    },
+    /// Delete this copy's consumer group and stored offsets (and, with
+    /// --drop-destination, its destination tables).
+    Delete {
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        /// Also drop the destination tables.
+        #[arg(long)]
+        drop_destination: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -65,6 +92,10 @@ fn main() -> ExitCode {
             None => run(config).await,
             Some(Command::Check) => check(config).await,
             Some(Command::Replay { dlq, dry_run }) => replay(config, &dlq, dry_run).await,
+            Some(Command::Status { json }) => admin(&config, "/status", json).await,
+            Some(Command::Pause { table }) => admin(&config, &with_table("/pause", table), false).await,
+            Some(Command::Resume { table }) => admin(&config, &with_table("/resume", table), false).await,
+            Some(Command::Delete { yes, drop_destination }) => delete(config, yes, drop_destination).await,
         }
     })
 }
@@ -76,7 +107,14 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
         tracing::info!("shutdown requested");
         let _ = stop_tx.send(true);
     });
-    match sink_runner::run(config, SinkStatus::new(), stop_rx).await {
+    let telemetry = tributary_operations::telemetry::Telemetry::new(&config.consumer_group, "sink");
+    let control = tributary_operations::admin::Control::new();
+    if let Err(e) = tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone()).await {
+        eprintln!("error: cannot start the admin server on {}: {e}", config.admin.listen);
+        return ExitCode::FAILURE;
+    }
+    control.set_ready(true);
+    match sink_runner::run(config, telemetry, control, stop_rx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "sink runner failed");
@@ -155,6 +193,76 @@ async fn replay(config: SinkRunnerConfig, dlq: &str, dry_run: bool) -> ExitCode 
                 println!("the failing records stay in {dlq}; fix their cause and replay again");
                 ExitCode::from(3)
             }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn with_table(path: &str, table: Option<String>) -> String {
+    match table {
+        Some(t) => format!("{path}?table={t}"),
+        None => path.to_string(),
+    }
+}
+
+/// `status`, `pause` and `resume`: calls the running runner's admin server.
+async fn admin(config: &SinkRunnerConfig, path: &str, json: bool) -> ExitCode {
+    use tributary_operations::admin::client;
+    let token = match config.admin.token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let method = if path == "/status" { client::Method::GET } else { client::Method::POST };
+    match client::call(&config.admin.listen, method, path, token.as_ref()).await {
+        Ok(body) if path == "/status" && !json => match client::render_status(&body) {
+            Ok(t) => {
+                print!("{t}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(body) => {
+            print!("{body}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `delete`: the consumer group, the stored offsets and, when asked, the
+/// destination tables.
+async fn delete(config: SinkRunnerConfig, yes: bool, drop_destination: bool) -> ExitCode {
+    if !yes {
+        println!(
+            "This deletes the copy {group:?}: its consumer group and stored offsets{tables}. \
+             Type the consumer group's name to confirm:",
+            group = config.consumer_group,
+            tables = if drop_destination { ", and its destination tables" } else { "" }
+        );
+        let mut answer = String::new();
+        if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != config.consumer_group {
+            eprintln!("not confirmed; nothing deleted");
+            return ExitCode::FAILURE;
+        }
+    }
+    match sink_runner::runner::delete(&config, drop_destination).await {
+        Ok(done) => {
+            for d in done {
+                println!("deleted {d}");
+            }
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("error: {e}");

@@ -45,16 +45,14 @@ use tributary_schemas::{Decoded, EventDecoder, Registry, SchemaError, TableId};
 
 use crate::config::{SinkRunnerConfig, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS};
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
-use crate::status::{SinkStatus, TableState};
+use tributary_operations::admin::Control;
+use tributary_operations::telemetry::{TableState, Telemetry};
 
 /// Records taken from librdkafka's queue in one go once one arrived. Bounds
 /// how far a batch can overshoot `batch_max_records` before it is flushed.
 const DRAIN_MAX_RECORDS: usize = 1000;
 
-/// Header marking a control record on a change topic.
-pub const CONTROL_HEADER: &str = "tributary.control";
-/// Its value for a dropped source table.
-pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
+pub use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
 
 /// Why the runner stopped.
 #[derive(Debug, thiserror::Error)]
@@ -74,11 +72,16 @@ pub enum RunError {
 pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
 
 /// Runs a PostgreSQL sink runner until `stop` turns true.
-pub async fn run(config: SinkRunnerConfig, status: Arc<SinkStatus>, stop: watch::Receiver<bool>) -> Result<(), RunError> {
+pub async fn run(
+    config: SinkRunnerConfig,
+    telemetry: Telemetry,
+    control: Control,
+    stop: watch::Receiver<bool>,
+) -> Result<(), RunError> {
     let sink = PostgresSink::new(config.postgres_config())?;
     let pg = config.postgres_config();
     let labeler: Labeler = Arc::new(move |t: &TableId| pg.destination(t).to_string());
-    run_with_sink(config, sink, labeler, status, stop).await
+    run_with_sink(config, sink, labeler, telemetry, control, stop).await
 }
 
 /// Runs the loop over any [`Sink`] (tests use fakes).
@@ -86,7 +89,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
     config: SinkRunnerConfig,
     sink: S,
     labeler: Labeler,
-    status: Arc<SinkStatus>,
+    telemetry: Telemetry,
+    control: Control,
     stop: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     let handle = tokio::runtime::Handle::current();
@@ -123,7 +127,10 @@ pub async fn run_with_sink<S: Sink + 'static>(
             config,
             sink,
             labeler,
-            status,
+            telemetry,
+            pause_rx: control.subscribe(),
+            control,
+            operator_paused: BTreeSet::new(),
             decoder: EventDecoder::new(registry),
             dead_letters,
             consumer,
@@ -316,7 +323,14 @@ struct Loop<S: Sink + 'static> {
     config: SinkRunnerConfig,
     sink: Arc<Mutex<S>>,
     labeler: Labeler,
-    status: Arc<SinkStatus>,
+    telemetry: Telemetry,
+    /// Operator pause/resume from the admin server.
+    control: Control,
+    /// Wakes the loop when the pause set changes.
+    pause_rx: watch::Receiver<tributary_operations::admin::PauseSet>,
+    /// Topics whose partitions are paused because an operator paused their
+    /// table (or the whole runner).
+    operator_paused: BTreeSet<String>,
     decoder: EventDecoder,
     dead_letters: DeadLetters,
     consumer: StreamConsumer<RebalanceCtx<S>>,
@@ -345,6 +359,9 @@ impl<S: Sink + 'static> Loop<S> {
             let deadline = self.next_deadline();
             let received = tokio::select! {
                 _ = stop.changed() => None,
+                // An operator's pause or resume takes effect at once, also
+                // while nothing is arriving.
+                _ = self.pause_rx.changed() => None,
                 m = self.consumer.recv() => Some(m.map(|m| RawRecord::from_message(&m))),
                 _ = sleep_until(deadline) => None,
             };
@@ -394,6 +411,7 @@ impl<S: Sink + 'static> Loop<S> {
                 }
                 None => {}
             }
+            self.apply_operator_pause();
             self.flush_due().await;
         }
         info!("stopping: applying what is buffered");
@@ -477,6 +495,35 @@ impl<S: Sink + 'static> Loop<S> {
         buf.records.push(raw);
     }
 
+    /// Follows the operator's pause set: pauses the partitions of paused
+    /// tables (nothing more is fetched, nothing buffered is applied, no
+    /// offset moves) and resumes them when the operator resumes.
+    fn apply_operator_pause(&mut self) {
+        let paused = self.control.paused();
+        let topics: BTreeSet<String> = self.assigned.iter().map(|(t, _)| t.clone()).collect();
+        for topic in topics {
+            let label = (self.labeler)(&self.table_of(&topic));
+            let want = paused.is_paused(&label);
+            let is = self.operator_paused.contains(&topic);
+            if want && !is {
+                self.pause(&topic, true);
+                self.operator_paused.insert(topic);
+                self.telemetry
+                    .set_state(&label, TableState::Paused("paused by an operator".to_string()));
+                info!(table = %label, "paused by an operator");
+            } else if !want && is {
+                // A table also waiting for a retry stays paused until it succeeds.
+                if self.buffers.get(&topic).is_none_or(|b| b.retry.is_none()) {
+                    self.pause(&topic, false);
+                }
+                self.operator_paused.remove(&topic);
+                self.telemetry.set_state(&label, TableState::Streaming);
+                info!(table = %label, "resumed by an operator");
+            }
+        }
+        self.telemetry.set_paused(paused.all.then(|| "paused by an operator".to_string()));
+    }
+
     async fn flush_due(&mut self) {
         let now = Instant::now();
         let linger = self.config.linger();
@@ -493,6 +540,7 @@ impl<S: Sink + 'static> Loop<S> {
         let due: Vec<String> = self
             .buffers
             .iter()
+            .filter(|(topic, _)| !self.operator_paused.contains(*topic))
             .filter(|(topic, b)| match &b.retry {
                 Some(r) => r.at <= now,
                 None => {
@@ -551,12 +599,9 @@ impl<S: Sink + 'static> Loop<S> {
         if first {
             self.pause(topic, true);
         }
-        let st = self.status.table(&label);
-        st.set_state(TableState::Paused {
-            reason: error.to_string(),
-            hint: error.hint().map(str::to_string),
-        });
-        st.set_error(error.to_string(), &error.kind().to_string());
+        self.telemetry.set_state(&label, TableState::Paused(error.to_string()));
+        self.telemetry
+            .record_error(&label, &error.to_string(), &error.kind().to_string());
         warn!(
             table = %label,
             kind = %error.kind(),
@@ -693,16 +738,19 @@ impl<S: Sink + 'static> Loop<S> {
             })
             .max();
         let label = (self.labeler)(&table);
-        let st = self.status.table(&label);
-        st.applied(batch.records.len() as u64, newest);
+        let bytes: usize = self.buffers.get(topic).map_or(0, |b| b.bytes);
+        self.telemetry
+            .record_events(&label, batch.records.len() as u64, bytes as u64, newest);
+        if let Some(ts) = newest {
+            self.telemetry.record_applied(&label, ts);
+        }
+        self.telemetry.record_batch_seconds(started.elapsed().as_secs_f64());
         let was_paused = self.buffers.get(topic).is_some_and(|b| b.retry.is_some());
         if was_paused {
             self.pause(topic, false);
             info!(table = %label, "resumed");
         }
-        if !matches!(st.state(), TableState::Running) {
-            st.set_state(TableState::Running);
-        }
+        self.telemetry.set_state(&label, TableState::Streaming);
         self.buffers.remove(topic);
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
@@ -730,9 +778,8 @@ impl<S: Sink + 'static> Loop<S> {
         let dlq = self.config.dlq_topic(&raw.topic);
         let failure = Failure::from_error(stage, error, Some(table.to_string()));
         self.dead_letters.send(&dlq, raw, &failure).await?;
-        let st = self.status.table(&label);
-        st.failed_records.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        st.set_error(error.to_string(), &error.kind().to_string());
+        self.telemetry
+            .record_failed(&label, &error.to_string(), &error.kind().to_string());
         warn!(
             table = %label,
             topic = %raw.topic,
@@ -787,6 +834,58 @@ pub fn classify_decode(e: SchemaError) -> Error {
         }
         other => Error::from(other),
     }
+}
+
+/// Deletes a copy: the consumer group, the offsets stored in the
+/// destination and, with `drop_destination`, the destination tables of every
+/// topic the copy subscribes to. Returns what was removed.
+pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result<Vec<String>, RunError> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::BaseConsumer;
+    let client = config.kafka.client_config()?;
+    let mut done = Vec::new();
+    let mut tables = Vec::new();
+    if drop_destination {
+        let meta: BaseConsumer = client
+            .create()
+            .map_err(|e| RunError::Kafka(format!("cannot create a metadata client: {e}")))?;
+        let pattern = regex::Regex::new(&config.topic_pattern())
+            .map_err(|e| RunError::Other(format!("topic pattern: {e}")))?;
+        let topics = tokio::task::spawn_blocking(move || {
+            meta.fetch_metadata(None, Duration::from_secs(10))
+                .map(|m| m.topics().iter().map(|t| t.name().to_string()).collect::<Vec<_>>())
+        })
+        .await
+        .map_err(|e| RunError::Other(e.to_string()))?
+        .map_err(|e| RunError::Kafka(format!("cannot list topics: {e}")))?;
+        for t in topics {
+            if pattern.is_match(&t) && !config.is_excluded(&t) {
+                tables.push(table_from_topic(&t, config.prefix.as_deref()));
+            }
+        }
+    }
+    let mut sink = PostgresSink::new(config.postgres_config())?;
+    done.extend(
+        sink.delete_copy(&tables)
+            .await
+            .map_err(|e| RunError::Other(format!("destination: {e}")))?,
+    );
+    let admin: AdminClient<DefaultClientContext> = client
+        .create()
+        .map_err(|e| RunError::Kafka(format!("cannot create the admin client: {e}")))?;
+    let results = admin
+        .delete_groups(&[config.consumer_group.as_str()], &AdminOptions::new())
+        .await
+        .map_err(|e| RunError::Kafka(format!("cannot delete the consumer group: {e}")))?;
+    for r in results {
+        match r {
+            Ok(g) => done.push(format!("consumer group {g}")),
+            Err((_, rdkafka::types::RDKafkaErrorCode::GroupIdNotFound)) => {}
+            Err((g, code)) => return Err(RunError::Kafka(format!("cannot delete consumer group {g}: {code}"))),
+        }
+    }
+    Ok(done)
 }
 
 /// The source table of a topic named `<prefix>.<schema>.<table>` (or, without

@@ -32,10 +32,7 @@ use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
 
 use crate::config::SourceRunnerConfig;
 
-/// Header that marks a control record on a change topic (see docs/CONTRACTS.md).
-pub const CONTROL_HEADER: &str = "tributary.control";
-/// Control record: the source table was dropped.
-pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
+use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
 /// How long to wait for Kafka's answer to a transaction step.
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to look for the last checkpoint in the offsets topic.
@@ -409,7 +406,7 @@ pub async fn run(
             control.set_ready(false);
             let table = err.table().map(|t| t.to_string());
             if let Some(t) = &table {
-                telemetry.record_error(t, &err.to_string());
+                telemetry.record_error(t, &err.to_string(), &err.kind().to_string());
             }
             let delay = match policy(err.kind(), attempt) {
                 Decision::RetryAfter(d) => {

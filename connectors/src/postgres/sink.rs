@@ -434,6 +434,32 @@ impl PostgresSink {
         self.staging_filled.clear();
     }
 
+    /// Removes this copy from the destination: its stored offsets and, when
+    /// `drop` lists them, the destination tables of those source tables.
+    /// Returns what it removed, for the operator.
+    pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        self.connect().await?;
+        let ctx = self.ctx();
+        let group = self.consumer_group.clone();
+        let client = self.client()?;
+        let offsets = format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(OFFSETS_TABLE));
+        let n = client
+            .execute(&format!("DELETE FROM {offsets} WHERE consumer_group = $1"), &[&group])
+            .await
+            .map_err(|e| classify(&e, &ctx))?;
+        let mut done = vec![format!("{n} stored offset(s) of consumer group {group}")];
+        for source in drop {
+            let dest = self.config.destination(source);
+            client
+                .batch_execute(&format!("DROP TABLE IF EXISTS {}", dest.quoted()))
+                .await
+                .map_err(|e| classify(&e, &ctx))?;
+            done.push(format!("destination table {dest}"));
+        }
+        self.tables.clear();
+        Ok(done)
+    }
+
     fn client(&self) -> Result<&Client> {
         self.client
             .as_ref()
