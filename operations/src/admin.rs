@@ -206,18 +206,11 @@ async fn ready(State(s): State<AppState>) -> Response {
     }
 }
 
+/// The runner's own account of its state: a pause shows once the runner
+/// has actually stopped moving data (a source finishes the batch in flight
+/// first), not when it was merely asked to.
 async fn status(State(s): State<AppState>) -> Response {
-    let mut st = s.telemetry.status();
-    let paused = s.control.paused();
-    if paused.all && st.paused.is_none() {
-        st.paused = Some("paused by an operator".to_string());
-    }
-    for (name, t) in st.tables.iter_mut() {
-        if paused.tables.contains(name) {
-            t.state = crate::telemetry::TableState::Paused("paused by an operator".to_string());
-        }
-    }
-    Json(st).into_response()
+    Json(s.telemetry.status()).into_response()
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
