@@ -314,6 +314,56 @@ pub mod client {
         }
     }
 
+    /// What an operator asks a running runner from the command line.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Request {
+        /// `GET /status`, as a table or (`json`) raw.
+        Status {
+            /// Print the raw JSON.
+            json: bool,
+        },
+        /// `POST /pause`, for one table or all.
+        Pause(Option<String>),
+        /// `POST /resume`, for one table or all.
+        Resume(Option<String>),
+    }
+
+    /// Runs `request` against the runner whose `[admin]` section is `admin`,
+    /// prints the answer, and returns the process exit code.
+    pub async fn command(admin: &super::AdminConfig, request: Request) -> std::process::ExitCode {
+        use std::process::ExitCode;
+        let token = match admin.token() {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let with_table = |path: &str, table: &Option<String>| match table {
+            Some(t) => format!("{path}?table={t}"),
+            None => path.to_string(),
+        };
+        let (method, path, table_view) = match &request {
+            Request::Status { json } => (Method::GET, "/status".to_string(), !json),
+            Request::Pause(t) => (Method::POST, with_table("/pause", t), false),
+            Request::Resume(t) => (Method::POST, with_table("/resume", t), false),
+        };
+        let printed = match call(&admin.listen, method, &path, token.as_ref()).await {
+            Ok(body) if table_view => render_status(&body),
+            other => other,
+        };
+        match printed {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
     /// Renders `GET /status` as a readable table.
     pub fn render_status(json: &str) -> Result<String, String> {
         let s: RunnerStatusView = serde_json::from_str(json).map_err(|e| format!("unexpected status: {e}"))?;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use sink_runner::config::SinkRunnerConfig;
 use tokio::sync::watch;
+use tributary_operations::admin::client::{self, Request};
 use tributary_operations::config::load;
 use tributary_operations::logging::{self, LogFormat};
 
@@ -92,9 +93,9 @@ fn main() -> ExitCode {
             None => run(config).await,
             Some(Command::Check) => check(config).await,
             Some(Command::Replay { dlq, dry_run }) => replay(config, &dlq, dry_run).await,
-            Some(Command::Status { json }) => admin(&config, "/status", json).await,
-            Some(Command::Pause { table }) => admin(&config, &with_table("/pause", table), false).await,
-            Some(Command::Resume { table }) => admin(&config, &with_table("/resume", table), false).await,
+            Some(Command::Status { json }) => client::command(&config.admin, Request::Status { json }).await,
+            Some(Command::Pause { table }) => client::command(&config.admin, Request::Pause(table)).await,
+            Some(Command::Resume { table }) => client::command(&config.admin, Request::Resume(table)).await,
             Some(Command::Delete { yes, drop_destination }) => delete(config, yes, drop_destination).await,
         }
     })
@@ -193,46 +194,6 @@ async fn replay(config: SinkRunnerConfig, dlq: &str, dry_run: bool) -> ExitCode 
                 println!("the failing records stay in {dlq}; fix their cause and replay again");
                 ExitCode::from(3)
             }
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn with_table(path: &str, table: Option<String>) -> String {
-    match table {
-        Some(t) => format!("{path}?table={t}"),
-        None => path.to_string(),
-    }
-}
-
-/// `status`, `pause` and `resume`: calls the running runner's admin server.
-async fn admin(config: &SinkRunnerConfig, path: &str, json: bool) -> ExitCode {
-    use tributary_operations::admin::client;
-    let token = match config.admin.token() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let method = if path == "/status" { client::Method::GET } else { client::Method::POST };
-    match client::call(&config.admin.listen, method, path, token.as_ref()).await {
-        Ok(body) if path == "/status" && !json => match client::render_status(&body) {
-            Ok(t) => {
-                print!("{t}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Ok(body) => {
-            print!("{body}");
-            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("error: {e}");

@@ -80,44 +80,6 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// `status`, `pause` and `resume`: calls the running runner's admin server.
-pub async fn admin_command(config: &SourceRunnerConfig, what: &str, json: bool) -> ExitCode {
-    use tributary_operations::admin::client;
-    let token = match config.admin.token() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let (method, path) = match what {
-        "status" => (reqwest_method::GET, "/status"),
-        "pause" => (reqwest_method::POST, "/pause"),
-        _ => (reqwest_method::POST, "/resume"),
-    };
-    match client::call(&config.admin.listen, method, path, token.as_ref()).await {
-        Ok(body) if what == "status" && !json => match client::render_status(&body) {
-            Ok(t) => {
-                print!("{t}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Ok(body) => {
-            print!("{body}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-use tributary_operations::admin::client::Method as reqwest_method;
 
 /// `delete`: removes everything this copy owns on the source, in Kafka and
 /// in the schema registry. Destination tables belong to sinks

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use source_runner::config::SourceRunnerConfig;
+use tributary_operations::admin::client::{self, Request};
 use tributary_operations::logging::{self, LogFormat};
 
 /// Copies one source database into per-table Kafka topics: a consistent
@@ -79,9 +80,9 @@ fn main() -> ExitCode {
                 }
             },
             Command::Check => source_runner::check(config).await,
-            Command::Status { json } => source_runner::admin_command(&config, "status", json).await,
-            Command::Pause => source_runner::admin_command(&config, "pause", false).await,
-            Command::Resume => source_runner::admin_command(&config, "resume", false).await,
+            Command::Status { json } => client::command(&config.admin, Request::Status { json }).await,
+            Command::Pause => client::command(&config.admin, Request::Pause(None)).await,
+            Command::Resume => client::command(&config.admin, Request::Resume(None)).await,
             Command::Delete { yes } => source_runner::delete(config, yes).await,
         }
     })

@@ -1092,7 +1092,7 @@ mod e2e {
 
     #[test]
     fn a_bad_config_file_is_refused_naming_the_field() {
-        let bin = runner_binary();
+        let bin = tributary_tests::runner_binary("sink-runner");
         let out = Command::new(&bin).args(["--config", "/nonexistent/sink.toml"]).output().expect("run");
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
@@ -1130,7 +1130,7 @@ mod e2e {
     #[ignore = "benchmark; run explicitly in release"]
     async fn bench_snapshot_through_kafka_vs_pg_dump() {
         let rows: i32 = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-        let bin = runner_binary();
+        let bin = tributary_tests::runner_binary("sink-runner");
         let mut p = Pipeline::new("bench", 1).await;
         let s = items();
         let started = Instant::now();
@@ -1217,37 +1217,6 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
-    /// `target/<profile>/sink-runner`, built if needed.
-    fn runner_binary() -> PathBuf {
-        let dir = target_dir();
-        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.current_dir(&workspace).args(["build", "-q", "-p", "sink-runner", "--bin", "sink-runner"]);
-        // `cargo test` gives this process CARGO_MANIFEST_DIR, CARGO_PKG_*
-        // and friends; build scripts that watch them (ring) would rebuild,
-        // and the outer `cargo test` after them. The nested build gets the
-        // environment of a plain shell.
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy().into_owned();
-            let keep = matches!(k.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR")
-                || k.starts_with("CARGO_BUILD_")
-                || k.starts_with("CARGO_REGISTRIES_")
-                || k.starts_with("CARGO_NET_")
-                || k.starts_with("CARGO_PROFILE_");
-            if (k.starts_with("CARGO_") && !keep) || k == "OUT_DIR" {
-                cmd.env_remove(&k);
-            }
-        }
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "cargo build -p sink-runner failed");
-        let bin = dir.join("sink-runner");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
-    }
-
     /// A small xorshift generator: the seed is printed, and `TEST_SEED`
     /// replays a run.
     struct Rng(u64);
@@ -1282,7 +1251,7 @@ mod e2e {
             .unwrap_or_else(|| uuid::Uuid::new_v4().as_u128() as u64 | 1);
         eprintln!("TEST_SEED={seed}");
         let mut rng = Rng(seed);
-        let bin = runner_binary();
+        let bin = tributary_tests::runner_binary("sink-runner");
         let mut p = Pipeline::new("kill", 3).await;
         let dir = std::env::temp_dir().join(unique("tributary-kill"));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -1364,9 +1333,3 @@ mod e2e {
     }
 }
 
-#[allow(dead_code)]
-fn target_dir() -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent().and_then(|p| p.parent()).map(PathBuf::from).expect("target dir")
-}
