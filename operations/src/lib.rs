@@ -6,4 +6,5 @@ pub mod admin;
 pub mod config;
 pub mod kafka;
 pub mod logging;
+pub mod memory;
 pub mod telemetry;

@@ -108,6 +108,11 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
         tracing::info!("shutdown requested");
         let _ = stop_tx.send(true);
     });
+    // Everything buffered across tables, plus the batch being applied.
+    tributary_operations::memory::report_budget(
+        (config.max_buffered_bytes + config.batch_max_bytes) as u64,
+        "max_buffered_bytes or batch_max_bytes",
+    );
     let telemetry = tributary_operations::telemetry::Telemetry::new(&config.consumer_group, "sink");
     let control = tributary_operations::admin::Control::new();
     if let Err(e) = tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone()).await {

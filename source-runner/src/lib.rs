@@ -13,6 +13,16 @@ use tributary_connectors::Error;
 /// Builds the configured source and runs it until Ctrl-C or SIGTERM.
 pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
     let source = build_source(&config)?;
+    if let Some(pg) = &config.postgres {
+        // The producer queue, plus one streamed batch and one snapshot chunk
+        // per worker held while they are produced.
+        let budget = u64::from(config.producer_queue_kbytes) * 1024
+            + pg.max_batch_bytes as u64 * (1 + pg.snapshot_parallelism as u64);
+        tributary_operations::memory::report_budget(
+            budget,
+            "producer_queue_kbytes, postgres.max_batch_bytes or postgres.snapshot_parallelism",
+        );
+    }
     let telemetry = tributary_operations::telemetry::Telemetry::new(&config.name, "source");
     let control = tributary_operations::admin::Control::new();
     tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone())

@@ -263,6 +263,45 @@ async fn publication_tables(
     )))
 }
 
+/// Gives full before-images to the tables that need them: with replica
+/// identity DEFAULT (or USING INDEX) a DELETE's old row holds only the key,
+/// and a NOT NULL column outside the key then has no value the change event
+/// can carry. Such tables are switched to REPLICA IDENTITY FULL when the role
+/// may (it must own the table); otherwise this is a needs-operator error with
+/// the exact SQL. Done before the slot exists, so no such delete is captured.
+pub async fn ensure_full_before_images(client: &tokio_postgres::Client, tables: &[TableId]) -> Result<()> {
+    for id in tables {
+        let row = client
+            .query_one(
+                "SELECT c.relreplident::text IN ('d', 'i') AND EXISTS ( \
+                     SELECT 1 FROM pg_attribute a \
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull \
+                       AND NOT EXISTS (SELECT 1 FROM pg_index i \
+                                       WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY (i.indkey))) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&id.schema, &id.table],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the replica identity").with_table(id.clone()))?;
+        if !row.get::<_, bool>(0) {
+            continue;
+        }
+        let sql = format!("ALTER TABLE {} REPLICA IDENTITY FULL;", sql_table(id));
+        if let Err(e) = client.batch_execute(&sql).await {
+            let err = classify_pg(e, "setting REPLICA IDENTITY FULL");
+            return Err(Error::needs_operator(format!(
+                "deletes would carry only the key, but the table has NOT NULL columns outside its key: {err}"
+            ))
+            .with_table(id.clone())
+            .with_class(err.class())
+            .with_hint(sql));
+        }
+        tracing::info!(table = %id, "replica identity set to FULL so that deletes carry the whole old row");
+    }
+    Ok(())
+}
+
 /// Makes sure the publication exists and covers `tables`, creating or
 /// altering it when the role may; otherwise a needs-operator error with the
 /// exact SQL.

@@ -1040,6 +1040,7 @@ impl Source for PostgresSource {
             .collect();
         check::require_select(catalog.client(), &self.params.user, &selected).await?;
         check::ensure_publication(catalog.client(), &self.config, &selected).await?;
+        check::ensure_full_before_images(catalog.client(), &selected).await?;
         if self.config.install_ddl_trigger {
             check::install_ddl_trigger(catalog.client()).await?;
         }

@@ -1,0 +1,69 @@
+//! Memory budget check: a runner's buffers are bounded in bytes by its
+//! config; at start it compares that bound with the memory the machine (or
+//! its cgroup) really has, and warns with the numbers and the settings to
+//! lower, so an out-of-memory kill is explained before it happens.
+
+/// A budget above this share of the available memory is reported: the
+/// process needs room beyond its buffers (allocator slack, TLS, librdkafka).
+pub const BUDGET_WARN_SHARE: f64 = 0.5;
+
+/// Bytes this process may use: the cgroup limit when there is one, else
+/// the machine's available memory. `None` when neither can be read.
+pub fn available_bytes() -> Option<u64> {
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    match (cgroup, meminfo) {
+        (Some(c), Some(m)) => Some(c.min(m)),
+        (c, m) => c.or(m),
+    }
+}
+
+/// The warning for a buffer budget of `budget` bytes against `available`
+/// bytes, naming the settings that make up the budget; `None` when it fits.
+pub fn budget_warning(budget: u64, available: u64, settings: &str) -> Option<String> {
+    if (budget as f64) <= available as f64 * BUDGET_WARN_SHARE {
+        return None;
+    }
+    Some(format!(
+        "out-of-memory risk: buffers may hold {} MiB but only {} MiB are available; lower {settings}",
+        budget / (1024 * 1024),
+        available / (1024 * 1024)
+    ))
+}
+
+/// Logs the budget at start, and a warning when it does not fit.
+pub fn report_budget(budget: u64, settings: &str) {
+    match available_bytes() {
+        Some(available) => match budget_warning(budget, available, settings) {
+            Some(w) => tracing::warn!(budget_bytes = budget, available_bytes = available, "{w}"),
+            None => tracing::info!(budget_bytes = budget, available_bytes = available, "memory budget"),
+        },
+        None => tracing::info!(budget_bytes = budget, "memory budget (available memory unknown)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_above_half_the_memory_is_reported_with_the_settings() {
+        let mib = 1024 * 1024;
+        assert_eq!(budget_warning(100 * mib, 1000 * mib, "batch_max_bytes"), None);
+        let w = budget_warning(600 * mib, 1000 * mib, "batch_max_bytes, max_buffered_bytes")
+            .expect("a warning");
+        assert!(w.contains("600 MiB") && w.contains("1000 MiB") && w.contains("max_buffered_bytes"), "{w}");
+    }
+
+    #[test]
+    fn this_machine_reports_its_memory() {
+        assert!(available_bytes().is_some_and(|b| b > 0));
+    }
+}
