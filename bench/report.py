@@ -1,0 +1,205 @@
+"""The results table (markdown, also printed) and the SVG bar plot of bench/run."""
+
+import math
+import statistics
+
+TARGETS = {
+    "snapshot_vs_debezium": 5.0,      # Tributary snapshot rows/s >= 5x Debezium
+    "snapshot_vs_dump": 0.5,          # >= 50% of pg_dump | psql
+    "streaming_vs_debezium": 3.0,     # max-rate events/s >= 3x Debezium
+    "p99_fixed_ms": 500.0,            # p99 latency at the fixed rate < 500 ms
+    "source_rss_mib": 64.0,
+    "sink_rss_mib": 128.0,
+}
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.median(xs) if xs else None
+
+
+def pick(reps, *path):
+    out = []
+    for r in reps:
+        v = r
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        out.append(v)
+    return med(out)
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "—"
+    if unit == "MiB":
+        return f"{v:.1f} MiB"
+    if unit == "ms":
+        return f"{v:.0f} ms"
+    if unit == "s":
+        return f"{v:.1f} s"
+    if unit == "x":
+        return f"{v:.2f}x"
+    if unit == "%":
+        return f"{v * 100:.0f}%"
+    return f"{v:,.0f}"
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def verdict(ok):
+    return "—" if ok is None else ("yes" if ok else "**no**")
+
+
+def summary(reps):
+    L, D, T = reps["limits"], reps["debezium"], reps["tributary"]
+    kib = 1024.0
+    s = {
+        "copy": pick(L, "copy_rows_s"),
+        "dump": pick(L, "dump_rows_s"),
+        "dbz_snap": pick(D, "snapshot_rows_s"),
+        "trib_snap": pick(T, "snapshot_rows_s"),
+        "dbz_steady": pick(D, "snapshot_steady_rows_s"),
+        "trib_steady": pick(T, "snapshot_steady_rows_s"),
+        "dbz_rss": (pick(D, "rss_kib") or 0) / kib or None,
+        "src_rss": (pick(T, "source_rss_kib") or 0) / kib or None,
+        "sink_rss": (pick(T, "sink_rss_kib") or 0) / kib or None,
+    }
+    for sysname, R in (("dbz", D), ("trib", T)):
+        for phase in ("fixed", "max"):
+            for k in ("offered_events_s", "sustained_events_s", "p50_ms", "p99_ms", "catch_up_s", "samples"):
+                s[f"{sysname}_{phase}_{k}"] = pick(R, "streaming", phase, k)
+    return s
+
+
+def render(args, info, reps, errors, converter, run_id):
+    s = summary(reps)
+    t = TARGETS
+    dbz = "Debezium 3.6.1 + JDBC sink 3.6.0 on Connect 4.1.1"
+    conv = {"avro": "Avro (Apicurio converter 3.0.9 + serde 3.1.7, registry v3 API)",
+            "json": "**JSON converter with schemas** (not Avro)",
+            None: "not run"}[converter]
+    snap_vs_dbz = ratio(s["trib_snap"], s["dbz_snap"])
+    snap_vs_dump = ratio(s["trib_snap"], s["dump"])
+    max_vs_dbz = ratio(s["trib_max_sustained_events_s"], s["dbz_max_sustained_events_s"])
+    fixed_vs_dbz = ratio(s["trib_fixed_sustained_events_s"], s["dbz_fixed_sustained_events_s"])
+    p99 = s["trib_fixed_p99_ms"]
+    rows = []
+
+    def row(metric, copy, dump, d, tr, r_dbz, r_dump, target, ok, pair=None):
+        v = verdict(ok) if ok != "both" else f"{verdict(pair[0])}; {verdict(pair[1])}"
+        rows.append(f"| {metric} | {copy} | {dump} | {d} | {tr} | {r_dbz} | {r_dump} | {target} | {v} |")
+
+    row("snapshot, rows/s end to end", fmt(s["copy"]), fmt(s["dump"]), fmt(s["dbz_snap"]), fmt(s["trib_snap"]),
+        fmt(snap_vs_dbz, "x"), fmt(snap_vs_dump, "%"), ">= 5x Debezium; >= 50% of pg_dump\\|psql",
+        "both", (None if snap_vs_dbz is None else snap_vs_dbz >= t["snapshot_vs_debezium"],
+                 None if snap_vs_dump is None else snap_vs_dump >= t["snapshot_vs_dump"]))
+    row("snapshot, rows/s after the first row arrived (start-up left out)", "", "", fmt(s["dbz_steady"]),
+        fmt(s["trib_steady"]), fmt(ratio(s["trib_steady"], s["dbz_steady"]), "x"),
+        fmt(ratio(s["trib_steady"], s["dump"]), "%"), "", None)
+    row(f"streaming at {args.rate}/s offered, events/s end to end", "", "",
+        fmt(s["dbz_fixed_sustained_events_s"]), fmt(s["trib_fixed_sustained_events_s"]),
+        fmt(fixed_vs_dbz, "x"), "", "keeps up", None)
+    row(f"latency p50 at {args.rate}/s", "", "", fmt(s["dbz_fixed_p50_ms"], "ms"), fmt(s["trib_fixed_p50_ms"], "ms"),
+        "", "", "", None)
+    row(f"latency p99 at {args.rate}/s", "", "", fmt(s["dbz_fixed_p99_ms"], "ms"), fmt(p99, "ms"),
+        "", "", "< 500 ms", None if p99 is None else p99 < t["p99_fixed_ms"])
+    row("streaming at max rate, events/s end to end", "", "",
+        fmt(s["dbz_max_sustained_events_s"]), fmt(s["trib_max_sustained_events_s"]),
+        fmt(max_vs_dbz, "x"), "", ">= 3x Debezium",
+        None if max_vs_dbz is None else max_vs_dbz >= t["streaming_vs_debezium"])
+    row("(workload offered at max rate, events/s)", "", "",
+        fmt(s["dbz_max_offered_events_s"]), fmt(s["trib_max_offered_events_s"]), "", "", "", None)
+    row("latency p50 at max rate", "", "", fmt(s["dbz_max_p50_ms"], "ms"), fmt(s["trib_max_p50_ms"], "ms"),
+        "", "", "", None)
+    row("latency p99 at max rate", "", "", fmt(s["dbz_max_p99_ms"], "ms"), fmt(s["trib_max_p99_ms"], "ms"),
+        "", "", "", None)
+    row("peak RSS, source side (VmHWM)", "", "", fmt(s["dbz_rss"], "MiB") + " (one JVM: source + sink)",
+        fmt(s["src_rss"], "MiB"), "", "", "< 64 MiB",
+        None if s["src_rss"] is None else s["src_rss"] < t["source_rss_mib"])
+    row("peak RSS, sink side (VmHWM)", "", "", "(same JVM)", fmt(s["sink_rss"], "MiB"), "", "", "< 128 MiB",
+        None if s["sink_rss"] is None else s["sink_rss"] < t["sink_rss_mib"])
+    tot = (s["src_rss"] or 0) + (s["sink_rss"] or 0) if s["src_rss"] else None
+    row("peak RSS, all processes", "", "", fmt(s["dbz_rss"], "MiB"), fmt(tot, "MiB"),
+        fmt(ratio(tot, s["dbz_rss"]), "x"), "", "", None)
+
+    nrep = {k: len(v) for k, v in reps.items()}
+    lines = [
+        f"# Benchmark {run_id}: {args.rows:,} rows, {args.reps} rep(s) (medians)",
+        "",
+        f"Machine: {info['nproc']} CPUs ({info['cpu']}), {info['memory']} RAM, Linux {info['kernel']}; "
+        f"PostgreSQL {info['postgres']}; Kafka 4.1.1 (one KRaft node); Apicurio Registry 3.3.3; "
+        f"{info['java']}; Tributary {info['tributary']} (release build). Everything on the same machine.",
+        "",
+        f"Debezium: {dbz}, converter: {conv}, heap -Xms256M -Xmx2G (connect-standalone.sh default).",
+        f"Tributary: source-runner + sink-runner, Avro (Confluent wire format, registry ccompat API), "
+        f"exactly-once (Kafka transactions, offsets in the destination).",
+        f"Reps measured: limits {nrep['limits']}, Debezium {nrep['debezium']}, Tributary {nrep['tributary']}. "
+        f"Streaming workloads: {args.duration} s each, 60% updates / 25% inserts / 15% deletes, one row per "
+        f"transaction (pgbench).",
+        "",
+        "| metric | COPY TO STDOUT | pg_dump \\| psql | Debezium | Tributary | Tributary / Debezium "
+        "| Tributary / pg_dump\\|psql | target | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ] + rows
+    if errors:
+        lines += ["", "Failures:"]
+        for k, v in errors.items():
+            lines.append(f"- **{k}**: `{v.splitlines()[0][:300]}`")
+            extra = "\n".join(v.splitlines()[1:])
+            if extra:
+                lines.append("\n```\n" + extra[-3000:] + "\n```")
+    lines += ["", "Per-rep raw numbers:", "", "```"]
+    for k, v in reps.items():
+        for i, r in enumerate(v):
+            lines.append(f"{k}[{i}]: {r}")
+    lines += ["```", "",
+              "How measured: see docs/benchmarks.md. Snapshot = process start to destination "
+              "count(*) = source count(*), polled every 0.25 s. Events/s end to end = pgbench "
+              "transactions (one row change each) / (workload start -> destination count and "
+              "sum(qty) equal the source's). Latency = destination clock_timestamp() when a "
+              "row is first seen - its created_at (set to clock_timestamp() by the source "
+              "statement); destination polled every 50 ms (adds 0-50 ms), inserts and updates only. "
+              "RSS = VmHWM of each process."]
+    return "\n".join(lines)
+
+
+def svg(reps):
+    s = summary(reps)
+    panels = [
+        ("snapshot rows/s (higher is better)",
+         [("COPY TO STDOUT", s["copy"]), ("pg_dump | psql", s["dump"]),
+          ("Debezium", s["dbz_snap"]), ("Tributary", s["trib_snap"])]),
+        ("max-rate streaming events/s (higher is better)",
+         [("Debezium", s["dbz_max_sustained_events_s"]), ("Tributary", s["trib_max_sustained_events_s"])]),
+        ("p99 latency at fixed rate, ms (lower is better)",
+         [("Debezium", s["dbz_fixed_p99_ms"]), ("Tributary", s["trib_fixed_p99_ms"])]),
+        ("peak RSS MiB (lower is better)",
+         [("Connect JVM", s["dbz_rss"]), ("Tributary source", s["src_rss"]), ("Tributary sink", s["sink_rss"])]),
+    ]
+    colors = {"Debezium": "#d9822b", "Connect JVM": "#d9822b", "Tributary": "#2b7bd9",
+              "Tributary source": "#2b7bd9", "Tributary sink": "#5aa0ef"}
+    W, bar_h, gap, label_w, bar_w = 720, 18, 6, 150, 440
+    y = 20
+    out = []
+    for title, bars in panels:
+        out.append(f'<text x="10" y="{y}" font-weight="bold">{_esc(title)}</text>')
+        y += 10
+        top = max([v for _, v in bars if v] or [1])
+        for name, v in bars:
+            w = 0 if not v else max(1, bar_w * v / top)
+            c = colors.get(name, "#888888")
+            out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{_esc(name)}</text>')
+            out.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{c}"/>')
+            txt = "not measured" if v is None else f"{v:,.0f}"
+            out.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 13}">{txt}</text>')
+            y += bar_h + gap
+        y += 22
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{y}" '
+            f'font-family="sans-serif" font-size="12">\n'
+            f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(out) + "\n</svg>\n")
+
+
+def _esc(t):
+    return t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
