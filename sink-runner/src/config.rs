@@ -30,8 +30,10 @@ pub const DEFAULT_BATCH_MAX_RECORDS: usize = 20_000;
 /// thousands of rows.
 pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// How long the first record of a batch waits for more. Short: it only
-/// groups bursts; latency to the destination stays well under a second.
-pub const DEFAULT_BATCH_LINGER_MS: u64 = 500;
+/// groups bursts. At 500 ms the benchmark measured a p99 of 922 ms from
+/// source commit to destination at 1,000 events/s, against a 500 ms target;
+/// 100 ms still gathers ~100 events per transaction at that rate.
+pub const DEFAULT_BATCH_LINGER_MS: u64 = 100;
 /// How long the bytes of all tables' pending batches may add up to before
 /// the largest is flushed early (4 batches' worth).
 pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
