@@ -138,34 +138,32 @@ fn protocol(what: &str) -> Error {
 struct Reader(Bytes);
 
 impl Reader {
-    fn u8(&mut self) -> Result<u8> {
-        if self.0.remaining() < 1 {
+    /// A message shorter than its fields is a protocol error, never a panic
+    /// in `Buf::get_*`.
+    fn need(&self, n: usize) -> Result<()> {
+        if self.0.remaining() < n {
             return Err(protocol("truncated"));
         }
+        Ok(())
+    }
+    fn u8(&mut self) -> Result<u8> {
+        self.need(1)?;
         Ok(self.0.get_u8())
     }
     fn i16(&mut self) -> Result<i16> {
-        if self.0.remaining() < 2 {
-            return Err(protocol("truncated"));
-        }
+        self.need(2)?;
         Ok(self.0.get_i16())
     }
     fn u32(&mut self) -> Result<u32> {
-        if self.0.remaining() < 4 {
-            return Err(protocol("truncated"));
-        }
+        self.need(4)?;
         Ok(self.0.get_u32())
     }
     fn i32(&mut self) -> Result<i32> {
-        if self.0.remaining() < 4 {
-            return Err(protocol("truncated"));
-        }
+        self.need(4)?;
         Ok(self.0.get_i32())
     }
     fn u64(&mut self) -> Result<u64> {
-        if self.0.remaining() < 8 {
-            return Err(protocol("truncated"));
-        }
+        self.need(8)?;
         Ok(self.0.get_u64())
     }
     fn cstr(&mut self) -> Result<String> {
@@ -179,9 +177,7 @@ impl Reader {
         Ok(s)
     }
     fn bytes(&mut self, n: usize) -> Result<Bytes> {
-        if self.0.remaining() < n {
-            return Err(protocol("truncated value"));
-        }
+        self.need(n)?;
         Ok(self.0.split_to(n))
     }
     fn tuple(&mut self) -> Result<Vec<TupleValue>> {
