@@ -46,14 +46,17 @@ pub fn target_dir() -> PathBuf {
         .expect("target dir")
 }
 
-/// `target/<profile>/<name>` for a runner binary of the workspace, built if
-/// needed (`scripts/test` builds them first, so this is normally a no-op).
+/// `target/<profile>/<package>` for a runner binary of the workspace, built
+/// if needed (`scripts/test` builds them first, so this is normally a no-op).
 pub fn runner_binary(package: &str) -> PathBuf {
     let dir = target_dir();
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+    // The same selection as `scripts/test` (`--workspace --bins`): with a
+    // narrower one, feature unification differs and cargo rebuilds
+    // dependencies and relinks the binary in the middle of the test run.
     cmd.current_dir(&workspace)
-        .args(["build", "-q", "-p", package, "--bin", package]);
+        .args(["build", "-q", "--workspace", "--bins"]);
     // `cargo test` gives this process CARGO_MANIFEST_DIR, CARGO_PKG_* and
     // friends; build scripts that watch them would rebuild, and the outer
     // `cargo test` after them. The nested build gets a plain shell's view.
@@ -72,7 +75,7 @@ pub fn runner_binary(package: &str) -> PathBuf {
         cmd.arg("--release");
     }
     let status = cmd.status().expect("run cargo build");
-    assert!(status.success(), "cargo build -p {package} failed");
+    assert!(status.success(), "cargo build --workspace --bins failed (for {package})");
     let bin = dir.join(package);
     assert!(bin.exists(), "{} missing after the build", bin.display());
     bin
