@@ -216,7 +216,12 @@ heartbeat_interval_ms = 500
         "subjects left behind: {subjects:?}"
     );
 
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE; DROP ROLE {name}"))
+    // On a fresh database this runner installed the shared DDL trigger, so
+    // its role owns it: hand that to the stack's role before dropping ours.
+    pg.batch_execute(&format!(
+        "DROP SCHEMA {name} CASCADE; REASSIGN OWNED BY {name} TO CURRENT_USER; \
+         DROP OWNED BY {name}; DROP ROLE {name}"
+    ))
         .await
         .expect("cleanup");
     let _ = std::fs::remove_dir_all(&dir);
