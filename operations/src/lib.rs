@@ -7,4 +7,5 @@ pub mod config;
 pub mod kafka;
 pub mod logging;
 pub mod memory;
+pub mod process;
 pub mod telemetry;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use sink_runner::config::SinkRunnerConfig;
 use tokio::sync::watch;
 use tributary_operations::admin::client::{self, Request};
-use tributary_operations::config::load;
+use tributary_operations::process;
 use tributary_operations::logging::{self, LogFormat};
 
 /// Copies change topics into a destination database.
@@ -70,24 +70,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    let Some(path) = cli.config.clone() else {
-        eprintln!("error: --config FILE is required");
-        return ExitCode::from(2);
-    };
-    let config: SinkRunnerConfig = match load(&path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let (config, runtime): (SinkRunnerConfig, _) =
+        match process::start(cli.config.as_deref(), "TRIBUTARY_SINK_CONFIG") {
+            Ok(started) => started,
+            Err(code) => return code,
+        };
     runtime.block_on(async move {
         match cli.command {
             None => run(config).await,
@@ -104,7 +91,7 @@ fn main() -> ExitCode {
 async fn run(config: SinkRunnerConfig) -> ExitCode {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        process::shutdown_signal().await;
         tracing::info!("shutdown requested");
         let _ = stop_tx.send(true);
     });
@@ -127,28 +114,6 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

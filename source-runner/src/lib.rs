@@ -28,7 +28,7 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
     tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone())
         .await
         .map_err(|e| Error::needs_operator(format!("cannot start the admin server on {}: {e}", config.admin.listen)))?;
-    runner::run(config, source, telemetry, control, shutdown_signal()).await
+    runner::run(config, source, telemetry, control, tributary_operations::process::shutdown_signal()).await
 }
 
 /// The source named by the config.
@@ -66,30 +66,6 @@ pub async fn check(config: SourceRunnerConfig) -> ExitCode {
         ExitCode::SUCCESS
     }
 }
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-}
-
 
 /// `delete`: removes everything this copy owns on the source, in Kafka and
 /// in the schema registry. Destination tables belong to sinks

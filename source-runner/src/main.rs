@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use source_runner::config::SourceRunnerConfig;
 use tributary_operations::admin::client::{self, Request};
 use tributary_operations::logging::{self, LogFormat};
+use tributary_operations::process;
 
 /// Copies one source database into per-table Kafka topics: a consistent
 /// snapshot, then every change, exactly once.
@@ -52,24 +53,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    let Some(path) = cli.config else {
-        eprintln!("error: --config FILE is required (or set TRIBUTARY_CONFIG)");
-        return ExitCode::from(2);
-    };
-    let config: SourceRunnerConfig = match tributary_operations::config::load(&path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let (config, runtime): (SourceRunnerConfig, _) =
+        match process::start(cli.config.as_deref(), "TRIBUTARY_CONFIG") {
+            Ok(started) => started,
+            Err(code) => return code,
+        };
     runtime.block_on(async move {
         match cli.command.unwrap_or(Command::Run) {
             Command::Run => match source_runner::run_from_config(config).await {
