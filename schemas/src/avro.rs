@@ -400,12 +400,7 @@ mod tests {
     use crate::model::TableId;
 
     fn col(name: &str, data_type: DataType, nullable: bool) -> Column {
-        Column {
-            name: name.into(),
-            data_type,
-            nullable,
-            source_type: String::new(),
-        }
+        Column::new(name, data_type, nullable)
     }
 
     #[test]

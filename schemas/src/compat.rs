@@ -92,12 +92,7 @@ mod tests {
     use super::*;
 
     fn col(name: &str, data_type: DataType, nullable: bool) -> Column {
-        Column {
-            name: name.into(),
-            data_type,
-            nullable,
-            source_type: String::new(),
-        }
+        Column::new(name, data_type, nullable)
     }
 
     #[test]

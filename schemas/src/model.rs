@@ -137,6 +137,19 @@ pub struct Column {
     pub source_type: String,
 }
 
+impl Column {
+    /// A column without the source's own type text (tests, and sources whose
+    /// type names carry nothing beyond the logical type).
+    pub fn new(name: impl Into<String>, data_type: DataType, nullable: bool) -> Self {
+        Self {
+            name: name.into(),
+            data_type,
+            nullable,
+            source_type: String::new(),
+        }
+    }
+}
+
 /// The shape of a table at one point in its history.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TableSchema {

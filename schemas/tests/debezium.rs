@@ -64,12 +64,7 @@ fn pg_row(id: i32, email: Option<&str>) -> A {
 }
 
 fn col(name: &str, data_type: DataType, nullable: bool) -> Column {
-    Column {
-        name: name.into(),
-        data_type,
-        nullable,
-        source_type: String::new(),
-    }
+    Column::new(name, data_type, nullable)
 }
 
 #[tokio::test]
