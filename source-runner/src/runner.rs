@@ -293,14 +293,15 @@ impl KafkaSide {
     }
 
     async fn produce_all(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
-        let mut bytes: HashMap<TableId, u64> = HashMap::new();
+        // Keyed by reference while producing: no clone per event.
+        let mut bytes: HashMap<&TableId, u64> = HashMap::new();
         for msg in &batch.messages {
             match msg {
                 SourceMessage::SchemaChanged(_) => {}
                 SourceMessage::Change(event) => {
                     let topic = self.naming.topic(self.config.prefix(), &event.schema.id);
                     let encoded = self.encoder.encode(event, &topic)?;
-                    *bytes.entry(event.schema.id.clone()).or_default() += (encoded.key.as_ref().map_or(0, |k| k.len())
+                    *bytes.entry(&event.schema.id).or_default() += (encoded.key.as_ref().map_or(0, |k| k.len())
                         + encoded.value.as_ref().map_or(0, |v| v.len()))
                         as u64;
                     if event.op == Op::Truncate {
@@ -337,7 +338,7 @@ impl KafkaSide {
         let key = self.config.name.clone();
         self.send(&topic, Some(0), Some(key.as_bytes()), Some(batch.checkpoint.0.as_bytes()), None)
             .await?;
-        Ok(bytes)
+        Ok(bytes.into_iter().map(|(id, b)| (id.clone(), b)).collect())
     }
 
     /// Enqueues one record; a full queue is backpressure: wait for
@@ -489,22 +490,19 @@ async fn run_once(
 
 /// Feeds a committed batch into status and metrics, per table.
 fn record_batch(telemetry: &Telemetry, batch: &SourceBatch, bytes: &HashMap<TableId, u64>) {
-    let mut per_table: HashMap<String, (u64, i64, bool)> = HashMap::new();
+    // Keyed by reference: no allocation per event on the snapshot's hot path.
+    let mut per_table: HashMap<&TableId, (u64, i64, bool)> = HashMap::new();
     for msg in &batch.messages {
         if let SourceMessage::Change(e) = msg {
-            let entry = per_table
-                .entry(e.schema.id.to_string())
-                .or_insert((0, i64::MIN, false));
+            let entry = per_table.entry(&e.schema.id).or_insert((0, i64::MIN, false));
             entry.0 += 1;
             entry.1 = entry.1.max(e.source.ts_ms);
             entry.2 |= e.source.snapshot != SnapshotMarker::False;
         }
     }
-    for (table, (events, ts, snapshot)) in per_table {
-        let b = bytes
-            .iter()
-            .find(|(id, _)| id.to_string() == table)
-            .map_or(0, |(_, b)| *b);
+    for (id, (events, ts, snapshot)) in per_table {
+        let b = bytes.get(id).copied().unwrap_or(0);
+        let table = id.to_string();
         telemetry.record_events(&table, events, b, Some(ts));
         telemetry.record_applied(&table, ts);
         telemetry.set_state(
