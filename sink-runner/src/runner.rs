@@ -131,6 +131,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             pause_rx: control.subscribe(),
             control,
             operator_paused: BTreeSet::new(),
+            runner_paused: false,
             decoder: EventDecoder::new(registry),
             dead_letters,
             consumer,
@@ -331,6 +332,8 @@ struct Loop<S: Sink + 'static> {
     /// Topics whose partitions are paused because an operator paused their
     /// table (or the whole runner).
     operator_paused: BTreeSet<String>,
+    /// Whether the status says the whole runner is paused.
+    runner_paused: bool,
     decoder: EventDecoder,
     dead_letters: DeadLetters,
     consumer: StreamConsumer<RebalanceCtx<S>>,
@@ -500,6 +503,15 @@ impl<S: Sink + 'static> Loop<S> {
     /// offset moves) and resumes them when the operator resumes.
     fn apply_operator_pause(&mut self) {
         let paused = self.control.paused();
+        // This runs once per trip through the loop: without any pause, past
+        // or present, there is nothing to do and nothing is allocated.
+        if !paused.all && paused.tables.is_empty() && self.operator_paused.is_empty() {
+            if self.runner_paused {
+                self.telemetry.set_paused(None);
+                self.runner_paused = false;
+            }
+            return;
+        }
         let topics: BTreeSet<String> = self.assigned.iter().map(|(t, _)| t.clone()).collect();
         for topic in topics {
             let label = (self.labeler)(&self.table_of(&topic));
@@ -521,7 +533,10 @@ impl<S: Sink + 'static> Loop<S> {
                 info!(table = %label, "resumed by an operator");
             }
         }
-        self.telemetry.set_paused(paused.all.then(|| "paused by an operator".to_string()));
+        if paused.all != self.runner_paused {
+            self.telemetry.set_paused(paused.all.then(|| "paused by an operator".to_string()));
+            self.runner_paused = paused.all;
+        }
     }
 
     async fn flush_due(&mut self) {
