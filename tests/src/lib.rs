@@ -97,3 +97,15 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The CA of the local stack's PostgreSQL server certificate (which names
+/// `localhost`, not `127.0.0.1`): `PG_TLS_CA`, or where `scripts/stack up`
+/// puts it.
+pub fn pg_tls_ca() -> String {
+    std::env::var("PG_TLS_CA").unwrap_or_else(|_| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../.stack/postgres-ca.crt")
+            .to_string_lossy()
+            .into_owned()
+    })
+}

@@ -554,19 +554,22 @@ async fn an_unreachable_destination_is_retryable() {
     assert_eq!(err.kind(), ErrorKind::Retryable);
 }
 
-#[tokio::test]
-async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_grant() {
-    let fx = Fixture::new("grant").await;
+/// A login role of its own that owns the fixture's schema and may write the
+/// offsets, with its URL: to tell its sessions from other tests' and to
+/// take rights away from it.
+async fn own_role(fx: &Fixture) -> (String, String) {
     let role = unique("sink_role");
     let db: String = fx.admin.query_one("SELECT current_database()", &[]).await.unwrap().get(0);
+    // The bookkeeping tables exist once any sink connected; on a fresh
+    // database this is the first.
+    fx.sink().connect().await.expect("bookkeeping tables");
     fx.exec(&format!(
         "CREATE ROLE {role} LOGIN PASSWORD 'pw'; CREATE SCHEMA \"{s}\" AUTHORIZATION {role}; \
          GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE ON tributary.offsets TO {role}",
         s = fx.schema
     ))
     .await;
-    let mut parsed: tokio_postgres::Config = url().parse().unwrap();
-    parsed.user(&role).password("pw");
+    let parsed: tokio_postgres::Config = url().parse().unwrap();
     let host = parsed
         .get_hosts()
         .first()
@@ -577,7 +580,132 @@ async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_gran
         })
         .unwrap_or_else(|| "127.0.0.1".into());
     let port = parsed.get_ports().first().copied().unwrap_or(5432);
-    let role_url = format!("postgres://{role}:pw@{host}:{port}/{db}");
+    (
+        role.clone(),
+        format!("postgres://{role}:pw@{host}:{port}/{db}"),
+    )
+}
+
+async fn drop_role(fx: &Fixture, role: &str) {
+    fx.exec(&format!("DROP SCHEMA \"{}\" CASCADE", fx.schema))
+        .await;
+    let _ = fx
+        .admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await;
+}
+
+/// TLS to the destination in each mode, against the stack's server (its
+/// certificate names `localhost`, not `127.0.0.1`): verify-full refuses the
+/// address and accepts the name, and the session is encrypted.
+#[tokio::test]
+async fn tls_to_the_destination_is_verified_and_used() {
+    use tributary_connectors::postgres::config::TlsMode;
+    let fx = Fixture::new("tls").await;
+    let (role, role_url) = own_role(&fx).await;
+    let ca = tributary_tests::pg_tls_ca();
+    let s = items();
+    let with = |mode: TlsMode, host: &str| {
+        let mut c = fx.config();
+        c.url = role_url.replace("127.0.0.1", host);
+        c.tls = mode;
+        c.tls_ca_file = matches!(mode, TlsMode::VerifyCa | TlsMode::VerifyFull).then(|| ca.clone());
+        c.validate_at("postgres").expect("valid TLS config");
+        PostgresSink::new(c).expect("sink config")
+    };
+    let mut wrong_name = with(TlsMode::VerifyFull, "127.0.0.1");
+    let err = wrong_name
+        .apply(&batch(
+            "t",
+            0,
+            vec![event(
+                &s,
+                Op::Create,
+                None,
+                Some(row(1, "a", 1, "1.00")),
+                1,
+                0,
+            )],
+        ))
+        .await
+        .expect_err("the certificate does not name 127.0.0.1");
+    assert_eq!(err.error.kind(), ErrorKind::NeedsOperator, "{}", err.error);
+    let mut offset = 0;
+    for (mode, host) in [
+        (TlsMode::Require, "127.0.0.1"),
+        (TlsMode::VerifyCa, "127.0.0.1"),
+        (TlsMode::VerifyFull, "localhost"),
+    ] {
+        let mut sink = with(mode, host);
+        let id = offset as i32 + 1;
+        sink.apply(&batch(
+            "t",
+            offset,
+            vec![event(
+                &s,
+                Op::Create,
+                None,
+                Some(row(id, "a", 1, "1.00")),
+                id as u64,
+                0,
+            )],
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{mode:?} to {host}: {}", e.error));
+        offset += 1;
+        let encrypted: bool = fx
+            .admin
+            .query_one(
+                "SELECT coalesce(bool_and(s.ssl), false) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.application_name = 'tributary-sink' AND a.usename = $1",
+                &[&role],
+            )
+            .await
+            .expect("pg_stat_ssl")
+            .get(0);
+        assert!(encrypted, "{mode:?}: the destination session is encrypted");
+        drop(sink);
+        // The next mode's check must not see this session.
+        wait_for_no_sessions(&fx, &role).await;
+    }
+    let mut config = fx.config();
+    config.tls_ca_file = Some(ca);
+    let e = config
+        .validate_at("postgres")
+        .expect_err("a CA with tls = disable is refused");
+    assert!(e.to_string().contains("postgres.tls_ca_file"), "{e}");
+    assert_eq!(fx.rows().await.len(), 3);
+    drop_role(&fx, &role).await;
+    fx.cleanup().await;
+}
+
+async fn wait_for_no_sessions(fx: &Fixture, role: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = fx
+            .admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+                &[&role],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if n == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped sink's session stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_grant() {
+    let fx = Fixture::new("grant").await;
+    let (role, role_url) = own_role(&fx).await;
     let mut config = fx.config();
     config.url = role_url;
     let mut sink = PostgresSink::new(config).unwrap();
@@ -598,11 +726,7 @@ async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_gran
     assert_eq!(fx.rows().await.len(), 2);
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&2));
     drop(sink);
-    fx.exec(&format!("DROP SCHEMA \"{}\" CASCADE", fx.schema)).await;
-    let _ = fx
-        .admin
-        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
-        .await;
+    drop_role(&fx, &role).await;
     fx.cleanup().await;
 }
 

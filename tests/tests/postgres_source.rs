@@ -1090,27 +1090,18 @@ async fn snapshot_throughput_1m_rows() {
     fx.cleanup().await;
 }
 
-/// TLS on every connection (snapshot, catalog, replication) in each mode.
-/// Needs a server with `ssl = on`: `PG_SOURCE_TLS_URL` (default: the
-/// source URL) and its CA in `PG_SOURCE_TLS_CA`; the server certificate must
-/// name `localhost` but not `127.0.0.1`, so that verify-full fails on the
-/// address and passes on the name. Skipped (with a message) when the server
-/// has TLS off or no CA is given.
+/// TLS on every connection (snapshot, catalog, replication) in each mode,
+/// against the stack's server (`ssl = on`, a certificate that names
+/// `localhost` but not `127.0.0.1`, so that verify-full fails on the address
+/// and passes on the name; its CA in `PG_TLS_CA`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_modes_connect_and_verify() {
     use tributary_connectors::postgres::config::TlsMode;
-    let Ok(ca) = std::env::var("PG_SOURCE_TLS_CA") else {
-        eprintln!("skipped: PG_SOURCE_TLS_CA is not set");
-        return;
-    };
-    let tls_url = std::env::var("PG_SOURCE_TLS_URL").unwrap_or_else(|_| url());
+    let ca = tributary_tests::pg_tls_ca();
+    let tls_url = url();
     let fx = Fixture::new("tls").await;
     let ssl: String = fx.admin.query_one("SHOW ssl", &[]).await.expect("show ssl").get(0);
-    if ssl != "on" {
-        eprintln!("skipped: the server has ssl = {ssl}");
-        fx.cleanup().await;
-        return;
-    }
+    assert_eq!(ssl, "on", "scripts/stack up turns TLS on; is this an older stack? (scripts/stack restart postgres)");
     let s = &fx.schema;
     fx.exec(&format!("CREATE TABLE {s}.sec (id int PRIMARY KEY, v text); INSERT INTO {s}.sec VALUES (1, 'a');")).await;
     let with = |mode: TlsMode, host: &str| {

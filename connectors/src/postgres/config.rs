@@ -84,6 +84,26 @@ pub enum TlsMode {
     VerifyFull,
 }
 
+/// The TLS rules shared by the source's and the sink's `[postgres]`
+/// sections; `field` names a key under the section.
+pub(crate) fn validate_tls(
+    mode: TlsMode,
+    ca_file: Option<&str>,
+    field: impl Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    match mode {
+        TlsMode::VerifyCa | TlsMode::VerifyFull if ca_file.is_none() => Err(ConfigError::invalid(
+            field("tls_ca_file"),
+            "is required with tls = \"verify-ca\" or \"verify-full\"",
+        )),
+        TlsMode::Disable if ca_file.is_some() => Err(ConfigError::invalid(
+            field("tls_ca_file"),
+            "is set but tls = \"disable\"; set tls = \"verify-ca\" or \"verify-full\"",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The `[postgres]` section of a source runner.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -341,22 +361,7 @@ impl PostgresSourceConfig {
                 "must be shorter than heartbeat_interval_ms",
             ));
         }
-        match self.tls {
-            TlsMode::Disable => {}
-            TlsMode::VerifyCa | TlsMode::VerifyFull if self.tls_ca_file.is_none() => {
-                return Err(ConfigError::invalid(
-                    field("tls_ca_file"),
-                    "is required with tls = \"verify-ca\" or \"verify-full\"",
-                ))
-            }
-            _ => {}
-        }
-        if self.tls_ca_file.is_some() && self.tls == TlsMode::Disable {
-            return Err(ConfigError::invalid(
-                field("tls_ca_file"),
-                "is set but tls = \"disable\"; set tls = \"verify-ca\" or \"verify-full\"",
-            ));
-        }
+        validate_tls(self.tls, self.tls_ca_file.as_deref(), field)?;
         Ok(())
     }
 

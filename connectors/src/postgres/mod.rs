@@ -332,15 +332,24 @@ pub fn classify_pg(err: tokio_postgres::Error, context: &str) -> Error {
         return e;
     }
     let text = err.to_string();
-    let kind = if text.starts_with("authentication")
+    Error::new(client_error_kind(&err), format!("{context}: {text}")).with_class("tokio_postgres")
+}
+
+/// The kind of a `tokio_postgres` error that did not come from the server:
+/// a refused password, a bad setting or a certificate that does not verify
+/// need an operator (retrying cannot fix them); a lost or refused connection
+/// is retryable. tokio-postgres does not expose its error kinds, only these
+/// message prefixes.
+pub(crate) fn client_error_kind(err: &tokio_postgres::Error) -> ErrorKind {
+    let text = err.to_string();
+    if text.starts_with("authentication")
         || text.starts_with("invalid configuration")
         || text.starts_with("error performing TLS handshake")
     {
         ErrorKind::NeedsOperator
     } else {
         ErrorKind::Retryable
-    };
-    Error::new(kind, format!("{context}: {text}")).with_class("tokio_postgres")
+    }
 }
 
 /// Classifies a replication client error.

@@ -58,6 +58,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Position, TableId, TableSchema, Value};
 
+use super::config::{validate_tls, TlsMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sink::{ApplyError, KafkaPosition, Sink, SinkBatch, SinkRecord};
 
@@ -122,6 +123,12 @@ pub struct PostgresSinkConfig {
     /// Lock wait limit per statement in milliseconds (0: wait forever).
     #[serde(default = "default_lock_timeout_ms")]
     pub lock_timeout_ms: u64,
+    /// `disable`, `require`, `verify-ca` or `verify-full`, as for the source.
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// CA bundle (PEM) for `verify-ca` / `verify-full`.
+    #[serde(default)]
+    pub tls_ca_file: Option<String>,
 }
 
 fn default_table_template() -> String {
@@ -145,6 +152,8 @@ impl fmt::Debug for PostgresSinkConfig {
             .field("consumer_group", &self.consumer_group)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("lock_timeout_ms", &self.lock_timeout_ms)
+            .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -160,6 +169,8 @@ impl PostgresSinkConfig {
             consumer_group: Some(consumer_group.into()),
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
+            tls: TlsMode::default(),
+            tls_ca_file: None,
         }
     }
 
@@ -213,7 +224,7 @@ impl PostgresSinkConfig {
                 "must be greater than 0",
             ));
         }
-        Ok(())
+        validate_tls(self.tls, self.tls_ca_file.as_deref(), |name| format!("{prefix}.{name}"))
     }
 
     /// The destination table of a source table.
@@ -384,6 +395,47 @@ impl PostgresSink {
         }
     }
 
+    /// Opens a session with the configured TLS mode; its connection task
+    /// runs in the background and only records why it ended.
+    async fn open(&self) -> Result<Client> {
+        fn spawn<S, T>(connection: tokio_postgres::Connection<S, T>)
+        where
+            S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+            T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        {
+            tokio::spawn(
+                async move {
+                    if let Err(e) = connection.await {
+                        // A broken connection is reported by the next
+                        // statement; this only records why, without any
+                        // statement text.
+                        warn!(error = %redacted(&e), "destination connection closed");
+                    }
+                }
+                .instrument(info_span!("postgres_connection")),
+            );
+        }
+        let ctx = self.ctx();
+        let connected = if self.config.tls == TlsMode::Disable {
+            self.pg.connect(NoTls).await.map(|(client, connection)| {
+                spawn(connection);
+                client
+            })
+        } else {
+            let mut pg = self.pg.clone();
+            pg.ssl_mode(tokio_postgres::config::SslMode::Require);
+            let tls = tokio_postgres_rustls::MakeRustlsConnect::new(super::tls::client_config(
+                self.config.tls,
+                self.config.tls_ca_file.as_deref(),
+            )?);
+            pg.connect(tls).await.map(|(client, connection)| {
+                spawn(connection);
+                client
+            })
+        };
+        connected.map_err(|e| classify(&e, &ctx))
+    }
+
     /// Connects (if not connected) and makes sure the bookkeeping tables exist.
     pub async fn connect(&mut self) -> Result<()> {
         if let Some(c) = &self.client {
@@ -393,21 +445,7 @@ impl PostgresSink {
         }
         self.reset();
         let ctx = self.ctx();
-        let (client, connection) = self
-            .pg
-            .connect(NoTls)
-            .await
-            .map_err(|e| classify(&e, &ctx).with_hint_if_none(connect_hint()))?;
-        tokio::spawn(
-            async move {
-                if let Err(e) = connection.await {
-                    // A broken connection is reported by the next statement;
-                    // this only records why, without any statement text.
-                    warn!(error = %redacted(&e), "destination connection closed");
-                }
-            }
-            .instrument(info_span!("postgres_connection")),
-        );
+        let client = self.open().await.map_err(|e| e.with_hint_if_none(connect_hint()))?;
         let lock_timeout = format!("{}ms", self.config.lock_timeout_ms);
         let setup = format!(
             "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; \
@@ -521,15 +559,9 @@ impl PostgresSink {
         let ctx = self.ctx();
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
             self.reset();
-            match self.pg.connect(NoTls).await {
-                Ok((client, connection)) => {
-                    tokio::spawn(async move {
-                        let _ = connection.await;
-                    });
-                    self.client = Some(client);
-                }
-                Err(e) => {
-                    let err = classify(&e, &ctx);
+            match self.open().await {
+                Ok(client) => self.client = Some(client),
+                Err(err) => {
                     problems.push(CheckProblem {
                         problem: format!("cannot connect to the destination: {}", err.message()),
                         fix: err.hint().map(str::to_string).unwrap_or_else(connect_hint),
@@ -2152,9 +2184,11 @@ fn connect_hint() -> String {
 ///   data over an error nobody has seen before.
 fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
     let Some(db) = err.as_db_error() else {
-        let e = Error::retryable(format!("connection to the destination failed: {}", redacted(err)))
-            .with_class("postgres.connection");
-        return e;
+        return Error::new(
+            super::client_error_kind(err),
+            format!("connection to the destination failed: {}", redacted(err)),
+        )
+        .with_class("postgres.connection");
     };
     let code = db.code().code();
     let class = format!("postgres.sqlstate.{code}");
