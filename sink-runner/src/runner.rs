@@ -110,6 +110,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
             events: events.clone(),
             excluded: Arc::new(move |t: &str| excluded_config.is_excluded(t)),
             stop: stop.clone(),
+            telemetry: telemetry.clone(),
+            control: control.clone(),
         };
         let consumer: StreamConsumer<RebalanceCtx<S>> = consumer_config(&config)?
             .create_with_context(ctx)
@@ -182,6 +184,9 @@ pub struct RebalanceCtx<S: Sink + 'static> {
     events: Arc<std::sync::Mutex<Vec<RebalanceEvent>>>,
     excluded: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     stop: watch::Receiver<bool>,
+    /// While the lookup waits for the destination, the status says so.
+    telemetry: Telemetry,
+    control: Control,
 }
 
 impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {}
@@ -200,9 +205,21 @@ impl<S: Sink + 'static> RebalanceCtx<S> {
                     .block_on(async { self.sink.lock().await.committed_offsets(parts).await })
             });
             match result {
-                Ok(offsets) => return Some(offsets),
+                Ok(offsets) => {
+                    if attempt > 0 {
+                        // Back to what the operator asked for.
+                        let all = self.control.paused().all;
+                        self.telemetry.set_paused(all.then(|| "paused by an operator".to_string()));
+                    }
+                    return Some(offsets);
+                }
                 Err(e) => {
                     attempt += 1;
+                    // The consumer loop is blocked in this callback: no table
+                    // moves until the destination answers.
+                    self.telemetry.set_paused(Some(format!(
+                        "cannot read the stored offsets of newly assigned partitions: {e}"
+                    )));
                     let delay = match policy(e.kind(), attempt) {
                         Decision::RetryAfter(d) | Decision::PauseAndProbe(d) => d,
                         Decision::DeadLetter => tributary_connectors::error::OPERATOR_PROBE_DELAY,
@@ -268,6 +285,20 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                 if idle.count() > 0 {
                     if let Err(e) = base.pause(&idle) {
                         warn!(error = %e, "cannot pause excluded partitions");
+                    }
+                }
+                // librdkafka keeps a partition's pause flag across a revoke
+                // and a new assignment: a partition paused for a retry before
+                // the rebalance would never fetch again (found by the fault
+                // suite). The loop pauses again what still waits for a retry
+                // or an operator.
+                if offsets.is_some() && !wanted.is_empty() {
+                    let mut run = TopicPartitionList::new();
+                    for (t, p) in &wanted {
+                        run.add_partition(t, *p);
+                    }
+                    if let Err(e) = base.resume(&run) {
+                        warn!(error = %e, "cannot resume newly assigned partitions");
                     }
                 }
                 info!(partitions = assigned.len(), excluded = skip.len(), "partitions assigned");
@@ -447,10 +478,12 @@ impl<S: Sink + 'static> Loop<S> {
             Ok(mut e) => std::mem::take(&mut *e),
             Err(_) => return,
         };
+        let mut assigned_topics = BTreeSet::new();
         for event in events {
             match event {
                 RebalanceEvent::Assigned(parts) => {
                     for (topic, partition, offset) in parts {
+                        assigned_topics.insert(topic.clone());
                         match offset {
                             Some(o) => {
                                 self.expected.insert((topic.clone(), partition), o);
@@ -466,6 +499,10 @@ impl<S: Sink + 'static> Loop<S> {
                     for (topic, partition) in parts {
                         self.assigned.remove(&(topic.clone(), partition));
                         self.expected.remove(&(topic.clone(), partition));
+                        if !self.assigned.iter().any(|(t, _)| *t == topic) {
+                            // Paused again (if still wanted) once reassigned.
+                            self.operator_paused.remove(&topic);
+                        }
                         if let Some(buf) = self.buffers.get_mut(&topic) {
                             buf.records.retain(|r| r.partition != partition);
                             buf.bytes = buf.records.iter().map(RawRecord::size).sum();
@@ -476,6 +513,13 @@ impl<S: Sink + 'static> Loop<S> {
                         }
                     }
                 }
+            }
+        }
+        // New assignments fetch (see the rebalance callback); a table still
+        // waiting for its retry stays paused until the retry succeeds.
+        for topic in assigned_topics {
+            if self.buffers.get(&topic).is_some_and(|b| b.retry.is_some()) {
+                self.pause(&topic, true);
             }
         }
     }
