@@ -176,6 +176,16 @@ impl std::error::Error for Error {
 
 impl From<tributary_schemas::SchemaError> for Error {
     fn from(err: tributary_schemas::SchemaError) -> Self {
+        // A registry that cannot be reached is retryable; one that refuses
+        // (4xx: auth, an incompatible schema) needs an operator. Neither is
+        // a problem of the record, so neither may dead-letter it or stop a
+        // source.
+        if let tributary_schemas::SchemaError::Registry { retryable, .. } = &err {
+            let kind = if *retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator };
+            return Error::new(kind, err.to_string())
+                .with_class("tributary.registry")
+                .with_hint("check schema_registry_url and that the registry is up and readable");
+        }
         let mut e = Error::permanent(err.to_string()).with_class("tributary.schema");
         if let Some(t) = err.table() {
             e = e.with_table(t.clone());
@@ -233,6 +243,17 @@ pub fn policy(kind: ErrorKind, attempt: u32) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registry_outages_retry_refusals_pause_and_garbage_is_permanent() {
+        use tributary_schemas::SchemaError;
+        let e = Error::from(SchemaError::Registry { reason: "down".into(), retryable: true });
+        assert_eq!(e.kind(), ErrorKind::Retryable);
+        let e = Error::from(SchemaError::Registry { reason: "401".into(), retryable: false });
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        let e = Error::from(SchemaError::Decode { context: "t".into(), reason: "bad".into() });
+        assert_eq!(e.kind(), ErrorKind::Permanent);
+    }
 
     #[test]
     fn retry_delay_doubles_and_is_capped() {

@@ -91,7 +91,11 @@ fn from_src(what: &str, e: SRCError) -> SchemaError {
     let code = std::error::Error::source(&e)
         .and_then(|s| s.downcast_ref::<RawError>())
         .map(|r| r.error_code);
+    // No HTTP status at all: the call itself failed (registry down or
+    // restarting, found by the fault suite), which a retry fixes.
+    let transport = code.is_none() && e.error.starts_with("http call");
     let retryable = e.retriable
+        || transport
         || matches!(code, Some(c) if (500..600).contains(&c) || (50000..60000).contains(&c));
     SchemaError::Registry {
         reason: format!("{what}: {}", e.error),

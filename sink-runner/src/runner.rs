@@ -41,7 +41,7 @@ use tributary_connectors::postgres::sink::PostgresSink;
 use tributary_connectors::{
     policy, ApplyError, Decision, Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord,
 };
-use tributary_schemas::{Decoded, EventDecoder, Registry, SchemaError, TableId};
+use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
 
 use crate::config::{SinkRunnerConfig, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS};
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
@@ -876,22 +876,8 @@ pub async fn decode_record(
     match decoder.decode(&raw.topic, raw.key.as_deref(), raw.value.as_deref()).await {
         Ok(Decoded::Change(ev)) => Ok(Some(SinkRecord::Change(ev))),
         Ok(Decoded::Tombstone) => Ok(None),
-        Err(e) => Err(classify_decode(e)),
-    }
-}
-
-/// Decoding errors: a registry that is down is retried; a registry that
-/// refuses (wrong URL, no access) needs an operator (dead-lettering every
-/// record over it would be wrong); bytes that do not decode are permanent.
-pub fn classify_decode(e: SchemaError) -> Error {
-    match e {
-        SchemaError::Registry { reason, retryable } => {
-            let kind = if retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator };
-            Error::new(kind, format!("schema registry: {reason}"))
-                .with_class("tributary.registry")
-                .with_hint("check schema_registry_url and that the registry is up and readable")
-        }
-        other => Error::from(other),
+        // (Registry down: retried; refused: operator; bad bytes: permanent.)
+        Err(e) => Err(Error::from(e)),
     }
 }
 
@@ -973,15 +959,5 @@ mod tests {
         assert_eq!(table_from_topic("shop.public.orders", Some("shop")), TableId::new("public", "orders"));
         assert_eq!(table_from_topic("a.b.shop.public.orders", None), TableId::new("public", "orders"));
         assert_eq!(table_from_topic("my.shop.public.order.items", Some("my.shop")), TableId::new("public", "order.items"));
-    }
-
-    #[test]
-    fn registry_refusals_pause_and_garbage_dead_letters() {
-        let e = classify_decode(SchemaError::Registry { reason: "down".into(), retryable: true });
-        assert_eq!(e.kind(), ErrorKind::Retryable);
-        let e = classify_decode(SchemaError::Registry { reason: "401".into(), retryable: false });
-        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
-        let e = classify_decode(SchemaError::Decode { context: "t".into(), reason: "bad".into() });
-        assert_eq!(e.kind(), ErrorKind::Permanent);
     }
 }
