@@ -33,10 +33,13 @@ use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
 use crate::config::SourceRunnerConfig;
 
 use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
+
 /// How long to wait for Kafka's answer to a transaction step.
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to look for the last checkpoint in the offsets topic.
 const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// A run of the source that lasted this long resets the retry backoff.
+const RUN_RESETS_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Maps a Kafka error onto our error kinds. Kafka codes are classified, never
 /// string-matched.
@@ -395,6 +398,7 @@ pub async fn run(
     async move {
         let mut attempt = 0u32;
         loop {
+            let started = std::time::Instant::now();
             let result = tokio::select! {
                 r = run_once(&config, source.as_mut(), &telemetry, &control) => r,
                 _ = &mut shutdown => { info!("shutting down"); return Ok(()); }
@@ -403,6 +407,12 @@ pub async fn run(
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
+            // A run that lasted was a recovery: the next failure starts the
+            // backoff over instead of waiting the maximum after a day of
+            // occasional, unrelated outages.
+            if started.elapsed() >= RUN_RESETS_BACKOFF {
+                attempt = 0;
+            }
             attempt += 1;
             control.set_ready(false);
             let table = err.table().map(|t| t.to_string());

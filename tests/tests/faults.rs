@@ -785,16 +785,40 @@ connect_timeout_ms = 3000
 /// `restore`) until nothing is paused: the outage was seen and it came back
 /// by itself.
 async fn paused_then_resumed<F: std::future::Future<Output = ()>>(sink: &Runner, what: &str, restore: F) {
-    let reason = wait_for(&format!("{what}: the sink reports paused"), Duration::from_secs(60), || async {
-        sink.paused_tables().await.and_then(|p| p.into_iter().find(|(_, r)| !r.is_empty()))
-    })
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reason = loop {
+        if let Some(r) = sink.paused_tables().await.and_then(|p| p.into_iter().find(|(_, r)| !r.is_empty())) {
+            break r;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: the sink never reported paused within 60s\n{}", diagnostics(sink).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     eprintln!("  {what}: paused ({}: {})", reason.0, reason.1.chars().take(160).collect::<String>());
     restore.await;
     wait_for(&format!("{what}: the sink resumes by itself"), RECOVERY, || async {
         sink.paused_tables().await.filter(|p| p.is_empty()).map(|_| ())
     })
     .await;
+}
+
+/// What the sink and its database sessions were doing, for a failure
+/// message.
+async fn diagnostics(sink: &Runner) -> String {
+    let status = sink.get("/status").await.unwrap_or_else(|| "<no status>".into());
+    let mut sessions = String::new();
+    if let Ok(c) = connect(&pg_source_url()).await {
+        let q = "SELECT datname, usename, state, coalesce(wait_event_type, ''), coalesce(wait_event, ''), \
+                 (now() - query_start)::text, left(query, 200) FROM pg_stat_activity WHERE usename LIKE 'faults%'";
+        if let Ok(rows) = c.query(q, &[]).await {
+            for r in rows {
+                let cols: Vec<String> = (0..7).map(|i| r.get::<_, Option<String>>(i).unwrap_or_default()).collect();
+                sessions.push_str(&format!("  {}\n", cols.join(" | ")));
+            }
+        }
+    }
+    format!("sink status: {status}\nsink sessions:\n{sessions}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -839,7 +863,7 @@ async fn faults_lose_and_duplicate_nothing() {
     admin_dst
         .batch_execute(&format!(
             "CREATE ROLE {role} LOGIN PASSWORD 'pw'; CREATE SCHEMA {name} AUTHORIZATION {role};
-             GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE ON tributary.offsets TO {role};"
+             GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.offsets TO {role};"
         ))
         .await
         .expect("sink role");
