@@ -273,8 +273,8 @@ struct Model {
     /// Ids of the notes the destination refuses.
     bad: HashSet<i64>,
     committed: u64,
-    /// Changes per key committed before the source runner first started:
-    /// the most the snapshot (read at or after that) can stand for.
+    /// Changes per key committed before the first snapshot chunk was in
+    /// Kafka: at least every change before the slot's consistent point.
     at_start: HashMap<(String, i64), usize>,
     in_doubt_committed: u64,
     in_doubt_rolled_back: u64,
@@ -911,14 +911,17 @@ async fn faults_lose_and_duplicate_nothing() {
     let mut p = Pipeline::new(&name, &role_url, &role);
     let reads = |seen: &Seen| seen.lock().unwrap().values().filter(|v| v.first().is_some_and(|(op, _)| *op == Op::Read)).count();
 
+    p.source.start();
+    // The slot (and its consistent point) exists once the first snapshot
+    // chunk is in Kafka: every change before it is at most what the
+    // snapshot stands for.
+    wait_for("the first snapshot chunk", RECOVERY, || async { (reads(&seen) > 0).then_some(()) }).await;
     {
         let mut m = model.lock().unwrap();
         m.at_start = m.changes.iter().map(|(k, v)| (k.clone(), v.len())).collect();
     }
-    p.source.start();
     if snapshot_kill {
-        // Kill the source during its snapshot, as soon as a chunk is committed.
-        wait_for("the first snapshot chunk", RECOVERY, || async { (reads(&seen) > 0).then_some(()) }).await;
+        // Kill the source during its snapshot, right after that chunk.
         p.source.kill9();
         eprintln!("[{:>5.1}s] fault: kill-source during the snapshot", started.elapsed().as_secs_f64());
         p.source.start();
