@@ -396,7 +396,7 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
         }
     };
 
-    let _source = Runner::start("source-runner", &source_config, &source_log);
+    let source = Runner::start("source-runner", &source_config, &source_log);
     let sink = Runner::start("sink-runner", &sink_config, &sink_log);
     let want = source_rows().await;
     wait_for("the snapshot in BigQuery", Duration::from_secs(180), || async {
@@ -492,15 +492,25 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
     assert!(message.contains("due"), "{message}");
     assert_eq!(header(&dead, sink_runner::dlq::HEADER_TABLE).as_deref(), Some(format!("{name}.items").as_str()));
 
-    let _ = Command::new(runner_binary("source-runner")).arg("--config").arg(&source_config).args(["delete", "--yes"]).status();
-    let out = Command::new(runner_binary("sink-runner"))
-        .arg("--config")
-        .arg(&sink_config)
-        .args(["delete", "--yes", "--drop-destination"])
-        .output()
-        .expect("sink-runner delete");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    drop(source);
+    // The killed sink runner stays a member of its consumer group until its
+    // session times out (6 s); `delete` refuses a group with members.
+    let sink_bin = runner_binary("sink-runner");
+    wait_for("sink-runner delete --drop-destination to succeed", Duration::from_secs(60), || async {
+        let out = Command::new(&sink_bin)
+            .arg("--config")
+            .arg(&sink_config)
+            .args(["delete", "--yes", "--drop-destination"])
+            .output()
+            .expect("sink-runner delete");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success() || err.contains("NonEmptyGroup"), "{err}");
+        out.status.success().then_some(())
+    })
+    .await;
     assert!(query(&format!("SELECT 1 FROM {table}")).await.is_err(), "the destination table was dropped");
+    // After the sink's delete: it finds the tables to drop by their topics.
+    let _ = Command::new(runner_binary("source-runner")).arg("--config").arg(&source_config).args(["delete", "--yes"]).status();
     pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).await.expect("drop schema");
     for d in [&dataset, &bookkeeping] {
         let _ = query(&format!("DROP SCHEMA IF EXISTS `{}.{d}` CASCADE", bigquery_project())).await;
