@@ -1209,6 +1209,38 @@ mod tests {
         assert_eq!(e.class(), "bigquery.invalid");
     }
 
+    fn http_error(code: i64, reason: &str) -> BQError {
+        use gcp_bigquery_client::error::{NestedResponseError, ResponseError};
+        let mut detail = HashMap::new();
+        detail.insert("reason".to_string(), reason.to_string());
+        BQError::ResponseError {
+            error: ResponseError {
+                error: NestedResponseError {
+                    code,
+                    errors: vec![detail],
+                    message: format!("{reason} happened"),
+                    status: String::new(),
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn http_statuses_map_to_kinds() {
+        let kind = |code, reason| classify(&http_error(code, reason), &Ctx::default()).kind();
+        assert_eq!(kind(429, "rateLimitExceeded"), ErrorKind::Retryable);
+        assert_eq!(kind(403, "rateLimitExceeded"), ErrorKind::Retryable);
+        assert_eq!(kind(403, "quotaExceeded"), ErrorKind::Retryable);
+        assert_eq!(kind(500, "backendError"), ErrorKind::Retryable);
+        assert_eq!(kind(503, "backendError"), ErrorKind::Retryable);
+        assert_eq!(kind(401, "authError"), ErrorKind::NeedsOperator);
+        assert_eq!(kind(403, "accessDenied"), ErrorKind::NeedsOperator);
+        assert_eq!(kind(400, "invalid"), ErrorKind::Permanent);
+        assert_eq!(kind(404, "notFound"), ErrorKind::Retryable);
+        let e = classify(&http_error(403, "accessDenied"), &Ctx::default());
+        assert!(e.hint().is_some_and(|h| h.contains("roles/bigquery")), "{e}");
+    }
+
     #[test]
     fn literals_and_identifiers_are_escaped() {
         assert_eq!(quote_string("it's\\"), "'it\\'s\\\\'");
