@@ -10,16 +10,17 @@
 //!    every statement is idempotent (`IF NOT EXISTS`, relaxing twice is a
 //!    no-op), so a crash after it and a replay are harmless.
 //! 2. The batch is reduced to the last event per key.
-//! 3. The survivors are streamed (`tabledata.insertAll`) into a staging table
-//!    of their own (one per table and attempt, in the bookkeeping dataset,
-//!    expiring after a day so that a crash leaves nothing for ever).
+//! 3. The survivors are streamed (`tabledata.insertAll`) into the staging
+//!    table of the destination table's column set (in the bookkeeping
+//!    dataset, reused across batches), tagged with the attempt's batch id.
 //! 4. One script: `BEGIN TRANSACTION`; a truncate's guarded `DELETE`; **one
 //!    `MERGE`** per destination table that inserts, updates and deletes,
 //!    guarded by the row's stored source position so that a replay never
 //!    moves a row backwards; a `MERGE` of the batch's Kafka offsets into the
 //!    offsets table; `COMMIT TRANSACTION`. Rows and offsets become visible
 //!    together or not at all.
-//! 5. The staging table is dropped.
+//! 5. The attempt's staged rows are deleted where BigQuery allows it (not
+//!    while they are in the streaming buffer: partition expiry takes them).
 //!
 //! # Errors
 //!
@@ -46,7 +47,7 @@ use gcp_bigquery_client::model::query_response::{QueryResponse, ResultSet};
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use gcp_bigquery_client::Client;
 use serde_json::{Map, Value as Json};
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, Instrument};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{ChangeEvent, Op, Position, TableId, TableSchema, Value};
 
@@ -66,6 +67,9 @@ pub const COMMIT_COLUMN: &str = "__tributary_commit";
 pub const INDEX_COLUMN: &str = "__tributary_index";
 /// Staging column telling a delete from an upsert.
 const DELETE_COLUMN: &str = "__tributary_delete";
+/// Staging column naming the attempt that staged a row: the MERGE reads
+/// only its own attempt's rows.
+const BATCH_COLUMN: &str = "__tributary_batch";
 /// Prefix of staging table names.
 const STAGING_PREFIX: &str = "stage_";
 /// How long a job may run before the sink stops waiting for it and retries
@@ -108,6 +112,8 @@ pub struct BigQuerySink {
     client: Option<Client>,
     bookkeeping_ready: bool,
     tables: HashMap<DestinationTable, TableState>,
+    /// Staging tables known to exist.
+    stages: HashSet<String>,
     merges: u64,
 }
 
@@ -147,6 +153,7 @@ impl BigQuerySink {
             client: None,
             bookkeeping_ready: false,
             tables: HashMap::new(),
+            stages: HashSet::new(),
             merges: 0,
         })
     }
@@ -247,6 +254,7 @@ impl BigQuerySink {
         self.client = None;
         self.bookkeeping_ready = false;
         self.tables.clear();
+        self.stages.clear();
     }
 
     /// Runs one query (or script) and waits for it; a body carrying
@@ -354,6 +362,7 @@ impl BigQuerySink {
     fn failed(&mut self, err: Error) -> Error {
         if err.kind() != ErrorKind::Permanent {
             self.tables.clear();
+            self.stages.clear();
             if err.kind() == ErrorKind::NeedsOperator {
                 self.reset();
             }
@@ -369,13 +378,21 @@ impl BigQuerySink {
         offsets: &[(String, i32, i64)],
         commit: bool,
     ) -> Result<(), ApplyError> {
+        let batch_id = uuid::Uuid::new_v4().simple().to_string();
         let mut staged: Vec<String> = Vec::new();
-        let result = self.attempt_inner(records, offsets, commit, &mut staged).await;
+        let result = self.attempt_inner(records, offsets, commit, &batch_id, &mut staged).await;
         for stage in staged {
-            let sql = format!("DROP TABLE IF EXISTS `{}.{}.{stage}`", self.config.project, self.config.bookkeeping_dataset);
+            let sql = format!(
+                "DELETE FROM {} WHERE {} = {}",
+                self.staging_table(&stage),
+                quote_ident(BATCH_COLUMN),
+                quote_string(&batch_id)
+            );
             if let Err(e) = self.query(&sql, &Ctx::table(&stage)).await {
-                // It expires by itself within a day.
-                warn!(staging = %stage, error = %e, "could not drop a staging table");
+                // BigQuery refuses DML on rows still in the streaming
+                // buffer; they are never read again (the MERGE filters on
+                // its own batch id) and go with the partition expiry.
+                debug!(staging = %stage, error = %e, "staged rows left in place");
             }
         }
         result
@@ -386,6 +403,7 @@ impl BigQuerySink {
         records: &[(KafkaPosition, SinkRecord)],
         offsets: &[(String, i32, i64)],
         commit: bool,
+        batch_id: &str,
         staged: &mut Vec<String>,
     ) -> Result<(), ApplyError> {
         let mut script: Vec<String> = Vec::new();
@@ -409,7 +427,7 @@ impl BigQuerySink {
                     }
                 }
                 Segment::Changes { start, records: run } => {
-                    self.prepare_segment(run, start, &mut script, staged).await?;
+                    self.prepare_segment(run, start, &mut script, batch_id, staged).await?;
                 }
             }
         }
@@ -468,12 +486,13 @@ impl BigQuerySink {
         records: &[(KafkaPosition, SinkRecord)],
         base: usize,
         script: &mut Vec<String>,
+        batch_id: &str,
         staged: &mut Vec<String>,
     ) -> Result<(), ApplyError> {
         let groups = group_by_destination(records, base, |t| self.config.destination(t));
         for (dest, events) in groups {
             let span = info_span!("bigquery_table", table = %dest, events = events.len());
-            self.prepare_table(&dest, &events, script, staged).instrument(span).await?;
+            self.prepare_table(&dest, &events, script, batch_id, staged).instrument(span).await?;
         }
         Ok(())
     }
@@ -483,6 +502,7 @@ impl BigQuerySink {
         dest: &DestinationTable,
         events: &[(usize, &ChangeEvent)],
         script: &mut Vec<String>,
+        batch_id: &str,
         staged: &mut Vec<String>,
     ) -> Result<(), ApplyError> {
         // 1. Create or evolve the table for every schema version.
@@ -535,24 +555,49 @@ impl BigQuerySink {
             .first()
             .map(|(_, ev)| ev.schema.key.clone())
             .unwrap_or_default();
-        let stage = format!("{STAGING_PREFIX}{}", uuid::Uuid::new_v4().simple());
-        self.create_staging(&stage, &columns).await?;
+        let stage = staging_name(dest, &columns);
+        if !self.stages.contains(&stage) {
+            self.create_staging(&stage, &columns).await?;
+            self.stages.insert(stage.clone());
+        }
         staged.push(stage.clone());
-        self.insert_staging(dest, &stage, &reduced).await?;
-        script.push(merge_sql(dest, &format!("`{}.{}.{stage}`", self.config.project, self.config.bookkeeping_dataset), &columns, &key));
+        self.insert_staging(dest, &stage, &reduced, batch_id).await?;
+        let source = format!(
+            "(SELECT * FROM {} WHERE {} = {})",
+            self.staging_table(&stage),
+            quote_ident(BATCH_COLUMN),
+            quote_string(batch_id)
+        );
+        script.push(merge_sql(dest, &source, &columns, &key));
         debug!(table = %dest, rows = reduced.rows.len(), "staged");
         Ok(())
     }
 
+    fn staging_table(&self, stage: &str) -> String {
+        format!("`{}.{}.{stage}`", self.config.project, self.config.bookkeeping_dataset)
+    }
+
+    /// Creates a long-lived staging table (if missing). Long-lived because
+    /// BigQuery may refuse or delay streaming into a table created moments
+    /// before; partitioned by ingestion day and expiring partitions after a
+    /// day, because staged rows still in the streaming buffer cannot be
+    /// deleted.
     async fn create_staging(&self, stage: &str, columns: &[DestColumn]) -> Result<()> {
         let mut defs: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
         defs.push(format!("{} BOOL", quote_ident(DELETE_COLUMN)));
         defs.push(format!("{} INT64", quote_ident(COMMIT_COLUMN)));
         defs.push(format!("{} INT64", quote_ident(INDEX_COLUMN)));
+        defs.push(format!("{} STRING", quote_ident(BATCH_COLUMN)));
+        let partitioning = if self.config.emulator_url.is_some() {
+            // bqemulator has no ingestion-time partitions; it can delete
+            // staged rows right away instead.
+            String::new()
+        } else {
+            " PARTITION BY _PARTITIONDATE OPTIONS (partition_expiration_days = 1)".to_string()
+        };
         let sql = format!(
-            "CREATE TABLE `{}.{}.{stage}` ({}) OPTIONS (expiration_timestamp = TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL 1 DAY))",
-            self.config.project,
-            self.config.bookkeeping_dataset,
+            "CREATE TABLE IF NOT EXISTS {} ({}){partitioning}",
+            self.staging_table(stage),
             defs.join(", ")
         );
         self.query(&sql, &Ctx::table(stage)).await.map(|_| ())
@@ -560,7 +605,13 @@ impl BigQuerySink {
 
     /// Streams the reduced rows into the staging table. A refused row is a
     /// permanent error of its record, with BigQuery's reason.
-    async fn insert_staging(&self, dest: &DestinationTable, stage: &str, reduced: &Reduced) -> Result<(), ApplyError> {
+    async fn insert_staging(
+        &self,
+        dest: &DestinationTable,
+        stage: &str,
+        reduced: &Reduced,
+        batch_id: &str,
+    ) -> Result<(), ApplyError> {
         let api = self.api()?;
         let ctx = Ctx::table(dest);
         for (chunk_no, chunk) in reduced.rows.chunks(self.config.insert_chunk_rows).enumerate() {
@@ -569,8 +620,10 @@ impl BigQuerySink {
             // (without it bqemulator fails the whole request with a 500).
             request.skip_invalid_rows();
             for row in chunk {
+                let mut json = row.json.clone();
+                json.insert(BATCH_COLUMN.into(), Json::String(batch_id.to_string()));
                 request
-                    .add_row(None, &row.json)
+                    .add_row(None, &json)
                     .map_err(|e| Error::permanent(format!("cannot serialise a staging row: {e}")))?;
             }
             let response = tokio::time::timeout(
@@ -1014,6 +1067,22 @@ fn merge_sql(dest: &DestinationTable, stage: &str, columns: &[DestColumn], key: 
         cols = all.join(", "),
         vals = values.join(", "),
     )
+}
+
+/// The staging table of a destination table and column set: one per
+/// shape, so that a schema change gets a fresh one and never an ALTER.
+fn staging_name(dest: &DestinationTable, columns: &[DestColumn]) -> String {
+    let mut h = DefaultHasher::new();
+    for c in columns {
+        c.name.hash(&mut h);
+        c.ty.to_string().hash(&mut h);
+    }
+    let base: String = format!("{}_{}", dest.dataset, dest.table)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(200)
+        .collect();
+    format!("{STAGING_PREFIX}{base}_{:016x}", h.finish())
 }
 
 /// `(commit, index) < (c, i)` on a table alias (`""` for none).
