@@ -6,9 +6,11 @@ pub mod error;
 pub mod sink;
 pub mod source;
 
+#[cfg(feature = "bigquery")]
+pub mod bigquery;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 
 pub use error::{policy, Decision, Error, ErrorKind, Result};
-pub use sink::{ApplyError, KafkaPosition, Sink, SinkBatch, SinkRecord};
+pub use sink::{ApplyError, CheckProblem, KafkaPosition, Sink, SinkBatch, SinkRecord};
 pub use source::{Checkpoint, SnapshotTableProgress, Source, SourceBatch, SourceMessage};

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use tributary_schemas::{ChangeEvent, TableId};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Where a record came from in Kafka.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,6 +37,15 @@ pub struct SinkBatch {
     /// (Kafka's convention: last applied offset + 1). Tombstones and records
     /// sent to a dead-letter topic are covered too.
     pub next_offsets: Vec<(String, i32, i64)>,
+}
+
+/// One problem found by a sink's setup check, with what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckProblem {
+    /// What is wrong.
+    pub problem: String,
+    /// How to fix it.
+    pub fix: String,
 }
 
 /// Why a batch was not applied.
@@ -82,4 +91,151 @@ pub trait Sink: Send {
 
     /// Applies a batch and its offsets in one durable step.
     async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError>;
+}
+
+/// Expands a destination table name template: `{schema}` and `{table}`
+/// stand for the source table's schema and name. One pass, so a
+/// placeholder-looking text inside a name is kept as it is.
+pub fn expand_table_template(template: &str, source: &TableId) -> String {
+    let mut table = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        table.push_str(&rest[..open]);
+        let after = &rest[open..];
+        if let Some(r) = after.strip_prefix("{table}") {
+            table.push_str(&source.table);
+            rest = r;
+        } else if let Some(r) = after.strip_prefix("{schema}") {
+            table.push_str(&source.schema);
+            rest = r;
+        } else {
+            table.push('{');
+            rest = &after[1..];
+        }
+    }
+    table.push_str(rest);
+    table
+}
+
+/// Checks a destination table name template (see [`expand_table_template`]):
+/// the rule it breaks, if any.
+pub fn check_table_template(template: &str) -> Result<(), &'static str> {
+    if !template.contains("{table}") {
+        return Err("must contain {table}, or every source table would land in the same destination table");
+    }
+    let stripped = template.replace("{table}", "").replace("{schema}", "");
+    if stripped.contains('{') || stripped.contains('}') {
+        return Err("may only use the placeholders {schema} and {table}");
+    }
+    Ok(())
+}
+
+/// A run of a batch's records, as sinks apply them: a table drop, or the
+/// change records between two drops.
+#[derive(Debug)]
+pub enum Segment<'a> {
+    /// The source table was dropped.
+    Dropped(&'a TableId),
+    /// Change records with no drop in between; `start` is the index of the
+    /// first one in the batch.
+    Changes {
+        /// Index of `records[0]` in the batch.
+        start: usize,
+        /// The records.
+        records: &'a [(KafkaPosition, SinkRecord)],
+    },
+}
+
+/// Splits records at table drops (a drop must happen between the changes
+/// before it and those after it).
+pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < records.len() {
+        match &records[i].1 {
+            SinkRecord::TableDropped(id) => {
+                out.push(Segment::Dropped(id));
+                i += 1;
+            }
+            SinkRecord::Change(_) => {
+                let end = records[i..]
+                    .iter()
+                    .position(|(_, r)| matches!(r, SinkRecord::TableDropped(_)))
+                    .map_or(records.len(), |p| i + p);
+                out.push(Segment::Changes { start: i, records: &records[i..end] });
+                i = end;
+            }
+        }
+    }
+    out
+}
+
+/// The change events of `records` grouped by destination table, in order
+/// of first appearance, each with its index in the batch (`base` + its
+/// index in `records`).
+pub fn group_by_destination<'a, D: PartialEq>(
+    records: &'a [(KafkaPosition, SinkRecord)],
+    base: usize,
+    destination: impl Fn(&TableId) -> D,
+) -> Vec<(D, Vec<(usize, &'a ChangeEvent)>)> {
+    let mut groups: Vec<(D, Vec<(usize, &'a ChangeEvent)>)> = Vec::new();
+    for (i, (_, record)) in records.iter().enumerate() {
+        if let SinkRecord::Change(ev) = record {
+            let dest = destination(&ev.schema.id);
+            match groups.iter_mut().find(|(d, _)| *d == dest) {
+                Some((_, v)) => v.push((base + i, ev)),
+                None => groups.push((dest, vec![(base + i, ev)])),
+            }
+        }
+    }
+    groups
+}
+
+/// Applies a prefix of a batch and undoes it, for [`locate_failed_record`].
+#[async_trait]
+pub trait PrefixProbe: Send {
+    /// Applies the first `n` records of the batch, then undoes them.
+    async fn probe(&mut self, n: usize) -> Result<(), ApplyError>;
+}
+
+/// Finds the first record of a batch of `len` records that fails with a
+/// permanent error, by bisecting on prefixes; `original` is the error the
+/// whole batch failed with. A record a probe names directly (a value that
+/// cannot be rendered, a schema change) ends the search at once.
+pub async fn locate_failed_record<P: PrefixProbe>(probe: &mut P, len: usize, original: Error) -> Result<(), ApplyError> {
+    let (mut lo, mut hi) = (0usize, len);
+    let mut error_at_hi = original;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match probe.probe(mid).await {
+            Ok(()) => lo = mid,
+            Err(f) if f.error.kind() == ErrorKind::Permanent => {
+                if let Some(i) = f.record {
+                    return Err(ApplyError { error: f.error, record: Some(i) });
+                }
+                hi = mid;
+                error_at_hi = f.error;
+            }
+            Err(f) => return Err(f),
+        }
+    }
+    if hi == len {
+        // Confirm with the whole batch: this also refreshes the error (its
+        // column) for the record found.
+        match probe.probe(len).await {
+            Ok(()) => {
+                tracing::warn!("a permanent error did not repeat when the batch was applied again");
+                return Err(ApplyError::from(
+                    Error::retryable("the batch failed once with a data error that did not repeat")
+                        .with_class("tributary.flaky"),
+                ));
+            }
+            Err(f) if f.error.kind() == ErrorKind::Permanent => error_at_hi = f.error,
+            Err(f) => return Err(f),
+        }
+    }
+    Err(ApplyError {
+        error: error_at_hi,
+        record: Some(hi - 1),
+    })
 }

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use tributary_connectors::postgres::sink::PostgresSink;
 use tributary_schemas::Registry;
 
 use crate::config::SinkRunnerConfig;
+use crate::destination::Destination;
 use crate::runner::{consumer_config, RunError};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -59,7 +59,7 @@ pub async fn check(config: &SinkRunnerConfig) -> Result<Vec<Finding>, RunError> 
     let mut findings = Vec::new();
     findings.extend(check_kafka(config).await?);
     findings.push(check_registry(config).await);
-    let mut sink = PostgresSink::new(config.postgres_config())?;
+    let mut sink = Destination::from_config(config)?;
     let problems = sink.check().await;
     if problems.is_empty() {
         findings.push(ok("destination", "reachable; the sink user can create tables and store offsets".into()));

@@ -8,13 +8,14 @@
 //! [kafka]
 //! bootstrap_servers = "127.0.0.1:9092"
 //!
-//! [postgres]
+//! [postgres]                           # or [bigquery]: exactly one destination
 //! url = "env:DESTINATION_URL"
 //! ```
 
 use std::time::Duration;
 
 use serde::Deserialize;
+use tributary_connectors::bigquery::BigQuerySinkConfig;
 use tributary_connectors::postgres::sink::PostgresSinkConfig;
 use tributary_operations::admin::AdminConfig;
 use tributary_operations::config::{ConfigError, Validate};
@@ -81,8 +82,12 @@ pub struct SinkRunnerConfig {
     /// Suffix of a topic's dead-letter topic.
     #[serde(default = "default_dlq_suffix")]
     pub dlq_topic_suffix: String,
-    /// The PostgreSQL destination.
-    pub postgres: PostgresSinkConfig,
+    /// The PostgreSQL destination (exactly one destination section).
+    #[serde(default)]
+    pub postgres: Option<PostgresSinkConfig>,
+    /// The BigQuery destination (exactly one destination section).
+    #[serde(default)]
+    pub bigquery: Option<BigQuerySinkConfig>,
     /// The admin server (status, metrics, pause/resume). Its default port,
     /// 8091, leaves 8090 to a source runner on the same machine.
     #[serde(default = "default_admin")]
@@ -164,15 +169,36 @@ impl Validate for SinkRunnerConfig {
         if self.dlq_topic_suffix.is_empty() {
             return Err(ConfigError::invalid("dlq_topic_suffix", "must not be empty"));
         }
-        if let Some(g) = &self.postgres.consumer_group {
+        let (section, group) = match (&self.postgres, &self.bigquery) {
+            (Some(pg), None) => {
+                pg.validate_at("postgres")?;
+                ("postgres", &pg.consumer_group)
+            }
+            (None, Some(bq)) => {
+                bq.validate_at("bigquery")?;
+                ("bigquery", &bq.consumer_group)
+            }
+            (None, None) => {
+                return Err(ConfigError::invalid(
+                    "postgres",
+                    "a destination section is required: [postgres] or [bigquery]",
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    "bigquery",
+                    "conflicts with [postgres]: a sink runner writes to exactly one destination",
+                ))
+            }
+        };
+        if let Some(g) = group {
             if *g != self.consumer_group {
                 return Err(ConfigError::invalid(
-                    "postgres.consumer_group",
+                    format!("{section}.consumer_group"),
                     "conflicts with consumer_group: leave it out (it is taken from consumer_group)",
                 ));
             }
         }
-        self.postgres.validate_at("postgres")?;
         Ok(())
     }
 }
@@ -205,11 +231,22 @@ impl SinkRunnerConfig {
         format!("{topic}{}", self.dlq_topic_suffix)
     }
 
-    /// The sink config with the consumer group filled in.
-    pub fn postgres_config(&self) -> PostgresSinkConfig {
-        let mut c = self.postgres.clone();
-        c.consumer_group = Some(self.consumer_group.clone());
-        c
+    /// The PostgreSQL sink config with the consumer group filled in, when
+    /// that is the destination.
+    pub fn postgres_config(&self) -> Option<PostgresSinkConfig> {
+        self.postgres.clone().map(|mut c| {
+            c.consumer_group = Some(self.consumer_group.clone());
+            c
+        })
+    }
+
+    /// The BigQuery sink config with the consumer group filled in, when
+    /// that is the destination.
+    pub fn bigquery_config(&self) -> Option<BigQuerySinkConfig> {
+        self.bigquery.clone().map(|mut c| {
+            c.consumer_group = Some(self.consumer_group.clone());
+            c
+        })
     }
 
     /// Linger as a duration.
@@ -241,7 +278,7 @@ url = "postgres://u@127.0.0.1/db"
         assert!(c.is_excluded("shop.public.orders.dlq"));
         assert!(c.is_excluded("shop.tributary.offsets"));
         assert!(!c.is_excluded("shop.public.orders"));
-        assert_eq!(c.postgres_config().consumer_group.as_deref(), Some("g"));
+        assert_eq!(c.postgres_config().and_then(|p| p.consumer_group).as_deref(), Some("g"));
     }
 
     #[test]
@@ -256,6 +293,22 @@ url = "postgres://u@127.0.0.1/db"
         let text = MINIMAL.replace("url = \"postgres:", "table = \"x\"\nurl = \"postgres:");
         let e = parse::<SinkRunnerConfig>(&text, "t").unwrap_err();
         assert!(e.to_string().contains("`postgres.table`"), "{e}");
+    }
+
+    #[test]
+    fn exactly_one_destination() {
+        let bq = "[bigquery]\nproject = \"p\"\nemulator_url = \"http://127.0.0.1:9050\"\n";
+        let both = format!("{MINIMAL}{bq}");
+        let e = parse::<SinkRunnerConfig>(&both, "t").unwrap_err();
+        assert!(e.to_string().contains("`bigquery`"), "{e}");
+        let only_bq = MINIMAL.replace("[postgres]\nurl = \"postgres://u@127.0.0.1/db\"\n", bq);
+        let c: SinkRunnerConfig = parse(&only_bq, "t").unwrap();
+        assert_eq!(c.bigquery_config().and_then(|b| b.consumer_group).as_deref(), Some("g"));
+        let none = MINIMAL.replace("[postgres]\nurl = \"postgres://u@127.0.0.1/db\"\n", "");
+        let e = parse::<SinkRunnerConfig>(&none, "t").unwrap_err();
+        assert!(e.to_string().contains("destination section is required"), "{e}");
+        let bad = only_bq.replace("project = \"p\"", "project = \"p\"\nbogus = 1");
+        assert!(parse::<SinkRunnerConfig>(&bad, "t").unwrap_err().to_string().contains("bogus"));
     }
 }
 

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
-use tributary_connectors::postgres::sink::PostgresSink;
 use tributary_connectors::{policy, Decision, Error, KafkaPosition, Sink, SinkBatch};
 use tributary_schemas::{EventDecoder, Registry};
 
@@ -56,7 +55,7 @@ pub struct ReplayReport {
 
 /// Replays `dlq_topic` into the configured destination.
 pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -> Result<ReplayReport, RunError> {
-    let mut sink = PostgresSink::new(config.postgres_config())?;
+    let mut sink = crate::destination::Destination::from_config(config)?;
     let registry =
         Registry::new(config.schema_registry_url.clone()).map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
     let mut decoder = EventDecoder::new(registry);

@@ -37,12 +37,12 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use futures::FutureExt;
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, error, info, info_span, warn, Instrument};
-use tributary_connectors::postgres::sink::PostgresSink;
 use tributary_connectors::{
     policy, ApplyError, Decision, Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord,
 };
 use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
 
+use crate::destination::Destination;
 use crate::config::{SinkRunnerConfig, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS};
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
@@ -71,16 +71,15 @@ pub enum RunError {
 /// Names the status entry of a source table (its destination table).
 pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
 
-/// Runs a PostgreSQL sink runner until `stop` turns true.
+/// Runs a sink runner for the configured destination until `stop` turns true.
 pub async fn run(
     config: SinkRunnerConfig,
     telemetry: Telemetry,
     control: Control,
     stop: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let sink = PostgresSink::new(config.postgres_config())?;
-    let pg = config.postgres_config();
-    let labeler: Labeler = Arc::new(move |t: &TableId| pg.destination(t).to_string());
+    let sink = Destination::from_config(&config)?;
+    let labeler = sink.labeler();
     run_with_sink(config, sink, labeler, telemetry, control, stop).await
 }
 
@@ -913,7 +912,7 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
             }
         }
     }
-    let mut sink = PostgresSink::new(config.postgres_config())?;
+    let mut sink = Destination::from_config(config)?;
     done.extend(
         sink.delete_copy(&tables)
             .await

@@ -3,6 +3,8 @@
 //! deadline (never a fixed sleep).
 #![deny(missing_docs)]
 
+pub mod items;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -30,6 +32,16 @@ pub fn pg_source_url() -> String {
 /// The destination database of the local stack.
 pub fn pg_destination_url() -> String {
     env_or("PG_DESTINATION_URL", "postgres://tributary:tributary@127.0.0.1:5432/destination")
+}
+
+/// The BigQuery emulator of the local stack (`scripts/stack start bigquery`).
+pub fn bigquery_emulator_url() -> String {
+    env_or("BIGQUERY_EMULATOR_URL", "http://127.0.0.1:9050")
+}
+
+/// The emulator's project.
+pub fn bigquery_project() -> String {
+    env_or("BIGQUERY_PROJECT", "tributary-local")
 }
 
 /// A name no earlier run used, for topics, slots and schemas.
@@ -79,6 +91,57 @@ pub fn runner_binary(package: &str) -> PathBuf {
     let bin = dir.join(package);
     assert!(bin.exists(), "{} missing after the build", bin.display());
     bin
+}
+
+/// A runner binary of the workspace running as a child process, its
+/// stderr appended to a log file; killed (SIGKILL) when dropped.
+pub struct Runner {
+    child: std::process::Child,
+}
+
+impl Runner {
+    /// Starts `target/<profile>/<package> --config <config>` with
+    /// `RUST_LOG=info`.
+    pub fn start(package: &str, config: &std::path::Path, log: &std::path::Path) -> Self {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open runner log");
+        let child = Command::new(runner_binary(package))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn runner");
+        Self { child }
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A header of a Kafka record as text (dead-letter headers).
+pub fn header(m: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
+    use rdkafka::message::{Header, Headers, Message};
+    m.headers().and_then(|h| {
+        h.iter()
+            .find(|x: &Header<'_, &[u8]>| x.key == name)
+            .and_then(|x| x.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
 }
 
 /// Polls `check` until it returns `Some`, failing the test with `what` after

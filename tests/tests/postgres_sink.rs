@@ -24,7 +24,7 @@ use tokio_postgres::{Client, NoTls};
 use tributary_connectors::postgres::sink::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::{ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord};
 use tributary_schemas::{
-    ChangeEvent, Column, DataType, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value,
+    ChangeEvent, DataType, Op, TableId, TableSchema, Value,
 };
 
 const DEFAULT_URL: &str = "postgres://tributary:tributary@127.0.0.1:5432/destination";
@@ -141,87 +141,7 @@ impl Fixture {
     }
 }
 
-fn column(name: &str, data_type: DataType, nullable: bool, source_type: &str) -> Column {
-    Column {
-        name: name.into(),
-        data_type,
-        nullable,
-        source_type: source_type.into(),
-    }
-}
-
-/// `items(id int4 key, name varchar(40), qty int4, price numeric(10,2))`.
-fn items() -> Arc<TableSchema> {
-    Arc::new(TableSchema {
-        id: TableId::new("public", "items"),
-        columns: vec![
-            column("id", DataType::Int32, false, "integer"),
-            column("name", DataType::Text, true, "character varying(40)"),
-            column("qty", DataType::Int32, true, "integer"),
-            column("price", DataType::Decimal { precision: 10, scale: 2 }, true, "numeric(10,2)"),
-        ],
-        key: vec!["id".into()],
-    })
-}
-
-fn row(id: i32, name: &str, qty: i32, price: &str) -> Vec<Value> {
-    vec![
-        Value::Int32(id),
-        Value::Text(name.into()),
-        Value::Int32(qty),
-        Value::Decimal(price.into()),
-    ]
-}
-
-fn key_row(id: i32) -> Vec<Value> {
-    vec![Value::Int32(id), Value::Null, Value::Null, Value::Null]
-}
-
-fn event(schema: &Arc<TableSchema>, op: Op, before: Option<Vec<Value>>, after: Option<Vec<Value>>, commit: u64, index: u64) -> ChangeEvent {
-    ChangeEvent {
-        schema: schema.clone(),
-        op,
-        before,
-        after,
-        source: SourceInfo {
-            connector: "postgresql".into(),
-            name: "test".into(),
-            db: "source".into(),
-            ts_ms: 1_700_000_000_000 + commit as i64,
-            snapshot: if op == Op::Read { SnapshotMarker::True } else { SnapshotMarker::False },
-            tx_id: None,
-            position: Position { commit, index },
-            native_position: String::new(),
-        },
-        ts_ms: 0,
-        transaction: None,
-    }
-}
-
-/// Records on partition 0 of `topic` from `first_offset`, with the offsets
-/// they cover.
-fn batch(topic: &str, first_offset: i64, events: Vec<ChangeEvent>) -> SinkBatch {
-    let n = events.len() as i64;
-    let table = events.first().map(|e| e.schema.id.clone()).unwrap_or_else(|| TableId::new("public", "items"));
-    SinkBatch {
-        table,
-        records: events
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| {
-                (
-                    KafkaPosition {
-                        topic: topic.into(),
-                        partition: 0,
-                        offset: first_offset + i as i64,
-                    },
-                    SinkRecord::Change(e),
-                )
-            })
-            .collect(),
-        next_offsets: vec![(topic.into(), 0, first_offset + n)],
-    }
-}
+use tributary_tests::items::{assert_after_mixed_changes, mixed_changes, truncate_changes, batch, column, event, items, key_row, row};
 
 #[tokio::test]
 async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
@@ -235,37 +155,11 @@ async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
     assert_eq!(fx.rows().await.len(), 100);
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&100));
 
-    let changes = vec![
-        event(&s, Op::Update, Some(row(1, "item 1", 1, "1.50")), Some(row(1, "renamed", 7, "2.25")), 11, 0),
-        event(&s, Op::Delete, Some(key_row(2)), None, 11, 1),
-        event(&s, Op::Create, None, Some(row(101, "new", 1, "9.99")), 12, 0),
-        event(&s, Op::Update, None, Some(row(101, "newer", 2, "9.99")), 12, 1),
-        // Delete then insert of the same key in one batch: the insert wins.
-        event(&s, Op::Delete, Some(key_row(3)), None, 13, 0),
-        event(&s, Op::Create, None, Some(row(3, "again", 3, "3.00")), 14, 0),
-        // Insert then delete: gone.
-        event(&s, Op::Create, None, Some(row(102, "brief", 1, "1.00")), 15, 0),
-        event(&s, Op::Delete, Some(key_row(102)), None, 15, 1),
-        // A key change: the old key disappears.
-        event(&s, Op::Update, Some(row(4, "item 4", 4, "1.50")), Some(row(104, "moved", 4, "1.50")), 16, 0),
-    ];
+    let changes = mixed_changes(&s);
     sink.apply(&batch("t", 100, changes)).await.expect("changes");
-    let rows = fx.rows().await;
-    assert_eq!(rows.len(), 100, "100 - 2 (deleted) - 4 (moved away) + 101 + 104");
-    assert!(rows.contains(&"1|renamed|7|2.25".to_string()));
-    assert!(rows.contains(&"101|newer|2|9.99".to_string()));
-    assert!(rows.contains(&"3|again|3|3.00".to_string()));
-    assert!(rows.contains(&"104|moved|4|1.50".to_string()));
-    assert!(!rows.iter().any(|r| r.starts_with("2|") || r.starts_with("4|") || r.starts_with("102|")));
+    assert_after_mixed_changes(&fx.rows().await);
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&109));
-
-    // Truncate, then one insert after it in the same batch; an event older
-    // than the truncate in the same batch does not come back.
-    let t = vec![
-        event(&s, Op::Truncate, None, None, 20, 0),
-        event(&s, Op::Create, None, Some(row(500, "after", 1, "1.00")), 21, 0),
-        event(&s, Op::Create, None, Some(row(501, "stale", 1, "1.00")), 19, 0),
-    ];
+    let t = truncate_changes(&s);
     sink.apply(&batch("t", 109, t)).await.expect("truncate");
     assert_eq!(fx.rows().await, vec!["500|after|1|1.00".to_string()]);
     fx.cleanup().await;
@@ -829,7 +723,8 @@ mod e2e {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+    use rdkafka::message::{Message, OwnedHeaders};
+    use tributary_tests::header;
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
     use rdkafka::ClientConfig;
     use sink_runner::config::SinkRunnerConfig;
@@ -1014,14 +909,6 @@ mod e2e {
         }
     }
 
-    fn header(m: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
-        m.headers().and_then(|h| {
-            h.iter()
-                .find(|x: &Header<'_, &[u8]>| x.key == name)
-                .and_then(|x| x.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        })
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn runner_copies_dead_letters_and_replays() {
@@ -1173,7 +1060,9 @@ mod e2e {
         let s = items();
         p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]).await;
         let mut config = p.config();
-        config.postgres.lock_timeout_ms = 500;
+        if let Some(pg) = config.postgres.as_mut() {
+            pg.lock_timeout_ms = 500;
+        }
         let status = Telemetry::new("test", "sink");
         let (stop_tx, stop_rx) = watch::channel(false);
         let runner = tokio::spawn(sink_runner::run(config, status.clone(), Control::new(), stop_rx));

@@ -60,7 +60,10 @@ use tributary_schemas::{ChangeEvent, Column, DataType, Op, Position, TableId, Ta
 
 use super::config::{validate_tls, TlsMode};
 use crate::error::{Error, ErrorKind, Result};
-use crate::sink::{ApplyError, KafkaPosition, Sink, SinkBatch, SinkRecord};
+use crate::sink::{
+    check_table_template, expand_table_template, group_by_destination, locate_failed_record, segments, ApplyError,
+    KafkaPosition, PrefixProbe, Segment, Sink, SinkBatch, SinkRecord,
+};
 
 /// Default destination table name: the source table's own name, so that a
 /// migration from one PostgreSQL to another keeps every name.
@@ -197,19 +200,7 @@ impl PostgresSinkConfig {
                 ));
             }
         }
-        if !self.table.contains("{table}") {
-            return Err(ConfigError::invalid(
-                format!("{prefix}.table"),
-                "must contain {table}, or every source table would land in the same destination table",
-            ));
-        }
-        let stripped = self.table.replace("{table}", "").replace("{schema}", "");
-        if stripped.contains('{') || stripped.contains('}') {
-            return Err(ConfigError::invalid(
-                format!("{prefix}.table"),
-                "may only use the placeholders {schema} and {table}",
-            ));
-        }
+        check_table_template(&self.table).map_err(|rule| ConfigError::invalid(format!("{prefix}.table"), rule))?;
         if let Some(group) = &self.consumer_group {
             if group.trim().is_empty() {
                 return Err(ConfigError::invalid(
@@ -230,24 +221,7 @@ impl PostgresSinkConfig {
     /// The destination table of a source table.
     pub fn destination(&self, source: &TableId) -> DestinationTable {
         let schema = self.schema.clone().unwrap_or_else(|| source.schema.clone());
-        // One pass, so a placeholder-looking text in a name is kept as is.
-        let mut table = String::new();
-        let mut rest = self.table.as_str();
-        while let Some(open) = rest.find('{') {
-            table.push_str(&rest[..open]);
-            let after = &rest[open..];
-            if let Some(r) = after.strip_prefix("{table}") {
-                table.push_str(&source.table);
-                rest = r;
-            } else if let Some(r) = after.strip_prefix("{schema}") {
-                table.push_str(&source.schema);
-                rest = r;
-            } else {
-                table.push('{');
-                rest = &after[1..];
-            }
-        }
-        table.push_str(rest);
+        let table = expand_table_template(&self.table, source);
         DestinationTable { schema, table }
     }
 }
@@ -280,14 +254,7 @@ impl fmt::Display for DestinationTable {
     }
 }
 
-/// One problem found by [`PostgresSink::check`], with what to do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckProblem {
-    /// What is wrong.
-    pub problem: String,
-    /// How to fix it.
-    pub fix: String,
-}
+pub use crate::sink::CheckProblem;
 
 /// What the sink knows about one destination table (from the catalog).
 #[derive(Debug, Clone, Default)]
@@ -794,43 +761,7 @@ impl PostgresSink {
         self.client()?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
         self.reconcile_all(records).await?;
         self.client()?.batch_execute("RELEASE SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
-        let (mut lo, mut hi) = (0usize, records.len());
-        let mut error_at_hi = original;
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            match self.probe(&records[..mid]).await {
-                Ok(()) => lo = mid,
-                Err(f) if f.error.kind() == ErrorKind::Permanent => {
-                    if let Some(i) = f.record {
-                        // A record named directly (a value that cannot be
-                        // rendered, a schema change) needs no more search.
-                        return Err(ApplyError { error: f.error, record: Some(i) });
-                    }
-                    hi = mid;
-                    error_at_hi = f.error;
-                }
-                Err(f) => return Err(f),
-            }
-        }
-        if hi == records.len() {
-            // Confirm with the whole batch: this also refreshes the error
-            // (its column) for the record found.
-            match self.probe(records).await {
-                Ok(()) => {
-                    warn!("a permanent error did not repeat when the batch was applied again");
-                    return Err(ApplyError::from(
-                        Error::retryable("the batch failed once with a data error that did not repeat")
-                            .with_class("tributary.flaky"),
-                    ));
-                }
-                Err(f) if f.error.kind() == ErrorKind::Permanent => error_at_hi = f.error,
-                Err(f) => return Err(f),
-            }
-        }
-        Err(ApplyError {
-            error: error_at_hi,
-            record: Some(hi - 1),
-        })
+        locate_failed_record(&mut Prefixes { sink: self, records }, records.len(), original).await
     }
 
     async fn probe(&mut self, records: &[(KafkaPosition, SinkRecord)]) -> Result<(), ApplyError> {
@@ -880,26 +811,17 @@ impl PostgresSink {
         base: usize,
         probe: bool,
     ) -> Result<(), ApplyError> {
-        let mut i = 0;
-        while i < records.len() {
-            match &records[i].1 {
-                SinkRecord::TableDropped(id) => {
+        for segment in segments(records) {
+            match segment {
+                Segment::Dropped(id) => {
                     let dest = self.destination(id);
                     if self.config.drop_tables {
                         self.drop_table(&dest).await?;
                     } else {
                         debug!(table = %dest, "source table dropped; kept (drop_tables = false)");
                     }
-                    i += 1;
                 }
-                SinkRecord::Change(_) => {
-                    let end = records[i..]
-                        .iter()
-                        .position(|(_, r)| matches!(r, SinkRecord::TableDropped(_)))
-                        .map_or(records.len(), |p| i + p);
-                    self.apply_segment(&records[i..end], base + i, probe).await?;
-                    i = end;
-                }
+                Segment::Changes { start, records: run } => self.apply_segment(run, base + start, probe).await?,
             }
         }
         Ok(())
@@ -925,17 +847,7 @@ impl PostgresSink {
         base: usize,
         probe: bool,
     ) -> Result<(), ApplyError> {
-        // Group by destination table, in order of first appearance.
-        let mut groups: Vec<(DestinationTable, Vec<(usize, &ChangeEvent)>)> = Vec::new();
-        for (i, (_, record)) in records.iter().enumerate() {
-            if let SinkRecord::Change(ev) = record {
-                let dest = self.destination(&ev.schema.id);
-                match groups.iter_mut().find(|(d, _)| *d == dest) {
-                    Some((_, v)) => v.push((base + i, ev)),
-                    None => groups.push((dest, vec![(base + i, ev)])),
-                }
-            }
-        }
+        let groups = group_by_destination(records, base, |t| self.config.destination(t));
         for (dest, events) in groups {
             self.apply_table(&dest, &events, probe).await?;
         }
@@ -1322,6 +1234,19 @@ impl Sink for PostgresSink {
     async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
         let span = info_span!("postgres_apply", table = %batch.table, records = batch.records.len());
         self.apply_inner(batch, true).instrument(span).await
+    }
+}
+
+/// Prefixes of a batch, each applied under a savepoint and rolled back.
+struct Prefixes<'a> {
+    sink: &'a mut PostgresSink,
+    records: &'a [(KafkaPosition, SinkRecord)],
+}
+
+#[async_trait]
+impl PrefixProbe for Prefixes<'_> {
+    async fn probe(&mut self, n: usize) -> Result<(), ApplyError> {
+        self.sink.probe(&self.records[..n]).await
     }
 }
 
