@@ -53,6 +53,9 @@ pub struct SourceRunnerConfig {
     /// A PostgreSQL source.
     #[serde(default)]
     pub postgres: Option<tributary_connectors::postgres::config::PostgresSourceConfig>,
+    /// A MySQL / MariaDB source.
+    #[serde(default)]
+    pub mysql: Option<tributary_connectors::mysql::config::MySqlSourceConfig>,
 }
 
 fn default_topic_template() -> String {
@@ -79,7 +82,11 @@ impl SourceRunnerConfig {
 
     /// The source connector kind, as Debezium names it (`source.connector`).
     pub fn connector(&self) -> &'static str {
-        "postgresql"
+        if self.mysql.is_some() {
+            "mysql"
+        } else {
+            "postgresql"
+        }
     }
 
     /// The offsets topic holding this runner's checkpoints.
@@ -125,12 +132,19 @@ impl Validate for SourceRunnerConfig {
         }
         self.kafka.validate("kafka")?;
         self.admin.validate()?;
-        match &self.postgres {
-            Some(pg) => pg.validate_as("postgres")?,
-            None => {
+        match (&self.postgres, &self.mysql) {
+            (Some(pg), None) => pg.validate_as("postgres")?,
+            (None, Some(my)) => my.validate_as("mysql")?,
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    "mysql",
+                    "a runner reads one source: keep either [postgres] or [mysql], run a second runner for the other",
+                ))
+            }
+            (None, None) => {
                 return Err(ConfigError::invalid(
                     "postgres",
-                    "a source section is required: [postgres] (MySQL, SQL Server and Oracle come later)",
+                    "a source section is required: [postgres] or [mysql] (SQL Server and Oracle come later)",
                 ))
             }
         }
