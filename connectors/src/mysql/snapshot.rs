@@ -249,9 +249,7 @@ impl SnapshotRun {
     ) -> Result<Option<Chunk>> {
         loop {
             let Some(index) = self.plan.tables.iter().position(|t| !t.done) else {
-                if let Err(e) = self.tx.query_drop("COMMIT").await {
-                    tracing::debug!(error = %e, "ending the snapshot transaction");
-                }
+                // The transaction ended with the last chunk.
                 return Ok(None);
             };
             let id = self.plan.tables[index].id();
@@ -349,11 +347,20 @@ impl SnapshotRun {
             plan.last_key = last_key;
         }
         plan.done = !more;
-        tracing::debug!(rows = take, done = plan.done, "snapshot chunk read");
+        let table_done = plan.done;
+        tracing::debug!(rows = take, done = table_done, "snapshot chunk read");
+        if self.plan.tables.iter().all(|t| t.done) {
+            // End the transaction with the last chunk: it holds metadata
+            // locks on every table it read, and DDL on them waits until then.
+            self.tx
+                .query_drop("COMMIT")
+                .await
+                .map_err(|e| classify_my(e, "ending the snapshot transaction"))?;
+        }
         Ok(Chunk {
             table: id.clone(),
             messages,
-            table_done: plan.done,
+            table_done,
         })
     }
 }
