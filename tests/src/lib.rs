@@ -4,7 +4,8 @@
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// An endpoint from `scripts/stack env`, or the stack's default.
@@ -100,5 +101,44 @@ where
         }
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A `source-runner` process on a config file, its log appended to `log`;
+/// killed when dropped.
+pub struct SourceRunnerProcess {
+    child: Child,
+}
+
+impl SourceRunnerProcess {
+    /// Starts the runner.
+    pub fn start(config: &Path, log: &Path) -> Self {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open runner log");
+        let child = Command::new(runner_binary("source-runner"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn source-runner");
+        Self { child }
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("kill -9 source-runner");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SourceRunnerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -8,8 +8,7 @@
 //! `every_change_reaches_kafka_exactly_once_across_kill_9` at the end.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use tributary_connectors::{Checkpoint, Source, SourceBatch, SourceMessage};
 use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, Value};
-use tributary_tests::{kafka_bootstrap, mysql_url, runner_binary, schema_registry_url, unique, wait_for};
+use tributary_tests::{SourceRunnerProcess, kafka_bootstrap, mysql_url, runner_binary, schema_registry_url, unique, wait_for};
 
 /// How long any wait on a condition may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -458,42 +457,6 @@ async fn check_reports_missing_grants_with_the_statement_that_fixes_them() {
 
 // ---------------------------------------------------------------- Kafka
 
-struct Runner {
-    child: Child,
-}
-
-impl Runner {
-    fn start(config: &Path, log: &Path) -> Self {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("open runner log");
-        let child = Command::new(runner_binary("source-runner"))
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn source-runner");
-        Self { child }
-    }
-
-    /// SIGKILL: no shutdown code runs.
-    fn kill9(mut self) {
-        self.child.kill().expect("kill -9 source-runner");
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[derive(Debug, Clone)]
 struct Seen {
     op: Op,
@@ -596,13 +559,13 @@ heartbeat_interval_ms = 1000
     let seen = collect(topic.clone());
     let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
-    let runner = Runner::start(&config, &log);
+    let runner = SourceRunnerProcess::start(&config, &log);
     wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
         (count(Op::Read) > 0).then_some(())
     })
     .await;
     runner.kill9();
-    let mut runner = Runner::start(&config, &log);
+    let mut runner = SourceRunnerProcess::start(&config, &log);
     wait_for("the whole snapshot", Duration::from_secs(180), || async {
         (count(Op::Read) >= SNAPSHOT_ROWS as usize).then_some(())
     })
@@ -644,7 +607,7 @@ heartbeat_interval_ms = 1000
         fx.sql("COMMIT").await;
         if kills.contains(&step) {
             runner.kill9();
-            runner = Runner::start(&config, &log);
+            runner = SourceRunnerProcess::start(&config, &log);
         }
     }
 

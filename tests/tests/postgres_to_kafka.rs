@@ -14,8 +14,7 @@
 //! itself, or its deletes could not be encoded.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{Op, Value};
 use tributary_tests::{
+    SourceRunnerProcess,
     kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for,
 };
 
@@ -33,42 +33,6 @@ use tributary_tests::{
 const SNAPSHOT_ROWS: i64 = 20_000;
 /// Rows per snapshot chunk (one Kafka transaction each).
 const CHUNK_ROWS: u64 = 500;
-
-struct Runner {
-    child: Child,
-}
-
-impl Runner {
-    fn start(config: &Path, log: &Path) -> Self {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("open runner log");
-        let child = Command::new(runner_binary("source-runner"))
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn source-runner");
-        Self { child }
-    }
-
-    /// SIGKILL: no shutdown code runs.
-    fn kill9(mut self) {
-        self.child.kill().expect("kill -9 source-runner");
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Seen {
@@ -195,13 +159,13 @@ heartbeat_interval_ms = 1000
     let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
     // Kill during the snapshot, as soon as its first chunk is committed.
-    let runner = Runner::start(&config, &log);
+    let runner = SourceRunnerProcess::start(&config, &log);
     wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
         (count(Op::Read) > 0).then_some(())
     })
     .await;
     runner.kill9();
-    let mut runner = Runner::start(&config, &log);
+    let mut runner = SourceRunnerProcess::start(&config, &log);
     wait_for("the whole snapshot", Duration::from_secs(180), || async {
         (count(Op::Read) >= SNAPSHOT_ROWS as usize).then_some(())
     })
@@ -243,7 +207,7 @@ heartbeat_interval_ms = 1000
         pg.batch_execute(&sql).await.expect("workload transaction");
         if kills.contains(&step) {
             runner.kill9();
-            runner = Runner::start(&config, &log);
+            runner = SourceRunnerProcess::start(&config, &log);
         }
     }
 
