@@ -357,7 +357,7 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     // A restart from the checkpoint before all of it replays the same
     // events with the same schemas: the history is in the checkpoint.
     let mut again = MySqlSource::new(fx.config(), "t").expect("config");
-    again.start(Some(checkpoint)).await.expect("resume");
+    again.start(Some(checkpoint.clone())).await.expect("resume");
     let mut replay = Mirror::default();
     sync(&mut again, &mut replay, "the replayed DDL sequence", expect).await;
     check(&replay);
@@ -365,6 +365,18 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
         m.events.iter().filter(|e| e.op != Op::Read).map(|e| (e.source.position, e.op)).collect()
     };
     assert_eq!(streamed(&mirror), streamed(&replay));
+
+    // The same by GTID (MariaDB's @slave_connect_state instead of file/offset).
+    let state = SourceState::from_checkpoint(&checkpoint).expect("state");
+    assert!(state.gtid.is_some(), "the snapshot checkpoint has a GTID position");
+    let mut config = fx.config();
+    config.resume_by = tributary_connectors::mysql::config::ResumeBy::Gtid;
+    let mut by_gtid = MySqlSource::new(config, "t").expect("config");
+    by_gtid.start(Some(checkpoint)).await.expect("resume by GTID");
+    let mut replay_gtid = Mirror::default();
+    sync(&mut by_gtid, &mut replay_gtid, "the DDL sequence replayed by GTID", expect).await;
+    check(&replay_gtid);
+    assert_eq!(streamed(&mirror), streamed(&replay_gtid));
     fx.drop().await;
 }
 

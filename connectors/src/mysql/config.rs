@@ -58,6 +58,19 @@ pub enum NewTables {
     Ignore,
 }
 
+/// How streaming finds its place in the binlog after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeBy {
+    /// The checkpoint's binlog file and offset (both servers).
+    #[default]
+    Position,
+    /// The checkpoint's GTID position (MariaDB, `@slave_connect_state`):
+    /// survives a failover to a replica whose files are named differently.
+    /// Falls back to the file position while no GTID is known.
+    Gtid,
+}
+
 /// The `[mysql]` section of a source runner.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,6 +118,9 @@ pub struct MySqlSourceConfig {
     /// Connect timeout, milliseconds.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
+    /// `position` or `gtid` (MariaDB).
+    #[serde(default)]
+    pub resume_by: ResumeBy,
 }
 
 impl std::fmt::Debug for MySqlSourceConfig {
@@ -123,6 +139,7 @@ impl std::fmt::Debug for MySqlSourceConfig {
             .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
             .field("max_batch_events", &self.max_batch_events)
             .field("batch_linger_ms", &self.batch_linger_ms)
+            .field("resume_by", &self.resume_by)
             .finish_non_exhaustive()
     }
 }
@@ -164,6 +181,7 @@ impl MySqlSourceConfig {
             max_batch_events: DEFAULT_MAX_BATCH_EVENTS,
             batch_linger_ms: DEFAULT_BATCH_LINGER_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            resume_by: ResumeBy::default(),
         }
     }
 

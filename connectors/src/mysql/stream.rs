@@ -25,7 +25,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
 
-use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, TableFilter};
+use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, TableFilter};
+use super::types::quote_literal;
 use super::gtid::{self, MariaGtidEvent, MariaGtidPos, MySqlGtidSet};
 use super::history::DdlEffect;
 use super::{classify_my, connect, BinlogPosition, BuiltSchema, EventContext, ServerKind, SourceState};
@@ -101,14 +102,34 @@ impl Streamer {
                 .map_err(|e| classify_my(e, "announcing MariaDB GTID capability"))?;
         }
         let file = state.binlog.file.clone();
-        let request = BinlogStreamRequest::new(config.server_id)
-            .with_filename(file.as_bytes())
-            .with_pos(state.binlog.pos.max(4));
+        let by_gtid = match (config.resume_by, state.server, &state.gtid) {
+            (ResumeBy::Gtid, ServerKind::MariaDb, Some(g)) => Some(g.clone()),
+            _ => None,
+        };
+        let request = match &by_gtid {
+            Some(g) => {
+                // MariaDB rejects COM_BINLOG_DUMP_GTID; it takes the GTID
+                // position from this variable and ignores the dump's file
+                // and offset. The first (artificial) ROTATE names the file.
+                conn.query_drop(format!("SET @slave_connect_state = {}", quote_literal(g)))
+                    .await
+                    .map_err(|e| classify_my(e, "setting the GTID position to resume from"))?;
+                BinlogStreamRequest::new(config.server_id).with_pos(4)
+            }
+            None => BinlogStreamRequest::new(config.server_id)
+                .with_filename(file.as_bytes())
+                .with_pos(state.binlog.pos.max(4)),
+        };
         let stream = conn
             .get_binlog_stream(request)
             .await
             .map_err(|e| classify_my(e, "requesting the binlog"))?;
-        tracing::info!(position = %state.binlog, gtid = state.gtid.as_deref().unwrap_or(""), "streaming started");
+        tracing::info!(
+            position = %state.binlog,
+            gtid = state.gtid.as_deref().unwrap_or(""),
+            by_gtid = by_gtid.is_some(),
+            "streaming started"
+        );
         let (maria_gtid, mysql_gtid) = match (state.server, &state.gtid) {
             (ServerKind::MariaDb, Some(g)) => (MariaGtidPos::parse(g).unwrap_or_default(), None),
             (ServerKind::MySql, Some(g)) => (MariaGtidPos::default(), MySqlGtidSet::parse(g)),
