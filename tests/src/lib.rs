@@ -104,39 +104,48 @@ where
     }
 }
 
-/// A `source-runner` process on a config file, its log appended to `log`;
-/// killed when dropped.
-pub struct SourceRunnerProcess {
+/// A runner process (`source-runner` or `sink-runner`) on a config file,
+/// its log appended to `log`; killed when dropped.
+pub struct RunnerProcess {
     child: Child,
 }
 
-impl SourceRunnerProcess {
-    /// Starts the runner.
-    pub fn start(config: &Path, log: &Path) -> Self {
+impl RunnerProcess {
+    /// Starts a `source-runner`.
+    pub fn source(config: &Path, log: &Path) -> Self {
+        Self::start("source-runner", config, log)
+    }
+
+    /// Starts a `sink-runner`.
+    pub fn sink(config: &Path, log: &Path) -> Self {
+        Self::start("sink-runner", config, log)
+    }
+
+    fn start(package: &str, config: &Path, log: &Path) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("open runner log");
-        let child = Command::new(runner_binary("source-runner"))
+        let child = Command::new(runner_binary(package))
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("spawn source-runner");
+            .unwrap_or_else(|e| panic!("spawn {package}: {e}"));
         Self { child }
     }
 
     /// SIGKILL: no shutdown code runs.
     pub fn kill9(mut self) {
-        self.child.kill().expect("kill -9 source-runner");
+        self.child.kill().expect("kill -9 the runner");
         let _ = self.child.wait();
     }
 }
 
-impl Drop for SourceRunnerProcess {
+impl Drop for RunnerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -21,7 +21,9 @@ use tributary_connectors::{Checkpoint, Source, SourceBatch, SourceMessage};
 use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, Value};
-use tributary_tests::{SourceRunnerProcess, kafka_bootstrap, mysql_url, runner_binary, schema_registry_url, unique, wait_for};
+use tributary_tests::{
+    kafka_bootstrap, mysql_url, pg_destination_url, runner_binary, schema_registry_url, unique, wait_for, RunnerProcess,
+};
 
 /// How long any wait on a condition may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -93,6 +95,14 @@ struct Mirror {
 
 impl Mirror {
     fn apply(&mut self, batch: SourceBatch) {
+        // The runner registers one schema per table and batch.
+        let mut shapes: BTreeMap<TableId, &tributary_schemas::TableSchema> = BTreeMap::new();
+        for m in &batch.messages {
+            if let SourceMessage::Change(e) = m {
+                let seen = shapes.entry(e.schema.id.clone()).or_insert(&e.schema);
+                assert_eq!(**seen, *e.schema, "one batch holds rows of {} under two schemas", e.schema.id);
+            }
+        }
         for m in batch.messages {
             if let SourceMessage::Change(e) = &m {
                 let key_idx = e.schema.key_indexes();
@@ -571,13 +581,13 @@ heartbeat_interval_ms = 1000
     let seen = collect(topic.clone());
     let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
-    let runner = SourceRunnerProcess::start(&config, &log);
+    let runner = RunnerProcess::source(&config, &log);
     wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
         (count(Op::Read) > 0).then_some(())
     })
     .await;
     runner.kill9();
-    let mut runner = SourceRunnerProcess::start(&config, &log);
+    let mut runner = RunnerProcess::source(&config, &log);
     wait_for("the whole snapshot", Duration::from_secs(180), || async {
         (count(Op::Read) >= SNAPSHOT_ROWS as usize).then_some(())
     })
@@ -619,7 +629,7 @@ heartbeat_interval_ms = 1000
         fx.sql("COMMIT").await;
         if kills.contains(&step) {
             runner.kill9();
-            runner = SourceRunnerProcess::start(&config, &log);
+            runner = RunnerProcess::source(&config, &log);
         }
     }
 
@@ -661,4 +671,121 @@ heartbeat_interval_ms = 1000
         .status();
     let _ = std::fs::remove_dir_all(&dir);
     fx.drop().await;
+}
+
+/// MariaDB -> source runner -> Kafka -> sink runner -> PostgreSQL: the
+/// change events of the MySQL source are applied by the PostgreSQL sink
+/// like those of the PostgreSQL source, including a column added mid-stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_to_postgresql_through_kafka_equals_the_source() {
+    let mut fx = Fixture::new("mye2e").await;
+    fx.sql("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40) NOT NULL, price DECIMAL(10,2), qty INT UNSIGNED)")
+        .await;
+    fx.sql("INSERT INTO items SELECT seq, CONCAT('item ', seq), seq / 4, seq % 9 FROM seq_1_to_2000").await;
+    let name = fx.db.clone();
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = fx.config().url;
+    let source_cfg = dir.join("source.toml");
+    std::fs::write(
+        &source_cfg,
+        format!(
+            "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\
+             [admin]\nlisten = \"off\"\n[mysql]\nurl = \"{url}\"\nserver_id = {server_id}\nheartbeat_interval_ms = 1000\n",
+            registry = schema_registry_url(),
+            kafka = kafka_bootstrap(),
+            url = secrecy::ExposeSecret::expose_secret(&url),
+            server_id = 16000 + std::process::id() % 10_000,
+        ),
+    )
+    .expect("write source config");
+    let sink_cfg = dir.join("sink.toml");
+    std::fs::write(
+        &sink_cfg,
+        format!(
+            "prefix = \"{name}\"\nconsumer_group = \"{name}_sink\"\nschema_registry_url = \"{registry}\"\n\
+             batch_linger_ms = 100\n[kafka]\nbootstrap_servers = \"{kafka}\"\n[admin]\nlisten = \"off\"\n\
+             [postgres]\nurl = \"{pg}\"\n",
+            registry = schema_registry_url(),
+            kafka = kafka_bootstrap(),
+            pg = pg_destination_url(),
+        ),
+    )
+    .expect("write sink config");
+    let log = dir.join("runners.log");
+    let source = RunnerProcess::source(&source_cfg, &log);
+    let sink = RunnerProcess::sink(&sink_cfg, &log);
+
+    let (pg, conn) = tokio_postgres::connect(&pg_destination_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the destination");
+    tokio::spawn(conn);
+    // The destination schema is the source database's name.
+    let dest_rows = |extra: &'static str| {
+        let pg = &pg;
+        let name = name.clone();
+        async move {
+            pg.query(
+                &format!("SELECT id::bigint, name, price::text, qty::bigint{extra} FROM \"{name}\".items ORDER BY id"),
+                &[],
+            )
+            .await
+            .ok()
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| {
+                        let mut s = format!(
+                            "{}|{}|{}|{}",
+                            r.get::<_, i64>(0),
+                            r.get::<_, String>(1),
+                            r.get::<_, Option<String>>(2).unwrap_or_default(),
+                            r.get::<_, Option<i64>>(3).map(|q| q.to_string()).unwrap_or_default()
+                        );
+                        if r.len() > 4 {
+                            s.push_str(&format!("|{}", r.get::<_, Option<String>>(4).unwrap_or_default()));
+                        }
+                        s
+                    })
+                    .collect::<Vec<String>>()
+            })
+        }
+    };
+    let expected = source_rows(&mut fx.conn, false).await;
+    wait_for("the snapshot in PostgreSQL", Duration::from_secs(120), || async {
+        dest_rows("").await.filter(|r| *r == expected).map(|_| ())
+    })
+    .await;
+
+    fx.sql("START TRANSACTION").await;
+    fx.sql("INSERT INTO items VALUES (5001, 'new', 1.25, 4294967295)").await;
+    fx.sql("UPDATE items SET price = price * 2, qty = NULL WHERE id <= 50").await;
+    fx.sql("DELETE FROM items WHERE id BETWEEN 100 AND 119").await;
+    fx.sql("COMMIT").await;
+    fx.sql("ALTER TABLE items ADD COLUMN note VARCHAR(20)").await;
+    fx.sql("UPDATE items SET note = 'noted' WHERE id <= 10").await;
+    let expected = source_rows(&mut fx.conn, true).await;
+    wait_for("the changes and the new column in PostgreSQL", Duration::from_secs(120), || async {
+        dest_rows(", note").await.filter(|r| *r == expected).map(|_| ())
+    })
+    .await;
+    drop(source);
+    drop(sink);
+
+    let _ = pg.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
+    let _ = Command::new(runner_binary("source-runner"))
+        .arg("--config")
+        .arg(&source_cfg)
+        .args(["delete", "--yes"])
+        .status();
+    let _ = std::fs::remove_dir_all(&dir);
+    fx.drop().await;
+}
+
+/// The source's rows as `id|name|price|qty[|note]`.
+async fn source_rows(conn: &mut mysql_async::Conn, note: bool) -> Vec<String> {
+    let sql = format!(
+        "SELECT CONCAT_WS('|', id, name, IFNULL(price, ''), IFNULL(qty, ''){}) FROM items ORDER BY id",
+        if note { ", IFNULL(note, '')" } else { "" }
+    );
+    conn.query::<String, _>(sql).await.expect("source rows")
 }

@@ -24,7 +24,7 @@ use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{Op, Value};
 use tributary_tests::{
-    SourceRunnerProcess,
+    RunnerProcess,
     kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for,
 };
 
@@ -159,13 +159,13 @@ heartbeat_interval_ms = 1000
     let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
     // Kill during the snapshot, as soon as its first chunk is committed.
-    let runner = SourceRunnerProcess::start(&config, &log);
+    let runner = RunnerProcess::source(&config, &log);
     wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
         (count(Op::Read) > 0).then_some(())
     })
     .await;
     runner.kill9();
-    let mut runner = SourceRunnerProcess::start(&config, &log);
+    let mut runner = RunnerProcess::source(&config, &log);
     wait_for("the whole snapshot", Duration::from_secs(180), || async {
         (count(Op::Read) >= SNAPSHOT_ROWS as usize).then_some(())
     })
@@ -207,7 +207,7 @@ heartbeat_interval_ms = 1000
         pg.batch_execute(&sql).await.expect("workload transaction");
         if kills.contains(&step) {
             runner.kill9();
-            runner = SourceRunnerProcess::start(&config, &log);
+            runner = RunnerProcess::source(&config, &log);
         }
     }
 

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use mysql_async::binlog::events::{Event, EventData, RowsEventData};
+use mysql_async::binlog::events::{Event, EventData, QueryEvent, RowsEventData};
+use mysql_async::binlog::EventType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
@@ -84,6 +85,26 @@ pub struct Streamer {
     built: BTreeMap<TableId, BuiltSchema>,
     maria_gtid: MariaGtidPos,
     mysql_gtid: Option<MySqlGtidSet>,
+    /// A DDL statement read while a batch had events already: it starts the
+    /// next batch, because the runner registers one schema per table and
+    /// batch, so rows before and after a schema change cannot share one.
+    stashed: Option<Event>,
+}
+
+/// Whether `event` is a QUERY event that may change a table (not a
+/// transaction boundary).
+fn is_ddl(event: &Event) -> bool {
+    if event.header().event_type_raw() != EventType::QUERY_EVENT as u8 {
+        return false;
+    }
+    match event.read_event::<QueryEvent<'_>>() {
+        Ok(q) => {
+            let sql = q.query();
+            let word = sql.trim().split_whitespace().next().unwrap_or("").to_ascii_uppercase();
+            !matches!(word.as_str(), "BEGIN" | "COMMIT" | "ROLLBACK" | "XA" | "SAVEPOINT")
+        }
+        Err(_) => false,
+    }
 }
 
 impl Streamer {
@@ -143,6 +164,7 @@ impl Streamer {
             built: BTreeMap::new(),
             maria_gtid,
             mysql_gtid,
+            stashed: None,
         })
     }
 
@@ -159,12 +181,19 @@ impl Streamer {
             if now >= deadline {
                 return Ok(out);
             }
-            let next = match tokio::time::timeout(deadline - now, self.stream.next()).await {
-                Err(_) => return Ok(out),
-                Ok(None) => return Err(Error::retryable("the server ended the binlog stream")),
-                Ok(Some(Err(e))) => return Err(classify_my(e, "reading the binlog")),
-                Ok(Some(Ok(event))) => event,
+            let next = match self.stashed.take() {
+                Some(event) => event,
+                None => match tokio::time::timeout(deadline - now, self.stream.next()).await {
+                    Err(_) => return Ok(out),
+                    Ok(None) => return Err(Error::retryable("the server ended the binlog stream")),
+                    Ok(Some(Err(e))) => return Err(classify_my(e, "reading the binlog")),
+                    Ok(Some(Ok(event))) => event,
+                },
             };
+            if !out.is_empty() && is_ddl(&next) {
+                self.stashed = Some(next);
+                return Ok(out);
+            }
             let committed = self.handle(next, sc)?;
             if let Some(messages) = committed {
                 if out.is_empty() && !messages.is_empty() {
