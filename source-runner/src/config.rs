@@ -151,3 +151,29 @@ impl Validate for SourceRunnerConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name = \"n\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n";
+
+    fn parse(text: &str) -> Result<SourceRunnerConfig, ConfigError> {
+        tributary_operations::config::parse(text, "test.toml")
+    }
+
+    #[test]
+    fn exactly_one_source_section() {
+        let my = "[mysql]\nurl = \"mysql://u@h/db\"\n";
+        let pg = "[postgres]\nurl = \"postgres://u@h/db\"\n";
+        let c = parse(&format!("{BASE}{my}")).expect("mysql alone");
+        assert_eq!(c.connector(), "mysql");
+        assert_eq!(parse(&format!("{BASE}{pg}")).expect("postgres alone").connector(), "postgresql");
+        let both = parse(&format!("{BASE}{pg}{my}")).expect_err("both");
+        assert!(both.to_string().contains("mysql"), "{both}");
+        let none = parse(BASE).expect_err("none");
+        assert!(none.to_string().contains("[mysql]"), "{none}");
+        let bad = parse(&format!("{BASE}[mysql]\nurl = \"mysql://u@h/db\"\nserver_id = 0\n")).expect_err("bad");
+        assert!(bad.to_string().contains("mysql.server_id"), "{bad}");
+    }
+}
