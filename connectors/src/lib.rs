@@ -3,11 +3,15 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod problem;
+pub mod selection;
 pub mod sink;
 pub mod source;
 
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 

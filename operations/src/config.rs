@@ -85,3 +85,18 @@ pub fn resolve_secret(field: &str, raw: &str) -> Result<secrecy::SecretString, C
         Ok(secrecy::SecretString::from(raw.to_string()))
     }
 }
+
+/// `scheme://user:secret@host/db` -> `scheme://user:***@host/db`: a
+/// connection URL fit for logs.
+pub fn redact_url(url: &str) -> String {
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        let auth_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..auth_end].rfind('@') {
+            let userinfo = &rest[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            return format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..]);
+        }
+    }
+    url.to_string()
+}

@@ -53,6 +53,9 @@ pub struct SourceRunnerConfig {
     /// A PostgreSQL source.
     #[serde(default)]
     pub postgres: Option<tributary_connectors::postgres::config::PostgresSourceConfig>,
+    /// A MySQL / MariaDB source.
+    #[serde(default)]
+    pub mysql: Option<tributary_connectors::mysql::config::MySqlSourceConfig>,
 }
 
 fn default_topic_template() -> String {
@@ -79,7 +82,11 @@ impl SourceRunnerConfig {
 
     /// The source connector kind, as Debezium names it (`source.connector`).
     pub fn connector(&self) -> &'static str {
-        "postgresql"
+        if self.mysql.is_some() {
+            "mysql"
+        } else {
+            "postgresql"
+        }
     }
 
     /// The offsets topic holding this runner's checkpoints.
@@ -125,15 +132,48 @@ impl Validate for SourceRunnerConfig {
         }
         self.kafka.validate("kafka")?;
         self.admin.validate()?;
-        match &self.postgres {
-            Some(pg) => pg.validate_as("postgres")?,
-            None => {
+        match (&self.postgres, &self.mysql) {
+            (Some(pg), None) => pg.validate_as("postgres")?,
+            (None, Some(my)) => my.validate_as("mysql")?,
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    "mysql",
+                    "a runner reads one source: keep either [postgres] or [mysql], run a second runner for the other",
+                ))
+            }
+            (None, None) => {
                 return Err(ConfigError::invalid(
                     "postgres",
-                    "a source section is required: [postgres] (MySQL, SQL Server and Oracle come later)",
+                    "a source section is required: [postgres] or [mysql] (SQL Server and Oracle come later)",
                 ))
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name = \"n\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n";
+
+    fn parse(text: &str) -> Result<SourceRunnerConfig, ConfigError> {
+        tributary_operations::config::parse(text, "test.toml")
+    }
+
+    #[test]
+    fn exactly_one_source_section() {
+        let my = "[mysql]\nurl = \"mysql://u@h/db\"\n";
+        let pg = "[postgres]\nurl = \"postgres://u@h/db\"\n";
+        let c = parse(&format!("{BASE}{my}")).expect("mysql alone");
+        assert_eq!(c.connector(), "mysql");
+        assert_eq!(parse(&format!("{BASE}{pg}")).expect("postgres alone").connector(), "postgresql");
+        let both = parse(&format!("{BASE}{pg}{my}")).expect_err("both");
+        assert!(both.to_string().contains("mysql"), "{both}");
+        let none = parse(BASE).expect_err("none");
+        assert!(none.to_string().contains("[mysql]"), "{none}");
+        let bad = parse(&format!("{BASE}[mysql]\nurl = \"mysql://u@h/db\"\nserver_id = 0\n")).expect_err("bad");
+        assert!(bad.to_string().contains("mysql.server_id"), "{bad}");
     }
 }

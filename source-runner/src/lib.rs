@@ -33,22 +33,29 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
 
 /// The source named by the config.
 pub fn build_source(config: &SourceRunnerConfig) -> Result<Box<dyn tributary_connectors::Source>, Error> {
-    match &config.postgres {
-        Some(pg) => Ok(Box::new(tributary_connectors::postgres::PostgresSource::new(
+    match (&config.postgres, &config.mysql) {
+        (Some(pg), _) => Ok(Box::new(tributary_connectors::postgres::PostgresSource::new(
             pg.clone(),
             config.name.clone(),
         )?)),
-        None => Err(Error::needs_operator("no source configured: add a [postgres] section")),
+        (None, Some(my)) => Ok(Box::new(tributary_connectors::mysql::MySqlSource::new(
+            my.clone(),
+            config.name.clone(),
+        )?)),
+        (None, None) => Err(Error::needs_operator("no source configured: add a [postgres] or [mysql] section")),
     }
 }
 
 /// `source-runner check`: prints each problem with the SQL that fixes it.
 pub async fn check(config: SourceRunnerConfig) -> ExitCode {
-    let Some(pg) = &config.postgres else {
-        eprintln!("error: no source configured");
-        return ExitCode::from(2);
+    let problems = match (&config.postgres, &config.mysql) {
+        (Some(pg), _) => tributary_connectors::postgres::check::check(pg).await,
+        (None, Some(my)) => tributary_connectors::mysql::check::check(my).await,
+        (None, None) => {
+            eprintln!("error: no source configured");
+            return ExitCode::from(2);
+        }
     };
-    let problems = tributary_connectors::postgres::check::check(pg).await;
     if problems.is_empty() {
         println!("ok: the source is ready for Tributary");
         return ExitCode::SUCCESS;
@@ -59,7 +66,7 @@ pub async fn check(config: SourceRunnerConfig) -> ExitCode {
     // Warnings alone (e.g. REPLICA IDENTITY DEFAULT) still let the copy run.
     if problems
         .iter()
-        .any(|p| p.severity == tributary_connectors::postgres::check::Severity::Error)
+        .any(|p| p.severity == tributary_connectors::problem::Severity::Error)
     {
         ExitCode::FAILURE
     } else {
@@ -74,8 +81,9 @@ pub async fn delete(config: SourceRunnerConfig, yes: bool) -> ExitCode {
     let prefix = config.prefix().to_string();
     if !yes {
         println!(
-            "This deletes copy {name:?}: its replication slot and publication, every Kafka topic \
-             named {prefix}.*, and their schema subjects. Type the copy's name to confirm:",
+            "This deletes copy {name:?}: its replication slot and publication (PostgreSQL), every \
+             Kafka topic named {prefix}.* (with its offsets topic), and their schema subjects. Type \
+             the copy's name to confirm:",
             name = config.name
         );
         let mut answer = String::new();

@@ -44,6 +44,11 @@ pub fn bigquery_project() -> String {
     env_or("BIGQUERY_PROJECT", "tributary-local")
 }
 
+/// The stack's MariaDB (ROW binlog, FULL row image), the MySQL source's database.
+pub fn mysql_url() -> String {
+    env_or("MYSQL_URL", "mysql://tributary:tributary@127.0.0.1:3306/source")
+}
+
 /// A name no earlier run used, for topics, slots and schemas.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])

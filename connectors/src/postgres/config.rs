@@ -8,13 +8,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use regex::Regex;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+pub use tributary_operations::config::redact_url;
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::TableId;
 
 use crate::error::{Error, Result};
+pub use crate::selection::{TableFilter, TablePattern};
 
 /// Default replication slot name. One slot per runner: two runners on one
 /// slot would steal each other's changes, so runners usually override it.
@@ -230,20 +231,6 @@ fn default_true() -> bool {
     true
 }
 
-/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
-pub fn redact_url(url: &str) -> String {
-    if let Some(scheme_end) = url.find("://") {
-        let rest = &url[scheme_end + 3..];
-        let auth_end = rest.find('/').unwrap_or(rest.len());
-        if let Some(at) = rest[..auth_end].rfind('@') {
-            let userinfo = &rest[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            return format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..]);
-        }
-    }
-    url.to_string()
-}
-
 fn valid_identifier(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
@@ -416,16 +403,7 @@ impl PostgresSourceConfig {
 
     /// The table filter built from `include`, `exclude`, `exclude_columns`.
     pub fn filter(&self) -> TableFilter {
-        let parse = |list: &[String], parts| {
-            list.iter()
-                .filter_map(|p| TablePattern::parse(p, parts).ok())
-                .collect::<Vec<_>>()
-        };
-        TableFilter {
-            include: parse(&self.include, 2),
-            exclude: parse(&self.exclude, 2),
-            exclude_columns: parse(&self.exclude_columns, 3),
-        }
+        TableFilter::from_patterns(&self.include, &self.exclude, &self.exclude_columns)
     }
 
     /// The configured key of `table`, if any.
@@ -489,69 +467,6 @@ impl std::fmt::Debug for ConnectionParams {
             .field("database", &self.database)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
-    }
-}
-
-/// One `include` / `exclude` pattern.
-#[derive(Debug, Clone)]
-pub struct TablePattern(Regex);
-
-impl TablePattern {
-    /// Parses a glob of `parts` dot-separated parts, or a `re:` regex.
-    pub fn parse(pattern: &str, parts: usize) -> std::result::Result<Self, String> {
-        if let Some(re) = pattern.strip_prefix("re:") {
-            return Regex::new(&format!("^(?:{re})$"))
-                .map(TablePattern)
-                .map_err(|e| format!("pattern `{pattern}` is not a valid regular expression: {e}"));
-        }
-        if pattern.split('.').count() != parts {
-            let shape = if parts == 2 { "schema.table" } else { "schema.table.column" };
-            return Err(format!(
-                "pattern `{pattern}` must have the shape `{shape}` (globs `*` and `?` allowed, or `re:<regex>`)"
-            ));
-        }
-        let mut re = String::from("^");
-        for c in pattern.chars() {
-            match c {
-                '*' => re.push_str("[^.]*"),
-                '?' => re.push_str("[^.]"),
-                c => re.push_str(&regex::escape(&c.to_string())),
-            }
-        }
-        re.push('$');
-        Regex::new(&re)
-            .map(TablePattern)
-            .map_err(|e| format!("pattern `{pattern}`: {e}"))
-    }
-
-    /// Whether `name` matches.
-    pub fn matches(&self, name: &str) -> bool {
-        self.0.is_match(name)
-    }
-}
-
-/// Which tables and columns are captured.
-#[derive(Debug, Clone, Default)]
-pub struct TableFilter {
-    include: Vec<TablePattern>,
-    exclude: Vec<TablePattern>,
-    exclude_columns: Vec<TablePattern>,
-}
-
-impl TableFilter {
-    /// Whether `table` is captured.
-    pub fn captures(&self, table: &TableId) -> bool {
-        let name = table.to_string();
-        self.include.iter().any(|p| p.matches(&name)) && !self.exclude.iter().any(|p| p.matches(&name))
-    }
-
-    /// Whether `column` of `table` is left out.
-    pub fn excludes_column(&self, table: &TableId, column: &str) -> bool {
-        if self.exclude_columns.is_empty() {
-            return false;
-        }
-        let name = format!("{table}.{column}");
-        self.exclude_columns.iter().any(|p| p.matches(&name))
     }
 }
 
