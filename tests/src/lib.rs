@@ -177,3 +177,36 @@ pub fn pg_tls_ca() -> String {
             .into_owned()
     })
 }
+
+/// A consumer configuration that reads topics from their beginning and only
+/// what committed transactions wrote (`read_committed`), as every check of
+/// exactly-once delivery must; a group of its own per reader.
+pub fn committed_reader(group_prefix: &str) -> rdkafka::ClientConfig {
+    let mut c = rdkafka::ClientConfig::new();
+    c.set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", unique(group_prefix))
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("topic.metadata.refresh.interval.ms", "1000");
+    c
+}
+
+/// xorshift64*: a small seedable generator, so that a failing random
+/// schedule can be replayed from its printed seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next value.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}

@@ -57,8 +57,8 @@ use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{Op, Value};
 use tributary_tests::{
-    kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, unique,
-    wait_for,
+    committed_reader, kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url,
+    unique, wait_for, Rng,
 };
 
 /// Rows per table before the runners start: enough snapshot chunks that the
@@ -106,20 +106,6 @@ impl Fault {
             Fault::RevokeSink => "revoke-sink",
             Fault::BadRows => "bad-rows",
         }
-    }
-}
-
-/// xorshift64*: small, seedable, printed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
     }
 }
 
@@ -529,14 +515,7 @@ fn collect(pattern: String, stop: Arc<AtomicBool>, errors: ReaderErrors) -> Seen
     let seen: Seen = Arc::default();
     let out = seen.clone();
     tokio::spawn(async move {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", kafka_bootstrap())
-            .set("group.id", unique("faults-reader"))
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("topic.metadata.refresh.interval.ms", "1000")
-            .create()
-            .expect("consumer");
+        let consumer: StreamConsumer = committed_reader("faults-reader").create().expect("consumer");
         consumer.subscribe(&[&pattern]).expect("subscribe");
         let mut decoder = EventDecoder::new(Registry::new(schema_registry_url()).expect("registry"));
         while !stop.load(Ordering::Relaxed) {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::{ClientConfig, Message};
+use rdkafka::Message;
 use tributary_connectors::mysql::config::MySqlSourceConfig;
 use tributary_connectors::mysql::{check, MySqlSource, SourceState};
 use tributary_connectors::{Checkpoint, Source, SourceBatch, SourceMessage};
@@ -22,7 +22,8 @@ use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, Value};
 use tributary_tests::{
-    kafka_bootstrap, mysql_url, pg_destination_url, runner_binary, schema_registry_url, unique, wait_for, Runner,
+    committed_reader, kafka_bootstrap, mysql_url, pg_destination_url, runner_binary, schema_registry_url, unique,
+    wait_for, Runner,
 };
 
 /// How long any wait on a condition may take before the test fails.
@@ -491,14 +492,7 @@ fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
     tokio::spawn(async move {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", kafka_bootstrap())
-            .set("group.id", unique("eo-reader"))
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("topic.metadata.refresh.interval.ms", "1000")
-            .create()
-            .expect("consumer");
+        let consumer: StreamConsumer = committed_reader("eo-reader").create().expect("consumer");
         consumer.subscribe(&[&topic]).expect("subscribe");
         let mut decoder = EventDecoder::new(Registry::new(schema_registry_url()).expect("registry"));
         loop {

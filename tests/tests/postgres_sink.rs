@@ -1232,19 +1232,6 @@ mod e2e {
 
     /// A small xorshift generator: the seed is printed, and `TEST_SEED`
     /// replays a run.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     fn spawn_runner(bin: &PathBuf, config: &PathBuf, log: &PathBuf) -> Child {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
         Command::new(bin)
@@ -1263,7 +1250,7 @@ mod e2e {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| uuid::Uuid::new_v4().as_u128() as u64 | 1);
         eprintln!("TEST_SEED={seed}");
-        let mut rng = Rng(seed);
+        let mut rng = tributary_tests::Rng(seed | 1);
         let bin = tributary_tests::runner_binary("sink-runner");
         let mut p = Pipeline::new("kill", 3).await;
         let dir = std::env::temp_dir().join(unique("tributary-kill"));

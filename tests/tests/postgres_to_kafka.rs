@@ -19,12 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::{ClientConfig, Message};
+use rdkafka::Message;
 use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{Op, Value};
 use tributary_tests::{
-    kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Runner,
+    committed_reader, kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Rng,
+    Runner,
 };
 
 /// Rows in the table before the runner starts: enough snapshot chunks that a
@@ -54,14 +55,7 @@ fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
     tokio::spawn(async move {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", kafka_bootstrap())
-            .set("group.id", unique("eo-reader"))
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("topic.metadata.refresh.interval.ms", "1000")
-            .create()
-            .expect("consumer");
+        let consumer: StreamConsumer = committed_reader("eo-reader").create().expect("consumer");
         consumer.subscribe(&[&topic]).expect("subscribe");
         let mut decoder = EventDecoder::new(Registry::new(schema_registry_url()).expect("registry"));
         loop {
@@ -85,20 +79,6 @@ fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
         }
     });
     seen
-}
-
-/// xorshift64*: small, seedable, printed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
