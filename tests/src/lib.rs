@@ -3,6 +3,7 @@
 //! deadline (never a fixed sleep).
 #![deny(missing_docs)]
 
+pub mod counters;
 pub mod items;
 
 use std::path::PathBuf;

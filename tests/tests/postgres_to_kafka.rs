@@ -13,19 +13,13 @@
 //! column outside its key: the runner must give it full before-images
 //! itself, or its deletes could not be encoded.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::Message;
-use tributary_schemas::decoder::{Decoded, EventDecoder};
-use tributary_schemas::registry::Registry;
-use tributary_schemas::{Op, Value};
+use tributary_schemas::Op;
 use tributary_tests::{
-    committed_reader, kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Rng,
-    Runner,
+    counters, kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Rng, Runner,
 };
 
 /// Rows in the table before the runner starts: enough snapshot chunks that a
@@ -33,53 +27,6 @@ use tributary_tests::{
 const SNAPSHOT_ROWS: i64 = 20_000;
 /// Rows per snapshot chunk (one Kafka transaction each).
 const CHUNK_ROWS: u64 = 500;
-
-#[derive(Debug, Clone)]
-struct Seen {
-    op: Op,
-    id: i64,
-    v: Option<i64>,
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int16(x) => Some(i64::from(*x)),
-        Value::Int32(x) => Some(i64::from(*x)),
-        Value::Int64(x) => Some(*x),
-        _ => None,
-    }
-}
-
-/// Collects every decoded event of `topic` with `read_committed`.
-fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let out = seen.clone();
-    tokio::spawn(async move {
-        let consumer: StreamConsumer = committed_reader("eo-reader").create().expect("consumer");
-        consumer.subscribe(&[&topic]).expect("subscribe");
-        let mut decoder = EventDecoder::new(Registry::new(schema_registry_url()).expect("registry"));
-        loop {
-            let m = match consumer.recv().await {
-                Ok(m) => m,
-                // The topic appears only when the runner creates it.
-                Err(_) => continue,
-            };
-            let decoded = decoder
-                .decode(&topic, m.key(), m.payload())
-                .await
-                .expect("every record on a change topic decodes");
-            if let Decoded::Change(e) = decoded {
-                let row = e.after.as_ref().or(e.before.as_ref()).expect("row image");
-                out.lock().unwrap().push(Seen {
-                    op: e.op,
-                    id: int(&row[0]).expect("id is an integer"),
-                    v: row.get(1).and_then(int),
-                });
-            }
-        }
-    });
-    seen
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_change_reaches_kafka_exactly_once_across_kill_9() {
@@ -134,7 +81,7 @@ heartbeat_interval_ms = 1000
     )
     .expect("write config");
     let topic = format!("{name}.{name}.counters");
-    let seen = collect(topic.clone());
+    let seen = counters::collect(topic.clone());
     let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
     // Kill during the snapshot, as soon as its first chunk is committed.
@@ -190,41 +137,13 @@ heartbeat_interval_ms = 1000
         }
     }
 
-    let changes = |s: &Vec<Seen>| s.iter().filter(|e| e.op != Op::Read).count();
     wait_for("every change in Kafka", Duration::from_secs(180), || async {
-        (changes(&seen.lock().unwrap()) >= expected_changes).then_some(())
+        (counters::changes(&seen.lock().unwrap()) >= expected_changes).then_some(())
     })
     .await;
     drop(runner);
 
-    let seen = seen.lock().unwrap().clone();
-    // Snapshot: each row exactly once.
-    let mut snapshot_ids: BTreeMap<i64, usize> = BTreeMap::new();
-    for s in seen.iter().filter(|s| s.op == Op::Read) {
-        *snapshot_ids.entry(s.id).or_default() += 1;
-    }
-    assert_eq!(snapshot_ids.len(), SNAPSHOT_ROWS as usize, "every snapshot row present");
-    let repeated: Vec<_> = snapshot_ids.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(repeated.is_empty(), "snapshot rows repeated: {:?}", &repeated[..repeated.len().min(10)]);
-
-    // Changes: exactly as many as made, and per key in order without gaps.
-    assert_eq!(changes(&seen), expected_changes, "every change exactly once");
-    let mut last_v: BTreeMap<i64, i64> = BTreeMap::new();
-    for s in seen.iter().filter(|s| s.op != Op::Read) {
-        match s.op {
-            Op::Update => {
-                let v = s.v.expect("update carries v");
-                let prev = last_v.get(&s.id).copied().unwrap_or(0);
-                assert_eq!(v, prev + 1, "id {}: update to {v} after {prev} (lost or repeated change)", s.id);
-                last_v.insert(s.id, v);
-            }
-            Op::Create => {
-                assert!(last_v.insert(s.id, 0).is_none(), "id {} inserted twice", s.id);
-            }
-            Op::Delete => {}
-            other => panic!("unexpected op {other:?}"),
-        }
-    }
+    counters::assert_exactly_once(&seen.lock().unwrap(), SNAPSHOT_ROWS as usize, expected_changes);
 
     let identity: String = pg
         .query_one(

@@ -1,0 +1,101 @@
+//! The `counters` check of the sources' kill -9 tests: a table
+//! `(id, v)` where every update increments `v`, so that in the change topic
+//! a lost change shows as a gap and a repeated one as a repeat.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::Message;
+use tributary_schemas::decoder::{Decoded, EventDecoder};
+use tributary_schemas::registry::Registry;
+use tributary_schemas::{Op, Value};
+
+use crate::{committed_reader, schema_registry_url};
+
+/// One change event of a counters table.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// The operation.
+    pub op: Op,
+    /// The row's key (first column).
+    pub id: i64,
+    /// The counter (second column), when the image has it.
+    pub v: Option<i64>,
+}
+
+/// An integer column's value (MySQL's BIGINT UNSIGNED arrives as decimal).
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int16(x) => Some(i64::from(*x)),
+        Value::Int32(x) => Some(i64::from(*x)),
+        Value::Int64(x) => Some(*x),
+        Value::Decimal(x) => x.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Collects every decoded event of `topic` with `read_committed`, in the
+/// background.
+pub fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let consumer: StreamConsumer = committed_reader("eo-reader").create().expect("consumer");
+        consumer.subscribe(&[&topic]).expect("subscribe");
+        let mut decoder = EventDecoder::new(Registry::new(schema_registry_url()).expect("registry"));
+        loop {
+            let m = match consumer.recv().await {
+                Ok(m) => m,
+                // The topic appears only when the runner creates it.
+                Err(_) => continue,
+            };
+            let decoded = decoder
+                .decode(&topic, m.key(), m.payload())
+                .await
+                .expect("every record on a change topic decodes");
+            if let Decoded::Change(e) = decoded {
+                let row = e.after.as_ref().or(e.before.as_ref()).expect("row image");
+                out.lock().unwrap().push(Seen {
+                    op: e.op,
+                    id: int(&row[0]).expect("id is an integer"),
+                    v: row.get(1).and_then(int),
+                });
+            }
+        }
+    });
+    seen
+}
+
+/// Changes (not snapshot reads) among `seen`.
+pub fn changes(seen: &[Seen]) -> usize {
+    seen.iter().filter(|e| e.op != Op::Read).count()
+}
+
+/// Every snapshot row exactly once; exactly `expected_changes` changes, per
+/// key in order without gaps (updates count 1, 2, 3... after an insert or
+/// the snapshot's 0).
+pub fn assert_exactly_once(seen: &[Seen], snapshot_rows: usize, expected_changes: usize) {
+    let mut snapshot_ids: BTreeMap<i64, usize> = BTreeMap::new();
+    for s in seen.iter().filter(|s| s.op == Op::Read) {
+        *snapshot_ids.entry(s.id).or_default() += 1;
+    }
+    assert_eq!(snapshot_ids.len(), snapshot_rows, "every snapshot row present");
+    let repeated: Vec<_> = snapshot_ids.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(repeated.is_empty(), "snapshot rows repeated: {:?}", &repeated[..repeated.len().min(10)]);
+    assert_eq!(changes(seen), expected_changes, "every change exactly once");
+    let mut last_v: BTreeMap<i64, i64> = BTreeMap::new();
+    for s in seen.iter().filter(|s| s.op != Op::Read) {
+        match s.op {
+            Op::Update => {
+                let v = s.v.expect("update carries v");
+                let prev = last_v.get(&s.id).copied().unwrap_or(0);
+                assert_eq!(v, prev + 1, "id {}: update to {v} after {prev} (lost or repeated change)", s.id);
+                last_v.insert(s.id, v);
+            }
+            Op::Create => assert!(last_v.insert(s.id, 0).is_none(), "id {} inserted twice", s.id),
+            Op::Delete => {}
+            other => panic!("unexpected op {other:?}"),
+        }
+    }
+}
