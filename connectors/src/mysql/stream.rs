@@ -12,8 +12,8 @@
 //! its GTID events (decoded in [`super::gtid`], `mysql_common` does not know
 //! them), and the first, artificial ROTATE of a dump carries its 4 checksum
 //! bytes on the file name (the FORMAT_DESCRIPTION that announces the
-//! checksum comes after it), so file names are cut after their numeric
-//! suffix.
+//! checksum comes after it), so that ROTATE's name loses its last 4 bytes
+//! when the server's `binlog_checksum` is not NONE.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -89,6 +89,10 @@ pub struct Streamer {
     /// next batch, because the runner registers one schema per table and
     /// batch, so rows before and after a schema change cannot share one.
     stashed: Option<Event>,
+    /// Checksum bytes on the name of a ROTATE read before this stream's
+    /// FORMAT_DESCRIPTION (the server's `binlog_checksum`: 4 for CRC32);
+    /// 0 once the FORMAT_DESCRIPTION is read and the parser strips them.
+    rotate_checksum_len: usize,
 }
 
 /// Whether `event` is a QUERY event that may change a table (not a
@@ -141,6 +145,14 @@ impl Streamer {
                 .with_filename(file.as_bytes())
                 .with_pos(state.binlog.pos.max(4)),
         };
+        let checksum: Option<String> = conn
+            .query_first("SELECT @@global.binlog_checksum")
+            .await
+            .map_err(|e| classify_my(e, "reading binlog_checksum"))?;
+        let rotate_checksum_len = match checksum.as_deref() {
+            Some(c) if !c.eq_ignore_ascii_case("NONE") => 4,
+            _ => 0,
+        };
         let stream = conn
             .get_binlog_stream(request)
             .await
@@ -165,6 +177,7 @@ impl Streamer {
             maria_gtid,
             mysql_gtid,
             stashed: None,
+            rotate_checksum_len,
         })
     }
 
@@ -242,7 +255,7 @@ impl Streamer {
             .map_err(|e| Error::retryable(format!("a binlog event at {end} cannot be decoded: {e}")))?;
         match data {
             Some(EventData::RotateEvent(r)) => {
-                self.file = binlog_file_name(&r.name());
+                self.file = binlog_file_name(r.name_raw(), self.rotate_checksum_len);
                 if self.txn.is_none() {
                     sc.state.binlog = BinlogPosition {
                         file: self.file.clone(),
@@ -291,7 +304,14 @@ impl Streamer {
                 self.rows(&rows, &end, sc)?;
                 Ok(None)
             }
-            Some(EventData::TableMapEvent(_)) | Some(EventData::FormatDescriptionEvent(_)) => {
+            Some(EventData::FormatDescriptionEvent(_)) => {
+                self.rotate_checksum_len = 0;
+                if self.txn.is_none() {
+                    self.idle_advance(&end, artificial, sc);
+                }
+                Ok(None)
+            }
+            Some(EventData::TableMapEvent(_)) => {
                 if self.txn.is_none() {
                     self.idle_advance(&end, artificial, sc);
                 }
@@ -521,17 +541,15 @@ fn first_word(sql: &str) -> String {
     sql.split_whitespace().next().unwrap_or("").chars().take(32).collect()
 }
 
-/// The file name of a ROTATE event without anything after its numeric
-/// suffix: MariaDB's first, artificial ROTATE carries the 4 checksum bytes
-/// on the name because the checksum algorithm is only announced after it.
-pub fn binlog_file_name(raw: &str) -> String {
-    match raw.rfind('.') {
-        Some(dot) => {
-            let digits: String = raw[dot + 1..].chars().take_while(char::is_ascii_digit).collect();
-            format!("{}.{}", &raw[..dot], digits)
-        }
-        None => raw.to_string(),
-    }
+/// The file name of a ROTATE event without its checksum: the first,
+/// artificial ROTATE of a dump comes before the FORMAT_DESCRIPTION that
+/// announces the checksum algorithm, so the parser leaves the 4 checksum
+/// bytes on the name. They are cut by count, never by what they look like:
+/// checksum bytes can be digits or a dot (a guess by "digits after the last
+/// dot" once read file 5 as 57, which made positions jump).
+pub fn binlog_file_name(raw: &[u8], checksum_len: usize) -> String {
+    let name = &raw[..raw.len().saturating_sub(checksum_len)];
+    String::from_utf8_lossy(name).into_owned()
 }
 
 #[cfg(test)]
@@ -540,8 +558,11 @@ mod tests {
 
     #[test]
     fn rotate_file_names_lose_trailing_checksum_bytes() {
-        assert_eq!(binlog_file_name("mysql-bin.000004\u{1}\u{2}\u{3}\u{4}"), "mysql-bin.000004");
-        assert_eq!(binlog_file_name("mysql-bin.000004"), "mysql-bin.000004");
-        assert_eq!(binlog_file_name("binlog.000123\u{ff}"), "binlog.000123");
+        assert_eq!(binlog_file_name(b"mysql-bin.000004\x01\x02\x03\x04", 4), "mysql-bin.000004");
+        assert_eq!(binlog_file_name(b"mysql-bin.000004", 0), "mysql-bin.000004");
+        // Checksum bytes that happen to be digits or a dot (seen: file 5
+        // read as 57, and as 0).
+        assert_eq!(binlog_file_name(b"mysql-bin.0000057\x12\xa0\x01", 4), "mysql-bin.000005");
+        assert_eq!(binlog_file_name(b"mysql-bin.000005.9\x01\x02", 4), "mysql-bin.000005");
     }
 }
