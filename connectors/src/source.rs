@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use tributary_schemas::{ChangeEvent, TableId, TableSchema};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A source's resumable state, serialized by the source itself (JSON) and
 /// stored by the runner in the offsets topic, in the same Kafka transaction as
@@ -14,6 +14,35 @@ use crate::error::Result;
 /// the last key of the last committed chunk of each table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint(pub String);
+
+impl Checkpoint {
+    /// A source's state as a checkpoint.
+    pub fn encode<T: serde::Serialize>(state: &T) -> Self {
+        // A plain struct of strings, numbers and maps always serializes.
+        Checkpoint(serde_json::to_string(state).unwrap_or_default())
+    }
+
+    /// Parses a checkpoint written by the source `source` (for the error),
+    /// accepting only the state version `expected` (`version` reads it).
+    pub fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        source: &str,
+        version: impl FnOnce(&T) -> u32,
+        expected: u32,
+    ) -> Result<T> {
+        let state: T = serde_json::from_str(&self.0).map_err(|e| {
+            Error::needs_operator(format!("the checkpoint is not a {source} source checkpoint: {e}"))
+                .with_hint("reset the runner's checkpoint only if a full re-snapshot is intended")
+        })?;
+        let found = version(&state);
+        if found != expected {
+            return Err(Error::needs_operator(format!(
+                "checkpoint version {found} is not supported (expected {expected})"
+            )));
+        }
+        Ok(state)
+    }
+}
 
 /// One message from a source, in source order.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,5 +116,30 @@ pub trait Source: Send {
     /// Snapshot progress per table (empty when there is no snapshot).
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct State {
+        version: u32,
+        at: u64,
+    }
+
+    #[test]
+    fn checkpoints_round_trip_and_refuse_garbage_and_other_versions() {
+        let c = Checkpoint::encode(&State { version: 1, at: 7 });
+        let back: State = c.decode("test", |s: &State| s.version, 1).expect("round trip");
+        assert_eq!(back, State { version: 1, at: 7 });
+        let e = c.decode("test", |s: &State| s.version, 2).expect_err("other version");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.to_string().contains("version 1 is not supported (expected 2)"), "{e}");
+        let e = Checkpoint("{".into()).decode("test", |s: &State| s.version, 1).expect_err("garbage");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.to_string().contains("not a test source checkpoint"), "{e}");
     }
 }

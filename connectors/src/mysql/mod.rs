@@ -122,22 +122,12 @@ pub struct SourceState {
 impl SourceState {
     /// Serializes the state.
     pub fn to_checkpoint(&self) -> Checkpoint {
-        Checkpoint(serde_json::to_string(self).unwrap_or_default())
+        Checkpoint::encode(self)
     }
 
     /// Parses a checkpoint written by this source.
     pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
-        let state: SourceState = serde_json::from_str(&checkpoint.0).map_err(|e| {
-            Error::needs_operator(format!("the checkpoint is not a MySQL source checkpoint: {e}"))
-                .with_hint("reset the runner's checkpoint only if a full re-snapshot is intended")
-        })?;
-        if state.version != CHECKPOINT_VERSION {
-            return Err(Error::needs_operator(format!(
-                "checkpoint version {} is not supported (expected {CHECKPOINT_VERSION})",
-                state.version
-            )));
-        }
-        Ok(state)
+        checkpoint.decode("MySQL", |s: &SourceState| s.version, CHECKPOINT_VERSION)
     }
 }
 
