@@ -31,9 +31,9 @@ use tributary_schemas::{Column, SnapshotMarker, TableId, TableSchema};
 
 use self::config::{ConnectionParams, NewTables, PostgresSourceConfig, SnapshotMode, TableFilter, TlsMode};
 use self::snapshot::{
-    Chunk, SnapshotOrigin, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan,
+    Chunk, ExportedSnapshot, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan,
 };
-use self::stream::{StreamContext, Streamer};
+use self::stream::{PartialTxn, StreamContext, Streamer};
 use self::types::{map_type, quote_ident, quote_table, PgType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
@@ -67,6 +67,10 @@ pub struct SourceState {
     /// Snapshot work not done yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotState>,
+    /// The part of the transaction at `lsn` already emitted, when the last
+    /// batch ended inside a transaction larger than a batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<PartialTxn>,
 }
 
 impl SourceState {
@@ -648,6 +652,10 @@ pub struct PostgresSource {
     prelude: Vec<SourceMessage>,
     snapshot: Option<ActiveSnapshot>,
     streamer: Option<Streamer>,
+    /// The consistent point of a snapshot started while the stream was
+    /// behind it: the stream is read up to this LSN before the snapshot's
+    /// first row goes out (see the `snapshot` module).
+    catch_up: Option<u64>,
     acked_lsn: u64,
     /// State and announced schemas as of the last batch returned: what
     /// `next_batch` rolls back to after an error, so that a retried call
@@ -690,6 +698,7 @@ impl PostgresSource {
             prelude: Vec::new(),
             snapshot: None,
             streamer: None,
+            catch_up: None,
             acked_lsn: 0,
             emitted: None,
         })
@@ -740,6 +749,7 @@ impl PostgresSource {
     fn reset(&mut self) {
         self.snapshot = None;
         self.streamer = None;
+        self.catch_up = None;
         self.catalog = None;
         self.state = None;
         self.announced.clear();
@@ -765,22 +775,35 @@ impl PostgresSource {
         Ok(Some(built))
     }
 
-    /// Creates the slot on a gated replication session; returns the session
-    /// (holding the exported snapshot, if any), the consistent point and the
-    /// snapshot name.
-    async fn create_slot(&self, export: bool) -> Result<(ReplicationClient, u64, Option<String>)> {
+    /// Creates a slot on a gated replication session; returns the session
+    /// (holding the exported snapshot, if any, and a temporary slot), the
+    /// consistent point and the snapshot name.
+    async fn create_slot(
+        &self,
+        name: &str,
+        temporary: bool,
+        export: bool,
+    ) -> Result<(ReplicationClient, u64, Option<String>)> {
         let mut gated = ReplicationClient::connect_gated(self.replication_config(0, 0))
             .await
             .map_err(|e| classify_wire(e, "opening a replication connection"))?;
         let sql = format!(
-            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {}",
-            quote_ident(&self.config.slot_name),
+            "CREATE_REPLICATION_SLOT {} {}LOGICAL pgoutput {}",
+            quote_ident(name),
+            if temporary { "TEMPORARY " } else { "" },
             if export { "EXPORT_SNAPSHOT" } else { "NOEXPORT_SNAPSHOT" }
         );
-        let rows = gated
-            .simple_query(&sql)
-            .await
-            .map_err(|e| classify_wire(e, "creating the replication slot"))?;
+        let rows = gated.simple_query(&sql).await.map_err(|e| {
+            let e = classify_wire(e, "creating a replication slot");
+            if temporary {
+                e.with_hint(format!(
+                    "a snapshot after the first one (a resume, or a new table) needs one free replication \
+                     slot for a moment (temporary slot {name}); raise max_replication_slots if all are in use"
+                ))
+            } else {
+                e
+            }
+        })?;
         let row = rows
             .first()
             .ok_or_else(|| Error::retryable("CREATE_REPLICATION_SLOT returned no row"))?;
@@ -842,8 +865,11 @@ impl PostgresSource {
         }
     }
 
-    /// Starts (or resumes) the snapshot recorded in the state.
-    async fn start_snapshot_run(&mut self, origin: SnapshotOrigin) -> Result<()> {
+    /// Starts (or resumes) the snapshot recorded in the state, in `exported`
+    /// (the main slot's, on a first start) or else in a snapshot exported by
+    /// a temporary slot. In the latter case the stream must first catch up
+    /// to that slot's consistent point ([`PostgresSource::catch_up`]).
+    async fn start_snapshot_run(&mut self, exported: Option<ExportedSnapshot>) -> Result<()> {
         let plan = self
             .state
             .as_ref()
@@ -900,29 +926,64 @@ impl PostgresSource {
                 plan: t,
             });
         }
-        let origin_is_exported = matches!(origin, SnapshotOrigin::Exported { .. });
+        let initial = exported.is_some();
+        let (exporter, snapshot) = match exported {
+            Some(e) => (None, e),
+            None => {
+                let (gated, lsn, name) = self.create_slot(&self.temporary_slot_name(), true, true).await?;
+                let name = name.ok_or_else(|| Error::retryable("the temporary slot exported no snapshot"))?;
+                // A message after the consistent point: the catching-up
+                // stream sees it and knows it is there, even when no
+                // transaction follows.
+                let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+                catalog
+                    .client()
+                    .execute(
+                        "SELECT pg_logical_emit_message(false, $1, '')",
+                        &[&stream::FENCE_MESSAGE_PREFIX],
+                    )
+                    .await
+                    .map_err(|e| classify_pg(e, "writing the snapshot fence message"))?;
+                (Some(gated), ExportedSnapshot { name, lsn })
+            }
+        };
+        let lsn = snapshot.lsn;
         let run = SnapshotRun::start(
             &self.params,
             tables,
-            origin,
+            snapshot,
             self.config.snapshot_parallelism,
             self.config.snapshot_chunk_rows,
             self.ctx.clone(),
             self.progress.clone(),
         )
-        .await?;
+        .await;
+        // Every worker imported the snapshot (or failed): the exporting
+        // session, and with it the temporary slot, may end.
+        drop(exporter);
+        let run = run?;
         let state = self.state_mut()?;
+        let behind = state.lsn < lsn;
         if let Some(snap) = state.snapshot.as_mut() {
             snap.tables = run.tables.iter().map(|t| t.plan.clone()).collect();
         }
         tracing::info!(
             tables = run.tables.len(),
             lsn = %format_lsn(run.lsn),
-            exported = origin_is_exported,
+            initial,
             "snapshot started"
         );
         self.snapshot = Some(ActiveSnapshot { run, pending: None });
+        self.catch_up = behind.then_some(lsn);
         Ok(())
+    }
+
+    /// The temporary slot of later snapshots: the main slot's name with a
+    /// suffix, within PostgreSQL's 63 bytes.
+    fn temporary_slot_name(&self) -> String {
+        const SUFFIX: &str = "_snapshot";
+        let base: String = self.config.slot_name.chars().take(63 - SUFFIX.len()).collect();
+        format!("{base}{SUFFIX}")
     }
 
     async fn open_stream(&mut self) -> Result<()> {
@@ -940,7 +1001,7 @@ impl PostgresSource {
             .await
             .map_err(|e| classify_wire(e, "starting replication"))?;
         tracing::info!(slot = %self.config.slot_name, lsn = %format_lsn(state.lsn), "streaming started");
-        self.streamer = Some(Streamer::new(client, state.lsn));
+        self.streamer = Some(Streamer::new(client, state.lsn, state.txn));
         Ok(())
     }
 
@@ -1060,7 +1121,7 @@ impl Source for PostgresSource {
                 }
                 match self.config.snapshot_mode {
                     SnapshotMode::Initial => {
-                        let (gated, lsn, name) = self.create_slot(true).await?;
+                        let (gated, lsn, name) = self.create_slot(&self.config.slot_name, false, true).await?;
                         let name = name.ok_or_else(|| Error::retryable("the slot exported no snapshot"))?;
                         self.state = Some(SourceState {
                             version: CHECKPOINT_VERSION,
@@ -1071,18 +1132,17 @@ impl Source for PostgresSource {
                                 initial: true,
                                 tables: selected.iter().map(TablePlan::new).collect(),
                             }),
+                            txn: None,
                         });
                         self.acked_lsn = lsn;
-                        let started = self
-                            .start_snapshot_run(SnapshotOrigin::Exported { snapshot: name, lsn })
-                            .await;
+                        let started = self.start_snapshot_run(Some(ExportedSnapshot { name, lsn })).await;
                         // Every worker imported the snapshot (or failed):
                         // the exporting session may end.
                         drop(gated);
                         started?;
                     }
                     SnapshotMode::Never => {
-                        let (gated, lsn, _) = self.create_slot(false).await?;
+                        let (gated, lsn, _) = self.create_slot(&self.config.slot_name, false, false).await?;
                         drop(gated);
                         self.state = Some(SourceState {
                             version: CHECKPOINT_VERSION,
@@ -1090,6 +1150,7 @@ impl Source for PostgresSource {
                             lsn,
                             tables,
                             snapshot: None,
+                            txn: None,
                         });
                         self.acked_lsn = lsn;
                     }
@@ -1140,6 +1201,7 @@ impl Source for PostgresSource {
                 // from its durable checkpoint).
                 self.snapshot = None;
                 self.streamer = None;
+                self.catch_up = None;
                 if let Some((state, announced)) = self.emitted.clone() {
                     self.state = Some(state);
                     self.announced = announced;
@@ -1181,11 +1243,13 @@ impl PostgresSource {
             return Err(Error::retryable("the source is not started"));
         }
         // A snapshot recorded in the state but not running (a resume, or
-        // tables created while streaming) starts in a fresh snapshot.
+        // tables created while streaming) starts in a new snapshot, which
+        // the stream first catches up to.
         if self.snapshot.is_none() && self.state.as_ref().is_some_and(|s| s.snapshot.is_some()) {
-            self.start_snapshot_run(SnapshotOrigin::Fresh).await?;
+            self.streamer = None;
+            self.start_snapshot_run(None).await?;
         }
-        if self.snapshot.is_some() {
+        if self.snapshot.is_some() && self.catch_up.is_none() {
             if let Some(batch) = self.next_snapshot_batch().await? {
                 return Ok(batch);
             }
@@ -1203,11 +1267,23 @@ impl PostgresSource {
             ctx: &self.ctx,
             announced: &mut self.announced,
         };
-        let out = streamer.next_batch(&mut sc).await?;
+        let out = streamer.next_batch(&mut sc, self.catch_up).await?;
         let mut messages = std::mem::take(&mut self.prelude);
         messages.extend(out.messages);
-        let state = self.state_mut()?;
+        let caught_up = if out.reached_stop { self.catch_up.take() } else { None };
+        let snapshot_running = self.snapshot.is_some();
+        let state = self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))?;
         state.lsn = out.lsn;
+        state.txn = out.partial;
+        if let Some(point) = caught_up {
+            // Every transaction committed before the snapshot's point is
+            // out, none after it: the snapshot's rows come next, and the
+            // stream resumes at that point after them. The stream read
+            // past the point, so it is opened again then.
+            state.lsn = state.lsn.max(point);
+            self.streamer = None;
+            tracing::info!(lsn = %format_lsn(point), "stream caught up with the snapshot");
+        }
         for m in &messages {
             if let SourceMessage::TableDropped(id) = m {
                 state.tables.remove(&id.to_string());
@@ -1218,6 +1294,15 @@ impl PostgresSource {
             for id in &out.created {
                 state.tables.insert(id.to_string());
                 snap.tables.push(TablePlan::new(id));
+            }
+            if snapshot_running {
+                // Created before the running snapshot's point but not in
+                // its plan: nothing of that snapshot went out yet (the
+                // stream is still catching up), so it starts again with
+                // the new table.
+                self.snapshot = None;
+                self.catch_up = None;
+                self.streamer = None;
             }
         }
         Ok(SourceBatch {
@@ -1275,8 +1360,15 @@ mod tests {
             lsn: 42,
             tables: ["public.a".to_string()].into_iter().collect(),
             snapshot: None,
+            txn: Some(PartialTxn {
+                commit_lsn: 50,
+                changes: 10_000,
+            }),
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).unwrap(), s);
+        // Checkpoints written before transactions could be split still read.
+        let old = r#"{"version":1,"slot":"s","lsn":42,"tables":[]}"#;
+        assert_eq!(SourceState::from_checkpoint(&Checkpoint(old.into())).unwrap().txn, None);
         assert!(SourceState::from_checkpoint(&Checkpoint("{}".into())).is_err());
     }
 }

@@ -10,16 +10,20 @@
 //! of the slot's consistent point. Rows carry that LSN as their position
 //! (index 0); streaming starts at the same LSN.
 //!
-//! # Resuming
+//! # Resuming, and tables added later
 //!
 //! The checkpoint records, per table, each key range ("segment"), the last
 //! key emitted in it and whether it is done. After a crash the exported
-//! snapshot is gone, so the unfinished ranges are read in a fresh REPEATABLE
-//! READ snapshot (exported by a leader connection to all workers) and their
-//! rows get the position `pg_current_wal_lsn()` taken inside that snapshot:
-//! newer than every change the slot will replay from its consistent point
-//! that the fresh snapshot already contains, so a sink's position guard keeps
-//! the re-read rows over those older streamed events.
+//! snapshot is gone, so the unfinished ranges are read in a new snapshot,
+//! exported by a *temporary* replication slot. Its consistent point `P`
+//! divides transactions exactly: those committing before `P` are in the
+//! snapshot, those committing at or after it are not. The source first
+//! streams the main slot from its checkpoint up to `P` (everything the
+//! snapshot already reflects, emitted as ordinary changes), then emits the
+//! snapshot's rows with position `P`, then streams on from `P`. So every
+//! change is emitted exactly once, and per key in position order: a consumer
+//! never sees a row older than one it already saw. Tables that appear while
+//! streaming are read the same way.
 //!
 //! # Reading
 //!
@@ -214,20 +218,13 @@ impl SnapshotProgress {
     }
 }
 
-/// Where the workers' snapshot comes from.
+/// A snapshot exported by a replication slot for the workers to import.
 #[derive(Debug, Clone)]
-pub enum SnapshotOrigin {
-    /// Exported by `CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT`; rows get
-    /// the slot's consistent point.
-    Exported {
-        /// Snapshot name.
-        snapshot: String,
-        /// Consistent point.
-        lsn: u64,
-    },
-    /// A fresh snapshot (resume, or a new table); rows get
-    /// `pg_current_wal_lsn()` read inside it.
-    Fresh,
+pub struct ExportedSnapshot {
+    /// Snapshot name (`SET TRANSACTION SNAPSHOT`).
+    pub name: String,
+    /// The slot's consistent point: the position of every row read.
+    pub lsn: u64,
 }
 
 /// A table to copy: its schema and plan.
@@ -287,41 +284,19 @@ struct WorkerShared {
 }
 
 impl SnapshotRun {
-    /// Opens the worker connections, imports (or takes) the snapshot, plans
-    /// unplanned tables and starts reading. Returns once every worker holds
-    /// the snapshot, so an exporting session may then be released.
+    /// Opens the worker connections, imports the snapshot, plans unplanned
+    /// tables and starts reading. Returns once every worker holds the
+    /// snapshot, so the exporting session may then be released.
     pub async fn start(
         params: &ConnectionParams,
         mut tables: Vec<SnapshotTable>,
-        origin: SnapshotOrigin,
+        snapshot: ExportedSnapshot,
         parallelism: usize,
         chunk_rows: u64,
         ctx: EventContext,
         progress: Arc<SnapshotProgress>,
     ) -> Result<SnapshotRun> {
-        // The leader of a fresh snapshot exports it and stays open until
-        // every worker imported it.
-        let mut leader = None;
-        let (snapshot_name, lsn) = match &origin {
-            SnapshotOrigin::Exported { snapshot, lsn } => (snapshot.clone(), *lsn),
-            SnapshotOrigin::Fresh => {
-                let client = connect(params).await?;
-                client
-                    .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    .await
-                    .map_err(|e| classify_pg(e, "beginning the snapshot transaction"))?;
-                let row = client
-                    .query_one("SELECT pg_export_snapshot(), pg_current_wal_lsn()::text", &[])
-                    .await
-                    .map_err(|e| classify_pg(e, "exporting a snapshot"))?;
-                let name: String = row.get(0);
-                let lsn_text: String = row.get(1);
-                let lsn = super::parse_lsn(&lsn_text)
-                    .ok_or_else(|| Error::permanent(format!("server returned an invalid LSN {lsn_text}")))?;
-                leader = Some(client);
-                (name, lsn)
-            }
-        };
+        let ExportedSnapshot { name: snapshot_name, lsn } = snapshot;
         let workers = parallelism.max(1);
         let mut clients = Vec::with_capacity(workers);
         for _ in 0..workers {
@@ -335,7 +310,6 @@ impl SnapshotRun {
                 .map_err(|e| classify_pg(e, "importing the snapshot"))?;
             clients.push(client);
         }
-        drop(leader);
 
         // Plan tables that have no segments yet, inside the snapshot.
         for t in tables.iter_mut() {

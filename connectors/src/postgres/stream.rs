@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
+use serde::{Deserialize, Serialize};
 use tributary_schemas::{
     ChangeEvent, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
 };
@@ -35,6 +36,12 @@ use crate::SourceMessage;
 
 /// Prefix of the logical messages written by the DDL event trigger.
 pub const DDL_MESSAGE_PREFIX: &str = "tributary";
+
+/// Prefix of the non-transactional message written just after a later
+/// snapshot's temporary slot is created: past that slot's consistent point,
+/// so the stream catching up to it recognises it has arrived even when no
+/// transaction follows.
+pub const FENCE_MESSAGE_PREFIX: &str = "tributary-fence";
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
@@ -310,21 +317,48 @@ struct Txn {
     commit_ts_ms: i64,
     messages: Vec<SourceMessage>,
     ordinal: u64,
+    /// Changes of this transaction already in Kafka (an earlier part of it,
+    /// before a restart): decoded again but not emitted.
+    skip: u64,
     per_table: HashMap<TableId, i64>,
     bytes: usize,
     created: Vec<TableId>,
 }
 
+/// The part of a transaction already emitted, when a batch ends inside it.
+///
+/// A transaction larger than a batch is emitted in parts, so that memory
+/// stays bounded by the batch limits whatever the transaction's size. Kafka
+/// commits each part with this marker: after a crash, streaming restarts
+/// before the transaction (the slot replays it whole) and the first
+/// `changes` changes of the transaction committing at `commit_lsn` are
+/// decoded but not emitted again. pgoutput replays a transaction's changes in
+/// the same order every time, so the count identifies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialTxn {
+    /// The transaction's commit LSN (`final_lsn` of its Begin message).
+    pub commit_lsn: u64,
+    /// Changes of it emitted so far.
+    pub changes: u64,
+}
+
 /// What one call of [`Streamer::next_batch`] produced.
 #[derive(Debug, Default)]
 pub struct StreamBatch {
-    /// Messages of whole transactions.
+    /// Messages of whole transactions, or the next part of a transaction
+    /// larger than a batch (see `partial`).
     pub messages: Vec<SourceMessage>,
-    /// Where to resume after these messages.
+    /// Where to resume after these messages: the end of the last whole
+    /// transaction.
     pub lsn: u64,
+    /// Set when the batch ends inside a transaction.
+    pub partial: Option<PartialTxn>,
     /// Tables created in the batch's last transaction that should be
     /// captured (the batch ends after that transaction).
     pub created: Vec<TableId>,
+    /// The stream reached the `stop_at` LSN given to `next_batch`: every
+    /// transaction committing before it was returned, none after it.
+    pub reached_stop: bool,
 }
 
 /// What the streamer needs from the source.
@@ -347,6 +381,8 @@ pub struct Streamer {
     relations: HashMap<u32, Relation>,
     txn: Option<Txn>,
     safe_lsn: u64,
+    /// The part of the first transaction that is already in Kafka.
+    resume_txn: Option<PartialTxn>,
 }
 
 impl std::fmt::Debug for Streamer {
@@ -356,13 +392,15 @@ impl std::fmt::Debug for Streamer {
 }
 
 impl Streamer {
-    /// Wraps a started replication client reading from `lsn`.
-    pub fn new(client: ReplicationClient, lsn: u64) -> Self {
+    /// Wraps a started replication client reading from `lsn`; `partial` is
+    /// the part of the first transaction already emitted, if any.
+    pub fn new(client: ReplicationClient, lsn: u64, partial: Option<PartialTxn>) -> Self {
         Self {
             client,
             relations: HashMap::new(),
             txn: None,
             safe_lsn: lsn,
+            resume_txn: partial,
         }
     }
 
@@ -372,9 +410,15 @@ impl Streamer {
             .update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn));
     }
 
-    /// Collects whole transactions until a batch limit, the linger after the
-    /// first transaction, or the heartbeat interval.
-    pub async fn next_batch(&mut self, sc: &mut StreamContext<'_>) -> Result<StreamBatch> {
+    /// Collects transactions until a batch limit, the linger after the
+    /// first transaction, or the heartbeat interval. A transaction that
+    /// alone exceeds a limit is returned in parts ([`PartialTxn`]).
+    ///
+    /// With `stop_at`, the batch also ends where the stream reaches that LSN
+    /// (a transaction committing at or after it, or a message or keepalive
+    /// past it, outside a transaction), and says so in `reached_stop`. The
+    /// stream must then be dropped: it has read past the stop.
+    pub async fn next_batch(&mut self, sc: &mut StreamContext<'_>, stop_at: Option<u64>) -> Result<StreamBatch> {
         let heartbeat_at = Instant::now() + sc.config.heartbeat_interval();
         let mut out = StreamBatch {
             lsn: self.safe_lsn,
@@ -397,12 +441,32 @@ impl Streamer {
                     xid,
                     commit_time_micros,
                 } => {
+                    if stop_at.is_some_and(|stop| final_lsn.as_u64() >= stop) {
+                        out.reached_stop = true;
+                        break;
+                    }
+                    // Only the first transaction after a restart can have
+                    // been emitted in part (the checkpoint's LSN is just
+                    // before it).
+                    let skip = match self.resume_txn.take() {
+                        Some(p) if p.commit_lsn == final_lsn.as_u64() => p.changes,
+                        Some(p) => {
+                            tracing::warn!(
+                                expected = %format_lsn(p.commit_lsn),
+                                found = %format_lsn(final_lsn.as_u64()),
+                                "the transaction emitted in part before the restart is not the first one replayed"
+                            );
+                            0
+                        }
+                        None => 0,
+                    };
                     self.txn = Some(Txn {
                         xid,
                         commit_lsn: final_lsn.as_u64(),
                         commit_ts_ms: (commit_time_micros + PG_EPOCH_OFFSET_MICROS) / 1000,
                         messages: Vec::new(),
                         ordinal: 0,
+                        skip,
                         per_table: HashMap::new(),
                         bytes: 0,
                         created: Vec::new(),
@@ -411,12 +475,34 @@ impl Streamer {
                 ReplicationEvent::XLogData { data, .. } => {
                     let msg = parse_pgoutput(data)?;
                     self.handle(msg, sc).await?;
+                    // A transaction too large for one batch goes out in
+                    // parts instead of being held in memory whole.
+                    if let Some(txn) = self.txn.as_mut() {
+                        if out.messages.len() + txn.messages.len() >= sc.config.max_batch_events
+                            || bytes + txn.bytes >= sc.config.max_batch_bytes
+                        {
+                            out.messages.append(&mut txn.messages);
+                            txn.bytes = 0;
+                            out.partial = Some(PartialTxn {
+                                commit_lsn: txn.commit_lsn,
+                                changes: txn.ordinal,
+                            });
+                            break;
+                        }
+                    }
                 }
                 ReplicationEvent::Message {
-                    prefix, content, ..
+                    prefix,
+                    content,
+                    lsn,
+                    ..
                 } => {
                     if prefix == DDL_MESSAGE_PREFIX {
                         self.handle_ddl(&content, sc);
+                    } else if self.txn.is_none() && stop_at.is_some_and(|stop| lsn.as_u64() >= stop) {
+                        // The fence the source wrote after taking a snapshot.
+                        out.reached_stop = true;
+                        break;
                     }
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => {
@@ -445,6 +531,10 @@ impl Streamer {
                     if self.txn.is_none() && wal_end.as_u64() > self.safe_lsn {
                         self.safe_lsn = wal_end.as_u64();
                         out.lsn = self.safe_lsn;
+                    }
+                    if self.txn.is_none() && stop_at.is_some_and(|stop| wal_end.as_u64() >= stop) {
+                        out.reached_stop = true;
+                        break;
                     }
                 }
                 ReplicationEvent::StoppedAt { .. } => {
@@ -761,6 +851,9 @@ fn push_change(
     txn.ordinal += 1;
     let per_table = txn.per_table.entry(rel.id.clone()).or_insert(0);
     *per_table += 1;
+    if txn.ordinal <= txn.skip {
+        return; // emitted before a restart (see PartialTxn)
+    }
     txn.bytes += before.iter().chain(after.iter()).flatten().map(value_size).sum::<usize>() + 64;
     let xid = txn.xid.to_string();
     txn.messages.push(SourceMessage::Change(ChangeEvent {
