@@ -3,6 +3,38 @@
 //! its cgroup) really has, and warns with the numbers and the settings to
 //! lower, so an out-of-memory kill is explained before it happens.
 
+/// Allocations from this size on get their own mapping from glibc's malloc,
+/// returned to the system when freed. A runner's large buffers (a snapshot
+/// chunk's events, a batch's records: a few MiB each, allocated and freed
+/// continually by different threads) otherwise land in malloc's arenas once
+/// glibc's adaptive threshold has grown to their size, and freed arena
+/// space is kept: measured on a 1M-row PostgreSQL snapshot, peak RSS 83 MiB
+/// with glibc's defaults, 65 MiB with these settings, at the same rate.
+pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;
+
+/// Free space at the top of a malloc heap beyond this is given back at once
+/// (glibc's default grows with the mmap threshold, up to 64 MiB).
+pub const TRIM_THRESHOLD_BYTES: i32 = 128 * 1024;
+
+/// Sets [`MMAP_THRESHOLD_BYTES`] and [`TRIM_THRESHOLD_BYTES`] in glibc's
+/// malloc, unless the operator set them (`MALLOC_MMAP_THRESHOLD_`,
+/// `MALLOC_TRIM_THRESHOLD_`). Elsewhere (musl, other systems) nothing
+/// changes. Call once at start, before other threads exist.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            // SAFETY: mallopt only sets a malloc parameter; it is called
+            // before any other thread of the process exists.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) };
+        }
+        if std::env::var_os("MALLOC_TRIM_THRESHOLD_").is_none() {
+            // SAFETY: as above.
+            unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) };
+        }
+    }
+}
+
 /// A budget above this share of the available memory is reported: the
 /// process needs room beyond its buffers (allocator slack, TLS, librdkafka).
 pub const BUDGET_WARN_SHARE: f64 = 0.5;

@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 
 use crate::config::{load, Validate};
 
-/// Loads the config file named on the command line and builds the
-/// multi-threaded runtime (the runners block in rebalance callbacks and
+/// Loads the config file named on the command line, tunes the allocator
+/// ([`crate::memory::tune_allocator`]) and builds the multi-threaded runtime (the runners block in rebalance callbacks and
 /// librdkafka calls, so one thread is not enough). On failure, prints why
 /// and returns the exit code: 2 for a missing or invalid config, 1 else.
 /// `env_var` names the variable that can give the path instead of `--config`.
@@ -25,6 +25,8 @@ pub fn start<C: DeserializeOwned + Validate>(
         eprintln!("error: {e}");
         ExitCode::from(2)
     })?;
+    // Before the runtime's threads exist.
+    crate::memory::tune_allocator();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -632,11 +632,16 @@ impl Catalog {
     }
 }
 
-/// A running snapshot with one chunk held back, so that the very last row
-/// of the snapshot can be marked as such.
+/// A running snapshot. A chunk that ends a key range may hold the very
+/// last row of the snapshot (which is marked as such), so it is held back
+/// until the next chunk or the end of the run says whether it does. Other
+/// chunks go out at once: holding every chunk back would keep one more
+/// chunk (several MiB) in memory for the whole snapshot.
 struct ActiveSnapshot {
     run: SnapshotRun,
     pending: Option<(Chunk, Checkpoint)>,
+    /// A chunk that arrived while one was held back: it goes next.
+    ready: Option<(Chunk, Checkpoint)>,
 }
 
 /// The PostgreSQL source.
@@ -973,7 +978,11 @@ impl PostgresSource {
             initial,
             "snapshot started"
         );
-        self.snapshot = Some(ActiveSnapshot { run, pending: None });
+        self.snapshot = Some(ActiveSnapshot {
+            run,
+            pending: None,
+            ready: None,
+        });
         self.catch_up = behind.then_some(lsn);
         Ok(())
     }
@@ -1008,6 +1017,11 @@ impl PostgresSource {
     async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
         loop {
             let Some(active) = self.snapshot.as_mut() else { return Ok(None) };
+            if let Some((chunk, checkpoint)) = active.ready.take() {
+                let mut messages = std::mem::take(&mut self.prelude);
+                messages.extend(chunk.messages);
+                return Ok(Some(SourceBatch { messages, checkpoint }));
+            }
             match active.run.next_chunk().await? {
                 Some(chunk) => {
                     let table_id = active.run.tables[chunk.table].schema.id.clone();
@@ -1031,14 +1045,29 @@ impl PostgresSource {
                         continue;
                     }
                     let checkpoint = state.to_checkpoint();
-                    if let Some((prev, cp)) = active.pending.replace((chunk, checkpoint)) {
-                        let mut messages = std::mem::take(&mut self.prelude);
-                        messages.extend(prev.messages);
-                        return Ok(Some(SourceBatch {
-                            messages,
-                            checkpoint: cp,
-                        }));
+                    // Only a chunk that ends its key range can be the last.
+                    let (out, held) = match active.pending.take() {
+                        Some(prev) if chunk.done => (prev, Some((chunk, checkpoint))),
+                        Some(prev) => {
+                            active.ready = Some((chunk, checkpoint));
+                            (prev, None)
+                        }
+                        None if chunk.done => {
+                            active.pending = Some((chunk, checkpoint));
+                            continue;
+                        }
+                        None => ((chunk, checkpoint), None),
+                    };
+                    if held.is_some() {
+                        active.pending = held;
                     }
+                    let (chunk, cp) = out;
+                    let mut messages = std::mem::take(&mut self.prelude);
+                    messages.extend(chunk.messages);
+                    return Ok(Some(SourceBatch {
+                        messages,
+                        checkpoint: cp,
+                    }));
                 }
                 None => {
                     let pending = active.pending.take();

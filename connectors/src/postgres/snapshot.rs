@@ -335,7 +335,10 @@ impl SnapshotRun {
             lsn,
             progress: progress.clone(),
         });
-        let (tx, rx) = mpsc::channel(workers);
+        // One finished chunk waits while the runner produces another: the
+        // workers (each filling a chunk) keep the runner busy, and memory
+        // stays at a few chunks (each snapshot_chunk_rows decoded rows).
+        let (tx, rx) = mpsc::channel(1);
         let mut tasks = JoinSet::new();
         for client in clients {
             let shared = shared.clone();
@@ -557,29 +560,32 @@ async fn read_segment(
                 pending.extend_from_slice(&buf);
                 break;
             };
+            // A full chunk goes out once a row after it exists, so the
+            // segment's final chunk is never empty: the source marks the
+            // snapshot's very last row in it.
+            if messages.len() >= shared.chunk_rows {
+                table_progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
+                if t.keyed {
+                    if let Some(line) = &last_line {
+                        last = Some(key_texts(line, &keys, schema)?);
+                    }
+                }
+                let chunk = Chunk {
+                    table: ti,
+                    segment: si,
+                    messages: std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536))),
+                    last: last.clone(),
+                    done: false,
+                };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return Ok(());
+                }
+                now = super::now_ms();
+            }
             let line = buf.split_to(end + 1);
             let row = decode_copy_row(&line, schema)?;
             messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
             last_line = Some(line);
-        }
-        if messages.len() >= shared.chunk_rows {
-            table_progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
-            if t.keyed {
-                if let Some(line) = &last_line {
-                    last = Some(key_texts(line, &keys, schema)?);
-                }
-            }
-            let chunk = Chunk {
-                table: ti,
-                segment: si,
-                messages: std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536))),
-                last: last.clone(),
-                done: false,
-            };
-            if tx.send(Ok(chunk)).await.is_err() {
-                return Ok(());
-            }
-            now = super::now_ms();
         }
     }
     table_progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
