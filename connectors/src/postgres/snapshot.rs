@@ -523,7 +523,6 @@ async fn read_segment(
         .await
         .map_err(|e| classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))?;
     futures::pin_mut!(stream);
-    let keys = schema.key_indexes();
     let native = format_lsn(shared.lsn);
     let position = Position {
         commit: shared.lsn,
@@ -564,19 +563,8 @@ async fn read_segment(
             // segment's final chunk is never empty: the source marks the
             // snapshot's very last row in it.
             if messages.len() >= shared.chunk_rows {
-                table_progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
-                if t.keyed {
-                    if let Some(line) = &last_line {
-                        last = Some(key_texts(line, &keys, schema)?);
-                    }
-                }
-                let chunk = Chunk {
-                    table: ti,
-                    segment: si,
-                    messages: std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536))),
-                    last: last.clone(),
-                    done: false,
-                };
+                let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
+                let chunk = cut_chunk(ti, si, t, full, last_line.as_deref(), &mut last, false, &table_progress)?;
                 if tx.send(Ok(chunk)).await.is_err() {
                     return Ok(());
                 }
@@ -588,21 +576,38 @@ async fn read_segment(
             last_line = Some(line);
         }
     }
-    table_progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
+    let chunk = cut_chunk(ti, si, t, messages, last_line.as_deref(), &mut last, true, &table_progress)?;
+    let _ = tx.send(Ok(chunk)).await;
+    Ok(())
+}
+
+/// A chunk of `messages`, the rows of segment `si` of table `ti` up to the
+/// row whose COPY line is `last_line`: counts them and records that row's
+/// key (the resume point) in `last`.
+#[allow(clippy::too_many_arguments)]
+fn cut_chunk(
+    ti: usize,
+    si: usize,
+    t: &SnapshotTable,
+    messages: Vec<SourceMessage>,
+    last_line: Option<&[u8]>,
+    last: &mut Option<Vec<Option<String>>>,
+    done: bool,
+    progress: &TableProgress,
+) -> Result<Chunk> {
+    progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
     if t.keyed {
-        if let Some(line) = &last_line {
-            last = Some(key_texts(line, &keys, schema)?);
+        if let Some(line) = last_line {
+            *last = Some(key_texts(line, &t.schema.key_indexes(), &t.schema)?);
         }
     }
-    let chunk = Chunk {
+    Ok(Chunk {
         table: ti,
         segment: si,
         messages,
-        last,
-        done: true,
-    };
-    let _ = tx.send(Ok(chunk)).await;
-    Ok(())
+        last: last.clone(),
+        done,
+    })
 }
 
 fn not_text(schema: &TableSchema) -> Error {
