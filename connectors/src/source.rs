@@ -86,15 +86,18 @@ pub struct SnapshotTableProgress {
 ///
 /// # Delivery contract
 ///
-/// * [`Source::next_batch`] returns messages in source order. A batch never
-///   splits a source transaction's effects across a checkpoint: the batch's
+/// * [`Source::next_batch`] returns messages in source order. A batch's
 ///   checkpoint is a point where every message before it is in this or an
-///   earlier batch, and none after it is.
-/// * The runner makes a batch durable (one Kafka transaction holding the
-///   events and the checkpoint) and only then calls [`Source::acknowledge`]
-///   with that checkpoint. A source releases source-side history (the
-///   replication slot's confirmed flush LSN, binlog retention) only up to an
-///   acknowledged checkpoint, so a crash at any moment loses nothing.
+///   earlier batch, and none after it is. (It may lie inside a large source
+///   transaction; then it records which part of it was emitted.)
+/// * The runner makes batches durable (one Kafka transaction holding the
+///   events of one or more consecutive batches and the last one's
+///   checkpoint) and only then calls [`Source::acknowledge`] with that
+///   checkpoint, which covers every batch up to it. So `next_batch` may be
+///   called again before the previous batch is acknowledged. A source
+///   releases source-side history (the replication slot's confirmed flush
+///   LSN, binlog retention) only up to an acknowledged checkpoint, so a
+///   crash at any moment loses nothing.
 /// * After a crash the runner calls [`Source::start`] with the last durable
 ///   checkpoint; the source resumes exactly after it, so nothing is emitted
 ///   twice into committed Kafka transactions.

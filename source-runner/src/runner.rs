@@ -1,9 +1,18 @@
-//! The source runner's loop: source batch -> Avro -> one Kafka transaction
+//! The source runner's loop: source batches -> Avro -> one Kafka transaction
 //! (events + checkpoint) -> acknowledge to the source.
 //!
+//! A streamed batch is committed at once (latency). Snapshot batches share
+//! a transaction, up to [`TXN_MAX_EVENTS`] events or [`TXN_MAX_AGE`]: a
+//! Kafka commit costs tens of milliseconds here whatever its size, so one
+//! per snapshot chunk made commits most of a snapshot's time, while a
+//! bigger chunk would hold more decoded rows in memory. Events are encoded
+//! and handed to librdkafka batch by batch, so an open transaction holds
+//! only encoded bytes (bounded by `producer_queue_kbytes`).
+//!
 //! Exactly once rests on three facts:
-//! 1. the events of a batch and the checkpoint that covers them are written in
-//!    one Kafka transaction, so `read_committed` consumers see both or neither;
+//! 1. the events of the batches and the checkpoint that covers them are
+//!    written in one Kafka transaction, so `read_committed` consumers see
+//!    both or neither;
 //! 2. the transactional id is stable per runner, so a restarted runner fences
 //!    its crashed predecessor and the broker aborts whatever it left open
 //!    before we read the last checkpoint;
@@ -40,6 +49,11 @@ const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// A run of the source that lasted this long resets the retry backoff.
 const RUN_RESETS_BACKOFF: Duration = Duration::from_secs(60);
+/// Snapshot batches share a Kafka transaction up to this many events...
+pub const TXN_MAX_EVENTS: usize = 65_536;
+/// ...or for this long (checked when a batch arrives); well inside the
+/// transaction timeout (at least 1 s, 60 s by default).
+pub const TXN_MAX_AGE: Duration = Duration::from_millis(500);
 
 /// Maps a Kafka error onto our error kinds. Kafka codes are classified, never
 /// string-matched.
@@ -81,6 +95,8 @@ pub struct KafkaSide {
     topics: HashMap<String, i32>,
     /// The schema each table's last produced event used.
     schemas: HashMap<TableId, Arc<TableSchema>>,
+    /// Whether a Kafka transaction is open.
+    open: bool,
 }
 
 impl KafkaSide {
@@ -127,6 +143,7 @@ impl KafkaSide {
             naming,
             topics: HashMap::new(),
             schemas: HashMap::new(),
+            open: false,
         };
         side.ensure_topic(&config.offsets_topic(), true).await?;
         Ok(side)
@@ -241,44 +258,49 @@ impl KafkaSide {
         .await?
     }
 
-    /// Produces a batch and its checkpoint in one Kafka transaction.
+    /// Adds a batch's events to the open Kafka transaction, beginning one
+    /// when none is open. [`KafkaSide::commit`] makes them durable.
     ///
     /// On error the transaction is aborted (or the producer must be rebuilt
-    /// when the error is fatal); nothing of the batch is visible to
+    /// when the error is fatal); nothing of it is visible to
     /// `read_committed` consumers.
     ///
     /// Returns the encoded bytes produced per table.
-    pub async fn commit_batch(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
-        // Register new schema versions before the transaction starts: an
-        // incompatible change must stop us before anything is produced.
+    pub async fn add_batch(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
+        // Register new schema versions before producing anything that
+        // needs them: an incompatible change stops us (and aborts the
+        // transaction) before any event of it is produced.
         for msg in &batch.messages {
             let schema = match msg {
                 SourceMessage::SchemaChanged(s) => s.clone(),
                 SourceMessage::Change(e) => e.schema.clone(),
                 SourceMessage::TableDropped(_) => continue,
             };
-            if self.schemas.get(&schema.id) != Some(&schema) {
-                let topic = self.naming.topic(self.config.prefix(), &schema.id);
+            // Same Arc as last time: nothing to compare (the common case).
+            if self.schemas.get(&schema.id).is_some_and(|s| Arc::ptr_eq(s, &schema) || **s == *schema) {
+                continue;
+            }
+            let topic = self.naming.topic(self.config.prefix(), &schema.id);
+            let prepared = async {
                 self.ensure_topic(&topic, false).await?;
-                self.encoder.prepare(&schema, &topic).await?;
-                self.schemas.insert(schema.id.clone(), schema);
+                self.encoder.prepare(&schema, &topic).await.map_err(Error::from)
             }
+            .await;
+            if let Err(e) = prepared {
+                self.abort().await;
+                return Err(e);
+            }
+            self.schemas.insert(schema.id.clone(), schema);
         }
-        let p = self.producer.clone();
-        blocking(move || p.begin_transaction())
-            .await?
-            .map_err(|e| kafka_error("begin_transaction", e))?;
+        if !self.open {
+            let p = self.producer.clone();
+            blocking(move || p.begin_transaction())
+                .await?
+                .map_err(|e| kafka_error("begin_transaction", e))?;
+            self.open = true;
+        }
         match self.produce_all(batch).await {
-            Ok(bytes) => {
-                let p = self.producer.clone();
-                match blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await? {
-                    Ok(()) => Ok(bytes),
-                    Err(e) => {
-                        self.abort().await;
-                        Err(kafka_error("commit_transaction", e))
-                    }
-                }
-            }
+            Ok(bytes) => Ok(bytes),
             Err(e) => {
                 self.abort().await;
                 Err(e)
@@ -286,7 +308,37 @@ impl KafkaSide {
         }
     }
 
-    async fn abort(&self) {
+    /// Writes `checkpoint` into the open transaction (beginning one for a
+    /// checkpoint alone) and commits it.
+    pub async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), Error> {
+        if !self.open {
+            let p = self.producer.clone();
+            blocking(move || p.begin_transaction())
+                .await?
+                .map_err(|e| kafka_error("begin_transaction", e))?;
+            self.open = true;
+        }
+        let topic = self.config.offsets_topic();
+        let key = self.config.name.clone();
+        if let Err(e) = self
+            .send(&topic, Some(0), Some(key.as_bytes()), Some(checkpoint.0.as_bytes()), None)
+            .await
+        {
+            self.abort().await;
+            return Err(e);
+        }
+        let p = self.producer.clone();
+        let committed = blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await?;
+        self.open = false;
+        if let Err(e) = committed {
+            self.abort().await;
+            return Err(kafka_error("commit_transaction", e));
+        }
+        Ok(())
+    }
+
+    async fn abort(&mut self) {
+        self.open = false;
         let p = self.producer.clone();
         match blocking(move || p.abort_transaction(KAFKA_TXN_STEP_TIMEOUT)).await {
             Ok(Ok(())) => {}
@@ -337,10 +389,6 @@ impl KafkaSide {
                 }
             }
         }
-        let topic = self.config.offsets_topic();
-        let key = self.config.name.clone();
-        self.send(&topic, Some(0), Some(key.as_bytes()), Some(batch.checkpoint.0.as_bytes()), None)
-            .await?;
         Ok(bytes.into_iter().map(|(id, b)| (id.clone(), b)).collect())
     }
 
@@ -464,9 +512,16 @@ async fn run_once(
     telemetry.set_paused(None);
     let mut pause = control.subscribe();
     let mut batch_no: u64 = 0;
+    // The open Kafka transaction's batches, not yet durable.
+    let mut open: Option<OpenTxn> = None;
     loop {
         // A paused source stops reading: its slot keeps the position, and
         // nothing after the last commit is lost.
+        if pause.borrow().all {
+            if let Some(txn) = open.take() {
+                txn.commit(&mut kafka, source, telemetry).await?;
+            }
+        }
         while pause.borrow_and_update().all {
             telemetry.set_paused(Some("paused by an operator".to_string()));
             if pause.changed().await.is_err() {
@@ -478,16 +533,24 @@ async fn run_once(
         batch_no += 1;
         let events = batch.messages.len();
         let span = info_span!("batch", batch = batch_no, events);
-        let started = Instant::now();
-        let bytes = async {
-            let bytes = kafka.commit_batch(&batch).await?;
-            source.acknowledge(&batch.checkpoint).await?;
-            Ok::<_, Error>(bytes)
+        let bytes = kafka.add_batch(&batch).instrument(span.clone()).await?;
+        let txn = open.get_or_insert_with(OpenTxn::new);
+        txn.add(&batch, &bytes);
+        // Snapshot rows keep the transaction open while more of the
+        // snapshot follows at once; anything else is committed now.
+        let snapshot_rows = batch.messages.iter().any(|m| {
+            matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::True)
+        });
+        let snapshot_ends = batch.messages.iter().any(|m| {
+            matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::Last)
+        }) || source.snapshot_progress().iter().all(|p| p.done);
+        txn.checkpoint = batch.checkpoint;
+        if snapshot_rows && !snapshot_ends && txn.events < TXN_MAX_EVENTS && txn.started.elapsed() < TXN_MAX_AGE {
+            continue;
         }
-        .instrument(span)
-        .await?;
-        telemetry.record_batch_seconds(started.elapsed().as_secs_f64());
-        record_batch(telemetry, &batch, &bytes);
+        if let Some(txn) = open.take() {
+            txn.commit(&mut kafka, source, telemetry).instrument(span).await?;
+        }
         for p in source.snapshot_progress() {
             let table = p.table.to_string();
             telemetry.record_snapshot(&table, p.rows, p.estimated_rows);
@@ -498,31 +561,70 @@ async fn run_once(
     }
 }
 
-/// Feeds a committed batch into status and metrics, per table.
-fn record_batch(telemetry: &Telemetry, batch: &SourceBatch, bytes: &HashMap<TableId, u64>) {
-    // Keyed by reference: no allocation per event on the snapshot's hot path.
-    let mut per_table: HashMap<&TableId, (u64, i64, bool)> = HashMap::new();
-    for msg in &batch.messages {
-        if let SourceMessage::Change(e) = msg {
-            let entry = per_table.entry(&e.schema.id).or_insert((0, i64::MIN, false));
-            entry.0 += 1;
-            entry.1 = entry.1.max(e.source.ts_ms);
-            entry.2 |= e.source.snapshot != SnapshotMarker::False;
+/// The batches in the open Kafka transaction: what to report once it is
+/// committed.
+struct OpenTxn {
+    started: Instant,
+    /// The last batch's checkpoint: it covers them all.
+    checkpoint: Checkpoint,
+    events: usize,
+    /// Per table: events, latest source time, whether any were snapshot rows.
+    per_table: HashMap<TableId, (u64, i64, bool)>,
+    bytes: HashMap<TableId, u64>,
+}
+
+impl OpenTxn {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            checkpoint: Checkpoint(String::new()),
+            events: 0,
+            per_table: HashMap::new(),
+            bytes: HashMap::new(),
         }
     }
-    for (id, (events, ts, snapshot)) in per_table {
-        let b = bytes.get(id).copied().unwrap_or(0);
-        let table = id.to_string();
-        telemetry.record_events(&table, events, b, Some(ts));
-        telemetry.record_applied(&table, ts);
-        telemetry.set_state(
-            &table,
-            if snapshot {
-                TableState::Snapshotting
-            } else {
-                TableState::Streaming
-            },
-        );
+
+    fn add(&mut self, batch: &SourceBatch, bytes: &HashMap<TableId, u64>) {
+        self.events += batch.messages.len();
+        for msg in &batch.messages {
+            if let SourceMessage::Change(e) = msg {
+                // Looked up by reference first: no allocation per event on
+                // the snapshot's hot path.
+                let entry = match self.per_table.get_mut(&e.schema.id) {
+                    Some(entry) => entry,
+                    None => self.per_table.entry(e.schema.id.clone()).or_insert((0, i64::MIN, false)),
+                };
+                entry.0 += 1;
+                entry.1 = entry.1.max(e.source.ts_ms);
+                entry.2 |= e.source.snapshot != SnapshotMarker::False;
+            }
+        }
+        for (id, b) in bytes {
+            *self.bytes.entry(id.clone()).or_default() += b;
+        }
+    }
+
+    /// Commits the transaction with the last checkpoint, acknowledges it to
+    /// the source, and feeds status and metrics.
+    async fn commit(self, kafka: &mut KafkaSide, source: &mut dyn Source, telemetry: &Telemetry) -> Result<(), Error> {
+        kafka.commit(&self.checkpoint).await?;
+        source.acknowledge(&self.checkpoint).await?;
+        telemetry.record_batch_seconds(self.started.elapsed().as_secs_f64());
+        for (id, (events, ts, snapshot)) in self.per_table {
+            let b = self.bytes.get(&id).copied().unwrap_or(0);
+            let table = id.to_string();
+            telemetry.record_events(&table, events, b, Some(ts));
+            telemetry.record_applied(&table, ts);
+            telemetry.set_state(
+                &table,
+                if snapshot {
+                    TableState::Snapshotting
+                } else {
+                    TableState::Streaming
+                },
+            );
+        }
+        Ok(())
     }
 }
 

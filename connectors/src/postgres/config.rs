@@ -22,11 +22,13 @@ pub use crate::selection::{TableFilter, TablePattern};
 pub const DEFAULT_SLOT_NAME: &str = "tributary";
 /// Default publication name.
 pub const DEFAULT_PUBLICATION_NAME: &str = "tributary";
-/// Rows per snapshot chunk. Each chunk is one Kafka transaction and is held
-/// in memory once (about 10 columns x 8192 rows is a few MiB), which keeps the
-/// runner under its 64 MiB RSS target while amortising the per-transaction
-/// cost of the producer.
-pub const DEFAULT_SNAPSHOT_CHUNK_ROWS: u64 = 8192;
+/// Rows per snapshot chunk: the unit of decoded rows in memory and of
+/// resumption. About 1 KiB per decoded row of 10 columns, and a few chunks
+/// are in flight (one per worker, one waiting, one being produced), so this
+/// sets most of the runner's memory. Consecutive chunks share a Kafka
+/// transaction (the runner's `TXN_MAX_EVENTS`), so small chunks cost no
+/// extra commits.
+pub const DEFAULT_SNAPSHOT_CHUNK_ROWS: u64 = 4096;
 /// Snapshot connections. Two keeps one chunk being read while the previous
 /// one is encoded and produced, without loading a busy primary much.
 pub const DEFAULT_SNAPSHOT_PARALLELISM: usize = 2;
