@@ -292,13 +292,7 @@ impl KafkaSide {
             }
             self.schemas.insert(schema.id.clone(), schema);
         }
-        if !self.open {
-            let p = self.producer.clone();
-            blocking(move || p.begin_transaction())
-                .await?
-                .map_err(|e| kafka_error("begin_transaction", e))?;
-            self.open = true;
-        }
+        self.begin().await?;
         match self.produce_all(batch).await {
             Ok(bytes) => Ok(bytes),
             Err(e) => {
@@ -308,9 +302,8 @@ impl KafkaSide {
         }
     }
 
-    /// Writes `checkpoint` into the open transaction (beginning one for a
-    /// checkpoint alone) and commits it.
-    pub async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), Error> {
+    /// Begins a Kafka transaction unless one is open.
+    async fn begin(&mut self) -> Result<(), Error> {
         if !self.open {
             let p = self.producer.clone();
             blocking(move || p.begin_transaction())
@@ -318,6 +311,13 @@ impl KafkaSide {
                 .map_err(|e| kafka_error("begin_transaction", e))?;
             self.open = true;
         }
+        Ok(())
+    }
+
+    /// Writes `checkpoint` into the open transaction (beginning one for a
+    /// checkpoint alone) and commits it.
+    pub async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), Error> {
+        self.begin().await?;
         let topic = self.config.offsets_topic();
         let key = self.config.name.clone();
         if let Err(e) = self
