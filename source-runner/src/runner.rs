@@ -328,17 +328,22 @@ impl KafkaSide {
             return Err(e);
         }
         let p = self.producer.clone();
-        let committed = blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await?;
-        self.open = false;
-        if let Err(e) = committed {
-            self.abort().await;
-            return Err(kafka_error("commit_transaction", e));
+        match blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await? {
+            Ok(()) => {
+                self.open = false;
+                Ok(())
+            }
+            Err(e) => {
+                self.abort().await;
+                Err(kafka_error("commit_transaction", e))
+            }
         }
-        Ok(())
     }
 
     async fn abort(&mut self) {
-        self.open = false;
+        if !std::mem::replace(&mut self.open, false) {
+            return; // nothing begun (a schema refused before the first batch)
+        }
         let p = self.producer.clone();
         match blocking(move || p.abort_transaction(KAFKA_TXN_STEP_TIMEOUT)).await {
             Ok(Ok(())) => {}
