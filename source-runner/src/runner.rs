@@ -108,13 +108,21 @@ impl KafkaSide {
             .client_config()
             .map_err(|e| Error::needs_operator(e.to_string()))?;
         let mut producer_config = client.clone();
+        // Correctness and the memory bound: never overridable.
         producer_config
             .set("transactional.id", config.transactional_id())
             .set("enable.idempotence", "true")
             .set("transaction.timeout.ms", config.transaction_timeout_ms.to_string())
-            .set("queue.buffering.max.kbytes", config.producer_queue_kbytes.to_string())
-            .set("linger.ms", "5")
-            .set("compression.type", "zstd");
+            .set("queue.buffering.max.kbytes", config.producer_queue_kbytes.to_string());
+        // Tuning: only where `kafka.properties` does not say otherwise. lz4,
+        // not zstd: zstd took a sixth of the runner's CPU in a 1M-row
+        // snapshot on 2 cores shared with the database and the broker, and
+        // lz4 made that snapshot about 20% faster (141-150k vs 120k rows/s).
+        for (key, value) in [("linger.ms", "5"), ("compression.type", "lz4")] {
+            if producer_config.get(key).is_none() {
+                producer_config.set(key, value);
+            }
+        }
         let producer: ThreadedProducer<DefaultProducerContext> = producer_config
             .create()
             .map_err(|e| kafka_error("cannot create the producer", e))?;
