@@ -19,13 +19,15 @@ publication, topics and subjects at the end, also on failure.
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mysql  # noqa: E402  (its metric reader)
 
 REPO = Path(__file__).resolve().parent.parent
 PG = dict(host="127.0.0.1", port=os.environ.get("TRIBUTARY_PG_PORT", "5432"), user="tributary", db="source")
@@ -48,13 +50,7 @@ def psql(sql, out=subprocess.PIPE):
 
 
 def committed_events(table):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return 0
-    m = re.search(rf'^tributary_events_total{{table="{re.escape(table)}"}} (\d+)', text, re.M)
-    return int(m.group(1)) if m else 0
+    return mysql.metric(ADMIN_PORT, "tributary_events_total", table)
 
 
 def vm_hwm_kib(pid):
