@@ -48,6 +48,14 @@ use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
 use tributary_operations::telemetry::{TableState, Telemetry};
 
+/// How often topics are looked for while no partition is assigned yet. The
+/// pattern subscription only sees a new topic at librdkafka's periodic
+/// metadata refresh (`topic.metadata.refresh.interval.ms`, 5 s by default
+/// here): at start-up, before the source created its topics, that wait was
+/// most of the benchmark's ~5 s to the first row. A metadata request of all
+/// topics makes librdkafka match the pattern again at once.
+const STARTUP_METADATA_PROBE: Duration = Duration::from_millis(200);
+
 /// Records taken from librdkafka's queue in one go once one arrived. Bounds
 /// how far a batch can overshoot `batch_max_records` before it is flushed.
 const DRAIN_MAX_RECORDS: usize = 1000;
@@ -429,6 +437,7 @@ struct InFlight {
 impl<S: Sink + 'static> Loop<S> {
     async fn run(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), RunError> {
         let mut consumer_errors = 0u32;
+        let mut next_probe = Instant::now() + STARTUP_METADATA_PROBE;
         loop {
             if *stop.borrow() {
                 break;
@@ -442,6 +451,7 @@ impl<S: Sink + 'static> Loop<S> {
             let full = self.ready.is_some()
                 && self.buffers.values().map(|b| b.bytes).sum::<usize>() >= self.config.batch_max_bytes;
             let mut applied = None;
+            let probe = self.assigned.is_empty().then_some(next_probe);
             let received = tokio::select! {
                 _ = stop.changed() => None,
                 // An operator's pause or resume takes effect at once, also
@@ -453,6 +463,15 @@ impl<S: Sink + 'static> Loop<S> {
                     None
                 }
                 _ = sleep_until(deadline) => None,
+                _ = sleep_until(probe) => {
+                    next_probe = Instant::now() + STARTUP_METADATA_PROBE;
+                    // Blocks the loop for one request (about a millisecond
+                    // here), only while there is nothing to copy anyway.
+                    if let Err(e) = self.consumer.fetch_metadata(None, Duration::from_secs(1)) {
+                        debug!(error = %e, "cannot look for topics");
+                    }
+                    None
+                }
             };
             self.drain_rebalance();
             if let Some(r) = applied {
