@@ -3,6 +3,18 @@
 //! that can never be applied go to `<topic>.dlq`; anything that may clear
 //! pauses the table and retries the same batch.
 //!
+//! # Pipelining
+//!
+//! A batch is applied in its own task while the loop goes on consuming and
+//! decoding: at most one batch is being applied, one more waits decoded,
+//! and one more buffers (up to `batch_max_bytes`; then consuming waits).
+//! One apply at a time keeps each table's batches in Kafka order; when an
+//! apply fails, its records go back in front of what arrived since and the
+//! table pauses as before, so nothing moves past unapplied data. The
+//! benchmark's 1M-row snapshot: the sink had been busy 80-90% of each
+//! second decoding and applying, and fell ~5 s behind the source; with the
+//! overlap it keeps up with it.
+//!
 //! # Offsets and consumer groups
 //!
 //! The destination holds the authoritative offsets (written in the same
@@ -11,13 +23,15 @@
 //! looks the owned partitions' offsets up in the destination and assigns
 //! them *at* those offsets, so no record is consumed from anywhere else.
 //! The lookup blocks the callback (on the runtime, via `block_in_place`),
-//! which is fine: while it runs nothing can be applied anyway, and Kafka's
+//! which is fine: it waits for the batch being applied (the sink is one
+//! session), nothing else can be applied meanwhile anyway, and Kafka's
 //! session heartbeats continue on librdkafka's own thread.
 //!
 //! The protocol is whatever `partition.assignment.strategy` says: with the
 //! default eager strategies every rebalance revokes everything first, so a
-//! partition is never owned by two runners at once (the revoke happens in
-//! the poll loop, between batches, never during an apply). With
+//! partition is never owned by two runners at once (the revoke callback
+//! waits for the batch being applied to commit or fail, so the next owner
+//! reads offsets that include it). With
 //! `cooperative-sticky` only moved partitions are revoked and assigned
 //! (incrementally), with the same lookup. Records of a revoked partition
 //! still buffered are dropped; its new owner consumes them again from the
