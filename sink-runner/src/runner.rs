@@ -69,6 +69,10 @@ use tributary_operations::telemetry::{TableState, Telemetry};
 /// most of the benchmark's ~5 s to the first row. A metadata request of all
 /// topics makes librdkafka match the pattern again at once.
 const STARTUP_METADATA_PROBE: Duration = Duration::from_millis(200);
+/// How long after start the probe above runs at most: a runner left without
+/// partitions (more runners than partitions) must not ask for the metadata
+/// of every topic five times a second for ever.
+const STARTUP_METADATA_PROBE_FOR: Duration = Duration::from_secs(60);
 
 /// Records taken from librdkafka's queue in one go once one arrived. Bounds
 /// how far a batch can overshoot `batch_max_records` before it is flushed.
@@ -452,6 +456,7 @@ impl<S: Sink + 'static> Loop<S> {
     async fn run(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), RunError> {
         let mut consumer_errors = 0u32;
         let mut next_probe = Instant::now() + STARTUP_METADATA_PROBE;
+        let probe_until = Instant::now() + STARTUP_METADATA_PROBE_FOR;
         loop {
             if *stop.borrow() {
                 break;
@@ -465,7 +470,7 @@ impl<S: Sink + 'static> Loop<S> {
             let full = self.ready.is_some()
                 && self.buffers.values().map(|b| b.bytes).sum::<usize>() >= self.config.batch_max_bytes;
             let mut applied = None;
-            let probe = self.assigned.is_empty().then_some(next_probe);
+            let probe = (self.assigned.is_empty() && next_probe < probe_until).then_some(next_probe);
             let received = tokio::select! {
                 _ = stop.changed() => None,
                 // An operator's pause or resume takes effect at once, also
