@@ -3,11 +3,17 @@
 //!
 //! A streamed batch is committed at once (latency). Snapshot batches share
 //! a transaction, up to [`TXN_MAX_EVENTS`] events or [`TXN_MAX_AGE`]: a
-//! Kafka commit costs tens of milliseconds here whatever its size, so one
-//! per snapshot chunk made commits most of a snapshot's time, while a
-//! bigger chunk would hold more decoded rows in memory. Events are encoded
-//! and handed to librdkafka batch by batch, so an open transaction holds
-//! only encoded bytes (bounded by `producer_queue_kbytes`).
+//! commit waits until Kafka has every record of the transaction, and the
+//! runner produces nothing meanwhile, so one commit per snapshot chunk made
+//! commits most of a snapshot's time (a bigger chunk would instead hold
+//! more decoded rows in memory). Measured on a 1M-row snapshot: 59k rows/s
+//! with a commit per 8192-row chunk, 150k with up to 65,536 events per
+//! transaction, 206-216k with up to 262,144, 237k with one transaction.
+//! The first snapshot transaction holds one batch and each next one up to
+//! four times as many events as the one before, so sinks get the first rows at
+//! once. Events are encoded and handed to librdkafka batch by batch, so an
+//! open transaction holds only encoded bytes (bounded by
+//! `producer_queue_kbytes`).
 //!
 //! Exactly once rests on three facts:
 //! 1. the events of the batches and the checkpoint that covers them are
@@ -50,10 +56,10 @@ const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// A run of the source that lasted this long resets the retry backoff.
 const RUN_RESETS_BACKOFF: Duration = Duration::from_secs(60);
 /// Snapshot batches share a Kafka transaction up to this many events...
-pub const TXN_MAX_EVENTS: usize = 65_536;
+pub const TXN_MAX_EVENTS: usize = 262_144;
 /// ...or for this long (checked when a batch arrives); well inside the
 /// transaction timeout (at least 1 s, 60 s by default).
-pub const TXN_MAX_AGE: Duration = Duration::from_millis(500);
+pub const TXN_MAX_AGE: Duration = Duration::from_secs(2);
 
 /// Maps a Kafka error onto our error kinds. Kafka codes are classified, never
 /// string-matched.
@@ -527,6 +533,9 @@ async fn run_once(
     let mut batch_no: u64 = 0;
     // The open Kafka transaction's batches, not yet durable.
     let mut open: Option<OpenTxn> = None;
+    // Events the open snapshot transaction may reach before it is
+    // committed: one batch first, then four times the last one.
+    let mut txn_limit = 0usize;
     loop {
         // A paused source stops reading: its slot keeps the position, and
         // nothing after the last commit is lost.
@@ -558,10 +567,15 @@ async fn run_once(
             matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::Last)
         }) || source.snapshot_progress().iter().all(|p| p.done);
         txn.checkpoint = batch.checkpoint;
-        if snapshot_rows && !snapshot_ends && txn.events < TXN_MAX_EVENTS && txn.started.elapsed() < TXN_MAX_AGE {
+        if snapshot_rows && !snapshot_ends && txn.events < txn_limit && txn.started.elapsed() < TXN_MAX_AGE {
             continue;
         }
         if let Some(txn) = open.take() {
+            txn_limit = if snapshot_rows {
+                (txn.events * 4).min(TXN_MAX_EVENTS)
+            } else {
+                0
+            };
             txn.commit(&mut kafka, source, telemetry).instrument(span).await?;
         }
         for p in source.snapshot_progress() {
