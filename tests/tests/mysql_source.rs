@@ -535,19 +535,8 @@ heartbeat_interval_ms = 1000
     .expect("write config");
     let topic = format!("{name}.{name}.counters");
     let seen = counters::collect(topic.clone());
-    let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
-    let runner = Runner::start("source-runner", &config, &log);
-    wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
-        (count(Op::Read) > 0).then_some(())
-    })
-    .await;
-    runner.kill9();
-    let mut runner = Runner::start("source-runner", &config, &log);
-    wait_for("the whole snapshot", Duration::from_secs(180), || async {
-        (count(Op::Read) >= SNAPSHOT_ROWS as usize).then_some(())
-    })
-    .await;
+    let mut runner = counters::snapshot_through_a_kill9(&config, &log, &seen, SNAPSHOT_ROWS as usize).await;
 
     let mut next_id = SNAPSHOT_ROWS + 1;
     let mut expected_changes = 0usize;

@@ -17,7 +17,6 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use tributary_schemas::Op;
 use tributary_tests::{
     counters, kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Rng, Runner,
 };
@@ -82,20 +81,9 @@ heartbeat_interval_ms = 1000
     .expect("write config");
     let topic = format!("{name}.{name}.counters");
     let seen = counters::collect(topic.clone());
-    let count = |op: Op| seen.lock().unwrap().iter().filter(|s| s.op == op).count();
 
     // Kill during the snapshot, as soon as its first chunk is committed.
-    let runner = Runner::start("source-runner", &config, &log);
-    wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
-        (count(Op::Read) > 0).then_some(())
-    })
-    .await;
-    runner.kill9();
-    let mut runner = Runner::start("source-runner", &config, &log);
-    wait_for("the whole snapshot", Duration::from_secs(180), || async {
-        (count(Op::Read) >= SNAPSHOT_ROWS as usize).then_some(())
-    })
-    .await;
+    let mut runner = counters::snapshot_through_a_kill9(&config, &log, &seen, SNAPSHOT_ROWS as usize).await;
 
     // Streaming: updates increment v (so a lost or repeated change shows),
     // inserts add ids, deletes remove some; two kills at random moments.
