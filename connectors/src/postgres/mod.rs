@@ -1014,13 +1014,18 @@ impl PostgresSource {
         Ok(())
     }
 
+    /// A snapshot chunk as a batch, after any schema announcements waiting.
+    fn chunk_batch(&mut self, chunk: Chunk, checkpoint: Checkpoint) -> SourceBatch {
+        let mut messages = std::mem::take(&mut self.prelude);
+        messages.extend(chunk.messages);
+        SourceBatch { messages, checkpoint }
+    }
+
     async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
         loop {
             let Some(active) = self.snapshot.as_mut() else { return Ok(None) };
             if let Some((chunk, checkpoint)) = active.ready.take() {
-                let mut messages = std::mem::take(&mut self.prelude);
-                messages.extend(chunk.messages);
-                return Ok(Some(SourceBatch { messages, checkpoint }));
+                return Ok(Some(self.chunk_batch(chunk, checkpoint)));
             }
             match active.run.next_chunk().await? {
                 Some(chunk) => {
@@ -1044,30 +1049,26 @@ impl PostgresSource {
                     if chunk.messages.is_empty() {
                         continue;
                     }
-                    let checkpoint = state.to_checkpoint();
-                    // Only a chunk that ends its key range can be the last.
-                    let (out, held) = match active.pending.take() {
-                        Some(prev) if chunk.done => (prev, Some((chunk, checkpoint))),
+                    // Only a chunk that ends its key range can be the last:
+                    // it waits; a held one goes out first.
+                    let may_be_last = chunk.done;
+                    let current = (chunk, state.to_checkpoint());
+                    let (chunk, checkpoint) = match active.pending.take() {
                         Some(prev) => {
-                            active.ready = Some((chunk, checkpoint));
-                            (prev, None)
+                            if may_be_last {
+                                active.pending = Some(current);
+                            } else {
+                                active.ready = Some(current);
+                            }
+                            prev
                         }
-                        None if chunk.done => {
-                            active.pending = Some((chunk, checkpoint));
+                        None if may_be_last => {
+                            active.pending = Some(current);
                             continue;
                         }
-                        None => ((chunk, checkpoint), None),
+                        None => current,
                     };
-                    if held.is_some() {
-                        active.pending = held;
-                    }
-                    let (chunk, cp) = out;
-                    let mut messages = std::mem::take(&mut self.prelude);
-                    messages.extend(chunk.messages);
-                    return Ok(Some(SourceBatch {
-                        messages,
-                        checkpoint: cp,
-                    }));
+                    return Ok(Some(self.chunk_batch(chunk, checkpoint)));
                 }
                 None => {
                     let pending = active.pending.take();
