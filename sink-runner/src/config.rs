@@ -42,6 +42,11 @@ pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
 /// alone would take half the memory budget; 16 MiB still keeps the
 /// consumer ahead of a destination doing 100k rows/s.
 pub const DEFAULT_QUEUED_MAX_KBYTES: u32 = 16 * 1024;
+/// How long librdkafka waits before fetching again once its prefetch queue
+/// was full, in ms. Its default (1000 ms) stalled a snapshot for up to a
+/// second each time the runner caught up with the queue: a 1M-row snapshot
+/// applied at 67k rows/s with it, 103k rows/s with 10 ms.
+pub const DEFAULT_FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 /// How often new topics matching the pattern are looked for. 5 s: a new
 /// source table reaches the destination within seconds of its first event.
 pub const DEFAULT_TOPIC_REFRESH_MS: u64 = 5_000;

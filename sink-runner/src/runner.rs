@@ -57,7 +57,9 @@ use tributary_connectors::{
 use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
 
 use crate::destination::Destination;
-use crate::config::{SinkRunnerConfig, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS};
+use crate::config::{
+    SinkRunnerConfig, DEFAULT_FETCH_QUEUE_BACKOFF_MS, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS,
+};
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
 use tributary_operations::telemetry::{TableState, Telemetry};
@@ -189,6 +191,7 @@ pub fn consumer_config(config: &SinkRunnerConfig) -> Result<ClientConfig, RunErr
         ("auto.offset.reset", "earliest".to_string()),
         ("topic.metadata.refresh.interval.ms", DEFAULT_TOPIC_REFRESH_MS.to_string()),
         ("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES.to_string()),
+        ("fetch.queue.backoff.ms", DEFAULT_FETCH_QUEUE_BACKOFF_MS.to_string()),
         ("client.id", format!("tributary-sink-{}", config.consumer_group)),
     ];
     for (k, v) in defaults {
