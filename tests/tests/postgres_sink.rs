@@ -687,6 +687,35 @@ async fn every_common_type_round_trips() {
     fx.cleanup().await;
 }
 
+/// Rows are rendered while the `COPY` runs: a value that cannot be
+/// rendered after several chunks went out must abort the `COPY`, leave no
+/// row behind, name its record and keep the session usable.
+#[tokio::test]
+async fn a_value_that_cannot_be_rendered_mid_copy_aborts_it_and_names_the_record() {
+    let fx = Fixture::new("midcopy").await;
+    let s = items();
+    let mut sink = fx.sink();
+    let bad = 15_000;
+    let mut events: Vec<ChangeEvent> = (0..20_000)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, "a product name of some length", i, "19.99")), 7, 0))
+        .collect();
+    if let Some(after) = events[bad].after.as_mut() {
+        after[1] = Value::Unchanged;
+    }
+    let err = sink.apply(&batch("t", 0, events.clone())).await.expect_err("must fail");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent, "{}", err.error);
+    assert_eq!(err.record, Some(bad), "{}", err.error);
+    assert_eq!(err.error.column(), Some("name"), "{}", err.error);
+    assert!(fx.rows().await.is_empty(), "rows of an aborted COPY stayed");
+    assert!(fx.offsets().await.is_empty(), "offsets moved after a failed apply");
+    let mut b = batch("t", 0, events);
+    b.records.remove(bad);
+    sink.apply(&b).await.expect("the rest applies on the same sink");
+    assert_eq!(fx.rows().await.len(), 19_999);
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&20_000));
+    fx.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_snapshot_sized_batch_goes_through_copy_quickly() {
     let fx = Fixture::new("bulk").await;

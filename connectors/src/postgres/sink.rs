@@ -12,7 +12,8 @@
 //! 3. The batch is reduced to the last event per key (a delete then an insert
 //!    of the same key is the insert).
 //! 4. The survivors are streamed with `COPY ... FROM STDIN` (text format, the
-//!    format `pg_dump` uses) into a session-local staging table, then merged
+//!    format `pg_dump` uses; rendered one 256 KiB chunk at a time while
+//!    PostgreSQL parses the chunk before) into a session-local staging table, then merged
 //!    with one `INSERT ... SELECT ... ON CONFLICT DO UPDATE` and one
 //!    `DELETE ... USING`, both guarded by the row's stored [`Position`]: an
 //!    event older than what a row already holds never moves it backwards.
@@ -85,9 +86,10 @@ pub const COMMIT_COLUMN: &str = "__tributary_commit";
 pub const INDEX_COLUMN: &str = "__tributary_index";
 /// Staging column telling a delete (`t`) from an upsert (`f`).
 const DELETE_COLUMN: &str = "__tributary_delete";
-/// Bytes per `COPY` data message. 1 MiB amortises the per-message cost while
-/// keeping only one chunk in flight.
-const COPY_CHUNK_BYTES: usize = 1 << 20;
+/// Bytes per `COPY` data message: rows are rendered one chunk ahead of
+/// PostgreSQL parsing them, so smaller chunks overlap the two better; 256
+/// KiB still amortises the per-message cost.
+const COPY_CHUNK_BYTES: usize = 256 * 1024;
 /// Batches of a table that skip the direct-`COPY` fast path after it met an
 /// existing key: a re-snapshot or a replay of many batches would otherwise
 /// pay a failed `COPY` each time.
@@ -894,15 +896,15 @@ impl PostgresSink {
                 continue;
             }
             reduced
-                .add(ev)
+                .add(i, ev)
                 .map_err(|error| ApplyError { error: error.with_table(ev.schema.id.clone()), record: Some(i) })?;
         }
         // 4. Stage and merge, per schema version.
-        for group in reduced.finish() {
+        for group in &reduced.groups {
             if group.upserts == 0 && group.deletes == 0 {
                 continue;
             }
-            self.merge(dest, &group, probe).await.map_err(|error| ApplyError { error, record: None })?;
+            self.merge(dest, group, probe).await?;
         }
         Ok(())
     }
@@ -1038,11 +1040,10 @@ impl PostgresSink {
         Ok(())
     }
 
-    /// Stages one schema version's surviving rows and merges them.
     /// The fast path for rows that are all new: `COPY` straight into the
     /// table, under a savepoint. `Ok(false)` (rolled back) when a key
     /// already exists; then the staging path decides by position.
-    async fn copy_direct(&self, dest: &DestinationTable, names: &[String], group: &Group) -> Result<bool> {
+    async fn copy_direct(&self, dest: &DestinationTable, names: &[String], group: &Group<'_>) -> Result<bool, ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
         let client = self.client.as_ref().ok_or_else(|| Error::retryable("not connected to the destination"))?;
         client.batch_execute("SAVEPOINT tributary_fast").await.map_err(|e| classify(&e, &ctx))?;
@@ -1054,30 +1055,13 @@ impl PostgresSink {
             quote_ident(COMMIT_COLUMN),
             quote_ident(INDEX_COLUMN),
         );
-        let result = async {
-            let sink = client.copy_in::<_, Bytes>(copy.as_str()).await?;
-            futures::pin_mut!(sink);
-            // Each line without its leading delete flag (`f\t`).
-            let mut chunk = Vec::with_capacity(COPY_CHUNK_BYTES.min(group.data.len()) + 1024);
-            for line in group.data.split_inclusive(|b| *b == b'\n') {
-                chunk.extend_from_slice(line.get(2..).unwrap_or_default());
-                if chunk.len() >= COPY_CHUNK_BYTES {
-                    sink.send(Bytes::from(std::mem::take(&mut chunk))).await?;
-                }
-            }
-            if !chunk.is_empty() {
-                sink.send(Bytes::from(chunk)).await?;
-            }
-            sink.as_mut().finish().await
-        }
-        .await;
-        match result {
-            Ok(_) => {
+        match copy_lines(client, &copy, group, false).await {
+            Ok(()) => {
                 client.batch_execute("RELEASE SAVEPOINT tributary_fast").await.map_err(|e| classify(&e, &ctx))?;
                 debug!(table = %dest, rows = group.upserts, "copied directly");
                 Ok(true)
             }
-            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            Err(CopyFailure::Db(e)) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 client
                     .batch_execute("ROLLBACK TO SAVEPOINT tributary_fast; RELEASE SAVEPOINT tributary_fast")
                     .await
@@ -1085,11 +1069,14 @@ impl PostgresSink {
                 debug!(table = %dest, "keys exist already: merging instead");
                 Ok(false)
             }
-            Err(e) => Err(classify(&e, &ctx)),
+            Err(CopyFailure::Db(e)) => Err(classify(&e, &ctx).into()),
+            Err(CopyFailure::Render(e)) => Err(e),
         }
     }
 
-    async fn merge(&mut self, dest: &DestinationTable, group: &Group, probe: bool) -> Result<()> {
+    /// Stages one schema version's surviving rows and merges them (or
+    /// copies them straight in, see [`PostgresSink::copy_direct`]).
+    async fn merge(&mut self, dest: &DestinationTable, group: &Group<'_>, probe: bool) -> Result<(), ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
         let state = self
             .tables
@@ -1155,12 +1142,11 @@ impl PostgresSink {
             quote_ident(COMMIT_COLUMN),
             quote_ident(INDEX_COLUMN),
         );
-        let sink = client.copy_in::<_, Bytes>(copy.as_str()).await.map_err(|e| classify(&e, &ctx))?;
-        futures::pin_mut!(sink);
-        for chunk in group.data.chunks(COPY_CHUNK_BYTES) {
-            sink.send(Bytes::copy_from_slice(chunk)).await.map_err(|e| classify(&e, &ctx))?;
+        match copy_lines(client, &copy, group, true).await {
+            Ok(()) => {}
+            Err(CopyFailure::Db(e)) => return Err(classify(&e, &ctx).into()),
+            Err(CopyFailure::Render(e)) => return Err(e),
         }
-        sink.as_mut().finish().await.map_err(|e| classify(&e, &ctx))?;
 
         let c = quote_ident(COMMIT_COLUMN);
         let i = quote_ident(INDEX_COLUMN);
@@ -1252,28 +1238,29 @@ impl PrefixProbe for Prefixes<'_> {
 
 // ---------------------------------------------------------------- reduction
 
-/// The surviving events of one table, grouped by schema version, rendered
-/// as `COPY` text.
+/// The surviving events of one table, grouped by schema version. Rows are
+/// rendered as `COPY` text only while they are sent ([`copy_lines`]), so
+/// PostgreSQL parses one chunk while the next is rendered, and a batch's
+/// text is never held whole.
 #[derive(Default)]
-struct Reduced {
-    groups: Vec<Group>,
-    /// Key text -> (position, group, byte range in its data).
+struct Reduced<'a> {
+    groups: Vec<Group<'a>>,
+    /// Key text -> the line of the newest event of that key so far.
     winners: HashMap<Vec<u8>, Winner>,
 }
 
 struct Winner {
     position: Position,
     group: usize,
-    start: usize,
-    end: usize,
-    delete: bool,
+    line: usize,
 }
 
-struct Group {
+struct Group<'a> {
     schema: Arc<TableSchema>,
-    data: Vec<u8>,
-    /// Byte ranges of lines superseded by a later event of the same key.
-    dead: Vec<(usize, usize)>,
+    key: Vec<usize>,
+    /// In batch order; lines superseded by a later event of the same key
+    /// are not `live`.
+    lines: Vec<Line<'a>>,
     upserts: usize,
     deletes: usize,
     /// Whether every upsert is a read or an insert (no update): such a
@@ -1281,15 +1268,26 @@ struct Group {
     only_inserts: bool,
 }
 
-impl Reduced {
+/// One row to write: an upsert's new values or a delete's key.
+struct Line<'a> {
+    row: &'a [Value],
+    /// Index of its record in the batch, named when it cannot be rendered.
+    record: usize,
+    commit: i64,
+    index: i64,
+    delete: bool,
+    live: bool,
+}
+
+impl<'a> Reduced<'a> {
     fn group_of(&mut self, schema: &Arc<TableSchema>) -> usize {
         if let Some(g) = self.groups.iter().position(|g| Arc::ptr_eq(&g.schema, schema) || *g.schema == **schema) {
             return g;
         }
         self.groups.push(Group {
             schema: schema.clone(),
-            data: Vec::new(),
-            dead: Vec::new(),
+            key: schema.key_indexes(),
+            lines: Vec::new(),
             upserts: 0,
             deletes: 0,
             only_inserts: true,
@@ -1297,7 +1295,8 @@ impl Reduced {
         self.groups.len() - 1
     }
 
-    fn add(&mut self, ev: &ChangeEvent) -> Result<()> {
+    /// Adds the event of record `record`.
+    fn add(&mut self, record: usize, ev: &'a ChangeEvent) -> Result<()> {
         let schema = &ev.schema;
         let key_idx = schema.key_indexes();
         if key_idx.is_empty() {
@@ -1315,24 +1314,24 @@ impl Reduced {
                         let old = render_key(schema, before, &key_idx)?;
                         let new = render_key(schema, after, &key_idx)?;
                         if old != new {
-                            self.put(ev, before, true)?;
+                            self.put(record, ev, before, true)?;
                         }
                     }
                 }
-                self.put(ev, after, false)
+                self.put(record, ev, after, false)
             }
             Op::Delete => {
                 let before = ev
                     .before
                     .as_ref()
                     .ok_or_else(|| Error::permanent("a delete event without a before row"))?;
-                self.put(ev, before, true)
+                self.put(record, ev, before, true)
             }
             Op::Truncate => Ok(()),
         }
     }
 
-    fn put(&mut self, ev: &ChangeEvent, row: &[Value], delete: bool) -> Result<()> {
+    fn put(&mut self, record: usize, ev: &ChangeEvent, row: &'a [Value], delete: bool) -> Result<()> {
         let schema = &ev.schema;
         if row.len() != schema.columns.len() {
             return Err(Error::permanent(format!(
@@ -1341,8 +1340,7 @@ impl Reduced {
                 schema.columns.len()
             )));
         }
-        let key_idx = schema.key_indexes();
-        let key = render_key(schema, row, &key_idx)?;
+        let key = render_key(schema, row, &schema.key_indexes())?;
         let position = ev.source.position;
         if let Some(w) = self.winners.get(&key) {
             if w.position > position {
@@ -1352,43 +1350,28 @@ impl Reduced {
         let (commit, index) = position_sql(position)?;
         let g = self.group_of(schema);
         let group = &mut self.groups[g];
-        let start = group.data.len();
-        // The delete flag comes first, so that the fast path can cut it off.
-        group.data.extend_from_slice(if delete { b"t\t" } else { b"f\t" });
         if ev.op == Op::Update {
             group.only_inserts = false;
         }
-        for (i, (col, value)) in schema.columns.iter().zip(row).enumerate() {
-            if delete && !key_idx.contains(&i) {
-                group.data.extend_from_slice(b"\\N");
-            } else {
-                render_copy(&mut group.data, value).map_err(|reason| {
-                    Error::permanent(format!("column {}: {reason}", col.name)).with_column(col.name.clone())
-                })?;
-            }
-            group.data.push(b'\t');
-        }
-        let _ = writeln!(ByteWriter(&mut group.data), "{commit}\t{index}");
-        let end = group.data.len();
+        group.lines.push(Line {
+            row,
+            record,
+            commit,
+            index,
+            delete,
+            live: true,
+        });
         if delete {
             group.deletes += 1;
         } else {
             group.upserts += 1;
         }
-        if let Some(old) = self.winners.insert(
-            key,
-            Winner {
-                position,
-                group: g,
-                start,
-                end,
-                delete,
-            },
-        ) {
-            // The superseded line is cut out when the group is finished.
+        let line = group.lines.len() - 1;
+        if let Some(old) = self.winners.insert(key, Winner { position, group: g, line }) {
             let og = &mut self.groups[old.group];
-            og.dead.push((old.start, old.end));
-            if old.delete {
+            let superseded = &mut og.lines[old.line];
+            superseded.live = false;
+            if superseded.delete {
                 og.deletes -= 1;
             } else {
                 og.upserts -= 1;
@@ -1398,32 +1381,65 @@ impl Reduced {
     }
 }
 
-impl Group {
-    /// Removes superseded lines.
-    fn compact(&mut self) {
-        if self.dead.is_empty() {
-            return;
+impl Group<'_> {
+    /// Appends `line` as a `COPY` text line: the delete flag first when
+    /// `flag` (the staging table's column order), then the columns (a
+    /// delete carries only its key), then the position.
+    fn render(&self, out: &mut Vec<u8>, scratch: &mut String, line: &Line<'_>, flag: bool) -> Result<(), ApplyError> {
+        if flag {
+            out.extend_from_slice(if line.delete { b"t\t" } else { b"f\t" });
         }
-        self.dead.sort_unstable();
-        let mut out = Vec::with_capacity(self.data.len());
-        let mut at = 0;
-        for &(start, end) in &self.dead {
-            out.extend_from_slice(&self.data[at..start]);
-            at = end;
+        for (i, (col, value)) in self.schema.columns.iter().zip(line.row).enumerate() {
+            if line.delete && !self.key.contains(&i) {
+                out.extend_from_slice(b"\\N");
+            } else {
+                render_copy(out, scratch, value).map_err(|reason| ApplyError {
+                    error: Error::permanent(format!("column {}: {reason}", col.name))
+                        .with_column(col.name.clone())
+                        .with_table(self.schema.id.clone()),
+                    record: Some(line.record),
+                })?;
+            }
+            out.push(b'\t');
         }
-        out.extend_from_slice(&self.data[at..]);
-        self.data = out;
-        self.dead.clear();
+        let mut digits = itoa::Buffer::new();
+        out.extend_from_slice(digits.format(line.commit).as_bytes());
+        out.push(b'\t');
+        out.extend_from_slice(digits.format(line.index).as_bytes());
+        out.push(b'\n');
+        Ok(())
     }
 }
 
-impl Reduced {
-    fn finish(mut self) -> Vec<Group> {
-        for g in &mut self.groups {
-            g.compact();
+/// Why [`copy_lines`] failed.
+enum CopyFailure {
+    /// A row could not be rendered (the `COPY` was aborted).
+    Render(ApplyError),
+    /// PostgreSQL refused the `COPY` or the connection broke.
+    Db(tokio_postgres::Error),
+}
+
+/// Runs `copy` (a `COPY ... FROM STDIN` in text format) with the live
+/// lines of `group`, rendering each chunk while PostgreSQL parses the one
+/// before. On a render error the sink is dropped unfinished, which makes
+/// tokio-postgres send `CopyFail`: nothing of the `COPY` stays.
+async fn copy_lines(client: &Client, copy: &str, group: &Group<'_>, flag: bool) -> Result<(), CopyFailure> {
+    let sink = client.copy_in::<_, Bytes>(copy).await.map_err(CopyFailure::Db)?;
+    futures::pin_mut!(sink);
+    let mut scratch = String::new();
+    let mut chunk = Vec::with_capacity(COPY_CHUNK_BYTES + COPY_CHUNK_BYTES / 4);
+    for line in group.lines.iter().filter(|l| l.live) {
+        group.render(&mut chunk, &mut scratch, line, flag).map_err(CopyFailure::Render)?;
+        if chunk.len() >= COPY_CHUNK_BYTES {
+            let full = std::mem::replace(&mut chunk, Vec::with_capacity(COPY_CHUNK_BYTES + COPY_CHUNK_BYTES / 4));
+            sink.send(Bytes::from(full)).await.map_err(CopyFailure::Db)?;
         }
-        self.groups
     }
+    if !chunk.is_empty() {
+        sink.send(Bytes::from(chunk)).await.map_err(CopyFailure::Db)?;
+    }
+    sink.as_mut().finish().await.map_err(CopyFailure::Db)?;
+    Ok(())
 }
 
 fn before_key_is_null(row: &[Value], key: &[usize]) -> bool {
@@ -1438,7 +1454,7 @@ fn render_key(schema: &TableSchema, row: &[Value], key: &[usize]) -> Result<Vec<
             return Err(Error::permanent(format!("key column {} is null", schema.columns[i].name))
                 .with_column(schema.columns[i].name.clone()));
         }
-        render_copy(&mut out, value).map_err(|reason| {
+        render_copy(&mut out, &mut String::new(), value).map_err(|reason| {
             Error::permanent(format!("key column {}: {reason}", schema.columns[i].name))
                 .with_column(schema.columns[i].name.clone())
         })?;
@@ -1884,25 +1900,35 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit {
 
 // ---------------------------------------------------------------- values
 
-/// Appends `value` in `COPY` text format (tab-separated, `\N` for NULL).
-/// The error names the value's kind, never the value.
-pub fn render_copy(out: &mut Vec<u8>, value: &Value) -> Result<(), String> {
+/// Appends `value` in `COPY` text format (`\\N` for NULL; the caller adds
+/// the tabs). The error names the value's kind, never the value. `scratch`
+/// is reused between calls for values rendered before they are escaped.
+pub fn render_copy(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Result<(), String> {
+    // The common types are written straight into `out` (none of their
+    // text needs escaping); the rest go through `render_text`.
     match value {
-        Value::Null => {
-            out.extend_from_slice(b"\\N");
-            Ok(())
-        }
+        Value::Null => out.extend_from_slice(b"\\N"),
+        Value::Boolean(b) => out.push(if *b { b't' } else { b'f' }),
+        Value::Int16(v) => out.extend_from_slice(itoa::Buffer::new().format(*v).as_bytes()),
+        Value::Int32(v) => out.extend_from_slice(itoa::Buffer::new().format(*v).as_bytes()),
+        Value::Int64(v) => out.extend_from_slice(itoa::Buffer::new().format(*v).as_bytes()),
+        Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => escape_copy(out, s),
         other => {
-            let mut text = String::new();
-            render_text(&mut text, other)?;
-            escape_copy(out, &text);
-            Ok(())
+            scratch.clear();
+            render_text(scratch, other)?;
+            escape_copy(out, scratch);
         }
     }
+    Ok(())
 }
 
 fn escape_copy(out: &mut Vec<u8>, text: &str) {
-    for b in text.bytes() {
+    let bytes = text.as_bytes();
+    if !bytes.iter().any(|b| matches!(b, b'\\' | b'\n' | b'\r' | b'\t')) {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    for &b in bytes {
         match b {
             b'\\' => out.extend_from_slice(b"\\\\"),
             b'\n' => out.extend_from_slice(b"\\n"),
@@ -2012,19 +2038,45 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
-fn render_date(out: &mut String, days: i64) {
+/// Appends `v` with at least `width` digits, zero-padded (`format!`'s
+/// `{:0width$}` costs several times more, on every timestamp of a snapshot).
+fn push_digits(out: &mut String, v: u64, width: usize) {
+    let mut buf = itoa::Buffer::new();
+    let digits = buf.format(v);
+    for _ in digits.len()..width {
+        out.push('0');
+    }
+    out.push_str(digits);
+}
+
+/// `YYYY-MM-DD` (year at least 4 digits); `true` when the date is BC.
+fn render_ymd(out: &mut String, days: i64) -> bool {
     let (y, m, d) = civil_from_days(days);
-    if y <= 0 {
-        let _ = write!(out, "{:04}-{m:02}-{d:02} BC", 1 - y);
-    } else {
-        let _ = write!(out, "{y:04}-{m:02}-{d:02}");
+    let bc = y <= 0;
+    push_digits(out, (if bc { 1 - y } else { y }).unsigned_abs(), 4);
+    out.push('-');
+    push_digits(out, u64::from(m), 2);
+    out.push('-');
+    push_digits(out, u64::from(d), 2);
+    bc
+}
+
+fn render_date(out: &mut String, days: i64) {
+    if render_ymd(out, days) {
+        out.push_str(" BC");
     }
 }
 
 fn render_time_of_day(out: &mut String, micros: i64) {
+    let micros = micros.unsigned_abs();
     let secs = micros / 1_000_000;
-    let frac = micros % 1_000_000;
-    let _ = write!(out, "{:02}:{:02}:{:02}.{frac:06}", secs / 3600, (secs / 60) % 60, secs % 60);
+    push_digits(out, secs / 3600, 2);
+    out.push(':');
+    push_digits(out, (secs / 60) % 60, 2);
+    out.push(':');
+    push_digits(out, secs % 60, 2);
+    out.push('.');
+    push_digits(out, micros % 1_000_000, 6);
 }
 
 fn render_time(out: &mut String, micros: i64) {
@@ -2036,25 +2088,14 @@ fn render_time(out: &mut String, micros: i64) {
 fn render_timestamp(out: &mut String, micros: i64, utc: bool) {
     let days = micros.div_euclid(86_400_000_000);
     let tod = micros.rem_euclid(86_400_000_000);
-    let (y, m, d) = civil_from_days(days);
-    let bc = y <= 0;
-    let year = if bc { 1 - y } else { y };
-    let _ = write!(out, "{year:04}-{m:02}-{d:02} ");
+    let bc = render_ymd(out, days);
+    out.push(' ');
     render_time_of_day(out, tod);
     if utc {
         out.push_str("+00");
     }
     if bc {
         out.push_str(" BC");
-    }
-}
-
-struct ByteWriter<'a>(&'a mut Vec<u8>);
-
-impl fmt::Write for ByteWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
     }
 }
 
@@ -2230,7 +2271,7 @@ mod tests {
 
     fn copy(v: &Value) -> String {
         let mut out = Vec::new();
-        render_copy(&mut out, v).unwrap();
+        render_copy(&mut out, &mut String::new(), v).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -2256,7 +2297,7 @@ mod tests {
             copy(&Value::Array(vec![Value::Text("a\"b".into()), Value::Null, Value::Int32(3)])),
             "{\"a\\\\\"b\",NULL,\"3\"}"
         );
-        assert!(render_copy(&mut Vec::new(), &Value::Unchanged).is_err());
+        assert!(render_copy(&mut Vec::new(), &mut String::new(), &Value::Unchanged).is_err());
     }
 
     #[test]
