@@ -687,6 +687,212 @@ async fn every_common_type_round_trips() {
     fx.cleanup().await;
 }
 
+/// The types the sink writes in binary `COPY`, at their edges: each value
+/// must read back as PostgreSQL reads the same value's text (the literal
+/// beside it), through the direct path (inserts) and the staging path
+/// (updates and deletes).
+#[tokio::test]
+async fn binary_copy_writes_each_type_as_its_text_would() {
+    let fx = Fixture::new("binary").await;
+    let s = Arc::new(TableSchema {
+        id: TableId::new("public", "items"),
+        columns: vec![
+            column("id", DataType::Int64, false, "bigint"),
+            column("b", DataType::Boolean, true, "boolean"),
+            column("s", DataType::Int16, true, "smallint"),
+            column("f4", DataType::Float32, true, "real"),
+            column("f8", DataType::Float64, true, "double precision"),
+            column("d", DataType::VariableDecimal, true, "numeric"),
+            column("d2", DataType::Decimal { precision: 12, scale: 2 }, true, "numeric(12,2)"),
+            column("t", DataType::Text, true, "text"),
+            column("v", DataType::Text, true, "character varying(12)"),
+            column("j", DataType::Json, true, "jsonb"),
+            column("js", DataType::Json, true, "json"),
+            column("u", DataType::Uuid, true, "uuid"),
+            column("by", DataType::Bytes, true, "bytea"),
+            column("dt", DataType::Date, true, "date"),
+            column("tm", DataType::Time, true, "time without time zone"),
+            column("ts", DataType::Timestamp, true, "timestamp without time zone"),
+            column("tz", DataType::TimestampTz, true, "timestamp with time zone"),
+        ],
+        key: vec!["id".into()],
+    });
+    let cases: Vec<Case> = vec![
+        (
+            1,
+            vec![
+                Value::Boolean(true),
+                Value::Int16(-7),
+                Value::Float32(0.1),
+                Value::Float64(-2.5e-300),
+                Value::Decimal("-12345678901234567890.123456789".into()),
+                Value::Decimal("1.005".into()),
+                Value::Text("tab\there\nnewline \\ back ü".into()),
+                Value::Text("twelve chars".into()),
+                Value::Json("{\"a\": [1, 2], \"é\": null}".into()),
+                Value::Json("{\"keep\":  \"spacing\"}".into()),
+                Value::Uuid(uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)),
+                Value::Bytes(vec![0, 1, 254, 255]),
+                Value::Date(19_723),
+                Value::Time(86_400_000_000),
+                Value::Timestamp(1_700_000_000_123_456),
+                Value::TimestampTz(-1),
+            ],
+            [
+                "t", "-7", "0.1", "-2.5e-300", "-12345678901234567890.123456789", "1.005",
+                "tab\there\nnewline \\ back ü", "twelve chars", "{\"a\": [1, 2], \"é\": null}",
+                "{\"keep\":  \"spacing\"}", "01234567-89ab-cdef-0123-456789abcdef", "\\x0001feff", "2024-01-01",
+                "24:00:00", "2023-11-14 22:13:20.123456", "1969-12-31 23:59:59.999999+00",
+            ],
+        ),
+        (
+            2,
+            vec![
+                Value::Boolean(false),
+                Value::Int16(i16::MIN),
+                Value::Float32(f32::INFINITY),
+                Value::Float64(f64::NAN),
+                Value::Decimal("-0.00".into()),
+                Value::Decimal("99999999.99".into()),
+                Value::Text(String::new()),
+                Value::Text("".into()),
+                Value::Json("[]".into()),
+                Value::Json("\"s\"".into()),
+                Value::Uuid(uuid::Uuid::nil()),
+                Value::Bytes(Vec::new()),
+                Value::Date(-800_000),
+                Value::Time(0),
+                Value::Timestamp(-62_135_596_800_000_001),
+                Value::TimestampTz(253_402_300_799_999_999),
+            ],
+            [
+                "f", "-32768", "Infinity", "NaN", "-0.00", "99999999.99", "", "", "[]", "\"s\"",
+                "00000000-0000-0000-0000-000000000000", "\\x", "0222-09-04 BC", "00:00:00",
+                "0001-12-31 23:59:59.999999 BC", "9999-12-31 23:59:59.999999+00",
+            ],
+        ),
+        (
+            3,
+            vec![
+                Value::Null,
+                Value::Null,
+                Value::Float32(-0.0),
+                Value::Float64(1e308),
+                Value::Decimal("0.0001".into()),
+                Value::Decimal(".5".into()),
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+            ],
+            [
+                "NULL", "NULL", "-0", "1e308", "0.0001", ".5", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL",
+                "NULL", "NULL", "NULL",
+            ],
+        ),
+        (
+            4,
+            vec![
+                Value::Null,
+                Value::Int16(0),
+                Value::Null,
+                Value::Null,
+                Value::Decimal("100000000".into()),
+                Value::Decimal("-0.005".into()),
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+            ],
+            [
+                "NULL", "0", "NULL", "NULL", "100000000", "-0.005", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL",
+                "NULL", "NULL", "NULL", "NULL",
+            ],
+        ),
+    ];
+    let types = [
+        "boolean", "smallint", "real", "double precision", "numeric", "numeric(12,2)", "text", "varchar(12)",
+        "jsonb", "json", "uuid", "bytea", "date", "time", "timestamp", "timestamptz",
+    ];
+    let events: Vec<ChangeEvent> = cases
+        .iter()
+        .map(|(id, rest, _)| {
+            let mut values = vec![Value::Int64(*id)];
+            values.extend(rest.iter().cloned());
+            event(&s, Op::Read, None, Some(values), 1, *id as u64)
+        })
+        .collect();
+    let mut sink = fx.sink();
+    sink.apply(&batch("t", 0, events.clone())).await.expect("inserts (direct COPY)");
+    check_cases(&fx, &s, &cases, &types, "direct").await;
+    // The same rows as updates at later positions, and a delete: the staging path.
+    let mut updates: Vec<ChangeEvent> = events
+        .iter()
+        .map(|e| {
+            let mut u = e.clone();
+            u.op = Op::Update;
+            u.source.position.commit = 2;
+            u
+        })
+        .collect();
+    let mut gone = events[0].clone();
+    gone.op = Op::Delete;
+    gone.before = gone.after.take();
+    gone.source.position.commit = 3;
+    updates.push(gone);
+    fx.exec(&format!("UPDATE {} SET t = 'changed', d2 = 0", fx.table())).await;
+    sink.apply(&batch("t", 4, updates)).await.expect("updates and a delete (staging)");
+    let ids: Vec<i64> = fx
+        .admin
+        .query(format!("SELECT id FROM {} ORDER BY id", fx.table()).as_str(), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, vec![2, 3, 4]);
+    let left: Vec<Case> = cases.into_iter().filter(|c| c.0 != 1).collect();
+    check_cases(&fx, &s, &left, &types, "staging").await;
+    fx.cleanup().await;
+}
+
+/// (id, values after the id, the same values as PostgreSQL text literals)
+type Case = (i64, Vec<Value>, [&'static str; 16]);
+
+/// Each value of `cases` reads back as its literal does, cast to its type.
+async fn check_cases(fx: &Fixture, s: &TableSchema, cases: &[Case], types: &[&str], stage: &str) {
+    for (id, _, literals) in cases {
+        for (n, (literal, ty)) in literals.iter().zip(types).enumerate() {
+            let col = &s.columns[n + 1].name;
+            let expected = if *literal == "NULL" { "NULL".to_string() } else { format!("{}::{ty}", quote_lit(literal)) };
+            let q = format!(
+                "SELECT ({col})::text IS NOT DISTINCT FROM ({expected})::text, ({col})::text, ({expected})::text \
+                 FROM {} WHERE id = {id}",
+                fx.table()
+            );
+            let r = fx.admin.query_one(q.as_str(), &[]).await.expect(&q);
+            let (same, got, want): (bool, Option<String>, Option<String>) = (r.get(0), r.get(1), r.get(2));
+            assert!(same, "{stage}: row {id} column {col}: got {got:?}, want {want:?}");
+        }
+    }
+}
+
+fn quote_lit(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
 /// Rows are rendered while the `COPY` runs: a value that cannot be
 /// rendered after several chunks went out must abort the `COPY`, leave no
 /// row behind, name its record and keep the session usable.
