@@ -12,7 +12,7 @@ use tributary_schemas::{EnvelopeOptions, EventDecoder, EventEncoder, Registry};
 use tributary_schemas::decoder::Decoded;
 
 fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+    fixtures::manifest_dir().join("tests/golden")
 }
 
 fn check(name: &str, actual: &[u8]) {

@@ -30,7 +30,7 @@ fn bootstrap() -> String {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    fixtures::manifest_dir().join("..")
 }
 
 fn script() -> PathBuf {
@@ -176,7 +176,7 @@ async fn we_decode_what_python_produces() {
         .arg(script())
         .args(["produce", "--bootstrap", &bootstrap(), "--registry", &fixtures::registry_url(), "--topic", &topic])
         .arg("--schema-dir")
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/debezium"))
+        .arg(fixtures::manifest_dir().join("tests/debezium"))
         .output()
         .expect("run interop.py");
     assert!(

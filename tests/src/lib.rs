@@ -64,11 +64,22 @@ pub fn target_dir() -> PathBuf {
         .expect("target dir")
 }
 
+/// The workspace root. Read at run time (cargo test sets
+/// `CARGO_MANIFEST_DIR` for the test being run), not compiled in: a target
+/// directory shared by two checkouts may hold a test binary built in the
+/// other one, whose compiled-in path then points there.
+pub fn workspace_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("..")
+}
+
 /// `target/<profile>/<package>` for a runner binary of the workspace, built
 /// if needed (`scripts/test` builds them first, so this is normally a no-op).
 pub fn runner_binary(package: &str) -> PathBuf {
     let dir = target_dir();
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = workspace_dir();
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
     // The same selection as `scripts/test` (`--workspace --bins`): with a
     // narrower one, feature unification differs and cargo rebuilds
@@ -172,8 +183,8 @@ where
 /// puts it.
 pub fn pg_tls_ca() -> String {
     std::env::var("PG_TLS_CA").unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../.stack/postgres-ca.crt")
+        workspace_dir()
+            .join(".stack/postgres-ca.crt")
             .to_string_lossy()
             .into_owned()
     })

@@ -117,7 +117,7 @@ fn free_port() -> u16 {
 }
 
 fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    tributary_tests::workspace_dir()
 }
 
 /// `scripts/stack ARGS` with this process's environment (ports).

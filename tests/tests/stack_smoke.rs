@@ -172,7 +172,7 @@ async fn mariadb_writes_a_full_row_binlog() {
 
 #[test]
 fn docker_compose_file_is_valid() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let root = tributary_tests::workspace_dir();
     let status = std::process::Command::new("docker-compose")
         .args(["-f", "docker-compose.yml", "config", "-q"])
         .current_dir(root)
