@@ -1247,9 +1247,9 @@ impl PrefixProbe for Prefixes<'_> {
 // ---------------------------------------------------------------- reduction
 
 /// The surviving events of one table, grouped by schema version. Rows are
-/// rendered as `COPY` text only while they are sent ([`copy_lines`]), so
-/// PostgreSQL parses one chunk while the next is rendered, and a batch's
-/// text is never held whole.
+/// rendered for `COPY` only while they are sent ([`copy_lines`]), so
+/// PostgreSQL parses one chunk while the next is rendered, and a batch is
+/// never held rendered whole.
 #[derive(Default)]
 struct Reduced<'a> {
     groups: Vec<Group<'a>>,
@@ -1662,9 +1662,9 @@ enum CopyFailure {
     Db(tokio_postgres::Error),
 }
 
-/// Runs `copy` (a `COPY ... FROM STDIN` in text format) with the live
-/// lines of `group`, rendering each chunk while PostgreSQL parses the one
-/// before. On a render error the sink is dropped unfinished, which makes
+/// Runs `copy` (a `COPY ... FROM STDIN`, sent with `(FORMAT binary)` when
+/// `binary` gives the fields) with the live lines of `group`, rendering
+/// each chunk while PostgreSQL parses the one before. On a render error the sink is dropped unfinished, which makes
 /// tokio-postgres send `CopyFail`: nothing of the `COPY` stays.
 async fn copy_lines(
     client: &Client,
@@ -2159,7 +2159,7 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit {
 
 // ---------------------------------------------------------------- values
 
-/// Appends `value` in `COPY` text format (`\\N` for NULL; the caller adds
+/// Appends `value` in `COPY` text format (`\N` for NULL; the caller adds
 /// the tabs). The error names the value's kind, never the value. `scratch`
 /// is reused between calls for values rendered before they are escaped.
 pub fn render_copy(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Result<(), String> {
