@@ -61,6 +61,7 @@ use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Position, TableId, TableSchema, Value};
 
 use super::config::{validate_tls, TlsMode};
+use super::types::{BinaryType, BINARY_COPY_SIGNATURE, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sink::{
     check_table_template, expand_table_template, group_by_destination, locate_failed_record, segments, ApplyError,
@@ -1049,7 +1050,7 @@ impl PostgresSink {
         dest: &DestinationTable,
         names: &[String],
         group: &Group<'_>,
-        binary: Option<&[BinaryField]>,
+        binary: Option<&[BinaryType]>,
     ) -> Result<bool, ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
         let client = self.client.as_ref().ok_or_else(|| Error::retryable("not connected to the destination"))?;
@@ -1097,7 +1098,7 @@ impl PostgresSink {
             })?;
             columns.push((c.name.as_str(), d.raw_type.as_str()));
         }
-        let binary = group.binary_fields(&columns.iter().map(|(_, t)| BinaryField::for_type(t)).collect::<Vec<_>>());
+        let binary = group.binary_fields(&columns.iter().map(|(_, t)| binary_type(t)).collect::<Vec<_>>());
         let key = state.primary_key.clone();
         if !probe && group.deletes == 0 && group.only_inserts && group.upserts > 0 {
             let skip = self.fast_skip.get(dest).copied().unwrap_or(0);
@@ -1425,8 +1426,8 @@ impl Group<'_> {
     /// sends the group as text. `fields` holds one entry per schema column,
     /// from the destination column's type (`None` for a type without a
     /// binary writer here).
-    fn binary_fields(&self, fields: &[Option<BinaryField>]) -> Option<Vec<BinaryField>> {
-        let fields: Vec<BinaryField> = fields.iter().copied().collect::<Option<_>>()?;
+    fn binary_fields(&self, fields: &[Option<BinaryType>]) -> Option<Vec<BinaryType>> {
+        let fields: Vec<BinaryType> = fields.iter().copied().collect::<Option<_>>()?;
         for line in self.lines.iter().filter(|l| l.live) {
             for (i, (field, value)) in fields.iter().zip(line.row).enumerate() {
                 if !(line.delete && !self.key.contains(&i)) && !field.accepts(value) {
@@ -1439,11 +1440,11 @@ impl Group<'_> {
 
     /// Appends `line` as a binary `COPY` tuple, in the order of [`Group::render`].
     /// Every value was checked by [`Group::binary_fields`].
-    fn render_binary(&self, out: &mut Vec<u8>, fields: &[BinaryField], line: &Line<'_>, flag: bool) {
+    fn render_binary(&self, out: &mut Vec<u8>, fields: &[BinaryType], line: &Line<'_>, flag: bool) {
         let n = self.schema.columns.len() + 2 + usize::from(flag);
         out.extend_from_slice(&i16::try_from(n).unwrap_or(i16::MAX).to_be_bytes());
         if flag {
-            BinaryField::Bool.write(out, &Value::Boolean(line.delete));
+            BinaryType::Bool.write(out, &Value::Boolean(line.delete));
         }
         for (i, (field, value)) in fields.iter().zip(line.row).enumerate() {
             if line.delete && !self.key.contains(&i) {
@@ -1452,72 +1453,26 @@ impl Group<'_> {
                 field.write(out, value);
             }
         }
-        BinaryField::Int8.write(out, &Value::Int64(line.commit));
-        BinaryField::Int8.write(out, &Value::Int64(line.index));
+        BinaryType::Int8.write(out, &Value::Int64(line.commit));
+        BinaryType::Int8.write(out, &Value::Int64(line.index));
     }
 }
 
-/// How a column is written in binary `COPY`, chosen by the destination
-/// column's type. Binary input spares PostgreSQL the text parsing of every
+/// The binary `COPY` type of a destination column type (`format_type`
+/// spelling); `None` for the types sent as text (arrays, intervals, user
+/// types...). Binary input spares PostgreSQL the text parsing of every
 /// value: a 1M-row `COPY` into the benchmark table (with its primary key)
 /// took 4.1-5.3 s as text and 2.9-3.0 s as binary here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BinaryField {
-    Bool,
-    Int2,
-    Int4,
-    Int8,
-    Float4,
-    Float8,
-    Numeric,
-    Text,
-    Bytea,
-    Date,
-    Time,
-    Timestamp,
-    TimestampTz,
-    Uuid,
-    Json,
-    Jsonb,
+fn binary_type(raw: &str) -> Option<BinaryType> {
+    let t = PgType::parse(raw);
+    if t.dims > 0 {
+        return None;
+    }
+    BinaryType::from_base(&t.base)
 }
 
-/// Microseconds from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
-/// Days from 1970-01-01 to 2000-01-01.
-const PG_EPOCH_DAYS: i32 = 10_957;
-/// Binary `COPY` signature, flags and header extension length.
-const BINARY_COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
-
-impl BinaryField {
-    /// The field for a destination column type (`format_type` spelling);
-    /// `None` for the types sent as text (arrays, intervals, user types...).
-    fn for_type(raw: &str) -> Option<Self> {
-        let t = PgType::parse(raw);
-        if t.dims > 0 {
-            return None;
-        }
-        Some(match t.base.as_str() {
-            "boolean" => Self::Bool,
-            "smallint" => Self::Int2,
-            "integer" => Self::Int4,
-            "bigint" => Self::Int8,
-            "real" => Self::Float4,
-            "double precision" => Self::Float8,
-            "numeric" => Self::Numeric,
-            // Their binary input applies the length modifier as text input does.
-            "text" | "character varying" | "character" => Self::Text,
-            "bytea" => Self::Bytea,
-            "date" => Self::Date,
-            "time without time zone" => Self::Time,
-            "timestamp without time zone" => Self::Timestamp,
-            "timestamp with time zone" => Self::TimestampTz,
-            "uuid" => Self::Uuid,
-            "json" => Self::Json,
-            "jsonb" => Self::Jsonb,
-            _ => return None,
-        })
-    }
-
+/// Writing values in binary `COPY`.
+impl BinaryType {
     /// Whether `value` can be written as this field with the meaning its
     /// text form has (anything else sends its group as text, where
     /// PostgreSQL decides as before).
@@ -1546,7 +1501,7 @@ impl BinaryField {
         }
     }
 
-    /// Appends `value` (accepted by [`BinaryField::accepts`]) as a binary
+    /// Appends `value` (accepted by [`BinaryType::accepts`]) as a binary
     /// `COPY` field: its length, then its bytes.
     fn write(self, out: &mut Vec<u8>, value: &Value) {
         fn field(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -1671,7 +1626,7 @@ async fn copy_lines(
     copy: &str,
     group: &Group<'_>,
     flag: bool,
-    binary: Option<&[BinaryField]>,
+    binary: Option<&[BinaryType]>,
 ) -> Result<(), CopyFailure> {
     let copy = if binary.is_some() { format!("{copy} (FORMAT binary)") } else { copy.to_string() };
     let sink = client.copy_in::<_, Bytes>(copy.as_str()).await.map_err(CopyFailure::Db)?;
@@ -1679,7 +1634,9 @@ async fn copy_lines(
     let mut scratch = String::new();
     let mut chunk = Vec::with_capacity(COPY_CHUNK_BYTES + COPY_CHUNK_BYTES / 4);
     if binary.is_some() {
-        chunk.extend_from_slice(BINARY_COPY_HEADER);
+        // The signature, no flags, no header extension.
+        chunk.extend_from_slice(BINARY_COPY_SIGNATURE);
+        chunk.extend_from_slice(&[0; 8]);
     }
     for line in group.lines.iter().filter(|l| l.live) {
         match binary {

@@ -27,9 +27,11 @@
 //!
 //! # Reading
 //!
-//! Each segment is one `COPY (SELECT ... ORDER BY key) TO STDOUT` (text
-//! format), decoded row by row with the same text decoders as pgoutput and
-//! cut into chunks of `snapshot_chunk_rows`. Chunks go through a channel of
+//! Each segment is one `COPY (SELECT ... ORDER BY key) TO STDOUT`, decoded
+//! row by row and cut into chunks of `snapshot_chunk_rows`: in binary when
+//! every column has a binary reader (`types::binary_columns`, each giving
+//! the value the text decoder gives), else as text with the same text
+//! decoders as pgoutput. Chunks go through a channel of
 //! one slot per worker, so memory stays bounded by a few chunks.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -48,7 +50,10 @@ use tributary_schemas::{
 };
 
 use super::config::ConnectionParams;
-use super::types::{copy_fields, decode_text, quote_ident, quote_literal, quote_table, unescape_copy_field, ColumnRef};
+use super::types::{
+    binary_columns, binary_key_ok, BINARY_COPY_SIGNATURE, copy_fields, decode_binary, decode_text, key_literal_text, quote_ident, quote_literal,
+    quote_table, unescape_copy_field, BinaryType, ColumnRef,
+};
 use super::{classify_pg, connect, format_lsn, EventContext};
 use crate::error::{Error, Result};
 use crate::SourceMessage;
@@ -443,7 +448,16 @@ async fn plan_segments(
 }
 
 /// The `COPY` statement reading the rest of one segment in key order.
-fn segment_query(t: &SnapshotTable, seg: &Segment) -> String {
+fn segment_query(t: &SnapshotTable, seg: &Segment, binary: bool) -> String {
+    let mut sql = segment_select(t, seg);
+    if binary {
+        sql.push_str(" (FORMAT binary)");
+    }
+    sql
+}
+
+/// [`segment_query`] in text format.
+fn segment_select(t: &SnapshotTable, seg: &Segment) -> String {
     let schema = &t.schema;
     let cols = schema
         .columns
@@ -517,7 +531,11 @@ async fn read_segment(
     let t = &shared.tables[ti];
     let schema = &t.schema;
     let table_progress = shared.progress.table(&schema.id, 0);
-    let sql = segment_query(t, &t.plan.segments[si]);
+    // Binary when every column has a binary reader and the key's values
+    // can be written back as the resume point's literals.
+    let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())))
+        .filter(|cols| !t.keyed || schema.key_indexes().iter().all(|&k| binary_key_ok(cols[k])));
+    let sql = segment_query(t, &t.plan.segments[si], binary.is_some());
     let stream = client
         .copy_out(sql.as_str())
         .await
@@ -535,6 +553,63 @@ async fn read_segment(
     let mut last_line: Option<Bytes> = None;
     let mut pending: Vec<u8> = Vec::new();
     let mut now = super::now_ms();
+    if let Some(cols) = &binary {
+        let mut header = false;
+        loop {
+            let data = match stream.next().await {
+                Some(Ok(data)) => data,
+                Some(Err(e)) => {
+                    return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))
+                }
+                None => break,
+            };
+            let buf: Bytes = if pending.is_empty() {
+                data
+            } else {
+                pending.extend_from_slice(&data);
+                Bytes::from(std::mem::take(&mut pending))
+            };
+            let mut at = 0;
+            if !header {
+                match binary_header_len(&buf) {
+                    Ok(Some(n)) => {
+                        at = n;
+                        header = true;
+                    }
+                    Ok(None) => {
+                        pending.extend_from_slice(&buf);
+                        continue;
+                    }
+                    Err(()) => return Err(not_binary(schema)),
+                }
+            }
+            while at < buf.len() {
+                let Some((row, used)) = decode_binary_row(&buf[at..], schema, cols)? else {
+                    break;
+                };
+                at += used;
+                let Some(row) = row else {
+                    at = buf.len(); // the trailer: nothing follows
+                    break;
+                };
+                if messages.len() >= shared.chunk_rows {
+                    let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
+                    let key = binary_last_key(t, &full);
+                    let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return Ok(());
+                    }
+                    now = super::now_ms();
+                }
+                messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
+            }
+            pending.extend_from_slice(&buf[at..]);
+        }
+        let key = binary_last_key(t, &messages);
+        let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
+        let _ = tx.send(Ok(chunk)).await;
+        return Ok(());
+    }
     loop {
         let next = stream.next().await;
         let data = match next {
@@ -564,7 +639,8 @@ async fn read_segment(
             // snapshot's very last row in it.
             if messages.len() >= shared.chunk_rows {
                 let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
-                let chunk = cut_chunk(ti, si, t, full, last_line.as_deref(), &mut last, false, &table_progress)?;
+                let key = text_last_key(t, last_line.as_deref())?;
+                let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
                 if tx.send(Ok(chunk)).await.is_err() {
                     return Ok(());
                 }
@@ -576,38 +652,132 @@ async fn read_segment(
             last_line = Some(line);
         }
     }
-    let chunk = cut_chunk(ti, si, t, messages, last_line.as_deref(), &mut last, true, &table_progress)?;
+    let key = text_last_key(t, last_line.as_deref())?;
+    let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
     let _ = tx.send(Ok(chunk)).await;
     Ok(())
 }
 
-/// A chunk of `messages`, the rows of segment `si` of table `ti` up to the
-/// row whose COPY line is `last_line`: counts them and records that row's
-/// key (the resume point) in `last`.
+/// A chunk of `messages`, the rows of segment `si` of table `ti`: counts
+/// them and records the key of their last row (`last_key`, the resume
+/// point; `None` for key-less tables) in `last`.
 #[allow(clippy::too_many_arguments)]
 fn cut_chunk(
     ti: usize,
     si: usize,
     t: &SnapshotTable,
     messages: Vec<SourceMessage>,
-    last_line: Option<&[u8]>,
+    last_key: Option<Vec<Option<String>>>,
     last: &mut Option<Vec<Option<String>>>,
     done: bool,
     progress: &TableProgress,
-) -> Result<Chunk> {
+) -> Chunk {
     progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
-    if t.keyed {
-        if let Some(line) = last_line {
-            *last = Some(key_texts(line, &t.schema.key_indexes(), &t.schema)?);
-        }
+    if t.keyed && last_key.is_some() {
+        *last = last_key;
     }
-    Ok(Chunk {
+    Chunk {
         table: ti,
         segment: si,
         messages,
         last: last.clone(),
         done,
-    })
+    }
+}
+
+/// The key texts of the row whose COPY text line is `line`.
+fn text_last_key(t: &SnapshotTable, line: Option<&[u8]>) -> Result<Option<Vec<Option<String>>>> {
+    match line {
+        Some(line) if t.keyed => key_texts(line, &t.schema.key_indexes(), &t.schema).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The key texts of the last of `messages`, read in binary (their key
+/// types all have a [`key_literal_text`]).
+fn binary_last_key(t: &SnapshotTable, messages: &[SourceMessage]) -> Option<Vec<Option<String>>> {
+    if !t.keyed {
+        return None;
+    }
+    let Some(SourceMessage::Change(ev)) = messages.last() else {
+        return None;
+    };
+    let row = ev.after.as_ref()?;
+    Some(
+        t.schema
+            .key_indexes()
+            .iter()
+            .map(|&k| row.get(k).and_then(key_literal_text))
+            .collect(),
+    )
+}
+
+/// Length of a binary `COPY` header at the start of `buf`: `Ok(None)` when
+/// more bytes are needed, `Err` when it is not one.
+fn binary_header_len(buf: &[u8]) -> std::result::Result<Option<usize>, ()> {
+    const SIGNATURE: &[u8] = BINARY_COPY_SIGNATURE;
+    if buf.len() < SIGNATURE.len() + 8 {
+        return if SIGNATURE.starts_with(&buf[..buf.len().min(SIGNATURE.len())]) { Ok(None) } else { Err(()) };
+    }
+    if !buf.starts_with(SIGNATURE) {
+        return Err(());
+    }
+    let ext = u32::from_be_bytes([buf[15], buf[16], buf[17], buf[18]]) as usize;
+    let len = SIGNATURE.len() + 8 + ext;
+    Ok((buf.len() >= len).then_some(len))
+}
+
+/// One binary `COPY` tuple at the start of `buf`: `None` when more bytes
+/// are needed, else the row (`None` for the trailer) and the bytes used.
+#[allow(clippy::type_complexity)]
+fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> Result<Option<(Option<Row>, usize)>> {
+    let Some(count) = buf.get(..2) else { return Ok(None) };
+    let count = i16::from_be_bytes([count[0], count[1]]);
+    if count == -1 {
+        return Ok(Some((None, 2)));
+    }
+    if usize::try_from(count).ok() != Some(cols.len()) {
+        return Err(Error::permanent(format!(
+            "COPY returned {count} fields for {} columns",
+            cols.len()
+        ))
+        .with_table(schema.id.clone()));
+    }
+    let mut at = 2;
+    let mut fields: Vec<Option<&[u8]>> = Vec::with_capacity(cols.len());
+    for _ in 0..cols.len() {
+        let Some(len) = buf.get(at..at + 4) else { return Ok(None) };
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        at += 4;
+        if len < 0 {
+            fields.push(None);
+            continue;
+        }
+        let len = len as usize;
+        let Some(data) = buf.get(at..at + len) else { return Ok(None) };
+        fields.push(Some(data));
+        at += len;
+    }
+    let mut row = Vec::with_capacity(cols.len());
+    for ((field, kind), col) in fields.into_iter().zip(cols).zip(&schema.columns) {
+        row.push(match field {
+            None => Value::Null,
+            Some(data) => decode_binary(
+                *kind,
+                data,
+                ColumnRef {
+                    table: &schema.id,
+                    column: &col.name,
+                    source_type: &col.source_type,
+                },
+            )?,
+        });
+    }
+    Ok(Some((Some(row), at)))
+}
+
+fn not_binary(schema: &TableSchema) -> Error {
+    Error::permanent("COPY did not start with the binary format's signature").with_table(schema.id.clone())
 }
 
 fn not_text(schema: &TableSchema) -> Error {
@@ -735,13 +905,37 @@ mod tests {
                 last: Some(vec![Some("15".into())]),
                 done: false,
             },
+            false,
         );
         assert_eq!(
             q,
             "COPY (SELECT \"id\", \"name\" FROM ONLY \"s\".\"t\" WHERE (\"id\") > ('15'::bigint) AND \"id\" <= 20 ORDER BY \"id\") TO STDOUT"
         );
-        let q = segment_query(&table(false), &Segment::default());
+        let q = segment_query(&table(false), &Segment::default(), false);
         assert_eq!(q, "COPY (SELECT \"id\", \"name\" FROM ONLY \"s\".\"t\") TO STDOUT");
+        let q = segment_query(&table(false), &Segment::default(), true);
+        assert_eq!(q, "COPY (SELECT \"id\", \"name\" FROM ONLY \"s\".\"t\") TO STDOUT (FORMAT binary)");
+    }
+
+    #[test]
+    fn binary_headers_and_tuples_are_framed() {
+        let mut header = b"PGCOPY\n\xff\r\n\0".to_vec();
+        header.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 2, 7, 7]);
+        assert_eq!(binary_header_len(&header[..10]), Ok(None));
+        assert_eq!(binary_header_len(&header[..20]), Ok(None));
+        assert_eq!(binary_header_len(&header), Ok(Some(21)));
+        assert_eq!(binary_header_len(b"id\tname\n"), Err(()));
+        let t = table(true);
+        let cols = [BinaryType::Int8, BinaryType::Text];
+        let mut tuple = vec![0, 2, 0, 0, 0, 8];
+        tuple.extend_from_slice(&42i64.to_be_bytes());
+        tuple.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+        assert!(decode_binary_row(&tuple[..9], &t.schema, &cols).unwrap().is_none());
+        let (row, used) = decode_binary_row(&tuple, &t.schema, &cols).unwrap().unwrap();
+        assert_eq!(used, tuple.len());
+        assert_eq!(row, Some(vec![Value::Int64(42), Value::Null]));
+        assert_eq!(decode_binary_row(&[0xff, 0xff], &t.schema, &cols).unwrap(), Some((None, 2)));
+        assert!(decode_binary_row(&[0, 3], &t.schema, &cols).is_err());
     }
 
     #[test]

@@ -642,9 +642,304 @@ pub fn value_size(v: &Value) -> usize {
     }
 }
 
+// ---------------------------------------------------------------- binary COPY
+
+/// A type of PostgreSQL's binary `COPY` format that the snapshot reads
+/// ([`decode_binary`]) and the sink writes (`sink::BinaryType::write`).
+/// Binary spares PostgreSQL the types' text output or input functions and
+/// the runners the text conversion. Each reader gives exactly the [`Value`]
+/// that [`decode_text`] gives for the same value's text; a table is read
+/// in binary only when every column has a reader ([`binary_columns`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryType {
+    /// `boolean`.
+    Bool,
+    /// `smallint`.
+    Int2,
+    /// `integer`.
+    Int4,
+    /// `bigint`.
+    Int8,
+    /// `real`.
+    Float4,
+    /// `double precision`.
+    Float8,
+    /// `numeric`, as the canonical text `numeric_out` prints.
+    Numeric,
+    /// `text`, `varchar`, `char`: the text itself.
+    Text,
+    /// `json`: the text itself.
+    Json,
+    /// `jsonb`: a version byte, then the text.
+    Jsonb,
+    /// `bytea`.
+    Bytea,
+    /// `uuid`.
+    Uuid,
+    /// `date`.
+    Date,
+    /// `time`.
+    Time,
+    /// `timestamp`.
+    Timestamp,
+    /// `timestamptz`.
+    TimestampTz,
+}
+
+/// The signature that starts a binary `COPY` stream; flags (32 bits) and
+/// the length of a header extension (32 bits) follow it.
+pub const BINARY_COPY_SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
+/// Days from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
+pub const PG_EPOCH_DAYS: i32 = 10_957;
+/// Microseconds from 1970-01-01 to 2000-01-01.
+pub const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+impl BinaryType {
+    /// The binary type of a type's `format_type` spelling without modifiers
+    /// (`numeric`, `character varying`, `timestamp with time zone`); `None`
+    /// for the types read and written as text.
+    pub fn from_base(base: &str) -> Option<Self> {
+        Some(match base {
+            "boolean" => Self::Bool,
+            "smallint" => Self::Int2,
+            "integer" => Self::Int4,
+            "bigint" => Self::Int8,
+            "real" => Self::Float4,
+            "double precision" => Self::Float8,
+            "numeric" => Self::Numeric,
+            // Their binary input applies the length modifier as text input does.
+            "text" | "character varying" | "character" => Self::Text,
+            "json" => Self::Json,
+            "jsonb" => Self::Jsonb,
+            "bytea" => Self::Bytea,
+            "uuid" => Self::Uuid,
+            "date" => Self::Date,
+            "time without time zone" => Self::Time,
+            "timestamp without time zone" => Self::Timestamp,
+            "timestamp with time zone" => Self::TimestampTz,
+            _ => return None,
+        })
+    }
+}
+
+/// `source_type` without its modifiers (`numeric(12,2)` -> `numeric`,
+/// `timestamp(3) with time zone` -> `timestamp with time zone`); `None`
+/// for arrays.
+fn base_type(source_type: &str) -> Option<String> {
+    if source_type.contains('[') {
+        return None;
+    }
+    let mut s = source_type.to_string();
+    if let (Some(open), Some(close)) = (s.find('('), s.find(')')) {
+        if open < close {
+            s = format!("{}{}", &s[..open], &s[close + 1..]);
+        }
+    }
+    Some(s.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The binary reader of a column with this mapped type and source type, if
+/// there is one (domains, enums, arrays, `money`, `bit`, `hstore`,
+/// `interval`, network types... are read as text).
+pub fn binary_column(data_type: &DataType, source_type: &str) -> Option<BinaryType> {
+    let t = BinaryType::from_base(&base_type(source_type)?)?;
+    let fits = match t {
+        BinaryType::Bool => *data_type == DataType::Boolean,
+        BinaryType::Int2 => *data_type == DataType::Int16,
+        BinaryType::Int4 => *data_type == DataType::Int32,
+        BinaryType::Int8 => *data_type == DataType::Int64,
+        BinaryType::Float4 => *data_type == DataType::Float32,
+        BinaryType::Float8 => *data_type == DataType::Float64,
+        BinaryType::Numeric => matches!(data_type, DataType::Decimal { .. } | DataType::VariableDecimal),
+        BinaryType::Text => *data_type == DataType::Text,
+        BinaryType::Json | BinaryType::Jsonb => *data_type == DataType::Json,
+        BinaryType::Bytea => *data_type == DataType::Bytes,
+        BinaryType::Uuid => *data_type == DataType::Uuid,
+        BinaryType::Date => *data_type == DataType::Date,
+        BinaryType::Time => *data_type == DataType::Time,
+        BinaryType::Timestamp => *data_type == DataType::Timestamp,
+        BinaryType::TimestampTz => *data_type == DataType::TimestampTz,
+    };
+    fits.then_some(t)
+}
+
+/// The readers of every column of `columns` (`(data type, source type)`),
+/// or `None` when one has none: the table is then read as text.
+pub fn binary_columns<'a>(columns: impl IntoIterator<Item = (&'a DataType, &'a str)>) -> Option<Vec<BinaryType>> {
+    columns.into_iter().map(|(t, s)| binary_column(t, s)).collect()
+}
+
+/// Decodes one non-NULL value of a binary `COPY` tuple.
+pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Result<Value> {
+    fn fixed<const N: usize>(data: &[u8], col: &ColumnRef<'_>) -> Result<[u8; N]> {
+        data.try_into().map_err(|_| col.error("a binary value of the wrong length"))
+    }
+    let text = |data: &[u8]| -> Result<String> {
+        std::str::from_utf8(data)
+            .map(str::to_string)
+            .map_err(|_| col.error("not valid UTF-8 text"))
+    };
+    Ok(match kind {
+        BinaryType::Bool => Value::Boolean(fixed::<1>(data, &col)?[0] != 0),
+        BinaryType::Int2 => Value::Int16(i16::from_be_bytes(fixed(data, &col)?)),
+        BinaryType::Int4 => Value::Int32(i32::from_be_bytes(fixed(data, &col)?)),
+        BinaryType::Int8 => Value::Int64(i64::from_be_bytes(fixed(data, &col)?)),
+        BinaryType::Float4 => Value::Float32(f32::from_be_bytes(fixed(data, &col)?)),
+        BinaryType::Float8 => Value::Float64(f64::from_be_bytes(fixed(data, &col)?)),
+        BinaryType::Numeric => Value::Decimal(numeric_text(data, &col)?),
+        BinaryType::Text => Value::Text(text(data)?),
+        BinaryType::Json => Value::Json(text(data)?),
+        BinaryType::Jsonb => match data.split_first() {
+            Some((1, rest)) => Value::Json(text(rest)?),
+            _ => return Err(col.error("an unknown jsonb binary version")),
+        },
+        BinaryType::Bytea => Value::Bytes(data.to_vec()),
+        BinaryType::Uuid => Value::Uuid(uuid::Uuid::from_bytes(fixed(data, &col)?)),
+        BinaryType::Date => Value::Date(match i32::from_be_bytes(fixed(data, &col)?) {
+            // -infinity and infinity, as `parse_date` maps them.
+            i32::MIN => i32::MIN,
+            i32::MAX => i32::MAX,
+            d => d.checked_add(PG_EPOCH_DAYS).ok_or_else(|| col.error("a date out of range"))?,
+        }),
+        BinaryType::Time => Value::Time(i64::from_be_bytes(fixed(data, &col)?)),
+        BinaryType::Timestamp | BinaryType::TimestampTz => {
+            let micros = match i64::from_be_bytes(fixed(data, &col)?) {
+                i64::MIN => i64::MIN,
+                i64::MAX => i64::MAX,
+                t => t.checked_add(PG_EPOCH_MICROS).ok_or_else(|| col.error("a timestamp out of range"))?,
+            };
+            if kind == BinaryType::Timestamp {
+                Value::Timestamp(micros)
+            } else {
+                Value::TimestampTz(micros)
+            }
+        }
+    })
+}
+
+/// A binary `numeric` as the text `numeric_out` prints: base-10000 digit
+/// groups, the weight of the first, the sign and the display scale.
+fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
+    let short = || col.error("a binary numeric too short");
+    let word = |i: usize| -> Option<u16> { Some(u16::from_be_bytes([*data.get(i)?, *data.get(i + 1)?])) };
+    let ndigits = usize::from(word(0).ok_or_else(short)?);
+    let weight = i32::from(word(2).ok_or_else(short)? as i16);
+    let sign = word(4).ok_or_else(short)?;
+    let dscale = usize::from(word(6).ok_or_else(short)?);
+    match sign {
+        0x0000 | 0x4000 => {}
+        _ => {
+            return Err(col.error(
+                "NaN and Infinity numerics have no decimal representation; change the value or the column type",
+            ))
+        }
+    }
+    let digits: Vec<u16> = (0..ndigits).map(|k| word(8 + 2 * k)).collect::<Option<_>>().ok_or_else(short)?;
+    if digits.iter().any(|d| *d > 9999) {
+        return Err(col.error("a binary numeric digit out of range"));
+    }
+    let group = |i: i32| -> u16 { usize::try_from(i).ok().and_then(|i| digits.get(i).copied()).unwrap_or(0) };
+    let mut out = String::with_capacity(ndigits * 4 + dscale + 2);
+    if sign == 0x4000 {
+        out.push('-');
+    }
+    if weight < 0 {
+        out.push('0');
+    } else {
+        for i in 0..=weight {
+            let g = group(i);
+            if i == 0 {
+                out.push_str(&g.to_string());
+            } else {
+                out.push_str(&format!("{g:04}"));
+            }
+        }
+    }
+    if dscale > 0 {
+        out.push('.');
+        let mut left = dscale;
+        let mut i = weight + 1;
+        while left > 0 {
+            let g = format!("{:04}", group(i));
+            let take = left.min(4);
+            out.push_str(&g[..take]);
+            left -= take;
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The text of a key value as a SQL literal reads it back (`'...'::type`),
+/// for the resume point of a table read in binary; `None` for key types
+/// whose text this does not write (such tables are read as text).
+pub fn key_literal_text(value: &Value) -> Option<String> {
+    match value {
+        Value::Int16(v) => Some(v.to_string()),
+        Value::Int32(v) => Some(v.to_string()),
+        Value::Int64(v) => Some(v.to_string()),
+        Value::Text(s) | Value::Decimal(s) => Some(s.clone()),
+        Value::Uuid(u) => Some(u.hyphenated().to_string()),
+        _ => None,
+    }
+}
+
+/// Whether a key column of this reader has a [`key_literal_text`].
+pub fn binary_key_ok(kind: BinaryType) -> bool {
+    matches!(
+        kind,
+        BinaryType::Int2 | BinaryType::Int4 | BinaryType::Int8 | BinaryType::Text | BinaryType::Numeric | BinaryType::Uuid
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_numerics_read_as_numeric_out_prints_them() {
+        let t = TableId::new("s", "t");
+        let num = |ndigits: u16, weight: i16, sign: u16, dscale: u16, digits: &[u16]| {
+            let mut b = Vec::new();
+            for w in [ndigits, weight as u16, sign, dscale].into_iter().chain(digits.iter().copied()) {
+                b.extend_from_slice(&w.to_be_bytes());
+            }
+            decode_binary(BinaryType::Numeric, &b, col(&t))
+        };
+        assert_eq!(num(4, 2, 0, 3, &[1, 2345, 6789, 1250]).unwrap(), Value::Decimal("123456789.125".into()));
+        assert_eq!(num(1, -2, 0x4000, 6, &[100]).unwrap(), Value::Decimal("-0.000001".into()));
+        assert_eq!(num(0, 0, 0, 2, &[]).unwrap(), Value::Decimal("0.00".into()));
+        assert_eq!(num(1, 2, 0, 0, &[1]).unwrap(), Value::Decimal("100000000".into()));
+        assert_eq!(num(2, 0, 0x4000, 2, &[1234, 5000]).unwrap(), Value::Decimal("-1234.50".into()));
+        assert!(num(0, 0, 0xC000, 0, &[]).is_err(), "NaN");
+        assert!(num(2, 0, 0, 0, &[1]).is_err(), "short");
+        assert!(num(1, 0, 0, 0, &[10_000]).is_err(), "digit out of range");
+    }
+
+    #[test]
+    fn binary_readers_only_for_plain_types() {
+        assert_eq!(binary_column(&DataType::Int32, "integer"), Some(BinaryType::Int4));
+        assert_eq!(binary_column(&DataType::Decimal { precision: 12, scale: 2 }, "numeric(12,2)"), Some(BinaryType::Numeric));
+        assert_eq!(
+            binary_column(&DataType::TimestampTz, "timestamp(3) with time zone"),
+            Some(BinaryType::TimestampTz)
+        );
+        assert_eq!(binary_column(&DataType::Text, "character varying(10)"), Some(BinaryType::Text));
+        assert_eq!(binary_column(&DataType::Decimal { precision: 12, scale: 2 }, "money"), None);
+        assert_eq!(binary_column(&DataType::Int32, "s.posint"), None);
+        assert_eq!(binary_column(&DataType::Text, "inet"), None);
+        assert_eq!(binary_column(&DataType::Bytes, "bit(9)"), None);
+        assert_eq!(binary_column(&DataType::Array(Box::new(DataType::Int32)), "integer[]"), None);
+        let t = TableId::new("s", "t");
+        assert_eq!(decode_binary(BinaryType::Date, &i32::MAX.to_be_bytes(), col(&t)).unwrap(), Value::Date(i32::MAX));
+        assert_eq!(decode_binary(BinaryType::Date, &0i32.to_be_bytes(), col(&t)).unwrap(), Value::Date(10_957));
+        assert_eq!(
+            decode_binary(BinaryType::Timestamp, &i64::MIN.to_be_bytes(), col(&t)).unwrap(),
+            Value::Timestamp(i64::MIN)
+        );
+        assert!(decode_binary(BinaryType::Int4, &[0, 1], col(&t)).is_err());
+        assert!(decode_binary(BinaryType::Jsonb, b"\x02{}", col(&t)).is_err());
+    }
 
     fn col<'a>(t: &'a TableId) -> ColumnRef<'a> {
         ColumnRef {
@@ -778,3 +1073,4 @@ mod tests {
         );
     }
 }
+
