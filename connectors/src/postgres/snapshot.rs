@@ -51,8 +51,8 @@ use tributary_schemas::{
 
 use super::config::ConnectionParams;
 use super::types::{
-    binary_columns, binary_key_ok, BINARY_COPY_SIGNATURE, copy_fields, decode_binary, decode_text, key_literal_text, quote_ident, quote_literal,
-    quote_table, unescape_copy_field, BinaryType, ColumnRef,
+    binary_columns, binary_key_ok, copy_fields, decode_binary, decode_text, key_literal_text, quote_ident,
+    quote_literal, quote_table, unescape_copy_field, BinaryType, ColumnRef, BINARY_COPY_SIGNATURE,
 };
 use super::{classify_pg, connect, format_lsn, EventContext};
 use crate::error::{Error, Result};
@@ -604,6 +604,9 @@ async fn read_segment(
                 messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
             }
             pending.extend_from_slice(&buf[at..]);
+        }
+        if !pending.is_empty() {
+            return Err(Error::permanent("COPY ended inside a row of its binary output").with_table(schema.id.clone()));
         }
         let key = binary_last_key(t, &messages);
         let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
