@@ -553,69 +553,12 @@ async fn read_segment(
     let mut last_line: Option<Bytes> = None;
     let mut pending: Vec<u8> = Vec::new();
     let mut now = super::now_ms();
-    if let Some(cols) = &binary {
-        let mut header = false;
-        loop {
-            let data = match stream.next().await {
-                Some(Ok(data)) => data,
-                Some(Err(e)) => {
-                    return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))
-                }
-                None => break,
-            };
-            let buf: Bytes = if pending.is_empty() {
-                data
-            } else {
-                pending.extend_from_slice(&data);
-                Bytes::from(std::mem::take(&mut pending))
-            };
-            let mut at = 0;
-            if !header {
-                match binary_header_len(&buf) {
-                    Ok(Some(n)) => {
-                        at = n;
-                        header = true;
-                    }
-                    Ok(None) => {
-                        pending.extend_from_slice(&buf);
-                        continue;
-                    }
-                    Err(()) => return Err(not_binary(schema)),
-                }
-            }
-            while at < buf.len() {
-                let Some((row, used)) = decode_binary_row(&buf[at..], schema, cols)? else {
-                    break;
-                };
-                at += used;
-                let Some(row) = row else {
-                    at = buf.len(); // the trailer: nothing follows
-                    break;
-                };
-                if messages.len() >= shared.chunk_rows {
-                    let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
-                    let key = binary_last_key(t, &full);
-                    let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
-                    if tx.send(Ok(chunk)).await.is_err() {
-                        return Ok(());
-                    }
-                    now = super::now_ms();
-                }
-                messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
-            }
-            pending.extend_from_slice(&buf[at..]);
-        }
-        if !pending.is_empty() {
-            return Err(Error::permanent("COPY ended inside a row of its binary output").with_table(schema.id.clone()));
-        }
-        let key = binary_last_key(t, &messages);
-        let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
-        let _ = tx.send(Ok(chunk)).await;
-        return Ok(());
-    }
+    let mut format = match &binary {
+        Some(cols) => RowFormat::Binary { cols, header: false },
+        None => RowFormat::Text,
+    };
     loop {
-        let next = stream.next().await;
-        let data = match next {
+        let data = match stream.next().await {
             Some(Ok(data)) => data,
             Some(Err(e)) => {
                 return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))
@@ -623,42 +566,102 @@ async fn read_segment(
             None => break,
         };
         // The server sends one row per CopyData message; tolerate others.
-        let mut buf = if pending.is_empty() {
+        let buf: Bytes = if pending.is_empty() {
             data
         } else {
             pending.extend_from_slice(&data);
-            if !pending.ends_with(b"\n") {
-                continue;
-            }
             Bytes::from(std::mem::take(&mut pending))
         };
-        while !buf.is_empty() {
-            let Some(end) = buf.iter().position(|b| *b == b'\n') else {
-                pending.extend_from_slice(&buf);
-                break;
-            };
+        let mut at = 0;
+        while let Some((row, line)) = format.next_row(&buf, &mut at, schema)? {
             // A full chunk goes out once a row after it exists, so the
             // segment's final chunk is never empty: the source marks the
             // snapshot's very last row in it.
             if messages.len() >= shared.chunk_rows {
                 let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
-                let key = text_last_key(t, last_line.as_deref())?;
+                let key = format.last_key(t, last_line.as_deref(), &full)?;
                 let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
                 if tx.send(Ok(chunk)).await.is_err() {
                     return Ok(());
                 }
                 now = super::now_ms();
             }
-            let line = buf.split_to(end + 1);
-            let row = decode_copy_row(&line, schema)?;
             messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
-            last_line = Some(line);
+            last_line = line;
         }
+        pending.extend_from_slice(&buf[at..]);
     }
-    let key = text_last_key(t, last_line.as_deref())?;
+    if !pending.is_empty() && matches!(format, RowFormat::Binary { .. }) {
+        return Err(Error::permanent("COPY ended inside a row of its binary output").with_table(schema.id.clone()));
+    }
+    let key = format.last_key(t, last_line.as_deref(), &messages)?;
     let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
     let _ = tx.send(Ok(chunk)).await;
     Ok(())
+}
+
+/// How a segment's `COPY` output is framed and decoded.
+enum RowFormat<'a> {
+    /// Text lines, decoded as pgoutput's text is.
+    Text,
+    /// Binary tuples, once the stream's `header` was read.
+    Binary { cols: &'a [BinaryType], header: bool },
+}
+
+impl RowFormat<'_> {
+    /// The row starting at `*at` in `buf`, and `*at` moved past it; `None`
+    /// when more bytes are needed (or the binary trailer ended the stream).
+    /// With the row comes its text line (`None` in binary), for the resume
+    /// key.
+    fn next_row(&mut self, buf: &Bytes, at: &mut usize, schema: &TableSchema) -> Result<Option<(Row, Option<Bytes>)>> {
+        match self {
+            RowFormat::Text => {
+                let Some(len) = buf[*at..].iter().position(|b| *b == b'\n') else {
+                    return Ok(None);
+                };
+                let line = buf.slice(*at..*at + len + 1);
+                *at += len + 1;
+                Ok(Some((decode_copy_row(&line, schema)?, Some(line))))
+            }
+            RowFormat::Binary { cols, header } => {
+                if !*header {
+                    match binary_header_len(&buf[*at..]) {
+                        Ok(Some(n)) => {
+                            *at += n;
+                            *header = true;
+                        }
+                        Ok(None) => return Ok(None),
+                        Err(()) => return Err(not_binary(schema)),
+                    }
+                }
+                match decode_binary_row(&buf[*at..], schema, cols)? {
+                    None => Ok(None),
+                    Some((Some(row), used)) => {
+                        *at += used;
+                        Ok(Some((row, None)))
+                    }
+                    Some((None, _)) => {
+                        *at = buf.len(); // the trailer: nothing follows
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The resume key of the last of `messages`, whose text line (in text)
+    /// is `line`.
+    fn last_key(
+        &self,
+        t: &SnapshotTable,
+        line: Option<&[u8]>,
+        messages: &[SourceMessage],
+    ) -> Result<Option<Vec<Option<String>>>> {
+        match self {
+            RowFormat::Text => text_last_key(t, line),
+            RowFormat::Binary { .. } => Ok(binary_last_key(t, messages)),
+        }
+    }
 }
 
 /// A chunk of `messages`, the rows of segment `si` of table `ti`: counts
