@@ -1323,24 +1323,26 @@ impl<'a> Reduced<'a> {
                         let old = render_key(schema, before, &key_idx)?;
                         let new = render_key(schema, after, &key_idx)?;
                         if old != new {
-                            self.put(record, ev, before, true)?;
+                            self.put(record, ev, before, true, &key_idx)?;
                         }
                     }
                 }
-                self.put(record, ev, after, false)
+                self.put(record, ev, after, false, &key_idx)
             }
             Op::Delete => {
                 let before = ev
                     .before
                     .as_ref()
                     .ok_or_else(|| Error::permanent("a delete event without a before row"))?;
-                self.put(record, ev, before, true)
+                self.put(record, ev, before, true, &key_idx)
             }
             Op::Truncate => Ok(()),
         }
     }
 
-    fn put(&mut self, record: usize, ev: &ChangeEvent, row: &'a [Value], delete: bool) -> Result<()> {
+    /// Adds `row` of the event of record `record`; `key_idx` is its schema's
+    /// key columns.
+    fn put(&mut self, record: usize, ev: &ChangeEvent, row: &'a [Value], delete: bool, key_idx: &[usize]) -> Result<()> {
         let schema = &ev.schema;
         if row.len() != schema.columns.len() {
             return Err(Error::permanent(format!(
@@ -1349,7 +1351,7 @@ impl<'a> Reduced<'a> {
                 schema.columns.len()
             )));
         }
-        let key = render_key(schema, row, &schema.key_indexes())?;
+        let key = render_key(schema, row, key_idx)?;
         let position = ev.source.position;
         if let Some(w) = self.winners.get(&key) {
             if w.position > position {
@@ -1418,9 +1420,7 @@ impl Group<'_> {
         out.push(b'\n');
         Ok(())
     }
-}
 
-impl Group<'_> {
     /// The binary `COPY` fields of this group, when every live value can be
     /// written in binary exactly as its text form would be read; `None`
     /// sends the group as text. `fields` holds one entry per schema column,
