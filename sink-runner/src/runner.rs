@@ -427,27 +427,29 @@ struct Loop<S: Sink + 'static> {
     ready: Option<Prepared>,
 }
 
-/// A batch decoded and waiting for the one being applied to end.
-struct Prepared {
+/// A batch taken out of its topic's buffer and decoded: what the loop
+/// keeps of it while it waits ([`Prepared`]) and while it is applied
+/// ([`InFlight`]).
+struct Taken {
     topic: String,
     table: TableId,
     /// The raw records (for the dead-letter topic, and to retry).
     buf: Buffer,
-    batch: SinkBatch,
-    /// Index into `buf.records` of each of `batch.records`.
+    /// Index into `buf.records` of each of the batch's records.
     raw_index: Vec<usize>,
     started: Instant,
     decoded: Duration,
 }
 
+/// A batch decoded and waiting for the one being applied to end.
+struct Prepared {
+    taken: Taken,
+    batch: SinkBatch,
+}
+
 /// The batch being applied in its own task.
 struct InFlight {
-    topic: String,
-    table: TableId,
-    buf: Buffer,
-    raw_index: Vec<usize>,
-    started: Instant,
-    decoded: Duration,
+    taken: Taken,
     /// Partitions revoked while it was applied: if it fails, none of their
     /// records go back into a buffer (they may be assigned again, and are
     /// then consumed again from the destination's offsets).
@@ -551,10 +553,7 @@ impl<S: Sink + 'static> Loop<S> {
             self.flush_due().await;
         }
         info!("stopping: applying what is buffered");
-        while self.in_flight.is_some() {
-            let r = wait_applied(&mut self.in_flight).await;
-            self.finish(r).await;
-        }
+        self.finish_applying().await;
         let topics: Vec<String> = self
             .buffers
             .iter()
@@ -563,13 +562,18 @@ impl<S: Sink + 'static> Loop<S> {
             .collect();
         for topic in topics {
             self.flush(&topic).await;
-            while self.in_flight.is_some() {
-                let r = wait_applied(&mut self.in_flight).await;
-                self.finish(r).await;
-            }
+            self.finish_applying().await;
         }
         info!("stopped");
         Ok(())
+    }
+
+    /// Waits for the batch being applied and the one decoded meanwhile.
+    async fn finish_applying(&mut self) {
+        while self.in_flight.is_some() {
+            let r = wait_applied(&mut self.in_flight).await;
+            self.finish(r).await;
+        }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -614,12 +618,12 @@ impl<S: Sink + 'static> Loop<S> {
                     for (topic, partition) in parts {
                         // Decoded but not applied: back into its buffer, to
                         // be dropped below with the rest of the partition.
-                        if self.ready.as_ref().is_some_and(|r| r.topic == topic) {
+                        if self.ready.as_ref().is_some_and(|r| r.taken.topic == topic) {
                             if let Some(r) = self.ready.take() {
-                                self.restore(r.topic, r.buf, &BTreeSet::new());
+                                self.restore(r.taken.topic, r.taken.buf, &BTreeSet::new());
                             }
                         }
-                        if let Some(f) = self.in_flight.as_mut().filter(|f| f.topic == topic) {
+                        if let Some(f) = self.in_flight.as_mut().filter(|f| f.taken.topic == topic) {
                             f.revoked.insert(partition);
                         }
                         self.assigned.remove(&(topic.clone(), partition));
@@ -880,13 +884,15 @@ impl<S: Sink + 'static> Loop<S> {
             next_offsets,
         };
         Ok(Some(Prepared {
-            topic: topic.to_string(),
-            table,
-            buf,
+            taken: Taken {
+                topic: topic.to_string(),
+                table,
+                buf,
+                raw_index,
+                started,
+                decoded: started.elapsed(),
+            },
             batch,
-            raw_index,
-            started,
-            decoded: started.elapsed(),
         }))
     }
 
@@ -894,9 +900,9 @@ impl<S: Sink + 'static> Loop<S> {
     /// and decoding. One batch at a time, so a table's batches are applied
     /// in order and a failed one is retried before anything after it.
     fn start(&mut self, p: Prepared) {
-        if self.operator_paused.contains(&p.topic) {
+        if self.operator_paused.contains(&p.taken.topic) {
             // Paused while it waited: nothing buffered is applied.
-            self.restore(p.topic.clone(), p.buf, &BTreeSet::new());
+            self.restore(p.taken.topic, p.taken.buf, &BTreeSet::new());
             return;
         }
         let sink = self.sink.clone();
@@ -906,12 +912,7 @@ impl<S: Sink + 'static> Loop<S> {
             (batch, result)
         });
         self.in_flight = Some(InFlight {
-            topic: p.topic,
-            table: p.table,
-            buf: p.buf,
-            raw_index: p.raw_index,
-            started: p.started,
-            decoded: p.decoded,
+            taken: p.taken,
             revoked: BTreeSet::new(),
             task,
         });
@@ -946,16 +947,16 @@ impl<S: Sink + 'static> Loop<S> {
         let Some(f) = self.in_flight.take() else {
             return;
         };
-        let label = (self.labeler)(&f.table);
-        let span = info_span!("batch", table = %label, topic = %f.topic, records = f.raw_index.len());
-        let topic = f.topic.clone();
-        let table = f.table.clone();
+        let label = (self.labeler)(&f.taken.table);
+        let span = info_span!("batch", table = %label, topic = %f.taken.topic, records = f.taken.raw_index.len());
+        let topic = f.taken.topic.clone();
+        let table = f.taken.table.clone();
         let outcome = self.finish_inner(f, joined).instrument(span).await;
         if let Err((buf, revoked, error)) = outcome {
             // Newer records of the table go back behind the failed ones.
-            if self.ready.as_ref().is_some_and(|r| r.topic == topic) {
+            if self.ready.as_ref().is_some_and(|r| r.taken.topic == topic) {
                 if let Some(r) = self.ready.take() {
-                    self.restore(r.topic, r.buf, &revoked);
+                    self.restore(r.taken.topic, r.taken.buf, &revoked);
                 }
             }
             self.restore(topic.clone(), buf, &revoked);
@@ -973,7 +974,11 @@ impl<S: Sink + 'static> Loop<S> {
         f: InFlight,
         joined: Result<(SinkBatch, Result<(), ApplyError>), tokio::task::JoinError>,
     ) -> Result<(), (Buffer, BTreeSet<i32>, Error)> {
-        let InFlight { topic, table, mut buf, mut raw_index, started, decoded, revoked, .. } = f;
+        let InFlight {
+            taken: Taken { topic, table, mut buf, mut raw_index, started, decoded },
+            revoked,
+            ..
+        } = f;
         let (mut batch, mut result) = match joined {
             Ok(r) => r,
             Err(e) => {
