@@ -1208,4 +1208,27 @@ mod tests {
         assert_eq!(table_from_topic("a.b.shop.public.orders", None), TableId::new("public", "orders"));
         assert_eq!(table_from_topic("my.shop.public.order.items", Some("my.shop")), TableId::new("public", "order.items"));
     }
+
+    #[test]
+    fn consumer_tuning_defaults_yield_to_kafka_properties() {
+        let base = r#"
+prefix = "shop"
+consumer_group = "g"
+schema_registry_url = "http://127.0.0.1:8081/apis/ccompat/v7"
+[postgres]
+url = "postgres://u@127.0.0.1/db"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+"#;
+        let parse = |text: &str| -> SinkRunnerConfig { tributary_operations::config::parse(text, "test").unwrap() };
+        let c = consumer_config(&parse(base)).unwrap();
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some(DEFAULT_FETCH_QUEUE_BACKOFF_MS.to_string().as_str()));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        let tuned = format!(
+            "{base}properties = {{ \"fetch.queue.backoff.ms\" = \"500\", \"isolation.level\" = \"read_uncommitted\" }}\n"
+        );
+        let c = consumer_config(&parse(&tuned)).unwrap();
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"), "an operator's setting wins");
+        assert_eq!(c.get("isolation.level"), Some("read_committed"), "correctness settings are never overridden");
+    }
 }
