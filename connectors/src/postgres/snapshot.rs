@@ -749,35 +749,31 @@ fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> R
         ))
         .with_table(schema.id.clone()));
     }
+    // Fields are decoded as they are framed, in one pass: a tuple is
+    // almost always whole (the server sends one per CopyData message), and
+    // a partial one only costs its decoded start.
     let mut at = 2;
-    let mut fields: Vec<Option<&[u8]>> = Vec::with_capacity(cols.len());
-    for _ in 0..cols.len() {
+    let mut row = Vec::with_capacity(cols.len());
+    for (kind, col) in cols.iter().zip(&schema.columns) {
         let Some(len) = buf.get(at..at + 4) else { return Ok(None) };
         let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
         at += 4;
         if len < 0 {
-            fields.push(None);
+            row.push(Value::Null);
             continue;
         }
         let len = len as usize;
         let Some(data) = buf.get(at..at + len) else { return Ok(None) };
-        fields.push(Some(data));
         at += len;
-    }
-    let mut row = Vec::with_capacity(cols.len());
-    for ((field, kind), col) in fields.into_iter().zip(cols).zip(&schema.columns) {
-        row.push(match field {
-            None => Value::Null,
-            Some(data) => decode_binary(
-                *kind,
-                data,
-                ColumnRef {
-                    table: &schema.id,
-                    column: &col.name,
-                    source_type: &col.source_type,
-                },
-            )?,
-        });
+        row.push(decode_binary(
+            *kind,
+            data,
+            ColumnRef {
+                table: &schema.id,
+                column: &col.name,
+                source_type: &col.source_type,
+            },
+        )?);
     }
     Ok(Some((Some(row), at)))
 }

@@ -834,11 +834,25 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
             ))
         }
     }
-    let digits: Vec<u16> = (0..ndigits).map(|k| word(8 + 2 * k)).collect::<Option<_>>().ok_or_else(short)?;
-    if digits.iter().any(|d| *d > 9999) {
+    // Read in place, no copy of the digits: this runs for every numeric
+    // of a binary snapshot.
+    if data.len() < 8 + 2 * ndigits {
+        return Err(short());
+    }
+    if (0..ndigits).any(|k| word(8 + 2 * k).is_some_and(|d| d > 9999)) {
         return Err(col.error("a binary numeric digit out of range"));
     }
-    let group = |i: i32| -> u16 { usize::try_from(i).ok().and_then(|i| digits.get(i).copied()).unwrap_or(0) };
+    let group = |i: i32| -> u16 {
+        usize::try_from(i)
+            .ok()
+            .filter(|&i| i < ndigits)
+            .and_then(|i| word(8 + 2 * i))
+            .unwrap_or(0)
+    };
+    // A group's four decimal digits, leading zeros included.
+    let four = |g: u16| -> [char; 4] {
+        [g / 1000, g / 100 % 10, g / 10 % 10, g % 10].map(|d| char::from(b'0' + d as u8))
+    };
     let mut out = String::with_capacity(ndigits * 4 + dscale + 2);
     if sign == 0x4000 {
         out.push('-');
@@ -847,12 +861,10 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
         out.push('0');
     } else {
         for i in 0..=weight {
-            let g = group(i);
-            if i == 0 {
-                out.push_str(&g.to_string());
-            } else {
-                out.push_str(&format!("{g:04}"));
-            }
+            let digits = four(group(i));
+            // The first group without its leading zeros (but one digit).
+            let from = if i == 0 { digits.iter().take(3).take_while(|c| **c == '0').count() } else { 0 };
+            out.extend(&digits[from..]);
         }
     }
     if dscale > 0 {
@@ -860,9 +872,8 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
         let mut left = dscale;
         let mut i = weight + 1;
         while left > 0 {
-            let g = format!("{:04}", group(i));
             let take = left.min(4);
-            out.push_str(&g[..take]);
+            out.extend(&four(group(i))[..take]);
             left -= take;
             i += 1;
         }
@@ -914,6 +925,45 @@ mod tests {
         assert!(num(0, 0, 0xC000, 0, &[]).is_err(), "NaN");
         assert!(num(2, 0, 0, 0, &[1]).is_err(), "short");
         assert!(num(1, 0, 0, 0, &[10_000]).is_err(), "digit out of range");
+    }
+
+    /// `numeric_out`'s text of base-10000 groups, written the plain way
+    /// (each group formatted on its own), to check the in-place reader.
+    fn numeric_reference(digits: &[u16], weight: i16, negative: bool, dscale: u16) -> String {
+        let group = |i: i32| usize::try_from(i).ok().and_then(|i| digits.get(i).copied()).unwrap_or(0);
+        let mut out = String::from(if negative { "-" } else { "" });
+        if weight < 0 {
+            out.push('0');
+        } else {
+            for i in 0..=i32::from(weight) {
+                out.push_str(&if i == 0 { group(i).to_string() } else { format!("{:04}", group(i)) });
+            }
+        }
+        if dscale > 0 {
+            out.push('.');
+            let fraction: String = (i32::from(weight) + 1..).map(|i| format!("{:04}", group(i))).take(usize::from(dscale).div_ceil(4)).collect();
+            out.push_str(&fraction[..usize::from(dscale)]);
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn binary_numerics_match_the_plain_rendering(
+            digits in proptest::collection::vec(0u16..10_000, 0..8),
+            weight in -4i16..8,
+            negative: bool,
+            dscale in 0u16..24,
+        ) {
+            let t = TableId::new("s", "t");
+            let mut b = Vec::new();
+            let sign = if negative { 0x4000 } else { 0 };
+            for w in [digits.len() as u16, weight as u16, sign, dscale].into_iter().chain(digits.iter().copied()) {
+                b.extend_from_slice(&w.to_be_bytes());
+            }
+            let read = decode_binary(BinaryType::Numeric, &b, col(&t)).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            proptest::prop_assert_eq!(read, Value::Decimal(numeric_reference(&digits, weight, negative, dscale)));
+        }
     }
 
     #[test]
