@@ -35,7 +35,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_connectors::{policy, Checkpoint, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
@@ -53,6 +53,9 @@ use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to look for the last checkpoint in the offsets topic.
 const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often to look whether librdkafka delivered queued records (before
+/// a commit, and while its queue is full).
+const DELIVERY_CHECK: Duration = Duration::from_millis(1);
 /// A run of the source that lasted this long resets the retry backoff.
 const RUN_RESETS_BACKOFF: Duration = Duration::from_secs(60);
 /// Snapshot batches share a Kafka transaction up to this many events...
@@ -284,16 +287,28 @@ impl KafkaSide {
         // Register new schema versions before producing anything that
         // needs them: an incompatible change stops us (and aborts the
         // transaction) before any event of it is produced.
+        // The schema of the message before: a batch is mostly one table's
+        // rows sharing one Arc, so most messages need no lookup at all.
+        let mut previous: Option<&Arc<TableSchema>> = None;
         for msg in &batch.messages {
             let schema = match msg {
-                SourceMessage::SchemaChanged(s) => s.clone(),
-                SourceMessage::Change(e) => e.schema.clone(),
+                SourceMessage::SchemaChanged(s) => s,
+                SourceMessage::Change(e) => &e.schema,
                 SourceMessage::TableDropped(_) => continue,
             };
-            // Same Arc as last time: nothing to compare (the common case).
-            if self.schemas.get(&schema.id).is_some_and(|s| Arc::ptr_eq(s, &schema) || **s == *schema) {
+            if previous.is_some_and(|p| Arc::ptr_eq(p, schema)) {
                 continue;
             }
+            previous = Some(schema);
+            // Same Arc as last time: nothing to compare (the common case).
+            if self.schemas.get(&schema.id).is_some_and(|s| Arc::ptr_eq(s, schema)) {
+                continue;
+            }
+            // An equal schema in another Arc is prepared again too (which
+            // costs nothing but remembering this Arc), so that later
+            // events of it are recognised by pointer, not compared column
+            // by column.
+            let schema = schema.clone();
             let topic = self.naming.topic(self.config.prefix(), &schema.id);
             let prepared = async {
                 self.ensure_topic(&topic, false).await?;
@@ -341,6 +356,7 @@ impl KafkaSide {
             self.abort().await;
             return Err(e);
         }
+        self.wait_delivered().await;
         let p = self.producer.clone();
         match blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await? {
             Ok(()) => {
@@ -351,6 +367,24 @@ impl KafkaSide {
                 self.abort().await;
                 Err(kafka_error("commit_transaction", e))
             }
+        }
+    }
+
+    /// Waits until librdkafka has delivered every queued record (or for
+    /// [`KAFKA_TXN_STEP_TIMEOUT`]; `commit_transaction` then reports what is
+    /// left).
+    ///
+    /// rust-rdkafka's `commit_transaction` and `flush` wait for deliveries
+    /// by polling the producer's event queue, 100 ms at a time, while the
+    /// `ThreadedProducer`'s own thread serves that queue: with anything in
+    /// flight, each call slept about 100 ms after the last delivery
+    /// (measured: 100-108 ms per commit, whatever its size). Looking at the
+    /// in-flight count every [`DELIVERY_CHECK`] instead, the commit's own
+    /// flush finds nothing left and returns at once.
+    async fn wait_delivered(&self) {
+        let deadline = Instant::now() + KAFKA_TXN_STEP_TIMEOUT;
+        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(DELIVERY_CHECK).await;
         }
     }
 
@@ -369,28 +403,38 @@ impl KafkaSide {
     async fn produce_all(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
         // Keyed by reference while producing: no clone per event.
         let mut bytes: HashMap<&TableId, u64> = HashMap::new();
+        // The run of consecutive events of one table (a snapshot chunk,
+        // most transactions), by its schema's Arc: its topic is named once
+        // and its bytes are added up before they go into `bytes`.
+        let mut run: Option<(&Arc<TableSchema>, String, u64)> = None;
         for msg in &batch.messages {
             match msg {
                 SourceMessage::SchemaChanged(_) => {}
                 SourceMessage::Change(event) => {
-                    let topic = self.naming.topic(self.config.prefix(), &event.schema.id);
-                    let encoded = self.encoder.encode(event, &topic)?;
-                    *bytes.entry(&event.schema.id).or_default() += (encoded.key.as_ref().map_or(0, |k| k.len())
-                        + encoded.value.as_ref().map_or(0, |v| v.len()))
-                        as u64;
+                    if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {
+                        if let Some((schema, _, b)) = run.take() {
+                            *bytes.entry(&schema.id).or_default() += b;
+                        }
+                        run = Some((&event.schema, self.naming.topic(self.config.prefix(), &event.schema.id), 0));
+                    }
+                    let Some((_, topic, run_bytes)) = run.as_mut() else { continue };
+                    let topic = topic.as_str();
+                    let encoded = self.encoder.encode(event, topic)?;
+                    *run_bytes += (encoded.key.as_ref().map_or(0, |k| k.len())
+                        + encoded.value.as_ref().map_or(0, |v| v.len())) as u64;
                     if event.op == Op::Truncate {
                         // A truncate concerns every key, so every partition
                         // gets it, in order with that partition's rows.
-                        let partitions = self.ensure_topic(&topic, false).await?;
+                        let partitions = self.ensure_topic(topic, false).await?;
                         for p in 0..partitions {
-                            self.send(&topic, Some(p), encoded.key.as_deref(), encoded.value.as_deref(), None)
+                            self.send(topic, Some(p), encoded.key.as_deref(), encoded.value.as_deref(), None)
                                 .await?;
                         }
                     } else {
-                        self.send(&topic, None, encoded.key.as_deref(), encoded.value.as_deref(), None)
+                        self.send(topic, None, encoded.key.as_deref(), encoded.value.as_deref(), None)
                             .await?;
-                        if let Some(tombstone) = self.encoder.tombstone(event, &topic)? {
-                            self.send(&topic, None, tombstone.key.as_deref(), None, None).await?;
+                        if let Some(tombstone) = self.encoder.tombstone(event, topic)? {
+                            self.send(topic, None, tombstone.key.as_deref(), None, None).await?;
                         }
                     }
                 }
@@ -408,11 +452,16 @@ impl KafkaSide {
                 }
             }
         }
+        if let Some((schema, _, b)) = run {
+            *bytes.entry(&schema.id).or_default() += b;
+        }
         Ok(bytes.into_iter().map(|(id, b)| (id.clone(), b)).collect())
     }
 
-    /// Enqueues one record; a full queue is backpressure: wait for
-    /// deliveries, then try again.
+    /// Enqueues one record; a full queue is backpressure: wait a moment
+    /// for deliveries to free some of it, then try again (not `flush`,
+    /// which waits for all of them, 100 ms at least: see
+    /// [`KafkaSide::wait_delivered`]).
     async fn send(
         &self,
         topic: &str,
@@ -439,9 +488,7 @@ impl KafkaSide {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
-                    let p = self.producer.clone();
-                    // flush() waits for in-flight deliveries, which frees queue space.
-                    blocking(move || p.flush(Duration::from_millis(100))).await?.ok();
+                    tokio::time::sleep(DELIVERY_CHECK).await;
                 }
                 Err((e, _)) => return Err(kafka_error("produce", e)),
             }
@@ -551,13 +598,17 @@ async fn run_once(
             }
         }
         telemetry.set_paused(None);
+        let asked = Instant::now();
         let batch = source.next_batch().await?;
         batch_no += 1;
         let events = batch.messages.len();
         let span = info_span!("batch", batch = batch_no, events);
+        let producing = Instant::now();
         let bytes = kafka.add_batch(&batch).instrument(span.clone()).await?;
         let txn = open.get_or_insert_with(OpenTxn::new);
         txn.add(&batch, &bytes);
+        txn.waited_for_source += producing - asked;
+        txn.producing += producing.elapsed();
         // Snapshot rows keep the transaction open while more of the
         // snapshot follows at once; anything else is committed now.
         let snapshot_rows = batch.messages.iter().any(|m| {
@@ -598,11 +649,17 @@ struct OpenTxn {
     /// Per table: events, latest source time, whether any were snapshot rows.
     per_table: HashMap<TableId, (u64, i64, bool)>,
     bytes: HashMap<TableId, u64>,
+    /// Time spent waiting for the source's batches, and encoding and
+    /// handing them to librdkafka (logged at debug with the commit's).
+    waited_for_source: Duration,
+    producing: Duration,
 }
 
 impl OpenTxn {
     fn new() -> Self {
         Self {
+            waited_for_source: Duration::ZERO,
+            producing: Duration::ZERO,
             started: Instant::now(),
             checkpoint: Checkpoint(String::new()),
             events: 0,
@@ -613,28 +670,58 @@ impl OpenTxn {
 
     fn add(&mut self, batch: &SourceBatch, bytes: &HashMap<TableId, u64>) {
         self.events += batch.messages.len();
-        for msg in &batch.messages {
-            if let SourceMessage::Change(e) = msg {
-                // Looked up by reference first: no allocation per event on
-                // the snapshot's hot path.
-                let entry = match self.per_table.get_mut(&e.schema.id) {
-                    Some(entry) => entry,
-                    None => self.per_table.entry(e.schema.id.clone()).or_insert((0, i64::MIN, false)),
-                };
-                entry.0 += 1;
-                entry.1 = entry.1.max(e.source.ts_ms);
-                entry.2 |= e.source.snapshot != SnapshotMarker::False;
+        // Consecutive events of one schema Arc are added up first, then
+        // looked up once (no hashing per event on the snapshot's hot path).
+        let mut run: Option<(&Arc<TableSchema>, (u64, i64, bool))> = None;
+        let events = batch.messages.iter().filter_map(|m| match m {
+            SourceMessage::Change(e) => Some(e),
+            _ => None,
+        });
+        for e in events {
+            if !run.as_ref().is_some_and(|(schema, _)| Arc::ptr_eq(schema, &e.schema)) {
+                if let Some((schema, counts)) = run.take() {
+                    self.count(&schema.id, counts);
+                }
+                run = Some((&e.schema, (0, i64::MIN, false)));
             }
+            if let Some((_, counts)) = run.as_mut() {
+                counts.0 += 1;
+                counts.1 = counts.1.max(e.source.ts_ms);
+                counts.2 |= e.source.snapshot != SnapshotMarker::False;
+            }
+        }
+        if let Some((schema, counts)) = run {
+            self.count(&schema.id, counts);
         }
         for (id, b) in bytes {
             *self.bytes.entry(id.clone()).or_default() += b;
         }
     }
 
+    /// Adds a table's events, latest source time and snapshot flag.
+    fn count(&mut self, table: &TableId, (events, ts, snapshot): (u64, i64, bool)) {
+        // Looked up by reference first: no allocation once the table is known.
+        let entry = match self.per_table.get_mut(table) {
+            Some(entry) => entry,
+            None => self.per_table.entry(table.clone()).or_insert((0, i64::MIN, false)),
+        };
+        entry.0 += events;
+        entry.1 = entry.1.max(ts);
+        entry.2 |= snapshot;
+    }
+
     /// Commits the transaction with the last checkpoint, acknowledges it to
     /// the source, and feeds status and metrics.
     async fn commit(self, kafka: &mut KafkaSide, source: &mut dyn Source, telemetry: &Telemetry) -> Result<(), Error> {
+        let committing = Instant::now();
         kafka.commit(&self.checkpoint).await?;
+        debug!(
+            events = self.events,
+            waited_for_source_ms = self.waited_for_source.as_millis() as u64,
+            producing_ms = self.producing.as_millis() as u64,
+            commit_ms = committing.elapsed().as_millis() as u64,
+            "transaction committed"
+        );
         source.acknowledge(&self.checkpoint).await?;
         telemetry.record_batch_seconds(self.started.elapsed().as_secs_f64());
         for (id, (events, ts, snapshot)) in self.per_table {
