@@ -54,6 +54,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use tributary_connectors::{
     policy, ApplyError, Decision, Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord,
 };
+use tributary_schemas::hashing::FxHashMap;
 use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
 
 use crate::destination::Destination;
@@ -167,7 +168,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             events,
             buffers: BTreeMap::new(),
             assigned: BTreeSet::new(),
-            expected: HashMap::new(),
+            expected: FxHashMap::default(),
             tables: HashMap::new(),
             in_flight: None,
             ready: None,
@@ -417,7 +418,7 @@ struct Loop<S: Sink + 'static> {
     assigned: BTreeSet<(String, i32)>,
     /// Next offset expected per partition: anything below is a stale
     /// prefetched record from before an assignment.
-    expected: HashMap<(String, i32), i64>,
+    expected: FxHashMap<(String, i32), i64>,
     /// Source table of each topic, once seen.
     tables: HashMap<String, TableId>,
     /// The batch being applied, while the loop consumes and decodes.
@@ -664,7 +665,11 @@ impl<S: Sink + 'static> Loop<S> {
             }
         }
         self.expected.insert(key, raw.offset + 1);
-        let buf = self.buffers.entry(raw.topic.clone()).or_insert_with(Buffer::new);
+        // Looked up by reference first: the topic is copied only for a new buffer.
+        let buf = match self.buffers.get_mut(&raw.topic) {
+            Some(buf) => buf,
+            None => self.buffers.entry(raw.topic.clone()).or_insert_with(Buffer::new),
+        };
         buf.next_offsets.insert(raw.partition, raw.offset + 1);
         buf.bytes += raw.size();
         buf.first_at.get_or_insert_with(Instant::now);
