@@ -43,9 +43,13 @@ def metric(port, name, table):
     return int(m.group(1)) if m else 0
 
 
-def wait_metric(port, name, table, target, proc, timeout):
+def wait_metric(port, name, table, target, proc, timeout, on_poll=None):
+    """Waits until the runner's metric `name` of `table` reaches `target`;
+    `on_poll` runs at each poll (bench/pg_source.py reads the RSS there)."""
     deadline = time.time() + timeout
     while metric(port, name, table) < target:
+        if on_poll:
+            on_poll()
         if proc.poll() is not None:
             raise RuntimeError(f"source-runner exited with {proc.returncode}")
         if time.time() > deadline:
