@@ -17,18 +17,15 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options (`malloc_conf`), read at its first allocation; the
 /// `MALLOC_CONF` variable of jemalloc's docs is spelled `_RJEM_MALLOC_CONF`
-/// for this build and overrides them. Freed pages go back to the system
-/// after [`DIRTY_DECAY_MS`] instead of jemalloc's 10 s, so that the peak RSS
-/// follows the buffers the config bounds, not a snapshot's churn.
+/// for this build and overrides them.
 #[used]
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: ConfText = ConfText(JEMALLOC_OPTIONS.as_ptr());
 
-/// How long jemalloc keeps freed pages before it returns them.
-pub const DIRTY_DECAY_MS: u32 = 1000;
-
-/// The text of [`MALLOC_CONF`] (it names [`DIRTY_DECAY_MS`]).
-const JEMALLOC_OPTIONS: &std::ffi::CStr = c"dirty_decay_ms:1000,muzzy_decay_ms:0";
+/// The text of [`MALLOC_CONF`]: freed pages go back to the system after
+/// 1 s instead of jemalloc's 10 s, so that the peak RSS follows the buffers
+/// the config bounds, not a snapshot's churn.
+pub const JEMALLOC_OPTIONS: &std::ffi::CStr = c"dirty_decay_ms:1000,muzzy_decay_ms:0";
 
 /// A C string pointer in a static (`const char *malloc_conf`).
 #[repr(transparent)]
@@ -128,6 +125,20 @@ mod tests {
         let w = budget_warning(600 * mib, 1000 * mib, "batch_max_bytes, max_buffered_bytes")
             .expect("a warning");
         assert!(w.contains("600 MiB") && w.contains("1000 MiB") && w.contains("max_buffered_bytes"), "{w}");
+    }
+
+    #[test]
+    fn jemalloc_allocates_with_our_options() {
+        // Read from jemalloc itself: with another allocator, or without the
+        // `malloc_conf` symbol it reads, these are absent or jemalloc's
+        // defaults (10 s and 10 s).
+        // SAFETY: both names are jemalloc's documented `ssize_t` options.
+        let dirty: isize = unsafe { tikv_jemalloc_ctl::raw::read(b"opt.dirty_decay_ms\0") }.expect("jemalloc option");
+        let muzzy: isize = unsafe { tikv_jemalloc_ctl::raw::read(b"opt.muzzy_decay_ms\0") }.expect("jemalloc option");
+        let options = JEMALLOC_OPTIONS.to_str().expect("ASCII");
+        assert!(options.contains(&format!("dirty_decay_ms:{dirty}")), "{options} vs {dirty}");
+        assert!(options.contains(&format!("muzzy_decay_ms:{muzzy}")), "{options} vs {muzzy}");
+        assert_eq!((dirty, muzzy), (1000, 0));
     }
 
     #[test]
