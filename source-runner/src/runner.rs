@@ -282,8 +282,8 @@ impl KafkaSide {
     /// when the error is fatal); nothing of it is visible to
     /// `read_committed` consumers.
     ///
-    /// Returns the encoded bytes produced per table.
-    pub async fn add_batch(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
+    /// Returns what was produced per table.
+    pub async fn add_batch(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, TableCounts>, Error> {
         // Register new schema versions before producing anything that
         // needs them: an incompatible change stops us (and aborts the
         // transaction) before any event of it is produced.
@@ -400,27 +400,31 @@ impl KafkaSide {
         }
     }
 
-    async fn produce_all(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, u64>, Error> {
+    async fn produce_all(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, TableCounts>, Error> {
         // Keyed by reference while producing: no clone per event.
-        let mut bytes: HashMap<&TableId, u64> = HashMap::new();
+        let mut counts: HashMap<&TableId, TableCounts> = HashMap::new();
         // The run of consecutive events of one table (a snapshot chunk,
         // most transactions), by its schema's Arc: its topic is named once
-        // and its bytes are added up before they go into `bytes`.
-        let mut run: Option<(&Arc<TableSchema>, String, u64)> = None;
+        // and its counts are added up before they go into `counts`.
+        let mut run: Option<(&Arc<TableSchema>, String, TableCounts)> = None;
         for msg in &batch.messages {
             match msg {
                 SourceMessage::SchemaChanged(_) => {}
                 SourceMessage::Change(event) => {
                     if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {
-                        if let Some((schema, _, b)) = run.take() {
-                            *bytes.entry(&schema.id).or_default() += b;
+                        if let Some((schema, _, c)) = run.take() {
+                            counts.entry(&schema.id).or_default().add(c);
                         }
-                        run = Some((&event.schema, self.naming.topic(self.config.prefix(), &event.schema.id), 0));
+                        let topic = self.naming.topic(self.config.prefix(), &event.schema.id);
+                        run = Some((&event.schema, topic, TableCounts::default()));
                     }
-                    let Some((_, topic, run_bytes)) = run.as_mut() else { continue };
+                    let Some((_, topic, run_counts)) = run.as_mut() else { continue };
                     let topic = topic.as_str();
                     let encoded = self.encoder.encode(event, topic)?;
-                    *run_bytes += (encoded.key.as_ref().map_or(0, |k| k.len())
+                    run_counts.events += 1;
+                    run_counts.latest_ts = run_counts.latest_ts.max(event.source.ts_ms);
+                    run_counts.snapshot |= event.source.snapshot != SnapshotMarker::False;
+                    run_counts.bytes += (encoded.key.as_ref().map_or(0, |k| k.len())
                         + encoded.value.as_ref().map_or(0, |v| v.len())) as u64;
                     if event.op == Op::Truncate {
                         // A truncate concerns every key, so every partition
@@ -452,10 +456,10 @@ impl KafkaSide {
                 }
             }
         }
-        if let Some((schema, _, b)) = run {
-            *bytes.entry(&schema.id).or_default() += b;
+        if let Some((schema, _, c)) = run {
+            counts.entry(&schema.id).or_default().add(c);
         }
-        Ok(bytes.into_iter().map(|(id, b)| (id.clone(), b)).collect())
+        Ok(counts.into_iter().map(|(id, c)| (id.clone(), c)).collect())
     }
 
     /// Enqueues one record; a full queue is backpressure: wait a moment
@@ -604,9 +608,9 @@ async fn run_once(
         let events = batch.messages.len();
         let span = info_span!("batch", batch = batch_no, events);
         let producing = Instant::now();
-        let bytes = kafka.add_batch(&batch).instrument(span.clone()).await?;
+        let counts = kafka.add_batch(&batch).instrument(span.clone()).await?;
         let txn = open.get_or_insert_with(OpenTxn::new);
-        txn.add(&batch, &bytes);
+        txn.add(&batch, counts);
         txn.waited_for_source += producing - asked;
         txn.producing += producing.elapsed();
         // Snapshot rows keep the transaction open while more of the
@@ -639,6 +643,40 @@ async fn run_once(
     }
 }
 
+/// What a transaction's events of one table add up to, for its metrics and
+/// status once it is committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableCounts {
+    /// Change events.
+    pub events: u64,
+    /// The latest source time among them (ms since the epoch).
+    pub latest_ts: i64,
+    /// Whether any was a snapshot row.
+    pub snapshot: bool,
+    /// Encoded key and value bytes.
+    pub bytes: u64,
+}
+
+impl Default for TableCounts {
+    fn default() -> Self {
+        Self {
+            events: 0,
+            latest_ts: i64::MIN,
+            snapshot: false,
+            bytes: 0,
+        }
+    }
+}
+
+impl TableCounts {
+    fn add(&mut self, other: TableCounts) {
+        self.events += other.events;
+        self.latest_ts = self.latest_ts.max(other.latest_ts);
+        self.snapshot |= other.snapshot;
+        self.bytes += other.bytes;
+    }
+}
+
 /// The batches in the open Kafka transaction: what to report once it is
 /// committed.
 struct OpenTxn {
@@ -646,9 +684,7 @@ struct OpenTxn {
     /// The last batch's checkpoint: it covers them all.
     checkpoint: Checkpoint,
     events: usize,
-    /// Per table: events, latest source time, whether any were snapshot rows.
-    per_table: HashMap<TableId, (u64, i64, bool)>,
-    bytes: HashMap<TableId, u64>,
+    per_table: HashMap<TableId, TableCounts>,
     /// Time spent waiting for the source's batches, and encoding and
     /// handing them to librdkafka (logged at debug with the commit's).
     waited_for_source: Duration,
@@ -664,50 +700,14 @@ impl OpenTxn {
             checkpoint: Checkpoint(String::new()),
             events: 0,
             per_table: HashMap::new(),
-            bytes: HashMap::new(),
         }
     }
 
-    fn add(&mut self, batch: &SourceBatch, bytes: &HashMap<TableId, u64>) {
+    fn add(&mut self, batch: &SourceBatch, counts: HashMap<TableId, TableCounts>) {
         self.events += batch.messages.len();
-        // Consecutive events of one schema Arc are added up first, then
-        // looked up once (no hashing per event on the snapshot's hot path).
-        let mut run: Option<(&Arc<TableSchema>, (u64, i64, bool))> = None;
-        let events = batch.messages.iter().filter_map(|m| match m {
-            SourceMessage::Change(e) => Some(e),
-            _ => None,
-        });
-        for e in events {
-            if !run.as_ref().is_some_and(|(schema, _)| Arc::ptr_eq(schema, &e.schema)) {
-                if let Some((schema, counts)) = run.take() {
-                    self.count(&schema.id, counts);
-                }
-                run = Some((&e.schema, (0, i64::MIN, false)));
-            }
-            if let Some((_, counts)) = run.as_mut() {
-                counts.0 += 1;
-                counts.1 = counts.1.max(e.source.ts_ms);
-                counts.2 |= e.source.snapshot != SnapshotMarker::False;
-            }
+        for (id, c) in counts {
+            self.per_table.entry(id).or_default().add(c);
         }
-        if let Some((schema, counts)) = run {
-            self.count(&schema.id, counts);
-        }
-        for (id, b) in bytes {
-            *self.bytes.entry(id.clone()).or_default() += b;
-        }
-    }
-
-    /// Adds a table's events, latest source time and snapshot flag.
-    fn count(&mut self, table: &TableId, (events, ts, snapshot): (u64, i64, bool)) {
-        // Looked up by reference first: no allocation once the table is known.
-        let entry = match self.per_table.get_mut(table) {
-            Some(entry) => entry,
-            None => self.per_table.entry(table.clone()).or_insert((0, i64::MIN, false)),
-        };
-        entry.0 += events;
-        entry.1 = entry.1.max(ts);
-        entry.2 |= snapshot;
     }
 
     /// Commits the transaction with the last checkpoint, acknowledges it to
@@ -724,8 +724,7 @@ impl OpenTxn {
         );
         source.acknowledge(&self.checkpoint).await?;
         telemetry.record_batch_seconds(self.started.elapsed().as_secs_f64());
-        for (id, (events, ts, snapshot)) in self.per_table {
-            let b = self.bytes.get(&id).copied().unwrap_or(0);
+        for (id, TableCounts { events, latest_ts: ts, snapshot, bytes: b }) in self.per_table {
             let table = id.to_string();
             telemetry.record_events(&table, events, b, Some(ts));
             telemetry.record_applied(&table, ts);
