@@ -230,6 +230,28 @@ async fn inserts_of_existing_keys_fall_back_from_the_copy_fast_path() {
 }
 
 #[tokio::test]
+async fn a_key_twice_in_one_insert_only_batch_keeps_the_newer_row() {
+    // The direct COPY of such a batch meets its own duplicate; the batch is
+    // then reduced, whatever order the two events come in.
+    let fx = Fixture::new("twice").await;
+    let s = items();
+    let mut sink = fx.sink();
+    let mut first: Vec<ChangeEvent> =
+        (0..50).map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 10, i as u64)).collect();
+    first.push(event(&s, Op::Create, None, Some(row(7, "newer", 7, "7.00")), 20, 0));
+    sink.apply(&batch("t", 0, first)).await.expect("newer last");
+    let mut second = vec![event(&s, Op::Create, None, Some(row(100, "newer", 100, "2.00")), 40, 0)];
+    second.extend((100..150).map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 30, i as u64)));
+    sink.apply(&batch("t", 51, second)).await.expect("newer first");
+    let rows = fx.rows().await;
+    assert_eq!(rows.len(), 100);
+    assert!(rows.contains(&"7|newer|7|7.00".to_string()), "{rows:?}");
+    assert!(rows.contains(&"100|newer|100|2.00".to_string()), "{rows:?}");
+    assert!(rows.contains(&"8|snap|8|1.00".to_string()));
+    fx.cleanup().await;
+}
+
+#[tokio::test]
 async fn an_older_event_never_moves_a_row_backwards() {
     let fx = Fixture::new("order").await;
     let s = items();
