@@ -53,8 +53,8 @@ use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to look for the last checkpoint in the offsets topic.
 const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often to look whether librdkafka delivered queued records (before
-/// a commit, and while its queue is full).
+/// How long to wait before offering a record again while librdkafka's
+/// queue is full.
 const DELIVERY_CHECK: Duration = Duration::from_millis(1);
 /// A run of the source that lasted this long resets the retry backoff.
 const RUN_RESETS_BACKOFF: Duration = Duration::from_secs(60);
@@ -127,7 +127,9 @@ impl KafkaSide {
         // not zstd: zstd took a sixth of the runner's CPU in a 1M-row
         // snapshot on 2 cores shared with the database and the broker, and
         // lz4 made that snapshot about 20% faster (141-150k vs 120k rows/s).
-        for (key, value) in [("linger.ms", "5"), ("compression.type", "lz4")] {
+        // A 20 ms linger fills a snapshot's produce requests; a commit does
+        // not wait for it (see `wait_delivered`).
+        for (key, value) in [("linger.ms", "20"), ("compression.type", "lz4")] {
             if producer_config.get(key).is_none() {
                 producer_config.set(key, value);
             }
@@ -378,13 +380,21 @@ impl KafkaSide {
     /// by polling the producer's event queue, 100 ms at a time, while the
     /// `ThreadedProducer`'s own thread serves that queue: with anything in
     /// flight, each call slept about 100 ms after the last delivery
-    /// (measured: 100-108 ms per commit, whatever its size). Looking at the
-    /// in-flight count every [`DELIVERY_CHECK`] instead, the commit's own
-    /// flush finds nothing left and returns at once.
+    /// (measured: 100-108 ms per commit, whatever its size). librdkafka's
+    /// own `rd_kafka_flush`, with delivery reports as events (as
+    /// rust-rdkafka sets them), serves no queue: it sends what lingers at
+    /// once and waits for the in-flight count to reach zero, so the
+    /// commit's own flush then finds nothing left and returns at once. That
+    /// also lets `linger.ms` fill a snapshot's requests without delaying a
+    /// streamed transaction's commit.
     async fn wait_delivered(&self) {
-        let deadline = Instant::now() + KAFKA_TXN_STEP_TIMEOUT;
-        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
-            tokio::time::sleep(DELIVERY_CHECK).await;
+        let p = self.producer.clone();
+        let timeout_ms = i32::try_from(KAFKA_TXN_STEP_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the pointer is that of the producer `p` keeps alive for
+        // the call; rd_kafka_flush may be called from any thread.
+        let flushed = blocking(move || unsafe { rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), timeout_ms) }).await;
+        if let Err(e) = flushed {
+            warn!(error = %e, "cannot wait for deliveries; the commit reports what is left");
         }
     }
 
