@@ -36,18 +36,24 @@ unsafe impl Sync for ConfText {}
 
 /// Allocations from this size on get their own mapping from glibc's malloc,
 /// returned to the system when freed. Since the Rust side moved to jemalloc
-/// ([`ALLOCATOR`]) this concerns librdkafka's C buffers (queued and fetched
-/// record batches). Large buffers allocated and freed continually by
-/// different threads otherwise land in malloc's arenas once glibc's
-/// adaptive threshold has grown to their size, and freed arena space is
-/// kept: measured on a 1M-row PostgreSQL snapshot, when glibc still served
-/// every allocation, peak RSS 83 MiB with glibc's defaults, 65 MiB with
-/// these settings, at the same rate.
-pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;
+/// ([`ALLOCATOR`]) this concerns librdkafka's C buffers only: a produce
+/// request of up to `batch.size` (1 MB), its compressed copy, fetched
+/// record batches. Fixed, because glibc's adaptive threshold lets freed
+/// arena space pile up (measured when glibc still served every allocation:
+/// peak RSS 83 MiB with its defaults, 65 MiB with a fixed 128 KiB). But at
+/// 128 KiB every produce request was a fresh mapping, faulted in page by
+/// page: 1M-row PostgreSQL snapshots end to end, 138-142k page faults in
+/// the source runner (its librdkafka thread 1.3-1.6 s of CPU) against
+/// 26k (1.0-1.1 s) at 8 MiB, for 50.2 against 51.4-53.2 MiB peak RSS; the
+/// sink runner 75k against 47-54k faults, 107-108 against 107-111 MiB.
+pub const MMAP_THRESHOLD_BYTES: i32 = 8 * 1024 * 1024;
 
 /// Free space at the top of a malloc heap beyond this is given back at once
-/// (glibc's default grows with the mmap threshold, up to 64 MiB).
-pub const TRIM_THRESHOLD_BYTES: i32 = 128 * 1024;
+/// (glibc's default grows with the mmap threshold, up to 64 MiB). As large
+/// as [`MMAP_THRESHOLD_BYTES`]: a request buffer freed at the top of the heap
+/// is then kept for the next one instead of being given back and faulted in
+/// again.
+pub const TRIM_THRESHOLD_BYTES: i32 = 8 * 1024 * 1024;
 
 /// Sets [`MMAP_THRESHOLD_BYTES`] and [`TRIM_THRESHOLD_BYTES`] in glibc's
 /// malloc, unless the operator set them (`MALLOC_MMAP_THRESHOLD_`,
