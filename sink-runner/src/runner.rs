@@ -448,7 +448,6 @@ struct Prepared {
     batch: SinkBatch,
 }
 
-/// The batch being applied in its own task.
 /// What an apply task hands back. A batch that was applied comes back
 /// without its records: they are freed in the task, off the loop's thread,
 /// where freeing a snapshot batch's rows took 5-8 ms with the destination
@@ -482,6 +481,7 @@ fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
         .max()
 }
 
+/// The batch being applied in its own task.
 struct InFlight {
     taken: Taken,
     /// Partitions revoked while it was applied: if it fails, none of their

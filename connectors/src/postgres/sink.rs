@@ -901,10 +901,12 @@ impl PostgresSink {
         let mut direct_tried = false;
         if truncate.is_none() && !probe {
             if let Some(group) = Group::inserts_only(events) {
+                // Refused, or skipped after an earlier refusal: either way
+                // the reduced rows go to staging (and the skip is counted
+                // once per batch).
                 match self.copy_fast(dest, &group).await? {
                     Some(true) => return Ok(()),
-                    Some(false) => direct_tried = true,
-                    None => {}
+                    Some(false) | None => direct_tried = true,
                 }
             }
         }
@@ -1128,8 +1130,8 @@ impl PostgresSink {
 
     /// Stages one schema version's surviving rows and merges them (or
     /// copies them straight in, see [`PostgresSink::copy_direct`]). With
-    /// `probe` (bisecting, or the direct copy was just refused) the direct
-    /// copy is not tried.
+    /// `probe` (bisecting, or this batch's direct copy was already refused
+    /// or skipped) the direct copy is not tried.
     async fn merge(&mut self, dest: &DestinationTable, group: &Group<'_>, probe: bool) -> Result<(), ApplyError> {
         if !probe && self.copy_fast(dest, group).await? == Some(true) {
             return Ok(());
@@ -1693,17 +1695,13 @@ enum CopyFailure {
     Db(tokio_postgres::Error),
 }
 
-/// Runs `copy` (a `COPY ... FROM STDIN`, sent with `(FORMAT binary)` when
-/// `binary` gives the fields) with the live lines of `group`, rendering
-/// each chunk while PostgreSQL parses the one before. On a render error the sink is dropped unfinished, which makes
-/// tokio-postgres send `CopyFail`: nothing of the `COPY` stays.
+/// Each column's name and destination type, and the binary writers (when
+/// every column and value has one).
+type CopyColumns<'s> = (Vec<(&'s str, &'s str)>, Option<Vec<BinaryType>>);
+
 /// The destination type of each of `group`'s columns, and the binary
 /// writers when every column and value has one (else the copy is text).
-fn copy_columns<'s>(
-    dest: &DestinationTable,
-    state: &'s TableState,
-    group: &'s Group<'_>,
-) -> Result<(Vec<(&'s str, &'s str)>, Option<Vec<BinaryType>>)> {
+fn copy_columns<'s>(dest: &DestinationTable, state: &'s TableState, group: &'s Group<'_>) -> Result<CopyColumns<'s>> {
     let schema = &group.schema;
     let mut columns: Vec<(&str, &str)> = Vec::with_capacity(schema.columns.len());
     for c in &schema.columns {
@@ -1716,6 +1714,10 @@ fn copy_columns<'s>(
     Ok((columns, binary))
 }
 
+/// Runs `copy` (a `COPY ... FROM STDIN`, sent with `(FORMAT binary)` when
+/// `binary` gives the fields) with the live lines of `group`, rendering
+/// each chunk while PostgreSQL parses the one before. On a render error the sink is dropped unfinished, which makes
+/// tokio-postgres send `CopyFail`: nothing of the `COPY` stays.
 async fn copy_lines(
     client: &Client,
     copy: &str,
