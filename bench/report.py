@@ -136,7 +136,10 @@ def render(args, info, reps, errors, converter, run_id):
         "",
         f"Machine: {info['nproc']} CPUs ({info['cpu']}), {info['memory']} RAM, Linux {info['kernel']}; "
         f"PostgreSQL {info['postgres']}; Kafka 4.1.1 (one KRaft node); Apicurio Registry 3.3.3; "
-        f"{info['java']}; Tributary {info['tributary']} (release build). Everything on the same machine.",
+        f"{info['java']}; Tributary {info['tributary']} (release build). Everything on the same machine; "
+        + ("the destination databases in a second PostgreSQL instance (bench/cluster.py)."
+           if info.get("destination", "same") == "separate"
+           else "the destination databases in the source's PostgreSQL instance (--destination same)."),
         "",
         f"Debezium: {dbz}, converter: {conv}, heap -Xms256M -Xmx2G (connect-standalone.sh default).",
         f"Tributary: source-runner + sink-runner, Avro (Confluent wire format, registry ccompat API), "
