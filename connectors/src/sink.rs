@@ -179,13 +179,27 @@ pub fn group_by_destination<'a, D: PartialEq>(
     destination: impl Fn(&TableId) -> D,
 ) -> Vec<(D, Vec<(usize, &'a ChangeEvent)>)> {
     let mut groups: Vec<(D, Vec<(usize, &'a ChangeEvent)>)> = Vec::new();
+    // A batch is mostly one table: its events go to the last group without
+    // rendering their destination name (a template, so allocations) each.
+    let mut last: Option<(&'a TableId, usize)> = None;
     for (i, (_, record)) in records.iter().enumerate() {
         if let SinkRecord::Change(ev) = record {
-            let dest = destination(&ev.schema.id);
-            match groups.iter_mut().find(|(d, _)| *d == dest) {
-                Some((_, v)) => v.push((base + i, ev)),
-                None => groups.push((dest, vec![(base + i, ev)])),
-            }
+            let g = match last {
+                Some((id, g)) if *id == ev.schema.id => g,
+                _ => {
+                    let dest = destination(&ev.schema.id);
+                    let g = match groups.iter().position(|(d, _)| *d == dest) {
+                        Some(g) => g,
+                        None => {
+                            groups.push((dest, Vec::new()));
+                            groups.len() - 1
+                        }
+                    };
+                    last = Some((&ev.schema.id, g));
+                    g
+                }
+            };
+            groups[g].1.push((base + i, ev));
         }
     }
     groups

@@ -618,17 +618,24 @@ async fn wait_for_no_sessions(fx: &Fixture, role: &str) {
     }
 }
 
-#[tokio::test]
-async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_grant() {
-    let fx = Fixture::new("grant").await;
-    let (role, role_url) = own_role(&fx).await;
+/// A sink connected as [`own_role`], which has written row 1 at offset 0
+/// (so its table exists, owned by the role).
+async fn sink_of_own_role(fx: &Fixture) -> (String, PostgresSink) {
+    let (role, role_url) = own_role(fx).await;
     let mut config = fx.config();
     config.url = role_url;
     let mut sink = PostgresSink::new(config).unwrap();
-    let s = items();
-    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
+    sink.apply(&batch("t", 0, vec![event(&items(), Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
         .await
-        .expect("owner can write");
+        .expect("the role can write");
+    (role, sink)
+}
+
+#[tokio::test]
+async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_grant() {
+    let fx = Fixture::new("grant").await;
+    let (role, mut sink) = sink_of_own_role(&fx).await;
+    let s = items();
     // The table belongs to the role; an operator takes its rights away.
     fx.exec(&format!("ALTER TABLE {} OWNER TO tributary; REVOKE ALL ON {} FROM {role}", fx.table(), fx.table()))
         .await;
@@ -641,6 +648,36 @@ async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_gran
     sink.apply(&b).await.expect("resumes after the GRANT");
     assert_eq!(fx.rows().await.len(), 2);
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&2));
+    drop(sink);
+    drop_role(&fx, &role).await;
+    fx.cleanup().await;
+}
+
+/// The offsets go in one message with the `COMMIT`: when the offsets
+/// cannot be written, the rows of that transaction must not stay either.
+#[tokio::test]
+async fn a_refused_offsets_write_keeps_the_rows_out_and_resumes_after_the_grant() {
+    let fx = Fixture::new("offsets_grant").await;
+    let (role, mut sink) = sink_of_own_role(&fx).await;
+    let s = items();
+    fx.exec(&format!("REVOKE INSERT, UPDATE ON tributary.offsets FROM {role}")).await;
+    // A snapshot-like batch (the direct COPY) and an upsert (staging and
+    // merge): neither may leave rows behind.
+    let copied = batch("t", 1, vec![event(&s, Op::Read, None, Some(row(2, "b", 1, "1.00")), 2, 0)]);
+    let merged = batch("t", 1, vec![event(&s, Op::Update, None, Some(row(1, "z", 9, "9.00")), 2, 1)]);
+    for b in [&copied, &merged] {
+        let err = sink.apply(b).await.expect_err("the offsets cannot be written");
+        assert_eq!(err.error.kind(), ErrorKind::NeedsOperator, "{}", err.error);
+        assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string()]);
+        assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&1));
+    }
+    fx.exec(&format!("GRANT INSERT, UPDATE ON tributary.offsets TO {role}")).await;
+    sink.apply(&copied).await.expect("resumes after the GRANT");
+    sink.apply(&batch("t", 2, vec![event(&s, Op::Update, None, Some(row(1, "z", 9, "9.00")), 2, 1)]))
+        .await
+        .expect("and goes on");
+    assert_eq!(fx.rows().await, vec!["1|z|9|9.00".to_string(), "2|b|1|1.00".to_string()]);
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&3));
     drop(sink);
     drop_role(&fx, &role).await;
     fx.cleanup().await;

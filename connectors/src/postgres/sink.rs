@@ -46,7 +46,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::hash::{Hash, Hasher};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -55,7 +55,7 @@ use futures::SinkExt;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, NoTls, Statement};
 use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::hashing::FxHashMap;
@@ -97,6 +97,11 @@ const COPY_CHUNK_BYTES: usize = 256 * 1024;
 /// existing key: a re-snapshot or a replay of many batches would otherwise
 /// pay a failed `COPY` each time.
 const FAST_PATH_BACKOFF_BATCHES: u32 = 64;
+/// Prepared `COPY` statements kept per session (one per table, schema
+/// version and target: the table itself or its staging table).
+const MAX_COPY_STATEMENTS: usize = 1024;
+/// Opens each batch's transaction; deferred to go with its first statement.
+const BEGIN: &str = "BEGIN";
 /// `application_name` of the sink's sessions, so a DBA sees who holds a lock.
 const APPLICATION_NAME: &str = "tributary-sink";
 
@@ -299,6 +304,14 @@ pub struct PostgresSink {
     staging_filled: HashSet<String>,
     /// Per table, batches left before the fast path is tried again.
     fast_skip: HashMap<DestinationTable, u32>,
+    /// Statements that need no answer of their own (`BEGIN`, `RELEASE
+    /// SAVEPOINT`), sent in one message with the next statement. Each round
+    /// trip left the destination idle until the sink's tasks were woken and
+    /// scheduled on the shared cores: 3-10 ms, several times per batch.
+    deferred: Mutex<String>,
+    /// `COPY` statements prepared in this session, by text: `copy_in` with
+    /// a text prepares it first, a round trip of its own before each `COPY`.
+    copy_statements: Mutex<HashMap<String, Statement>>,
 }
 
 impl fmt::Debug for PostgresSink {
@@ -335,6 +348,8 @@ impl PostgresSink {
             staging_in_txn: HashSet::new(),
             staging_filled: HashSet::new(),
             fast_skip: HashMap::new(),
+            deferred: Mutex::new(String::new()),
+            copy_statements: Mutex::new(HashMap::new()),
         })
     }
 
@@ -438,6 +453,8 @@ impl PostgresSink {
     /// Forgets the connection and everything cached about the session.
     fn reset(&mut self) {
         self.client = None;
+        self.take_deferred();
+        lock(&self.copy_statements).clear();
         self.tables.clear();
         self.staging.clear();
         self.staging_in_txn.clear();
@@ -451,7 +468,7 @@ impl PostgresSink {
         self.connect().await?;
         let ctx = self.ctx();
         let group = self.consumer_group.clone();
-        let client = self.client()?;
+        let client = self.client().await?;
         let offsets = format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(OFFSETS_TABLE));
         let n = client
             .execute(&format!("DELETE FROM {offsets} WHERE consumer_group = $1"), &[&group])
@@ -470,15 +487,68 @@ impl PostgresSink {
         Ok(done)
     }
 
-    fn client(&self) -> Result<&Client> {
-        self.client
+    /// The session, once what was deferred has been sent: every statement
+    /// goes through here or [`PostgresSink::execute`], so none can run ahead
+    /// of a deferred `BEGIN`.
+    async fn client(&self) -> Result<&Client> {
+        let client = self
+            .client
             .as_ref()
-            .ok_or_else(|| Error::retryable("not connected to the destination"))
+            .ok_or_else(|| Error::retryable("not connected to the destination"))?;
+        let deferred = self.take_deferred();
+        if !deferred.is_empty() {
+            client.batch_execute(&deferred).await.map_err(|e| classify(&e, &self.ctx()))?;
+        }
+        Ok(client)
+    }
+
+    /// Runs `sql` (simple protocol) with what was deferred ahead of it, in
+    /// one round trip. A deferred statement that fails reports through this
+    /// one: they are `BEGIN` and `RELEASE SAVEPOINT`, which fail only with
+    /// the session.
+    async fn execute(&self, sql: &str, ctx: &Ctx) -> Result<()> {
+        let client = self
+            .client
+            .as_ref()
+            .ok_or_else(|| Error::retryable("not connected to the destination"))?;
+        let mut text = self.take_deferred();
+        text.push_str(sql);
+        client.batch_execute(&text).await.map_err(|e| classify(&e, ctx))
+    }
+
+    /// Sends `sql` with the next statement; see [`PostgresSink::execute`].
+    fn defer(&self, sql: &str) {
+        let mut deferred = lock(&self.deferred);
+        deferred.push_str(sql);
+        deferred.push_str("; ");
+    }
+
+    fn take_deferred(&self) -> String {
+        std::mem::take(&mut *lock(&self.deferred))
+    }
+
+    /// The session and the `COPY ... FROM STDIN` statement `sql`, prepared
+    /// on first use in this session (a utility statement is analysed again
+    /// at each execution, so a table changed since is no problem).
+    async fn copy_statement(&self, sql: &str) -> std::result::Result<(&Client, Statement), CopyFailure> {
+        let client = self.client().await.map_err(CopyFailure::Session)?;
+        if let Some(statement) = lock(&self.copy_statements).get(sql) {
+            return Ok((client, statement.clone()));
+        }
+        let statement = client.prepare(sql).await.map_err(CopyFailure::Db)?;
+        let mut cache = lock(&self.copy_statements);
+        if cache.len() >= MAX_COPY_STATEMENTS {
+            // Tables come and go over a long run: start over rather than
+            // grow without end.
+            cache.clear();
+        }
+        cache.insert(sql.to_string(), statement.clone());
+        Ok((client, statement))
     }
 
     async fn ensure_bookkeeping(&mut self) -> Result<()> {
         let ctx = self.ctx();
-        let client = self.client()?;
+        let client = self.client().await?;
         let offsets = format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(OFFSETS_TABLE));
         let row = client
             .query_one(
@@ -542,7 +612,7 @@ impl PostgresSink {
                 }
             }
         }
-        let Ok(client) = self.client() else {
+        let Ok(client) = self.client().await else {
             return problems;
         };
         let user = quote_ident(&ctx.user);
@@ -664,33 +734,43 @@ impl PostgresSink {
         commit: bool,
     ) -> Result<(), ApplyError> {
         let ctx = self.ctx();
-        self.client()?.batch_execute("BEGIN").await.map_err(|e| self.failed(classify(&e, &ctx)))?;
+        if self.client.is_none() {
+            return Err(Error::retryable("not connected to the destination").into());
+        }
+        self.take_deferred();
+        self.defer(BEGIN);
         self.staging_in_txn.clear();
         self.staging_filled.clear();
         let result = async {
             self.apply_records(records, 0, false).await?;
             if !offsets.is_empty() {
                 let sql = offsets_sql(&self.consumer_group, offsets);
-                self.client()?
-                    .batch_execute(&sql)
-                    .await
-                    .map_err(|e| classify(&e, &ctx.clone().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"))))?;
+                if commit {
+                    // Sent with the COMMIT, in one round trip.
+                    self.defer(&sql);
+                } else {
+                    self.execute(&sql, &ctx.clone().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}")))
+                        .await?;
+                }
             }
             Ok::<(), ApplyError>(())
         }
         .await;
         match result {
             Ok(()) if commit => {
-                match self.client()?.batch_execute("COMMIT").await {
+                match self.execute("COMMIT", &ctx).await {
                     Ok(()) => {
                         self.staging.extend(self.staging_in_txn.drain());
                         Ok(())
                     }
-                    Err(e) => {
-                        // A COMMIT whose answer was lost may or may not have
-                        // happened; the stored offsets tell the runner which.
-                        let err = classify(&e, &ctx);
-                        self.rolled_back();
+                    Err(err) => {
+                        // The offsets or the COMMIT failed. A failed statement
+                        // before the COMMIT leaves the transaction aborted,
+                        // which the ROLLBACK ends (after a failed COMMIT it
+                        // only warns). A COMMIT whose answer was lost may or
+                        // may not have happened; the stored offsets tell the
+                        // runner which.
+                        self.rollback().await;
                         Err(self.failed(err).into())
                     }
                 }
@@ -710,9 +790,11 @@ impl PostgresSink {
     }
 
     async fn rollback(&mut self) {
+        // A transaction whose `BEGIN` is still deferred was never opened.
+        let opened = !self.take_deferred().starts_with(BEGIN);
         let ok = match &self.client {
-            Some(c) => c.batch_execute("ROLLBACK").await.is_ok(),
-            None => true,
+            Some(c) if opened => c.batch_execute("ROLLBACK").await.is_ok(),
+            _ => true,
         };
         self.rolled_back();
         if !ok {
@@ -748,7 +830,7 @@ impl PostgresSink {
         async {
             let ctx = self.ctx();
             self.connect().await?;
-            self.client()?.batch_execute("BEGIN").await.map_err(|e| classify(&e, &ctx))?;
+            self.execute(BEGIN, &ctx).await?;
             self.staging_in_txn.clear();
             self.staging_filled.clear();
             let result = self.bisect(records, original).await;
@@ -763,17 +845,17 @@ impl PostgresSink {
         let ctx = self.ctx();
         // Schema changes first: their failure names the record directly, and
         // the probes below then only differ in data.
-        self.client()?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
+        self.client().await?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
         self.reconcile_all(records).await?;
-        self.client()?.batch_execute("RELEASE SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
+        self.client().await?.batch_execute("RELEASE SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
         locate_failed_record(&mut Prefixes { sink: self, records }, records.len(), original).await
     }
 
     async fn probe(&mut self, records: &[(KafkaPosition, SinkRecord)]) -> Result<(), ApplyError> {
         let ctx = self.ctx();
-        self.client()?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
+        self.client().await?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
         let result = self.apply_records(records, 0, true).await;
-        self.client()?
+        self.client().await?
             .batch_execute("ROLLBACK TO SAVEPOINT tributary_probe; RELEASE SAVEPOINT tributary_probe")
             .await
             .map_err(|e| classify(&e, &ctx))?;
@@ -839,7 +921,7 @@ impl PostgresSink {
             quote_literal(&format!("tributary table {dest}")),
             dest.quoted()
         );
-        self.client()?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+        self.client().await?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
         self.tables.remove(dest);
         info!(table = %dest, "dropped destination table (the source table was dropped)");
         Ok(())
@@ -939,7 +1021,7 @@ impl PostgresSink {
             c = quote_ident(COMMIT_COLUMN),
             i = quote_ident(INDEX_COLUMN),
         );
-        let client = self.client()?;
+        let client = self.client().await?;
         let newer: bool = client.query_one(q.as_str(), &[]).await.map_err(|e| classify(&e, &ctx))?.get(0);
         let sql = if newer {
             // Rows written after the truncate (a replay): keep them.
@@ -959,7 +1041,7 @@ impl PostgresSink {
     /// Reads a table's columns and primary key from the catalog.
     async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
         let ctx = self.ctx().in_table(dest.to_string());
-        let client = self.client()?;
+        let client = self.client().await?;
         let name = dest.quoted();
         let rows = client
             .query(
@@ -1020,27 +1102,27 @@ impl PostgresSink {
                 "SELECT pg_advisory_xact_lock(hashtext({}))",
                 quote_literal(&format!("tributary table {dest}"))
             );
-            self.client()?.batch_execute(&lock).await.map_err(|e| classify(&e, &ctx))?;
+            self.client().await?.batch_execute(&lock).await.map_err(|e| classify(&e, &ctx))?;
             self.load_table(dest).await?;
             let plan = plan_ddl(dest, schema, from_pg, self.tables.get(dest))?;
             if !plan.is_empty() {
                 if !self.tables.get(dest).is_some_and(|s| s.exists) {
                     let exists: bool = self
-                        .client()?
+                        .client().await?
                         .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&dest.schema])
                         .await
                         .map_err(|e| classify(&e, &ctx))?
                         .get(0);
                     if !exists {
                         let sql = format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&dest.schema));
-                        self.client()?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+                        self.client().await?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
                     }
                 }
                 for statement in &plan {
                     info!(table = %dest, ddl = %statement, "changing destination table");
                 }
                 let sql = plan.join("; ");
-                self.client()?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+                self.client().await?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
                 self.load_table(dest).await?;
             }
         }
@@ -1072,8 +1154,7 @@ impl PostgresSink {
         binary: Option<&[BinaryType]>,
     ) -> Result<bool, ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
-        let client = self.client.as_ref().ok_or_else(|| Error::retryable("not connected to the destination"))?;
-        client.batch_execute("SAVEPOINT tributary_fast").await.map_err(|e| classify(&e, &ctx))?;
+        self.execute("SAVEPOINT tributary_fast", &ctx).await?;
         let copy = format!(
             "COPY {} ({}{}{}, {}) FROM STDIN",
             dest.quoted(),
@@ -1082,21 +1163,20 @@ impl PostgresSink {
             quote_ident(COMMIT_COLUMN),
             quote_ident(INDEX_COLUMN),
         );
-        match copy_lines(client, &copy, group, false, binary).await {
+        match copy_lines(self, &copy, group, false, binary).await {
             Ok(()) => {
-                client.batch_execute("RELEASE SAVEPOINT tributary_fast").await.map_err(|e| classify(&e, &ctx))?;
+                self.defer("RELEASE SAVEPOINT tributary_fast");
                 debug!(table = %dest, rows = group.upserts, "copied directly");
                 Ok(true)
             }
             Err(CopyFailure::Db(e)) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
-                client
-                    .batch_execute("ROLLBACK TO SAVEPOINT tributary_fast; RELEASE SAVEPOINT tributary_fast")
-                    .await
-                    .map_err(|e| classify(&e, &ctx))?;
+                self.execute("ROLLBACK TO SAVEPOINT tributary_fast; RELEASE SAVEPOINT tributary_fast", &ctx)
+                    .await?;
                 debug!(table = %dest, "keys exist already: merging instead");
                 Ok(false)
             }
             Err(CopyFailure::Db(e)) => Err(classify(&e, &ctx).into()),
+            Err(CopyFailure::Session(e)) => Err(e.into()),
             Err(CopyFailure::Render(e)) => Err(e),
         }
     }
@@ -1165,9 +1245,8 @@ impl PostgresSink {
         if self.staging_filled.contains(&stage) {
             let _ = write!(sql, "TRUNCATE {}; ", quote_ident(&stage));
         }
-        let client = self.client.as_ref().ok_or_else(|| Error::retryable("not connected to the destination"))?;
         if !sql.is_empty() {
-            client.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+            self.execute(&sql, &ctx).await?;
         }
         self.staging_filled.insert(stage.clone());
         let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
@@ -1180,9 +1259,10 @@ impl PostgresSink {
             quote_ident(COMMIT_COLUMN),
             quote_ident(INDEX_COLUMN),
         );
-        match copy_lines(client, &copy, group, true, binary.as_deref()).await {
+        match copy_lines(self, &copy, group, true, binary.as_deref()).await {
             Ok(()) => {}
             Err(CopyFailure::Db(e)) => return Err(classify(&e, &ctx).into()),
+            Err(CopyFailure::Session(e)) => return Err(e.into()),
             Err(CopyFailure::Render(e)) => return Err(e),
         }
 
@@ -1220,7 +1300,7 @@ impl PostgresSink {
                 s = quote_ident(&stage),
             );
         }
-        client.batch_execute(&merge).await.map_err(|e| classify(&e, &ctx))?;
+        self.execute(&merge, &ctx).await?;
         debug!(table = %dest, upserts = group.upserts, deletes = group.deletes, "merged");
         Ok(())
     }
@@ -1232,7 +1312,7 @@ impl Sink for PostgresSink {
         self.connect().await?;
         let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
         let rows = match self
-            .client()?
+            .client().await?
             .query(
                 "SELECT topic, partition, next_offset FROM tributary.offsets WHERE consumer_group = $1",
                 &[&self.consumer_group],
@@ -1693,6 +1773,8 @@ enum CopyFailure {
     Render(ApplyError),
     /// PostgreSQL refused the `COPY` or the connection broke.
     Db(tokio_postgres::Error),
+    /// There was no session, or what was deferred failed before the `COPY`.
+    Session(Error),
 }
 
 /// Each column's name and destination type, and the binary writers (when
@@ -1715,18 +1797,20 @@ fn copy_columns<'s>(dest: &DestinationTable, state: &'s TableState, group: &'s G
 }
 
 /// Runs `copy` (a `COPY ... FROM STDIN`, sent with `(FORMAT binary)` when
-/// `binary` gives the fields) with the live lines of `group`, rendering
-/// each chunk while PostgreSQL parses the one before. On a render error the sink is dropped unfinished, which makes
+/// `binary` gives the fields) in `pg`'s session with the live lines of
+/// `group`, rendering each chunk while PostgreSQL parses the one before.
+/// On a render error the sink is dropped unfinished, which makes
 /// tokio-postgres send `CopyFail`: nothing of the `COPY` stays.
 async fn copy_lines(
-    client: &Client,
+    pg: &PostgresSink,
     copy: &str,
     group: &Group<'_>,
     flag: bool,
     binary: Option<&[BinaryType]>,
 ) -> Result<(), CopyFailure> {
     let copy = if binary.is_some() { format!("{copy} (FORMAT binary)") } else { copy.to_string() };
-    let sink = client.copy_in::<_, Bytes>(copy.as_str()).await.map_err(CopyFailure::Db)?;
+    let (client, statement) = pg.copy_statement(&copy).await?;
+    let sink = client.copy_in::<_, Bytes>(&statement).await.map_err(CopyFailure::Db)?;
     futures::pin_mut!(sink);
     let mut scratch = String::new();
     let mut chunk = Vec::with_capacity(COPY_CHUNK_BYTES + COPY_CHUNK_BYTES / 4);
@@ -2552,6 +2636,12 @@ fn redact_message(message: &str, data_error: bool) -> String {
 }
 
 /// A tokio-postgres error without anything a server might echo of our data.
+/// The value behind `mutex`; a panic elsewhere while it was held leaves
+/// it usable (it holds only text and prepared statements).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn redacted(err: &tokio_postgres::Error) -> String {
     match err.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", redact_message(db.message(), true), db.code().code()),
