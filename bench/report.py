@@ -165,7 +165,7 @@ def render(args, info, reps, errors, converter, run_id):
             lines.append(f"{k}[{i}]: {r}")
     lines += ["```", "",
               "How measured: see docs/benchmarks.md. Snapshot = process start to destination "
-              "count(*) = source count(*), polled every 0.25 s. Events/s end to end = pgbench "
+              "count(*) = source count(*) (heap size polled every 50 ms, count(*) near the full size). Events/s end to end = pgbench "
               "transactions (one row change each) / (workload start -> destination count and "
               "sum(qty) equal the source's). Latency = destination clock_timestamp() when a "
               "row is first seen - its created_at (set to clock_timestamp() by the source "
