@@ -10,6 +10,7 @@
 //! events of that schema. Decoding reads the datum directly, checking every
 //! length and index, so arbitrary bytes give an error and never a panic.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::avro::{ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE, ATTR_SYMBOLS};
@@ -131,6 +132,10 @@ pub struct CompiledEnvelope {
     /// The table schema of the last event, reused while the table is the
     /// same (one schema id normally serves one table).
     table: Option<Arc<TableSchema>>,
+    /// The last connector, name, database and native position texts,
+    /// shared with the next event while they repeat (a snapshot's events
+    /// all carry the same ones).
+    repeats: [Option<Arc<str>>; 4],
 }
 
 #[derive(Debug)]
@@ -384,6 +389,7 @@ impl CompiledEnvelope {
             columns,
             key,
             table: None,
+            repeats: Default::default(),
         })
     }
 
@@ -480,15 +486,16 @@ impl CompiledEnvelope {
         };
         let (position, native_position) = source.position();
         let source_ts = source.ts_ms.unwrap_or(0);
+        let [connector, name, db, native] = &mut self.repeats;
         let info = SourceInfo {
-            connector: source.connector.unwrap_or_default().to_string(),
-            name: source.name.unwrap_or_default().to_string(),
-            db: source.db.unwrap_or_default().to_string(),
+            connector: shared(connector, source.connector.unwrap_or_default()),
+            name: shared(name, source.name.unwrap_or_default()),
+            db: shared(db, source.db.unwrap_or_default()),
             ts_ms: source_ts,
             snapshot: source.snapshot.unwrap_or(SnapshotMarker::False),
             tx_id: source.tx_id.or_else(|| source.gtid.map(str::to_string)),
             position,
-            native_position,
+            native_position: shared(native, &native_position),
         };
         Ok(ChangeEvent {
             schema,
@@ -564,10 +571,10 @@ impl<'a> SourceFields<'a> {
     /// Debezium PostgreSQL's from `sequence` (last commit LSN, event LSN)
     /// or else `lsn`; Debezium MySQL's from binlog file number, position
     /// and row.
-    fn position(&self) -> (Position, String) {
+    fn position(&self) -> (Position, Cow<'a, str>) {
         // Avro has no unsigned long: positions travel bit-cast.
         if let (Some(c), Some(i)) = (self.pos_commit, self.pos_index) {
-            let native = self.native_position.unwrap_or_default().to_string();
+            let native = Cow::Borrowed(self.native_position.unwrap_or_default());
             return (
                 Position {
                     commit: c as u64,
@@ -584,7 +591,7 @@ impl<'a> SourceFields<'a> {
                 Some(commit) => Position { commit, index: lsn },
                 None => Position { commit: lsn, index: 0 },
             };
-            return (position, native);
+            return (position, Cow::Owned(native));
         }
         if let (Some(file), Some(pos)) = (self.file, self.pos) {
             let number: u64 = file
@@ -594,9 +601,22 @@ impl<'a> SourceFields<'a> {
                 .unwrap_or(0);
             let commit = (number << 32) | (pos as u64 & 0xffff_ffff);
             let index = self.row.unwrap_or(0) as u64;
-            return (Position { commit, index }, format!("{file}:{pos}"));
+            return (Position { commit, index }, Cow::Owned(format!("{file}:{pos}")));
         }
-        (Position::default(), self.native_position.unwrap_or_default().to_string())
+        (Position::default(), Cow::Borrowed(self.native_position.unwrap_or_default()))
+    }
+}
+
+/// `text` as the shared string in `slot`, which becomes `text`'s when it
+/// differs.
+fn shared(slot: &mut Option<Arc<str>>, text: &str) -> Arc<str> {
+    match slot {
+        Some(last) if **last == *text => last.clone(),
+        _ => {
+            let new: Arc<str> = Arc::from(text);
+            *slot = Some(new.clone());
+            new
+        }
     }
 }
 

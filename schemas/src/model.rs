@@ -349,13 +349,17 @@ impl SnapshotMarker {
 
 /// Where an event came from (Debezium's `source` block).
 #[derive(Debug, Clone, PartialEq)]
+///
+/// The texts that repeat from event to event are shared (`Arc<str>`): a
+/// snapshot's million events would otherwise each allocate, and free on
+/// another thread, the same four strings.
 pub struct SourceInfo {
     /// Connector kind: `postgresql`, `mysql`, `sqlserver`, `oracle`.
-    pub connector: String,
+    pub connector: Arc<str>,
     /// The runner's logical name (Debezium's `topic.prefix`).
-    pub name: String,
+    pub name: Arc<str>,
     /// Database name.
-    pub db: String,
+    pub db: Arc<str>,
     /// Source commit time, milliseconds since the epoch.
     pub ts_ms: i64,
     /// Snapshot marker.
@@ -365,7 +369,7 @@ pub struct SourceInfo {
     /// Ordered position.
     pub position: Position,
     /// The source's native position text (`0/16B3748`, `mysql-bin.000003:154`).
-    pub native_position: String,
+    pub native_position: Arc<str>,
 }
 
 /// Transaction metadata (Debezium's `transaction` block).

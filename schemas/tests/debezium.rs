@@ -224,7 +224,7 @@ async fn debezium_mysql_snapshot_read_decodes() {
     assert_eq!(ev.op, Op::Read);
     assert_eq!(ev.source.snapshot, SnapshotMarker::True);
     assert_eq!(ev.source.position, Position { commit: (3 << 32) | 154, index: 2 });
-    assert_eq!(ev.source.native_position, "mysql-bin.000003:154");
+    assert_eq!(&*ev.source.native_position, "mysql-bin.000003:154");
     assert_eq!(ev.source.tx_id.as_deref(), Some("3E11FA47-71CA-11E1-9E33-C80AA9429562:23"));
     let types: Vec<&DataType> = ev.schema.columns.iter().map(|c| &c.data_type).collect();
     assert_eq!(

@@ -139,7 +139,7 @@ async fn python_reads_what_we_produce() {
                         "connector": "postgresql", "db": "shopdb", "schema": "public", "table": "orders",
                         "snapshot": if op == "r" { "true" } else { "false" },
                         "pos_commit": event.source.position.commit, "pos_index": event.source.position.index,
-                        "native_position": event.source.native_position, "lsn": 0x16_B374_D848u64,
+                        "native_position": &*event.source.native_position, "lsn": 0x16_B374_D848u64,
                     },
                     "ts_ms": event.ts_ms,
                 })

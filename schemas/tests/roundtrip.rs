@@ -190,7 +190,7 @@ fn event() -> impl Strategy<Value = (ChangeEvent, bool)> {
                         snapshot,
                         tx_id,
                         position: Position { commit, index },
-                        native_position,
+                        native_position: native_position.into(),
                     },
                     ts_ms,
                     transaction: tx.map(|(id, total_order, data_collection_order)| TransactionInfo {

@@ -69,7 +69,7 @@ pub fn event(
             snapshot: if op == Op::Read { SnapshotMarker::True } else { SnapshotMarker::False },
             tx_id: None,
             position: Position { commit, index },
-            native_position: String::new(),
+            native_position: "".into(),
         },
         ts_ms: 0,
         transaction: None,

@@ -134,10 +134,12 @@ impl SourceState {
 /// What every event of the source carries besides its row.
 #[derive(Debug, Clone)]
 pub struct EventContext {
+    /// The connector kind (`source.connector`).
+    pub connector: Arc<str>,
     /// The runner's logical name (`source.name`).
-    pub name: String,
+    pub name: Arc<str>,
     /// Database of the URL (`source.db` falls back to it).
-    pub db: String,
+    pub db: Arc<str>,
 }
 
 /// Classifies a driver error; `context` says what was being done.
@@ -352,8 +354,9 @@ impl MySqlSource {
         let params = config.connection()?;
         let filter = config.filter(&params.database);
         let ctx = EventContext {
-            name: runner_name.into(),
-            db: params.database.clone(),
+            connector: Arc::from("mysql"),
+            name: Arc::from(runner_name.into()),
+            db: params.database.as_str().into(),
         };
         Ok(Self {
             config,

@@ -373,14 +373,14 @@ fn read_event(
     ctx: &EventContext,
     now: i64,
 ) -> ChangeEvent {
-    let db = schema.id.schema.clone();
+    let db = schema.id.schema.as_str().into();
     ChangeEvent {
         schema,
         op: Op::Read,
         before: None,
         after: Some(row),
         source: SourceInfo {
-            connector: "mysql".to_string(),
+            connector: ctx.connector.clone(),
             name: ctx.name.clone(),
             db,
             ts_ms: now,
@@ -390,7 +390,7 @@ fn read_event(
                 commit: position.ordered(),
                 index: 0,
             },
-            native_position: position.to_string(),
+            native_position: position.to_string().into(),
         },
         ts_ms: now,
         transaction: None,

@@ -338,7 +338,7 @@ impl Streamer {
             return Ok(Vec::new());
         };
         let commit = end.ordered();
-        let native = end.to_string();
+        let native: Arc<str> = end.to_string().into();
         let mut index = 0u64;
         let mut messages = txn.messages;
         for m in &mut messages {
@@ -515,14 +515,14 @@ fn change(
     ctx: &EventContext,
 ) -> ChangeEvent {
     let now = now_ms();
-    let db = schema.id.schema.clone();
+    let db = schema.id.schema.as_str().into();
     ChangeEvent {
         schema,
         op,
         before,
         after,
         source: SourceInfo {
-            connector: "mysql".to_string(),
+            connector: ctx.connector.clone(),
             name: ctx.name.clone(),
             db,
             ts_ms: now,
@@ -530,7 +530,7 @@ fn change(
             tx_id: None,
             // Filled in when the transaction commits.
             position: Position::default(),
-            native_position: String::new(),
+            native_position: Arc::from(""),
         },
         ts_ms: now,
         transaction: None,

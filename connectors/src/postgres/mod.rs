@@ -46,10 +46,12 @@ pub const CHECKPOINT_VERSION: u32 = 1;
 /// What every event of a source carries besides its row.
 #[derive(Debug, Clone)]
 pub struct EventContext {
+    /// The connector kind (`source.connector`).
+    pub connector: Arc<str>,
     /// The runner's logical name (`source.name`).
-    pub name: String,
+    pub name: Arc<str>,
     /// Database name (`source.db`).
-    pub db: String,
+    pub db: Arc<str>,
 }
 
 /// The source's resumable state, serialized as the [`Checkpoint`].
@@ -688,8 +690,9 @@ impl PostgresSource {
         let params = config.connection()?;
         let filter = config.filter();
         let ctx = EventContext {
-            name: runner_name.into(),
-            db: params.database.clone(),
+            connector: Arc::from("postgresql"),
+            name: Arc::from(runner_name.into()),
+            db: params.database.as_str().into(),
         };
         Ok(Self {
             config,

@@ -1869,7 +1869,7 @@ fn position_sql(p: Position) -> Result<(i64, i64)> {
 }
 
 fn from_postgres(ev: &ChangeEvent) -> bool {
-    ev.source.connector == "postgresql"
+    &*ev.source.connector == "postgresql"
 }
 
 fn schema_fingerprint(schema: &TableSchema, from_pg: bool) -> u64 {

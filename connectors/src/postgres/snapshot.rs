@@ -541,7 +541,7 @@ async fn read_segment(
         .await
         .map_err(|e| classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))?;
     futures::pin_mut!(stream);
-    let native = format_lsn(shared.lsn);
+    let native: Arc<str> = format_lsn(shared.lsn).into();
     let position = Position {
         commit: shared.lsn,
         index: 0,
@@ -837,7 +837,7 @@ fn read_event(
     row: Row,
     ctx: &EventContext,
     position: Position,
-    native: &str,
+    native: &Arc<str>,
     now: i64,
 ) -> SourceMessage {
     SourceMessage::Change(ChangeEvent {
@@ -846,14 +846,14 @@ fn read_event(
         before: None,
         after: Some(row),
         source: SourceInfo {
-            connector: "postgresql".to_string(),
+            connector: ctx.connector.clone(),
             name: ctx.name.clone(),
             db: ctx.db.clone(),
             ts_ms: now,
             snapshot: SnapshotMarker::True,
             tx_id: None,
             position,
-            native_position: native.to_string(),
+            native_position: native.clone(),
         },
         ts_ms: now,
         transaction: None,

@@ -862,7 +862,7 @@ fn push_change(
         before,
         after,
         source: SourceInfo {
-            connector: "postgresql".to_string(),
+            connector: sc.ctx.connector.clone(),
             name: sc.ctx.name.clone(),
             db: sc.ctx.db.clone(),
             ts_ms: txn.commit_ts_ms,
@@ -872,7 +872,7 @@ fn push_change(
                 commit: txn.commit_lsn,
                 index: txn.ordinal,
             },
-            native_position: format_lsn(txn.commit_lsn),
+            native_position: format_lsn(txn.commit_lsn).into(),
         },
         ts_ms: super::now_ms(),
         transaction: Some(TransactionInfo {
