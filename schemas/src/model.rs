@@ -348,11 +348,11 @@ impl SnapshotMarker {
 }
 
 /// Where an event came from (Debezium's `source` block).
-#[derive(Debug, Clone, PartialEq)]
 ///
 /// The texts that repeat from event to event are shared (`Arc<str>`): a
 /// snapshot's million events would otherwise each allocate, and free on
 /// another thread, the same four strings.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SourceInfo {
     /// Connector kind: `postgresql`, `mysql`, `sqlserver`, `oracle`.
     pub connector: Arc<str>,

@@ -487,14 +487,17 @@ impl PostgresSink {
         Ok(done)
     }
 
+    fn connected(&self) -> Result<&Client> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| Error::retryable("not connected to the destination"))
+    }
+
     /// The session, once what was deferred has been sent: every statement
     /// goes through here or [`PostgresSink::execute`], so none can run ahead
     /// of a deferred `BEGIN`.
     async fn client(&self) -> Result<&Client> {
-        let client = self
-            .client
-            .as_ref()
-            .ok_or_else(|| Error::retryable("not connected to the destination"))?;
+        let client = self.connected()?;
         let deferred = self.take_deferred();
         if !deferred.is_empty() {
             client.batch_execute(&deferred).await.map_err(|e| classify(&e, &self.ctx()))?;
@@ -507,10 +510,7 @@ impl PostgresSink {
     /// one: they are `BEGIN` and `RELEASE SAVEPOINT`, which fail only with
     /// the session.
     async fn execute(&self, sql: &str, ctx: &Ctx) -> Result<()> {
-        let client = self
-            .client
-            .as_ref()
-            .ok_or_else(|| Error::retryable("not connected to the destination"))?;
+        let client = self.connected()?;
         let mut text = self.take_deferred();
         text.push_str(sql);
         client.batch_execute(&text).await.map_err(|e| classify(&e, ctx))
@@ -734,9 +734,7 @@ impl PostgresSink {
         commit: bool,
     ) -> Result<(), ApplyError> {
         let ctx = self.ctx();
-        if self.client.is_none() {
-            return Err(Error::retryable("not connected to the destination").into());
-        }
+        self.connected()?;
         self.take_deferred();
         self.defer(BEGIN);
         self.staging_in_txn.clear();
@@ -845,20 +843,17 @@ impl PostgresSink {
         let ctx = self.ctx();
         // Schema changes first: their failure names the record directly, and
         // the probes below then only differ in data.
-        self.client().await?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
+        self.execute("SAVEPOINT tributary_probe", &ctx).await?;
         self.reconcile_all(records).await?;
-        self.client().await?.batch_execute("RELEASE SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
+        self.execute("RELEASE SAVEPOINT tributary_probe", &ctx).await?;
         locate_failed_record(&mut Prefixes { sink: self, records }, records.len(), original).await
     }
 
     async fn probe(&mut self, records: &[(KafkaPosition, SinkRecord)]) -> Result<(), ApplyError> {
         let ctx = self.ctx();
-        self.client().await?.batch_execute("SAVEPOINT tributary_probe").await.map_err(|e| classify(&e, &ctx))?;
+        self.execute("SAVEPOINT tributary_probe", &ctx).await?;
         let result = self.apply_records(records, 0, true).await;
-        self.client().await?
-            .batch_execute("ROLLBACK TO SAVEPOINT tributary_probe; RELEASE SAVEPOINT tributary_probe")
-            .await
-            .map_err(|e| classify(&e, &ctx))?;
+        self.execute("ROLLBACK TO SAVEPOINT tributary_probe; RELEASE SAVEPOINT tributary_probe", &ctx).await?;
         // Whatever the probe created or changed inside the savepoint is
         // gone again: forget it.
         for name in self.staging_in_txn.drain() {
@@ -921,7 +916,7 @@ impl PostgresSink {
             quote_literal(&format!("tributary table {dest}")),
             dest.quoted()
         );
-        self.client().await?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+        self.execute(&sql, &ctx).await?;
         self.tables.remove(dest);
         info!(table = %dest, "dropped destination table (the source table was dropped)");
         Ok(())
@@ -1102,7 +1097,7 @@ impl PostgresSink {
                 "SELECT pg_advisory_xact_lock(hashtext({}))",
                 quote_literal(&format!("tributary table {dest}"))
             );
-            self.client().await?.batch_execute(&lock).await.map_err(|e| classify(&e, &ctx))?;
+            self.execute(&lock, &ctx).await?;
             self.load_table(dest).await?;
             let plan = plan_ddl(dest, schema, from_pg, self.tables.get(dest))?;
             if !plan.is_empty() {
@@ -1115,14 +1110,14 @@ impl PostgresSink {
                         .get(0);
                     if !exists {
                         let sql = format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&dest.schema));
-                        self.client().await?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+                        self.execute(&sql, &ctx).await?;
                     }
                 }
                 for statement in &plan {
                     info!(table = %dest, ddl = %statement, "changing destination table");
                 }
                 let sql = plan.join("; ");
-                self.client().await?.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
+                self.execute(&sql, &ctx).await?;
                 self.load_table(dest).await?;
             }
         }
@@ -2635,13 +2630,13 @@ fn redact_message(message: &str, data_error: bool) -> String {
     out
 }
 
-/// A tokio-postgres error without anything a server might echo of our data.
 /// The value behind `mutex`; a panic elsewhere while it was held leaves
 /// it usable (it holds only text and prepared statements).
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A tokio-postgres error without anything a server might echo of our data.
 fn redacted(err: &tokio_postgres::Error) -> String {
     match err.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", redact_message(db.message(), true), db.code().code()),
