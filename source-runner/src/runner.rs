@@ -88,9 +88,66 @@ fn kafka_error(context: &str, err: KafkaError) -> Error {
 
 /// Runs `f`, a blocking librdkafka call, without stalling the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
-    tokio::task::spawn_blocking(f)
+    tokio::task::spawn_blocking(f).await.map_err(unfinished)
+}
+
+/// A blocking Kafka call's task that panicked or was cancelled.
+fn unfinished(e: tokio::task::JoinError) -> Error {
+    Error::retryable(format!("blocking Kafka call did not finish: {e}"))
+}
+
+/// [`KafkaSide::ensure_topic`], on the parts of the Kafka side it needs (so
+/// that it can run beside the encoder's registry requests).
+async fn ensure_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    producer: &Arc<ThreadedProducer<DefaultProducerContext>>,
+    topics: &mut HashMap<String, i32>,
+    topic: &str,
+    compacted: bool,
+) -> Result<i32, Error> {
+    if let Some(p) = topics.get(topic) {
+        return Ok(*p);
+    }
+    let new = NewTopic::new(topic, if compacted { 1 } else { -1 }, TopicReplication::Fixed(-1));
+    let new = if compacted {
+        new.set("cleanup.policy", "compact")
+    } else {
+        new
+    };
+    let results = admin
+        .create_topics(&[new], &AdminOptions::new())
         .await
-        .map_err(|e| Error::retryable(format!("blocking Kafka call did not finish: {e}")))
+        .map_err(|e| kafka_error("create topic", e))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) => {
+                return Err(Error::new(
+                    if code == RDKafkaErrorCode::TopicAuthorizationFailed {
+                        ErrorKind::NeedsOperator
+                    } else {
+                        ErrorKind::Retryable
+                    },
+                    format!("cannot create topic {t}: {code}"),
+                ))
+            }
+        }
+    }
+    let producer = producer.clone();
+    let name = topic.to_string();
+    let partitions = blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(Some(&name), Duration::from_secs(10))
+            .map(|m| m.topics().first().map(|t| t.partitions().len() as i32).unwrap_or(0))
+    })
+    .await?
+    .map_err(|e| kafka_error("topic metadata", e))?;
+    if partitions == 0 {
+        return Err(Error::retryable(format!("topic {topic} has no partitions yet")));
+    }
+    topics.insert(topic.to_string(), partitions);
+    Ok(partitions)
 }
 
 /// The Kafka side of a source runner.
@@ -143,9 +200,10 @@ impl KafkaSide {
             .map_err(|e| kafka_error("cannot create the producer", e))?;
         let producer = Arc::new(producer);
         let p = producer.clone();
-        blocking(move || p.init_transactions(KAFKA_TXN_STEP_TIMEOUT))
-            .await?
-            .map_err(|e| kafka_error("init_transactions (fencing the previous instance)", e))?;
+        // Started now, awaited below: the admin and registry clients and the
+        // offsets topic are made meanwhile (the start-up is a snapshot's
+        // first second, with the machine mostly idle).
+        let fencing = tokio::task::spawn_blocking(move || p.init_transactions(KAFKA_TXN_STEP_TIMEOUT));
         let admin: AdminClient<DefaultClientContext> = client
             .create()
             .map_err(|e| kafka_error("cannot create the admin client", e))?;
@@ -168,57 +226,19 @@ impl KafkaSide {
             schemas: HashMap::new(),
             open: false,
         };
-        side.ensure_topic(&config.offsets_topic(), true).await?;
+        let offsets_topic = config.offsets_topic();
+        let (fenced, offsets) = tokio::join!(fencing, side.ensure_topic(&offsets_topic, true));
+        fenced
+            .map_err(unfinished)?
+            .map_err(|e| kafka_error("init_transactions (fencing the previous instance)", e))?;
+        offsets?;
         Ok(side)
     }
 
     /// Creates a topic if it does not exist (compacted for the offsets topic)
     /// and remembers its partition count.
     async fn ensure_topic(&mut self, topic: &str, compacted: bool) -> Result<i32, Error> {
-        if let Some(p) = self.topics.get(topic) {
-            return Ok(*p);
-        }
-        let new = NewTopic::new(topic, if compacted { 1 } else { -1 }, TopicReplication::Fixed(-1));
-        let new = if compacted {
-            new.set("cleanup.policy", "compact")
-        } else {
-            new
-        };
-        let results = self
-            .admin
-            .create_topics(&[new], &AdminOptions::new())
-            .await
-            .map_err(|e| kafka_error("create topic", e))?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((t, code)) => {
-                    return Err(Error::new(
-                        if code == RDKafkaErrorCode::TopicAuthorizationFailed {
-                            ErrorKind::NeedsOperator
-                        } else {
-                            ErrorKind::Retryable
-                        },
-                        format!("cannot create topic {t}: {code}"),
-                    ))
-                }
-            }
-        }
-        let producer = self.producer.clone();
-        let name = topic.to_string();
-        let partitions = blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(Some(&name), Duration::from_secs(10))
-                .map(|m| m.topics().first().map(|t| t.partitions().len() as i32).unwrap_or(0))
-        })
-        .await?
-        .map_err(|e| kafka_error("topic metadata", e))?;
-        if partitions == 0 {
-            return Err(Error::retryable(format!("topic {topic} has no partitions yet")));
-        }
-        self.topics.insert(topic.to_string(), partitions);
-        Ok(partitions)
+        ensure_topic(&self.admin, &self.producer, &mut self.topics, topic, compacted).await
     }
 
     /// Reads this runner's last committed checkpoint from the offsets topic.
@@ -316,11 +336,13 @@ impl KafkaSide {
             // by column.
             let schema = schema.clone();
             let topic = self.naming.topic(self.config.prefix(), &schema.id);
-            let prepared = async {
-                self.ensure_topic(&topic, false).await?;
-                self.encoder.prepare(&schema, &topic).await.map_err(Error::from)
-            }
-            .await;
+            // The topic's creation and the schemas' registration at once:
+            // each is a few round trips, and neither needs the other.
+            let (created, registered) = tokio::join!(
+                ensure_topic(&self.admin, &self.producer, &mut self.topics, &topic, false),
+                self.encoder.prepare(&schema, &topic),
+            );
+            let prepared = created.and(registered.map_err(Error::from));
             if let Err(e) = prepared {
                 self.abort().await;
                 return Err(e);
