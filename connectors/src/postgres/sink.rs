@@ -1016,8 +1016,13 @@ impl PostgresSink {
             c = quote_ident(COMMIT_COLUMN),
             i = quote_ident(INDEX_COLUMN),
         );
-        let client = self.client().await?;
-        let newer: bool = client.query_one(q.as_str(), &[]).await.map_err(|e| classify(&e, &ctx))?.get(0);
+        let newer: bool = self
+            .client()
+            .await?
+            .query_one(q.as_str(), &[])
+            .await
+            .map_err(|e| classify(&e, &ctx))?
+            .get(0);
         let sql = if newer {
             // Rows written after the truncate (a replay): keep them.
             format!(
@@ -1029,8 +1034,7 @@ impl PostgresSink {
         } else {
             format!("TRUNCATE {}", dest.quoted())
         };
-        client.batch_execute(&sql).await.map_err(|e| classify(&e, &ctx))?;
-        Ok(())
+        self.execute(&sql, &ctx).await
     }
 
     /// Reads a table's columns and primary key from the catalog.
