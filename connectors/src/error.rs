@@ -168,9 +168,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -181,7 +179,11 @@ impl From<tributary_schemas::SchemaError> for Error {
         // a problem of the record, so neither may dead-letter it or stop a
         // source.
         if let tributary_schemas::SchemaError::Registry { retryable, .. } = &err {
-            let kind = if *retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator };
+            let kind = if *retryable {
+                ErrorKind::Retryable
+            } else {
+                ErrorKind::NeedsOperator
+            };
             return Error::new(kind, err.to_string())
                 .with_class("tributary.registry")
                 .with_hint("check schema_registry_url and that the registry is up and readable");
@@ -230,9 +232,7 @@ pub fn policy(kind: ErrorKind, attempt: u32) -> Decision {
     match kind {
         ErrorKind::Retryable => {
             let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(16));
-            let delay = RETRY_INITIAL_DELAY
-                .saturating_mul(factor)
-                .min(RETRY_MAX_DELAY);
+            let delay = RETRY_INITIAL_DELAY.saturating_mul(factor).min(RETRY_MAX_DELAY);
             Decision::RetryAfter(delay)
         }
         ErrorKind::NeedsOperator => Decision::PauseAndProbe(OPERATOR_PROBE_DELAY),
@@ -258,19 +258,13 @@ mod tests {
     #[test]
     fn retry_delay_doubles_and_is_capped() {
         assert_eq!(policy(ErrorKind::Retryable, 1), Decision::RetryAfter(RETRY_INITIAL_DELAY));
-        assert_eq!(
-            policy(ErrorKind::Retryable, 2),
-            Decision::RetryAfter(RETRY_INITIAL_DELAY * 2)
-        );
+        assert_eq!(policy(ErrorKind::Retryable, 2), Decision::RetryAfter(RETRY_INITIAL_DELAY * 2));
         assert_eq!(policy(ErrorKind::Retryable, 40), Decision::RetryAfter(RETRY_MAX_DELAY));
     }
 
     #[test]
     fn operator_errors_pause_and_permanent_errors_dead_letter() {
-        assert_eq!(
-            policy(ErrorKind::NeedsOperator, 1),
-            Decision::PauseAndProbe(OPERATOR_PROBE_DELAY)
-        );
+        assert_eq!(policy(ErrorKind::NeedsOperator, 1), Decision::PauseAndProbe(OPERATOR_PROBE_DELAY));
         assert_eq!(policy(ErrorKind::Permanent, 1), Decision::DeadLetter);
     }
 

@@ -17,7 +17,11 @@ impl TablePattern {
                 .map_err(|e| format!("pattern `{pattern}` is not a valid regular expression: {e}"));
         }
         if pattern.split('.').count() != parts {
-            let shape = if parts == 2 { "schema.table" } else { "schema.table.column" };
+            let shape = if parts == 2 {
+                "schema.table"
+            } else {
+                "schema.table.column"
+            };
             return Err(format!(
                 "pattern `{pattern}` must have the shape `{shape}` (globs `*` and `?` allowed, or `re:<regex>`)"
             ));

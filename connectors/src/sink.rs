@@ -60,10 +60,7 @@ pub struct ApplyError {
 
 impl From<Error> for ApplyError {
     fn from(error: Error) -> Self {
-        Self {
-            error,
-            record: None,
-        }
+        Self { error, record: None }
     }
 }
 
@@ -216,7 +213,11 @@ pub trait PrefixProbe: Send {
 /// permanent error, by bisecting on prefixes; `original` is the error the
 /// whole batch failed with. A record a probe names directly (a value that
 /// cannot be rendered, a schema change) ends the search at once.
-pub async fn locate_failed_record<P: PrefixProbe>(probe: &mut P, len: usize, original: Error) -> Result<(), ApplyError> {
+pub async fn locate_failed_record<P: PrefixProbe>(
+    probe: &mut P,
+    len: usize,
+    original: Error,
+) -> Result<(), ApplyError> {
     let (mut lo, mut hi) = (0usize, len);
     let mut error_at_hi = original;
     while hi - lo > 1 {
@@ -248,8 +249,5 @@ pub async fn locate_failed_record<P: PrefixProbe>(probe: &mut P, len: usize, ori
             Err(f) => return Err(f),
         }
     }
-    Err(ApplyError {
-        error: error_at_hi,
-        record: Some(hi - 1),
-    })
+    Err(ApplyError { error: error_at_hi, record: Some(hi - 1) })
 }

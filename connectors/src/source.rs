@@ -141,7 +141,9 @@ mod tests {
         let e = c.decode("test", |s: &State| s.version, 2).expect_err("other version");
         assert_eq!(e.kind(), ErrorKind::NeedsOperator);
         assert!(e.to_string().contains("version 1 is not supported (expected 2)"), "{e}");
-        let e = Checkpoint("{".into()).decode("test", |s: &State| s.version, 1).expect_err("garbage");
+        let e = Checkpoint("{".into())
+            .decode("test", |s: &State| s.version, 1)
+            .expect_err("garbage");
         assert_eq!(e.kind(), ErrorKind::NeedsOperator);
         assert!(e.to_string().contains("not a test source checkpoint"), "{e}");
     }

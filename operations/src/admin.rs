@@ -41,10 +41,7 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self {
-            listen: default_listen(),
-            token: None,
-        }
+        Self { listen: default_listen(), token: None }
     }
 }
 
@@ -71,10 +68,7 @@ impl AdminConfig {
 
     /// The token, resolved.
     pub fn token(&self) -> Result<Option<SecretString>, ConfigError> {
-        self.token
-            .as_deref()
-            .map(|t| resolve_secret("admin.token", t))
-            .transpose()
+        self.token.as_deref().map(|t| resolve_secret("admin.token", t)).transpose()
     }
 }
 
@@ -214,11 +208,7 @@ async fn status(State(s): State<AppState>) -> Response {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        s.telemetry.metrics_text(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.telemetry.metrics_text()).into_response()
 }
 
 async fn pause(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {

@@ -44,10 +44,7 @@ pub enum ConfigError {
 impl ConfigError {
     /// A rule broken by `field`.
     pub fn invalid(field: impl Into<String>, rule: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            rule: rule.into(),
-        }
+        ConfigError::Invalid { field: field.into(), rule: rule.into() }
     }
 }
 

@@ -128,8 +128,7 @@ mod tests {
     fn a_budget_above_half_the_memory_is_reported_with_the_settings() {
         let mib = 1024 * 1024;
         assert_eq!(budget_warning(100 * mib, 1000 * mib, "batch_max_bytes"), None);
-        let w = budget_warning(600 * mib, 1000 * mib, "batch_max_bytes, max_buffered_bytes")
-            .expect("a warning");
+        let w = budget_warning(600 * mib, 1000 * mib, "batch_max_bytes, max_buffered_bytes").expect("a warning");
         assert!(w.contains("600 MiB") && w.contains("1000 MiB") && w.contains("max_buffered_bytes"), "{w}");
     }
 

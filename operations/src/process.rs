@@ -27,13 +27,10 @@ pub fn start<C: DeserializeOwned + Validate>(
     })?;
     // Before the runtime's threads exist.
     crate::memory::tune_allocator();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("error: cannot start the async runtime: {e}");
-            ExitCode::FAILURE
-        })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+        eprintln!("error: cannot start the async runtime: {e}");
+        ExitCode::FAILURE
+    })?;
     Ok((config, runtime))
 }
 

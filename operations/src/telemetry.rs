@@ -179,16 +179,8 @@ impl Telemetry {
         };
         registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
         registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
-        registry.register(
-            names::FAILED_RECORDS,
-            "Records sent to a dead-letter topic",
-            metrics.failed.clone(),
-        );
-        registry.register(
-            names::LAG_SECONDS,
-            "Seconds from source commit to applied",
-            metrics.lag.clone(),
-        );
+        registry.register(names::FAILED_RECORDS, "Records sent to a dead-letter topic", metrics.failed.clone());
+        registry.register(names::LAG_SECONDS, "Seconds from source commit to applied", metrics.lag.clone());
         registry.register(names::SNAPSHOT_ROWS, "Rows copied by the snapshot", metrics.snapshot_rows.clone());
         registry.register(
             names::SNAPSHOT_ROWS_ESTIMATED,
@@ -219,9 +211,7 @@ impl Telemetry {
     }
 
     fn label(table: &str) -> TableLabel {
-        TableLabel {
-            table: table.to_string(),
-        }
+        TableLabel { table: table.to_string() }
     }
 
     /// Sets a table's state.

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tributary_schemas::{
-    ChangeEvent, Column, DataType, EnvelopeOptions, EventDecoder, EventEncoder, Op, Position, Registry,
-    SnapshotMarker, SourceInfo, TableId, TableSchema, Value,
+    ChangeEvent, Column, DataType, EnvelopeOptions, EventDecoder, EventEncoder, Op, Position, Registry, SnapshotMarker,
+    SourceInfo, TableId, TableSchema, Value,
 };
 
 const TOPIC: &str = "bench.public.orders";
@@ -117,7 +117,11 @@ fn codec(c: &mut Criterion) {
         black_box(encoder.encode(black_box(&ev), TOPIC).expect("encode"));
     });
     let decode_rate = rows_per_second(|| {
-        black_box(decoder.decode_cached(TOPIC, Some(black_box(&key)), Some(black_box(&value))).expect("decode"));
+        black_box(
+            decoder
+                .decode_cached(TOPIC, Some(black_box(&key)), Some(black_box(&value)))
+                .expect("decode"),
+        );
     });
     let show = |(wall, cpu): (f64, Option<f64>)| match cpu {
         Some(cpu) => format!("{cpu:.0} rows/s per CPU-second ({wall:.0} by wall clock)"),
@@ -128,11 +132,13 @@ fn codec(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("codec");
     group.throughput(Throughput::Elements(1));
-    group.bench_function("encode_10_columns", |b| {
-        b.iter(|| encoder.encode(black_box(&ev), TOPIC).expect("encode"))
-    });
+    group.bench_function("encode_10_columns", |b| b.iter(|| encoder.encode(black_box(&ev), TOPIC).expect("encode")));
     group.bench_function("decode_10_columns", |b| {
-        b.iter(|| decoder.decode_cached(TOPIC, Some(black_box(&key)), Some(black_box(&value))).expect("decode"))
+        b.iter(|| {
+            decoder
+                .decode_cached(TOPIC, Some(black_box(&key)), Some(black_box(&value)))
+                .expect("decode")
+        })
     });
     group.finish();
 }

@@ -43,10 +43,7 @@ pub struct EnvelopeOptions {
 impl EnvelopeOptions {
     /// Options for a connector kind, with tombstones on.
     pub fn for_connector(connector: impl Into<String>) -> Self {
-        Self {
-            connector: connector.into(),
-            tombstones: true,
-        }
+        Self { connector: connector.into(), tombstones: true }
     }
 
     /// Whether the source block has PostgreSQL's `lsn` field.
@@ -81,23 +78,16 @@ pub fn sanitize_name(name: &str) -> String {
     if name.chars().next().is_none_or(|c| c.is_ascii_digit()) {
         out.push('_');
     }
-    out.extend(name.chars().map(|c| {
-        if c.is_ascii_alphanumeric() || c == '_' {
-            c
-        } else {
-            '_'
-        }
-    }));
+    out.extend(
+        name.chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }),
+    );
     out
 }
 
 /// A topic as an Avro namespace: each dot-separated part sanitized.
 pub fn namespace_of(topic: &str) -> String {
-    topic
-        .split('.')
-        .map(sanitize_name)
-        .collect::<Vec<_>>()
-        .join(".")
+    topic.split('.').map(sanitize_name).collect::<Vec<_>>().join(".")
 }
 
 /// Builds the key and value schemas of a table's topic.
@@ -105,17 +95,9 @@ pub fn namespace_of(topic: &str) -> String {
 /// Fails when the table cannot be written in Avro: a decimal with a
 /// precision of zero or a scale above its precision, or two column names
 /// that become the same Avro name.
-pub fn envelope(
-    table: &TableSchema,
-    topic: &str,
-    options: &EnvelopeOptions,
-) -> Result<EnvelopeSchemas, SchemaError> {
+pub fn envelope(table: &TableSchema, topic: &str, options: &EnvelopeOptions) -> Result<EnvelopeSchemas, SchemaError> {
     let ns = namespace_of(topic);
-    let key_columns: Vec<&Column> = table
-        .key_indexes()
-        .into_iter()
-        .map(|i| &table.columns[i])
-        .collect();
+    let key_columns: Vec<&Column> = table.key_indexes().into_iter().map(|i| &table.columns[i]).collect();
     let key = if key_columns.is_empty() {
         None
     } else {
@@ -160,10 +142,7 @@ pub fn envelope(
         "connect.version": 1,
         "connect.name": format!("{ns}.Envelope"),
     });
-    Ok(EnvelopeSchemas {
-        key,
-        value: envelope.to_string(),
-    })
+    Ok(EnvelopeSchemas { key, value: envelope.to_string() })
 }
 
 /// The source block's record.
@@ -289,10 +268,7 @@ fn column_type(
                 return Err(SchemaError::UnsupportedType {
                     table: table.id.clone(),
                     column: col.name.clone(),
-                    source_type: format!(
-                        "{} (Avro decimals need 0 < scale <= precision)",
-                        data_type
-                    ),
+                    source_type: format!("{} (Avro decimals need 0 < scale <= precision)", data_type),
                 });
             }
             json!({

@@ -76,10 +76,7 @@ pub fn widens(old: &DataType, new: &DataType) -> bool {
         (D::Int16, D::Int32 | D::Int64 | D::Float32 | D::Float64) => true,
         (D::Int32, D::Int64 | D::Float64) => true,
         (D::Float32, D::Float64) => true,
-        (
-            D::Decimal { precision: p1, scale: s1 },
-            D::Decimal { precision: p2, scale: s2 },
-        ) => s1 == s2 && p2 >= p1,
+        (D::Decimal { precision: p1, scale: s1 }, D::Decimal { precision: p2, scale: s2 }) => s1 == s2 && p2 >= p1,
         (D::Enum { symbols: a }, D::Enum { symbols: b }) => a.iter().all(|s| b.contains(s)),
         (D::Enum { .. } | D::Json | D::Uuid, D::Text) => true,
         (D::Array(a), D::Array(b)) => widens(a, b),
@@ -98,10 +95,7 @@ mod tests {
     #[test]
     fn adding_nullable_and_widening_pass() {
         let old = vec![col("id", DataType::Int32, false), col("gone", DataType::Text, false)];
-        let new = vec![
-            col("id", DataType::Int64, false),
-            col("note", DataType::Text, true),
-        ];
+        let new = vec![col("id", DataType::Int64, false), col("note", DataType::Text, true)];
         assert!(check(&old, &new).is_empty());
     }
 

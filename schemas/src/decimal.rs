@@ -38,11 +38,7 @@ fn parse(text: &str) -> Result<Parsed<'_>, Reason> {
         return Err("not a finite decimal number in plain notation");
     }
     let first_nonzero = int.iter().position(|&c| c != b'0').unwrap_or(int.len());
-    Ok(Parsed {
-        negative,
-        int: &int[first_nonzero..],
-        frac,
-    })
+    Ok(Parsed { negative, int: &int[first_nonzero..], frac })
 }
 
 /// Appends the minimal two's-complement big-endian bytes of `v`.

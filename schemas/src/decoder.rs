@@ -19,8 +19,8 @@ use crate::decimal;
 use crate::error::SchemaError;
 use crate::hashing::FxHashMap;
 use crate::model::{
-    ChangeEvent, Column, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId,
-    TableSchema, TransactionInfo, Value,
+    ChangeEvent, Column, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema,
+    TransactionInfo, Value,
 };
 use crate::registry::Registry;
 use crate::temporal;
@@ -52,10 +52,7 @@ pub struct EventDecoder {
 impl EventDecoder {
     /// A decoder over a registry.
     pub fn new(registry: Registry) -> Self {
-        Self {
-            registry,
-            plans: FxHashMap::default(),
-        }
+        Self { registry, plans: FxHashMap::default() }
     }
 
     /// Decodes one record of `topic` (the topic only names errors).
@@ -82,12 +79,7 @@ impl EventDecoder {
     /// Decodes a record whose schemas were already loaded by an earlier
     /// [`EventDecoder::decode`], without awaiting; `Ok(None)` when they were
     /// not. For hot loops that want to avoid an async call per record.
-    pub fn decode_cached(
-        &mut self,
-        topic: &str,
-        key: Option<&[u8]>,
-        value: Option<&[u8]>,
-    ) -> Result<Option<Decoded>> {
+    pub fn decode_cached(&mut self, topic: &str, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Option<Decoded>> {
         let Some(value) = value else {
             return Ok(Some(Decoded::Tombstone));
         };
@@ -109,8 +101,7 @@ fn decode_err(context: &str, reason: impl Into<String>) -> SchemaError {
 }
 
 fn frame_ids(topic: &str, key: Option<&[u8]>, value: &[u8]) -> Result<(u32, Option<u32>)> {
-    let (vid, _) = split_header(value)
-        .ok_or_else(|| decode_err(topic, "value is not in the Confluent wire format"))?;
+    let (vid, _) = split_header(value).ok_or_else(|| decode_err(topic, "value is not in the Confluent wire format"))?;
     let kid = match key {
         Some(k) => Some(
             split_header(k)
@@ -198,11 +189,7 @@ impl Optional {
     fn present(self, r: &mut Reader<'_>) -> std::result::Result<bool, ReadError> {
         match self {
             Optional::Required => Ok(true),
-            Optional::Union {
-                branches,
-                null,
-                value,
-            } => {
+            Optional::Union { branches, null, value } => {
                 let b = r.branch(branches)?;
                 if Some(b) == null {
                     Ok(false)
@@ -236,14 +223,7 @@ fn optional(schema: &Schema) -> Option<(Optional, &Schema)> {
         }
     }
     let value = value?;
-    Some((
-        Optional::Union {
-            branches: branches.len(),
-            null,
-            value,
-        },
-        &branches[value],
-    ))
+    Some((Optional::Union { branches: branches.len(), null, value }, &branches[value]))
 }
 
 /// How one column's Avro value becomes a model [`Value`].
@@ -309,9 +289,11 @@ impl CompiledEnvelope {
                     let (plans, cols) = compile_row(context, record)?;
                     if columns.is_none() {
                         columns = Some(cols);
-                        value_key = record.attrs.get(ATTR_KEY).and_then(serde_json::Value::as_array).map(|names| {
-                            names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect()
-                        });
+                        value_key = record
+                            .attrs
+                            .get(ATTR_KEY)
+                            .and_then(serde_json::Value::as_array)
+                            .map(|names| names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect());
                     }
                     if f.name == "before" {
                         EnvField::Before(opt, plans)
@@ -369,10 +351,7 @@ impl CompiledEnvelope {
             fields.push(field);
         }
         let Some(columns) = columns.filter(|_| has_op) else {
-            return Err(decode_err(
-                context,
-                "value schema is not a change-event envelope (no before/after/op)",
-            ));
+            return Err(decode_err(context, "value schema is not a change-event envelope (no before/after/op)"));
         };
         let key = match key_schema {
             None => value_key.unwrap_or_default(),
@@ -575,13 +554,7 @@ impl<'a> SourceFields<'a> {
         // Avro has no unsigned long: positions travel bit-cast.
         if let (Some(c), Some(i)) = (self.pos_commit, self.pos_index) {
             let native = Cow::Borrowed(self.native_position.unwrap_or_default());
-            return (
-                Position {
-                    commit: c as u64,
-                    index: i as u64,
-                },
-                native,
-            );
+            return (Position { commit: c as u64, index: i as u64 }, native);
         }
         if let Some(lsn) = self.lsn {
             let lsn = lsn as u64;
@@ -594,11 +567,7 @@ impl<'a> SourceFields<'a> {
             return (position, Cow::Owned(native));
         }
         if let (Some(file), Some(pos)) = (self.file, self.pos) {
-            let number: u64 = file
-                .rsplit('.')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
+            let number: u64 = file.rsplit('.').next().and_then(|n| n.parse().ok()).unwrap_or(0);
             let commit = (number << 32) | (pos as u64 & 0xffff_ffff);
             let index = self.row.unwrap_or(0) as u64;
             return (Position { commit, index }, Cow::Owned(format!("{file}:{pos}")));
@@ -666,8 +635,8 @@ fn compile_row(context: &str, record: &Schema) -> Result<(Vec<ColumnPlan>, Vec<C
     let mut columns = Vec::with_capacity(rec.fields.len());
     for f in &rec.fields {
         let name = column_name(f);
-        let (plan, data_type) = compile_column(&f.schema)
-            .map_err(|reason| decode_err(context, format!("column {name}: {reason}")))?;
+        let (plan, data_type) =
+            compile_column(&f.schema).map_err(|reason| decode_err(context, format!("column {name}: {reason}")))?;
         let source_type = f
             .attrs
             .get(ATTR_SOURCE_TYPE)
@@ -771,8 +740,9 @@ fn compile_conv(s: &Schema) -> std::result::Result<(Conv, DataType), String> {
         (Kind::Long, _, Some("io.debezium.time.MicroDuration")) => (Conv::DurationMicros, D::Interval),
         (Kind::String, _, Some("io.debezium.data.Json")) => (Conv::Json, D::Json),
         (Kind::String, _, Some("io.debezium.data.Enum")) => (Conv::EnumText, D::Enum { symbols: enum_symbols(s) }),
-        (Kind::Record(rec), _, _) if rec.name == crate::avro::VARIABLE_SCALE_DECIMAL
-            || connect == Some(crate::avro::VARIABLE_SCALE_DECIMAL) =>
+        (Kind::Record(rec), _, _)
+            if rec.name == crate::avro::VARIABLE_SCALE_DECIMAL
+                || connect == Some(crate::avro::VARIABLE_SCALE_DECIMAL) =>
         {
             let names: Vec<&str> = rec.fields.iter().map(|f| f.name.as_str()).collect();
             let ok_types = rec.fields.iter().all(|f| match f.name.as_str() {
@@ -790,9 +760,10 @@ fn compile_conv(s: &Schema) -> std::result::Result<(Conv, DataType), String> {
             }
             (Conv::VariableDecimal { scale_first }, D::VariableDecimal)
         }
-        (Kind::Record(rec), _, _) if rec.name == crate::avro::GEOMETRY
-            || connect == Some(crate::avro::GEOMETRY)
-            || connect == Some("io.debezium.data.geometry.Geography") =>
+        (Kind::Record(rec), _, _)
+            if rec.name == crate::avro::GEOMETRY
+                || connect == Some(crate::avro::GEOMETRY)
+                || connect == Some("io.debezium.data.geometry.Geography") =>
         {
             let fields: Vec<(bool, Schema)> = rec
                 .fields
@@ -809,12 +780,7 @@ fn compile_conv(s: &Schema) -> std::result::Result<(Conv, DataType), String> {
             let (plan, inner) = compile_column(items)?;
             (Conv::Array(Box::new(plan)), D::Array(Box::new(inner)))
         }
-        (Kind::Enum(symbols), _, _) => (
-            Conv::AvroEnum(symbols.clone()),
-            D::Enum {
-                symbols: symbols.to_vec(),
-            },
-        ),
+        (Kind::Enum(symbols), _, _) => (Conv::AvroEnum(symbols.clone()), D::Enum { symbols: symbols.to_vec() }),
         (Kind::Boolean, _, _) => (Conv::Bool, D::Boolean),
         (Kind::Int, _, _) if matches!(connect_type, Some("int16") | Some("int8")) => (Conv::I16, D::Int16),
         (Kind::Int, _, _) => (Conv::I32, D::Int32),
@@ -895,21 +861,22 @@ fn read_conv(conv: &Conv, r: &mut Reader<'_>) -> std::result::Result<Value, Read
         Conv::TzMicros => Value::TimestampTz(r.long()?),
         Conv::TzMillis => Value::TimestampTz(r.long()?.checked_mul(1000).ok_or(ReadError::BadValue("timestamp"))?),
         Conv::TzNanos => Value::TimestampTz(r.long()? / 1000),
-        Conv::TzText => Value::TimestampTz(temporal::instant_from_iso(r.str()?).ok_or(ReadError::BadValue("timestamp"))?),
+        Conv::TzText => {
+            Value::TimestampTz(temporal::instant_from_iso(r.str()?).ok_or(ReadError::BadValue("timestamp"))?)
+        }
         Conv::IntervalText => {
             let (months, days, micros) =
                 temporal::interval_from_iso(r.str()?).ok_or(ReadError::BadValue("interval"))?;
             Value::Interval { months, days, micros }
         }
-        Conv::DurationMicros => Value::Interval {
-            months: 0,
-            days: 0,
-            micros: r.long()?,
-        },
+        Conv::DurationMicros => Value::Interval { months: 0, days: 0, micros: r.long()? },
         Conv::EnumText => Value::Enum(r.str()?.to_string()),
         Conv::AvroEnum(symbols) => {
             let i = r.long()?;
-            let label = usize::try_from(i).ok().and_then(|i| symbols.get(i)).ok_or(ReadError::BadIndex)?;
+            let label = usize::try_from(i)
+                .ok()
+                .and_then(|i| symbols.get(i))
+                .ok_or(ReadError::BadIndex)?;
             Value::Enum(label.clone())
         }
         Conv::Array(item) => {
@@ -1015,7 +982,10 @@ fn read_datum<'a>(schema: &'a Schema, r: &mut Reader<'a>) -> std::result::Result
         Kind::String => Datum::Str(r.str()?),
         Kind::Enum(symbols) => {
             let i = r.long()?;
-            let s = usize::try_from(i).ok().and_then(|i| symbols.get(i)).ok_or(ReadError::BadIndex)?;
+            let s = usize::try_from(i)
+                .ok()
+                .and_then(|i| symbols.get(i))
+                .ok_or(ReadError::BadIndex)?;
             Datum::Str(s.as_str())
         }
         Kind::Union(branches) => {

@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::avro::{envelope, EnvelopeOptions, EnvelopeSchemas};
-use crate::binary::{
-    write_bool, write_bytes, write_double, write_float, write_header, write_int, write_long,
-};
+use crate::binary::{write_bool, write_bytes, write_double, write_float, write_header, write_int, write_long};
 use crate::compat;
 use crate::decimal;
 use crate::decoder::CompiledEnvelope;
@@ -63,11 +61,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 impl EventEncoder {
     /// An encoder registering schemas in `registry`.
     pub fn new(registry: Registry, options: EnvelopeOptions) -> Self {
-        Self {
-            registry,
-            options,
-            topics: FxHashMap::default(),
-        }
+        Self { registry, options, topics: FxHashMap::default() }
     }
 
     /// The envelope options.
@@ -99,11 +93,7 @@ impl EventEncoder {
         let schemas = envelope(table, topic, &self.options)?;
         let key_subject = format!("{topic}-key");
         let value_subject = format!("{topic}-value");
-        let new_key_columns: Vec<Column> = table
-            .key_indexes()
-            .into_iter()
-            .map(|i| table.columns[i].clone())
-            .collect();
+        let new_key_columns: Vec<Column> = table.key_indexes().into_iter().map(|i| table.columns[i].clone()).collect();
 
         // The previous shape: ours if this process prepared the topic,
         // else the registry's latest version (after a restart).
@@ -111,11 +101,7 @@ impl EventEncoder {
         // versions, so `*_is_new` says that they have none.
         let (previous, value_is_new, key_is_new, fresh) = match self.topics.get(topic) {
             Some(p) => {
-                let key_cols = p
-                    .key_indexes
-                    .iter()
-                    .map(|&i| p.table.columns[i].clone())
-                    .collect::<Vec<_>>();
+                let key_cols = p.key_indexes.iter().map(|&i| p.table.columns[i].clone()).collect::<Vec<_>>();
                 (Some((p.table.columns.clone(), key_cols)), false, p.key_id.is_none(), false)
             }
             None => {
@@ -268,10 +254,7 @@ impl EventEncoder {
         write_header(&mut out, p.value_id);
         self.write_envelope(&mut out, event)?;
         p.size_hint.store(out.len(), Ordering::Relaxed);
-        Ok(EncodedRecord {
-            key,
-            value: Some(out),
-        })
+        Ok(EncodedRecord { key, value: Some(out) })
     }
 
     /// The tombstone that follows a delete (its key, a null value), or
@@ -281,10 +264,9 @@ impl EventEncoder {
             return Ok(None);
         }
         let p = self.prepared_for(event, topic)?;
-        Ok(self.encode_key(p, event)?.map(|key| EncodedRecord {
-            key: Some(key),
-            value: None,
-        }))
+        Ok(self
+            .encode_key(p, event)?
+            .map(|key| EncodedRecord { key: Some(key), value: None }))
     }
 
     /// The encoded key of an event (`None` for truncates and key-less

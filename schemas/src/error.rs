@@ -72,9 +72,7 @@ impl SchemaError {
     /// The column the error is about, when known.
     pub fn column(&self) -> Option<&str> {
         match self {
-            SchemaError::Value { column, .. } | SchemaError::UnsupportedType { column, .. } => {
-                Some(column)
-            }
+            SchemaError::Value { column, .. } | SchemaError::UnsupportedType { column, .. } => Some(column),
             _ => None,
         }
     }

@@ -28,8 +28,8 @@ pub use decoder::{CompiledEnvelope, Decoded, EventDecoder};
 pub use encoder::{EncodedRecord, EventEncoder};
 pub use error::SchemaError;
 pub use model::{
-    ChangeEvent, Column, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId,
-    TableSchema, TransactionInfo, Value,
+    ChangeEvent, Column, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema,
+    TransactionInfo, Value,
 };
 pub use registry::Registry;
 pub use topic::TopicNaming;

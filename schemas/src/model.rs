@@ -21,10 +21,7 @@ pub struct TableId {
 impl TableId {
     /// Builds a table id from its two parts.
     pub fn new(schema: impl Into<String>, table: impl Into<String>) -> Self {
-        Self {
-            schema: schema.into(),
-            table: table.into(),
-        }
+        Self { schema: schema.into(), table: table.into() }
     }
 }
 
@@ -171,10 +168,7 @@ impl TableSchema {
     /// Indexes of the key columns, in key order. Key names that do not exist
     /// are skipped (the source validates keys when it builds the schema).
     pub fn key_indexes(&self) -> Vec<usize> {
-        self.key
-            .iter()
-            .filter_map(|k| self.column_index(k))
-            .collect()
+        self.key.iter().filter_map(|k| self.column_index(k)).collect()
     }
 }
 

@@ -15,9 +15,7 @@ use schema_registry_converter::async_impl::schema_registry::{
     get_schema_by_id, perform_sr_call, post_schema, SrSettings,
 };
 use schema_registry_converter::error::SRCError;
-use schema_registry_converter::schema_registry_common::{
-    RawError, SchemaType, SrCall, SuppliedSchema,
-};
+use schema_registry_converter::schema_registry_common::{RawError, SchemaType, SrCall, SuppliedSchema};
 
 use crate::error::SchemaError;
 
@@ -94,13 +92,9 @@ fn from_src(what: &str, e: SRCError) -> SchemaError {
     // No HTTP status at all: the call itself failed (registry down or
     // restarting, found by the fault suite), which a retry fixes.
     let transport = code.is_none() && e.error.starts_with("http call");
-    let retryable = e.retriable
-        || transport
-        || matches!(code, Some(c) if (500..600).contains(&c) || (50000..60000).contains(&c));
-    SchemaError::Registry {
-        reason: format!("{what}: {}", e.error),
-        retryable,
-    }
+    let retryable =
+        e.retriable || transport || matches!(code, Some(c) if (500..600).contains(&c) || (50000..60000).contains(&c));
+    SchemaError::Registry { reason: format!("{what}: {}", e.error), retryable }
 }
 
 fn not_found(e: &SRCError) -> bool {
@@ -110,10 +104,7 @@ fn not_found(e: &SRCError) -> bool {
 }
 
 fn from_reqwest(what: &str, e: reqwest::Error) -> SchemaError {
-    SchemaError::Registry {
-        reason: format!("{what}: {e}"),
-        retryable: true,
-    }
+    SchemaError::Registry { reason: format!("{what}: {e}"), retryable: true }
 }
 
 fn from_status(what: &str, status: reqwest::StatusCode, body: &str) -> SchemaError {
@@ -146,27 +137,21 @@ impl Registry {
             .set_timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|e| from_src("cannot build registry client", e))?;
-        let client = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .build()
-            .map_err(|e| SchemaError::Registry {
-                reason: format!("cannot build HTTP client: {e}"),
-                retryable: false,
-            })?;
-        Ok(Self::with_backend(Backend::Http {
-            settings,
-            client,
-            base,
-        }))
+        let client =
+            reqwest::Client::builder()
+                .timeout(REQUEST_TIMEOUT)
+                .build()
+                .map_err(|e| SchemaError::Registry {
+                    reason: format!("cannot build HTTP client: {e}"),
+                    retryable: false,
+                })?;
+        Ok(Self::with_backend(Backend::Http { settings, client, base }))
     }
 
     /// A registry kept in this process: ids count from 1 in registration
     /// order, every schema is compatible. For tests, benchmarks and tools.
     pub fn in_memory() -> Self {
-        Self::with_backend(Backend::Memory(Mutex::new(Memory {
-            next_id: 1,
-            ..Memory::default()
-        })))
+        Self::with_backend(Backend::Memory(Mutex::new(Memory { next_id: 1, ..Memory::default() })))
     }
 
     fn with_backend(backend: Backend) -> Self {
@@ -250,11 +235,10 @@ impl Registry {
         if !status.is_success() {
             return Err(from_status(&what, status, &text));
         }
-        let parsed: CompatibilityResponse =
-            serde_json::from_str(&text).map_err(|e| SchemaError::Registry {
-                reason: format!("{what}: unexpected answer: {e}"),
-                retryable: false,
-            })?;
+        let parsed: CompatibilityResponse = serde_json::from_str(&text).map_err(|e| SchemaError::Registry {
+            reason: format!("{what}: unexpected answer: {e}"),
+            retryable: false,
+        })?;
         let messages = parsed
             .messages
             .iter()
@@ -353,12 +337,7 @@ impl Registry {
     fn store(&self, id: u32, text: String) -> Arc<Stored> {
         lock(&self.inner.by_id)
             .entry(id)
-            .or_insert_with(|| {
-                Arc::new(Stored {
-                    text: text.into(),
-                    parsed: Mutex::new(None),
-                })
-            })
+            .or_insert_with(|| Arc::new(Stored { text: text.into(), parsed: Mutex::new(None) }))
             .clone()
     }
 

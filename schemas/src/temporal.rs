@@ -20,15 +20,7 @@ pub fn interval_to_iso(months: i32, days: i32, micros: i64) -> String {
     let rem = rem % MICROS_PER_MINUTE;
     let secs = rem / MICROS_PER_SECOND;
     let frac = (rem % MICROS_PER_SECOND).unsigned_abs();
-    let _ = write!(
-        s,
-        "P{}Y{}M{}DT{}H{}M",
-        months / 12,
-        months % 12,
-        days,
-        hours,
-        minutes
-    );
+    let _ = write!(s, "P{}Y{}M{}DT{}H{}M", months / 12, months % 12, days, hours, minutes);
     if rem < 0 {
         s.push('-');
     }
@@ -263,10 +255,7 @@ mod tests {
     fn instants_parse_with_offsets() {
         assert_eq!(instant_from_iso("1970-01-01T00:00:00Z"), Some(0));
         assert_eq!(instant_from_iso("1970-01-01T01:00:00.5+01:00"), Some(500_000));
-        assert_eq!(
-            instant_from_iso("2024-02-29T12:34:56.123456Z"),
-            Some(1_709_210_096_123_456)
-        );
+        assert_eq!(instant_from_iso("2024-02-29T12:34:56.123456Z"), Some(1_709_210_096_123_456));
         assert_eq!(instant_from_iso("1969-12-31T23:59:59Z"), Some(-1_000_000));
         assert_eq!(instant_from_iso("2024-13-01T00:00:00Z"), None);
         assert_eq!(instant_from_iso("2024-01-01"), None);

@@ -22,18 +22,14 @@ pub struct TopicNaming {
 
 impl Default for TopicNaming {
     fn default() -> Self {
-        Self {
-            template: DEFAULT_TEMPLATE.to_string(),
-        }
+        Self { template: DEFAULT_TEMPLATE.to_string() }
     }
 }
 
 impl TopicNaming {
     /// A naming with the given template.
     pub fn new(template: impl Into<String>) -> Self {
-        Self {
-            template: template.into(),
-        }
+        Self { template: template.into() }
     }
 
     /// The topic of a table.

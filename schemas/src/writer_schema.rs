@@ -147,10 +147,7 @@ fn parse_json(
     match json {
         Json::String(name) => {
             if let Some(kind) = primitive(name) {
-                return Ok(Schema {
-                    kind,
-                    attrs: Arc::default(),
-                });
+                return Ok(Schema { kind, attrs: Arc::default() });
             }
             names
                 .get(&full_name(name, namespace))
@@ -165,10 +162,7 @@ fn parse_json(
                 .iter()
                 .map(|b| parse_json(b, namespace, names, depth + 1))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(Schema {
-                kind: Kind::Union(branches),
-                attrs: Arc::default(),
-            })
+            Ok(Schema { kind: Kind::Union(branches), attrs: Arc::default() })
         }
         Json::Object(obj) => parse_object(obj, namespace, names, depth),
         _ => Err("schema element is neither a name, a union nor an object".into()),
@@ -192,27 +186,15 @@ fn parse_object(
             let inner = parse_json(other, namespace, names, depth + 1)?;
             let mut merged = (*inner.attrs).clone();
             merged.extend(attrs);
-            return Ok(Schema {
-                kind: inner.kind,
-                attrs: Arc::new(merged),
-            });
+            return Ok(Schema { kind: inner.kind, attrs: Arc::new(merged) });
         }
     };
     if let Some(kind) = primitive(type_name) {
-        return Ok(Schema {
-            kind,
-            attrs: Arc::new(attrs),
-        });
+        return Ok(Schema { kind, attrs: Arc::new(attrs) });
     }
     let own_name = |obj: &Map<String, Json>| -> Result<(String, String), String> {
-        let name = obj
-            .get("name")
-            .and_then(Json::as_str)
-            .ok_or("named type without a name")?;
-        let ns = obj
-            .get("namespace")
-            .and_then(Json::as_str)
-            .unwrap_or(namespace);
+        let name = obj.get("name").and_then(Json::as_str).ok_or("named type without a name")?;
+        let ns = obj.get("namespace").and_then(Json::as_str).unwrap_or(namespace);
         let full = full_name(name, ns);
         let ns = match full.rfind('.') {
             Some(i) => full[..i].to_string(),
@@ -223,33 +205,20 @@ fn parse_object(
     match type_name {
         "record" | "error" => {
             let (full, ns) = own_name(obj)?;
-            let fields_json = obj
-                .get("fields")
-                .and_then(Json::as_array)
-                .ok_or("record without fields")?;
+            let fields_json = obj.get("fields").and_then(Json::as_array).ok_or("record without fields")?;
             let mut fields = Vec::with_capacity(fields_json.len());
             for f in fields_json {
                 let fo = f.as_object().ok_or("record field is not an object")?;
-                let name = fo
-                    .get("name")
-                    .and_then(Json::as_str)
-                    .ok_or("record field without a name")?;
+                let name = fo.get("name").and_then(Json::as_str).ok_or("record field without a name")?;
                 let ft = fo.get("type").ok_or("record field without a type")?;
                 let schema = parse_json(ft, &ns, names, depth + 1)?;
                 let mut fattrs = fo.clone();
                 fattrs.remove("type");
                 fattrs.remove("name");
-                fields.push(Field {
-                    name: name.to_string(),
-                    schema,
-                    attrs: fattrs,
-                });
+                fields.push(Field { name: name.to_string(), schema, attrs: fattrs });
             }
             let schema = Schema {
-                kind: Kind::Record(Arc::new(Record {
-                    name: full.clone(),
-                    fields,
-                })),
+                kind: Kind::Record(Arc::new(Record { name: full.clone(), fields })),
                 attrs: Arc::new(attrs),
             };
             names.insert(full, schema.clone());
@@ -278,10 +247,7 @@ fn parse_object(
                 .and_then(Json::as_u64)
                 .and_then(|s| usize::try_from(s).ok())
                 .ok_or("fixed without a valid size")?;
-            let schema = Schema {
-                kind: Kind::Fixed(size),
-                attrs: Arc::new(attrs),
-            };
+            let schema = Schema { kind: Kind::Fixed(size), attrs: Arc::new(attrs) };
             names.insert(full, schema.clone());
             Ok(schema)
         }

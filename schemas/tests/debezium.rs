@@ -10,8 +10,8 @@ use std::sync::Arc;
 use apache_avro::types::Value as A;
 use tributary_schemas::decoder::Decoded;
 use tributary_schemas::{
-    ChangeEvent, Column, DataType, EventDecoder, Op, Position, Registry, SnapshotMarker, SourceInfo,
-    TableId, TableSchema, TransactionInfo, Value,
+    ChangeEvent, Column, DataType, EventDecoder, Op, Position, Registry, SnapshotMarker, SourceInfo, TableId,
+    TableSchema, TransactionInfo, Value,
 };
 
 const PG_VALUE: &str = include_str!("debezium/postgres.value.avsc");
@@ -70,8 +70,14 @@ fn col(name: &str, data_type: DataType, nullable: bool) -> Column {
 #[tokio::test]
 async fn debezium_postgres_update_decodes() {
     let registry = Registry::in_memory();
-    let key_id = registry.register("dbserver1.inventory.customers-key", PG_KEY).await.expect("key");
-    let value_id = registry.register("dbserver1.inventory.customers-value", PG_VALUE).await.expect("value");
+    let key_id = registry
+        .register("dbserver1.inventory.customers-key", PG_KEY)
+        .await
+        .expect("key");
+    let value_id = registry
+        .register("dbserver1.inventory.customers-value", PG_VALUE)
+        .await
+        .expect("value");
     let source = rec(vec![
         ("version", s("2.7.3.Final")),
         ("connector", s("postgresql")),
@@ -161,7 +167,10 @@ async fn debezium_postgres_update_decodes() {
 
     // Debezium's tombstone after a delete.
     assert_eq!(
-        decoder.decode("dbserver1.inventory.customers", Some(&key), None).await.expect("tombstone"),
+        decoder
+            .decode("dbserver1.inventory.customers", Some(&key), None)
+            .await
+            .expect("tombstone"),
         Decoded::Tombstone
     );
 }
@@ -169,8 +178,14 @@ async fn debezium_postgres_update_decodes() {
 #[tokio::test]
 async fn debezium_mysql_snapshot_read_decodes() {
     let registry = Registry::in_memory();
-    let key_id = registry.register("mysqlserver.inventory.products-key", MYSQL_KEY).await.expect("key");
-    let value_id = registry.register("mysqlserver.inventory.products-value", MYSQL_VALUE).await.expect("value");
+    let key_id = registry
+        .register("mysqlserver.inventory.products-key", MYSQL_KEY)
+        .await
+        .expect("key");
+    let value_id = registry
+        .register("mysqlserver.inventory.products-value", MYSQL_VALUE)
+        .await
+        .expect("value");
     let row = rec(vec![
         ("id", A::Int(7)),
         ("name", s("hammer")),

@@ -17,7 +17,8 @@ fn fixed_schemas_compile() {
 fn valid_datums() -> Vec<Vec<u8>> {
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     let mut encoder = EventEncoder::new(Registry::in_memory(), EnvelopeOptions::default());
-    rt.block_on(encoder.prepare(&fixtures::table(), fixtures::TOPIC)).expect("prepare");
+    rt.block_on(encoder.prepare(&fixtures::table(), fixtures::TOPIC))
+        .expect("prepare");
     fixtures::events()
         .iter()
         .map(|(_, e)| encoder.encode(e, fixtures::TOPIC).expect("encode").value.expect("value")[5..].to_vec())

@@ -8,8 +8,8 @@ mod fixtures;
 
 use std::path::PathBuf;
 
-use tributary_schemas::{EnvelopeOptions, EventDecoder, EventEncoder, Registry};
 use tributary_schemas::decoder::Decoded;
+use tributary_schemas::{EnvelopeOptions, EventDecoder, EventEncoder, Registry};
 
 fn golden_dir() -> PathBuf {
     fixtures::manifest_dir().join("tests/golden")
@@ -22,8 +22,8 @@ fn check(name: &str, actual: &[u8]) {
         std::fs::write(&path, actual).expect("write golden file");
         return;
     }
-    let expected = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+    let expected =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
     assert!(
         expected == actual,
         "{name} differs from its golden file ({} vs {} bytes); if the change is deliberate, rerun with UPDATE_GOLDEN=1",

@@ -40,21 +40,26 @@ fn script() -> PathBuf {
 /// Whether the test can run; panics in CI when it cannot.
 async fn ready() -> bool {
     let python_ok = Command::new("python3")
-        .args(["-c", "import confluent_kafka, fastavro, confluent_kafka.schema_registry.avro"])
+        .args([
+            "-c",
+            "import confluent_kafka, fastavro, confluent_kafka.schema_registry.avro",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     if !python_ok {
         if std::env::var_os("CI").is_some() {
-            panic!("python3 cannot import confluent_kafka; install it: pip install 'confluent-kafka[avro,schemaregistry]'");
+            panic!(
+                "python3 cannot import confluent_kafka; install it: pip install 'confluent-kafka[avro,schemaregistry]'"
+            );
         }
-        eprintln!("SKIPPED: python3 cannot import confluent_kafka (pip install 'confluent-kafka[avro,schemaregistry]')");
+        eprintln!(
+            "SKIPPED: python3 cannot import confluent_kafka (pip install 'confluent-kafka[avro,schemaregistry]')"
+        );
         return false;
     }
     fixtures::service_available("schema registry", fixtures::registry_up()).await
-        && fixtures::service_available("kafka", async {
-            tokio::net::TcpStream::connect(bootstrap()).await.is_ok()
-        })
-        .await
+        && fixtures::service_available("kafka", async { tokio::net::TcpStream::connect(bootstrap()).await.is_ok() })
+            .await
 }
 
 async fn create_topic(name: &str) {
@@ -124,7 +129,11 @@ async fn python_reads_what_we_produce() {
             if let Some(v) = rec.value.as_deref() {
                 fr = fr.payload(v);
             }
-            producer.send(fr, Duration::from_secs(30)).await.map_err(|(e, _)| e).expect("delivered");
+            producer
+                .send(fr, Duration::from_secs(30))
+                .await
+                .map_err(|(e, _)| e)
+                .expect("delivered");
             let key = rec.key.as_ref().map(|_| json!({"id": 1, "region": 7}));
             let value = rec.value.as_ref().map(|_| {
                 let (before, after) = match op {
@@ -151,7 +160,15 @@ async fn python_reads_what_we_produce() {
     std::fs::write(&expect_file, serde_json::to_vec_pretty(&expected).expect("json")).expect("write expectations");
     let out = Command::new("python3")
         .arg(script())
-        .args(["consume", "--bootstrap", &bootstrap(), "--registry", &fixtures::registry_url(), "--topic", &topic])
+        .args([
+            "consume",
+            "--bootstrap",
+            &bootstrap(),
+            "--registry",
+            &fixtures::registry_url(),
+            "--topic",
+            &topic,
+        ])
         .arg("--expect")
         .arg(&expect_file)
         .output()
@@ -174,7 +191,15 @@ async fn we_decode_what_python_produces() {
     create_topic(&topic).await;
     let out = Command::new("python3")
         .arg(script())
-        .args(["produce", "--bootstrap", &bootstrap(), "--registry", &fixtures::registry_url(), "--topic", &topic])
+        .args([
+            "produce",
+            "--bootstrap",
+            &bootstrap(),
+            "--registry",
+            &fixtures::registry_url(),
+            "--topic",
+            &topic,
+        ])
         .arg("--schema-dir")
         .arg(fixtures::manifest_dir().join("tests/debezium"))
         .output()

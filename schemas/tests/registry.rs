@@ -132,10 +132,7 @@ async fn evolution_is_checked_before_producing() {
     // After a restart (a new encoder), the registry's latest version is
     // the reference: v3 is still refused, v2 is accepted as is.
     let mut restarted = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
-    assert!(matches!(
-        restarted.prepare(&v3, &topic).await,
-        Err(SchemaError::Incompatible { .. })
-    ));
+    assert!(matches!(restarted.prepare(&v3, &topic).await, Err(SchemaError::Incompatible { .. })));
     restarted.prepare(&v2, &topic).await.expect("same version after restart");
     assert_eq!(restarted.prepared(&topic).expect("prepared").2, v2_id);
 
@@ -148,6 +145,9 @@ async fn evolution_is_checked_before_producing() {
     event.schema = v2.clone();
     let rec = restarted.encode(&event, &topic).expect("encode");
     let mut decoder = EventDecoder::new(Registry::new(fixtures::registry_url()).expect("client"));
-    let decoded = decoder.decode(&topic, rec.key.as_deref(), rec.value.as_deref()).await.expect("decode");
+    let decoded = decoder
+        .decode(&topic, rec.key.as_deref(), rec.value.as_deref())
+        .await
+        .expect("decode");
     assert_eq!(decoded, Decoded::Change(event));
 }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tributary_schemas::decoder::Decoded;
 use tributary_schemas::{
-    ChangeEvent, Column, DataType, EnvelopeOptions, EventDecoder, EventEncoder, Op, Position,
-    Registry, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
+    ChangeEvent, Column, DataType, EnvelopeOptions, EventDecoder, EventEncoder, Op, Position, Registry, SnapshotMarker,
+    SourceInfo, TableId, TableSchema, TransactionInfo, Value,
 };
 
 fn leaf_type() -> impl Strategy<Value = DataType> {
@@ -28,7 +28,8 @@ fn leaf_type() -> impl Strategy<Value = DataType> {
         Just(DataType::Int64),
         Just(DataType::Float32),
         Just(DataType::Float64),
-        (1u32..=60).prop_flat_map(|p| (Just(p), 0..=p))
+        (1u32..=60)
+            .prop_flat_map(|p| (Just(p), 0..=p))
             .prop_map(|(precision, scale)| DataType::Decimal { precision, scale }),
         Just(DataType::VariableDecimal),
         Just(DataType::Text),
@@ -83,11 +84,17 @@ fn value_of(t: &DataType) -> BoxedStrategy<Value> {
         DataType::Int32 => any::<i32>().prop_map(Value::Int32).boxed(),
         DataType::Int64 => any::<i64>().prop_map(Value::Int64).boxed(),
         // NaN is a valid float value but never equal to itself.
-        DataType::Float32 => any::<f32>().prop_filter("not NaN", |f| !f.is_nan()).prop_map(Value::Float32).boxed(),
-        DataType::Float64 => any::<f64>().prop_filter("not NaN", |f| !f.is_nan()).prop_map(Value::Float64).boxed(),
-        DataType::Decimal { precision, scale } => {
-            canonical_decimal((precision - scale) as usize, *scale as usize).prop_map(Value::Decimal).boxed()
-        }
+        DataType::Float32 => any::<f32>()
+            .prop_filter("not NaN", |f| !f.is_nan())
+            .prop_map(Value::Float32)
+            .boxed(),
+        DataType::Float64 => any::<f64>()
+            .prop_filter("not NaN", |f| !f.is_nan())
+            .prop_map(Value::Float64)
+            .boxed(),
+        DataType::Decimal { precision, scale } => canonical_decimal((precision - scale) as usize, *scale as usize)
+            .prop_map(Value::Decimal)
+            .boxed(),
         DataType::VariableDecimal => (0usize..25)
             .prop_flat_map(|scale| canonical_decimal(45, scale))
             .prop_map(Value::Decimal)
@@ -112,7 +119,12 @@ fn value_of(t: &DataType) -> BoxedStrategy<Value> {
 }
 
 fn table() -> impl Strategy<Value = Arc<TableSchema>> {
-    let column = (data_type(), any::<bool>(), prop::sample::select(vec!["c", "col-", "Prix €", "9x"]), "[a-z()0-9, ]{0,12}");
+    let column = (
+        data_type(),
+        any::<bool>(),
+        prop::sample::select(vec!["c", "col-", "Prix €", "9x"]),
+        "[a-z()0-9, ]{0,12}",
+    );
     prop::collection::vec(column, 1..12)
         .prop_flat_map(|cols| {
             let n = cols.len();
@@ -164,8 +176,8 @@ fn event() -> impl Strategy<Value = (ChangeEvent, bool)> {
             any::<i64>(),
         );
         let tx = prop::option::of(("[a-z0-9:]{1,10}", any::<i64>(), any::<i64>()));
-        (Just(t.clone()), op, row_of(&t), row_of(&t), any::<bool>(), source, tx, any::<i64>())
-            .prop_map(|(t, op, r1, r2, with_before, (pg, commit, index, tx_id, snapshot, ts), tx, ts_ms)| {
+        (Just(t.clone()), op, row_of(&t), row_of(&t), any::<bool>(), source, tx, any::<i64>()).prop_map(
+            |(t, op, r1, r2, with_before, (pg, commit, index, tx_id, snapshot, ts), tx, ts_ms)| {
                 let (before, after) = match op {
                     Op::Read | Op::Create => (None, Some(r2)),
                     Op::Update => (with_before.then_some(r1), Some(r2)),
@@ -200,7 +212,8 @@ fn event() -> impl Strategy<Value = (ChangeEvent, bool)> {
                     }),
                 };
                 (event, pg)
-            })
+            },
+        )
     })
 }
 

@@ -40,7 +40,12 @@ fn assert_value_error(r: Result<(), SchemaError>, column: &str, kind: &str, secr
 async fn unfit_values_are_refused_without_showing_them() {
     // amount is decimal(12,2), NOT NULL.
     assert_value_error(encode_with(3, Value::Decimal("NaN".into())).await, "amount", "decimal", "NaN");
-    assert_value_error(encode_with(3, Value::Decimal("123456789012.5".into())).await, "amount", "decimal", "123456789012");
+    assert_value_error(
+        encode_with(3, Value::Decimal("123456789012.5".into())).await,
+        "amount",
+        "decimal",
+        "123456789012",
+    );
     assert_value_error(encode_with(3, Value::Decimal("1.234".into())).await, "amount", "decimal", "1.234");
     assert_value_error(encode_with(3, Value::Null).await, "amount", "null", "");
     assert_value_error(encode_with(3, Value::Text("12.00".into())).await, "amount", "text", "12.00");

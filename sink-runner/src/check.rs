@@ -37,21 +37,11 @@ impl std::fmt::Display for Finding {
 }
 
 fn ok(component: &'static str, message: String) -> Finding {
-    Finding {
-        component,
-        problem: false,
-        message,
-        fix: None,
-    }
+    Finding { component, problem: false, message, fix: None }
 }
 
 fn problem(component: &'static str, message: String, fix: String) -> Finding {
-    Finding {
-        component,
-        problem: true,
-        message,
-        fix: Some(fix),
-    }
+    Finding { component, problem: true, message, fix: Some(fix) }
 }
 
 /// Runs every check.

@@ -123,10 +123,7 @@ impl Validate for SinkRunnerConfig {
             return Err(ConfigError::invalid("schema_registry_url", "must not be empty"));
         }
         if !self.schema_registry_url.starts_with("http://") && !self.schema_registry_url.starts_with("https://") {
-            return Err(ConfigError::invalid(
-                "schema_registry_url",
-                "must be an http:// or https:// URL",
-            ));
+            return Err(ConfigError::invalid("schema_registry_url", "must be an http:// or https:// URL"));
         }
         match (&self.prefix, &self.topics) {
             (None, None) => {
@@ -160,16 +157,10 @@ impl Validate for SinkRunnerConfig {
             return Err(ConfigError::invalid("batch_max_bytes", "must be at least 1024"));
         }
         if self.max_buffered_bytes < self.batch_max_bytes {
-            return Err(ConfigError::invalid(
-                "max_buffered_bytes",
-                "must be at least batch_max_bytes",
-            ));
+            return Err(ConfigError::invalid("max_buffered_bytes", "must be at least batch_max_bytes"));
         }
         if self.batch_linger_ms == 0 || self.batch_linger_ms > 60_000 {
-            return Err(ConfigError::invalid(
-                "batch_linger_ms",
-                "must be between 1 and 60000",
-            ));
+            return Err(ConfigError::invalid("batch_linger_ms", "must be between 1 and 60000"));
         }
         if self.dlq_topic_suffix.is_empty() {
             return Err(ConfigError::invalid("dlq_topic_suffix", "must not be empty"));

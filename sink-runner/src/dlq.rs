@@ -77,11 +77,7 @@ impl RawRecord {
     pub fn from_message<M: Message>(m: &M) -> Self {
         let headers = m
             .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
             .unwrap_or_default();
         Self {
             topic: m.topic().to_string(),
@@ -167,10 +163,7 @@ pub fn headers(record: &RawRecord, failure: &Failure, group: &str) -> OwnedHeade
         if ours.contains(&k.as_str()) {
             continue;
         }
-        h = h.insert(Header {
-            key: k,
-            value: v.as_deref(),
-        });
+        h = h.insert(Header { key: k, value: v.as_deref() });
     }
     let partition = record.partition.to_string();
     let offset = record.offset.to_string();
@@ -211,10 +204,7 @@ impl DeadLetters {
         let producer: FutureProducer = c
             .create()
             .map_err(|e| Error::needs_operator(format!("cannot create the dead-letter producer: {e}")))?;
-        Ok(Self {
-            producer,
-            group: group.to_string(),
-        })
+        Ok(Self { producer, group: group.to_string() })
     }
 
     /// Sends `record` to `topic` and waits for the acknowledgement.
@@ -256,7 +246,10 @@ mod tests {
             offset: 41,
             key: None,
             value: Some(vec![1]),
-            headers: vec![("trace".into(), Some(b"x".to_vec())), (HEADER_OFFSET.into(), Some(b"1".to_vec()))],
+            headers: vec![
+                ("trace".into(), Some(b"x".to_vec())),
+                (HEADER_OFFSET.into(), Some(b"1".to_vec())),
+            ],
         };
         let e = Error::permanent("value too long")
             .with_table(TableId::new("public", "orders"))

@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand};
 use sink_runner::config::SinkRunnerConfig;
 use tokio::sync::watch;
 use tributary_operations::admin::client::{self, Request};
-use tributary_operations::process;
 use tributary_operations::logging::{self, LogFormat};
+use tributary_operations::process;
 
 /// Copies change topics into a destination database.
 #[derive(Debug, Parser)]
@@ -70,11 +70,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    let (config, runtime): (SinkRunnerConfig, _) =
-        match process::start(cli.config.as_deref(), "TRIBUTARY_SINK_CONFIG") {
-            Ok(started) => started,
-            Err(code) => return code,
-        };
+    let (config, runtime): (SinkRunnerConfig, _) = match process::start(cli.config.as_deref(), "TRIBUTARY_SINK_CONFIG")
+    {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
     runtime.block_on(async move {
         match cli.command {
             None => run(config).await,
@@ -180,7 +180,11 @@ async fn delete(config: SinkRunnerConfig, yes: bool, drop_destination: bool) -> 
             "This deletes the copy {group:?}: its consumer group and stored offsets{tables}. \
              Type the consumer group's name to confirm:",
             group = config.consumer_group,
-            tables = if drop_destination { ", and its destination tables" } else { "" }
+            tables = if drop_destination {
+                ", and its destination tables"
+            } else {
+                ""
+            }
         );
         let mut answer = String::new();
         if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != config.consumer_group {

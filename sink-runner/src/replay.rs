@@ -56,14 +56,11 @@ pub struct ReplayReport {
 /// Replays `dlq_topic` into the configured destination.
 pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -> Result<ReplayReport, RunError> {
     let mut sink = crate::destination::Destination::from_config(config)?;
-    let registry =
-        Registry::new(config.schema_registry_url.clone()).map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
+    let registry = Registry::new(config.schema_registry_url.clone())
+        .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
     let mut decoder = EventDecoder::new(registry);
     let records = read_all(config, dlq_topic).await?;
-    let mut report = ReplayReport {
-        read: records.len(),
-        ..Default::default()
-    };
+    let mut report = ReplayReport { read: records.len(), ..Default::default() };
     for (dlq_pos, mut raw) in records {
         let original = original_position(&raw);
         if let Some(o) = &original {
@@ -106,7 +103,11 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = if dry_run { sink.trial_apply(&batch).await } else { sink.apply(&batch).await };
+            let result = if dry_run {
+                sink.trial_apply(&batch).await
+            } else {
+                sink.apply(&batch).await
+            };
             match result {
                 Ok(()) => {
                     report.applied += 1;

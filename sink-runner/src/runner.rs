@@ -43,12 +43,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use futures::FutureExt;
 use tokio::sync::{oneshot, watch, Mutex};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 use tributary_connectors::{
@@ -57,10 +57,10 @@ use tributary_connectors::{
 use tributary_schemas::hashing::FxHashMap;
 use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
 
-use crate::destination::Destination;
 use crate::config::{
     SinkRunnerConfig, DEFAULT_FETCH_QUEUE_BACKOFF_MS, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS,
 };
+use crate::destination::Destination;
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
 use tributary_operations::telemetry::{TableState, Telemetry};
@@ -124,7 +124,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
     let handle = tokio::runtime::Handle::current();
     if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
         return Err(RunError::Other(
-            "the sink runner needs a multi-threaded tokio runtime (its rebalance callback blocks on the destination)".into(),
+            "the sink runner needs a multi-threaded tokio runtime (its rebalance callback blocks on the destination)"
+                .into(),
         ));
     }
     let span = info_span!("sink_runner", group = %config.consumer_group);
@@ -248,9 +249,8 @@ impl<S: Sink + 'static> RebalanceCtx<S> {
                     attempt += 1;
                     // The consumer loop is blocked in this callback: no table
                     // moves until the destination answers.
-                    self.telemetry.set_paused(Some(format!(
-                        "cannot read the stored offsets of newly assigned partitions: {e}"
-                    )));
+                    self.telemetry
+                        .set_paused(Some(format!("cannot read the stored offsets of newly assigned partitions: {e}")));
                     let delay = match policy(e.kind(), attempt) {
                         Decision::RetryAfter(d) | Decision::PauseAndProbe(d) => d,
                         Decision::DeadLetter => tributary_connectors::error::OPERATOR_PROBE_DELAY,
@@ -295,11 +295,7 @@ impl<S: Sink + 'static> RebalanceCtx<S> {
 impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
     fn rebalance(&self, base: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
-        let parts: Vec<(String, i32)> = tpl
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_string(), e.partition()))
-            .collect();
+        let parts: Vec<(String, i32)> = tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let (skip, wanted): (Vec<_>, Vec<_>) = parts.iter().cloned().partition(|(t, _)| (self.excluded)(t));
@@ -314,7 +310,11 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                         assigned.push((topic.clone(), *partition, *offset));
                     }
                 }
-                let r = if cooperative { base.incremental_assign(tpl) } else { base.assign(tpl) };
+                let r = if cooperative {
+                    base.incremental_assign(tpl)
+                } else {
+                    base.assign(tpl)
+                };
                 if let Err(e) = r {
                     error!(error = %e, "cannot assign partitions");
                 }
@@ -351,7 +351,11 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                 self.wait_for_apply();
                 info!(partitions = parts.len(), "partitions revoked");
                 self.push(RebalanceEvent::Revoked(parts));
-                let r = if cooperative { base.incremental_unassign(tpl) } else { base.unassign() };
+                let r = if cooperative {
+                    base.incremental_unassign(tpl)
+                } else {
+                    base.unassign()
+                };
                 if let Err(e) = r {
                     error!(error = %e, "cannot unassign partitions");
                 }
@@ -469,7 +473,11 @@ impl Applied {
     fn new(mut batch: SinkBatch, result: Result<(), ApplyError>) -> (Self, Vec<(KafkaPosition, SinkRecord)>) {
         let events = batch.records.len();
         let newest = newest_source_ts(&batch.records);
-        let done = if result.is_ok() { std::mem::take(&mut batch.records) } else { Vec::new() };
+        let done = if result.is_ok() {
+            std::mem::take(&mut batch.records)
+        } else {
+            Vec::new()
+        };
         (Self { batch, result, events, newest }, done)
     }
 }
@@ -749,7 +757,8 @@ impl<S: Sink + 'static> Loop<S> {
             }
         }
         if paused.all != self.runner_paused {
-            self.telemetry.set_paused(paused.all.then(|| "paused by an operator".to_string()));
+            self.telemetry
+                .set_paused(paused.all.then(|| "paused by an operator".to_string()));
             self.runner_paused = paused.all;
         }
     }
@@ -807,7 +816,11 @@ impl<S: Sink + 'static> Loop<S> {
         if tpl.count() == 0 {
             return;
         }
-        let r = if paused { self.consumer.pause(&tpl) } else { self.consumer.resume(&tpl) };
+        let r = if paused {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
         if let Err(e) = r {
             warn!(topic, error = %e, "cannot pause or resume partitions");
         }
@@ -824,10 +837,7 @@ impl<S: Sink + 'static> Loop<S> {
         };
         let first = attempt == 1;
         if let Some(buf) = self.buffers.get_mut(topic) {
-            buf.retry = Some(Retry {
-                attempt,
-                at: Instant::now() + delay,
-            });
+            buf.retry = Some(Retry { attempt, at: Instant::now() + delay });
         }
         if first {
             self.pause(topic, true);
@@ -904,7 +914,9 @@ impl<S: Sink + 'static> Loop<S> {
                 Err(e) if e.kind() == ErrorKind::Permanent => {
                     let raw = raw.clone();
                     let t = table.clone().unwrap_or_else(|| fallback.clone());
-                    self.dead_letter(&raw, Stage::Decode, &e, &t).await.map_err(|e| (t.clone(), e))?;
+                    self.dead_letter(&raw, Stage::Decode, &e, &t)
+                        .await
+                        .map_err(|e| (t.clone(), e))?;
                     if let Some(b) = self.buffers.get_mut(topic) {
                         let gone = b.records.remove(i);
                         b.bytes = b.bytes.saturating_sub(gone.size());
@@ -958,11 +970,7 @@ impl<S: Sink + 'static> Loop<S> {
             let _ = tx.send(applied);
             drop(records);
         });
-        self.in_flight = Some(InFlight {
-            taken: p.taken,
-            revoked: BTreeSet::new(),
-            done,
-        });
+        self.in_flight = Some(InFlight { taken: p.taken, revoked: BTreeSet::new(), done });
     }
 
     /// Puts the records of a batch that was not applied back in front of
@@ -1028,7 +1036,15 @@ impl<S: Sink + 'static> Loop<S> {
         joined: Result<Applied, oneshot::error::RecvError>,
     ) -> Result<Buffer, (Buffer, BTreeSet<i32>, Error)> {
         let InFlight {
-            taken: Taken { topic, table, mut buf, mut raw_index, started, decoded },
+            taken:
+                Taken {
+                    topic,
+                    table,
+                    mut buf,
+                    mut raw_index,
+                    started,
+                    decoded,
+                },
             revoked,
             ..
         } = f;
@@ -1138,9 +1154,7 @@ impl<S: Sink + 'static> Loop<S> {
 }
 
 /// The end of the batch being applied; never, when there is none.
-async fn wait_applied(
-    in_flight: &mut Option<InFlight>,
-) -> Result<Applied, oneshot::error::RecvError> {
+async fn wait_applied(in_flight: &mut Option<InFlight>) -> Result<Applied, oneshot::error::RecvError> {
     match in_flight {
         Some(f) => (&mut f.done).await,
         None => futures::future::pending().await,
@@ -1189,8 +1203,8 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
         let meta: BaseConsumer = client
             .create()
             .map_err(|e| RunError::Kafka(format!("cannot create a metadata client: {e}")))?;
-        let pattern = regex::Regex::new(&config.topic_pattern())
-            .map_err(|e| RunError::Other(format!("topic pattern: {e}")))?;
+        let pattern =
+            regex::Regex::new(&config.topic_pattern()).map_err(|e| RunError::Other(format!("topic pattern: {e}")))?;
         let topics = tokio::task::spawn_blocking(move || {
             meta.fetch_metadata(None, Duration::from_secs(10))
                 .map(|m| m.topics().iter().map(|t| t.name().to_string()).collect::<Vec<_>>())
@@ -1230,9 +1244,7 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
 /// The source table of a topic named `<prefix>.<schema>.<table>` (or, without
 /// a known prefix, its last two dot-separated parts).
 pub fn table_from_topic(topic: &str, prefix: Option<&str>) -> TableId {
-    let rest = prefix
-        .and_then(|p| topic.strip_prefix(p))
-        .and_then(|r| r.strip_prefix('.'));
+    let rest = prefix.and_then(|p| topic.strip_prefix(p)).and_then(|r| r.strip_prefix('.'));
     if let Some(rest) = rest {
         if let Some((s, t)) = rest.split_once('.') {
             return TableId::new(s, t);
@@ -1252,7 +1264,10 @@ mod tests {
     fn topics_name_their_table() {
         assert_eq!(table_from_topic("shop.public.orders", Some("shop")), TableId::new("public", "orders"));
         assert_eq!(table_from_topic("a.b.shop.public.orders", None), TableId::new("public", "orders"));
-        assert_eq!(table_from_topic("my.shop.public.order.items", Some("my.shop")), TableId::new("public", "order.items"));
+        assert_eq!(
+            table_from_topic("my.shop.public.order.items", Some("my.shop")),
+            TableId::new("public", "order.items")
+        );
     }
 
     #[test]

@@ -122,9 +122,7 @@ impl Validate for SourceRunnerConfig {
                 ));
             }
         }
-        if !(self.schema_registry_url.starts_with("http://")
-            || self.schema_registry_url.starts_with("https://"))
-        {
+        if !(self.schema_registry_url.starts_with("http://") || self.schema_registry_url.starts_with("https://")) {
             return Err(ConfigError::invalid("schema_registry_url", "must be an http:// or https:// URL"));
         }
         if self.transaction_timeout_ms < 1_000 {

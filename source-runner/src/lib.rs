@@ -34,14 +34,12 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
 /// The source named by the config.
 pub fn build_source(config: &SourceRunnerConfig) -> Result<Box<dyn tributary_connectors::Source>, Error> {
     match (&config.postgres, &config.mysql) {
-        (Some(pg), _) => Ok(Box::new(tributary_connectors::postgres::PostgresSource::new(
-            pg.clone(),
-            config.name.clone(),
-        )?)),
-        (None, Some(my)) => Ok(Box::new(tributary_connectors::mysql::MySqlSource::new(
-            my.clone(),
-            config.name.clone(),
-        )?)),
+        (Some(pg), _) => {
+            Ok(Box::new(tributary_connectors::postgres::PostgresSource::new(pg.clone(), config.name.clone())?))
+        }
+        (None, Some(my)) => {
+            Ok(Box::new(tributary_connectors::mysql::MySqlSource::new(my.clone(), config.name.clone())?))
+        }
         (None, None) => Err(Error::needs_operator("no source configured: add a [postgres] or [mysql] section")),
     }
 }

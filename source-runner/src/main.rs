@@ -53,11 +53,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    let (config, runtime): (SourceRunnerConfig, _) =
-        match process::start(cli.config.as_deref(), "TRIBUTARY_CONFIG") {
-            Ok(started) => started,
-            Err(code) => return code,
-        };
+    let (config, runtime): (SourceRunnerConfig, _) = match process::start(cli.config.as_deref(), "TRIBUTARY_CONFIG") {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
     runtime.block_on(async move {
         match cli.command.unwrap_or(Command::Run) {
             Command::Run => match source_runner::run_from_config(config).await {

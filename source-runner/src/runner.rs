@@ -37,12 +37,12 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_connectors::{policy, Checkpoint, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_operations::admin::Control;
+use tributary_operations::telemetry::{TableState, Telemetry};
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
 use tributary_schemas::registry::Registry;
 use tributary_schemas::topic::TopicNaming;
-use tributary_operations::admin::Control;
-use tributary_operations::telemetry::{TableState, Telemetry};
 use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
 
 use crate::config::SourceRunnerConfig;
@@ -169,10 +169,7 @@ impl KafkaSide {
     /// Connects to Kafka and the registry and fences any earlier instance of
     /// this runner (`init_transactions`).
     pub async fn connect(config: &SourceRunnerConfig) -> Result<Self, Error> {
-        let client = config
-            .kafka
-            .client_config()
-            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        let client = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
         let mut producer_config = client.clone();
         // Correctness and the memory bound: never overridable.
         producer_config
@@ -190,7 +187,11 @@ impl KafkaSide {
         // transaction's commit, and the runner retries from the last
         // checkpoint), and serving a million of them took a quarter second
         // of CPU per 1M-row snapshot.
-        for (key, value) in [("linger.ms", "20"), ("compression.type", "lz4"), ("delivery.report.only.error", "true")] {
+        for (key, value) in [
+            ("linger.ms", "20"),
+            ("compression.type", "lz4"),
+            ("delivery.report.only.error", "true"),
+        ] {
             if producer_config.get(key).is_none() {
                 producer_config.set(key, value);
             }
@@ -204,9 +205,8 @@ impl KafkaSide {
         // offsets topic are made meanwhile (the start-up is a snapshot's
         // first second, with the machine mostly idle).
         let fencing = tokio::task::spawn_blocking(move || p.init_transactions(KAFKA_TXN_STEP_TIMEOUT));
-        let admin: AdminClient<DefaultClientContext> = client
-            .create()
-            .map_err(|e| kafka_error("cannot create the admin client", e))?;
+        let admin: AdminClient<DefaultClientContext> =
+            client.create().map_err(|e| kafka_error("cannot create the admin client", e))?;
         let registry = Registry::new(&config.schema_registry_url)?;
         let encoder = EventEncoder::new(
             registry,
@@ -288,9 +288,7 @@ impl KafkaSide {
                 match consumer.poll(Duration::from_millis(200)) {
                     Some(Ok(m)) => {
                         if m.key() == Some(name.as_bytes()) {
-                            last = m
-                                .payload()
-                                .map(|p| Checkpoint(String::from_utf8_lossy(p).into_owned()));
+                            last = m.payload().map(|p| Checkpoint(String::from_utf8_lossy(p).into_owned()));
                         }
                     }
                     Some(Err(KafkaError::PartitionEOF(_))) | None => {}
@@ -418,7 +416,8 @@ impl KafkaSide {
         let timeout_ms = i32::try_from(KAFKA_TXN_STEP_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: the pointer is that of the producer `p` keeps alive for
         // the call; rd_kafka_flush may be called from any thread.
-        let flushed = blocking(move || unsafe { rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), timeout_ms) }).await;
+        let flushed =
+            blocking(move || unsafe { rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), timeout_ms) }).await;
         if let Err(e) = flushed {
             warn!(error = %e, "cannot wait for deliveries; the commit reports what is left");
         }
@@ -431,7 +430,9 @@ impl KafkaSide {
         let p = self.producer.clone();
         match blocking(move || p.abort_transaction(KAFKA_TXN_STEP_TIMEOUT)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "abort_transaction failed; the broker aborts the transaction at its timeout"),
+            Ok(Err(e)) => {
+                warn!(error = %e, "abort_transaction failed; the broker aborts the transaction at its timeout")
+            }
             Err(e) => warn!(error = %e, "abort_transaction did not run"),
         }
     }
@@ -454,7 +455,9 @@ impl KafkaSide {
                         let topic = self.naming.topic(self.config.prefix(), &event.schema.id);
                         run = Some((&event.schema, topic, TableCounts::default()));
                     }
-                    let Some((_, topic, run_counts)) = run.as_mut() else { continue };
+                    let Some((_, topic, run_counts)) = run.as_mut() else {
+                        continue;
+                    };
                     let topic = topic.as_str();
                     let encoded = self.encoder.encode(event, topic)?;
                     run_counts.events += 1;
@@ -651,12 +654,15 @@ async fn run_once(
         txn.producing += producing.elapsed();
         // Snapshot rows keep the transaction open while more of the
         // snapshot follows at once; anything else is committed now.
-        let snapshot_rows = batch.messages.iter().any(|m| {
-            matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::True)
-        });
-        let snapshot_ends = batch.messages.iter().any(|m| {
-            matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::Last)
-        }) || source.snapshot_progress().iter().all(|p| p.done);
+        let snapshot_rows = batch
+            .messages
+            .iter()
+            .any(|m| matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::True));
+        let snapshot_ends = batch
+            .messages
+            .iter()
+            .any(|m| matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::Last))
+            || source.snapshot_progress().iter().all(|p| p.done);
         txn.checkpoint = batch.checkpoint;
         if snapshot_rows && !snapshot_ends && txn.events < txn_limit && txn.started.elapsed() < TXN_MAX_AGE {
             continue;
@@ -780,10 +786,7 @@ impl OpenTxn {
 /// Deletes every topic of this copy (`<prefix>.*`) and its schema subjects.
 /// Returns the deleted topic names.
 pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, Error> {
-    let client = config
-        .kafka
-        .client_config()
-        .map_err(|e| Error::needs_operator(e.to_string()))?;
+    let client = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
     let admin: AdminClient<DefaultClientContext> =
         client.create().map_err(|e| kafka_error("cannot create the admin client", e))?;
     let consumer: BaseConsumer = client.create().map_err(|e| kafka_error("metadata client", e))?;

@@ -73,13 +73,15 @@ pub fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
 /// Starts the source runner of `config`, kills it (SIGKILL) as soon as its
 /// first snapshot chunk is committed, starts it again and waits until all
 /// `snapshot_rows` reads are in `seen`. Returns the running runner.
-pub async fn snapshot_through_a_kill9(config: &Path, log: &Path, seen: &Arc<Mutex<Vec<Seen>>>, snapshot_rows: usize) -> Runner {
+pub async fn snapshot_through_a_kill9(
+    config: &Path,
+    log: &Path,
+    seen: &Arc<Mutex<Vec<Seen>>>,
+    snapshot_rows: usize,
+) -> Runner {
     let reads = || seen.lock().unwrap().iter().filter(|s| s.op == Op::Read).count();
     let runner = Runner::start("source-runner", config, log);
-    wait_for("the first snapshot chunk", Duration::from_secs(120), || async {
-        (reads() > 0).then_some(())
-    })
-    .await;
+    wait_for("the first snapshot chunk", Duration::from_secs(120), || async { (reads() > 0).then_some(()) }).await;
     runner.kill9();
     let runner = Runner::start("source-runner", config, log);
     wait_for("the whole snapshot", Duration::from_secs(180), || async {

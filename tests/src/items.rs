@@ -66,7 +66,11 @@ pub fn event(
             name: "test".into(),
             db: "source".into(),
             ts_ms: 1_700_000_000_000 + commit as i64,
-            snapshot: if op == Op::Read { SnapshotMarker::True } else { SnapshotMarker::False },
+            snapshot: if op == Op::Read {
+                SnapshotMarker::True
+            } else {
+                SnapshotMarker::False
+            },
             tx_id: None,
             position: Position { commit, index },
             native_position: "".into(),
@@ -80,7 +84,10 @@ pub fn event(
 /// they cover.
 pub fn batch(topic: &str, first_offset: i64, events: Vec<ChangeEvent>) -> SinkBatch {
     let n = events.len() as i64;
-    let table = events.first().map(|e| e.schema.id.clone()).unwrap_or_else(|| TableId::new("public", "items"));
+    let table = events
+        .first()
+        .map(|e| e.schema.id.clone())
+        .unwrap_or_else(|| TableId::new("public", "items"));
     SinkBatch {
         table,
         records: events
@@ -123,10 +130,17 @@ pub fn mixed_changes(s: &Arc<TableSchema>) -> Vec<ChangeEvent> {
 /// [`mixed_changes`].
 pub fn assert_after_mixed_changes(rows: &[String]) {
     assert_eq!(rows.len(), 100, "100 - 2 (deleted) - 4 (moved away) + 101 + 104");
-    for expected in ["1|renamed|7|2.25", "101|newer|2|9.99", "3|again|3|3.00", "104|moved|4|1.50"] {
+    for expected in [
+        "1|renamed|7|2.25",
+        "101|newer|2|9.99",
+        "3|again|3|3.00",
+        "104|moved|4|1.50",
+    ] {
         assert!(rows.iter().any(|r| r == expected), "{expected} missing from {rows:?}");
     }
-    assert!(!rows.iter().any(|r| r.starts_with("2|") || r.starts_with("4|") || r.starts_with("102|")));
+    assert!(!rows
+        .iter()
+        .any(|r| r.starts_with("2|") || r.starts_with("4|") || r.starts_with("102|")));
 }
 
 /// A truncate at commit 20, an insert after it and an insert older than

@@ -58,10 +58,7 @@ pub fn unique(prefix: &str) -> String {
 /// `target/<profile>`, from the running test binary (`target/<profile>/deps/<test>`).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(|p| p.parent())
-        .map(PathBuf::from)
-        .expect("target dir")
+    exe.parent().and_then(|p| p.parent()).map(PathBuf::from).expect("target dir")
 }
 
 /// The workspace root. Read at run time (cargo test sets
@@ -84,8 +81,7 @@ pub fn runner_binary(package: &str) -> PathBuf {
     // The same selection as `scripts/test` (`--workspace --bins`): with a
     // narrower one, feature unification differs and cargo rebuilds
     // dependencies and relinks the binary in the middle of the test run.
-    cmd.current_dir(&workspace)
-        .args(["build", "-q", "--workspace", "--bins"]);
+    cmd.current_dir(&workspace).args(["build", "-q", "--workspace", "--bins"]);
     // `cargo test` gives this process CARGO_MANIFEST_DIR, CARGO_PKG_* and
     // friends; build scripts that watch them would rebuild, and the outer
     // `cargo test` after them. The nested build gets a plain shell's view.
@@ -182,12 +178,8 @@ where
 /// `localhost`, not `127.0.0.1`): `PG_TLS_CA`, or where `scripts/stack up`
 /// puts it.
 pub fn pg_tls_ca() -> String {
-    std::env::var("PG_TLS_CA").unwrap_or_else(|_| {
-        workspace_dir()
-            .join(".stack/postgres-ca.crt")
-            .to_string_lossy()
-            .into_owned()
-    })
+    std::env::var("PG_TLS_CA")
+        .unwrap_or_else(|_| workspace_dir().join(".stack/postgres-ca.crt").to_string_lossy().into_owned())
 }
 
 /// A consumer configuration that reads topics from their beginning and only

@@ -20,10 +20,12 @@ use serde_json::{json, Value as Json};
 use tributary_connectors::bigquery::{BigQuerySink, BigQuerySinkConfig};
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Value};
-use tributary_tests::items::{assert_after_mixed_changes, mixed_changes, truncate_changes, batch, event, items, key_row, row};
+use tributary_tests::items::{
+    assert_after_mixed_changes, batch, event, items, key_row, mixed_changes, row, truncate_changes,
+};
 use tributary_tests::{
-    header, Runner, bigquery_emulator_url, bigquery_project, kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique,
-    wait_for,
+    bigquery_emulator_url, bigquery_project, header, kafka_bootstrap, pg_source_url, runner_binary,
+    schema_registry_url, unique, wait_for, Runner,
 };
 
 /// Runs a query on the emulator and returns its rows as text cells.
@@ -50,7 +52,12 @@ async fn query(sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
         .map(|r| {
             r.get("f")
                 .and_then(Json::as_array)
-                .map(|cells| cells.iter().map(|c| c.get("v").and_then(Json::as_str).map(str::to_string)).collect())
+                .map(|cells| {
+                    cells
+                        .iter()
+                        .map(|c| c.get("v").and_then(Json::as_str).map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default()
         })
         .collect())
@@ -148,12 +155,18 @@ async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
     let fx = Fixture::new("flow");
     let s = items();
     let mut sink = fx.sink();
-    let snapshot: Vec<ChangeEvent> =
-        (1..=100).map(|i| event(&s, Op::Read, None, Some(row(i, &format!("item {i}"), i, "1.50")), 10, 0)).collect();
+    let snapshot: Vec<ChangeEvent> = (1..=100)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("item {i}"), i, "1.50")), 10, 0))
+        .collect();
     sink.apply(&batch("t", 0, snapshot)).await.expect("snapshot");
     assert_eq!(fx.rows().await.len(), 100);
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&100));
-    assert_eq!(sink.committed_offsets(&[("t".into(), 0), ("t".into(), 1)]).await.expect("offsets"), vec![Some(100), None]);
+    assert_eq!(
+        sink.committed_offsets(&[("t".into(), 0), ("t".into(), 1)])
+            .await
+            .expect("offsets"),
+        vec![Some(100), None]
+    );
 
     let changes = mixed_changes(&s);
     let merges = sink.merges();
@@ -172,19 +185,27 @@ async fn replays_and_older_events_never_move_rows_backwards() {
     let fx = Fixture::new("replay");
     let s = items();
     let mut sink = fx.sink();
-    let first = batch("t", 0, vec![
-        event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 10, 0),
-        event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 10, 1),
-    ]);
+    let first = batch(
+        "t",
+        0,
+        vec![
+            event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 10, 0),
+            event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 10, 1),
+        ],
+    );
     sink.apply(&first).await.expect("first");
     // A replay of the same batch (a crash after the commit whose answer was
     // lost) changes nothing, on the same sink and on a fresh one.
     sink.apply(&first).await.expect("replay");
     assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string(), "2|b|2|2.00".to_string()]);
-    let second = batch("t", 2, vec![
-        event(&s, Op::Update, None, Some(row(1, "a2", 1, "1.00")), 11, 0),
-        event(&s, Op::Delete, Some(key_row(2)), None, 11, 1),
-    ]);
+    let second = batch(
+        "t",
+        2,
+        vec![
+            event(&s, Op::Update, None, Some(row(1, "a2", 1, "1.00")), 11, 0),
+            event(&s, Op::Delete, Some(key_row(2)), None, 11, 1),
+        ],
+    );
     sink.apply(&second).await.expect("second");
     let mut fresh = fx.sink();
     fresh.apply(&second).await.expect("replay on a fresh sink");
@@ -216,10 +237,14 @@ async fn schema_changes_evolve_the_table_before_the_first_row_that_needs_them() 
     r[2] = Value::Decimal("123456789012.50".into());
     r.push(Value::Text("hello".into()));
     // v1 and v2 events in one batch: the table changes before the v2 row.
-    sink.apply(&batch("t", 1, vec![
-        event(&s, Op::Create, None, Some(row(3, "c", 3, "3.00")), 11, 0),
-        event(&v2, Op::Create, None, Some(r), 12, 0),
-    ]))
+    sink.apply(&batch(
+        "t",
+        1,
+        vec![
+            event(&s, Op::Create, None, Some(row(3, "c", 3, "3.00")), 11, 0),
+            event(&v2, Op::Create, None, Some(r), 12, 0),
+        ],
+    ))
     .await
     .expect("v2");
     let rows = query(&format!(
@@ -237,7 +262,10 @@ async fn schema_changes_evolve_the_table_before_the_first_row_that_needs_them() 
     let mut r4 = row(4, "d", 0, "4.00");
     r4[2] = Value::Decimal("1.00".into());
     r4.push(Value::Null);
-    fresh.apply(&batch("t", 3, vec![event(&v2, Op::Create, None, Some(r4), 13, 0)])).await.expect("after restart");
+    fresh
+        .apply(&batch("t", 3, vec![event(&v2, Op::Create, None, Some(r4), 13, 0)]))
+        .await
+        .expect("after restart");
     assert_eq!(fx.rows().await.len(), 4);
     fx.cleanup().await;
 }
@@ -283,10 +311,14 @@ async fn a_row_bigquery_refuses_is_named_with_its_reason_and_nothing_moves() {
     let mut far = row(5, "e", 5, "5.00");
     far.push(Value::Date(i32::MAX));
     let e = sink
-        .apply(&batch("t", 1, vec![
-            event(&s, Op::Create, None, Some(row(6, "f", 6, "6.00")), 11, 3),
-            event(&dated, Op::Create, None, Some(far), 11, 4),
-        ]))
+        .apply(&batch(
+            "t",
+            1,
+            vec![
+                event(&s, Op::Create, None, Some(row(6, "f", 6, "6.00")), 11, 3),
+                event(&dated, Op::Create, None, Some(far), 11, 4),
+            ],
+        ))
         .await
         .expect_err("out of range date");
     assert_eq!(e.error.kind(), ErrorKind::Permanent);
@@ -303,12 +335,14 @@ async fn an_unreachable_emulator_is_retryable() {
     let mut config = fx.config();
     config.emulator_url = Some("http://127.0.0.1:1".into());
     let mut sink = BigQuerySink::new(config).expect("config");
-    let e = sink.committed_offsets(&[("t".into(), 0)]).await.expect_err("nothing listens on port 1");
+    let e = sink
+        .committed_offsets(&[("t".into(), 0)])
+        .await
+        .expect_err("nothing listens on port 1");
     assert_eq!(e.kind(), ErrorKind::Retryable, "{e}");
 }
 
 // ---------------------------------------------------------------- end to end
-
 
 /// PostgreSQL -> source-runner -> Kafka -> sink-runner -> emulator: the
 /// snapshot, streamed inserts, updates and deletes, an added column, a row
@@ -318,7 +352,9 @@ async fn an_unreachable_emulator_is_retryable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
     let name = unique("bqe2e");
-    let (pg, conn) = tokio_postgres::connect(&pg_source_url(), tokio_postgres::NoTls).await.expect("connect to source");
+    let (pg, conn) = tokio_postgres::connect(&pg_source_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to source");
     tokio::spawn(conn);
     pg.batch_execute(&format!(
         "CREATE SCHEMA {name};
@@ -422,7 +458,10 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
             .unwrap_or(0)
     };
     let before = stored().await;
-    wait_for("progress after the changes", Duration::from_secs(60), || async { (stored().await > before).then_some(()) }).await;
+    wait_for("progress after the changes", Duration::from_secs(60), || async {
+        (stored().await > before).then_some(())
+    })
+    .await;
     sink.kill9();
     pg.batch_execute(&format!(
         "UPDATE {name}.items SET v = v + 1 WHERE id % 5 = 0;
@@ -484,7 +523,10 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
         .expect("consumer");
     consumer.subscribe(&[&dlq]).expect("subscribe");
     let dead = wait_for("the dead letter", Duration::from_secs(30), || async {
-        consumer.poll(Duration::from_millis(200)).and_then(|m| m.ok()).map(|m| m.detach())
+        consumer
+            .poll(Duration::from_millis(200))
+            .and_then(|m| m.ok())
+            .map(|m| m.detach())
     })
     .await;
     let message = header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
@@ -510,8 +552,14 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
     .await;
     assert!(query(&format!("SELECT 1 FROM {table}")).await.is_err(), "the destination table was dropped");
     // After the sink's delete: it finds the tables to drop by their topics.
-    let _ = Command::new(runner_binary("source-runner")).arg("--config").arg(&source_config).args(["delete", "--yes"]).status();
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).await.expect("drop schema");
+    let _ = Command::new(runner_binary("source-runner"))
+        .arg("--config")
+        .arg(&source_config)
+        .args(["delete", "--yes"])
+        .status();
+    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
+        .await
+        .expect("drop schema");
     for d in [&dataset, &bookkeeping] {
         let _ = query(&format!("DROP SCHEMA IF EXISTS `{}.{d}` CASCADE", bigquery_project())).await;
     }
@@ -560,7 +608,9 @@ async fn bench_apply_rates_per_batch_size() {
             chunk.push(ev);
             if chunk.len() == size {
                 let n = chunk.len() as i64;
-                sink.apply(&batch("bench", offset, std::mem::take(&mut chunk))).await.expect("apply");
+                sink.apply(&batch("bench", offset, std::mem::take(&mut chunk)))
+                    .await
+                    .expect("apply");
                 offset += n;
             }
         }

@@ -56,8 +56,8 @@ use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
 use tributary_schemas::{Op, Value};
 use tributary_tests::{
-    committed_reader, kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url,
-    unique, wait_for, Rng,
+    committed_reader, kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, unique,
+    wait_for, Rng,
 };
 
 /// Rows per table before the runners start: enough snapshot chunks that the
@@ -113,7 +113,10 @@ fn env_num(name: &str, default: u64) -> u64 {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
 }
 
 fn workspace() -> PathBuf {
@@ -165,12 +168,22 @@ struct Runner {
 
 impl Runner {
     fn new(package: &str, config: PathBuf, log: PathBuf, admin_port: u16) -> Self {
-        Self { bin: runner_binary(package), config, log, child: None, admin: format!("http://127.0.0.1:{admin_port}") }
+        Self {
+            bin: runner_binary(package),
+            config,
+            log,
+            child: None,
+            admin: format!("http://127.0.0.1:{admin_port}"),
+        }
     }
 
     fn start(&mut self) {
         assert!(self.child.is_none(), "{} already running", self.bin.display());
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("runner log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("runner log");
         let child = Command::new(&self.bin)
             .arg("--config")
             .arg(&self.config)
@@ -366,8 +379,16 @@ impl Workload {
                 let id = *next;
                 *next += 1;
                 let sql = match table {
-                    "accounts" => format!("INSERT INTO {s}.accounts VALUES ({id}, 'owner {id}', {}.{:02}, 1)", rng.below(100_000), rng.below(100)),
-                    "orders" => format!("INSERT INTO {s}.orders VALUES ({id}, {}, {}.50, 'new', 1)", rng.below(500), rng.below(10_000)),
+                    "accounts" => format!(
+                        "INSERT INTO {s}.accounts VALUES ({id}, 'owner {id}', {}.{:02}, 1)",
+                        rng.below(100_000),
+                        rng.below(100)
+                    ),
+                    "orders" => format!(
+                        "INSERT INTO {s}.orders VALUES ({id}, {}, {}.50, 'new', 1)",
+                        rng.below(500),
+                        rng.below(10_000)
+                    ),
                     _ => format!("INSERT INTO {s}.notes VALUES ({id}, 'note {id}', 1)"),
                 };
                 touched.insert((table, id));
@@ -378,12 +399,18 @@ impl Workload {
             // Mostly recent rows: updates pile up on a hot set, so a lost or
             // repeated change would show.
             let hot = live.len() as u64;
-            let Some((&id, _)) = live.iter().nth((hot - 1 - rng.below(hot.min(300))) as usize) else { continue };
+            let Some((&id, _)) = live.iter().nth((hot - 1 - rng.below(hot.min(300))) as usize) else {
+                continue;
+            };
             if m.bad.contains(&id) && table == "notes" || !touched.insert((table, id)) {
                 continue;
             }
             if kind < 4 {
-                out.push(Stmt::Delete { table, id, sql: format!("DELETE FROM {s}.{table} WHERE id = {id}") });
+                out.push(Stmt::Delete {
+                    table,
+                    id,
+                    sql: format!("DELETE FROM {s}.{table} WHERE id = {id}"),
+                });
             } else {
                 let set = match table {
                     "accounts" => format!("balance = {}.{:02}", rng.below(100_000), rng.below(100)),
@@ -421,7 +448,10 @@ impl Workload {
                 let Some(c) = client.as_ref() else { return false };
                 // Reconnected: did an earlier attempt commit?
                 let done: bool = match c
-                    .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {}.txlog WHERE id = $1)", self.log_schema), &[&txid])
+                    .query_one(
+                        &format!("SELECT EXISTS (SELECT 1 FROM {}.txlog WHERE id = $1)", self.log_schema),
+                        &[&txid],
+                    )
                     .await
                 {
                     Ok(r) => r.get(0),
@@ -469,7 +499,10 @@ impl Workload {
             }
         }
         assert!(self.run(client, &stmts, stop).await, "bad rows written");
-        stmts.iter().map(|s| if let Stmt::Insert { id, .. } = s { *id } else { 0 }).collect()
+        stmts
+            .iter()
+            .map(|s| if let Stmt::Insert { id, .. } = s { *id } else { 0 })
+            .collect()
     }
 }
 
@@ -479,7 +512,11 @@ async fn checksums(client: &Client, schema: &str) -> Result<BTreeMap<String, (i6
     let mut out = BTreeMap::new();
     for (table, cols, filter) in [
         ("accounts", "id::text, owner, balance::numeric(12,2)::text, version::text", "true"),
-        ("orders", "id::text, account_id::text, amount::numeric(12,2)::text, coalesce(note, '<null>'), version::text", "true"),
+        (
+            "orders",
+            "id::text, account_id::text, amount::numeric(12,2)::text, coalesce(note, '<null>'), version::text",
+            "true",
+        ),
         ("notes", "id::text, payload, version::text", "payload NOT LIKE 'BAD%'"),
     ] {
         let q = format!(
@@ -531,7 +568,11 @@ fn collect(pattern: String, stop: Arc<AtomicBool>, errors: ReaderErrors) -> Seen
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                     Err(e) => {
-                        errors.lock().unwrap().push(format!("a record on {} at offset {} does not decode: {e}", m.topic(), m.offset()));
+                        errors.lock().unwrap().push(format!(
+                            "a record on {} at offset {} does not decode: {e}",
+                            m.topic(),
+                            m.offset()
+                        ));
                         break Decoded::Tombstone;
                     }
                 }
@@ -542,7 +583,11 @@ fn collect(pattern: String, stop: Arc<AtomicBool>, errors: ReaderErrors) -> Seen
                 let row = e.after.as_ref().or(e.before.as_ref()).expect("row image");
                 let id = int(&row[idx("id")]).expect("id");
                 let version = int(&row[idx("version")]).expect("version");
-                out.lock().unwrap().entry((e.schema.id.table.clone(), id)).or_default().push((e.op, version));
+                out.lock()
+                    .unwrap()
+                    .entry((e.schema.id.table.clone(), id))
+                    .or_default()
+                    .push((e.op, version));
             }
         }
     });
@@ -559,7 +604,9 @@ fn read_all(topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
         .set("enable.partition.eof", "true")
         .create()
         .expect("consumer");
-    let Ok(meta) = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) else { return vec![] };
+    let Ok(meta) = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) else {
+        return vec![];
+    };
     let partitions = meta.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
     if partitions == 0 {
         return vec![];
@@ -583,7 +630,11 @@ fn read_all(topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
 
 fn header(m: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
     let headers = m.headers()?;
-    headers.iter().find(|h| h.key == name).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// Whether a key's last event is in: the last change, or a snapshot read of
@@ -615,7 +666,12 @@ fn check_topics(model: &Model, seen: &HashMap<(String, i64), Vec<(Op, i64)>>, re
         let got = seen.get(key).cloned().unwrap_or_default();
         // At most one read per key; after a resumed snapshot it may follow
         // changes the stream emitted while catching up to that snapshot.
-        let reads: Vec<usize> = got.iter().enumerate().filter(|(_, (op, _))| *op == Op::Read).map(|(i, _)| i).collect();
+        let reads: Vec<usize> = got
+            .iter()
+            .enumerate()
+            .filter(|(_, (op, _))| *op == Op::Read)
+            .map(|(i, _)| i)
+            .collect();
         if reads.len() > 1 {
             problems.push(format!("{key:?}: read more than once: {got:?}"));
             continue;
@@ -660,7 +716,10 @@ fn check_topics(model: &Model, seen: &HashMap<(String, i64), Vec<(Op, i64)>>, re
                 continue;
             }
         }
-        problems.push(format!("{key:?}: got {got:?}, expected {:?} after the read {read:?}", &want[from.min(want.len())..]));
+        problems.push(format!(
+            "{key:?}: got {got:?}, expected {:?} after the read {read:?}",
+            &want[from.min(want.len())..]
+        ));
     }
     for key in seen.keys() {
         if !model.changes.contains_key(key) {
@@ -683,10 +742,15 @@ impl Drop for AllowConnections {
     fn drop(&mut self) {
         let Some(db) = self.0.take() else { return };
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
             rt.block_on(async {
                 if let Ok(c) = connect(&pg_source_url()).await {
-                    let _ = c.batch_execute(&format!("ALTER DATABASE {db} WITH ALLOW_CONNECTIONS true")).await;
+                    let _ = c
+                        .batch_execute(&format!("ALTER DATABASE {db} WITH ALLOW_CONNECTIONS true"))
+                        .await;
                 }
             });
         })
@@ -783,7 +847,11 @@ connect_timeout_ms = 3000
 async fn paused_then_resumed<F: std::future::Future<Output = ()>>(sink: &Runner, what: &str, restore: F) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let reason = loop {
-        if let Some(r) = sink.paused_tables().await.and_then(|p| p.into_iter().find(|(_, r)| !r.is_empty())) {
+        if let Some(r) = sink
+            .paused_tables()
+            .await
+            .and_then(|p| p.into_iter().find(|(_, r)| !r.is_empty()))
+        {
             break r;
         }
         if Instant::now() > deadline {
@@ -830,7 +898,12 @@ async fn faults_lose_and_duplicate_nothing() {
     let kinds: Vec<Fault> = match std::env::var("FAULT_KINDS") {
         Ok(list) if !list.trim().is_empty() => list
             .split(',')
-            .map(|k| *Fault::ALL.iter().find(|f| f.name() == k.trim()).unwrap_or_else(|| panic!("unknown fault kind {k}")))
+            .map(|k| {
+                *Fault::ALL
+                    .iter()
+                    .find(|f| f.name() == k.trim())
+                    .unwrap_or_else(|| panic!("unknown fault kind {k}"))
+            })
             .collect(),
         _ => Fault::ALL.to_vec(),
     };
@@ -906,7 +979,13 @@ async fn faults_lose_and_duplicate_nothing() {
     };
 
     let mut p = Pipeline::new(&name, &role_url, &role);
-    let reads = |seen: &Seen| seen.lock().unwrap().values().filter(|v| v.first().is_some_and(|(op, _)| *op == Op::Read)).count();
+    let reads = |seen: &Seen| {
+        seen.lock()
+            .unwrap()
+            .values()
+            .filter(|v| v.first().is_some_and(|(op, _)| *op == Op::Read))
+            .count()
+    };
 
     p.source.start();
     // The slot (and its consistent point) exists once the first snapshot
@@ -929,7 +1008,9 @@ async fn faults_lose_and_duplicate_nothing() {
             let status: serde_json::Value = serde_json::from_str(&p.source.get("/status").await?).ok()?;
             let tables = status.get("tables")?.as_object()?;
             (tables.len() == INITIAL_ROWS.len()
-                && tables.values().all(|t| t.get("state").and_then(|s| s.as_str()) == Some("streaming")))
+                && tables
+                    .values()
+                    .all(|t| t.get("state").and_then(|s| s.as_str()) == Some("streaming")))
             .then_some(())
         })
         .await;
@@ -939,7 +1020,12 @@ async fn faults_lose_and_duplicate_nothing() {
     p.sink.start();
     let q = format!("SELECT count(*) FROM {name}.accounts");
     wait_for("the first applied rows", RECOVERY, || async {
-        admin_dst.query_one(q.as_str(), &[]).await.ok().map(|r| r.get::<_, i64>(0)).filter(|n| *n > 0)
+        admin_dst
+            .query_one(q.as_str(), &[])
+            .await
+            .ok()
+            .map(|r| r.get::<_, i64>(0))
+            .filter(|n| *n > 0)
     })
     .await;
     p.sink.kill9();
@@ -958,7 +1044,11 @@ async fn faults_lose_and_duplicate_nothing() {
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut bad_rows: Vec<i64> = Vec::new();
     let mut bad_client = None;
-    let gap = if faults > 0 { duration / faults as u32 } else { Duration::ZERO };
+    let gap = if faults > 0 {
+        duration / faults as u32
+    } else {
+        Duration::ZERO
+    };
     for i in 0..faults {
         let fault_started = Instant::now();
         let fault = kinds[rng.below(kinds.len() as u64) as usize];
@@ -1044,7 +1134,10 @@ async fn faults_lose_and_duplicate_nothing() {
         let m = model.lock().unwrap();
         (m.committed, m.change_count())
     };
-    eprintln!("[{:>5.1}s] workload stopped: {committed} transactions, {changes} changes; catching up", started.elapsed().as_secs_f64());
+    eprintln!(
+        "[{:>5.1}s] workload stopped: {committed} transactions, {changes} changes; catching up",
+        started.elapsed().as_secs_f64()
+    );
     // (The admin sessions may have died with a PostgreSQL stop.)
     let admin_src = connect(&pg_source_url()).await.expect("source");
     let admin_dst = connect(&pg_destination_url()).await.expect("destination");
@@ -1121,11 +1214,27 @@ async fn faults_lose_and_duplicate_nothing() {
     // Tidy up.
     p.source.kill9();
     p.sink.kill9();
-    for (runner, args) in [("source-runner", vec!["delete", "--yes"]), ("sink-runner", vec!["delete", "--yes", "--drop-destination"])] {
-        let config = p.dir.join(if runner == "source-runner" { "source.toml" } else { "sink.toml" });
-        let _ = Command::new(runner_binary(runner)).arg("--config").arg(&config).args(&args).stdout(Stdio::null()).status();
+    for (runner, args) in [
+        ("source-runner", vec!["delete", "--yes"]),
+        ("sink-runner", vec!["delete", "--yes", "--drop-destination"]),
+    ] {
+        let config = p.dir.join(if runner == "source-runner" {
+            "source.toml"
+        } else {
+            "sink.toml"
+        });
+        let _ = Command::new(runner_binary(runner))
+            .arg("--config")
+            .arg(&config)
+            .args(&args)
+            .stdout(Stdio::null())
+            .status();
     }
-    let _ = admin_src.batch_execute(&format!("DROP SCHEMA {name} CASCADE; DROP SCHEMA {name}_log CASCADE")).await;
-    let _ = admin_dst.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}")).await;
+    let _ = admin_src
+        .batch_execute(&format!("DROP SCHEMA {name} CASCADE; DROP SCHEMA {name}_log CASCADE"))
+        .await;
+    let _ = admin_dst
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await;
     let _ = std::fs::remove_dir_all(Path::new(&p.dir));
 }

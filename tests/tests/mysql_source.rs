@@ -17,8 +17,8 @@ use tributary_connectors::mysql::{check, MySqlSource, SourceState};
 use tributary_connectors::{Checkpoint, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, Value};
 use tributary_tests::{
-    counters, kafka_bootstrap, mysql_url, pg_destination_url, runner_binary, schema_registry_url, unique,
-    wait_for, Runner,
+    counters, kafka_bootstrap, mysql_url, pg_destination_url, runner_binary, schema_registry_url, unique, wait_for,
+    Runner,
 };
 
 /// How long any wait on a condition may take before the test fails.
@@ -40,7 +40,9 @@ impl Fixture {
     async fn new(prefix: &str) -> Self {
         let db = unique(prefix);
         let mut conn = admin().await;
-        conn.query_drop(format!("CREATE DATABASE `{db}`")).await.expect("create database");
+        conn.query_drop(format!("CREATE DATABASE `{db}`"))
+            .await
+            .expect("create database");
         conn.query_drop(format!("USE `{db}`")).await.expect("use database");
         conn.query_drop("SET time_zone = '+00:00'").await.expect("time zone");
         Self { db, conn }
@@ -177,7 +179,8 @@ async fn source_ids(conn: &mut mysql_async::Conn, table: &TableId) -> BTreeSet<i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_then_streaming_equals_source() {
     let mut fx = Fixture::new("mysnap").await;
-    fx.sql("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40) NOT NULL, qty INT)").await;
+    fx.sql("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40) NOT NULL, qty INT)")
+        .await;
     fx.sql("CREATE TABLE nokey (a INT, b VARCHAR(10))").await;
     let mut values = Vec::new();
     for i in 1..=350 {
@@ -215,7 +218,9 @@ async fn snapshot_then_streaming_equals_source() {
     // The transaction's events share one commit position, indexed 1..n.
     let streamed: Vec<&ChangeEvent> = mirror.events.iter().filter(|e| e.op != Op::Read).collect();
     assert_eq!(streamed.len(), 2 + 10 + 10);
-    assert!(streamed.iter().all(|e| e.source.position.commit == streamed[0].source.position.commit));
+    assert!(streamed
+        .iter()
+        .all(|e| e.source.position.commit == streamed[0].source.position.commit));
     let idx: Vec<u64> = streamed.iter().map(|e| e.source.position.index).collect();
     assert_eq!(idx, (1..=22).collect::<Vec<_>>());
     let update = streamed.iter().find(|e| e.op == Op::Update).expect("an update");
@@ -310,7 +315,8 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     // Everything below is written before the source reads any of it: the
     // insert before the ALTER must still decode with two columns.
     fx.sql("INSERT INTO a VALUES (2, 20)").await;
-    fx.sql("ALTER TABLE a ADD COLUMN note VARCHAR(20) NOT NULL DEFAULT 'x' AFTER id").await;
+    fx.sql("ALTER TABLE a ADD COLUMN note VARCHAR(20) NOT NULL DEFAULT 'x' AFTER id")
+        .await;
     fx.sql("INSERT INTO a VALUES (3, 'three', 30)").await;
     fx.sql("ALTER TABLE a DROP COLUMN v, MODIFY note VARCHAR(40)").await;
     fx.sql("INSERT INTO a VALUES (4, 'four')").await;
@@ -357,8 +363,17 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
         assert_eq!(
             tail,
             [
-                "row a", "schema a 3", "row a", "schema a 2", "row a", "schema b 2", "row b", "dropped b",
-                "schema c 2", "row c", "dropped c"
+                "row a",
+                "schema a 3",
+                "row a",
+                "schema a 2",
+                "row a",
+                "schema b 2",
+                "row b",
+                "dropped b",
+                "schema c 2",
+                "row c",
+                "dropped c"
             ],
             "{order:?}"
         );
@@ -373,7 +388,11 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     sync(&mut again, &mut replay, "the replayed DDL sequence", expect).await;
     check(&replay);
     let streamed = |m: &Mirror| -> Vec<(Position, Op)> {
-        m.events.iter().filter(|e| e.op != Op::Read).map(|e| (e.source.position, e.op)).collect()
+        m.events
+            .iter()
+            .filter(|e| e.op != Op::Read)
+            .map(|e| (e.source.position, e.op))
+            .collect()
     };
     assert_eq!(streamed(&mirror), streamed(&replay));
 
@@ -462,7 +481,9 @@ async fn check_reports_missing_grants_with_the_statement_that_fixes_them() {
     let mut conn = admin().await;
     // An account with no privileges at all; information_schema is the one
     // database it may still connect to.
-    conn.query_drop(format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await.expect("create user");
+    conn.query_drop(format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"))
+        .await
+        .expect("create user");
     let base = mysql_url();
     let host = base.rsplit('@').next().and_then(|h| h.split('/').next()).expect("host part");
     let mut config = MySqlSourceConfig::with_url(format!("mysql://{user}:pw@{host}/information_schema"));
@@ -470,10 +491,19 @@ async fn check_reports_missing_grants_with_the_statement_that_fixes_them() {
     let problems = check::check(&config).await;
     let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
     let grant = text.iter().find(|p| p.contains("lacks")).unwrap_or_else(|| panic!("{text:?}"));
-    for p in ["SELECT", "RELOAD", "SHOW DATABASES", "REPLICATION SLAVE", "BINLOG MONITOR"] {
+    for p in [
+        "SELECT",
+        "RELOAD",
+        "SHOW DATABASES",
+        "REPLICATION SLAVE",
+        "BINLOG MONITOR",
+    ] {
         assert!(grant.contains(p), "{grant}");
     }
-    assert!(grant.contains("fix: GRANT SELECT, RELOAD") && grant.contains(&format!("TO '{user}'@'%'")), "{grant}");
+    assert!(
+        grant.contains("fix: GRANT SELECT, RELOAD") && grant.contains(&format!("TO '{user}'@'%'")),
+        "{grant}"
+    );
     conn.query_drop(format!("DROP USER '{user}'@'%'")).await.expect("drop user");
     fx.drop().await;
 }
@@ -498,10 +528,8 @@ async fn every_change_reaches_kafka_exactly_once_across_kill_9() {
 
     let mut fx = Fixture::new("myeo").await;
     fx.sql("CREATE TABLE counters (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)").await;
-    fx.sql(&format!(
-        "INSERT INTO counters SELECT seq, 0 FROM seq_1_to_{SNAPSHOT_ROWS}"
-    ))
-    .await;
+    fx.sql(&format!("INSERT INTO counters SELECT seq, 0 FROM seq_1_to_{SNAPSHOT_ROWS}"))
+        .await;
     let name = fx.db.clone();
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -603,7 +631,8 @@ async fn mariadb_to_postgresql_through_kafka_equals_the_source() {
     let mut fx = Fixture::new("mye2e").await;
     fx.sql("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40) NOT NULL, price DECIMAL(10,2), qty INT UNSIGNED)")
         .await;
-    fx.sql("INSERT INTO items SELECT seq, CONCAT('item ', seq), seq / 4, seq % 9 FROM seq_1_to_2000").await;
+    fx.sql("INSERT INTO items SELECT seq, CONCAT('item ', seq), seq / 4, seq % 9 FROM seq_1_to_2000")
+        .await;
     let name = fx.db.clone();
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).expect("temp dir");

@@ -15,9 +15,7 @@ use rdkafka::ClientConfig;
 use secrecy::SecretString;
 use tributary_operations::admin::{router, Control};
 use tributary_operations::telemetry::Telemetry;
-use tributary_tests::{
-    kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for,
-};
+use tributary_tests::{kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for};
 
 /// A free loopback port for an admin server.
 fn free_port() -> u16 {
@@ -136,7 +134,13 @@ heartbeat_interval_ms = 500
 
     // Pause: nothing flows; resume: everything made meanwhile arrives.
     let client = reqwest::Client::new();
-    assert!(client.post(format!("{base}/pause")).send().await.expect("pause").status().is_success());
+    assert!(client
+        .post(format!("{base}/pause"))
+        .send()
+        .await
+        .expect("pause")
+        .status()
+        .is_success());
     wait_for("paused in /status", Duration::from_secs(30), || async {
         let s: serde_json::Value = serde_json::from_str(&get(&format!("{base}/status")).await?).ok()?;
         s["paused"].as_str().map(|_| ())
@@ -158,7 +162,13 @@ heartbeat_interval_ms = 500
         assert_eq!(events_at_pause().await, before, "a paused source moved events");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(client.post(format!("{base}/resume")).send().await.expect("resume").status().is_success());
+    assert!(client
+        .post(format!("{base}/resume"))
+        .send()
+        .await
+        .expect("resume")
+        .status()
+        .is_success());
     wait_for("the held changes after resume", Duration::from_secs(60), || async {
         (events_at_pause().await >= before + 10).then_some(())
     })
@@ -211,10 +221,7 @@ heartbeat_interval_ms = 500
         .json()
         .await
         .expect("subjects json");
-    assert!(
-        !subjects.iter().any(|s| s.starts_with(&prefix)),
-        "subjects left behind: {subjects:?}"
-    );
+    assert!(!subjects.iter().any(|s| s.starts_with(&prefix)), "subjects left behind: {subjects:?}");
 
     // On a fresh database this runner installed the shared DDL trigger, so
     // its role owns it: hand that to the stack's role before dropping ours.
@@ -222,8 +229,8 @@ heartbeat_interval_ms = 500
         "DROP SCHEMA {name} CASCADE; REASSIGN OWNED BY {name} TO CURRENT_USER; \
          DROP OWNED BY {name}; DROP ROLE {name}"
     ))
-        .await
-        .expect("cleanup");
+    .await
+    .expect("cleanup");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -252,12 +259,26 @@ async fn mutating_requests_need_the_token() {
     let status = |r: reqwest::Response| r.status().as_u16();
     assert_eq!(status(client.post(format!("{base}/pause")).send().await.expect("send")), 401);
     assert_eq!(
-        status(client.post(format!("{base}/pause")).bearer_auth("wrong").send().await.expect("send")),
+        status(
+            client
+                .post(format!("{base}/pause"))
+                .bearer_auth("wrong")
+                .send()
+                .await
+                .expect("send")
+        ),
         401
     );
     assert!(!control.paused().all, "a refused request changed nothing");
     assert_eq!(
-        status(client.post(format!("{base}/pause")).bearer_auth("right-token").send().await.expect("send")),
+        status(
+            client
+                .post(format!("{base}/pause"))
+                .bearer_auth("right-token")
+                .send()
+                .await
+                .expect("send")
+        ),
         200
     );
     assert!(control.paused().all);

@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 use tributary_connectors::postgres::sink::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::{ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord};
-use tributary_schemas::{
-    ChangeEvent, DataType, Op, TableId, TableSchema, Value,
-};
+use tributary_schemas::{ChangeEvent, DataType, Op, TableId, TableSchema, Value};
 
 const DEFAULT_URL: &str = "postgres://tributary:tributary@127.0.0.1:5432/destination";
 
@@ -56,11 +54,7 @@ impl Fixture {
     async fn new(name: &str) -> Self {
         let schema = unique(&format!("sink_{name}"));
         let admin = connect(&url()).await;
-        Self {
-            group: format!("{schema}_group"),
-            schema,
-            admin,
-        }
+        Self { group: format!("{schema}_group"), schema, admin }
     }
 
     fn config(&self) -> PostgresSinkConfig {
@@ -113,7 +107,13 @@ impl Fixture {
             "SELECT concat_ws('|', id, xmin::text, __tributary_commit, __tributary_index) FROM {} ORDER BY id",
             self.table()
         );
-        self.admin.query(q.as_str(), &[]).await.expect("read versions").iter().map(|r| r.get(0)).collect()
+        self.admin
+            .query(q.as_str(), &[])
+            .await
+            .expect("read versions")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
     }
 
     async fn offsets(&self) -> BTreeMap<(String, i32), i64> {
@@ -141,7 +141,9 @@ impl Fixture {
     }
 }
 
-use tributary_tests::items::{assert_after_mixed_changes, mixed_changes, truncate_changes, batch, column, event, items, key_row, row};
+use tributary_tests::items::{
+    assert_after_mixed_changes, batch, column, event, items, key_row, mixed_changes, row, truncate_changes,
+};
 
 #[tokio::test]
 async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
@@ -204,8 +206,9 @@ async fn inserts_of_existing_keys_fall_back_from_the_copy_fast_path() {
     let fx = Fixture::new("fast").await;
     let s = items();
     let mut sink = fx.sink();
-    let inserts: Vec<ChangeEvent> =
-        (0..100).map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 10, 0)).collect();
+    let inserts: Vec<ChangeEvent> = (0..100)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 10, 0))
+        .collect();
     let b = batch("t", 0, inserts.clone());
     sink.apply(&b).await.expect("fast path");
     sink.apply(&batch("t", 100, vec![event(&s, Op::Update, None, Some(row(7, "newer", 7, "7.00")), 20, 0)]))
@@ -236,8 +239,9 @@ async fn a_key_twice_in_one_insert_only_batch_keeps_the_newer_row() {
     let fx = Fixture::new("twice").await;
     let s = items();
     let mut sink = fx.sink();
-    let mut first: Vec<ChangeEvent> =
-        (0..50).map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 10, i as u64)).collect();
+    let mut first: Vec<ChangeEvent> = (0..50)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, "snap", i, "1.00")), 10, i as u64))
+        .collect();
     first.push(event(&s, Op::Create, None, Some(row(7, "newer", 7, "7.00")), 20, 0));
     sink.apply(&batch("t", 0, first)).await.expect("newer last");
     let mut second = vec![event(&s, Op::Create, None, Some(row(100, "newer", 100, "2.00")), 40, 0)];
@@ -280,7 +284,9 @@ async fn an_older_event_never_moves_a_row_backwards() {
     .unwrap();
     assert_eq!(fx.rows().await, vec!["1|newest|3|3.00".to_string()]);
     // An older truncate does not remove newer rows.
-    sink.apply(&batch("t", 5, vec![event(&s, Op::Truncate, None, None, 29, 0)])).await.unwrap();
+    sink.apply(&batch("t", 5, vec![event(&s, Op::Truncate, None, None, 29, 0)]))
+        .await
+        .unwrap();
     assert_eq!(fx.rows().await, vec!["1|newest|3|3.00".to_string()]);
     fx.cleanup().await;
 }
@@ -295,7 +301,8 @@ async fn a_failed_apply_moves_neither_rows_nor_offsets_and_names_the_record() {
         .unwrap();
     assert_eq!(sink.committed_offsets(&[("t".into(), 0), ("t".into(), 1)]).await.unwrap(), vec![Some(1), None]);
     // A rule the destination has and the source has not.
-    fx.exec(&format!("ALTER TABLE {} ADD CONSTRAINT qty_small CHECK (qty < 1000)", fx.table())).await;
+    fx.exec(&format!("ALTER TABLE {} ADD CONSTRAINT qty_small CHECK (qty < 1000)", fx.table()))
+        .await;
     let events: Vec<ChangeEvent> = (0..40)
         .map(|i| {
             let qty = if i == 23 { 5000 } else { i };
@@ -303,7 +310,10 @@ async fn a_failed_apply_moves_neither_rows_nor_offsets_and_names_the_record() {
         })
         .collect();
     let before = fx.rows().await;
-    let err = sink.apply(&batch("t", 1, events.clone())).await.expect_err("the check constraint must refuse");
+    let err = sink
+        .apply(&batch("t", 1, events.clone()))
+        .await
+        .expect_err("the check constraint must refuse");
     assert_eq!(err.error.kind(), ErrorKind::Permanent, "{}", err.error);
     assert_eq!(err.record, Some(23), "{}", err.error);
     assert!(err.error.to_string().contains("qty_small"), "{}", err.error);
@@ -343,7 +353,8 @@ async fn a_value_the_column_cannot_take_is_permanent_for_that_record_only() {
     sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
         .await
         .unwrap();
-    fx.exec(&format!("ALTER TABLE {} ALTER COLUMN name TYPE integer USING NULL", fx.table())).await;
+    fx.exec(&format!("ALTER TABLE {} ALTER COLUMN name TYPE integer USING NULL", fx.table()))
+        .await;
     let mut fresh = fx.sink();
     let err = fresh
         .apply(&batch("t", 1, vec![event(&s, Op::Create, None, Some(row(2, "b", 1, "1.00")), 2, 0)]))
@@ -428,11 +439,7 @@ async fn a_dropped_source_table_is_dropped_only_when_configured() {
     let dropped = |offset| SinkBatch {
         table: s.id.clone(),
         records: vec![(
-            KafkaPosition {
-                topic: "t".into(),
-                partition: 0,
-                offset,
-            },
+            KafkaPosition { topic: "t".into(), partition: 0, offset },
             SinkRecord::TableDropped(s.id.clone()),
         )],
         next_offsets: vec![("t".into(), 0, offset + 1)],
@@ -496,19 +503,12 @@ async fn own_role(fx: &Fixture) -> (String, String) {
         })
         .unwrap_or_else(|| "127.0.0.1".into());
     let port = parsed.get_ports().first().copied().unwrap_or(5432);
-    (
-        role.clone(),
-        format!("postgres://{role}:pw@{host}:{port}/{db}"),
-    )
+    (role.clone(), format!("postgres://{role}:pw@{host}:{port}/{db}"))
 }
 
 async fn drop_role(fx: &Fixture, role: &str) {
-    fx.exec(&format!("DROP SCHEMA \"{}\" CASCADE", fx.schema))
-        .await;
-    let _ = fx
-        .admin
-        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
-        .await;
+    fx.exec(&format!("DROP SCHEMA \"{}\" CASCADE", fx.schema)).await;
+    let _ = fx.admin.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await;
 }
 
 /// TLS to the destination in each mode, against the stack's server (its
@@ -531,18 +531,7 @@ async fn tls_to_the_destination_is_verified_and_used() {
     };
     let mut wrong_name = with(TlsMode::VerifyFull, "127.0.0.1");
     let err = wrong_name
-        .apply(&batch(
-            "t",
-            0,
-            vec![event(
-                &s,
-                Op::Create,
-                None,
-                Some(row(1, "a", 1, "1.00")),
-                1,
-                0,
-            )],
-        ))
+        .apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]))
         .await
         .expect_err("the certificate does not name 127.0.0.1");
     assert_eq!(err.error.kind(), ErrorKind::NeedsOperator, "{}", err.error);
@@ -554,20 +543,9 @@ async fn tls_to_the_destination_is_verified_and_used() {
     ] {
         let mut sink = with(mode, host);
         let id = offset as i32 + 1;
-        sink.apply(&batch(
-            "t",
-            offset,
-            vec![event(
-                &s,
-                Op::Create,
-                None,
-                Some(row(id, "a", 1, "1.00")),
-                id as u64,
-                0,
-            )],
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("{mode:?} to {host}: {}", e.error));
+        sink.apply(&batch("t", offset, vec![event(&s, Op::Create, None, Some(row(id, "a", 1, "1.00")), id as u64, 0)]))
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?} to {host}: {}", e.error));
         offset += 1;
         let encrypted: bool = fx
             .admin
@@ -586,9 +564,7 @@ async fn tls_to_the_destination_is_verified_and_used() {
     }
     let mut config = fx.config();
     config.tls_ca_file = Some(ca);
-    let e = config
-        .validate_at("postgres")
-        .expect_err("a CA with tls = disable is refused");
+    let e = config.validate_at("postgres").expect_err("a CA with tls = disable is refused");
     assert!(e.to_string().contains("postgres.tls_ca_file"), "{e}");
     assert_eq!(fx.rows().await.len(), 3);
     drop_role(&fx, &role).await;
@@ -600,20 +576,14 @@ async fn wait_for_no_sessions(fx: &Fixture, role: &str) {
     loop {
         let n: i64 = fx
             .admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
-                &[&role],
-            )
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", &[&role])
             .await
             .expect("pg_stat_activity")
             .get(0);
         if n == 0 {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the dropped sink's session stayed open"
-        );
+        assert!(Instant::now() < deadline, "the dropped sink's session stayed open");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -644,7 +614,8 @@ async fn revoked_privileges_need_an_operator_and_the_sink_resumes_after_the_gran
     assert_eq!(err.error.kind(), ErrorKind::NeedsOperator, "{}", err.error);
     assert!(err.error.hint().unwrap_or("").contains("GRANT"), "{:?}", err.error.hint());
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&1));
-    fx.exec(&format!("GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON {} TO {role}", fx.table())).await;
+    fx.exec(&format!("GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON {} TO {role}", fx.table()))
+        .await;
     sink.apply(&b).await.expect("resumes after the GRANT");
     assert_eq!(fx.rows().await.len(), 2);
     assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&2));
@@ -660,7 +631,8 @@ async fn a_refused_offsets_write_keeps_the_rows_out_and_resumes_after_the_grant(
     let fx = Fixture::new("offsets_grant").await;
     let (role, mut sink) = sink_of_own_role(&fx).await;
     let s = items();
-    fx.exec(&format!("REVOKE INSERT, UPDATE ON tributary.offsets FROM {role}")).await;
+    fx.exec(&format!("REVOKE INSERT, UPDATE ON tributary.offsets FROM {role}"))
+        .await;
     // A snapshot-like batch (the direct COPY) and an upsert (staging and
     // merge): neither may leave rows behind.
     let copied = batch("t", 1, vec![event(&s, Op::Read, None, Some(row(2, "b", 1, "1.00")), 2, 0)]);
@@ -729,7 +701,9 @@ async fn every_common_type_round_trips() {
         Value::Array(vec![Value::Text("x,y".into()), Value::Null, Value::Text("\"q\"".into())]),
     ];
     let mut sink = fx.sink();
-    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(values), 1, 0)])).await.expect("apply");
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(values), 1, 0)]))
+        .await
+        .expect("apply");
     let q = format!(
         "SELECT concat_ws(' ; ', b, s, f4, f8, d, t, j, u, encode(by, 'hex'), dt, tm, ts, tz, iv, e, arr::text, \
          pg_typeof(e)) FROM {}",
@@ -798,10 +772,22 @@ async fn binary_copy_writes_each_type_as_its_text_would() {
                 Value::TimestampTz(-1),
             ],
             [
-                "t", "-7", "0.1", "-2.5e-300", "-12345678901234567890.123456789", "1.005",
-                "tab\there\nnewline \\ back ü", "twelve chars", "{\"a\": [1, 2], \"é\": null}",
-                "{\"keep\":  \"spacing\"}", "01234567-89ab-cdef-0123-456789abcdef", "\\x0001feff", "2024-01-01",
-                "24:00:00", "2023-11-14 22:13:20.123456", "1969-12-31 23:59:59.999999+00",
+                "t",
+                "-7",
+                "0.1",
+                "-2.5e-300",
+                "-12345678901234567890.123456789",
+                "1.005",
+                "tab\there\nnewline \\ back ü",
+                "twelve chars",
+                "{\"a\": [1, 2], \"é\": null}",
+                "{\"keep\":  \"spacing\"}",
+                "01234567-89ab-cdef-0123-456789abcdef",
+                "\\x0001feff",
+                "2024-01-01",
+                "24:00:00",
+                "2023-11-14 22:13:20.123456",
+                "1969-12-31 23:59:59.999999+00",
             ],
         ),
         (
@@ -825,9 +811,22 @@ async fn binary_copy_writes_each_type_as_its_text_would() {
                 Value::TimestampTz(253_402_300_799_999_999),
             ],
             [
-                "f", "-32768", "Infinity", "NaN", "-0.00", "99999999.99", "", "", "[]", "\"s\"",
-                "00000000-0000-0000-0000-000000000000", "\\x", "0222-09-04 BC", "00:00:00",
-                "0001-12-31 23:59:59.999999 BC", "9999-12-31 23:59:59.999999+00",
+                "f",
+                "-32768",
+                "Infinity",
+                "NaN",
+                "-0.00",
+                "99999999.99",
+                "",
+                "",
+                "[]",
+                "\"s\"",
+                "00000000-0000-0000-0000-000000000000",
+                "\\x",
+                "0222-09-04 BC",
+                "00:00:00",
+                "0001-12-31 23:59:59.999999 BC",
+                "9999-12-31 23:59:59.999999+00",
             ],
         ),
         (
@@ -876,14 +875,42 @@ async fn binary_copy_writes_each_type_as_its_text_would() {
                 Value::Null,
             ],
             [
-                "NULL", "0", "NULL", "NULL", "100000000", "-0.005", "NULL", "NULL", "NULL", "NULL", "NULL", "NULL",
-                "NULL", "NULL", "NULL", "NULL",
+                "NULL",
+                "0",
+                "NULL",
+                "NULL",
+                "100000000",
+                "-0.005",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
             ],
         ),
     ];
     let types = [
-        "boolean", "smallint", "real", "double precision", "numeric", "numeric(12,2)", "text", "varchar(12)",
-        "jsonb", "json", "uuid", "bytea", "date", "time", "timestamp", "timestamptz",
+        "boolean",
+        "smallint",
+        "real",
+        "double precision",
+        "numeric",
+        "numeric(12,2)",
+        "text",
+        "varchar(12)",
+        "jsonb",
+        "json",
+        "uuid",
+        "bytea",
+        "date",
+        "time",
+        "timestamp",
+        "timestamptz",
     ];
     let events: Vec<ChangeEvent> = cases
         .iter()
@@ -912,7 +939,9 @@ async fn binary_copy_writes_each_type_as_its_text_would() {
     gone.source.position.commit = 3;
     updates.push(gone);
     fx.exec(&format!("UPDATE {} SET t = 'changed', d2 = 0", fx.table())).await;
-    sink.apply(&batch("t", 4, updates)).await.expect("updates and a delete (staging)");
+    sink.apply(&batch("t", 4, updates))
+        .await
+        .expect("updates and a delete (staging)");
     let ids: Vec<i64> = fx
         .admin
         .query(format!("SELECT id FROM {} ORDER BY id", fx.table()).as_str(), &[])
@@ -935,7 +964,11 @@ async fn check_cases(fx: &Fixture, s: &TableSchema, cases: &[Case], types: &[&st
     for (id, _, literals) in cases {
         for (n, (literal, ty)) in literals.iter().zip(types).enumerate() {
             let col = &s.columns[n + 1].name;
-            let expected = if *literal == "NULL" { "NULL".to_string() } else { format!("{}::{ty}", quote_lit(literal)) };
+            let expected = if *literal == "NULL" {
+                "NULL".to_string()
+            } else {
+                format!("{}::{ty}", quote_lit(literal))
+            };
             let q = format!(
                 "SELECT ({col})::text IS NOT DISTINCT FROM ({expected})::text, ({col})::text, ({expected})::text \
                  FROM {} WHERE id = {id}",
@@ -1018,15 +1051,15 @@ mod e2e {
     use rdkafka::client::DefaultClientContext;
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Message, OwnedHeaders};
-    use tributary_tests::header;
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
     use rdkafka::ClientConfig;
     use sink_runner::config::SinkRunnerConfig;
     use sink_runner::dlq;
+    use tokio::sync::watch;
     use tributary_operations::admin::Control;
     use tributary_operations::telemetry::{TableState, Telemetry};
-    use tokio::sync::watch;
     use tributary_schemas::{EnvelopeOptions, EventEncoder, Registry};
+    use tributary_tests::header;
 
     pub fn bootstrap() -> String {
         std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
@@ -1051,8 +1084,10 @@ mod e2e {
             let fx = Fixture::new(name).await;
             let prefix = unique(&format!("e2e_{name}"));
             let topic = format!("{prefix}.public.items");
-            let admin: AdminClient<DefaultClientContext> =
-                ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client");
+            let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .create()
+                .expect("admin client");
             let dlq_topic = format!("{topic}.dlq");
             let topics = [
                 NewTopic::new(&topic, partitions, TopicReplication::Fixed(1)),
@@ -1071,13 +1106,7 @@ mod e2e {
                 Registry::new(registry_url()).expect("registry"),
                 EnvelopeOptions::for_connector("postgresql"),
             );
-            Self {
-                fx,
-                prefix,
-                topic,
-                encoder,
-                producer,
-            }
+            Self { fx, prefix, topic, encoder, producer }
         }
 
         pub fn config_text(&self) -> String {
@@ -1159,7 +1188,9 @@ mod e2e {
             let mut out = BTreeMap::new();
             for t in md.topics() {
                 for p in t.partitions() {
-                    let (_, high) = c.fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10)).expect("watermarks");
+                    let (_, high) = c
+                        .fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10))
+                        .expect("watermarks");
                     out.insert((self.topic.clone(), p.id()), high);
                 }
             }
@@ -1167,7 +1198,12 @@ mod e2e {
         }
 
         /// Every record of `topic` (read_committed), from the start.
-        pub fn read_topic(&self, topic: &str, expect: usize, deadline: Duration) -> Vec<rdkafka::message::OwnedMessage> {
+        pub fn read_topic(
+            &self,
+            topic: &str,
+            expect: usize,
+            deadline: Duration,
+        ) -> Vec<rdkafka::message::OwnedMessage> {
             let c: BaseConsumer = ClientConfig::new()
                 .set("bootstrap.servers", bootstrap())
                 .set("group.id", unique("reader"))
@@ -1203,7 +1239,6 @@ mod e2e {
         }
     }
 
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn runner_copies_dead_letters_and_replays() {
         tributary_operations::logging::init(tributary_operations::logging::LogFormat::Text);
@@ -1217,8 +1252,9 @@ mod e2e {
             s = p.fx.schema
         ))
         .await;
-        let snapshot: Vec<ChangeEvent> =
-            (1..=200).map(|i| event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), 10, 0)).collect();
+        let snapshot: Vec<ChangeEvent> = (1..=200)
+            .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), 10, 0))
+            .collect();
         p.produce(&snapshot).await;
         let mut changes = vec![
             event(&s, Op::Update, None, Some(row(1, "one", 1, "1.00")), 11, 0),
@@ -1261,7 +1297,10 @@ mod e2e {
 
         let dead = p.read_topic(&format!("{}.dlq", p.topic), 2, Duration::from_secs(30));
         assert_eq!(dead.len(), 2, "two dead letters");
-        let apply = dead.iter().find(|m| header(m, dlq::HEADER_STAGE).as_deref() == Some("TASK_PUT")).expect("apply failure");
+        let apply = dead
+            .iter()
+            .find(|m| header(m, dlq::HEADER_STAGE).as_deref() == Some("TASK_PUT"))
+            .expect("apply failure");
         let decode = dead
             .iter()
             .find(|m| header(m, dlq::HEADER_STAGE).as_deref() == Some("VALUE_CONVERTER"))
@@ -1280,7 +1319,8 @@ mod e2e {
         assert_eq!(apply.key(), encoded.key.as_deref(), "the original key bytes");
 
         // Other changes keep flowing while the runner runs.
-        p.produce(&[event(&s, Op::Create, None, Some(row(301, "more", 1, "1.00")), 14, 0)]).await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(301, "more", 1, "1.00")), 14, 0)])
+            .await;
         let fx = &p.fx;
         wait_for("a later row", Duration::from_secs(30), || async { fx.rows().await.len() == 201 }).await;
 
@@ -1292,7 +1332,8 @@ mod e2e {
         let dlq_topic = format!("{}.dlq", p.topic);
         let dry = sink_runner::replay::replay(&config, &dlq_topic, true).await.expect("dry run");
         assert_eq!((dry.applied, dry.failing.len()), (0, 2), "still refused before the fix");
-        p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table())).await;
+        p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table()))
+            .await;
         let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
         assert_eq!(report.read, 2);
         assert_eq!(report.applied, 1);
@@ -1300,7 +1341,9 @@ mod e2e {
         assert!(p.fx.rows().await.contains(&"3|bad|5000|1.00".to_string()));
         // Replaying again changes nothing.
         let versions = p.fx.versions().await;
-        sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay again");
+        sink_runner::replay::replay(&config, &dlq_topic, false)
+            .await
+            .expect("replay again");
         assert_eq!(p.fx.versions().await, versions);
         p.fx.cleanup().await;
     }
@@ -1309,7 +1352,8 @@ mod e2e {
     async fn an_operator_pause_holds_a_table_and_resume_catches_up() {
         let mut p = Pipeline::new("oppause", 1).await;
         let s = items();
-        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]).await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
+            .await;
         let config = p.config();
         let status = Telemetry::new("test", "sink");
         let control = Control::new();
@@ -1325,7 +1369,8 @@ mod e2e {
         })
         .await;
         let offsets = p.fx.offsets().await;
-        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)]).await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)])
+            .await;
         // A bounded observation, not a sleep for synchronisation: for three
         // batch lingers nothing may be applied and no offset may move.
         let until = std::time::Instant::now() + Duration::from_secs(3);
@@ -1338,8 +1383,7 @@ mod e2e {
         control.resume(Some(&label));
         let fx = &p.fx;
         wait_for("resumed with the held record", Duration::from_secs(60), || async {
-            fx.rows().await.len() == 2
-                && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
+            fx.rows().await.len() == 2 && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
         })
         .await;
         assert!(p.fx.offsets().await.values().sum::<i64>() > offsets.values().sum::<i64>());
@@ -1352,7 +1396,8 @@ mod e2e {
     async fn a_blocked_destination_pauses_the_table_and_it_resumes_by_itself() {
         let mut p = Pipeline::new("pause", 1).await;
         let s = items();
-        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)]).await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
+            .await;
         let mut config = p.config();
         if let Some(pg) = config.postgres.as_mut() {
             pg.lock_timeout_ms = 500;
@@ -1369,16 +1414,14 @@ mod e2e {
             .batch_execute(&format!("BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", p.fx.table()))
             .await
             .expect("lock");
-        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)]).await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)])
+            .await;
         let label = format!("{}.items", p.fx.schema);
         wait_for("paused", Duration::from_secs(60), || async {
             matches!(status.table(&label).map(|t| t.state), Some(TableState::Paused(_)))
         })
         .await;
-        let last = status
-            .table(&label)
-            .and_then(|t| t.last_error)
-            .expect("an error is recorded");
+        let last = status.table(&label).and_then(|t| t.last_error).expect("an error is recorded");
         assert_eq!(last.kind, "retryable");
         assert!(last.message.contains("55P03"), "{}", last.message);
         let offsets = p.fx.offsets().await;
@@ -1386,8 +1429,7 @@ mod e2e {
         blocker.batch_execute("ROLLBACK").await.expect("unlock");
         let fx = &p.fx;
         wait_for("resumed", Duration::from_secs(60), || async {
-            fx.rows().await.len() == 2
-                && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
+            fx.rows().await.len() == 2 && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
         })
         .await;
         assert!(p.fx.offsets().await.values().sum::<i64>() > offsets.values().sum::<i64>());
@@ -1400,7 +1442,10 @@ mod e2e {
     #[test]
     fn a_bad_config_file_is_refused_naming_the_field() {
         let bin = tributary_tests::runner_binary("sink-runner");
-        let out = Command::new(&bin).args(["--config", "/nonexistent/sink.toml"]).output().expect("run");
+        let out = Command::new(&bin)
+            .args(["--config", "/nonexistent/sink.toml"])
+            .output()
+            .expect("run");
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("cannot read config file /nonexistent/sink.toml"), "{err}");
@@ -1414,7 +1459,12 @@ mod e2e {
              [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[postgres]\nurl = \"postgres://u@h/db\"\n",
         )
         .expect("write");
-        let out = Command::new(&bin).arg("check").arg("--config").arg(&path).output().expect("run");
+        let out = Command::new(&bin)
+            .arg("check")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .expect("run");
         assert_eq!(out.status.code(), Some(2));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("field `batch_linger_ms`: must be between 1 and 60000"), "{err}");
@@ -1436,7 +1486,10 @@ mod e2e {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     #[ignore = "benchmark; run explicitly in release"]
     async fn bench_snapshot_through_kafka_vs_pg_dump() {
-        let rows: i32 = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+        let rows: i32 = std::env::var("BENCH_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000);
         let bin = tributary_tests::runner_binary("sink-runner");
         let mut p = Pipeline::new("bench", 1).await;
         let s = items();
@@ -1463,12 +1516,21 @@ mod e2e {
         let fx = &p.fx;
         let table = fx.table();
         let count = || async {
-            let exists: bool =
-                fx.admin.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table]).await.unwrap().get(0);
+            let exists: bool = fx
+                .admin
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                .await
+                .unwrap()
+                .get(0);
             if !exists {
                 return 0;
             }
-            let n: i64 = fx.admin.query_one(format!("SELECT count(*) FROM {table}").as_str(), &[]).await.unwrap().get(0);
+            let n: i64 = fx
+                .admin
+                .query_one(format!("SELECT count(*) FROM {table}").as_str(), &[])
+                .await
+                .unwrap()
+                .get(0);
             n
         };
         let until = Instant::now() + Duration::from_secs(1800);
@@ -1504,7 +1566,10 @@ mod e2e {
         let started = Instant::now();
         let pipeline = format!("pg_dump -t '{src}.items' '{}' | psql -q -v ON_ERROR_STOP=1 '{dst_url}'", url());
         let status = Command::new("bash")
-            .args(["-c", &format!("psql -q '{dst_url}' -c 'CREATE SCHEMA {src}' && {pipeline}")])
+            .args([
+                "-c",
+                &format!("psql -q '{dst_url}' -c 'CREATE SCHEMA {src}' && {pipeline}"),
+            ])
             .status()
             .expect("pg_dump | psql");
         let base_took = started.elapsed();
@@ -1527,7 +1592,11 @@ mod e2e {
     /// A small xorshift generator: the seed is printed, and `TEST_SEED`
     /// replays a run.
     fn spawn_runner(bin: &PathBuf, config: &PathBuf, log: &PathBuf) -> Child {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
         Command::new(bin)
             .arg("--config")
             .arg(config)
@@ -1626,4 +1695,3 @@ mod e2e {
         p.fx.cleanup().await;
     }
 }
-

@@ -63,7 +63,10 @@ async fn sweep_stale(admin: &tokio_postgres::Client) {
             .map(|rows| rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>())
             .unwrap_or_default()
     };
-    for slot in names("SELECT slot_name::text FROM pg_replication_slots WHERE NOT active AND slot_name ~ '^s_[a-z]+_[0-9]+_'").await {
+    for slot in
+        names("SELECT slot_name::text FROM pg_replication_slots WHERE NOT active AND slot_name ~ '^s_[a-z]+_[0-9]+_'")
+            .await
+    {
         if !alive(&slot) {
             let _ = admin.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await;
         }
@@ -99,12 +102,7 @@ impl Fixture {
             .batch_execute(&format!("CREATE SCHEMA {schema}"))
             .await
             .expect("create schema");
-        Fixture {
-            admin,
-            schema,
-            slot,
-            publication,
-        }
+        Fixture { admin, schema, slot, publication }
     }
 
     fn config(&self) -> PostgresSourceConfig {
@@ -124,10 +122,7 @@ impl Fixture {
     }
 
     async fn exec(&self, sql: &str) {
-        self.admin
-            .batch_execute(sql)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        self.admin.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     async fn cleanup(self) {
@@ -206,11 +201,7 @@ struct Mirror {
 
 /// Moves one key of the mirror forward to `pos`; never backwards.
 fn advance(slot: &mut (Position, Option<Row>), pos: Position, row: Option<Row>, table: &TableId) {
-    assert!(
-        slot.0 <= pos,
-        "{table}: an event at {pos:?} came after one at {:?} for the same key",
-        slot.0
-    );
+    assert!(slot.0 <= pos, "{table}: an event at {pos:?} came after one at {:?} for the same key", slot.0);
     *slot = (pos, row);
 }
 
@@ -268,9 +259,7 @@ impl Mirror {
                                     advance(slot, pos, None, &e.schema.id);
                                 }
                             }
-                            let slot = table
-                                .entry(key_of(&e.schema, after))
-                                .or_insert((Position::default(), None));
+                            let slot = table.entry(key_of(&e.schema, after)).or_insert((Position::default(), None));
                             advance(slot, pos, Some(after.clone()), &e.schema.id);
                         }
                     }
@@ -300,10 +289,7 @@ async fn source_rows(admin: &tokio_postgres::Client, schema: &TableSchema) -> BT
         .map(|c| format!("\"{}\"", c.name))
         .collect::<Vec<_>>()
         .join(", ");
-    let sql = format!(
-        "COPY (SELECT {cols} FROM \"{}\".\"{}\") TO STDOUT",
-        schema.id.schema, schema.id.table
-    );
+    let sql = format!("COPY (SELECT {cols} FROM \"{}\".\"{}\") TO STDOUT", schema.id.schema, schema.id.table);
     let stream = admin.copy_out(sql.as_str()).await.expect("copy out");
     futures::pin_mut!(stream);
     let mut out = BTreeMap::new();
@@ -363,8 +349,15 @@ async fn sync(source: &mut PostgresSource, mirror: &mut Mirror, fx: &Fixture, ta
                     let ours = mirror.rows(&id);
                     let missing: Vec<_> = src.keys().filter(|k| !ours.contains_key(*k)).take(5).collect();
                     let extra: Vec<_> = ours.keys().filter(|k| !src.contains_key(*k)).take(5).collect();
-                    let differ = src.iter().filter(|(k, v)| ours.get(*k).is_some_and(|o| format!("{o:?}") != format!("{v:?}"))).count();
-                    eprintln!("{id}: source {} rows, copy {} rows; missing {missing:?}, extra {extra:?}, {differ} differ", src.len(), ours.len());
+                    let differ = src
+                        .iter()
+                        .filter(|(k, v)| ours.get(*k).is_some_and(|o| format!("{o:?}") != format!("{v:?}")))
+                        .count();
+                    eprintln!(
+                        "{id}: source {} rows, copy {} rows; missing {missing:?}, extra {extra:?}, {differ} differ",
+                        src.len(),
+                        ours.len()
+                    );
                 } else {
                     eprintln!("{id}: no schema announced");
                 }
@@ -413,10 +406,7 @@ async fn snapshot_then_streaming_equals_source() {
     assert_eq!(reads.len(), 1550);
     let lasts = reads.iter().filter(|e| e.source.snapshot == SnapshotMarker::Last).count();
     assert_eq!(lasts, 1, "exactly one row is marked as the last of the snapshot");
-    assert_eq!(
-        mirror.events.last().map(|e| e.source.snapshot),
-        Some(SnapshotMarker::Last)
-    );
+    assert_eq!(mirror.events.last().map(|e| e.source.snapshot), Some(SnapshotMarker::Last));
     let cp_lsn = reads[0].source.position;
     assert!(reads.iter().all(|e| e.source.position == cp_lsn && cp_lsn.index == 0));
     sync(&mut source, &mut mirror, &fx, &["items", "nokey"]).await;
@@ -582,7 +572,11 @@ async fn crash_mid_stream_is_exactly_once() {
     let mut seen = HashSet::new();
     for e in mirror.events[..durable_events].iter().chain(mirror2.events.iter()) {
         if e.op != Op::Read {
-            assert!(seen.insert((e.schema.id.clone(), e.source.position)), "change at {:?} seen twice", e.source.position);
+            assert!(
+                seen.insert((e.schema.id.clone(), e.source.position)),
+                "change at {:?} seen twice",
+                e.source.position
+            );
         }
     }
     let updates = mirror2.events.iter().filter(|e| e.op == Op::Update).count();
@@ -608,7 +602,8 @@ async fn large_transaction_goes_out_in_parts_and_resumes_inside_it() {
     start(&mut source, None).await;
     let mut mirror = Mirror::default();
     sync(&mut source, &mut mirror, &fx, &["t"]).await;
-    fx.exec(&format!("INSERT INTO {s}.t SELECT g, 0 FROM generate_series(1, 1000) g")).await;
+    fx.exec(&format!("INSERT INTO {s}.t SELECT g, 0 FROM generate_series(1, 1000) g"))
+        .await;
     let changes = |b: &SourceBatch| b.messages.iter().filter(|m| matches!(m, SourceMessage::Change(_))).count();
     let mut durable = None;
     let mut parts = 0u64;
@@ -728,7 +723,8 @@ async fn killed_connections_resume_after_the_last_batch() {
         mirror.apply(&b);
         source.acknowledge(&b.checkpoint).await.expect("ack");
     }
-    fx.exec(&format!("UPDATE {s}.k SET v = 'b' WHERE id <= 50; DELETE FROM {s}.k WHERE id > 19990")).await;
+    fx.exec(&format!("UPDATE {s}.k SET v = 'b' WHERE id <= 50; DELETE FROM {s}.k WHERE id > 19990"))
+        .await;
     sync(&mut source, &mut mirror, &fx, &["k"]).await;
     let mut seen = HashSet::new();
     for e in mirror.events.iter().filter(|e| e.op != Op::Read) {
@@ -777,7 +773,10 @@ async fn ddl_mid_stream_new_and_dropped_tables() {
     .await;
     fx.exec(&format!("INSERT INTO {s}.fresh VALUES (2, 'soon')")).await;
     sync(&mut source, &mut mirror, &fx, &["fresh"]).await;
-    fx.exec(&format!("INSERT INTO {s}.fresh VALUES (3, 'streamed'); UPDATE {s}.fresh SET v = 'upd' WHERE id = 1")).await;
+    fx.exec(&format!(
+        "INSERT INTO {s}.fresh VALUES (3, 'streamed'); UPDATE {s}.fresh SET v = 'upd' WHERE id = 1"
+    ))
+    .await;
     sync(&mut source, &mut mirror, &fx, &["fresh", "t"]).await;
     assert!(mirror
         .events
@@ -855,10 +854,8 @@ async fn unchanged_toast_values_get_their_real_value() {
     .await;
     sync(&mut source, &mut mirror, &fx, &["full_id", "default_id"]).await;
     let before = mirror.events.len();
-    fx.exec(&format!(
-        "UPDATE {s}.full_id SET n = 1 WHERE id = 1; UPDATE {s}.default_id SET n = 1 WHERE id = 1;"
-    ))
-    .await;
+    fx.exec(&format!("UPDATE {s}.full_id SET n = 1 WHERE id = 1; UPDATE {s}.default_id SET n = 1 WHERE id = 1;"))
+        .await;
     sync(&mut source, &mut mirror, &fx, &["full_id", "default_id"]).await;
     let updates: Vec<_> = mirror.events[before..].iter().filter(|e| e.op == Op::Update).collect();
     assert_eq!(updates.len(), 2);
@@ -922,11 +919,7 @@ async fn every_common_type_decodes_in_snapshot_and_stream() {
             Value::Time(86_399_999_999),
             Value::Timestamp(946_684_799_500_000),
             Value::TimestampTz(1_704_103_200_000_000),
-            Value::Interval {
-                months: 14,
-                days: 3,
-                micros: 14_706_500_000,
-            },
+            Value::Interval { months: 14, days: 3, micros: 14_706_500_000 },
             Value::Uuid("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".parse().expect("uuid")),
             Value::Json("{\"a\": [1, 2]}".into()),
             Value::Json("{\"b\": null}".into()),
@@ -1080,7 +1073,9 @@ async fn faults_are_classified() {
     let problems = check::check(&cfg).await;
     let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
     assert!(
-        problems.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.starts_with("GRANT SELECT ON"))),
+        problems
+            .iter()
+            .any(|p| p.fix.as_deref().is_some_and(|f| f.starts_with("GRANT SELECT ON"))),
         "{text:#?}"
     );
     assert!(
@@ -1100,10 +1095,8 @@ async fn faults_are_classified() {
 async fn check_reports_replica_identity_with_sql() {
     let fx = Fixture::new("check").await;
     let s = &fx.schema;
-    fx.exec(&format!(
-        "CREATE TABLE {s}.pk (id int PRIMARY KEY); CREATE TABLE {s}.nopk (a int);"
-    ))
-    .await;
+    fx.exec(&format!("CREATE TABLE {s}.pk (id int PRIMARY KEY); CREATE TABLE {s}.nopk (a int);"))
+        .await;
     let problems = check::check(&fx.config()).await;
     let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
     let nopk = problems
@@ -1111,10 +1104,7 @@ async fn check_reports_replica_identity_with_sql() {
         .find(|p| p.table.as_ref() == Some(&fx.table("nopk")))
         .unwrap_or_else(|| panic!("{text:#?}"));
     assert_eq!(nopk.severity, check::Severity::Error);
-    assert_eq!(
-        nopk.fix.as_deref(),
-        Some(format!("ALTER TABLE \"{s}\".\"nopk\" REPLICA IDENTITY FULL;").as_str())
-    );
+    assert_eq!(nopk.fix.as_deref(), Some(format!("ALTER TABLE \"{s}\".\"nopk\" REPLICA IDENTITY FULL;").as_str()));
     let pk = problems
         .iter()
         .find(|p| p.table.as_ref() == Some(&fx.table("pk")))
@@ -1128,10 +1118,12 @@ async fn check_reports_replica_identity_with_sql() {
         left.iter().map(|p| p.to_string()).collect::<Vec<_>>()
     );
     // teardown drops the slot and the publication of the copy.
-    fx.exec(&format!("SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", fx.slot)).await;
+    fx.exec(&format!("SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", fx.slot))
+        .await;
     let dropped = check::teardown(&fx.config()).await.expect("teardown");
     assert_eq!(dropped.len(), 2, "{dropped:?}");
-    fx.exec(&format!("SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", fx.slot)).await;
+    fx.exec(&format!("SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", fx.slot))
+        .await;
     fx.cleanup().await;
 }
 
@@ -1156,7 +1148,10 @@ fn peak_rss_kib() -> u64 {
 #[ignore = "benchmark; run on demand with --ignored --nocapture"]
 async fn snapshot_throughput_1m_rows() {
     use futures::StreamExt;
-    let rows: i64 = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let rows: i64 = std::env::var("BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let fx = Fixture::new("bench").await;
     let s = &fx.schema;
     fx.exec(&format!(
@@ -1224,7 +1219,8 @@ async fn tls_modes_connect_and_verify() {
     let ssl: String = fx.admin.query_one("SHOW ssl", &[]).await.expect("show ssl").get(0);
     assert_eq!(ssl, "on", "scripts/stack up turns TLS on; is this an older stack? (scripts/stack restart postgres)");
     let s = &fx.schema;
-    fx.exec(&format!("CREATE TABLE {s}.sec (id int PRIMARY KEY, v text); INSERT INTO {s}.sec VALUES (1, 'a');")).await;
+    fx.exec(&format!("CREATE TABLE {s}.sec (id int PRIMARY KEY, v text); INSERT INTO {s}.sec VALUES (1, 'a');"))
+        .await;
     let with = |mode: TlsMode, host: &str| {
         let mut c = fx.config();
         c.url = tls_url.replace("127.0.0.1", host).into();
@@ -1281,7 +1277,8 @@ async fn tls_modes_connect_and_verify() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    fx.exec(&format!("SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", fx.slot)).await;
+    fx.exec(&format!("SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", fx.slot))
+        .await;
     fx.cleanup().await;
 }
 

@@ -35,9 +35,7 @@ fn kafka_read_committed_sees_only_committed_transactions() {
         .set("transactional.id", unique("smoke-txn-producer"))
         .create()
         .expect("create transactional producer");
-    producer
-        .init_transactions(Duration::from_secs(30))
-        .expect("init_transactions");
+    producer.init_transactions(Duration::from_secs(30)).expect("init_transactions");
 
     producer.begin_transaction().expect("begin committed txn");
     for i in 0..3 {
@@ -47,9 +45,7 @@ fn kafka_read_committed_sees_only_committed_transactions() {
             .map_err(|(e, _)| e)
             .expect("send committed");
     }
-    producer
-        .commit_transaction(Duration::from_secs(30))
-        .expect("commit");
+    producer.commit_transaction(Duration::from_secs(30)).expect("commit");
 
     producer.begin_transaction().expect("begin aborted txn");
     for i in 0..3 {
@@ -60,9 +56,7 @@ fn kafka_read_committed_sees_only_committed_transactions() {
             .expect("send aborted");
     }
     producer.flush(Duration::from_secs(30)).expect("flush aborted records");
-    producer
-        .abort_transaction(Duration::from_secs(30))
-        .expect("abort");
+    producer.abort_transaction(Duration::from_secs(30)).expect("abort");
 
     // A third, committed transaction after the aborted one proves the
     // consumer read past the aborted records rather than stopping early.
@@ -71,9 +65,7 @@ fn kafka_read_committed_sees_only_committed_transactions() {
         .send(BaseRecord::<str, str>::to(&topic).key("k").payload("committed-last"))
         .map_err(|(e, _)| e)
         .expect("send final");
-    producer
-        .commit_transaction(Duration::from_secs(30))
-        .expect("commit final");
+    producer.commit_transaction(Duration::from_secs(30)).expect("commit final");
 
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -113,9 +105,7 @@ async fn schema_registry_registers_and_reads_back_by_id() {
         .expect("register the same schema again");
     assert_eq!(registered.id, again.id, "the same schema must keep its id");
 
-    let fetched = get_schema_by_id(registered.id, &settings)
-        .await
-        .expect("read schema by id");
+    let fetched = get_schema_by_id(registered.id, &settings).await.expect("read schema by id");
     let parsed = apache_avro::Schema::parse_str(&fetched.schema).expect("registry returns valid Avro");
     let expected = apache_avro::Schema::parse_str(schema).expect("our schema is valid");
     assert_eq!(parsed.canonical_form(), expected.canonical_form());

@@ -198,10 +198,7 @@ impl BigQuerySinkConfig {
             ));
         }
         if self.request_timeout_ms < 1000 {
-            return Err(ConfigError::invalid(
-                format!("{prefix}.request_timeout_ms"),
-                "must be at least 1000",
-            ));
+            return Err(ConfigError::invalid(format!("{prefix}.request_timeout_ms"), "must be at least 1000"));
         }
         if let Some(group) = &self.consumer_group {
             if group.trim().is_empty() {

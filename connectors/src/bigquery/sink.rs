@@ -207,7 +207,9 @@ impl BigQuerySink {
     }
 
     fn api(&self) -> Result<&Client> {
-        self.client.as_ref().ok_or_else(|| Error::retryable("not connected to BigQuery"))
+        self.client
+            .as_ref()
+            .ok_or_else(|| Error::retryable("not connected to BigQuery"))
     }
 
     /// Builds the client (if not built) and makes sure the bookkeeping
@@ -296,10 +298,11 @@ impl BigQuerySink {
                 start_index: None,
                 timeout_ms: i32::try_from(self.config.request_timeout_ms).ok(),
             };
-            let r = tokio::time::timeout(self.timeout(), api.job().get_query_results(&self.config.project, &job, params))
-                .await
-                .map_err(|_| timed_out(ctx))?
-                .map_err(|e| classify(&e, ctx))?;
+            let r =
+                tokio::time::timeout(self.timeout(), api.job().get_query_results(&self.config.project, &job, params))
+                    .await
+                    .map_err(|_| timed_out(ctx))?
+                    .map_err(|e| classify(&e, ctx))?;
             if let Some(errors) = r.errors.as_deref().filter(|e| !e.is_empty()) {
                 return Err(classify_proto(errors, ctx));
             }
@@ -326,7 +329,8 @@ impl BigQuerySink {
         let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
         for source in drop {
             let dest = self.destination(source);
-            self.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest)).await?;
+            self.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest))
+                .await?;
             done.push(format!("destination table {dest}"));
         }
         self.tables.clear();
@@ -419,7 +423,8 @@ impl BigQuerySink {
                     script.clear();
                     let dest = self.destination(id);
                     if self.config.drop_tables && commit {
-                        self.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest)).await?;
+                        self.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest))
+                            .await?;
                         self.tables.remove(&dest);
                         info!(table = %dest, "dropped destination table (the source table was dropped)");
                     } else if !self.config.drop_tables {
@@ -435,7 +440,12 @@ impl BigQuerySink {
     }
 
     /// Runs `statements` and the offsets `MERGE` as one transaction.
-    async fn transaction(&mut self, statements: &[String], offsets: &[(String, i32, i64)], commit: bool) -> Result<(), ApplyError> {
+    async fn transaction(
+        &mut self,
+        statements: &[String],
+        offsets: &[(String, i32, i64)],
+        commit: bool,
+    ) -> Result<(), ApplyError> {
         if statements.is_empty() && offsets.is_empty() {
             return Ok(());
         }
@@ -448,7 +458,11 @@ impl BigQuerySink {
             sql.push_str(&self.offsets_merge(offsets));
             sql.push_str(";\n");
         }
-        sql.push_str(if commit { "COMMIT TRANSACTION;" } else { "ROLLBACK TRANSACTION;" });
+        sql.push_str(if commit {
+            "COMMIT TRANSACTION;"
+        } else {
+            "ROLLBACK TRANSACTION;"
+        });
         let merges = statements.iter().filter(|s| s.starts_with("MERGE")).count() as u64;
         self.query(&sql, &Ctx::default()).await?;
         if commit {
@@ -492,7 +506,9 @@ impl BigQuerySink {
         let groups = group_by_destination(records, base, |t| self.config.destination(t));
         for (dest, events) in groups {
             let span = info_span!("bigquery_table", table = %dest, events = events.len());
-            self.prepare_table(&dest, &events, script, batch_id, staged).instrument(span).await?;
+            self.prepare_table(&dest, &events, script, batch_id, staged)
+                .instrument(span)
+                .await?;
         }
         Ok(())
     }
@@ -525,11 +541,7 @@ impl BigQuerySink {
             .max();
         if let Some(at) = truncate {
             let (c, i) = position_sql(at).map_err(ApplyError::from)?;
-            script.push(format!(
-                "DELETE FROM {t} WHERE {older}",
-                t = dest.quoted(),
-                older = older_than("", c, i)
-            ));
+            script.push(format!("DELETE FROM {t} WHERE {older}", t = dest.quoted(), older = older_than("", c, i)));
         }
         // 3. Last event per key.
         let state = self
@@ -551,10 +563,7 @@ impl BigQuerySink {
         }
         // 4. Stage and merge.
         let columns = reduced.columns(state);
-        let key = events
-            .first()
-            .map(|(_, ev)| ev.schema.key.clone())
-            .unwrap_or_default();
+        let key = events.first().map(|(_, ev)| ev.schema.key.clone()).unwrap_or_default();
         let stage = staging_name(dest, &columns);
         if !self.stages.contains(&stage) {
             self.create_staging(&stage, &columns).await?;
@@ -595,11 +604,8 @@ impl BigQuerySink {
         } else {
             " PARTITION BY _PARTITIONDATE OPTIONS (partition_expiration_days = 1)".to_string()
         };
-        let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {} ({}){partitioning}",
-            self.staging_table(stage),
-            defs.join(", ")
-        );
+        let sql =
+            format!("CREATE TABLE IF NOT EXISTS {} ({}){partitioning}", self.staging_table(stage), defs.join(", "));
         self.query(&sql, &Ctx::table(stage)).await.map(|_| ())
     }
 
@@ -669,8 +675,8 @@ impl BigQuerySink {
     async fn locate(&mut self, records: &[(KafkaPosition, SinkRecord)], original: Error) -> Result<(), ApplyError> {
         let span = info_span!("locate_failed_record", records = records.len());
         locate_failed_record(&mut Prefixes { sink: self, records }, records.len(), original)
-        .instrument(span)
-        .await
+            .instrument(span)
+            .await
     }
 
     /// Reads a table's columns from `tables.get` (free, unlike
@@ -678,12 +684,10 @@ impl BigQuerySink {
     async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
         let ctx = Ctx::table(dest);
         let api = self.api()?;
-        let got = tokio::time::timeout(
-            self.timeout(),
-            api.table().get(&dest.project, &dest.dataset, &dest.table, None),
-        )
-        .await
-        .map_err(|_| timed_out(&ctx))?;
+        let got =
+            tokio::time::timeout(self.timeout(), api.table().get(&dest.project, &dest.dataset, &dest.table, None))
+                .await
+                .map_err(|_| timed_out(&ctx))?;
         let mut state = TableState::default();
         match got {
             Ok(table) => {
@@ -695,14 +699,15 @@ impl BigQuerySink {
                         .unwrap_or_default();
                     let mode = f.mode.as_deref().unwrap_or("NULLABLE");
                     let ty = from_metadata(&type_name, None, None, mode == "REPEATED").ok_or_else(|| {
-                        Error::needs_operator(format!("column {} has type {type_name}, which the sink does not write", f.name))
-                            .with_column(f.name.clone())
+                        Error::needs_operator(format!(
+                            "column {} has type {type_name}, which the sink does not write",
+                            f.name
+                        ))
+                        .with_column(f.name.clone())
                     })?;
-                    state.columns.push(DestColumn {
-                        name: f.name,
-                        ty,
-                        nullable: mode != "REQUIRED",
-                    });
+                    state
+                        .columns
+                        .push(DestColumn { name: f.name, ty, nullable: mode != "REQUIRED" });
                 }
             }
             Err(BQError::ResponseError { error }) if error.error.code == 404 => {}
@@ -759,7 +764,11 @@ impl BigQuerySink {
                 .take(MAX_CLUSTER_COLUMNS)
                 .map(|k| quote_ident(k))
                 .collect();
-            let cluster = if cluster.is_empty() { String::new() } else { format!(" CLUSTER BY {}", cluster.join(", ")) };
+            let cluster = if cluster.is_empty() {
+                String::new()
+            } else {
+                format!(" CLUSTER BY {}", cluster.join(", "))
+            };
             ddl.push(format!("CREATE TABLE IF NOT EXISTS {} ({}){cluster}", dest.quoted(), defs.join(", ")));
             next.exists = true;
         } else {
@@ -823,7 +832,9 @@ impl BigQuerySink {
                 }
             }
             for n in next.columns.iter_mut() {
-                if schema.columns.iter().any(|c| c.name == n.name && c.nullable) || !schema.columns.iter().any(|c| c.name == n.name) {
+                if schema.columns.iter().any(|c| c.name == n.name && c.nullable)
+                    || !schema.columns.iter().any(|c| c.name == n.name)
+                {
                     if n.name != COMMIT_COLUMN && n.name != INDEX_COLUMN {
                         n.nullable = true;
                     }
@@ -946,15 +957,22 @@ impl Reduced {
                 if let (Op::Update, Some(before)) = (ev.op, &ev.before) {
                     // A key change: the old key is deleted at the same position.
                     let complete = before.len() == schema.columns.len()
-                        && !key_idx.iter().any(|&i| matches!(before.get(i), Some(Value::Null | Value::Unchanged) | None));
-                    if complete && key_json(schema, before, &key_idx, state)? != key_json(schema, after, &key_idx, state)? {
+                        && !key_idx
+                            .iter()
+                            .any(|&i| matches!(before.get(i), Some(Value::Null | Value::Unchanged) | None));
+                    if complete
+                        && key_json(schema, before, &key_idx, state)? != key_json(schema, after, &key_idx, state)?
+                    {
                         self.put(record, ev, before, true, state)?;
                     }
                 }
                 self.put(record, ev, after, false, state)
             }
             Op::Delete => {
-                let before = ev.before.as_ref().ok_or_else(|| Error::permanent("a delete event without a before row"))?;
+                let before = ev
+                    .before
+                    .as_ref()
+                    .ok_or_else(|| Error::permanent("a delete event without a before row"))?;
                 self.put(record, ev, before, true, state)
             }
             Op::Truncate => Ok(()),
@@ -964,7 +982,11 @@ impl Reduced {
     fn put(&mut self, record: usize, ev: &ChangeEvent, row: &[Value], delete: bool, state: &TableState) -> Result<()> {
         let schema = &ev.schema;
         if row.len() != schema.columns.len() {
-            return Err(Error::permanent(format!("a row of {} values for {} columns", row.len(), schema.columns.len())));
+            return Err(Error::permanent(format!(
+                "a row of {} values for {} columns",
+                row.len(),
+                schema.columns.len()
+            )));
         }
         let key_idx = schema.key_indexes();
         let key = key_json(schema, row, &key_idx, state)?;
@@ -1160,8 +1182,13 @@ pub fn reason_kind(reason: &str, message: &str) -> ErrorKind {
     match reason {
         "rateLimitExceeded" | "quotaExceeded" | "backendError" | "internalError" | "jobBackendError"
         | "jobInternalError" | "timeout" | "tableUnavailable" | "notFound" | "stopped" => ErrorKind::Retryable,
-        "accessDenied" | "billingNotEnabled" | "billingTierLimitExceeded" | "forbidden" | "authError"
-        | "unauthorized" | "resourceInUse" => ErrorKind::NeedsOperator,
+        "accessDenied"
+        | "billingNotEnabled"
+        | "billingTierLimitExceeded"
+        | "forbidden"
+        | "authError"
+        | "unauthorized"
+        | "resourceInUse" => ErrorKind::NeedsOperator,
         "invalid" | "invalidQuery" | "duplicate" => {
             // A transaction that lost to a concurrent one is worth retrying.
             if message.contains("concurrent update") || message.contains("aborted due to concurrent") {
@@ -1206,16 +1233,16 @@ fn classify(err: &BQError, ctx: &Ctx) -> Error {
                 408 | 429 | 500..=599 => ErrorKind::Retryable,
                 _ => reason_kind(&reason, &message),
             };
-            let e = Error::new(kind, format!("BigQuery HTTP {code}: {reason}: {message}")).with_class(format!("bigquery.{reason}"));
+            let e = Error::new(kind, format!("BigQuery HTTP {code}: {reason}: {message}"))
+                .with_class(format!("bigquery.{reason}"));
             if kind == ErrorKind::NeedsOperator {
                 e.with_hint("grant the sink's principal roles/bigquery.dataEditor on the datasets and roles/bigquery.jobUser on the project, or fix its credentials")
             } else {
                 e
             }
         }
-        BQError::RequestError(r) => {
-            Error::retryable(format!("cannot reach BigQuery: {}", redact(&r.to_string()))).with_class("bigquery.request")
-        }
+        BQError::RequestError(r) => Error::retryable(format!("cannot reach BigQuery: {}", redact(&r.to_string())))
+            .with_class("bigquery.request"),
         BQError::InvalidServiceAccountKey(_)
         | BQError::InvalidServiceAccountAuthenticator(_)
         | BQError::InvalidApplicationDefaultCredentialsAuthenticator(_)

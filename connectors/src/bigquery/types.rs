@@ -156,7 +156,9 @@ pub fn fit(have: &BqType, want: &BqType) -> Fit {
         return Fit::Fits;
     }
     match (have, want) {
-        (Numeric(None), Numeric(Some((p, s)))) if *s <= NUMERIC_MAX_SCALE && p.saturating_sub(*s) <= NUMERIC_MAX_INTEGER_DIGITS => {
+        (Numeric(None), Numeric(Some((p, s))))
+            if *s <= NUMERIC_MAX_SCALE && p.saturating_sub(*s) <= NUMERIC_MAX_INTEGER_DIGITS =>
+        {
             Fit::Fits
         }
         (BigNumeric(None), BigNumeric(_) | Numeric(_) | Int64) => Fit::Fits,
@@ -239,7 +241,9 @@ pub fn to_json(value: &Value, ty: &BqType) -> Result<Json, Reason> {
             Json::Array(out)
         }
         (Value::Array(_), t) => return Err(format!("an array value for a column of type {t}")),
-        (Value::Unchanged, _) => return Err("an unchanged-value placeholder (the source did not send the value)".into()),
+        (Value::Unchanged, _) => {
+            return Err("an unchanged-value placeholder (the source did not send the value)".into())
+        }
     })
 }
 
@@ -265,7 +269,9 @@ fn float(v: f64) -> Json {
 fn check_decimal(text: &str, ty: &BqType) -> Result<(), Reason> {
     let digits = text.trim_start_matches(['-', '+']);
     let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
-    if int_part.is_empty() && frac_part.is_empty() || !int_part.chars().chain(frac_part.chars()).all(|c| c.is_ascii_digit()) {
+    if int_part.is_empty() && frac_part.is_empty()
+        || !int_part.chars().chain(frac_part.chars()).all(|c| c.is_ascii_digit())
+    {
         return Err("a decimal that is not a plain decimal number (NaN or infinity?)".into());
     }
     let integer = int_part.trim_start_matches('0').len() as u32;
@@ -302,13 +308,7 @@ fn time_text(micros: i64) -> Result<String, Reason> {
         return Err("a time of day outside 00:00:00 to 23:59:59.999999".into());
     }
     let secs = micros / 1_000_000;
-    Ok(format!(
-        "{:02}:{:02}:{:02}.{:06}",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60,
-        micros % 1_000_000
-    ))
+    Ok(format!("{:02}:{:02}:{:02}.{:06}", secs / 3600, secs / 60 % 60, secs % 60, micros % 1_000_000))
 }
 
 fn datetime_text(micros: i64, zone: &str) -> Result<String, Reason> {
@@ -344,11 +344,19 @@ impl Wkb<'_> {
     }
     fn u32(&mut self, le: bool) -> Result<u32, Reason> {
         let b = self.take::<4>()?;
-        Ok(if le { u32::from_le_bytes(b) } else { u32::from_be_bytes(b) })
+        Ok(if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        })
     }
     fn f64(&mut self, le: bool) -> Result<f64, Reason> {
         let b = self.take::<8>()?;
-        Ok(if le { f64::from_le_bytes(b) } else { f64::from_be_bytes(b) })
+        Ok(if le {
+            f64::from_le_bytes(b)
+        } else {
+            f64::from_be_bytes(b)
+        })
     }
     fn point(&mut self, out: &mut String, le: bool, dims: usize) -> Result<(), Reason> {
         let x = self.f64(le)?;
@@ -384,7 +392,8 @@ impl Wkb<'_> {
         }
         let code = raw & 0x0FFF_FFFF;
         let (kind, iso_dims) = (code % 1000, code / 1000);
-        let dims = 2 + usize::from(ez || iso_dims == 1 || iso_dims == 3) + usize::from(em || iso_dims == 2 || iso_dims == 3);
+        let dims =
+            2 + usize::from(ez || iso_dims == 1 || iso_dims == 3) + usize::from(em || iso_dims == 2 || iso_dims == 3);
         match kind {
             1 => {
                 out.push_str("POINT(");
@@ -482,7 +491,10 @@ mod tests {
             to_json(&Value::Timestamp(-1), &BqType::Datetime).unwrap(),
             Json::String("1969-12-31T23:59:59.999999".into())
         );
-        assert_eq!(to_json(&Value::Time(3_723_000_001), &BqType::Time).unwrap(), Json::String("01:02:03.000001".into()));
+        assert_eq!(
+            to_json(&Value::Time(3_723_000_001), &BqType::Time).unwrap(),
+            Json::String("01:02:03.000001".into())
+        );
         assert!(to_json(&Value::Time(MICROS_PER_DAY), &BqType::Time).is_err());
         assert!(to_json(&Value::Date(3_000_000), &BqType::Date).is_err());
         assert_eq!(to_json(&Value::Bytes(vec![1, 2]), &BqType::Bytes).unwrap(), Json::String("AQI=".into()));

@@ -13,7 +13,13 @@ pub use crate::problem::{Problem, Severity};
 /// the brief global read lock MySQL 8 needs to pin a snapshot's binlog
 /// position, SHOW DATABASES to list tables, REPLICATION SLAVE to read the
 /// binlog, REPLICATION CLIENT for `SHOW MASTER STATUS`.
-pub const REQUIRED_PRIVILEGES: [&str; 5] = ["SELECT", "RELOAD", "SHOW DATABASES", "REPLICATION SLAVE", "REPLICATION CLIENT"];
+pub const REQUIRED_PRIVILEGES: [&str; 5] = [
+    "SELECT",
+    "RELOAD",
+    "SHOW DATABASES",
+    "REPLICATION SLAVE",
+    "REPLICATION CLIENT",
+];
 
 /// Every problem found (empty: ready).
 pub async fn check(config: &MySqlSourceConfig) -> Vec<Problem> {
@@ -118,12 +124,7 @@ async fn check_inner(config: &MySqlSourceConfig) -> crate::Result<Vec<Problem>> 
     if !missing.is_empty() {
         problems.push(Problem::error(
             format!("account {account} lacks {}", missing.join(", ")),
-            Some(format!(
-                "GRANT {} ON *.* TO {}@{};",
-                missing.join(", "),
-                quote_literal(user),
-                quote_literal(host)
-            )),
+            Some(format!("GRANT {} ON *.* TO {}@{};", missing.join(", "), quote_literal(user), quote_literal(host))),
         ));
     }
     if let Err(e) = conn.disconnect().await {

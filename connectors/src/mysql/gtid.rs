@@ -64,11 +64,7 @@ impl MariaGtidEvent {
             return None;
         }
         Some(Self {
-            gtid: MariaGtid {
-                domain,
-                server: server_id,
-                sequence,
-            },
+            gtid: MariaGtid { domain, server: server_id, sequence },
             standalone: flags & FL_STANDALONE != 0,
         })
     }
@@ -264,13 +260,11 @@ mod tests {
     #[test]
     fn mysql_gtid_sets_merge_intervals() {
         let a = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
-        let mut set = MySqlGtidSet::parse(&format!("{a}:1-5:7,\n4e11fa47-71ca-11e1-9e33-c80aa9429562:1-3")).expect("parses");
+        let mut set =
+            MySqlGtidSet::parse(&format!("{a}:1-5:7,\n4e11fa47-71ca-11e1-9e33-c80aa9429562:1-3")).expect("parses");
         assert!(set.contains(a, 3) && !set.contains(a, 6));
         set.add(a, 6);
-        assert_eq!(
-            set.to_string(),
-            format!("{a}:1-7,4e11fa47-71ca-11e1-9e33-c80aa9429562:1-3")
-        );
+        assert_eq!(set.to_string(), format!("{a}:1-7,4e11fa47-71ca-11e1-9e33-c80aa9429562:1-3"));
         set.add(a, 9);
         assert_eq!(set.to_string().split(',').next(), Some(format!("{a}:1-7:9").as_str()));
         assert_eq!(MySqlGtidSet::parse("nonsense:1"), None);

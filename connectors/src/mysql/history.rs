@@ -114,9 +114,7 @@ impl SchemaHistory {
 
     /// Every table the history knows.
     pub fn tables(&self) -> impl Iterator<Item = TableId> + '_ {
-        self.tables
-            .values()
-            .map(|t| TableId::new(t.schema.clone(), t.table.clone()))
+        self.tables.values().map(|t| TableId::new(t.schema.clone(), t.table.clone()))
     }
 
     /// Applies the statement of a QUERY event, run with `default_db` as the
@@ -193,12 +191,7 @@ impl SchemaHistory {
                 let mut renamed_to = None;
                 for op in at.operations {
                     match op {
-                        AlterTableOperation::AddColumn {
-                            column_def,
-                            column_position,
-                            if_not_exists,
-                            ..
-                        } => {
+                        AlterTableOperation::AddColumn { column_def, column_position, if_not_exists, .. } => {
                             if if_not_exists && def.columns.iter().any(|c| c.name == column_def.name.value) {
                                 continue;
                             }
@@ -218,14 +211,11 @@ impl SchemaHistory {
                                 }
                             }
                         }
-                        AlterTableOperation::ModifyColumn {
-                            col_name,
-                            data_type,
-                            options,
-                            column_position,
-                        } => {
-                            let options: Vec<ColumnOptionDef> =
-                                options.into_iter().map(|option| ColumnOptionDef { name: None, option }).collect();
+                        AlterTableOperation::ModifyColumn { col_name, data_type, options, column_position } => {
+                            let options: Vec<ColumnOptionDef> = options
+                                .into_iter()
+                                .map(|option| ColumnOptionDef { name: None, option })
+                                .collect();
                             let (col, _) = column_def(&col_name.value, &data_type.to_string(), &options);
                             replace_column(&mut def, &col_name.value, col, column_position.as_ref(), &table)?;
                         }
@@ -236,8 +226,10 @@ impl SchemaHistory {
                             options,
                             column_position,
                         } => {
-                            let options: Vec<ColumnOptionDef> =
-                                options.into_iter().map(|option| ColumnOptionDef { name: None, option }).collect();
+                            let options: Vec<ColumnOptionDef> = options
+                                .into_iter()
+                                .map(|option| ColumnOptionDef { name: None, option })
+                                .collect();
                             let (col, _) = column_def(&new_name.value, &data_type.to_string(), &options);
                             replace_column(&mut def, &old_name.value, col, column_position.as_ref(), &table)?;
                             for k in &mut def.primary_key {
@@ -246,10 +238,7 @@ impl SchemaHistory {
                                 }
                             }
                         }
-                        AlterTableOperation::RenameColumn {
-                            old_column_name,
-                            new_column_name,
-                        } => {
+                        AlterTableOperation::RenameColumn { old_column_name, new_column_name } => {
                             let col = def
                                 .columns
                                 .iter_mut()
@@ -293,11 +282,7 @@ impl SchemaHistory {
                     }
                 }
             }
-            Statement::Drop {
-                object_type: ObjectType::Table,
-                names,
-                ..
-            } => {
+            Statement::Drop { object_type: ObjectType::Table, names, .. } => {
                 for name in names {
                     let table = id(&name);
                     if self.remove(&table).is_some() {
@@ -338,11 +323,7 @@ fn like_name(like: &sqlparser::ast::CreateTableLikeKind) -> Option<ObjectName> {
 }
 
 fn table_id(name: &ObjectName, default_db: &str) -> TableId {
-    let parts: Vec<String> = name
-        .0
-        .iter()
-        .filter_map(|p| p.as_ident().map(|i| i.value.clone()))
-        .collect();
+    let parts: Vec<String> = name.0.iter().filter_map(|p| p.as_ident().map(|i| i.value.clone())).collect();
     match parts.as_slice() {
         [db, table] => TableId::new(db.clone(), table.clone()),
         [.., table] => TableId::new(default_db, table.clone()),
@@ -408,7 +389,12 @@ fn unknown_column(table: &TableId, column: &str) -> DdlError {
     }
 }
 
-fn insert_at(def: &mut TableDef, col: ColumnDef, pos: Option<&MySQLColumnPosition>, table: &TableId) -> Result<(), DdlError> {
+fn insert_at(
+    def: &mut TableDef,
+    col: ColumnDef,
+    pos: Option<&MySQLColumnPosition>,
+    table: &TableId,
+) -> Result<(), DdlError> {
     match pos {
         None => def.columns.push(col),
         Some(MySQLColumnPosition::First) => def.columns.insert(0, col),
@@ -459,7 +445,9 @@ mod tests {
     }
 
     fn names(h: &SchemaHistory, t: &TableId) -> Vec<String> {
-        h.get(t).map(|d| d.columns.iter().map(|c| c.name.clone()).collect()).unwrap_or_default()
+        h.get(t)
+            .map(|d| d.columns.iter().map(|c| c.name.clone()).collect())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -487,13 +475,16 @@ mod tests {
             .expect("modify + drop");
         assert_eq!(names(&h, &t), ["id", "note", "total"]);
         assert_eq!(h.get(&t).expect("known").columns[2].type_text, "DECIMAL(12,3)");
-        h.apply("ALTER TABLE orders CHANGE note memo TEXT", "shop", &all).expect("change");
+        h.apply("ALTER TABLE orders CHANGE note memo TEXT", "shop", &all)
+            .expect("change");
         assert_eq!(names(&h, &t), ["id", "memo", "total"]);
 
         let e = h.apply("RENAME TABLE orders TO orders_old", "shop", &all).expect("rename");
         let old = TableId::new("shop", "orders_old");
         assert_eq!(e, vec![DdlEffect::Renamed { from: t.clone(), to: old.clone() }]);
-        let e = h.apply("DROP TABLE IF EXISTS orders_old, nothing_here", "shop", &all).expect("drop");
+        let e = h
+            .apply("DROP TABLE IF EXISTS orders_old, nothing_here", "shop", &all)
+            .expect("drop");
         assert_eq!(e, vec![DdlEffect::Dropped(old)]);
         assert!(h.tables().next().is_none());
     }
@@ -502,7 +493,11 @@ mod tests {
     fn statements_that_change_no_table_have_no_effect() {
         let mut h = SchemaHistory::default();
         h.insert(TableId::new("db", "t"), TableDef::default());
-        for sql in ["GRANT SELECT ON db.* TO 'x'@'%'", "CREATE DATABASE other", "FLUSH PRIVILEGES"] {
+        for sql in [
+            "GRANT SELECT ON db.* TO 'x'@'%'",
+            "CREATE DATABASE other",
+            "FLUSH PRIVILEGES",
+        ] {
             assert_eq!(h.apply(sql, "db", &all).unwrap_or_default(), Vec::new(), "{sql}");
         }
         assert!(h.apply("ALTER TABLE t DROP COLUMN missing", "db", &all).is_err());

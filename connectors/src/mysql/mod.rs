@@ -83,12 +83,7 @@ impl BinlogPosition {
     /// The model's ordered position: file number in the high 32 bits, the
     /// offset in the low 32 (binlog files are at most 1 GiB, offsets fit).
     pub fn ordered(&self) -> u64 {
-        let seq: u64 = self
-            .file
-            .rsplit('.')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
+        let seq: u64 = self.file.rsplit('.').next().and_then(|n| n.parse().ok()).unwrap_or(0);
         seq << 32 | (self.pos & 0xffff_ffff)
     }
 }
@@ -190,10 +185,7 @@ pub async fn connect(params: &ConnectionParams) -> Result<mysql_async::Conn> {
     match tokio::time::timeout(params.connect_timeout, mysql_async::Conn::new(params.opts.clone())).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(classify_my(e, "connecting to MySQL")),
-        Err(_) => Err(Error::retryable(format!(
-            "connecting to MySQL at {}:{} timed out",
-            params.host, params.port
-        ))),
+        Err(_) => Err(Error::retryable(format!("connecting to MySQL at {}:{} timed out", params.host, params.port))),
     }
 }
 
@@ -241,11 +233,7 @@ pub async fn table_def(conn: &mut impl Queryable, table: &TableId) -> Result<Opt
     Ok(Some(TableDef {
         columns: rows
             .into_iter()
-            .map(|(name, type_text, nullable, _)| ColumnDef {
-                name,
-                type_text,
-                nullable: nullable == "YES",
-            })
+            .map(|(name, type_text, nullable, _)| ColumnDef { name, type_text, nullable: nullable == "YES" })
             .collect(),
         primary_key: key,
     }))
@@ -307,11 +295,7 @@ impl BuiltSchema {
             }
         }
         Ok(Self {
-            schema: Arc::new(TableSchema {
-                id: table.clone(),
-                columns,
-                key,
-            }),
+            schema: Arc::new(TableSchema { id: table.clone(), columns, key }),
             source_columns,
             codecs,
             keyed,
@@ -348,9 +332,7 @@ impl std::fmt::Debug for MySqlSource {
 impl MySqlSource {
     /// A source for `config`; nothing connects before [`Source::start`].
     pub fn new(config: MySqlSourceConfig, runner_name: impl Into<String>) -> Result<Self> {
-        config
-            .validate_as("mysql")
-            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        config.validate_as("mysql").map_err(|e| Error::needs_operator(e.to_string()))?;
         let params = config.connection()?;
         let filter = config.filter(&params.database);
         let ctx = EventContext {
@@ -374,9 +356,7 @@ impl MySqlSource {
     }
 
     fn state_mut(&mut self) -> Result<&mut SourceState> {
-        self.state
-            .as_mut()
-            .ok_or_else(|| Error::retryable("the source is not started"))
+        self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))
     }
 
     /// Queues a `SchemaChanged` for `schema` unless it is the one announced last.
@@ -388,7 +368,10 @@ impl MySqlSource {
     }
 
     async fn start_snapshot(&mut self) -> Result<()> {
-        let state = self.state.as_ref().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let state = self
+            .state
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         let plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
         let run = SnapshotRun::open(&self.params, plan, self.config.snapshot_chunk_rows).await?;
         // A resumed snapshot reads the remaining rows at its own (later)
@@ -407,7 +390,10 @@ impl MySqlSource {
                 done: t.done,
             });
         }
-        let state = self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         if state.snapshot.as_ref().is_some_and(|s| s.position.is_none()) {
             // The first snapshot transaction fixes where streaming starts
             // and the definitions the history starts from.
@@ -424,9 +410,14 @@ impl MySqlSource {
     }
 
     async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
-        let Some(run) = self.snapshot.as_mut() else { return Ok(None) };
+        let Some(run) = self.snapshot.as_mut() else {
+            return Ok(None);
+        };
         let chunk = run.next_chunk(&self.config, &self.filter, &self.ctx).await?;
-        let state = self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         match chunk {
             Some(chunk) => {
                 if let Some(p) = self.progress.get_mut(&chunk.table) {
@@ -436,10 +427,7 @@ impl MySqlSource {
                 state.snapshot = Some(run.plan.clone());
                 let mut messages = std::mem::take(&mut self.prelude);
                 messages.extend(chunk.messages);
-                Ok(Some(SourceBatch {
-                    messages,
-                    checkpoint: state.to_checkpoint(),
-                }))
+                Ok(Some(SourceBatch { messages, checkpoint: state.to_checkpoint() }))
             }
             None => {
                 self.snapshot = None;
@@ -466,7 +454,10 @@ impl MySqlSource {
             }
         }
         if self.streamer.is_none() {
-            let state = self.state.as_ref().ok_or_else(|| Error::retryable("the source is not started"))?;
+            let state = self
+                .state
+                .as_ref()
+                .ok_or_else(|| Error::retryable("the source is not started"))?;
             self.streamer = Some(Streamer::open(&self.params, &self.config, state).await?);
         }
         let (Some(streamer), Some(state)) = (self.streamer.as_mut(), self.state.as_mut()) else {
@@ -633,7 +624,11 @@ mod tests {
         history.insert(
             TableId::new("db", "t"),
             TableDef {
-                columns: vec![ColumnDef { name: "id".into(), type_text: "int(11)".into(), nullable: false }],
+                columns: vec![ColumnDef {
+                    name: "id".into(),
+                    type_text: "int(11)".into(),
+                    nullable: false,
+                }],
                 primary_key: vec!["id".into()],
             },
         );
@@ -647,10 +642,7 @@ mod tests {
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).expect("parses"), s);
         let other = Checkpoint(s.to_checkpoint().0.replace("\"version\":1", "\"version\":9"));
-        assert_eq!(
-            SourceState::from_checkpoint(&other).expect_err("version").kind(),
-            ErrorKind::NeedsOperator
-        );
+        assert_eq!(SourceState::from_checkpoint(&other).expect_err("version").kind(), ErrorKind::NeedsOperator);
     }
 
     #[test]
@@ -661,9 +653,21 @@ mod tests {
         let filter = config.filter("db");
         let def = TableDef {
             columns: vec![
-                ColumnDef { name: "code".into(), type_text: "varchar(8)".into(), nullable: false },
-                ColumnDef { name: "secret".into(), type_text: "text".into(), nullable: true },
-                ColumnDef { name: "n".into(), type_text: "int(10) unsigned".into(), nullable: true },
+                ColumnDef {
+                    name: "code".into(),
+                    type_text: "varchar(8)".into(),
+                    nullable: false,
+                },
+                ColumnDef {
+                    name: "secret".into(),
+                    type_text: "text".into(),
+                    nullable: true,
+                },
+                ColumnDef {
+                    name: "n".into(),
+                    type_text: "int(10) unsigned".into(),
+                    nullable: true,
+                },
             ],
             primary_key: vec![],
         };

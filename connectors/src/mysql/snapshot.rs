@@ -103,7 +103,9 @@ pub async fn current_position(
             .with_hint("log_bin = mysql-bin in my.cnf, then restart (see `source-runner check`)")
     })?;
     let file: String = row.get(0).ok_or_else(|| Error::retryable("SHOW MASTER STATUS has no file"))?;
-    let pos: u64 = row.get(1).ok_or_else(|| Error::retryable("SHOW MASTER STATUS has no position"))?;
+    let pos: u64 = row
+        .get(1)
+        .ok_or_else(|| Error::retryable("SHOW MASTER STATUS has no position"))?;
     let position = BinlogPosition { file, pos };
     let gtid = match kind {
         ServerKind::MariaDb => mariadb_gtid_at(conn, &position).await?,
@@ -139,7 +141,9 @@ pub struct SnapshotRun {
 
 impl std::fmt::Debug for SnapshotRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SnapshotRun").field("position", &self.position).finish_non_exhaustive()
+        f.debug_struct("SnapshotRun")
+            .field("position", &self.position)
+            .finish_non_exhaustive()
     }
 }
 
@@ -165,7 +169,12 @@ impl SnapshotRun {
                     .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
                     .await
                     .map_err(|e| classify_my(e, "reading the snapshot's binlog position"))?;
-                let get = |name: &str| status.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+                let get = |name: &str| {
+                    status
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v.clone())
+                };
                 let file = get("binlog_snapshot_file").filter(|f| !f.is_empty()).ok_or_else(|| {
                     Error::needs_operator("the server reports no binlog_snapshot_file: the binary log is off")
                         .with_hint("log_bin = mysql-bin in my.cnf, then restart (see `source-runner check`)")
@@ -269,27 +278,32 @@ impl SnapshotRun {
 
     async fn read_chunk(&mut self, index: usize, id: &TableId, ctx: &EventContext) -> Result<Chunk> {
         let built = self.built.get(id).ok_or_else(|| Error::retryable("snapshot schema missing"))?;
-        let def = self.defs.get(id).ok_or_else(|| Error::retryable("snapshot definition missing"))?;
+        let def = self
+            .defs
+            .get(id)
+            .ok_or_else(|| Error::retryable("snapshot definition missing"))?;
         let plan = &self.plan.tables[index];
         let schema = built.schema.clone();
         let cols: Vec<String> = schema.columns.iter().map(|c| quote_ident(&c.name)).collect();
-        let pk: Vec<usize> = def
-            .primary_key
-            .iter()
-            .filter_map(|k| schema.column_index(k))
-            .collect();
+        let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
         let keyed = !def.primary_key.is_empty() && pk.len() == def.primary_key.len();
         let order: Vec<String> = if keyed {
             pk.iter().map(|&i| quote_ident(&schema.columns[i].name)).collect()
         } else {
-            schema.key_indexes().iter().map(|&i| quote_ident(&schema.columns[i].name)).collect()
+            schema
+                .key_indexes()
+                .iter()
+                .map(|&i| quote_ident(&schema.columns[i].name))
+                .collect()
         };
         let mut sql = format!("SELECT {} FROM {}", cols.join(", "), quote_table(id));
         if keyed {
             if let Some(last) = &plan.last_key {
                 let mut values = Vec::with_capacity(pk.len());
                 for (n, &i) in pk.iter().enumerate() {
-                    let hex = last.get(n).ok_or_else(|| Error::needs_operator("the checkpoint's snapshot key is short"))?;
+                    let hex = last
+                        .get(n)
+                        .ok_or_else(|| Error::needs_operator("the checkpoint's snapshot key is short"))?;
                     values.push(key_literal(&schema.columns[i].data_type, hex).ok_or_else(|| {
                         Error::needs_operator("the checkpoint's snapshot key cannot be read back")
                             .with_table(id.clone())
@@ -357,11 +371,7 @@ impl SnapshotRun {
                 .await
                 .map_err(|e| classify_my(e, "ending the snapshot transaction"))?;
         }
-        Ok(Chunk {
-            table: id.clone(),
-            messages,
-            table_done,
-        })
+        Ok(Chunk { table: id.clone(), messages, table_done })
     }
 }
 
@@ -386,10 +396,7 @@ fn read_event(
             ts_ms: now,
             snapshot: marker,
             tx_id: None,
-            position: Position {
-                commit: position.ordered(),
-                index: 0,
-            },
+            position: Position { commit: position.ordered(), index: 0 },
             native_position: position.to_string().into(),
         },
         ts_ms: now,
@@ -420,11 +427,14 @@ fn key_literal(data_type: &DataType, hex_text: &str) -> Option<String> {
     match data_type {
         DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Decimal { .. } | DataType::Boolean => {
             let text = String::from_utf8(bytes).ok()?;
-            let numeric = !text.is_empty()
-                && text.chars().all(|c| c.is_ascii_digit() || c == '-' || c == '.');
+            let numeric = !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '-' || c == '.');
             numeric.then_some(text)
         }
-        DataType::Bytes => Some(if bytes.is_empty() { "''".to_string() } else { format!("X'{hex_text}'") }),
+        DataType::Bytes => Some(if bytes.is_empty() {
+            "''".to_string()
+        } else {
+            format!("X'{hex_text}'")
+        }),
         _ => {
             let text = String::from_utf8(bytes).ok()?;
             Some(quote_literal(&text.replace('\0', "\\0")))
@@ -438,7 +448,10 @@ mod tests {
 
     #[test]
     fn key_literals_keep_numbers_exact_and_strings_quoted() {
-        assert_eq!(key_literal(&DataType::Int64, &hex(b"18446744073709551615")).as_deref(), Some("18446744073709551615"));
+        assert_eq!(
+            key_literal(&DataType::Int64, &hex(b"18446744073709551615")).as_deref(),
+            Some("18446744073709551615")
+        );
         assert_eq!(key_literal(&DataType::Int64, &hex(b"1 OR 1=1")), None);
         assert_eq!(key_literal(&DataType::Text, &hex(b"o'k\\")).as_deref(), Some("'o''k\\\\'"));
         assert_eq!(key_literal(&DataType::Bytes, &hex(&[0, 255])).as_deref(), Some("X'00ff'"));

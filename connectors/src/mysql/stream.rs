@@ -27,9 +27,9 @@ use mysql_async::{BinlogStream, BinlogStreamRequest};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
 
 use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, TableFilter};
-use super::types::quote_literal;
 use super::gtid::{self, MariaGtidEvent, MariaGtidPos, MySqlGtidSet};
 use super::history::DdlEffect;
+use super::types::quote_literal;
 use super::{classify_my, connect, BinlogPosition, BuiltSchema, EventContext, ServerKind, SourceState};
 use crate::error::{Error, Result};
 use crate::SourceMessage;
@@ -243,7 +243,9 @@ impl Streamer {
                     });
                     return Ok(None);
                 }
-                gtid::MARIADB_GTID_LIST_EVENT | gtid::MARIADB_ANNOTATE_ROWS_EVENT | gtid::MARIADB_BINLOG_CHECKPOINT_EVENT => {
+                gtid::MARIADB_GTID_LIST_EVENT
+                | gtid::MARIADB_ANNOTATE_ROWS_EVENT
+                | gtid::MARIADB_BINLOG_CHECKPOINT_EVENT => {
                     self.idle_advance(&end, artificial, sc);
                     return Ok(None);
                 }
@@ -257,10 +259,7 @@ impl Streamer {
             Some(EventData::RotateEvent(r)) => {
                 self.file = binlog_file_name(r.name_raw(), self.rotate_checksum_len);
                 if self.txn.is_none() {
-                    sc.state.binlog = BinlogPosition {
-                        file: self.file.clone(),
-                        pos: r.position(),
-                    };
+                    sc.state.binlog = BinlogPosition { file: self.file.clone(), pos: r.position() };
                 }
                 Ok(None)
             }
@@ -445,10 +444,9 @@ impl Streamer {
     fn rows(&mut self, rows: &RowsEventData<'_>, end: &BinlogPosition, sc: &mut StreamContext<'_>) -> Result<()> {
         let table_id = rows.table_id();
         let (table, tme_columns) = match self.stream.get_tme(table_id) {
-            Some(tme) => (
-                TableId::new(tme.database_name().to_string(), tme.table_name().to_string()),
-                tme.columns_count(),
-            ),
+            Some(tme) => {
+                (TableId::new(tme.database_name().to_string(), tme.table_name().to_string()), tme.columns_count())
+            }
             None => return Err(Error::retryable(format!("a rows event at {end} has no table map"))),
         };
         if !sc.filter.captures(&table) {

@@ -11,7 +11,6 @@ use crate::error::{Error, ErrorKind, Result};
 
 pub use crate::problem::{Problem, Severity};
 
-
 /// The statements installing the DDL event trigger: every `CREATE`/`ALTER`
 /// of a table and every dropped table becomes a transactional logical
 /// message with the prefix `tributary`, so the stream sees DDL in order.
@@ -151,10 +150,7 @@ pub async fn require_select(client: &tokio_postgres::Client, user: &str, tables:
 /// as changes of their partitioned table (the table the source captures).
 pub fn create_publication_sql(publication: &str, tables: &[TableId]) -> String {
     if tables.is_empty() {
-        format!(
-            "CREATE PUBLICATION {} WITH (publish_via_partition_root = true);",
-            quote_ident(publication)
-        )
+        format!("CREATE PUBLICATION {} WITH (publish_via_partition_root = true);", quote_ident(publication))
     } else {
         format!(
             "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true);",
@@ -188,7 +184,9 @@ async fn publication_tables(
         .map_err(|e| classify_pg(e, "reading publication tables"))?;
     Ok(Some((
         all,
-        rows.iter().map(|r| TableId::new(r.get::<_, String>(0), r.get::<_, String>(1))).collect(),
+        rows.iter()
+            .map(|r| TableId::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect(),
     )))
 }
 
@@ -250,7 +248,11 @@ pub async fn ensure_publication(
                     return Box::pin(ensure_publication(client, config, tables)).await;
                 }
                 return Err(Error::new(
-                    if err.kind() == ErrorKind::Retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator },
+                    if err.kind() == ErrorKind::Retryable {
+                        ErrorKind::Retryable
+                    } else {
+                        ErrorKind::NeedsOperator
+                    },
                     err.to_string(),
                 )
                 .with_class(err.class())
@@ -272,7 +274,11 @@ pub async fn ensure_publication(
                         continue;
                     }
                     return Err(Error::new(
-                        if err.kind() == ErrorKind::Retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator },
+                        if err.kind() == ErrorKind::Retryable {
+                            ErrorKind::Retryable
+                        } else {
+                            ErrorKind::NeedsOperator
+                        },
                         err.to_string(),
                     )
                     .with_table(t.clone())
@@ -352,37 +358,23 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
         )
         .await
         .map_err(|e| classify_pg(e, "reading replication settings"))?;
-    let (max_slots, used_slots, ours, max_senders, senders): (i32, i32, i32, i32, i32) = (
-        slots_row.get(0),
-        slots_row.get(1),
-        slots_row.get(2),
-        slots_row.get(3),
-        slots_row.get(4),
-    );
+    let (max_slots, used_slots, ours, max_senders, senders): (i32, i32, i32, i32, i32) =
+        (slots_row.get(0), slots_row.get(1), slots_row.get(2), slots_row.get(3), slots_row.get(4));
     if ours == 0 && used_slots >= max_slots {
         problems.push(Problem::error(
             format!("all {max_slots} replication slots are in use; the source needs one more"),
-            Some(format!(
-                "ALTER SYSTEM SET max_replication_slots = {}; -- then restart PostgreSQL",
-                max_slots + 4
-            )),
+            Some(format!("ALTER SYSTEM SET max_replication_slots = {}; -- then restart PostgreSQL", max_slots + 4)),
         ));
     }
     if senders >= max_senders {
         problems.push(Problem::error(
             format!("all {max_senders} WAL senders are in use; the source needs one more"),
-            Some(format!(
-                "ALTER SYSTEM SET max_wal_senders = {}; -- then restart PostgreSQL",
-                max_senders + 4
-            )),
+            Some(format!("ALTER SYSTEM SET max_wal_senders = {}; -- then restart PostgreSQL", max_senders + 4)),
         ));
     }
 
     let role = client
-        .query_one(
-            "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user",
-            &[],
-        )
+        .query_one("SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user", &[])
         .await
         .map_err(|e| classify_pg(e, "reading the role"))?;
     let (superuser, replication): (bool, bool) = (role.get(0), role.get(1));
@@ -395,10 +387,7 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
 
     let tables = catalog.list_tables(&config.filter()).await?;
     if tables.is_empty() {
-        problems.push(Problem::warning(
-            "no table matches postgres.include (minus postgres.exclude)",
-            None,
-        ));
+        problems.push(Problem::warning("no table matches postgres.include (minus postgres.exclude)", None));
     }
     for (relid, id) in &tables {
         let row = client
@@ -471,12 +460,13 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
     match publication_tables(client, &config.publication_name).await? {
         None => {
             let sql = create_publication_sql(&config.publication_name, &ids);
-            let p = Problem::warning(
-                format!("publication {} does not exist", config.publication_name),
-                Some(sql),
-            );
+            let p = Problem::warning(format!("publication {} does not exist", config.publication_name), Some(sql));
             problems.push(if may_create || superuser {
-                Problem { message: format!("{} (the source creates it on start)", p.message), ..p }.auto()
+                Problem {
+                    message: format!("{} (the source creates it on start)", p.message),
+                    ..p
+                }
+                .auto()
             } else {
                 Problem { severity: Severity::Error, ..p }
             });
@@ -498,7 +488,11 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
                 )
                 .on(id);
                 problems.push(if owner || superuser {
-                    Problem { message: format!("{} (the source adds it on start)", p.message), ..p }.auto()
+                    Problem {
+                        message: format!("{} (the source adds it on start)", p.message),
+                        ..p
+                    }
+                    .auto()
                 } else {
                     Problem { severity: Severity::Error, ..p }
                 });
@@ -512,7 +506,11 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
             Some(DDL_TRIGGER_SQL.to_string()),
         );
         problems.push(if superuser {
-            Problem { message: format!("{} (the source installs it on start)", p.message), ..p }.auto()
+            Problem {
+                message: format!("{} (the source installs it on start)", p.message),
+                ..p
+            }
+            .auto()
         } else {
             p
         });
@@ -530,10 +528,7 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
         let db: Option<String> = s.get(1);
         if plugin.as_deref() != Some("pgoutput") || db.as_deref() != Some(params.database.as_str()) {
             problems.push(Problem::error(
-                format!(
-                    "replication slot {} belongs to another plugin or database",
-                    config.slot_name
-                ),
+                format!("replication slot {} belongs to another plugin or database", config.slot_name),
                 Some(format!("SELECT pg_drop_replication_slot({});", quote_literal(&config.slot_name))),
             ));
         }
@@ -552,10 +547,7 @@ pub async fn teardown(config: &PostgresSourceConfig) -> Result<Vec<String>> {
     let client = catalog.client();
     let mut done = Vec::new();
     let slot = client
-        .query_opt(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-            &[&config.slot_name],
-        )
+        .query_opt("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[&config.slot_name])
         .await
         .map_err(|e| classify_pg(e, "reading replication slots"))?;
     if let Some(row) = slot {
@@ -569,10 +561,8 @@ pub async fn teardown(config: &PostgresSourceConfig) -> Result<Vec<String>> {
             .execute("SELECT pg_drop_replication_slot($1)", &[&config.slot_name])
             .await
             .map_err(|e| {
-                classify_pg(e, "dropping the replication slot").with_hint(format!(
-                    "SELECT pg_drop_replication_slot({});",
-                    quote_literal(&config.slot_name)
-                ))
+                classify_pg(e, "dropping the replication slot")
+                    .with_hint(format!("SELECT pg_drop_replication_slot({});", quote_literal(&config.slot_name)))
             })?;
         done.push(format!("replication slot {}", config.slot_name));
     }

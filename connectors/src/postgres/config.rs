@@ -236,9 +236,7 @@ fn default_true() -> bool {
 fn valid_identifier(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 impl PostgresSourceConfig {
@@ -280,10 +278,7 @@ impl PostgresSourceConfig {
         };
         let url = self.url.expose_secret();
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::invalid(
-                field("url"),
-                "must be a postgres:// or postgresql:// URL",
-            ));
+            return Err(ConfigError::invalid(field("url"), "must be a postgres:// or postgresql:// URL"));
         }
         if url.parse::<tokio_postgres::Config>().is_err() {
             return Err(ConfigError::invalid(field("url"), "is not a valid PostgreSQL URL"));
@@ -309,21 +304,14 @@ impl PostgresSourceConfig {
             }
         }
         for p in &self.exclude_columns {
-            TablePattern::parse(p, 3)
-                .map_err(|rule| ConfigError::invalid(field("exclude_columns"), rule))?;
+            TablePattern::parse(p, 3).map_err(|rule| ConfigError::invalid(field("exclude_columns"), rule))?;
         }
         for (table, cols) in &self.keys {
             if table.split('.').count() != 2 {
-                return Err(ConfigError::invalid(
-                    field("keys"),
-                    format!("key `{table}` must be `schema.table`"),
-                ));
+                return Err(ConfigError::invalid(field("keys"), format!("key `{table}` must be `schema.table`")));
             }
             if cols.is_empty() {
-                return Err(ConfigError::invalid(
-                    field("keys"),
-                    format!("`{table}` must list at least one column"),
-                ));
+                return Err(ConfigError::invalid(field("keys"), format!("`{table}` must list at least one column")));
             }
         }
         if self.snapshot_chunk_rows < 1 || self.snapshot_chunk_rows > 1_000_000 {
@@ -345,10 +333,7 @@ impl PostgresSourceConfig {
             return Err(ConfigError::invalid(field("max_batch_bytes"), "must be at least 1024"));
         }
         if self.batch_linger_ms >= self.heartbeat_interval_ms {
-            return Err(ConfigError::invalid(
-                field("batch_linger_ms"),
-                "must be shorter than heartbeat_interval_ms",
-            ));
+            return Err(ConfigError::invalid(field("batch_linger_ms"), "must be shorter than heartbeat_interval_ms"));
         }
         validate_tls(self.tls, self.tls_ca_file.as_deref(), field)?;
         Ok(())
@@ -375,13 +360,10 @@ impl PostgresSourceConfig {
         let database = pg.get_dbname().unwrap_or(&user).to_string();
         let raw_password = match &self.password {
             Some(p) => Some(p.expose_secret().to_string()),
-            None => pg
-                .get_password()
-                .map(|p| String::from_utf8_lossy(p).into_owned()),
+            None => pg.get_password().map(|p| String::from_utf8_lossy(p).into_owned()),
         };
         let password = match raw_password {
-            Some(raw) => resolve_secret("postgres.password", &raw)
-                .map_err(|e| Error::needs_operator(e.to_string()))?,
+            Some(raw) => resolve_secret("postgres.password", &raw).map_err(|e| Error::needs_operator(e.to_string()))?,
             None => SecretString::from(String::new()),
         };
         pg.password(password.expose_secret().as_bytes());
@@ -515,8 +497,8 @@ mod tests {
     #[test]
     fn password_resolves_from_env() {
         std::env::set_var("TRIBUTARY_TEST_PG_PASSWORD", "pw1");
-        let c = parse("url = \"postgres://u@h:5433/db\"\npassword = \"env:TRIBUTARY_TEST_PG_PASSWORD\"")
-            .expect("valid");
+        let c =
+            parse("url = \"postgres://u@h:5433/db\"\npassword = \"env:TRIBUTARY_TEST_PG_PASSWORD\"").expect("valid");
         let p = c.connection().expect("resolves");
         assert_eq!(p.password.expose_secret(), "pw1");
         assert_eq!(p.port, 5433);

@@ -30,9 +30,7 @@ use tokio_postgres::NoTls;
 use tributary_schemas::{Column, SnapshotMarker, TableId, TableSchema};
 
 use self::config::{ConnectionParams, NewTables, PostgresSourceConfig, SnapshotMode, TableFilter, TlsMode};
-use self::snapshot::{
-    Chunk, ExportedSnapshot, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan,
-};
+use self::snapshot::{Chunk, ExportedSnapshot, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan};
 use self::stream::{PartialTxn, StreamContext, Streamer};
 use self::types::{map_type, quote_ident, quote_table, PgType};
 use crate::error::{Error, ErrorKind, Result};
@@ -158,9 +156,8 @@ mod tls {
             Error::needs_operator("postgres.tls_ca_file is required to verify the server certificate")
         })?;
         let mut roots = RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(path).map_err(|e| {
-            Error::needs_operator(format!("cannot read postgres.tls_ca_file {path}: {e}"))
-        })?;
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| Error::needs_operator(format!("cannot read postgres.tls_ca_file {path}: {e}")))?;
         for cert in certs {
             let cert = cert.map_err(|e| {
                 Error::needs_operator(format!("postgres.tls_ca_file {path} is not a PEM certificate file: {e}"))
@@ -289,14 +286,13 @@ pub fn classify_sqlstate(code: &str) -> ErrorKind {
     match code {
         // Retry: the server or the network is busy or restarting, a lock
         // or the slot is held by a session that is going away.
-        "55006" | "53300" | "55P03" | "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" => {
-            ErrorKind::Retryable
-        }
+        "55006" | "53300" | "55P03" | "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" => ErrorKind::Retryable,
         c if c.starts_with("08") || c.starts_with("58") || c.starts_with("XX") => ErrorKind::Retryable,
         // An operator has to act: privileges, credentials, missing objects,
         // server configuration, full disk.
-        "42501" | "28P01" | "28000" | "3D000" | "42704" | "42P01" | "55000" | "53100" | "53400"
-        | "53200" => ErrorKind::NeedsOperator,
+        "42501" | "28P01" | "28000" | "3D000" | "42704" | "42P01" | "55000" | "53100" | "53400" | "53200" => {
+            ErrorKind::NeedsOperator
+        }
         c if c.starts_with("22") => ErrorKind::Permanent,
         c if c.starts_with("42") => ErrorKind::NeedsOperator,
         _ => ErrorKind::Retryable,
@@ -320,8 +316,7 @@ pub fn classify_pg(err: tokio_postgres::Error, context: &str) -> Error {
     if let Some(db) = err.as_db_error() {
         let code = db.code().code().to_string();
         let kind = classify_sqlstate(&code);
-        let mut e = Error::new(kind, format!("{context}: {}", db.message()))
-            .with_class(format!("sqlstate.{code}"));
+        let mut e = Error::new(kind, format!("{context}: {}", db.message())).with_class(format!("sqlstate.{code}"));
         if let Some(h) = sqlstate_hint(&code) {
             e = e.with_hint(h);
         }
@@ -356,7 +351,11 @@ pub fn classify_wire(err: PgWireError, context: &str) -> Error {
                 .rsplit_once("SQLSTATE ")
                 .map(|(_, c)| c.trim_end_matches(')').to_string())
                 .unwrap_or_default();
-            let kind = if code.is_empty() { ErrorKind::Retryable } else { classify_sqlstate(&code) };
+            let kind = if code.is_empty() {
+                ErrorKind::Retryable
+            } else {
+                classify_sqlstate(&code)
+            };
             let mut e = Error::new(kind, format!("{context}: {msg}")).with_class(format!("sqlstate.{code}"));
             if code == "42704" && msg.contains("replication slot") {
                 e = e.with_hint(
@@ -500,10 +499,7 @@ impl Catalog {
         if t.typtype == 'e' && t.enum_labels.is_empty() {
             let rows = self
                 .client
-                .query(
-                    "SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder",
-                    &[&oid],
-                )
+                .query("SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder", &[&oid])
                 .await
                 .map_err(|e| classify_pg(e, "reading enum labels"))?;
             t.enum_labels = rows.iter().map(|r| r.get(0)).collect();
@@ -533,10 +529,8 @@ impl Catalog {
             )
             .await
             .map_err(|e| classify_pg(e, "reading columns").with_table(table.clone()))?;
-        let catalog_cols: Vec<(String, u32, i32, bool)> = rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect();
+        let catalog_cols: Vec<(String, u32, i32, bool)> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
         let pk_rows = self
             .client
             .query(
@@ -596,11 +590,7 @@ impl Catalog {
             .map_err(|e| classify_pg(e, "reading the table kind").with_table(table.clone()))?
             .get(0);
         Ok(BuiltSchema {
-            schema: Arc::new(TableSchema {
-                id: table.clone(),
-                columns: cols,
-                key,
-            }),
+            schema: Arc::new(TableSchema { id: table.clone(), columns: cols, key }),
             keyed,
             partitioned,
             source_columns,
@@ -749,9 +739,7 @@ impl PostgresSource {
     }
 
     fn state_mut(&mut self) -> Result<&mut SourceState> {
-        self.state
-            .as_mut()
-            .ok_or_else(|| Error::retryable("the source is not started"))
+        self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))
     }
 
     fn reset(&mut self) {
@@ -775,9 +763,7 @@ impl PostgresSource {
         let Some(relid) = catalog.relid(table).await? else {
             return Ok(None);
         };
-        let built = catalog
-            .build_schema(&self.config, &self.filter, table, relid, None)
-            .await?;
+        let built = catalog.build_schema(&self.config, &self.filter, table, relid, None).await?;
         self.announced.insert(table.clone(), built.schema.clone());
         self.prelude.push(SourceMessage::SchemaChanged(built.schema.clone()));
         Ok(Some(built))
@@ -890,12 +876,8 @@ impl PostgresSource {
             .as_ref()
             .ok_or_else(|| Error::retryable("the source is not started"))?;
         // Only tables that still exist and are selectable (not partitions).
-        let selectable: BTreeSet<TableId> = catalog
-            .list_tables(&self.filter)
-            .await?
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
+        let selectable: BTreeSet<TableId> =
+            catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
         let plan = SnapshotState {
             tables: plan
                 .tables
@@ -915,7 +897,10 @@ impl PostgresSource {
         let mut tables = Vec::with_capacity(plan.tables.len());
         for t in plan.tables {
             let id = t.id();
-            let catalog = self.catalog.as_mut().ok_or_else(|| Error::retryable("the source is not started"))?;
+            let catalog = self
+                .catalog
+                .as_mut()
+                .ok_or_else(|| Error::retryable("the source is not started"))?;
             let Some(relid) = catalog.relid(&id).await? else {
                 tracing::warn!(table = %id, "table to snapshot no longer exists; skipping it");
                 continue;
@@ -946,10 +931,7 @@ impl PostgresSource {
                 let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
                 catalog
                     .client()
-                    .execute(
-                        "SELECT pg_logical_emit_message(false, $1, '')",
-                        &[&stream::FENCE_MESSAGE_PREFIX],
-                    )
+                    .execute("SELECT pg_logical_emit_message(false, $1, '')", &[&stream::FENCE_MESSAGE_PREFIX])
                     .await
                     .map_err(|e| classify_pg(e, "writing the snapshot fence message"))?;
                 (Some(gated), ExportedSnapshot { name, lsn })
@@ -981,11 +963,7 @@ impl PostgresSource {
             initial,
             "snapshot started"
         );
-        self.snapshot = Some(ActiveSnapshot {
-            run,
-            pending: None,
-            ready: None,
-        });
+        self.snapshot = Some(ActiveSnapshot { run, pending: None, ready: None });
         self.catch_up = behind.then_some(lsn);
         Ok(())
     }
@@ -1026,7 +1004,9 @@ impl PostgresSource {
 
     async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
         loop {
-            let Some(active) = self.snapshot.as_mut() else { return Ok(None) };
+            let Some(active) = self.snapshot.as_mut() else {
+                return Ok(None);
+            };
             if let Some((chunk, checkpoint)) = active.ready.take() {
                 return Ok(Some(self.chunk_batch(chunk, checkpoint)));
             }
@@ -1075,11 +1055,7 @@ impl PostgresSource {
                 }
                 None => {
                     let pending = active.pending.take();
-                    let initial = self
-                        .state
-                        .as_ref()
-                        .and_then(|s| s.snapshot.as_ref())
-                        .is_some_and(|s| s.initial);
+                    let initial = self.state.as_ref().and_then(|s| s.snapshot.as_ref()).is_some_and(|s| s.initial);
                     self.snapshot = None;
                     let state = self.state_mut()?;
                     state.snapshot = None;
@@ -1125,12 +1101,7 @@ impl Source for PostgresSource {
             .with_hint("reset the runner's checkpoint to take a new snapshot (the slot is created again)"));
         }
         let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
-        let selected: Vec<TableId> = catalog
-            .list_tables(&self.filter)
-            .await?
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
+        let selected: Vec<TableId> = catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
         check::require_select(catalog.client(), &self.params.user, &selected).await?;
         check::ensure_publication(catalog.client(), &self.config, &selected).await?;
         check::ensure_full_before_images(catalog.client(), &selected).await?;
@@ -1190,11 +1161,8 @@ impl Source for PostgresSource {
                 }
             }
             Some(mut state) => {
-                let pending: BTreeSet<TableId> = state
-                    .snapshot
-                    .iter()
-                    .flat_map(|s| s.tables.iter().map(TablePlan::id))
-                    .collect();
+                let pending: BTreeSet<TableId> =
+                    state.snapshot.iter().flat_map(|s| s.tables.iter().map(TablePlan::id)).collect();
                 for id in &selected {
                     let known = state.tables.contains(&id.to_string());
                     if known && !pending.contains(id) {
@@ -1305,7 +1273,10 @@ impl PostgresSource {
         messages.extend(out.messages);
         let caught_up = if out.reached_stop { self.catch_up.take() } else { None };
         let snapshot_running = self.snapshot.is_some();
-        let state = self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         state.lsn = out.lsn;
         state.txn = out.partial;
         if let Some(point) = caught_up {
@@ -1338,10 +1309,7 @@ impl PostgresSource {
                 self.streamer = None;
             }
         }
-        Ok(SourceBatch {
-            messages,
-            checkpoint: state.to_checkpoint(),
-        })
+        Ok(SourceBatch { messages, checkpoint: state.to_checkpoint() })
     }
 }
 
@@ -1393,10 +1361,7 @@ mod tests {
             lsn: 42,
             tables: ["public.a".to_string()].into_iter().collect(),
             snapshot: None,
-            txn: Some(PartialTxn {
-                commit_lsn: 50,
-                changes: 10_000,
-            }),
+            txn: Some(PartialTxn { commit_lsn: 50, changes: 10_000 }),
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).unwrap(), s);
         // Checkpoints written before transactions could be split still read.

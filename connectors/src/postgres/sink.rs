@@ -213,17 +213,11 @@ impl PostgresSinkConfig {
         check_table_template(&self.table).map_err(|rule| ConfigError::invalid(format!("{prefix}.table"), rule))?;
         if let Some(group) = &self.consumer_group {
             if group.trim().is_empty() {
-                return Err(ConfigError::invalid(
-                    format!("{prefix}.consumer_group"),
-                    "must not be empty",
-                ));
+                return Err(ConfigError::invalid(format!("{prefix}.consumer_group"), "must not be empty"));
             }
         }
         if self.connect_timeout_ms == 0 {
-            return Err(ConfigError::invalid(
-                format!("{prefix}.connect_timeout_ms"),
-                "must be greater than 0",
-            ));
+            return Err(ConfigError::invalid(format!("{prefix}.connect_timeout_ms"), "must be greater than 0"));
         }
         validate_tls(self.tls, self.tls_ca_file.as_deref(), |name| format!("{prefix}.{name}"))
     }
@@ -333,9 +327,8 @@ impl PostgresSink {
             .clone()
             .ok_or_else(|| ConfigError::invalid("postgres.consumer_group", "is required"))?;
         let secret: SecretString = resolve_secret("postgres.url", &config.url)?;
-        let mut pg = tokio_postgres::Config::from_str(secret.expose_secret()).map_err(|e| {
-            ConfigError::invalid("postgres.url", format!("is not a PostgreSQL URL ({e})"))
-        })?;
+        let mut pg = tokio_postgres::Config::from_str(secret.expose_secret())
+            .map_err(|e| ConfigError::invalid("postgres.url", format!("is not a PostgreSQL URL ({e})")))?;
         pg.connect_timeout(Duration::from_millis(config.connect_timeout_ms));
         pg.application_name(APPLICATION_NAME);
         Ok(Self {
@@ -368,10 +361,7 @@ impl PostgresSink {
     }
 
     fn database(&self) -> String {
-        self.pg
-            .get_dbname()
-            .map(str::to_string)
-            .unwrap_or_else(|| self.user())
+        self.pg.get_dbname().map(str::to_string).unwrap_or_else(|| self.user())
     }
 
     fn ctx(&self) -> Ctx {
@@ -655,10 +645,7 @@ impl PostgresSink {
         }
         if has_offsets {
             let ok = client
-                .query_one(
-                    "SELECT has_table_privilege('tributary.offsets', 'SELECT, INSERT, UPDATE')",
-                    &[],
-                )
+                .query_one("SELECT has_table_privilege('tributary.offsets', 'SELECT, INSERT, UPDATE')", &[])
                 .await
                 .map(|r| r.get::<_, bool>(0))
                 .unwrap_or(false);
@@ -672,7 +659,8 @@ impl PostgresSink {
             }
         } else if !can_create {
             problems.push(CheckProblem {
-                problem: "the bookkeeping table tributary.offsets does not exist and the sink user cannot create it".into(),
+                problem: "the bookkeeping table tributary.offsets does not exist and the sink user cannot create it"
+                    .into(),
                 fix: format!("GRANT CREATE ON DATABASE {db} TO {user}"),
             });
         }
@@ -716,7 +704,8 @@ impl PostgresSink {
         match outcome {
             Ok(()) => Ok(()),
             Err(failure) => {
-                if failure.error.kind() == ErrorKind::Permanent && failure.record.is_none() && !batch.records.is_empty() {
+                if failure.error.kind() == ErrorKind::Permanent && failure.record.is_none() && !batch.records.is_empty()
+                {
                     self.locate(&batch.records, failure.error).await
                 } else {
                     Err(failure)
@@ -853,7 +842,8 @@ impl PostgresSink {
         let ctx = self.ctx();
         self.execute("SAVEPOINT tributary_probe", &ctx).await?;
         let result = self.apply_records(records, 0, true).await;
-        self.execute("ROLLBACK TO SAVEPOINT tributary_probe; RELEASE SAVEPOINT tributary_probe", &ctx).await?;
+        self.execute("ROLLBACK TO SAVEPOINT tributary_probe; RELEASE SAVEPOINT tributary_probe", &ctx)
+            .await?;
         // Whatever the probe created or changed inside the savepoint is
         // gone again: forget it.
         for name in self.staging_in_txn.drain() {
@@ -993,9 +983,10 @@ impl PostgresSink {
             if ev.op == Op::Truncate || truncate.is_some_and(|t| ev.source.position <= t) {
                 continue;
             }
-            reduced
-                .add(i, ev)
-                .map_err(|error| ApplyError { error: error.with_table(ev.schema.id.clone()), record: Some(i) })?;
+            reduced.add(i, ev).map_err(|error| ApplyError {
+                error: error.with_table(ev.schema.id.clone()),
+                record: Some(i),
+            })?;
         }
         // 5. Stage and merge, per schema version.
         for group in &reduced.groups {
@@ -1053,10 +1044,7 @@ impl PostgresSink {
             )
             .await
             .map_err(|e| classify(&e, &ctx))?;
-        let mut state = TableState {
-            exists: !rows.is_empty(),
-            ..Default::default()
-        };
+        let mut state = TableState { exists: !rows.is_empty(), ..Default::default() };
         let mut pk: Vec<(i32, String)> = Vec::new();
         for row in rows {
             let name: String = row.get(0);
@@ -1065,11 +1053,9 @@ impl PostgresSink {
             if pos >= 0 {
                 pk.push((pos, name.clone()));
             }
-            state.columns.push(DestColumn {
-                name,
-                raw_type: row.get(1),
-                not_null: row.get(2),
-            });
+            state
+                .columns
+                .push(DestColumn { name, raw_type: row.get(1), not_null: row.get(2) });
         }
         pk.sort();
         state.primary_key = pk.into_iter().map(|(_, n)| n).collect();
@@ -1107,7 +1093,8 @@ impl PostgresSink {
             if !plan.is_empty() {
                 if !self.tables.get(dest).is_some_and(|s| s.exists) {
                     let exists: bool = self
-                        .client().await?
+                        .client()
+                        .await?
                         .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&dest.schema])
                         .await
                         .map_err(|e| classify(&e, &ctx))?
@@ -1311,7 +1298,8 @@ impl Sink for PostgresSink {
         self.connect().await?;
         let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
         let rows = match self
-            .client().await?
+            .client()
+            .await?
             .query(
                 "SELECT topic, partition, next_offset FROM tributary.offsets WHERE consumer_group = $1",
                 &[&self.consumer_group],
@@ -1328,10 +1316,7 @@ impl Sink for PostgresSink {
             .into_iter()
             .map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2)))
             .collect();
-        Ok(partitions
-            .iter()
-            .map(|(t, p)| stored.get(&(t.clone(), *p)).copied())
-            .collect())
+        Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
     async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
@@ -1405,7 +1390,11 @@ impl<'a> Reduced<'a> {
     }
 
     fn group_of(&mut self, schema: &Arc<TableSchema>) -> usize {
-        if let Some(g) = self.groups.iter().position(|g| Arc::ptr_eq(&g.schema, schema) || *g.schema == **schema) {
+        if let Some(g) = self
+            .groups
+            .iter()
+            .position(|g| Arc::ptr_eq(&g.schema, schema) || *g.schema == **schema)
+        {
             return g;
         }
         self.groups.push(Group {
@@ -1457,7 +1446,14 @@ impl<'a> Reduced<'a> {
 
     /// Adds `row` of the event of record `record`; `key_idx` is its schema's
     /// key columns.
-    fn put(&mut self, record: usize, ev: &ChangeEvent, row: &'a [Value], delete: bool, key_idx: &[usize]) -> Result<()> {
+    fn put(
+        &mut self,
+        record: usize,
+        ev: &ChangeEvent,
+        row: &'a [Value],
+        delete: bool,
+        key_idx: &[usize],
+    ) -> Result<()> {
         let schema = &ev.schema;
         if row.len() != schema.columns.len() {
             return Err(Error::permanent(format!(
@@ -1479,14 +1475,7 @@ impl<'a> Reduced<'a> {
         if ev.op == Op::Update {
             group.only_inserts = false;
         }
-        group.lines.push(Line {
-            row,
-            record,
-            commit,
-            index,
-            delete,
-            live: true,
-        });
+        group.lines.push(Line { row, record, commit, index, delete, live: true });
         if delete {
             group.deletes += 1;
         } else {
@@ -1649,9 +1638,9 @@ impl BinaryType {
             // Text input reads 24:00:00 and takes the rest modulo a day.
             (Self::Time, Value::Time(t)) => (0..=86_400_000_000).contains(t),
             // i64::MIN and MAX are -infinity and infinity in binary only.
-            (Self::Timestamp, Value::Timestamp(t)) | (Self::TimestampTz, Value::TimestampTz(t)) => t
-                .checked_sub(PG_EPOCH_MICROS)
-                .is_some_and(|v| v != i64::MIN && v != i64::MAX),
+            (Self::Timestamp, Value::Timestamp(t)) | (Self::TimestampTz, Value::TimestampTz(t)) => {
+                t.checked_sub(PG_EPOCH_MICROS).is_some_and(|v| v != i64::MIN && v != i64::MAX)
+            }
             (Self::Uuid, Value::Uuid(_)) => true,
             (Self::Json | Self::Jsonb, Value::Json(_) | Value::Text(_)) => true,
             _ => false,
@@ -1714,7 +1703,12 @@ fn decimal_parts(s: &str) -> Option<(bool, &str, &str)> {
     let (int, frac) = rest.split_once('.').unwrap_or((rest, ""));
     let digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
     // numeric's limits: 131072 digits before the point, 16383 after.
-    if (int.is_empty() && frac.is_empty()) || !digits(int) || !digits(frac) || int.len() > 131_072 || frac.len() > 16_383 {
+    if (int.is_empty() && frac.is_empty())
+        || !digits(int)
+        || !digits(frac)
+        || int.len() > 131_072
+        || frac.len() > 16_383
+    {
         return None;
     }
     Some((neg, int, frac))
@@ -1807,7 +1801,11 @@ async fn copy_lines(
     flag: bool,
     binary: Option<&[BinaryType]>,
 ) -> Result<(), CopyFailure> {
-    let copy = if binary.is_some() { format!("{copy} (FORMAT binary)") } else { copy.to_string() };
+    let copy = if binary.is_some() {
+        format!("{copy} (FORMAT binary)")
+    } else {
+        copy.to_string()
+    };
     let (client, statement) = pg.copy_statement(&copy).await?;
     let sink = client.copy_in::<_, Bytes>(&statement).await.map_err(CopyFailure::Db)?;
     futures::pin_mut!(sink);
@@ -1821,7 +1819,9 @@ async fn copy_lines(
     for line in group.lines.iter().filter(|l| l.live) {
         match binary {
             Some(fields) => group.render_binary(&mut chunk, fields, line, flag),
-            None => group.render(&mut chunk, &mut scratch, line, flag).map_err(CopyFailure::Render)?,
+            None => group
+                .render(&mut chunk, &mut scratch, line, flag)
+                .map_err(CopyFailure::Render)?,
         }
         if chunk.len() >= COPY_CHUNK_BYTES {
             let full = std::mem::replace(&mut chunk, Vec::with_capacity(COPY_CHUNK_BYTES + COPY_CHUNK_BYTES / 4));
@@ -1839,7 +1839,8 @@ async fn copy_lines(
 }
 
 fn before_key_is_null(row: &[Value], key: &[usize]) -> bool {
-    key.iter().any(|&i| matches!(row.get(i), Some(Value::Null) | Some(Value::Unchanged) | None))
+    key.iter()
+        .any(|&i| matches!(row.get(i), Some(Value::Null) | Some(Value::Unchanged) | None))
 }
 
 fn render_key(schema: &TableSchema, row: &[Value], key: &[usize]) -> Result<Vec<u8>> {
@@ -1897,9 +1898,7 @@ fn offsets_sql(group: &str, offsets: &[(String, i32, i64)]) -> String {
         }
         let _ = write!(sql, "({}, {}, {partition}, {next})", quote_literal(group), quote_literal(topic));
     }
-    sql.push_str(
-        " ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
-    );
+    sql.push_str(" ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset");
     sql
 }
 
@@ -1923,7 +1922,11 @@ fn plan_ddl(
         let mut defs = Vec::new();
         for c in &schema.columns {
             let ty = destination_type(c, from_pg).render();
-            let not_null = if !c.nullable || schema.key.contains(&c.name) { " NOT NULL" } else { "" };
+            let not_null = if !c.nullable || schema.key.contains(&c.name) {
+                " NOT NULL"
+            } else {
+                ""
+            };
             defs.push(format!("{} {ty}{not_null}", quote_ident(&c.name)));
         }
         defs.push(format!("{} bigint NOT NULL", quote_ident(COMMIT_COLUMN)));
@@ -1936,11 +1939,7 @@ fn plan_ddl(
     for c in &schema.columns {
         let wanted = destination_type(c, from_pg);
         match state.column(&c.name) {
-            None => plan.push(format!(
-                "ALTER TABLE {table} ADD COLUMN {} {}",
-                quote_ident(&c.name),
-                wanted.render()
-            )),
+            None => plan.push(format!("ALTER TABLE {table} ADD COLUMN {} {}", quote_ident(&c.name), wanted.render())),
             Some(d) => {
                 let have = PgType::parse(&d.raw_type);
                 match fit(&have, &wanted) {
@@ -2005,11 +2004,7 @@ pub struct PgType {
 
 impl PgType {
     fn new(base: &str) -> Self {
-        Self {
-            base: base.to_string(),
-            mods: Vec::new(),
-            dims: 0,
-        }
+        Self { base: base.to_string(), mods: Vec::new(), dims: 0 }
     }
 
     fn with_mods(mut self, mods: Vec<i64>) -> Self {
@@ -2078,9 +2073,7 @@ impl PgType {
         let mut out = match self.base.split_once(' ') {
             // `timestamp(3) with time zone`: the modifier goes after the
             // first word.
-            Some((first, rest))
-                if matches!(first, "timestamp" | "time") && !mods.is_empty() =>
-            {
+            Some((first, rest)) if matches!(first, "timestamp" | "time") && !mods.is_empty() => {
                 format!("{first}{mods} {rest}")
             }
             _ => format!("{}{mods}", self.base),
@@ -2200,13 +2193,7 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit {
         "bigint" => Some(19),
         _ => None,
     };
-    let widen = |base: &str, mods: Vec<i64>| {
-        Fit::Widen(PgType {
-            base: base.to_string(),
-            mods,
-            dims: have.dims,
-        })
-    };
+    let widen = |base: &str, mods: Vec<i64>| Fit::Widen(PgType { base: base.to_string(), mods, dims: have.dims });
     let (h, w) = (have.base.as_str(), want.base.as_str());
     match (h, w) {
         _ if int_digits(h).is_some() && int_digits(w).is_some() => {
@@ -2278,7 +2265,10 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit {
         ("character", "character varying" | "text") => widen(w, want.mods.clone()),
         ("json", "jsonb") | ("jsonb", "json") => Fit::Keep,
         (
-            "timestamp without time zone" | "timestamp with time zone" | "time without time zone" | "time with time zone"
+            "timestamp without time zone"
+            | "timestamp with time zone"
+            | "time without time zone"
+            | "time with time zone"
             | "interval",
             _,
         ) if h == w => match (have.mods.first(), want.mods.first()) {
@@ -2477,7 +2467,11 @@ fn render_time_of_day(out: &mut String, micros: i64) {
 
 fn render_time(out: &mut String, micros: i64) {
     // time allows 24:00:00 exactly; anything else is taken modulo a day.
-    let micros = if micros == 86_400_000_000 { micros } else { micros.rem_euclid(86_400_000_000) };
+    let micros = if micros == 86_400_000_000 {
+        micros
+    } else {
+        micros.rem_euclid(86_400_000_000)
+    };
     render_time_of_day(out, micros);
 }
 
@@ -2561,8 +2555,21 @@ fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
     }
     let column = db.column().map(str::to_string).or_else(|| db.where_().and_then(copy_column));
     let kind = if code.starts_with("08")
-        || matches!(code, "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "25006" | "53300" | "53200" | "57014" | "42P01" | "42703")
-    {
+        || matches!(
+            code,
+            "40001"
+                | "40P01"
+                | "55P03"
+                | "57P01"
+                | "57P02"
+                | "57P03"
+                | "25006"
+                | "53300"
+                | "53200"
+                | "57014"
+                | "42P01"
+                | "42703"
+        ) {
         ErrorKind::Retryable
     } else if code == "42501" || code.starts_with("28") || code == "53100" || code == "3D000" || code == "3F000" {
         ErrorKind::NeedsOperator
@@ -2742,10 +2749,7 @@ mod tests {
         };
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), true).render(), "character varying(40)");
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), false).render(), "text");
-        assert_eq!(
-            destination_type(&col("mood", DataType::Enum { symbols: vec![] }), true).render(),
-            "text"
-        );
+        assert_eq!(destination_type(&col("mood", DataType::Enum { symbols: vec![] }), true).render(), "text");
         assert_eq!(
             destination_type(&col("integer[]", DataType::Array(Box::new(DataType::Int32))), true).render(),
             "integer[]"
@@ -2775,7 +2779,10 @@ mod tests {
         c.table = "{schema}_{table}".into();
         assert_eq!(
             c.destination(&TableId::new("public", "orders")),
-            DestinationTable { schema: "public".into(), table: "public_orders".into() }
+            DestinationTable {
+                schema: "public".into(),
+                table: "public_orders".into()
+            }
         );
         assert!(!format!("{c:?}").contains("secret"));
     }

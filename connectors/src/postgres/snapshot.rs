@@ -432,18 +432,10 @@ async fn plan_segments(
     let mut lo: Option<i64> = None;
     for i in 1..parts {
         let bound = (min as i128 + span * i / parts - 1) as i64;
-        segments.push(Segment {
-            lo,
-            hi: Some(bound),
-            ..Segment::default()
-        });
+        segments.push(Segment { lo, hi: Some(bound), ..Segment::default() });
         lo = Some(bound);
     }
-    segments.push(Segment {
-        lo,
-        hi: None,
-        ..Segment::default()
-    });
+    segments.push(Segment { lo, hi: None, ..Segment::default() });
     Ok(segments)
 }
 
@@ -509,11 +501,7 @@ async fn run_worker(
     tx: &mpsc::Sender<Result<Chunk>>,
 ) -> Result<()> {
     loop {
-        let next = shared
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front();
+        let next = shared.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
         let Some((ti, si)) = next else { return Ok(()) };
         let t = &shared.tables[ti];
         let span = tracing::info_span!("snapshot", table = %t.schema.id, segment = si);
@@ -542,10 +530,7 @@ async fn read_segment(
         .map_err(|e| classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))?;
     futures::pin_mut!(stream);
     let native: Arc<str> = format_lsn(shared.lsn).into();
-    let position = Position {
-        commit: shared.lsn,
-        index: 0,
-    };
+    let position = Position { commit: shared.lsn, index: 0 };
     let mut messages = Vec::with_capacity(shared.chunk_rows.min(65_536));
     // The key text of the last row is only needed where a chunk ends: keep
     // that row's line (a cheap `Bytes` slice) and split it then.
@@ -560,9 +545,7 @@ async fn read_segment(
     loop {
         let data = match stream.next().await {
             Some(Ok(data)) => data,
-            Some(Err(e)) => {
-                return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))
-            }
+            Some(Err(e)) => return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone())),
             None => break,
         };
         // The server sends one row per CopyData message; tolerate others.
@@ -723,7 +706,11 @@ fn binary_last_key(t: &SnapshotTable, messages: &[SourceMessage]) -> Option<Vec<
 fn binary_header_len(buf: &[u8]) -> std::result::Result<Option<usize>, ()> {
     const SIGNATURE: &[u8] = BINARY_COPY_SIGNATURE;
     if buf.len() < SIGNATURE.len() + 8 {
-        return if SIGNATURE.starts_with(&buf[..buf.len().min(SIGNATURE.len())]) { Ok(None) } else { Err(()) };
+        return if SIGNATURE.starts_with(&buf[..buf.len().min(SIGNATURE.len())]) {
+            Ok(None)
+        } else {
+            Err(())
+        };
     }
     if !buf.starts_with(SIGNATURE) {
         return Err(());
@@ -743,11 +730,8 @@ fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> R
         return Ok(Some((None, 2)));
     }
     if usize::try_from(count).ok() != Some(cols.len()) {
-        return Err(Error::permanent(format!(
-            "COPY returned {count} fields for {} columns",
-            cols.len()
-        ))
-        .with_table(schema.id.clone()));
+        return Err(Error::permanent(format!("COPY returned {count} fields for {} columns", cols.len()))
+            .with_table(schema.id.clone()));
     }
     // Fields are decoded as they are framed, in one pass: a tuple is
     // almost always whole (the server sends one per CopyData message), and
@@ -755,7 +739,9 @@ fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> R
     let mut at = 2;
     let mut row = Vec::with_capacity(cols.len());
     for (kind, col) in cols.iter().zip(&schema.columns) {
-        let Some(len) = buf.get(at..at + 4) else { return Ok(None) };
+        let Some(len) = buf.get(at..at + 4) else {
+            return Ok(None);
+        };
         let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
         at += 4;
         if len < 0 {
@@ -763,7 +749,9 @@ fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> R
             continue;
         }
         let len = len as usize;
-        let Some(data) = buf.get(at..at + len) else { return Ok(None) };
+        let Some(data) = buf.get(at..at + len) else {
+            return Ok(None);
+        };
         at += len;
         row.push(decode_binary(
             *kind,

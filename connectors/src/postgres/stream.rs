@@ -28,9 +28,9 @@ use tributary_schemas::{
     ChangeEvent, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
 };
 
+use super::config::{NewTables, PostgresSourceConfig, TableFilter};
 use super::types::{decode_text, quote_ident, quote_literal, quote_table, value_size, ColumnRef};
 use super::{classify_wire, format_lsn, BuiltSchema, Catalog, EventContext};
-use super::config::{NewTables, PostgresSourceConfig, TableFilter};
 use crate::error::{Error, Result};
 use crate::SourceMessage;
 
@@ -138,8 +138,7 @@ pub enum PgOutput {
 }
 
 fn protocol(what: &str) -> Error {
-    Error::permanent(format!("malformed pgoutput message: {what}"))
-        .with_class("tributary.postgres.protocol")
+    Error::permanent(format!("malformed pgoutput message: {what}")).with_class("tributary.postgres.protocol")
 }
 
 struct Reader(Bytes);
@@ -226,17 +225,16 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
                 let name = r.cstr()?;
                 let type_oid = r.u32()?;
                 let typmod = r.i32()?;
-                columns.push(RelationColumn {
-                    key: flags & 1 == 1,
-                    name,
-                    type_oid,
-                    typmod,
-                });
+                columns.push(RelationColumn { key: flags & 1 == 1, name, type_oid, typmod });
             }
             PgOutput::Relation {
                 relid,
                 // pgoutput sends an empty namespace for pg_catalog.
-                namespace: if namespace.is_empty() { "pg_catalog".into() } else { namespace },
+                namespace: if namespace.is_empty() {
+                    "pg_catalog".into()
+                } else {
+                    namespace
+                },
                 name,
                 replica_identity,
                 columns,
@@ -247,10 +245,7 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
             namespace: r.cstr()?,
             name: r.cstr()?,
         },
-        b'O' => PgOutput::Origin {
-            lsn: r.u64()?,
-            name: r.cstr()?,
-        },
+        b'O' => PgOutput::Origin { lsn: r.u64()?, name: r.cstr()? },
         b'I' => {
             let relid = r.u32()?;
             if r.u8()? != b'N' {
@@ -269,11 +264,7 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
             if kind != b'N' {
                 return Err(protocol("update without a new tuple"));
             }
-            PgOutput::Update {
-                relid,
-                old,
-                new: r.tuple()?,
-            }
+            PgOutput::Update { relid, old, new: r.tuple()? }
         }
         b'D' => {
             let relid = r.u32()?;
@@ -281,10 +272,7 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
             if kind != b'K' && kind != b'O' {
                 return Err(protocol("delete without an old tuple"));
             }
-            PgOutput::Delete {
-                relid,
-                old: (kind, r.tuple()?),
-            }
+            PgOutput::Delete { relid, old: (kind, r.tuple()?) }
         }
         b'T' => {
             let n = r.u32()?;
@@ -387,7 +375,9 @@ pub struct Streamer {
 
 impl std::fmt::Debug for Streamer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Streamer").field("safe_lsn", &self.safe_lsn).finish_non_exhaustive()
+        f.debug_struct("Streamer")
+            .field("safe_lsn", &self.safe_lsn)
+            .finish_non_exhaustive()
     }
 }
 
@@ -406,8 +396,7 @@ impl Streamer {
 
     /// Reports `lsn` as flushed (durable) to the server.
     pub fn acknowledge(&self, lsn: u64) {
-        self.client
-            .update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn));
+        self.client.update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn));
     }
 
     /// Collects transactions until a batch limit, the linger after the
@@ -420,10 +409,7 @@ impl Streamer {
     /// stream must then be dropped: it has read past the stop.
     pub async fn next_batch(&mut self, sc: &mut StreamContext<'_>, stop_at: Option<u64>) -> Result<StreamBatch> {
         let heartbeat_at = Instant::now() + sc.config.heartbeat_interval();
-        let mut out = StreamBatch {
-            lsn: self.safe_lsn,
-            ..StreamBatch::default()
-        };
+        let mut out = StreamBatch { lsn: self.safe_lsn, ..StreamBatch::default() };
         let mut linger_at: Option<Instant> = None;
         let mut bytes = 0usize;
         loop {
@@ -436,11 +422,7 @@ impl Streamer {
                 return Err(Error::retryable("the replication stream ended"));
             };
             match event {
-                ReplicationEvent::Begin {
-                    final_lsn,
-                    xid,
-                    commit_time_micros,
-                } => {
+                ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
                     if stop_at.is_some_and(|stop| final_lsn.as_u64() >= stop) {
                         out.reached_stop = true;
                         break;
@@ -483,20 +465,12 @@ impl Streamer {
                         {
                             out.messages.append(&mut txn.messages);
                             txn.bytes = 0;
-                            out.partial = Some(PartialTxn {
-                                commit_lsn: txn.commit_lsn,
-                                changes: txn.ordinal,
-                            });
+                            out.partial = Some(PartialTxn { commit_lsn: txn.commit_lsn, changes: txn.ordinal });
                             break;
                         }
                     }
                 }
-                ReplicationEvent::Message {
-                    prefix,
-                    content,
-                    lsn,
-                    ..
-                } => {
+                ReplicationEvent::Message { prefix, content, lsn, .. } => {
                     if prefix == DDL_MESSAGE_PREFIX {
                         self.handle_ddl(&content, sc);
                     } else if self.txn.is_none() && stop_at.is_some_and(|stop| lsn.as_u64() >= stop) {
@@ -506,10 +480,7 @@ impl Streamer {
                     }
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => {
-                    let txn = self
-                        .txn
-                        .take()
-                        .ok_or_else(|| protocol("commit without begin"))?;
+                    let txn = self.txn.take().ok_or_else(|| protocol("commit without begin"))?;
                     self.safe_lsn = end_lsn.as_u64();
                     out.lsn = self.safe_lsn;
                     bytes += txn.bytes;
@@ -551,10 +522,9 @@ impl Streamer {
             return;
         };
         let tag = doc.get("tag").and_then(|v| v.as_str()).unwrap_or("");
-        let (Some(schema), Some(table)) = (
-            doc.get("schema").and_then(|v| v.as_str()),
-            doc.get("table").and_then(|v| v.as_str()),
-        ) else {
+        let (Some(schema), Some(table)) =
+            (doc.get("schema").and_then(|v| v.as_str()), doc.get("table").and_then(|v| v.as_str()))
+        else {
             return;
         };
         let id = TableId::new(schema, table);
@@ -581,19 +551,11 @@ impl Streamer {
 
     async fn handle(&mut self, msg: PgOutput, sc: &mut StreamContext<'_>) -> Result<()> {
         match msg {
-            PgOutput::Relation {
-                relid,
-                namespace,
-                name,
-                replica_identity,
-                columns,
-            } => {
+            PgOutput::Relation { relid, namespace, name, replica_identity, columns } => {
                 let id = TableId::new(namespace, name);
                 let built = if sc.announced.contains_key(&id) {
-                    let cols: Vec<(String, u32, i32)> = columns
-                        .iter()
-                        .map(|c| (c.name.clone(), c.type_oid, c.typmod))
-                        .collect();
+                    let cols: Vec<(String, u32, i32)> =
+                        columns.iter().map(|c| (c.name.clone(), c.type_oid, c.typmod)).collect();
                     Some(sc.catalog.build_schema(sc.config, sc.filter, &id, relid, Some(&cols)).await?)
                 } else {
                     None
@@ -602,23 +564,20 @@ impl Streamer {
                     (Some(b), Some(prev)) => *b.schema == **prev,
                     _ => false,
                 };
-                self.relations.insert(
-                    relid,
-                    Relation {
-                        id,
-                        replica_identity,
-                        built,
-                        announced,
-                    },
-                );
+                self.relations
+                    .insert(relid, Relation { id, replica_identity, built, announced });
             }
             PgOutput::Insert { relid, new } => {
-                let Some((rel, txn)) = self.target(relid)? else { return Ok(()) };
+                let Some((rel, txn)) = self.target(relid)? else {
+                    return Ok(());
+                };
                 let after = rel_row(rel, &new, None, sc).await?;
                 push_change(rel, txn, sc, Op::Create, None, Some(after));
             }
             PgOutput::Update { relid, old, new } => {
-                let Some((rel, txn)) = self.target(relid)? else { return Ok(()) };
+                let Some((rel, txn)) = self.target(relid)? else {
+                    return Ok(());
+                };
                 let before = match &old {
                     Some((_, tuple)) => Some(rel_row(rel, tuple, None, sc).await?),
                     None => None,
@@ -631,13 +590,17 @@ impl Streamer {
                 push_change(rel, txn, sc, Op::Update, before, Some(after));
             }
             PgOutput::Delete { relid, old } => {
-                let Some((rel, txn)) = self.target(relid)? else { return Ok(()) };
+                let Some((rel, txn)) = self.target(relid)? else {
+                    return Ok(());
+                };
                 let before = rel_row(rel, &old.1, None, sc).await?;
                 push_change(rel, txn, sc, Op::Delete, Some(before), None);
             }
             PgOutput::Truncate { relids } => {
                 for relid in relids {
-                    let Some((rel, txn)) = self.target(relid)? else { continue };
+                    let Some((rel, txn)) = self.target(relid)? else {
+                        continue;
+                    };
                     push_change(rel, txn, sc, Op::Truncate, None, None);
                 }
             }
@@ -656,10 +619,7 @@ impl Streamer {
         if rel.built.is_none() {
             return Ok(None);
         }
-        let txn = self
-            .txn
-            .as_mut()
-            .ok_or_else(|| protocol("row change outside a transaction"))?;
+        let txn = self.txn.as_mut().ok_or_else(|| protocol("row change outside a transaction"))?;
         Ok(Some((rel, txn)))
     }
 }
@@ -683,7 +643,9 @@ async fn rel_row(
     let mut row = vec![Value::Null; schema.columns.len()];
     let mut missing = Vec::new();
     for (src, value) in tuple.iter().enumerate() {
-        let Some(Some(idx)) = built.source_columns.get(src) else { continue };
+        let Some(Some(idx)) = built.source_columns.get(src) else {
+            continue;
+        };
         let col = &schema.columns[*idx];
         row[*idx] = match value {
             TupleValue::Null => Value::Null,
@@ -777,12 +739,7 @@ async fn fetch_unchanged(
             _ => None,
         });
         match text {
-            Some(t) => conds.push(format!(
-                "{} = {}::{}",
-                quote_ident(&col.name),
-                quote_literal(t),
-                col.source_type
-            )),
+            Some(t) => conds.push(format!("{} = {}::{}", quote_ident(&col.name), quote_literal(t), col.source_type)),
             None => {
                 return Err(Error::needs_operator(
                     "an update left a large (TOAST) value out and the row's key is not available to read it",
@@ -798,12 +755,12 @@ async fn fetch_unchanged(
         .map(|&i| format!("{}::text", quote_ident(&schema.columns[i].name)))
         .collect::<Vec<_>>()
         .join(", ");
-    let sql = format!(
-        "SELECT {cols} FROM {} WHERE {}",
-        quote_table(&schema.id),
-        conds.join(" AND ")
-    );
-    let texts = sc.catalog.query_texts(&sql).await.map_err(|e| e.with_table(schema.id.clone()))?;
+    let sql = format!("SELECT {cols} FROM {} WHERE {}", quote_table(&schema.id), conds.join(" AND "));
+    let texts = sc
+        .catalog
+        .query_texts(&sql)
+        .await
+        .map_err(|e| e.with_table(schema.id.clone()))?;
     match texts {
         Some(values) => {
             for (&i, text) in missing.iter().zip(values) {
@@ -868,10 +825,7 @@ fn push_change(
             ts_ms: txn.commit_ts_ms,
             snapshot: SnapshotMarker::False,
             tx_id: Some(xid.clone()),
-            position: Position {
-                commit: txn.commit_lsn,
-                index: txn.ordinal,
-            },
+            position: Position { commit: txn.commit_lsn, index: txn.ordinal },
             native_position: format_lsn(txn.commit_lsn).into(),
         },
         ts_ms: super::now_ms(),
@@ -961,7 +915,10 @@ mod tests {
         m.extend(tuple(&[Some("9"), None]));
         assert_eq!(
             parse_pgoutput(Bytes::from(m)).unwrap(),
-            PgOutput::Delete { relid: 3, old: (b'K', vec![TupleValue::Text("9".into()), TupleValue::Null]) }
+            PgOutput::Delete {
+                relid: 3,
+                old: (b'K', vec![TupleValue::Text("9".into()), TupleValue::Null])
+            }
         );
     }
 

@@ -79,13 +79,10 @@ pub struct ColumnRef<'a> {
 
 impl ColumnRef<'_> {
     fn error(&self, why: &str) -> Error {
-        Error::permanent(format!(
-            "cannot decode a value of type {}: {why}",
-            self.source_type
-        ))
-        .with_table(self.table.clone())
-        .with_column(self.column.to_string())
-        .with_class("tributary.postgres.decode")
+        Error::permanent(format!("cannot decode a value of type {}: {why}", self.source_type))
+            .with_table(self.table.clone())
+            .with_column(self.column.to_string())
+            .with_class("tributary.postgres.decode")
     }
 }
 
@@ -114,10 +111,7 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
                 let plain: String = text.chars().filter(|c| c.is_ascii_digit() || *c == '-' || *c == '.').collect();
                 return Ok(Value::Decimal(plain));
             }
-            if !text
-                .bytes()
-                .all(|b| b.is_ascii_digit() || b == b'-' || b == b'.' || b == b'+')
-            {
+            if !text.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b'.' || b == b'+') {
                 return Err(col.error("not a decimal"));
             }
             Value::Decimal(text.to_string())
@@ -143,8 +137,7 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
             Value::TimestampTz(parse_timestamp(text, true).ok_or_else(|| col.error("not an ISO timestamptz"))?)
         }
         DataType::Interval => {
-            let (months, days, micros) =
-                parse_interval(text).ok_or_else(|| col.error("not an ISO 8601 interval"))?;
+            let (months, days, micros) = parse_interval(text).ok_or_else(|| col.error("not an ISO 8601 interval"))?;
             Value::Interval { months, days, micros }
         }
         DataType::Array(elem) => {
@@ -546,8 +539,7 @@ pub fn split_copy_line(line: &[u8], out: &mut Vec<Option<String>>) -> std::resul
 /// The raw fields of one COPY text line (`None` for `\N`), still escaped.
 pub fn copy_fields(line: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.split(|b| *b == b'\t')
-        .map(|f| if f == b"\\N" { None } else { Some(f) })
+    line.split(|b| *b == b'\t').map(|f| if f == b"\\N" { None } else { Some(f) })
 }
 
 /// Undoes COPY's escapes in one field; borrows when there are none (the
@@ -806,7 +798,9 @@ pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Resul
             let micros = match i64::from_be_bytes(fixed(data, &col)?) {
                 i64::MIN => i64::MIN,
                 i64::MAX => i64::MAX,
-                t => t.checked_add(PG_EPOCH_MICROS).ok_or_else(|| col.error("a timestamp out of range"))?,
+                t => t
+                    .checked_add(PG_EPOCH_MICROS)
+                    .ok_or_else(|| col.error("a timestamp out of range"))?,
             };
             if kind == BinaryType::Timestamp {
                 Value::Timestamp(micros)
@@ -850,9 +844,8 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
             .unwrap_or(0)
     };
     // A group's four decimal digits, leading zeros included.
-    let four = |g: u16| -> [char; 4] {
-        [g / 1000, g / 100 % 10, g / 10 % 10, g % 10].map(|d| char::from(b'0' + d as u8))
-    };
+    let four =
+        |g: u16| -> [char; 4] { [g / 1000, g / 100 % 10, g / 10 % 10, g % 10].map(|d| char::from(b'0' + d as u8)) };
     let mut out = String::with_capacity(ndigits * 4 + dscale + 2);
     if sign == 0x4000 {
         out.push('-');
@@ -863,7 +856,11 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
         for i in 0..=weight {
             let digits = four(group(i));
             // The first group without its leading zeros (but one digit).
-            let from = if i == 0 { digits.iter().take(3).take_while(|c| **c == '0').count() } else { 0 };
+            let from = if i == 0 {
+                digits.iter().take(3).take_while(|c| **c == '0').count()
+            } else {
+                0
+            };
             out.extend(&digits[from..]);
         }
     }
@@ -899,7 +896,12 @@ pub fn key_literal_text(value: &Value) -> Option<String> {
 pub fn binary_key_ok(kind: BinaryType) -> bool {
     matches!(
         kind,
-        BinaryType::Int2 | BinaryType::Int4 | BinaryType::Int8 | BinaryType::Text | BinaryType::Numeric | BinaryType::Uuid
+        BinaryType::Int2
+            | BinaryType::Int4
+            | BinaryType::Int8
+            | BinaryType::Text
+            | BinaryType::Numeric
+            | BinaryType::Uuid
     )
 }
 
@@ -936,12 +938,19 @@ mod tests {
             out.push('0');
         } else {
             for i in 0..=i32::from(weight) {
-                out.push_str(&if i == 0 { group(i).to_string() } else { format!("{:04}", group(i)) });
+                out.push_str(&if i == 0 {
+                    group(i).to_string()
+                } else {
+                    format!("{:04}", group(i))
+                });
             }
         }
         if dscale > 0 {
             out.push('.');
-            let fraction: String = (i32::from(weight) + 1..).map(|i| format!("{:04}", group(i))).take(usize::from(dscale).div_ceil(4)).collect();
+            let fraction: String = (i32::from(weight) + 1..)
+                .map(|i| format!("{:04}", group(i)))
+                .take(usize::from(dscale).div_ceil(4))
+                .collect();
             out.push_str(&fraction[..usize::from(dscale)]);
         }
         out
@@ -969,11 +978,11 @@ mod tests {
     #[test]
     fn binary_readers_only_for_plain_types() {
         assert_eq!(binary_column(&DataType::Int32, "integer"), Some(BinaryType::Int4));
-        assert_eq!(binary_column(&DataType::Decimal { precision: 12, scale: 2 }, "numeric(12,2)"), Some(BinaryType::Numeric));
         assert_eq!(
-            binary_column(&DataType::TimestampTz, "timestamp(3) with time zone"),
-            Some(BinaryType::TimestampTz)
+            binary_column(&DataType::Decimal { precision: 12, scale: 2 }, "numeric(12,2)"),
+            Some(BinaryType::Numeric)
         );
+        assert_eq!(binary_column(&DataType::TimestampTz, "timestamp(3) with time zone"), Some(BinaryType::TimestampTz));
         assert_eq!(binary_column(&DataType::Text, "character varying(10)"), Some(BinaryType::Text));
         assert_eq!(binary_column(&DataType::Decimal { precision: 12, scale: 2 }, "money"), None);
         assert_eq!(binary_column(&DataType::Int32, "s.posint"), None);
@@ -992,11 +1001,7 @@ mod tests {
     }
 
     fn col<'a>(t: &'a TableId) -> ColumnRef<'a> {
-        ColumnRef {
-            table: t,
-            column: "c",
-            source_type: "x",
-        }
+        ColumnRef { table: t, column: "c", source_type: "x" }
     }
 
     fn pg(name: &str, typmod: i32) -> PgType {
@@ -1015,20 +1020,14 @@ mod tests {
     #[test]
     fn maps_with_the_shared_mapping_and_falls_back_to_text() {
         let t = TableId::new("s", "t");
-        assert_eq!(
-            map_type(&pg("numeric(12,2)", -1), &t, "c"),
-            DataType::Decimal { precision: 12, scale: 2 }
-        );
+        assert_eq!(map_type(&pg("numeric(12,2)", -1), &t, "c"), DataType::Decimal { precision: 12, scale: 2 });
         assert_eq!(map_type(&pg("numeric", -1), &t, "c"), DataType::VariableDecimal);
         assert_eq!(map_type(&pg("inet", -1), &t, "c"), DataType::Text);
         assert_eq!(map_type(&pg("point", -1), &t, "c"), DataType::Text);
         let mut e = pg("mood", -1);
         e.typtype = 'e';
         e.enum_labels = vec!["a".into(), "b".into()];
-        assert_eq!(
-            map_type(&e, &t, "c"),
-            DataType::Enum { symbols: vec!["a".into(), "b".into()] }
-        );
+        assert_eq!(map_type(&e, &t, "c"), DataType::Enum { symbols: vec!["a".into(), "b".into()] });
     }
 
     #[test]
@@ -1055,21 +1054,12 @@ mod tests {
         assert_eq!(decode_text(&DataType::Boolean, "t", c).unwrap(), Value::Boolean(true));
         assert_eq!(decode_text(&DataType::Int64, "-42", c).unwrap(), Value::Int64(-42));
         assert!(matches!(decode_text(&DataType::Float64, "NaN", c).unwrap(), Value::Float64(f) if f.is_nan()));
-        assert_eq!(
-            decode_text(&DataType::Float64, "-Infinity", c).unwrap(),
-            Value::Float64(f64::NEG_INFINITY)
-        );
+        assert_eq!(decode_text(&DataType::Float64, "-Infinity", c).unwrap(), Value::Float64(f64::NEG_INFINITY));
         assert_eq!(decode_text(&DataType::Bytes, "\\x00ff", c).unwrap(), Value::Bytes(vec![0, 255]));
         assert_eq!(decode_text(&DataType::Date, "1970-01-02", c).unwrap(), Value::Date(1));
         assert_eq!(decode_text(&DataType::Time, "00:00:01.5", c).unwrap(), Value::Time(1_500_000));
-        assert_eq!(
-            decode_text(&DataType::Timestamp, "1970-01-01 00:00:01", c).unwrap(),
-            Value::Timestamp(1_000_000)
-        );
-        assert_eq!(
-            decode_text(&DataType::TimestampTz, "1970-01-01 02:00:00+02", c).unwrap(),
-            Value::TimestampTz(0)
-        );
+        assert_eq!(decode_text(&DataType::Timestamp, "1970-01-01 00:00:01", c).unwrap(), Value::Timestamp(1_000_000));
+        assert_eq!(decode_text(&DataType::TimestampTz, "1970-01-01 02:00:00+02", c).unwrap(), Value::TimestampTz(0));
         assert_eq!(
             decode_text(&DataType::TimestampTz, "1970-01-01 00:00:00-05:30", c).unwrap(),
             Value::TimestampTz(5 * 3_600_000_000 + 30 * 60_000_000)
@@ -1104,10 +1094,7 @@ mod tests {
                 ArrayItem::Text("x\"y".into())
             ]
         );
-        assert_eq!(
-            parse_array("{{1,2},{3,4}}").unwrap().len(),
-            2
-        );
+        assert_eq!(parse_array("{{1,2},{3,4}}").unwrap().len(), 2);
         assert_eq!(parse_array("{}").unwrap(), vec![]);
         assert_eq!(parse_array("[0:1]={5,6}").unwrap().len(), 2);
         assert_eq!(parse_array("{\"NULL\"}").unwrap(), vec![ArrayItem::Text("NULL".into())]);
@@ -1117,10 +1104,6 @@ mod tests {
     fn splits_copy_lines() {
         let mut out = Vec::new();
         split_copy_line(b"1\t\\N\ta\\tb\\\\c\\n\n", &mut out).unwrap();
-        assert_eq!(
-            out,
-            vec![Some("1".into()), None, Some("a\tb\\c\n".into())]
-        );
+        assert_eq!(out, vec![Some("1".into()), None, Some("a\tb\\c\n".into())]);
     }
 }
-

@@ -97,11 +97,7 @@ impl TypeText {
             None => (text, Vec::new(), ""),
         };
         let words = |s: &str| s.split_whitespace().map(str::to_ascii_lowercase).collect::<Vec<_>>().join(" ");
-        Some(TypeText {
-            base: words(head),
-            args,
-            suffix: words(tail),
-        })
+        Some(TypeText { base: words(head), args, suffix: words(tail) })
     }
 
     /// Argument `i` as a number.

@@ -29,34 +29,25 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
         "mediumint" => DataType::Int32,
         "int" | "integer" if unsigned => DataType::Int64,
         "int" | "integer" => DataType::Int32,
-        "bigint" if unsigned => DataType::Decimal {
-            precision: 20,
-            scale: 0,
-        },
+        "bigint" if unsigned => DataType::Decimal { precision: 20, scale: 0 },
         "bigint" => DataType::Int64,
-        "serial" => DataType::Decimal {
-            precision: 20,
-            scale: 0,
-        },
+        "serial" => DataType::Decimal { precision: 20, scale: 0 },
         // MySQL's FLOAT(p) is single precision up to p = 24.
         "float" => match (tt.num(0), tt.num(1)) {
             (Some(p), None) if p > 24 => DataType::Float64,
             _ => DataType::Float32,
         },
         "double" | "double precision" | "real" => DataType::Float64,
-        "decimal" | "numeric" | "dec" | "fixed" => decimal(st, &tt).unwrap_or(DataType::Decimal {
-            precision: 10,
-            scale: 0,
-        }),
+        "decimal" | "numeric" | "dec" | "fixed" => {
+            decimal(st, &tt).unwrap_or(DataType::Decimal { precision: 10, scale: 0 })
+        }
         "bit" if tt.num(0).is_none_or(|n| n == 1) => DataType::Boolean,
         "bit" => DataType::Bytes,
-        "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "national char"
-        | "national varchar" | "nchar" | "nvarchar" => DataType::Text,
+        "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "national char" | "national varchar"
+        | "nchar" | "nvarchar" => DataType::Text,
         "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => DataType::Bytes,
         "json" => DataType::Json,
-        "enum" => DataType::Enum {
-            symbols: tt.args.clone(),
-        },
+        "enum" => DataType::Enum { symbols: tt.args.clone() },
         // Debezium's EnumSet: the comma-separated members as text.
         "set" => DataType::Text,
         "date" => DataType::Date,
@@ -64,8 +55,8 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
         "datetime" => DataType::Timestamp,
         "timestamp" => DataType::TimestampTz,
         "year" => DataType::Int32,
-        "geometry" | "point" | "linestring" | "polygon" | "multipoint" | "multilinestring"
-        | "multipolygon" | "geometrycollection" | "geomcollection" => DataType::Geometry,
+        "geometry" | "point" | "linestring" | "polygon" | "multipoint" | "multilinestring" | "multipolygon"
+        | "geometrycollection" | "geomcollection" => DataType::Geometry,
         _ => return Err(st.unsupported()),
     })
 }
@@ -90,10 +81,7 @@ mod tests {
         assert_eq!(map("bigint(20)").ok(), Some(DataType::Int64));
         assert_eq!(map("datetime(6)").ok(), Some(DataType::Timestamp));
         assert_eq!(map("timestamp(3)").ok(), Some(DataType::TimestampTz));
-        assert_eq!(
-            map("enum('a','b')").ok(),
-            Some(DataType::Enum { symbols: vec!["a".into(), "b".into()] })
-        );
+        assert_eq!(map("enum('a','b')").ok(), Some(DataType::Enum { symbols: vec!["a".into(), "b".into()] }));
         assert_eq!(map("varchar(255)").ok(), Some(DataType::Text));
         assert_eq!(map("longblob").ok(), Some(DataType::Bytes));
         assert!(map("cursor").is_err());

@@ -24,22 +24,13 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
             let precision = st.precision.or_else(|| tt.num(0));
             let scale = st.scale.or_else(|| tt.num(1));
             match (precision, scale, tt.base.as_str()) {
-                (None, _, "integer" | "int" | "smallint") => DataType::Decimal {
-                    precision: 38,
-                    scale: 0,
-                },
+                (None, _, "integer" | "int" | "smallint") => DataType::Decimal { precision: 38, scale: 0 },
                 (None, _, _) => DataType::VariableDecimal,
                 (Some(p), None | Some(0), _) if p < 5 => DataType::Int16,
                 (Some(p), None | Some(0), _) if p < 10 => DataType::Int32,
                 (Some(p), None | Some(0), _) if p < 19 => DataType::Int64,
-                (Some(p), Some(s), _) if s <= p => DataType::Decimal {
-                    precision: p,
-                    scale: s,
-                },
-                (Some(p), None, _) => DataType::Decimal {
-                    precision: p,
-                    scale: 0,
-                },
+                (Some(p), Some(s), _) if s <= p => DataType::Decimal { precision: p, scale: s },
+                (Some(p), None, _) => DataType::Decimal { precision: p, scale: 0 },
                 // Negative or larger-than-precision scales: exact as text.
                 _ => DataType::VariableDecimal,
             }
@@ -48,8 +39,8 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
         "binary_float" => DataType::Float32,
         "binary_double" => DataType::Float64,
         "boolean" => DataType::Boolean,
-        "char" | "varchar2" | "varchar" | "nchar" | "nvarchar2" | "clob" | "nclob" | "long" | "rowid"
-        | "urowid" | "xmltype" => DataType::Text,
+        "char" | "varchar2" | "varchar" | "nchar" | "nvarchar2" | "clob" | "nclob" | "long" | "rowid" | "urowid"
+        | "xmltype" => DataType::Text,
         "raw" | "long raw" | "blob" => DataType::Bytes,
         "json" => DataType::Json,
         // Oracle's DATE has a time of day.

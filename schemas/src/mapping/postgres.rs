@@ -15,13 +15,9 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
         let text = st.type_text.trim();
         // An array of an enum is `mood[]`.
         if let Some(_inner) = text.strip_suffix("[]") {
-            return Ok(DataType::Array(Box::new(DataType::Enum {
-                symbols: labels.to_vec(),
-            })));
+            return Ok(DataType::Array(Box::new(DataType::Enum { symbols: labels.to_vec() })));
         }
-        return Ok(DataType::Enum {
-            symbols: labels.to_vec(),
-        });
+        return Ok(DataType::Enum { symbols: labels.to_vec() });
     }
     map_text(st, st.type_text).ok_or_else(|| st.unsupported())
 }
@@ -56,18 +52,16 @@ fn map_text(st: &SourceType<'_>, text: &str) -> Option<DataType> {
         },
         "numeric" | "decimal" => decimal(st, &tt).unwrap_or(DataType::VariableDecimal),
         // Debezium: money as decimal with `money.fraction.digits` (2).
-        "money" => DataType::Decimal {
-            precision: 19,
-            scale: 2,
-        },
+        "money" => DataType::Decimal { precision: 19, scale: 2 },
         "boolean" | "bool" => DataType::Boolean,
         "bit" if tt.num(0).is_none_or(|n| n == 1) => DataType::Boolean,
         "bit" | "bit varying" | "varbit" => DataType::Bytes,
-        "character varying" | "varchar" | "character" | "char" | "bpchar" | "text" | "name" | "citext"
-        | "xml" | "inet" | "cidr" | "macaddr" | "macaddr8" | "tsvector" | "tsquery" | "ltree" | "int4range"
-        | "int8range" | "numrange" | "tsrange" | "tstzrange" | "daterange" | "int4multirange"
-        | "int8multirange" | "nummultirange" | "tsmultirange" | "tstzmultirange" | "datemultirange"
-        | "pg_lsn" | "txid_snapshot" => DataType::Text,
+        "character varying" | "varchar" | "character" | "char" | "bpchar" | "text" | "name" | "citext" | "xml"
+        | "inet" | "cidr" | "macaddr" | "macaddr8" | "tsvector" | "tsquery" | "ltree" | "int4range" | "int8range"
+        | "numrange" | "tsrange" | "tstzrange" | "daterange" | "int4multirange" | "int8multirange"
+        | "nummultirange" | "tsmultirange" | "tstzmultirange" | "datemultirange" | "pg_lsn" | "txid_snapshot" => {
+            DataType::Text
+        }
         // Debezium's ZonedTime is ISO text with the offset; no logical type
         // keeps the offset, so the text is the value.
         "time with time zone" | "timetz" => DataType::Text,

@@ -22,18 +22,9 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
             Some(p) if p <= 24 => DataType::Float32,
             _ => DataType::Float64,
         },
-        "decimal" | "numeric" => decimal(st, &tt).unwrap_or(DataType::Decimal {
-            precision: 18,
-            scale: 0,
-        }),
-        "money" => DataType::Decimal {
-            precision: 19,
-            scale: 4,
-        },
-        "smallmoney" => DataType::Decimal {
-            precision: 10,
-            scale: 4,
-        },
+        "decimal" | "numeric" => decimal(st, &tt).unwrap_or(DataType::Decimal { precision: 18, scale: 0 }),
+        "money" => DataType::Decimal { precision: 19, scale: 4 },
+        "smallmoney" => DataType::Decimal { precision: 10, scale: 4 },
         "char" | "varchar" | "text" | "nchar" | "nvarchar" | "ntext" | "xml" | "sysname" => DataType::Text,
         "binary" | "varbinary" | "image" | "rowversion" | "timestamp" => DataType::Bytes,
         "uniqueidentifier" => DataType::Uuid,
