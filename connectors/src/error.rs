@@ -42,9 +42,13 @@ impl fmt::Display for ErrorKind {
 /// An error from a connector, with enough context to act on it.
 ///
 /// The message never contains row values: errors end up in logs, the status
-/// API and dead-letter headers.
+/// API and dead-letter headers. Boxed: results of every apply and every
+/// source call carry it, and an error is the rare case.
 #[derive(Debug)]
-pub struct Error {
+pub struct Error(Box<Inner>);
+
+#[derive(Debug)]
+struct Inner {
     kind: ErrorKind,
     message: String,
     table: Option<TableId>,
@@ -59,7 +63,7 @@ pub struct Error {
 impl Error {
     /// A new error of `kind`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Inner {
             kind,
             message: message.into(),
             table: None,
@@ -67,7 +71,7 @@ impl Error {
             hint: None,
             class: None,
             source: None,
-        }
+        }))
     }
 
     /// Shorthand for [`ErrorKind::Retryable`].
@@ -87,79 +91,80 @@ impl Error {
 
     /// Names the table the error is about.
     pub fn with_table(mut self, table: TableId) -> Self {
-        self.table = Some(table);
+        self.0.table = Some(table);
         self
     }
 
     /// Names the column the error is about.
     pub fn with_column(mut self, column: impl Into<String>) -> Self {
-        self.column = Some(column.into());
+        self.0.column = Some(column.into());
         self
     }
 
     /// What an operator should do (exact SQL where there is some).
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
-        self.hint = Some(hint.into());
+        self.0.hint = Some(hint.into());
         self
     }
 
     /// The class of the underlying failure, e.g. a SQLSTATE.
     pub fn with_class(mut self, class: impl Into<String>) -> Self {
-        self.class = Some(class.into());
+        self.0.class = Some(class.into());
         self
     }
 
     /// Keeps the underlying error for its `Display` chain.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
+        self.0.source = Some(Box::new(source));
         self
     }
 
     /// The kind.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.0.kind
     }
 
     /// The message, without context.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 
     /// The table, when known.
     pub fn table(&self) -> Option<&TableId> {
-        self.table.as_ref()
+        self.0.table.as_ref()
     }
 
     /// The column, when known.
     pub fn column(&self) -> Option<&str> {
-        self.column.as_deref()
+        self.0.column.as_deref()
     }
 
     /// The operator hint, when there is one.
     pub fn hint(&self) -> Option<&str> {
-        self.hint.as_deref()
+        self.0.hint.as_deref()
     }
 
     /// The class of the underlying failure, or the kind when there is none.
     pub fn class(&self) -> String {
-        self.class.clone().unwrap_or_else(|| format!("tributary.{}", self.kind))
+        self.0.class.clone().unwrap_or_else(|| format!("tributary.{}", self.0.kind))
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(table) = &self.table {
+        let e = &self.0;
+        if let Some(table) = &e.table {
             write!(f, "table {table}")?;
-            if let Some(column) = &self.column {
+            if let Some(column) = &e.column {
                 write!(f, ", column {column}")?;
             }
             f.write_str(": ")?;
         }
-        f.write_str(&self.message)?;
-        if let Some(source) = &self.source {
+        f.write_str(&e.message)?;
+        if let Some(source) = &e.source {
             write!(f, ": {source}")?;
         }
-        if let Some(hint) = &self.hint {
+        if let Some(hint) = &e.hint {
             write!(f, " (to fix: {hint})")?;
         }
         Ok(())
@@ -168,7 +173,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.0.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

@@ -1,20 +1,32 @@
 //! Tributary's connectors: the [`Source`] and [`Sink`] traits, the error kinds
-//! and their policy, and one module per system, each with the same files.
+//! and their policy, the warehouse-sink core ([`sink`]), the reference
+//! connectors in memory, and one folder per connector with the same files
+//! ([`sources`], [`sinks`]; `docs/CONNECTORS.md`), each behind its Cargo
+//! feature.
 #![deny(missing_docs)]
 
 pub mod error;
 pub mod problem;
+#[macro_use]
+pub mod registry;
 pub mod selection;
 pub mod sink;
+pub mod sinks;
 pub mod source;
+pub mod sources;
 
-#[cfg(feature = "bigquery")]
-pub mod bigquery;
-#[cfg(feature = "mysql")]
-pub mod mysql;
-#[cfg(feature = "postgres")]
-pub mod postgres;
+#[cfg(feature = "pgwire")]
+pub mod pgwire;
 
 pub use error::{policy, Decision, Error, ErrorKind, Result};
-pub use sink::{ApplyError, CheckProblem, KafkaPosition, Sink, SinkBatch, SinkRecord};
-pub use source::{Checkpoint, SnapshotTableProgress, Source, SourceBatch, SourceMessage};
+pub use problem::{Problem, Severity};
+pub use sink::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkConfig, SinkRecord};
+pub use source::{Checkpoint, SnapshotTableProgress, Source, SourceBatch, SourceConfig, SourceMessage};
+
+/// Milliseconds since the Unix epoch, for events' processing time.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

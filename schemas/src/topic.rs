@@ -63,6 +63,12 @@ impl TopicNaming {
     }
 }
 
+/// Header that marks a control record on a change topic (a null key and
+/// value; see docs/CONTRACTS.md).
+pub const CONTROL_HEADER: &str = "tributary.control";
+/// Control record: the source table was dropped.
+pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,9 +91,3 @@ mod tests {
         assert_eq!(TopicNaming::dlq_topic("a.b.c"), "a.b.c.dlq");
     }
 }
-
-/// Header that marks a control record on a change topic (a null key and
-/// value; see docs/CONTRACTS.md).
-pub const CONTROL_HEADER: &str = "tributary.control";
-/// Control record: the source table was dropped.
-pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";

@@ -7,7 +7,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use tributary_schemas::Registry;
 
 use crate::config::SinkRunnerConfig;
-use crate::destination::Destination;
 use crate::runner::{consumer_config, RunError};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,13 +48,14 @@ pub async fn check(config: &SinkRunnerConfig) -> Result<Vec<Finding>, RunError> 
     let mut findings = Vec::new();
     findings.extend(check_kafka(config).await?);
     findings.push(check_registry(config).await);
-    let mut sink = Destination::from_config(config)?;
+    let mut sink = config.sink()?;
     let problems = sink.check().await;
     if problems.is_empty() {
         findings.push(ok("destination", "reachable; the sink user can create tables and store offsets".into()));
     }
     for p in problems {
-        findings.push(problem("destination", p.problem, p.fix));
+        let fix = p.fix.unwrap_or_else(|| "see the message".to_string());
+        findings.push(problem("destination", p.message, fix));
     }
     Ok(findings)
 }

@@ -15,8 +15,8 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use tributary_connectors::bigquery::BigQuerySinkConfig;
-use tributary_connectors::postgres::sink::PostgresSinkConfig;
+use tributary_connectors::sinks::Sinks;
+use tributary_connectors::Sink;
 use tributary_operations::admin::AdminConfig;
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_operations::kafka::KafkaConfig;
@@ -51,9 +51,11 @@ pub const DEFAULT_FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 /// source table reaches the destination within seconds of its first event.
 pub const DEFAULT_TOPIC_REFRESH_MS: u64 = 5_000;
 
-/// The whole config file of a sink runner.
+/// The whole config file of a sink runner. Unknown keys are refused: the
+/// destination sections (`[postgres]`, `[bigquery]`, ... as registered in
+/// `connectors/src/sinks/mod.rs`) take every key that is not a field here,
+/// and refuse any that is not a section they know.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SinkRunnerConfig {
     /// How to reach Kafka.
     pub kafka: KafkaConfig,
@@ -87,16 +89,14 @@ pub struct SinkRunnerConfig {
     /// Suffix of a topic's dead-letter topic.
     #[serde(default = "default_dlq_suffix")]
     pub dlq_topic_suffix: String,
-    /// The PostgreSQL destination (exactly one destination section).
-    #[serde(default)]
-    pub postgres: Option<PostgresSinkConfig>,
-    /// The BigQuery destination (exactly one destination section).
-    #[serde(default)]
-    pub bigquery: Option<BigQuerySinkConfig>,
     /// The admin server (status, metrics, pause/resume). Its default port,
     /// 8091, leaves 8090 to a source runner on the same machine.
     #[serde(default = "default_admin")]
     pub admin: AdminConfig,
+    /// The destination: exactly one section, e.g. `[postgres]` or
+    /// `[bigquery]`.
+    #[serde(flatten)]
+    pub destination: Sinks,
 }
 
 fn default_batch_max_records() -> usize {
@@ -165,30 +165,11 @@ impl Validate for SinkRunnerConfig {
         if self.dlq_topic_suffix.is_empty() {
             return Err(ConfigError::invalid("dlq_topic_suffix", "must not be empty"));
         }
-        let (section, group) = match (&self.postgres, &self.bigquery) {
-            (Some(pg), None) => {
-                pg.validate_at("postgres")?;
-                ("postgres", &pg.consumer_group)
-            }
-            (None, Some(bq)) => {
-                bq.validate_at("bigquery")?;
-                ("bigquery", &bq.consumer_group)
-            }
-            (None, None) => {
-                return Err(ConfigError::invalid(
-                    "postgres",
-                    "a destination section is required: [postgres] or [bigquery]",
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::invalid(
-                    "bigquery",
-                    "conflicts with [postgres]: a sink runner writes to exactly one destination",
-                ))
-            }
-        };
+        let (section, destination) = self.destination.one()?;
+        destination.validate_at(section)?;
+        let group = destination.consumer_group();
         if let Some(g) = group {
-            if *g != self.consumer_group {
+            if g != self.consumer_group {
                 return Err(ConfigError::invalid(
                     format!("{section}.consumer_group"),
                     "conflicts with consumer_group: leave it out (it is taken from consumer_group)",
@@ -227,27 +208,26 @@ impl SinkRunnerConfig {
         format!("{topic}{}", self.dlq_topic_suffix)
     }
 
-    /// The PostgreSQL sink config with the consumer group filled in, when
-    /// that is the destination.
-    pub fn postgres_config(&self) -> Option<PostgresSinkConfig> {
-        self.postgres.clone().map(|mut c| {
-            c.consumer_group = Some(self.consumer_group.clone());
-            c
-        })
-    }
-
-    /// The BigQuery sink config with the consumer group filled in, when
-    /// that is the destination.
-    pub fn bigquery_config(&self) -> Option<BigQuerySinkConfig> {
-        self.bigquery.clone().map(|mut c| {
-            c.consumer_group = Some(self.consumer_group.clone());
-            c
-        })
+    /// The configured destination's sink, storing its offsets under the
+    /// runner's consumer group (it connects on first use).
+    pub fn sink(&self) -> Result<Box<dyn Sink>, ConfigError> {
+        let (_, destination) = self.destination.one()?;
+        destination.build(&self.consumer_group)
     }
 
     /// Linger as a duration.
     pub fn linger(&self) -> Duration {
         Duration::from_millis(self.batch_linger_ms)
+    }
+}
+
+/// The sink's admin address: next to a source runner's default.
+pub const DEFAULT_SINK_ADMIN_LISTEN: &str = "127.0.0.1:8091";
+
+fn default_admin() -> AdminConfig {
+    AdminConfig {
+        listen: DEFAULT_SINK_ADMIN_LISTEN.to_string(),
+        token: None,
     }
 }
 
@@ -274,7 +254,8 @@ url = "postgres://u@127.0.0.1/db"
         assert!(c.is_excluded("shop.public.orders.dlq"));
         assert!(c.is_excluded("shop.tributary.offsets"));
         assert!(!c.is_excluded("shop.public.orders"));
-        assert_eq!(c.postgres_config().and_then(|p| p.consumer_group).as_deref(), Some("g"));
+        assert!(c.destination.postgres.is_some());
+        assert!(c.sink().is_ok());
     }
 
     #[test]
@@ -283,6 +264,9 @@ url = "postgres://u@127.0.0.1/db"
         assert!(e.to_string().contains("`prefix`"), "{e}");
         let e = parse::<SinkRunnerConfig>(&format!("{MINIMAL}\nbogus = 1"), "t").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+        // A key at the top that is neither a setting nor a section.
+        let e = parse::<SinkRunnerConfig>(&format!("bogus = 1\n{MINIMAL}"), "t").unwrap_err();
+        assert!(e.to_string().contains("unknown field `bogus`"), "{e}");
         let text = MINIMAL.replace("consumer_group = \"g\"", "consumer_group = \"g\"\ntopics = \"shop.*\"");
         let e = parse::<SinkRunnerConfig>(&text, "t").unwrap_err();
         assert!(e.to_string().contains("`topics`"), "{e}");
@@ -299,21 +283,11 @@ url = "postgres://u@127.0.0.1/db"
         assert!(e.to_string().contains("`bigquery`"), "{e}");
         let only_bq = MINIMAL.replace("[postgres]\nurl = \"postgres://u@127.0.0.1/db\"\n", bq);
         let c: SinkRunnerConfig = parse(&only_bq, "t").unwrap();
-        assert_eq!(c.bigquery_config().and_then(|b| b.consumer_group).as_deref(), Some("g"));
+        assert!(c.destination.bigquery.is_some() && c.destination.postgres.is_none());
         let none = MINIMAL.replace("[postgres]\nurl = \"postgres://u@127.0.0.1/db\"\n", "");
         let e = parse::<SinkRunnerConfig>(&none, "t").unwrap_err();
         assert!(e.to_string().contains("destination section is required"), "{e}");
         let bad = only_bq.replace("project = \"p\"", "project = \"p\"\nbogus = 1");
         assert!(parse::<SinkRunnerConfig>(&bad, "t").unwrap_err().to_string().contains("bogus"));
-    }
-}
-
-/// The sink's admin address: next to a source runner's default.
-pub const DEFAULT_SINK_ADMIN_LISTEN: &str = "127.0.0.1:8091";
-
-fn default_admin() -> AdminConfig {
-    AdminConfig {
-        listen: DEFAULT_SINK_ADMIN_LISTEN.to_string(),
-        token: None,
     }
 }

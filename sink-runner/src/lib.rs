@@ -8,7 +8,6 @@
 
 pub mod check;
 pub mod config;
-pub mod destination;
 pub mod dlq;
 pub mod replay;
 pub mod runner;

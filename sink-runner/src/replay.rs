@@ -55,7 +55,7 @@ pub struct ReplayReport {
 
 /// Replays `dlq_topic` into the configured destination.
 pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -> Result<ReplayReport, RunError> {
-    let mut sink = crate::destination::Destination::from_config(config)?;
+    let mut sink = config.sink()?;
     let registry = Registry::new(config.schema_registry_url.clone())
         .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
     let mut decoder = EventDecoder::new(registry);

@@ -60,7 +60,6 @@ use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
 use crate::config::{
     SinkRunnerConfig, DEFAULT_FETCH_QUEUE_BACKOFF_MS, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS,
 };
-use crate::destination::Destination;
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
 use tributary_operations::telemetry::{TableState, Telemetry};
@@ -97,8 +96,7 @@ pub enum RunError {
     Other(String),
 }
 
-/// Names the status entry of a source table (its destination table).
-pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
+pub use tributary_connectors::Labeler;
 
 /// Runs a sink runner for the configured destination until `stop` turns true.
 pub async fn run(
@@ -107,7 +105,7 @@ pub async fn run(
     control: Control,
     stop: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let sink = Destination::from_config(&config)?;
+    let sink = config.sink()?;
     let labeler = sink.labeler();
     run_with_sink(config, sink, labeler, telemetry, control, stop).await
 }
@@ -587,7 +585,7 @@ impl<S: Sink + 'static> Loop<S> {
                             // the fault suite saw a sink stall for minutes
                             // after a Kafka restart. So: no wait, and the log
                             // says it once per run of errors, then every 50th.
-                            if consumer_errors == 1 || consumer_errors % 50 == 0 {
+                            if consumer_errors == 1 || consumer_errors.is_multiple_of(50) {
                                 warn!(error = %other, repeated = consumer_errors, "consumer error (librdkafka retries)");
                             }
                         }
@@ -1218,7 +1216,7 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
             }
         }
     }
-    let mut sink = Destination::from_config(config)?;
+    let mut sink = config.sink()?;
     done.extend(
         sink.delete_copy(&tables)
             .await

@@ -1,6 +1,8 @@
 //! The source runner's config file.
 
 use serde::Deserialize;
+use tributary_connectors::sources::Sources;
+use tributary_connectors::SourceConfig;
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_operations::kafka::KafkaConfig;
 
@@ -19,8 +21,10 @@ pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u32 = 60_000;
 pub const DEFAULT_PRODUCER_QUEUE_KBYTES: u32 = 4 * 1024;
 
 /// A source runner: one source database into per-table Kafka topics.
+/// Unknown keys are refused: the source sections (`[postgres]`, `[mysql]`,
+/// ... as registered in `connectors/src/sources/mod.rs`) take every key
+/// that is not a field here, and refuse any that is not a section they know.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SourceRunnerConfig {
     /// The runner's logical name: the default topic prefix, the Kafka
     /// `transactional.id` (`tributary-source-<name>`) and the key of its
@@ -50,12 +54,9 @@ pub struct SourceRunnerConfig {
     /// The admin server (status, metrics, pause/resume).
     #[serde(default)]
     pub admin: tributary_operations::admin::AdminConfig,
-    /// A PostgreSQL source.
-    #[serde(default)]
-    pub postgres: Option<tributary_connectors::postgres::config::PostgresSourceConfig>,
-    /// A MySQL / MariaDB source.
-    #[serde(default)]
-    pub mysql: Option<tributary_connectors::mysql::config::MySqlSourceConfig>,
+    /// The source: exactly one section, e.g. `[postgres]` or `[mysql]`.
+    #[serde(flatten)]
+    pub source: Sources,
 }
 
 fn default_topic_template() -> String {
@@ -80,13 +81,14 @@ impl SourceRunnerConfig {
         self.topic_prefix.as_deref().unwrap_or(&self.name)
     }
 
+    /// The configured source section (validated: there is exactly one).
+    pub fn source_config(&self) -> Result<&dyn SourceConfig, ConfigError> {
+        self.source.one().map(|(_, c)| c)
+    }
+
     /// The source connector kind, as Debezium names it (`source.connector`).
     pub fn connector(&self) -> &'static str {
-        if self.mysql.is_some() {
-            "mysql"
-        } else {
-            "postgresql"
-        }
+        self.source_config().map_or("unknown", |c| c.connector())
     }
 
     /// The offsets topic holding this runner's checkpoints.
@@ -130,22 +132,8 @@ impl Validate for SourceRunnerConfig {
         }
         self.kafka.validate("kafka")?;
         self.admin.validate()?;
-        match (&self.postgres, &self.mysql) {
-            (Some(pg), None) => pg.validate_as("postgres")?,
-            (None, Some(my)) => my.validate_as("mysql")?,
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::invalid(
-                    "mysql",
-                    "a runner reads one source: keep either [postgres] or [mysql], run a second runner for the other",
-                ))
-            }
-            (None, None) => {
-                return Err(ConfigError::invalid(
-                    "postgres",
-                    "a source section is required: [postgres] or [mysql] (SQL Server and Oracle come later)",
-                ))
-            }
-        }
+        let (section, source) = self.source.one()?;
+        source.validate_at(section)?;
         Ok(())
     }
 }
@@ -171,6 +159,8 @@ mod tests {
         assert!(both.to_string().contains("mysql"), "{both}");
         let none = parse(BASE).expect_err("none");
         assert!(none.to_string().contains("[mysql]"), "{none}");
+        let unknown = parse(&format!("bogus = 1\n{BASE}{pg}")).expect_err("unknown");
+        assert!(unknown.to_string().contains("unknown field `bogus`"), "{unknown}");
         let bad = parse(&format!("{BASE}[mysql]\nurl = \"mysql://u@h/db\"\nserver_id = 0\n")).expect_err("bad");
         assert!(bad.to_string().contains("mysql.server_id"), "{bad}");
     }

@@ -13,15 +13,10 @@ use tributary_connectors::Error;
 /// Builds the configured source and runs it until Ctrl-C or SIGTERM.
 pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
     let source = build_source(&config)?;
-    if let Some(pg) = &config.postgres {
-        // The producer queue, plus one streamed batch and one snapshot chunk
-        // per worker held while they are produced.
-        let budget = u64::from(config.producer_queue_kbytes) * 1024
-            + pg.max_batch_bytes as u64 * (1 + pg.snapshot_parallelism as u64);
-        tributary_operations::memory::report_budget(
-            budget,
-            "producer_queue_kbytes, postgres.max_batch_bytes or postgres.snapshot_parallelism",
-        );
+    let queue = u64::from(config.producer_queue_kbytes) * 1024;
+    if let Some((held, settings)) = config.source_config().ok().and_then(|c| c.memory_budget()) {
+        // The producer queue, plus what the source holds while it is produced.
+        tributary_operations::memory::report_budget(queue + held, &format!("producer_queue_kbytes, {settings}"));
     }
     let telemetry = tributary_operations::telemetry::Telemetry::new(&config.name, "source");
     let control = tributary_operations::admin::Control::new();
@@ -33,24 +28,16 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
 
 /// The source named by the config.
 pub fn build_source(config: &SourceRunnerConfig) -> Result<Box<dyn tributary_connectors::Source>, Error> {
-    match (&config.postgres, &config.mysql) {
-        (Some(pg), _) => {
-            Ok(Box::new(tributary_connectors::postgres::PostgresSource::new(pg.clone(), config.name.clone())?))
-        }
-        (None, Some(my)) => {
-            Ok(Box::new(tributary_connectors::mysql::MySqlSource::new(my.clone(), config.name.clone())?))
-        }
-        (None, None) => Err(Error::needs_operator("no source configured: add a [postgres] or [mysql] section")),
-    }
+    let source = config.source_config().map_err(|e| Error::needs_operator(e.to_string()))?;
+    source.build(&config.name)
 }
 
 /// `source-runner check`: prints each problem with the SQL that fixes it.
 pub async fn check(config: SourceRunnerConfig) -> ExitCode {
-    let problems = match (&config.postgres, &config.mysql) {
-        (Some(pg), _) => tributary_connectors::postgres::check::check(pg).await,
-        (None, Some(my)) => tributary_connectors::mysql::check::check(my).await,
-        (None, None) => {
-            eprintln!("error: no source configured");
+    let problems = match config.source_config() {
+        Ok(source) => source.check().await,
+        Err(e) => {
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -62,10 +49,7 @@ pub async fn check(config: SourceRunnerConfig) -> ExitCode {
         println!("{p}");
     }
     // Warnings alone (e.g. REPLICA IDENTITY DEFAULT) still let the copy run.
-    if problems
-        .iter()
-        .any(|p| p.severity == tributary_connectors::problem::Severity::Error)
-    {
+    if problems.iter().any(|p| p.severity == tributary_connectors::Severity::Error) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
@@ -91,8 +75,8 @@ pub async fn delete(config: SourceRunnerConfig, yes: bool) -> ExitCode {
         }
     }
     let mut failed = false;
-    if let Some(pg) = &config.postgres {
-        match tributary_connectors::postgres::check::teardown(pg).await {
+    if let Ok(source) = config.source_config() {
+        match source.teardown().await {
             Ok(done) => {
                 for d in done {
                     println!("deleted {d}");

@@ -17,7 +17,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use serde_json::{json, Value as Json};
-use tributary_connectors::bigquery::{BigQuerySink, BigQuerySinkConfig};
+use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Value};
 use tributary_tests::items::{

@@ -342,22 +342,23 @@ impl Workload {
             ))
             .await
             .expect("create the source tables");
-        let mut m = self.model.lock().unwrap();
         let mut sql = String::new();
-        for (table, rows) in INITIAL_ROWS {
-            let values = match table {
-                "accounts" => "i, 'owner ' || i, (i % 1000) * 1.25, 1",
-                "orders" => "i, i % 500, (i % 700) * 0.5, CASE WHEN i % 3 = 0 THEN NULL ELSE 'n' || i END, 1",
-                _ => "i, 'payload ' || i, 1",
-            };
-            sql.push_str(&format!("INSERT INTO {s}.{table} SELECT {values} FROM generate_series(1, {rows}) i;"));
-            for id in 1..=rows {
-                m.live.entry(table.to_string()).or_default().insert(id, 1);
-                m.changes.entry((table.to_string(), id)).or_default().push((Op::Create, 1));
+        {
+            let mut m = self.model.lock().unwrap();
+            for (table, rows) in INITIAL_ROWS {
+                let values = match table {
+                    "accounts" => "i, 'owner ' || i, (i % 1000) * 1.25, 1",
+                    "orders" => "i, i % 500, (i % 700) * 0.5, CASE WHEN i % 3 = 0 THEN NULL ELSE 'n' || i END, 1",
+                    _ => "i, 'payload ' || i, 1",
+                };
+                sql.push_str(&format!("INSERT INTO {s}.{table} SELECT {values} FROM generate_series(1, {rows}) i;"));
+                for id in 1..=rows {
+                    m.live.entry(table.to_string()).or_default().insert(id, 1);
+                    m.changes.entry((table.to_string(), id)).or_default().push((Op::Create, 1));
+                }
+                m.next_id.insert(table.to_string(), rows + 1);
             }
-            m.next_id.insert(table.to_string(), rows + 1);
         }
-        drop(m);
         admin.batch_execute(&sql).await.expect("initial rows");
     }
 
@@ -924,8 +925,11 @@ async fn faults_lose_and_duplicate_nothing() {
     // rights can be taken away.
     let role = format!("{name}_sink");
     {
-        let boot = tributary_connectors::postgres::sink::PostgresSink::new(
-            tributary_connectors::postgres::sink::PostgresSinkConfig::new(pg_destination_url(), format!("{name}-boot")),
+        let boot = tributary_connectors::sinks::postgres::PostgresSink::new(
+            tributary_connectors::sinks::postgres::PostgresSinkConfig::new(
+                pg_destination_url(),
+                format!("{name}-boot"),
+            ),
         );
         boot.expect("sink config").connect().await.expect("bookkeeping tables");
     }

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use tributary_connectors::mysql::config::MySqlSourceConfig;
-use tributary_connectors::mysql::{check, MySqlSource, SourceState};
+use tributary_connectors::sources::mysql::config::MySqlSourceConfig;
+use tributary_connectors::sources::mysql::{check, MySqlSource, SourceState};
 use tributary_connectors::{Checkpoint, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, Value};
 use tributary_tests::{
@@ -400,7 +400,7 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     let state = SourceState::from_checkpoint(&checkpoint).expect("state");
     assert!(state.gtid.is_some(), "the snapshot checkpoint has a GTID position");
     let mut config = fx.config();
-    config.resume_by = tributary_connectors::mysql::config::ResumeBy::Gtid;
+    config.resume_by = tributary_connectors::sources::mysql::config::ResumeBy::Gtid;
     let mut by_gtid = MySqlSource::new(config, "t").expect("config");
     by_gtid.start(Some(checkpoint)).await.expect("resume by GTID");
     let mut replay_gtid = Mirror::default();

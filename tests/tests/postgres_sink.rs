@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, NoTls};
-use tributary_connectors::postgres::sink::{PostgresSink, PostgresSinkConfig};
+use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::{ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord};
 use tributary_schemas::{ChangeEvent, DataType, Op, TableId, TableSchema, Value};
 
@@ -516,7 +516,7 @@ async fn drop_role(fx: &Fixture, role: &str) {
 /// address and accepts the name, and the session is encrypted.
 #[tokio::test]
 async fn tls_to_the_destination_is_verified_and_used() {
-    use tributary_connectors::postgres::config::TlsMode;
+    use tributary_connectors::pgwire::tls::TlsMode;
     let fx = Fixture::new("tls").await;
     let (role, role_url) = own_role(&fx).await;
     let ca = tributary_tests::pg_tls_ca();
@@ -535,18 +535,20 @@ async fn tls_to_the_destination_is_verified_and_used() {
         .await
         .expect_err("the certificate does not name 127.0.0.1");
     assert_eq!(err.error.kind(), ErrorKind::NeedsOperator, "{}", err.error);
-    let mut offset = 0;
-    for (mode, host) in [
+    for (offset, (mode, host)) in [
         (TlsMode::Require, "127.0.0.1"),
         (TlsMode::VerifyCa, "127.0.0.1"),
         (TlsMode::VerifyFull, "localhost"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let offset = offset as i64;
         let mut sink = with(mode, host);
         let id = offset as i32 + 1;
         sink.apply(&batch("t", offset, vec![event(&s, Op::Create, None, Some(row(id, "a", 1, "1.00")), id as u64, 0)]))
             .await
             .unwrap_or_else(|e| panic!("{mode:?} to {host}: {}", e.error));
-        offset += 1;
         let encrypted: bool = fx
             .admin
             .query_one(
@@ -1399,7 +1401,7 @@ mod e2e {
         p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
             .await;
         let mut config = p.config();
-        if let Some(pg) = config.postgres.as_mut() {
+        if let Some(pg) = config.destination.postgres.as_mut() {
             pg.lock_timeout_ms = 500;
         }
         let status = Telemetry::new("test", "sink");

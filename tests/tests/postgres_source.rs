@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::NoTls;
-use tributary_connectors::postgres::config::{PostgresSourceConfig, SESSION_OPTIONS};
-use tributary_connectors::postgres::types::{decode_text, split_copy_line, ColumnRef};
-use tributary_connectors::postgres::{check, PostgresSource, SourceState};
+use tributary_connectors::sources::postgres::config::{PostgresSourceConfig, SESSION_OPTIONS};
+use tributary_connectors::sources::postgres::types::{decode_text, split_copy_line, ColumnRef};
+use tributary_connectors::sources::postgres::{check, PostgresSource, SourceState};
 use tributary_connectors::{Checkpoint, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, TableSchema, Value};
 
@@ -560,9 +560,11 @@ async fn crash_mid_stream_is_exactly_once() {
     drop(source);
     // Restart from the durable checkpoint: the unacknowledged changes again,
     // and the ones made while the source was down.
-    let mut mirror2 = Mirror::default();
-    mirror2.schemas = mirror.schemas.clone();
-    mirror2.tables = mirror.tables.clone();
+    let mut mirror2 = Mirror {
+        schemas: mirror.schemas.clone(),
+        tables: mirror.tables.clone(),
+        ..Default::default()
+    };
     for i in 20..30 {
         fx.exec(&format!("INSERT INTO {s}.c VALUES ({i}, 5)")).await;
     }
@@ -1050,7 +1052,7 @@ async fn faults_are_classified() {
     // A checkpoint whose slot is gone: needs an operator.
     let mut source = PostgresSource::new(fx.config(), "test").expect("config");
     let cp = SourceState {
-        version: tributary_connectors::postgres::CHECKPOINT_VERSION,
+        version: tributary_connectors::sources::postgres::CHECKPOINT_VERSION,
         slot: fx.slot.clone(),
         lsn: 1,
         tables: Default::default(),
@@ -1177,7 +1179,7 @@ async fn snapshot_throughput_1m_rows() {
     let raw = started.elapsed();
 
     let mut cfg = fx.config();
-    cfg.snapshot_chunk_rows = tributary_connectors::postgres::config::DEFAULT_SNAPSHOT_CHUNK_ROWS;
+    cfg.snapshot_chunk_rows = tributary_connectors::sources::postgres::config::DEFAULT_SNAPSHOT_CHUNK_ROWS;
     let mut source = PostgresSource::new(cfg, "bench").expect("config");
     let started = Instant::now();
     start(&mut source, None).await;
@@ -1212,7 +1214,7 @@ async fn snapshot_throughput_1m_rows() {
 /// and passes on the name; its CA in `PG_TLS_CA`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_modes_connect_and_verify() {
-    use tributary_connectors::postgres::config::TlsMode;
+    use tributary_connectors::pgwire::tls::TlsMode;
     let ca = tributary_tests::pg_tls_ca();
     let tls_url = url();
     let fx = Fixture::new("tls").await;
@@ -1304,7 +1306,7 @@ async fn heartbeats_advance_over_unrelated_wal() {
         .await
         .expect("lsn")
         .get(0);
-    let target = tributary_connectors::postgres::parse_lsn(&target).expect("lsn");
+    let target = tributary_connectors::sources::postgres::parse_lsn(&target).expect("lsn");
     let deadline = Instant::now() + DEADLINE;
     loop {
         let b = next(&mut source).await;

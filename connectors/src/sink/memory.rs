@@ -1,0 +1,385 @@
+//! The reference sink: tables in memory, driven by the warehouse-sink core
+//! exactly as a real destination is. Read it first when writing a sink: each
+//! [`Warehouse`] method here is the smallest thing that keeps the contract.
+//!
+//! Runner tests use it as a destination that needs no server; the
+//! conformance suite (`tests/tests/sink_conformance.rs`) runs against it as
+//! against every real sink, so the suite itself is known to pass on a
+//! correct sink. A [`MemoryStore`] outlives the sinks built on it (a
+//! restarted runner finds its offsets), and can be made unreachable or made
+//! to refuse a value, for the error paths.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value};
+
+use super::bookkeeping::is_bookkeeping;
+use super::reduce::{key_bytes, Reduction};
+use super::schema::{plan, Dialect, Fit, TableChange, TableShape};
+use super::warehouse::{self, Mode, Warehouse};
+use super::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+
+/// A stored row: its values by column, and the position of the change that
+/// wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRow {
+    /// Values by column name.
+    pub values: BTreeMap<String, Value>,
+    /// The position guard's column pair.
+    pub position: Position,
+}
+
+/// A table in memory.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryTable {
+    /// Its columns and key.
+    pub shape: TableShape<DataType>,
+    /// Rows by key (the core's key bytes).
+    pub rows: BTreeMap<Vec<u8>, StoredRow>,
+}
+
+/// Everything the sinks of one destination share.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryState {
+    /// Tables by `schema.table`.
+    pub tables: BTreeMap<String, MemoryTable>,
+    /// `(consumer group, topic, partition) -> next offset`.
+    pub offsets: BTreeMap<(String, String, i32), i64>,
+    /// While set, every call fails as a destination that is down would
+    /// (retryable).
+    pub unreachable: bool,
+    /// A value the destination refuses in any column (like a CHECK
+    /// constraint): the batch fails without naming the record, so the core
+    /// must find it by bisection.
+    pub refused: Option<Value>,
+    /// Committed units, for tests that count round trips.
+    pub commits: u64,
+}
+
+/// A destination in memory, shared by every sink built on it.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore(Arc<Mutex<MemoryState>>);
+
+impl MemoryStore {
+    /// An empty destination.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Its state, to read or change.
+    pub fn state(&self) -> MutexGuard<'_, MemoryState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A sink writing here under `consumer_group`.
+    pub fn sink(&self, consumer_group: &str) -> MemorySink {
+        MemorySink {
+            store: self.clone(),
+            consumer_group: consumer_group.to_string(),
+            open: None,
+            mode: Mode::Commit,
+            saved: Vec::new(),
+        }
+    }
+
+    /// The rows of `table` (`schema.table`), each as its values by column
+    /// name, in key order.
+    pub fn rows(&self, table: &str) -> Vec<BTreeMap<String, Value>> {
+        self.state()
+            .tables
+            .get(table)
+            .map(|t| t.rows.values().map(|r| r.values.clone()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The memory [`Sink`].
+#[derive(Debug)]
+pub struct MemorySink {
+    store: MemoryStore,
+    consumer_group: String,
+    /// The open unit: a copy of the state, written back on commit.
+    open: Option<MemoryState>,
+    mode: Mode,
+    /// Copies taken at each savepoint.
+    saved: Vec<MemoryState>,
+}
+
+/// The memory destination's types: the logical types themselves.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryDialect;
+
+impl Dialect for MemoryDialect {
+    type Type = DataType;
+
+    fn column_type(&self, column: &Column, _origin: &str) -> DataType {
+        column.data_type.clone()
+    }
+
+    fn position_type(&self) -> DataType {
+        DataType::Int64
+    }
+
+    fn fit(&self, have: &DataType, want: &DataType) -> Fit<DataType> {
+        let width = |t: &DataType| match t {
+            DataType::Int16 => Some(1),
+            DataType::Int32 => Some(2),
+            DataType::Int64 => Some(3),
+            _ => None,
+        };
+        match (have, want) {
+            _ if have == want => Fit::Keep,
+            (h, w) if width(h).is_some() && width(w).is_some() => {
+                if width(h) >= width(w) {
+                    Fit::Keep
+                } else {
+                    Fit::Widen(w.clone())
+                }
+            }
+            (DataType::Float64, DataType::Float32) => Fit::Keep,
+            (DataType::Float32, DataType::Float64) => Fit::Widen(want.clone()),
+            (DataType::Decimal { precision: hp, scale: hs }, DataType::Decimal { precision: wp, scale: ws }) => {
+                let (i, s) = ((hp - hs).max(wp - ws), (*hs).max(*ws));
+                if (i + s, s) == (*hp, *hs) {
+                    Fit::Keep
+                } else {
+                    Fit::Widen(DataType::Decimal { precision: i + s, scale: s })
+                }
+            }
+            (DataType::VariableDecimal, DataType::Decimal { .. }) => Fit::Keep,
+            (DataType::Decimal { .. }, DataType::VariableDecimal) => Fit::Widen(DataType::VariableDecimal),
+            (DataType::Text, DataType::Enum { .. }) | (DataType::Enum { .. }, DataType::Enum { .. }) => Fit::Keep,
+            _ => Fit::Incompatible,
+        }
+    }
+
+    fn key_refuses_null(&self) -> bool {
+        true
+    }
+
+    fn adds_position_columns(&self) -> bool {
+        true
+    }
+
+    fn incompatible(&self, table: &str, column: &Column, have: &DataType, want: &DataType) -> Error {
+        Error::permanent(format!("cannot change column {} of {table} from {have} to {want}", column.name))
+            .with_hint("recreate the table with the new type, then replay the dead-letter topic")
+    }
+}
+
+impl MemorySink {
+    fn down(&self) -> Result<()> {
+        if self.store.state().unreachable {
+            return Err(Error::retryable("the memory destination is unreachable").with_class("memory.unreachable"));
+        }
+        Ok(())
+    }
+
+    fn unit(&mut self) -> Result<&mut MemoryState> {
+        self.down()?;
+        self.open.as_mut().ok_or_else(|| Error::retryable("no unit is open"))
+    }
+}
+
+#[async_trait]
+impl Warehouse for MemorySink {
+    type Table = String;
+
+    fn destination(&self, source: &TableId) -> String {
+        source.to_string()
+    }
+
+    fn drops_tables(&self) -> bool {
+        true
+    }
+
+    async fn connect(&mut self) -> Result<()> {
+        self.down()
+    }
+
+    async fn begin(&mut self, mode: Mode) -> Result<()> {
+        self.down()?;
+        self.open = Some(self.store.state().clone());
+        self.mode = mode;
+        self.saved.clear();
+        Ok(())
+    }
+
+    async fn finish(&mut self, offsets: &[(String, i32, i64)]) -> Result<()> {
+        let group = self.consumer_group.clone();
+        let unit = self.unit()?;
+        for (topic, partition, next) in offsets {
+            unit.offsets.insert((group.clone(), topic.clone(), *partition), *next);
+        }
+        let unit = self.open.take().ok_or_else(|| Error::retryable("no unit is open"))?;
+        if self.mode == Mode::Commit {
+            let mut state = self.store.state();
+            let (unreachable, refused, commits) = (state.unreachable, state.refused.clone(), state.commits);
+            *state = unit;
+            // What the test set meanwhile is not part of the unit.
+            state.unreachable = unreachable;
+            state.refused = refused;
+            state.commits = commits + 1;
+        }
+        Ok(())
+    }
+
+    async fn abort(&mut self) {
+        self.open = None;
+        self.saved.clear();
+    }
+
+    fn failed(&mut self, error: Error) -> Error {
+        self.open = None;
+        error
+    }
+
+    async fn reconcile(&mut self, table: &String, schema: &TableSchema, origin: &str) -> Result<()> {
+        let unit = self.unit()?;
+        let stored = unit.tables.entry(table.clone()).or_default();
+        let changes = plan(&MemoryDialect, table, schema, origin, &stored.shape)?;
+        stored.shape.apply(&changes);
+        for change in &changes {
+            if let TableChange::AddBookkeeping(c) = change {
+                for row in stored.rows.values_mut() {
+                    row.values.insert(c.name.clone(), Value::Int64(-1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drop_table(&mut self, table: &String) -> Result<()> {
+        self.unit()?.tables.remove(table);
+        Ok(())
+    }
+
+    async fn truncate(&mut self, table: &String, at: Position) -> Result<()> {
+        if let Some(t) = self.unit()?.tables.get_mut(table) {
+            t.rows.retain(|_, row| row.position >= at);
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, table: &String, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+        let refused = self.store.state().refused.clone();
+        let unit = self.unit()?;
+        let stored = unit
+            .tables
+            .get_mut(table)
+            .ok_or_else(|| Error::retryable(format!("table {table} is missing")))?;
+        for (group, line) in changes.live() {
+            let key = key_bytes(&group.schema, line.row, &group.key)?;
+            let older = stored.rows.get(&key).is_none_or(|row| row.position < line.position);
+            let or_same = stored.rows.get(&key).is_none_or(|row| row.position <= line.position);
+            if line.delete {
+                if or_same {
+                    stored.rows.remove(&key);
+                }
+                continue;
+            }
+            let mut values = BTreeMap::new();
+            for (column, value) in group.schema.columns.iter().zip(line.row) {
+                let Some(dest) = stored.shape.column(&column.name) else {
+                    return Err(Error::retryable(format!("column {} is missing in {table}", column.name)).into());
+                };
+                if refused.as_ref() == Some(value) {
+                    // Named by bisection, like a constraint the server checks.
+                    return Err(Error::permanent(format!("column {}: the value is refused", column.name))
+                        .with_column(column.name.clone())
+                        .with_table(group.schema.id.clone())
+                        .into());
+                }
+                if dest.not_null && *value == Value::Null {
+                    return Err(ApplyError {
+                        error: Error::permanent(format!("column {} refuses NULL", column.name))
+                            .with_column(column.name.clone())
+                            .with_table(group.schema.id.clone()),
+                        record: Some(line.record),
+                    });
+                }
+                values.insert(column.name.clone(), value.clone());
+            }
+            // Columns the schema no longer has are NULL in a new row, kept
+            // in an updated one (as an UPDATE ... SET of the sent columns).
+            let kept = stored.rows.get(&key).map(|r| r.values.clone()).unwrap_or_default();
+            for c in stored.shape.columns.iter().filter(|c| !is_bookkeeping(&c.name)) {
+                if !values.contains_key(&c.name) {
+                    values.insert(c.name.clone(), kept.get(&c.name).cloned().unwrap_or(Value::Null));
+                }
+            }
+            if older {
+                stored.rows.insert(key, StoredRow { values, position: line.position });
+            }
+        }
+        Ok(())
+    }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        let copy = self.unit()?.clone();
+        self.saved.push(copy);
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        let saved = self.saved.pop().ok_or_else(|| Error::retryable("no savepoint"))?;
+        self.open = Some(saved);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Sink for MemorySink {
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+        self.down()?;
+        let state = self.store.state();
+        Ok(partitions
+            .iter()
+            .map(|(t, p)| state.offsets.get(&(self.consumer_group.clone(), t.clone(), *p)).copied())
+            .collect())
+    }
+
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        warehouse::apply(self, batch, Mode::Commit).await
+    }
+
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        warehouse::apply(self, batch, Mode::Trial).await
+    }
+
+    async fn check(&mut self) -> Vec<Problem> {
+        match self.down() {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![Problem::error(
+                e.to_string(),
+                Some("bring the memory destination back".into()),
+            )],
+        }
+    }
+
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        self.down()?;
+        let mut state = self.store.state();
+        let before = state.offsets.len();
+        state.offsets.retain(|(g, _, _), _| *g != self.consumer_group);
+        let mut done = vec![format!(
+            "{} stored offset(s) of consumer group {}",
+            before - state.offsets.len(),
+            self.consumer_group
+        )];
+        for t in drop {
+            if state.tables.remove(&t.to_string()).is_some() {
+                done.push(format!("destination table {t}"));
+            }
+        }
+        Ok(done)
+    }
+
+    fn labeler(&self) -> Labeler {
+        Arc::new(|t: &TableId| t.to_string())
+    }
+}

@@ -1,0 +1,181 @@
+//! The `Sink` trait (what every destination gives the sink runner) and the
+//! warehouse-sink core every destination that keeps tables is built on:
+//!
+//! * [`batch`]: a batch split at table drops and grouped by destination
+//!   table; destination name templates;
+//! * [`reduce`]: the last change per key;
+//! * [`schema`]: what a destination table must become for a source schema,
+//!   over a [`schema::Dialect`];
+//! * [`bookkeeping`]: the position columns, the staging columns, the offsets
+//!   table and the position guard;
+//! * [`bisect`]: finding the record a destination refuses;
+//! * [`warehouse`]: the order in which a batch is applied, over a
+//!   [`warehouse::Warehouse`];
+//! * [`text`]: values as SQL text;
+//! * [`memory`]: the reference sink, in memory.
+//!
+//! `docs/CONNECTORS.md` says how a new sink uses them.
+
+pub mod batch;
+pub mod bisect;
+pub mod bookkeeping;
+pub mod memory;
+pub mod reduce;
+pub mod schema;
+pub mod text;
+pub mod warehouse;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tributary_operations::config::ConfigError;
+use tributary_schemas::{ChangeEvent, TableId};
+
+pub use self::batch::{check_table_template, expand_table_template, group_by_destination, segments, Segment};
+pub use self::bisect::{locate_failed_record, PrefixProbe};
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+
+/// Where a record came from in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KafkaPosition {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset of the record.
+    pub offset: i64,
+}
+
+/// One record for a sink.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkRecord {
+    /// A row change or truncate.
+    Change(ChangeEvent),
+    /// The source table was dropped.
+    TableDropped(TableId),
+}
+
+/// A batch of records of one destination table, with the Kafka offsets it
+/// covers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkBatch {
+    /// The source table the records belong to.
+    pub table: TableId,
+    /// Records in Kafka order, each with its position.
+    pub records: Vec<(KafkaPosition, SinkRecord)>,
+    /// The next offset to consume for each partition the batch covers
+    /// (Kafka's convention: last applied offset + 1). Tombstones and records
+    /// sent to a dead-letter topic are covered too.
+    pub next_offsets: Vec<(String, i32, i64)>,
+}
+
+/// Why a batch was not applied.
+#[derive(Debug)]
+pub struct ApplyError {
+    /// The error.
+    pub error: Error,
+    /// Index into [`SinkBatch::records`] of the record that caused a
+    /// permanent error, so the runner can dead-letter it and apply the rest.
+    pub record: Option<usize>,
+}
+
+impl From<Error> for ApplyError {
+    fn from(error: Error) -> Self {
+        Self { error, record: None }
+    }
+}
+
+/// Names the status and metrics entry of a source table: its destination
+/// table, as the operator knows it.
+pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
+
+/// A destination that applies change events.
+///
+/// # Delivery contract
+///
+/// * [`Sink::apply`] applies the whole batch and stores
+///   [`SinkBatch::next_offsets`] in **one durable step** (for PostgreSQL one
+///   database transaction holding the rows and the offsets). Either all of it
+///   is visible afterwards or none of it is.
+/// * The runner consumes from [`Sink::committed_offsets`] after every
+///   (re)assignment, so after a crash nothing is applied twice and nothing is
+///   skipped.
+/// * Applying is idempotent and ordered by source position: an event older
+///   than what a row already holds never moves that row backwards.
+/// * A failed apply leaves no trace. On a permanent error caused by one
+///   record, [`ApplyError::record`] names it; the runner dead-letters it and
+///   applies the rest of the batch again.
+/// * [`Sink::trial_apply`], [`Sink::check`] and [`Sink::delete_copy`] are
+///   what `sink-runner replay --dry-run`, `check` and `delete` need; none of
+///   them moves offsets.
+///
+/// Destinations that keep tables implement [`warehouse::Warehouse`] and
+/// delegate `apply` and `trial_apply` to [`warehouse::apply`].
+#[async_trait]
+pub trait Sink: Send {
+    /// The next offset to consume for each partition, as last stored by
+    /// [`Sink::apply`] (`None` when the destination has none yet).
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>>;
+
+    /// Applies a batch and its offsets in one durable step.
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError>;
+
+    /// Applies a batch and undoes it: whether (and at which record) it would
+    /// fail, changing nothing.
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError>;
+
+    /// The destination's setup problems, each with its fix; empty means
+    /// ready. Changes nothing.
+    async fn check(&mut self) -> Vec<Problem>;
+
+    /// Removes this copy from the destination: its stored offsets and, when
+    /// `drop` lists them, the destination tables of those source tables.
+    /// Returns what it removed, for the operator.
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>>;
+
+    /// Names each source table's status entry after its destination table.
+    fn labeler(&self) -> Labeler {
+        Arc::new(|t: &TableId| t.to_string())
+    }
+}
+
+#[async_trait]
+impl<S: Sink + ?Sized> Sink for Box<S> {
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+        (**self).committed_offsets(partitions).await
+    }
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        (**self).apply(batch).await
+    }
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        (**self).trial_apply(batch).await
+    }
+    async fn check(&mut self) -> Vec<Problem> {
+        (**self).check().await
+    }
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        (**self).delete_copy(drop).await
+    }
+    fn labeler(&self) -> Labeler {
+        (**self).labeler()
+    }
+}
+
+/// A destination section of a sink runner's config file (`[postgres]`,
+/// `[bigquery]`, ...): what the runner needs to validate it and build the
+/// sink. Registered in `sinks/mod.rs`.
+pub trait SinkConfig: fmt::Debug + Send + Sync {
+    /// Checks every rule; errors name the field under `section`.
+    fn validate_at(&self, section: &str) -> Result<(), ConfigError>;
+
+    /// The consumer group the section itself names, if any (it may only
+    /// repeat the runner's `consumer_group`).
+    fn consumer_group(&self) -> Option<&str>;
+
+    /// The sink, storing its offsets under `consumer_group`. Connects
+    /// nothing: a destination that is down pauses the runner, it does not
+    /// fail its start.
+    fn build(&self, consumer_group: &str) -> Result<Box<dyn Sink>, ConfigError>;
+}

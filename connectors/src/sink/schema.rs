@@ -1,0 +1,379 @@
+//! Destination tables that follow their source: what a table must become to
+//! take the rows of a source schema, decided once for every sink over a
+//! [`Dialect`] (its types and which changes it can make in place).
+//!
+//! The plan only ever adds: a missing table is created, a missing column
+//! added (nullable: older rows have no value for it), a type widened where
+//! the destination can widen it in place, a NOT NULL relaxed where the
+//! source now sends NULL or no longer sends the column. Nothing is dropped
+//! or narrowed; a change the destination cannot follow is a permanent error
+//! of the record that needs it (dead-lettered, with the fix in its hint).
+
+use std::fmt;
+
+use tributary_schemas::{Column, TableSchema};
+
+use super::bookkeeping::{is_bookkeeping, POSITION_COLUMNS};
+use crate::error::{Error, Result};
+
+/// What a sink knows of a destination table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableShape<T> {
+    /// Whether the table exists.
+    pub exists: bool,
+    /// Its columns, in table order (the bookkeeping columns among them).
+    pub columns: Vec<ShapeColumn<T>>,
+    /// Its primary key columns (empty where the destination has none).
+    pub primary_key: Vec<String>,
+}
+
+impl<T> Default for TableShape<T> {
+    fn default() -> Self {
+        Self {
+            exists: false,
+            columns: Vec::new(),
+            primary_key: Vec::new(),
+        }
+    }
+}
+
+/// A column of a destination table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShapeColumn<T> {
+    /// Name.
+    pub name: String,
+    /// Type.
+    pub ty: T,
+    /// Whether it refuses NULL.
+    pub not_null: bool,
+}
+
+impl<T> TableShape<T> {
+    /// The column named `name`.
+    pub fn column(&self, name: &str) -> Option<&ShapeColumn<T>> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+}
+
+impl<T: Clone> TableShape<T> {
+    /// The table as it is after `changes` (for a destination whose metadata
+    /// lags behind its DDL, or to save a round trip).
+    pub fn apply(&mut self, changes: &[TableChange<T>]) {
+        for change in changes {
+            match change {
+                TableChange::CreateTable { columns, key } => {
+                    self.exists = true;
+                    self.columns = columns.clone();
+                    self.primary_key = key.clone();
+                }
+                TableChange::AddColumn(c) | TableChange::AddBookkeeping(c) => {
+                    if self.column(&c.name).is_none() {
+                        self.columns.push(c.clone());
+                    }
+                }
+                TableChange::Widen { column, to, .. } => {
+                    if let Some(c) = self.columns.iter_mut().find(|c| &c.name == column) {
+                        c.ty = to.clone();
+                    }
+                }
+                TableChange::DropNotNull { column } => {
+                    if let Some(c) = self.columns.iter_mut().find(|c| &c.name == column) {
+                        c.not_null = false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One change to a destination table, in the dialect's types; the sink
+/// renders and runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TableChange<T> {
+    /// Create the table: these columns (the position columns last) and
+    /// primary key.
+    CreateTable {
+        /// Columns.
+        columns: Vec<ShapeColumn<T>>,
+        /// Key columns, in key order.
+        key: Vec<String>,
+    },
+    /// Add a column the source now has (always nullable).
+    AddColumn(ShapeColumn<T>),
+    /// Widen a column's type in place.
+    Widen {
+        /// The column.
+        column: String,
+        /// Its type now.
+        from: T,
+        /// Its type after.
+        to: T,
+    },
+    /// Let a column take NULL.
+    DropNotNull {
+        /// The column.
+        column: String,
+    },
+    /// Add a position column to a table made by hand; existing rows get a
+    /// position before every real one (`-1`), so any change overwrites them.
+    AddBookkeeping(ShapeColumn<T>),
+}
+
+/// Whether a destination column of one type can take the values of another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fit<T> {
+    /// It already holds every value of the wanted type.
+    Keep,
+    /// It must be widened to this type first.
+    Widen(T),
+    /// The destination cannot widen it into the wanted type.
+    Incompatible,
+}
+
+/// A destination's types and what it can change in place.
+pub trait Dialect {
+    /// A column type.
+    type Type: Clone + PartialEq + fmt::Display + fmt::Debug;
+
+    /// The destination type of a source column; `origin` is the source
+    /// connector (`source.connector`: `postgresql`, `mysql`, ...), for a
+    /// destination of the same kind that keeps the source's own spelling.
+    fn column_type(&self, column: &Column, origin: &str) -> Self::Type;
+
+    /// The type of the position columns.
+    fn position_type(&self) -> Self::Type;
+
+    /// Whether a column of type `have` takes the values of type `want`.
+    fn fit(&self, have: &Self::Type, want: &Self::Type) -> Fit<Self::Type>;
+
+    /// Whether a new column of type `ty` may be NOT NULL (BigQuery: a
+    /// REPEATED column cannot be REQUIRED).
+    fn can_refuse_null(&self, _ty: &Self::Type) -> bool {
+        true
+    }
+
+    /// Whether key columns are created NOT NULL even where the source lets
+    /// them be NULL (a primary key demands it).
+    fn key_refuses_null(&self) -> bool;
+
+    /// Whether a table made by hand without the position columns gets them
+    /// ([`TableChange::AddBookkeeping`]); else writing to it fails.
+    fn adds_position_columns(&self) -> bool;
+
+    /// The permanent error of a column the destination cannot change from
+    /// `have` to `want`, with the operator's fix in its hint.
+    fn incompatible(&self, table: &str, column: &Column, have: &Self::Type, want: &Self::Type) -> Error;
+}
+
+/// The changes that make `shape` (named `table` in errors) take the rows of
+/// `schema` from a source of kind `origin`; empty when it already does.
+pub fn plan<D: Dialect>(
+    dialect: &D,
+    table: &str,
+    schema: &TableSchema,
+    origin: &str,
+    shape: &TableShape<D::Type>,
+) -> Result<Vec<TableChange<D::Type>>> {
+    let mut plan = Vec::new();
+    if !shape.exists {
+        if schema.key.is_empty() {
+            return Err(Error::permanent("the source table has no key columns")
+                .with_table(schema.id.clone())
+                .with_class("tributary.no_key"));
+        }
+        let mut columns = Vec::with_capacity(schema.columns.len() + 2);
+        for c in &schema.columns {
+            let ty = dialect.column_type(c, origin);
+            let not_null = (!c.nullable || (dialect.key_refuses_null() && schema.key.contains(&c.name)))
+                && dialect.can_refuse_null(&ty);
+            columns.push(ShapeColumn { name: c.name.clone(), ty, not_null });
+        }
+        for name in POSITION_COLUMNS {
+            columns.push(ShapeColumn {
+                name: name.to_string(),
+                ty: dialect.position_type(),
+                not_null: true,
+            });
+        }
+        plan.push(TableChange::CreateTable { columns, key: schema.key.clone() });
+        return Ok(plan);
+    }
+    for c in &schema.columns {
+        let want = dialect.column_type(c, origin);
+        match shape.column(&c.name) {
+            None => plan.push(TableChange::AddColumn(ShapeColumn { name: c.name.clone(), ty: want, not_null: false })),
+            Some(d) => {
+                match dialect.fit(&d.ty, &want) {
+                    Fit::Keep => {}
+                    Fit::Widen(to) => plan.push(TableChange::Widen { column: c.name.clone(), from: d.ty.clone(), to }),
+                    Fit::Incompatible => {
+                        return Err(dialect
+                            .incompatible(table, c, &d.ty, &want)
+                            .with_table(schema.id.clone())
+                            .with_column(c.name.clone())
+                            .with_class("tributary.incompatible_type"));
+                    }
+                }
+                if d.not_null && c.nullable && !shape.primary_key.contains(&c.name) {
+                    plan.push(TableChange::DropNotNull { column: c.name.clone() });
+                }
+            }
+        }
+    }
+    // Columns the source no longer sends must take NULL in new rows.
+    for d in &shape.columns {
+        if d.not_null
+            && !is_bookkeeping(&d.name)
+            && !shape.primary_key.contains(&d.name)
+            && schema.column_index(&d.name).is_none()
+        {
+            plan.push(TableChange::DropNotNull { column: d.name.clone() });
+        }
+    }
+    if dialect.adds_position_columns() {
+        for name in POSITION_COLUMNS {
+            if shape.column(name).is_none() {
+                plan.push(TableChange::AddBookkeeping(ShapeColumn {
+                    name: name.to_string(),
+                    ty: dialect.position_type(),
+                    not_null: true,
+                }));
+            }
+        }
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_schemas::{DataType, TableId};
+
+    /// Types as text; integers widen, text never changes.
+    struct Toy;
+
+    impl Dialect for Toy {
+        type Type = String;
+        fn column_type(&self, column: &Column, _origin: &str) -> String {
+            column.data_type.to_string()
+        }
+        fn position_type(&self) -> String {
+            "int64".into()
+        }
+        fn fit(&self, have: &String, want: &String) -> Fit<String> {
+            match (have.as_str(), want.as_str()) {
+                (h, w) if h == w => Fit::Keep,
+                ("int32", "int64") => Fit::Widen(want.clone()),
+                ("int64", "int32") => Fit::Keep,
+                _ => Fit::Incompatible,
+            }
+        }
+        fn key_refuses_null(&self) -> bool {
+            true
+        }
+        fn adds_position_columns(&self) -> bool {
+            true
+        }
+        fn incompatible(&self, table: &str, column: &Column, have: &String, want: &String) -> Error {
+            Error::permanent(format!("{table}.{}: {have} -> {want}", column.name))
+        }
+    }
+
+    fn schema(columns: Vec<Column>) -> TableSchema {
+        TableSchema {
+            id: TableId::new("s", "t"),
+            columns,
+            key: vec!["id".into()],
+        }
+    }
+
+    #[test]
+    fn a_missing_table_is_created_with_key_and_positions() {
+        let s = schema(vec![
+            Column::new("id", DataType::Int32, true),
+            Column::new("v", DataType::Text, true),
+        ]);
+        let plan = plan(&Toy, "t", &s, "test", &TableShape::default()).unwrap();
+        let TableChange::CreateTable { columns, key } = &plan[0] else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(key, &vec!["id".to_string()]);
+        let names: Vec<(&str, bool)> = columns.iter().map(|c| (c.name.as_str(), c.not_null)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("id", true),
+                ("v", false),
+                ("__tributary_commit", true),
+                ("__tributary_index", true)
+            ]
+        );
+        let mut shape = TableShape::default();
+        shape.apply(&plan);
+        assert!(super::plan(&Toy, "t", &s, "test", &shape).unwrap().is_empty(), "applying the plan makes it fit");
+    }
+
+    #[test]
+    fn evolution_adds_widens_relaxes_and_refuses_what_cannot_change() {
+        let old = schema(vec![
+            Column::new("id", DataType::Int32, false),
+            Column::new("n", DataType::Int32, false),
+        ]);
+        let mut shape = TableShape::default();
+        shape.apply(&plan(&Toy, "t", &old, "test", &shape).unwrap());
+        let new = schema(vec![
+            Column::new("id", DataType::Int32, false),
+            Column::new("n", DataType::Int64, true),
+            Column::new("e", DataType::Text, true),
+        ]);
+        let changes = plan(&Toy, "t", &new, "test", &shape).unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                TableChange::Widen {
+                    column: "n".into(),
+                    from: "int32".into(),
+                    to: "int64".into()
+                },
+                TableChange::DropNotNull { column: "n".into() },
+                TableChange::AddColumn(ShapeColumn {
+                    name: "e".into(),
+                    ty: "text".into(),
+                    not_null: false
+                }),
+            ]
+        );
+        let dropped = schema(vec![Column::new("id", DataType::Int32, false)]);
+        assert_eq!(
+            plan(&Toy, "t", &dropped, "test", &shape).unwrap(),
+            vec![TableChange::DropNotNull { column: "n".into() }]
+        );
+        let incompatible = schema(vec![
+            Column::new("id", DataType::Int32, false),
+            Column::new("n", DataType::Text, false),
+        ]);
+        let e = plan(&Toy, "t", &incompatible, "test", &shape).unwrap_err();
+        assert_eq!(e.class(), "tributary.incompatible_type");
+        assert_eq!(e.column(), Some("n"));
+    }
+
+    #[test]
+    fn key_less_tables_are_refused_and_hand_made_tables_get_positions() {
+        let mut s = schema(vec![Column::new("id", DataType::Int32, false)]);
+        s.key.clear();
+        assert_eq!(plan(&Toy, "t", &s, "test", &TableShape::default()).unwrap_err().class(), "tributary.no_key");
+        let s = schema(vec![Column::new("id", DataType::Int32, false)]);
+        let hand_made = TableShape {
+            exists: true,
+            columns: vec![ShapeColumn {
+                name: "id".into(),
+                ty: "int32".to_string(),
+                not_null: true,
+            }],
+            primary_key: vec!["id".into()],
+        };
+        let changes = plan(&Toy, "t", &s, "test", &hand_made).unwrap();
+        assert_eq!(changes.len(), 2);
+        assert!(matches!(&changes[0], TableChange::AddBookkeeping(c) if c.name == "__tributary_commit"));
+    }
+}

@@ -1,0 +1,209 @@
+//! Values as SQL text: the input syntax PostgreSQL reads for each type
+//! (ISO dates, `t`/`f`, `\x` hex bytes, `{...}` arrays). Redshift and
+//! Snowflake read the same forms from their staged files, so every SQL sink
+//! renders values here and only escapes them its own way.
+//!
+//! Errors name the value's kind, never the value: they reach logs and
+//! dead-letter headers.
+
+use std::fmt::Write as _;
+
+use tributary_schemas::Value;
+
+/// The SQL text form of a (non-null) value.
+pub fn render_text(out: &mut String, value: &Value) -> Result<(), String> {
+    match value {
+        Value::Null => return Err("null is not a text value".into()),
+        Value::Boolean(b) => out.push_str(if *b { "t" } else { "f" }),
+        Value::Int16(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Value::Int32(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Value::Int64(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Value::Float32(v) => render_float(out, f64::from(*v), v.to_string()),
+        Value::Float64(v) => render_float(out, *v, v.to_string()),
+        Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => out.push_str(s),
+        Value::Uuid(u) => {
+            let _ = write!(out, "{}", u.hyphenated());
+        }
+        Value::Bytes(b) | Value::Geometry(b) => {
+            out.push_str("\\x");
+            for byte in b {
+                let _ = write!(out, "{byte:02x}");
+            }
+        }
+        Value::Date(days) => render_date(out, i64::from(*days)),
+        Value::Time(micros) => render_time(out, *micros),
+        Value::Timestamp(micros) => render_timestamp(out, *micros, false),
+        Value::TimestampTz(micros) => render_timestamp(out, *micros, true),
+        Value::Interval { months, days, micros } => {
+            let hours = micros / 3_600_000_000;
+            let rest = micros % 3_600_000_000;
+            let sign = if rest < 0 { "-" } else { "" };
+            let rest = rest.unsigned_abs();
+            let _ = write!(
+                out,
+                "{months} mons {days} days {hours} hours {sign}{}.{:06} secs",
+                rest / 1_000_000,
+                rest % 1_000_000
+            );
+        }
+        Value::Array(items) => {
+            out.push('{');
+            for (n, item) in items.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                match item {
+                    Value::Null => out.push_str("NULL"),
+                    Value::Array(_) => render_text(out, item)?,
+                    other => {
+                        let mut inner = String::new();
+                        render_text(&mut inner, other)?;
+                        out.push('"');
+                        for ch in inner.chars() {
+                            if ch == '"' || ch == '\\' {
+                                out.push('\\');
+                            }
+                            out.push(ch);
+                        }
+                        out.push('"');
+                    }
+                }
+            }
+            out.push('}');
+        }
+        Value::Unchanged => {
+            return Err("an unchanged (TOAST) value reached the sink; the source must resolve it".into())
+        }
+    }
+    Ok(())
+}
+
+fn render_float(out: &mut String, v: f64, shortest: String) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
+    } else {
+        out.push_str(&shortest);
+    }
+}
+
+/// Days since 1970-01-01 to `(year, month, day)` in the proleptic Gregorian
+/// calendar (Howard Hinnant's algorithm; year 0 is 1 BC).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Appends `v` with at least `width` digits, zero-padded (`format!`'s
+/// `{:0width$}` costs several times more, on every timestamp of a snapshot).
+fn push_digits(out: &mut String, v: u64, width: usize) {
+    let mut buf = itoa::Buffer::new();
+    let digits = buf.format(v);
+    for _ in digits.len()..width {
+        out.push('0');
+    }
+    out.push_str(digits);
+}
+
+/// `YYYY-MM-DD` (year at least 4 digits); `true` when the date is BC.
+fn render_ymd(out: &mut String, days: i64) -> bool {
+    let (y, m, d) = civil_from_days(days);
+    let bc = y <= 0;
+    push_digits(out, (if bc { 1 - y } else { y }).unsigned_abs(), 4);
+    out.push('-');
+    push_digits(out, u64::from(m), 2);
+    out.push('-');
+    push_digits(out, u64::from(d), 2);
+    bc
+}
+
+fn render_date(out: &mut String, days: i64) {
+    if render_ymd(out, days) {
+        out.push_str(" BC");
+    }
+}
+
+fn render_time_of_day(out: &mut String, micros: i64) {
+    let micros = micros.unsigned_abs();
+    let secs = micros / 1_000_000;
+    push_digits(out, secs / 3600, 2);
+    out.push(':');
+    push_digits(out, (secs / 60) % 60, 2);
+    out.push(':');
+    push_digits(out, secs % 60, 2);
+    out.push('.');
+    push_digits(out, micros % 1_000_000, 6);
+}
+
+fn render_time(out: &mut String, micros: i64) {
+    // time allows 24:00:00 exactly; anything else is taken modulo a day.
+    let micros = if micros == 86_400_000_000 {
+        micros
+    } else {
+        micros.rem_euclid(86_400_000_000)
+    };
+    render_time_of_day(out, micros);
+}
+
+fn render_timestamp(out: &mut String, micros: i64, utc: bool) {
+    let days = micros.div_euclid(86_400_000_000);
+    let tod = micros.rem_euclid(86_400_000_000);
+    let bc = render_ymd(out, days);
+    out.push(' ');
+    render_time_of_day(out, tod);
+    if utc {
+        out.push_str("+00");
+    }
+    if bc {
+        out.push_str(" BC");
+    }
+}
+
+/// Appends `v` as SQL text: `NaN`, `Infinity` and `-Infinity` for the values
+/// without digits.
+pub fn render_float64(out: &mut String, v: f64) {
+    render_float(out, v, v.to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(v: &Value) -> String {
+        let mut out = String::new();
+        render_text(&mut out, v).unwrap();
+        out
+    }
+
+    #[test]
+    fn renders_each_kind() {
+        assert_eq!(text(&Value::Date(0)), "1970-01-01");
+        assert_eq!(text(&Value::Date(-719_163)), "0001-12-31 BC");
+        assert_eq!(text(&Value::Timestamp(-1)), "1969-12-31 23:59:59.999999");
+        assert_eq!(text(&Value::TimestampTz(1_000_000)), "1970-01-01 00:00:01.000000+00");
+        assert_eq!(text(&Value::Time(3_723_000_001)), "01:02:03.000001");
+        assert_eq!(text(&Value::Float64(f64::NAN)), "NaN");
+        assert_eq!(text(&Value::Bytes(vec![0, 255])), "\\x00ff");
+        assert_eq!(
+            text(&Value::Array(vec![Value::Text("a\"b".into()), Value::Null, Value::Int32(3)])),
+            "{\"a\\\"b\",NULL,\"3\"}"
+        );
+        assert!(render_text(&mut String::new(), &Value::Null).is_err());
+        assert!(render_text(&mut String::new(), &Value::Unchanged).is_err());
+    }
+}

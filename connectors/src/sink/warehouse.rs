@@ -1,0 +1,307 @@
+//! The warehouse-sink core: how a batch is applied, written once for every
+//! destination that keeps tables (PostgreSQL, BigQuery, and the warehouses
+//! to come). A destination implements [`Warehouse`], the few operations
+//! that differ between systems; [`apply`] does the rest, in this order:
+//!
+//! 1. [`Warehouse::begin`] opens the batch's atomic unit.
+//! 2. The records are split at table drops ([`segments`]); each run of
+//!    changes is grouped by destination table ([`group_by_destination`]).
+//! 3. Per table: [`Warehouse::reconcile`] makes it fit every schema version
+//!    in the batch (a failure names the record that needed the change); the
+//!    newest truncate removes the older rows ([`Warehouse::truncate`]); a
+//!    run of new rows may be loaded straight in ([`Warehouse::load_new`]);
+//!    else the batch is reduced to the last change per key ([`Reduction`])
+//!    and written ([`Warehouse::write`]), every row guarded by its stored
+//!    position so that an older change never moves it backwards.
+//! 4. [`Warehouse::finish`] stores the batch's offsets and commits, in the
+//!    same unit as the rows.
+//!
+//! A permanent error that names no record is located by bisection
+//! ([`locate_failed_record`]): prefixes of the batch are applied between
+//! [`Warehouse::savepoint`] and [`Warehouse::rollback_to_savepoint`] until
+//! the first record that fails is found. Nothing of a probe stays.
+
+use async_trait::async_trait;
+use tracing::{debug, info_span, Instrument};
+use tributary_schemas::{ChangeEvent, Position, TableId, TableSchema};
+
+use super::batch::{group_by_destination, segments, Segment};
+use super::bisect::{locate_failed_record, PrefixProbe};
+use super::reduce::{newest_truncate, Group, Reduction};
+use super::{ApplyError, KafkaPosition, SinkBatch, SinkRecord};
+use crate::error::{Error, ErrorKind, Result};
+
+/// What the batch's unit ends with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Rows and offsets are committed.
+    Commit,
+    /// Everything is done and then undone: whether (and where) the batch
+    /// would fail, changing nothing (`sink-runner replay --dry-run`), and
+    /// the bisection's probes. Schema changes a destination cannot undo
+    /// (BigQuery's DDL) may stay: they are additive and the real apply
+    /// would make them anyway; table drops are not made.
+    Trial,
+}
+
+/// A destination the core drives. Each method's contract is what [`apply`]
+/// relies on; the reference implementation is [`super::memory::MemorySink`].
+///
+/// Errors carry their kind; a method never retries, pauses or dead-letters
+/// on its own.
+#[async_trait]
+pub trait Warehouse: Send {
+    /// A destination table's name.
+    type Table: Clone + PartialEq + std::fmt::Display + Send + Sync;
+
+    /// The destination table of a source table.
+    fn destination(&self, source: &TableId) -> Self::Table;
+
+    /// Whether a table dropped in the source is dropped in the destination.
+    fn drops_tables(&self) -> bool;
+
+    /// Connects if not connected (and makes sure the bookkeeping tables
+    /// exist). Called before every batch; cheap when connected.
+    async fn connect(&mut self) -> Result<()>;
+
+    /// Opens the unit that makes one batch durable, in `mode`.
+    async fn begin(&mut self, mode: Mode) -> Result<()>;
+
+    /// Stores `offsets` (topic, partition, next offset) in the open unit and
+    /// ends it: committed in [`Mode::Commit`], rolled back in [`Mode::Trial`].
+    /// Rows and offsets become visible together or not at all.
+    async fn finish(&mut self, offsets: &[(String, i32, i64)]) -> Result<()>;
+
+    /// Undoes the open unit after an error. Never fails: a session that
+    /// cannot roll back is dropped (the next [`Warehouse::connect`] opens
+    /// a new one).
+    async fn abort(&mut self);
+
+    /// Called with an error that is not about the data (retryable, needs an
+    /// operator): forget what may no longer hold (cached table shapes, the
+    /// session), so that the retry starts from the destination's own view.
+    fn failed(&mut self, error: Error) -> Error;
+
+    /// Makes `table` take the rows of `schema` from a source of kind
+    /// `origin` (creates or evolves it, see [`super::schema::plan`]).
+    /// Called once per schema version and batch; cache what is reconciled.
+    async fn reconcile(&mut self, table: &Self::Table, schema: &TableSchema, origin: &str) -> Result<()>;
+
+    /// Drops `table` (only called when [`Warehouse::drops_tables`]). In
+    /// [`Mode::Trial`] a destination whose DDL cannot be undone does nothing.
+    async fn drop_table(&mut self, table: &Self::Table) -> Result<()>;
+
+    /// Removes every row of `table` older than `at` (a truncate; rows newer
+    /// than it are a replay's and stay).
+    async fn truncate(&mut self, table: &Self::Table, at: Position) -> Result<()>;
+
+    /// Whether [`Warehouse::load_new`] is worth trying.
+    fn loads_new_rows(&self) -> bool {
+        false
+    }
+
+    /// Loads a group of reads and inserts straight into `table`, without
+    /// reduction or staging, if none of its keys is there yet: `Some(true)`
+    /// loaded, `Some(false)` refused and undone (a key exists), `None` not
+    /// tried. Either of the last two lets [`Warehouse::write`] decide.
+    async fn load_new(&mut self, _table: &Self::Table, _rows: &Group<'_>) -> Result<Option<bool>, ApplyError> {
+        Ok(None)
+    }
+
+    /// Writes the reduced changes into `table`: each upsert and delete only
+    /// where the stored row is older than the change. `after_load` is set
+    /// when [`Warehouse::load_new`] was tried for this batch (or in a
+    /// probe), so nothing cached about the session is to be trusted. A value
+    /// the destination refuses is a permanent error naming its record.
+    async fn write(&mut self, table: &Self::Table, changes: &Reduction<'_>, after_load: bool)
+        -> Result<(), ApplyError>;
+
+    /// Marks the start of a probe inside the open (trial) unit.
+    async fn savepoint(&mut self) -> Result<()>;
+
+    /// Makes the destination check what the probe wrote (a destination that
+    /// defers its statements runs them now); a refusal is the probe's error.
+    async fn verify(&mut self) -> Result<(), ApplyError> {
+        Ok(())
+    }
+
+    /// Undoes everything since [`Warehouse::savepoint`].
+    async fn rollback_to_savepoint(&mut self) -> Result<()>;
+}
+
+/// Applies `batch` in `mode`: the whole batch and its offsets in one
+/// durable step (see the module docs), or, on a permanent error, the index
+/// of the record that caused it.
+pub async fn apply<W: Warehouse>(w: &mut W, batch: &SinkBatch, mode: Mode) -> Result<(), ApplyError> {
+    if let Err(e) = w.connect().await {
+        return Err(w.failed(e).into());
+    }
+    match unit(w, &batch.records, &batch.next_offsets, mode).await {
+        Ok(()) => Ok(()),
+        Err(f) if f.error.kind() == ErrorKind::Permanent && f.record.is_none() && !batch.records.is_empty() => {
+            locate(w, &batch.records, f.error).await
+        }
+        Err(f) => Err(f),
+    }
+}
+
+/// One unit over `records` and `offsets`.
+async fn unit<W: Warehouse>(
+    w: &mut W,
+    records: &[(KafkaPosition, SinkRecord)],
+    offsets: &[(String, i32, i64)],
+    mode: Mode,
+) -> Result<(), ApplyError> {
+    w.begin(mode).await?;
+    let result = async {
+        apply_records(w, records, false).await?;
+        w.finish(offsets).await?;
+        Ok::<(), ApplyError>(())
+    }
+    .await;
+    if let Err(mut failure) = result {
+        w.abort().await;
+        if failure.error.kind() != ErrorKind::Permanent {
+            failure.error = w.failed(failure.error);
+        }
+        return Err(failure);
+    }
+    Ok(())
+}
+
+/// Applies `records` inside the open unit. `probe`: inside a bisection
+/// probe (nothing is loaded straight in; cached session state is not
+/// trusted).
+async fn apply_records<W: Warehouse>(
+    w: &mut W,
+    records: &[(KafkaPosition, SinkRecord)],
+    probe: bool,
+) -> Result<(), ApplyError> {
+    for segment in segments(records) {
+        match segment {
+            Segment::Dropped(id) => table_dropped(w, id).await?,
+            Segment::Changes { start, records: run } => {
+                for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
+                    let span = info_span!("table", table = %table, events = events.len());
+                    apply_table(w, &table, &events, probe).instrument(span).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn table_dropped<W: Warehouse>(w: &mut W, id: &TableId) -> Result<()> {
+    let table = w.destination(id);
+    if w.drops_tables() {
+        w.drop_table(&table).await
+    } else {
+        debug!(table = %table, "source table dropped; kept (drop_tables = false)");
+        Ok(())
+    }
+}
+
+/// The change events of one destination table, each with its index in the
+/// batch.
+async fn apply_table<W: Warehouse>(
+    w: &mut W,
+    table: &W::Table,
+    events: &[(usize, &ChangeEvent)],
+    probe: bool,
+) -> Result<(), ApplyError> {
+    // 1. The table fits every schema version (the decoder shares one Arc
+    // per version, so a version is recognised by its address).
+    let mut seen: Vec<usize> = Vec::new();
+    for &(i, ev) in events {
+        let address = std::sync::Arc::as_ptr(&ev.schema) as usize;
+        if seen.contains(&address) {
+            continue;
+        }
+        seen.push(address);
+        w.reconcile(table, &ev.schema, &ev.source.connector)
+            .await
+            .map_err(|error| ApplyError { error, record: Some(i) })?;
+    }
+    // 2. The newest truncate removes every older row.
+    let truncate = newest_truncate(events);
+    if let Some(at) = truncate {
+        w.truncate(table, at).await?;
+    }
+    // 3. A run of reads and inserts of one schema version (a snapshot
+    // chunk) may go straight in: reducing it first (rendering and hashing
+    // every key) kept the destination idle an eighth of a snapshot batch.
+    let mut load_tried = false;
+    if truncate.is_none() && !probe && w.loads_new_rows() {
+        if let Some(group) = Group::inserts_only(events) {
+            match w.load_new(table, &group).await? {
+                Some(true) => return Ok(()),
+                // Refused, or skipped after an earlier refusal: the reduced
+                // rows go the ordinary way.
+                Some(false) | None => load_tried = true,
+            }
+        }
+    }
+    // 4. The last change per key, written under the position guard.
+    let reduced = Reduction::of(events, truncate)?;
+    if reduced.is_empty() {
+        return Ok(());
+    }
+    w.write(table, &reduced, probe || load_tried).await
+}
+
+/// Finds the first record of `records` that fails with a permanent error:
+/// every schema change first (its failure names the record at once), then
+/// bisection on prefixes, each probe undone, all in one trial unit.
+async fn locate<W: Warehouse>(
+    w: &mut W,
+    records: &[(KafkaPosition, SinkRecord)],
+    original: Error,
+) -> Result<(), ApplyError> {
+    let span = info_span!("locate_failed_record", records = records.len());
+    async {
+        w.begin(Mode::Trial).await?;
+        let result = async {
+            reconcile_all(w, records).await?;
+            locate_failed_record(&mut Prefixes { w: &mut *w, records }, records.len(), original).await
+        }
+        .await;
+        w.abort().await;
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+async fn reconcile_all<W: Warehouse>(w: &mut W, records: &[(KafkaPosition, SinkRecord)]) -> Result<(), ApplyError> {
+    for (i, (_, record)) in records.iter().enumerate() {
+        match record {
+            SinkRecord::Change(ev) => {
+                let table = w.destination(&ev.schema.id);
+                w.reconcile(&table, &ev.schema, &ev.source.connector)
+                    .await
+                    .map_err(|error| ApplyError { error, record: Some(i) })?;
+            }
+            SinkRecord::TableDropped(id) => table_dropped(w, id).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Prefixes of a batch, each applied and undone.
+struct Prefixes<'a, W> {
+    w: &'a mut W,
+    records: &'a [(KafkaPosition, SinkRecord)],
+}
+
+#[async_trait]
+impl<W: Warehouse> PrefixProbe for Prefixes<'_, W> {
+    async fn probe(&mut self, n: usize) -> Result<(), ApplyError> {
+        self.w.savepoint().await?;
+        let result = match apply_records(self.w, &self.records[..n], true).await {
+            Ok(()) => self.w.verify().await,
+            Err(e) => Err(e),
+        };
+        self.w.rollback_to_savepoint().await?;
+        result
+    }
+}

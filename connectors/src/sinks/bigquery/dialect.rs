@@ -1,0 +1,223 @@
+//! BigQuery's spelling of what the sink does: the [`Dialect`] the core plans
+//! schema changes over, and the statements it runs (DDL, the staging
+//! tables, the position-guarded `MERGE`, the offsets `MERGE`).
+
+use tributary_schemas::Column;
+
+use super::config::DestinationTable;
+use super::types::{bigquery_type, fit, BqType};
+use crate::error::Error;
+use crate::sink::bookkeeping::{position_before, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN};
+use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+
+/// Staging column naming the attempt that staged a row: the MERGE reads
+/// only its own attempt's rows.
+pub const BATCH_COLUMN: &str = "__tributary_batch";
+/// BigQuery clusters on at most four columns.
+const MAX_CLUSTER_COLUMNS: usize = 4;
+
+/// BigQuery as the core's [`Dialect`].
+#[derive(Debug, Clone, Copy)]
+pub struct BigQueryDialect;
+
+impl Dialect for BigQueryDialect {
+    type Type = BqType;
+
+    fn column_type(&self, column: &Column, _origin: &str) -> BqType {
+        bigquery_type(&column.data_type)
+    }
+
+    fn position_type(&self) -> BqType {
+        BqType::Int64
+    }
+
+    fn fit(&self, have: &BqType, want: &BqType) -> Fit<BqType> {
+        fit(have, want)
+    }
+
+    /// A REPEATED column cannot be REQUIRED.
+    fn can_refuse_null(&self, ty: &BqType) -> bool {
+        !matches!(ty, BqType::Array(_))
+    }
+
+    /// BigQuery's key is declared `NOT ENFORCED`: nothing demands NOT NULL.
+    fn key_refuses_null(&self) -> bool {
+        false
+    }
+
+    fn adds_position_columns(&self) -> bool {
+        false
+    }
+
+    fn incompatible(&self, table: &str, column: &Column, have: &BqType, want: &BqType) -> Error {
+        Error::permanent(format!(
+            "the source column is now {} ({want}), which BigQuery cannot convert the destination column of type {have} to",
+            column.data_type
+        ))
+        .with_hint(format!(
+            "recreate {table} with the new type (the sink creates it again when it is dropped), then replay the dead-letter topic"
+        ))
+    }
+}
+
+/// The statement of one table change; `declare_key` adds `PRIMARY KEY (...)
+/// NOT ENFORCED` to a new table.
+pub fn change_sql(table: &DestinationTable, change: &TableChange<BqType>, declare_key: bool) -> String {
+    let t = table.quoted();
+    let column = |c: &ShapeColumn<BqType>| {
+        format!("{} {}{}", quote_ident(&c.name), c.ty, if c.not_null { " NOT NULL" } else { "" })
+    };
+    match change {
+        TableChange::CreateTable { columns, key } => {
+            let mut defs: Vec<String> = columns.iter().map(column).collect();
+            let keys: Vec<String> = key.iter().map(|k| quote_ident(k)).collect();
+            if declare_key && !keys.is_empty() {
+                defs.push(format!("PRIMARY KEY ({}) NOT ENFORCED", keys.join(", ")));
+            }
+            let cluster: Vec<String> = key
+                .iter()
+                .filter(|k| columns.iter().find(|c| &c.name == *k).is_some_and(|c| clusterable(&c.ty)))
+                .take(MAX_CLUSTER_COLUMNS)
+                .map(|k| quote_ident(k))
+                .collect();
+            let cluster = if cluster.is_empty() { String::new() } else { format!(" CLUSTER BY {}", cluster.join(", ")) };
+            format!("CREATE TABLE IF NOT EXISTS {t} ({}){cluster}", defs.join(", "))
+        }
+        // BigQuery adds columns as NULLABLE only.
+        TableChange::AddColumn(c) | TableChange::AddBookkeeping(c) => {
+            format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {} {}", quote_ident(&c.name), c.ty)
+        }
+        TableChange::Widen { column, to, .. } => {
+            format!("ALTER TABLE {t} ALTER COLUMN {} SET DATA TYPE {to}", quote_ident(column))
+        }
+        TableChange::DropNotNull { column } => format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column)),
+    }
+}
+
+/// The columns of a staging table: the destination's columns, then the
+/// delete flag, the position and the attempt.
+pub fn staging_table_sql(stage: &str, columns: &[ShapeColumn<BqType>], partitioned: bool) -> String {
+    let mut defs: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+    defs.push(format!("{} BOOL", quote_ident(DELETE_COLUMN)));
+    defs.push(format!("{} INT64", quote_ident(COMMIT_COLUMN)));
+    defs.push(format!("{} INT64", quote_ident(INDEX_COLUMN)));
+    defs.push(format!("{} STRING", quote_ident(BATCH_COLUMN)));
+    // Partitioned by ingestion day, expiring after a day: staged rows still
+    // in the streaming buffer cannot be deleted.
+    let partitioning =
+        if partitioned { " PARTITION BY _PARTITIONDATE OPTIONS (partition_expiration_days = 1)" } else { "" };
+    format!("CREATE TABLE IF NOT EXISTS {stage} ({}){partitioning}", defs.join(", "))
+}
+
+fn positions(alias: &str) -> (String, String) {
+    (format!("{alias}{}", quote_ident(COMMIT_COLUMN)), format!("{alias}{}", quote_ident(INDEX_COLUMN)))
+}
+
+/// Removes the rows written before `(commit, index)`.
+pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
+    let (c, i) = positions("");
+    let (ac, ai) = (commit.to_string(), index.to_string());
+    format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false))
+}
+
+/// The one `MERGE` of a staged batch: deletes, updates and inserts, each
+/// guarded by the stored position.
+pub fn merge_sql(table: &DestinationTable, stage: &str, columns: &[ShapeColumn<BqType>], key: &[String]) -> String {
+    let (c, i) = positions("");
+    let (tc, ti) = positions("t.");
+    let (sc, si) = positions("s.");
+    let d = quote_ident(DELETE_COLUMN);
+    let on = key.iter().map(|k| format!("t.{q} = s.{q}", q = quote_ident(k))).collect::<Vec<_>>().join(" AND ");
+    let names: Vec<String> = columns.iter().map(|col| quote_ident(&col.name)).collect();
+    let set = columns
+        .iter()
+        .filter(|col| !key.contains(&col.name))
+        .map(|col| format!("{q} = s.{q}", q = quote_ident(&col.name)))
+        .chain([format!("{c} = s.{c}"), format!("{i} = s.{i}")])
+        .collect::<Vec<_>>()
+        .join(", ");
+    let all: Vec<String> = names.iter().cloned().chain([c.clone(), i.clone()]).collect();
+    let values: Vec<String> = all.iter().map(|n| format!("s.{n}")).collect();
+    format!(
+        "MERGE {t} AS t USING {stage} AS s ON {on} \
+         WHEN MATCHED AND s.{d} AND {deleted} THEN DELETE \
+         WHEN MATCHED AND NOT s.{d} AND {updated} THEN UPDATE SET {set} \
+         WHEN NOT MATCHED AND NOT s.{d} THEN INSERT ({cols}) VALUES ({vals})",
+        t = table.quoted(),
+        deleted = position_before(PositionSyntax::Expanded, (&tc, &ti), (&sc, &si), true),
+        updated = position_before(PositionSyntax::Expanded, (&tc, &ti), (&sc, &si), false),
+        cols = all.join(", "),
+        vals = values.join(", "),
+    )
+}
+
+/// The `MERGE` of a batch's offsets into the offsets table `table`.
+pub fn offsets_merge_sql(table: &str, group: &str, offsets: &[(String, i32, i64)]) -> String {
+    let rows = offsets
+        .iter()
+        .map(|(topic, partition, next)| {
+            format!(
+                "SELECT {} AS consumer_group, {} AS topic, {partition} AS `partition`, {next} AS next_offset",
+                quote_string(group),
+                quote_string(topic)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    format!(
+        "MERGE {table} AS o USING ({rows}) AS s \
+         ON o.consumer_group = s.consumer_group AND o.topic = s.topic AND o.`partition` = s.`partition` \
+         WHEN MATCHED THEN UPDATE SET next_offset = s.next_offset \
+         WHEN NOT MATCHED THEN INSERT (consumer_group, topic, `partition`, next_offset) \
+         VALUES (s.consumer_group, s.topic, s.`partition`, s.next_offset)"
+    )
+}
+
+/// Types BigQuery can cluster on.
+fn clusterable(ty: &BqType) -> bool {
+    matches!(
+        ty,
+        BqType::Bool
+            | BqType::Int64
+            | BqType::Numeric(_)
+            | BqType::BigNumeric(_)
+            | BqType::String
+            | BqType::Date
+            | BqType::Datetime
+            | BqType::Timestamp
+            | BqType::Geography
+    )
+}
+
+/// A backtick-quoted identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+/// A single-quoted string literal.
+pub fn quote_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('\'');
+    for ch in text.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_and_identifiers_are_escaped() {
+        assert_eq!(quote_string("it's\\"), "'it\\'s\\\\'");
+        assert_eq!(quote_ident("a`b"), "`a\\`b`");
+    }
+}

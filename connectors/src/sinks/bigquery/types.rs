@@ -1,0 +1,519 @@
+//! Our logical types in BigQuery: the column type each one gets, which type
+//! changes BigQuery can follow, and how a value is written into an
+//! `insertAll` row (JSON). See `docs/destinations/bigquery.md`.
+
+use std::fmt;
+
+use base64::Engine as _;
+use serde_json::Value as Json;
+use tributary_schemas::{Column, DataType, Value};
+
+pub use crate::sink::schema::Fit;
+
+/// NUMERIC holds 38 digits, at most 9 after the point (29 before it).
+const NUMERIC_MAX_SCALE: u32 = 9;
+const NUMERIC_MAX_INTEGER_DIGITS: u32 = 29;
+/// BIGNUMERIC holds 76 digits (and a bit), at most 38 after the point.
+const BIGNUMERIC_MAX_SCALE: u32 = 38;
+const BIGNUMERIC_MAX_INTEGER_DIGITS: u32 = 38;
+/// Days from 0001-01-01 to 1970-01-01 and from 1970-01-01 to 9999-12-31:
+/// BigQuery's DATE, DATETIME and TIMESTAMP range.
+const MIN_DAYS: i64 = -719_162;
+const MAX_DAYS: i64 = 2_932_896;
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// A BigQuery column type.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum BqType {
+    /// BOOL.
+    Bool,
+    /// INT64.
+    Int64,
+    /// FLOAT64.
+    Float64,
+    /// NUMERIC(P, S), or plain NUMERIC when `None`.
+    Numeric(Option<(u32, u32)>),
+    /// BIGNUMERIC(P, S), or plain BIGNUMERIC when `None`.
+    BigNumeric(Option<(u32, u32)>),
+    /// STRING.
+    String,
+    /// JSON.
+    Json,
+    /// BYTES.
+    Bytes,
+    /// DATE.
+    Date,
+    /// TIME.
+    Time,
+    /// DATETIME (wall clock, no zone).
+    Datetime,
+    /// TIMESTAMP (an instant).
+    Timestamp,
+    /// GEOGRAPHY.
+    Geography,
+    /// ARRAY<T> (a REPEATED field).
+    Array(Box<BqType>),
+}
+
+impl fmt::Display for BqType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BqType::Bool => f.write_str("BOOL"),
+            BqType::Int64 => f.write_str("INT64"),
+            BqType::Float64 => f.write_str("FLOAT64"),
+            BqType::Numeric(None) => f.write_str("NUMERIC"),
+            BqType::Numeric(Some((p, s))) => write!(f, "NUMERIC({p}, {s})"),
+            BqType::BigNumeric(None) => f.write_str("BIGNUMERIC"),
+            BqType::BigNumeric(Some((p, s))) => write!(f, "BIGNUMERIC({p}, {s})"),
+            BqType::String => f.write_str("STRING"),
+            BqType::Json => f.write_str("JSON"),
+            BqType::Bytes => f.write_str("BYTES"),
+            BqType::Date => f.write_str("DATE"),
+            BqType::Time => f.write_str("TIME"),
+            BqType::Datetime => f.write_str("DATETIME"),
+            BqType::Timestamp => f.write_str("TIMESTAMP"),
+            BqType::Geography => f.write_str("GEOGRAPHY"),
+            BqType::Array(inner) => write!(f, "ARRAY<{inner}>"),
+        }
+    }
+}
+
+/// The BigQuery type of a column.
+pub fn bigquery_type(data_type: &DataType) -> BqType {
+    match data_type {
+        DataType::Boolean => BqType::Bool,
+        DataType::Int16 | DataType::Int32 | DataType::Int64 => BqType::Int64,
+        DataType::Float32 | DataType::Float64 => BqType::Float64,
+        DataType::Decimal { precision, scale } => {
+            let (p, s) = (*precision, *scale);
+            let integer = p.saturating_sub(s);
+            if s <= NUMERIC_MAX_SCALE && integer <= NUMERIC_MAX_INTEGER_DIGITS {
+                BqType::Numeric(Some((p.max(1), s)))
+            } else if s <= BIGNUMERIC_MAX_SCALE && integer <= BIGNUMERIC_MAX_INTEGER_DIGITS {
+                BqType::BigNumeric(Some((p.max(1), s)))
+            } else {
+                // Wider than BIGNUMERIC(P, S) can declare: the exact text.
+                BqType::String
+            }
+        }
+        // Any scale up to 38: the widest exact type.
+        DataType::VariableDecimal => BqType::BigNumeric(None),
+        DataType::Text | DataType::Uuid | DataType::Enum { .. } | DataType::Interval => BqType::String,
+        DataType::Json => BqType::Json,
+        DataType::Bytes => BqType::Bytes,
+        DataType::Date => BqType::Date,
+        DataType::Time => BqType::Time,
+        DataType::Timestamp => BqType::Datetime,
+        DataType::TimestampTz => BqType::Timestamp,
+        DataType::Geometry => BqType::Geography,
+        DataType::Array(inner) => match bigquery_type(inner) {
+            // BigQuery has no arrays of arrays: the inner array as JSON.
+            BqType::Array(_) => BqType::Array(Box::new(BqType::Json)),
+            t => BqType::Array(Box::new(t)),
+        },
+    }
+}
+
+/// Parses the type spelling of BigQuery's table metadata (`tables.get`:
+/// `INTEGER`, `NUMERIC` with precision/scale, ...) back into a [`BqType`].
+pub fn from_metadata(type_name: &str, precision: Option<u32>, scale: Option<u32>, repeated: bool) -> Option<BqType> {
+    let params = precision.map(|p| (p, scale.unwrap_or(0)));
+    let t = match type_name.to_ascii_uppercase().as_str() {
+        "BOOL" | "BOOLEAN" => BqType::Bool,
+        "INT64" | "INTEGER" => BqType::Int64,
+        "FLOAT64" | "FLOAT" => BqType::Float64,
+        "NUMERIC" => BqType::Numeric(params),
+        "BIGNUMERIC" => BqType::BigNumeric(params),
+        "STRING" => BqType::String,
+        "JSON" => BqType::Json,
+        "BYTES" => BqType::Bytes,
+        "DATE" => BqType::Date,
+        "TIME" => BqType::Time,
+        "DATETIME" => BqType::Datetime,
+        "TIMESTAMP" => BqType::Timestamp,
+        "GEOGRAPHY" => BqType::Geography,
+        _ => return None,
+    };
+    Some(if repeated { BqType::Array(Box::new(t)) } else { t })
+}
+
+
+/// Whether a column of type `have` takes values of type `want`, and if not,
+/// whether BigQuery can widen it (it allows INT64 -> NUMERIC / BIGNUMERIC /
+/// FLOAT64, NUMERIC -> BIGNUMERIC / FLOAT64, and larger precision or scale
+/// of a parameterised NUMERIC / BIGNUMERIC).
+pub fn fit(have: &BqType, want: &BqType) -> Fit<BqType> {
+    use BqType::*;
+    if have == want {
+        return Fit::Keep;
+    }
+    match (have, want) {
+        (Numeric(None), Numeric(Some((p, s))))
+            if *s <= NUMERIC_MAX_SCALE && p.saturating_sub(*s) <= NUMERIC_MAX_INTEGER_DIGITS =>
+        {
+            Fit::Keep
+        }
+        (BigNumeric(None), BigNumeric(_) | Numeric(_) | Int64) => Fit::Keep,
+        (Numeric(None), Int64) => Fit::Keep,
+        (Numeric(Some((hp, hs))), Int64) if hp.saturating_sub(*hs) >= 19 => Fit::Keep,
+        (Numeric(Some(h)), Numeric(Some(w))) => match widened(*h, *w) {
+            None => Fit::Keep,
+            Some(params) => Fit::Widen(Numeric(Some(params))),
+        },
+        (BigNumeric(Some(h)), BigNumeric(Some(w)) | Numeric(Some(w))) => match widened(*h, *w) {
+            None => Fit::Keep,
+            Some(params) => Fit::Widen(BigNumeric(Some(params))),
+        },
+        (Int64, Numeric(_) | BigNumeric(_) | Float64) => Fit::Widen(want.clone()),
+        (Numeric(_), BigNumeric(_)) => Fit::Widen(want.clone()),
+        (Numeric(Some(_)), Numeric(None)) => Fit::Widen(Numeric(None)),
+        (BigNumeric(Some(_)), BigNumeric(None)) => Fit::Widen(BigNumeric(None)),
+        _ => Fit::Incompatible,
+    }
+}
+
+/// The smallest (precision, scale) holding both `have` and `want`, or
+/// `None` when `have` already holds every value of `want`.
+fn widened((hp, hs): (u32, u32), (wp, ws): (u32, u32)) -> Option<(u32, u32)> {
+    let (have_int, want_int) = (hp.saturating_sub(hs), wp.saturating_sub(ws));
+    if hs >= ws && have_int >= want_int {
+        return None;
+    }
+    let scale = hs.max(ws);
+    Some((have_int.max(want_int) + scale, scale))
+}
+
+/// Why a value cannot be written; never contains the value itself.
+pub type Reason = String;
+
+/// The `insertAll` JSON of one value for a column of type `ty`.
+pub fn to_json(value: &Value, ty: &BqType) -> Result<Json, Reason> {
+    Ok(match (value, ty) {
+        (Value::Null, BqType::Array(_)) => Json::Array(Vec::new()),
+        (Value::Null, _) => Json::Null,
+        (Value::Boolean(b), _) => Json::Bool(*b),
+        (Value::Int16(v), _) => Json::from(*v),
+        (Value::Int32(v), _) => Json::from(*v),
+        // A JSON number: BigQuery reads it exactly (bqemulator refuses
+        // INT64 given as text).
+        (Value::Int64(v), _) => Json::from(*v),
+        (Value::Float32(v), _) => float(f64::from(*v)),
+        (Value::Float64(v), _) => float(*v),
+        (Value::Decimal(text), t) => {
+            check_decimal(text, t)?;
+            Json::String(text.clone())
+        }
+        (Value::Text(s) | Value::Enum(s), _) => Json::String(s.clone()),
+        (Value::Json(s), _) => {
+            serde_json::from_str::<Json>(s).map_err(|_| "a json value that is not valid JSON".to_string())?;
+            Json::String(s.clone())
+        }
+        (Value::Uuid(u), _) => Json::String(u.to_string()),
+        (Value::Bytes(b), _) => Json::String(base64::engine::general_purpose::STANDARD.encode(b)),
+        (Value::Date(days), _) => Json::String(date_text(i64::from(*days))?),
+        (Value::Time(micros), _) => Json::String(time_text(*micros)?),
+        (Value::Timestamp(micros), _) => Json::String(datetime_text(*micros, "")?),
+        (Value::TimestampTz(micros), _) => Json::String(datetime_text(*micros, "Z")?),
+        (Value::Interval { months, days, micros }, _) => {
+            Json::String(tributary_schemas::temporal::interval_to_iso(*months, *days, *micros))
+        }
+        (Value::Geometry(wkb), BqType::Geography) => Json::String(wkb_to_wkt(wkb)?),
+        (Value::Geometry(wkb), _) => Json::String(base64::engine::general_purpose::STANDARD.encode(wkb)),
+        (Value::Array(items), BqType::Array(inner)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                if matches!(item, Value::Null) {
+                    return Err("an array with a NULL element (BigQuery arrays cannot hold NULL)".into());
+                }
+                out.push(match (item, inner.as_ref()) {
+                    (Value::Array(_), BqType::Json) => Json::String(array_as_json(item)?.to_string()),
+                    _ => to_json(item, inner)?,
+                });
+            }
+            Json::Array(out)
+        }
+        (Value::Array(_), t) => return Err(format!("an array value for a column of type {t}")),
+        (Value::Unchanged, _) => {
+            return Err("an unchanged-value placeholder (the source did not send the value)".into())
+        }
+    })
+}
+
+fn array_as_json(value: &Value) -> Result<Json, Reason> {
+    match value {
+        Value::Array(items) => items.iter().map(array_as_json).collect::<Result<Vec<_>, _>>().map(Json::Array),
+        other => to_json(other, &BqType::String),
+    }
+}
+
+fn float(v: f64) -> Json {
+    if v.is_nan() {
+        Json::String("NaN".into())
+    } else if v.is_infinite() {
+        Json::String(if v > 0.0 { "Infinity" } else { "-Infinity" }.into())
+    } else {
+        serde_json::Number::from_f64(v).map(Json::Number).unwrap_or(Json::Null)
+    }
+}
+
+/// Refuses a decimal that the column type cannot hold (BigQuery would
+/// round or reject it).
+fn check_decimal(text: &str, ty: &BqType) -> Result<(), Reason> {
+    let digits = text.trim_start_matches(['-', '+']);
+    let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
+    if int_part.is_empty() && frac_part.is_empty()
+        || !int_part.chars().chain(frac_part.chars()).all(|c| c.is_ascii_digit())
+    {
+        return Err("a decimal that is not a plain decimal number (NaN or infinity?)".into());
+    }
+    let integer = int_part.trim_start_matches('0').len() as u32;
+    let scale = frac_part.trim_end_matches('0').len() as u32;
+    let (max_int, max_scale) = match ty {
+        BqType::Numeric(Some((p, s))) | BqType::BigNumeric(Some((p, s))) => (p.saturating_sub(*s), *s),
+        BqType::Numeric(None) => (NUMERIC_MAX_INTEGER_DIGITS, NUMERIC_MAX_SCALE),
+        BqType::BigNumeric(None) => (BIGNUMERIC_MAX_INTEGER_DIGITS, BIGNUMERIC_MAX_SCALE),
+        _ => return Ok(()),
+    };
+    if integer > max_int || scale > max_scale {
+        return Err(format!(
+            "a decimal with {integer} integer and {scale} fractional digits for a column of type {ty}"
+        ));
+    }
+    Ok(())
+}
+
+fn date_of(days: i64) -> Result<chrono::NaiveDate, Reason> {
+    if !(MIN_DAYS..=MAX_DAYS).contains(&days) {
+        return Err("a date outside BigQuery's range 0001-01-01 to 9999-12-31".into());
+    }
+    chrono::NaiveDate::from_num_days_from_ce_opt((days + 719_163) as i32)
+        .ok_or_else(|| "a date outside BigQuery's range 0001-01-01 to 9999-12-31".to_string())
+}
+
+fn date_text(days: i64) -> Result<String, Reason> {
+    Ok(date_of(days)?.format("%Y-%m-%d").to_string())
+}
+
+fn time_text(micros: i64) -> Result<String, Reason> {
+    if !(0..MICROS_PER_DAY).contains(&micros) {
+        // PostgreSQL's 24:00:00 and negative times have no BigQuery TIME.
+        return Err("a time of day outside 00:00:00 to 23:59:59.999999".into());
+    }
+    let secs = micros / 1_000_000;
+    Ok(format!("{:02}:{:02}:{:02}.{:06}", secs / 3600, secs / 60 % 60, secs % 60, micros % 1_000_000))
+}
+
+fn datetime_text(micros: i64, zone: &str) -> Result<String, Reason> {
+    let days = micros.div_euclid(MICROS_PER_DAY);
+    let date = date_text(days)?;
+    let time = time_text(micros.rem_euclid(MICROS_PER_DAY))?;
+    Ok(format!("{date}T{time}{zone}"))
+}
+
+/// WKB (ISO or EWKB, 2D) to WKT, which BigQuery's GEOGRAPHY accepts in
+/// `insertAll`. Z and M coordinates are dropped (GEOGRAPHY is 2D).
+pub fn wkb_to_wkt(wkb: &[u8]) -> Result<String, Reason> {
+    let mut r = Wkb { data: wkb, at: 0 };
+    let mut out = String::new();
+    r.geometry(&mut out, 0)?;
+    Ok(out)
+}
+
+struct Wkb<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+const BAD_WKB: &str = "a geometry whose WKB cannot be read";
+
+impl Wkb<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], Reason> {
+        let bytes = self.data.get(self.at..self.at + N).ok_or_else(|| BAD_WKB.to_string())?;
+        self.at += N;
+        let mut a = [0u8; N];
+        a.copy_from_slice(bytes);
+        Ok(a)
+    }
+    fn u32(&mut self, le: bool) -> Result<u32, Reason> {
+        let b = self.take::<4>()?;
+        Ok(if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        })
+    }
+    fn f64(&mut self, le: bool) -> Result<f64, Reason> {
+        let b = self.take::<8>()?;
+        Ok(if le {
+            f64::from_le_bytes(b)
+        } else {
+            f64::from_be_bytes(b)
+        })
+    }
+    fn point(&mut self, out: &mut String, le: bool, dims: usize) -> Result<(), Reason> {
+        let x = self.f64(le)?;
+        let y = self.f64(le)?;
+        for _ in 2..dims {
+            self.f64(le)?;
+        }
+        out.push_str(&format!("{x} {y}"));
+        Ok(())
+    }
+    fn points(&mut self, out: &mut String, le: bool, dims: usize) -> Result<(), Reason> {
+        let n = self.u32(le)?;
+        out.push('(');
+        for i in 0..n {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            self.point(out, le, dims)?;
+        }
+        out.push(')');
+        Ok(())
+    }
+    fn geometry(&mut self, out: &mut String, depth: u32) -> Result<(), Reason> {
+        if depth > 8 {
+            return Err(BAD_WKB.into());
+        }
+        let le = self.take::<1>()?[0] == 1;
+        let raw = self.u32(le)?;
+        // EWKB flags: Z, M, SRID.
+        let (ez, em, srid) = (raw & 0x8000_0000 != 0, raw & 0x4000_0000 != 0, raw & 0x2000_0000 != 0);
+        if srid {
+            self.u32(le)?;
+        }
+        let code = raw & 0x0FFF_FFFF;
+        let (kind, iso_dims) = (code % 1000, code / 1000);
+        let dims =
+            2 + usize::from(ez || iso_dims == 1 || iso_dims == 3) + usize::from(em || iso_dims == 2 || iso_dims == 3);
+        match kind {
+            1 => {
+                out.push_str("POINT(");
+                self.point(out, le, dims)?;
+                out.push(')');
+            }
+            2 => {
+                out.push_str("LINESTRING");
+                self.points(out, le, dims)?;
+            }
+            3 => {
+                out.push_str("POLYGON(");
+                let rings = self.u32(le)?;
+                for i in 0..rings {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    self.points(out, le, dims)?;
+                }
+                out.push(')');
+            }
+            4..=7 => {
+                out.push_str(match kind {
+                    4 => "MULTIPOINT(",
+                    5 => "MULTILINESTRING(",
+                    6 => "MULTIPOLYGON(",
+                    _ => "GEOMETRYCOLLECTION(",
+                });
+                let n = self.u32(le)?;
+                for i in 0..n {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    let mut part = String::new();
+                    self.geometry(&mut part, depth + 1)?;
+                    // Inside MULTI* the members are written without their keyword.
+                    let body = match kind {
+                        4 => part.strip_prefix("POINT").map(str::to_string),
+                        5 => part.strip_prefix("LINESTRING").map(str::to_string),
+                        6 => part.strip_prefix("POLYGON").map(str::to_string),
+                        _ => Some(part.clone()),
+                    };
+                    out.push_str(&body.unwrap_or(part));
+                }
+                out.push(')');
+            }
+            _ => return Err(format!("a geometry of WKB type {code}, which GEOGRAPHY cannot hold")),
+        }
+        Ok(())
+    }
+}
+
+/// The BigQuery column of a source column.
+pub fn column_type(column: &Column) -> BqType {
+    bigquery_type(&column.data_type)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_map_by_precision_and_scale() {
+        assert_eq!(bigquery_type(&DataType::Decimal { precision: 10, scale: 2 }), BqType::Numeric(Some((10, 2))));
+        assert_eq!(bigquery_type(&DataType::Decimal { precision: 38, scale: 9 }), BqType::Numeric(Some((38, 9))));
+        assert_eq!(bigquery_type(&DataType::Decimal { precision: 40, scale: 2 }), BqType::BigNumeric(Some((40, 2))));
+        assert_eq!(bigquery_type(&DataType::Decimal { precision: 30, scale: 12 }), BqType::BigNumeric(Some((30, 12))));
+        assert_eq!(bigquery_type(&DataType::Decimal { precision: 100, scale: 2 }), BqType::String);
+        assert_eq!(bigquery_type(&DataType::VariableDecimal), BqType::BigNumeric(None));
+    }
+
+    #[test]
+    fn widening_follows_what_bigquery_allows() {
+        assert_eq!(fit(&BqType::Int64, &BqType::Int64), Fit::Keep);
+        assert_eq!(fit(&BqType::Int64, &BqType::Numeric(Some((20, 2)))), Fit::Widen(BqType::Numeric(Some((20, 2)))));
+        assert_eq!(
+            fit(&BqType::Numeric(Some((10, 2))), &BqType::Numeric(Some((12, 4)))),
+            Fit::Widen(BqType::Numeric(Some((12, 4))))
+        );
+        assert_eq!(fit(&BqType::Numeric(Some((12, 4))), &BqType::Numeric(Some((10, 2)))), Fit::Keep);
+        assert_eq!(fit(&BqType::String, &BqType::Int64), Fit::Incompatible);
+        assert_eq!(fit(&BqType::Int64, &BqType::String), Fit::Incompatible);
+    }
+
+    #[test]
+    fn values_render_as_bigquery_json() {
+        assert_eq!(to_json(&Value::Int64(i64::MAX), &BqType::Int64).unwrap(), Json::from(i64::MAX));
+        assert_eq!(to_json(&Value::Date(0), &BqType::Date).unwrap(), Json::String("1970-01-01".into()));
+        assert_eq!(to_json(&Value::Date(-1), &BqType::Date).unwrap(), Json::String("1969-12-31".into()));
+        assert_eq!(
+            to_json(&Value::TimestampTz(1_500_000), &BqType::Timestamp).unwrap(),
+            Json::String("1970-01-01T00:00:01.500000Z".into())
+        );
+        assert_eq!(
+            to_json(&Value::Timestamp(-1), &BqType::Datetime).unwrap(),
+            Json::String("1969-12-31T23:59:59.999999".into())
+        );
+        assert_eq!(
+            to_json(&Value::Time(3_723_000_001), &BqType::Time).unwrap(),
+            Json::String("01:02:03.000001".into())
+        );
+        assert!(to_json(&Value::Time(MICROS_PER_DAY), &BqType::Time).is_err());
+        assert!(to_json(&Value::Date(3_000_000), &BqType::Date).is_err());
+        assert_eq!(to_json(&Value::Bytes(vec![1, 2]), &BqType::Bytes).unwrap(), Json::String("AQI=".into()));
+        assert_eq!(to_json(&Value::Float64(f64::NAN), &BqType::Float64).unwrap(), Json::String("NaN".into()));
+    }
+
+    #[test]
+    fn decimals_that_do_not_fit_are_refused_without_the_value() {
+        let t = BqType::Numeric(Some((10, 2)));
+        assert!(to_json(&Value::Decimal("12345678.12".into()), &t).is_ok());
+        let e = to_json(&Value::Decimal("123456789.12".into()), &t).unwrap_err();
+        assert!(!e.contains("123456789"), "{e}");
+        assert!(to_json(&Value::Decimal("1.123".into()), &t).is_err());
+        assert!(to_json(&Value::Decimal("NaN".into()), &BqType::BigNumeric(None)).is_err());
+    }
+
+    #[test]
+    fn wkb_becomes_wkt() {
+        // POINT(1 2), little endian.
+        let mut p = vec![1u8, 1, 0, 0, 0];
+        p.extend_from_slice(&1f64.to_le_bytes());
+        p.extend_from_slice(&2f64.to_le_bytes());
+        assert_eq!(wkb_to_wkt(&p).unwrap(), "POINT(1 2)");
+        // MULTIPOINT of that point, big endian header.
+        let mut m = vec![0u8, 0, 0, 0, 4, 0, 0, 0, 1];
+        m.extend_from_slice(&p);
+        assert_eq!(wkb_to_wkt(&m).unwrap(), "MULTIPOINT((1 2))");
+        assert!(wkb_to_wkt(&p[..7]).is_err());
+    }
+}

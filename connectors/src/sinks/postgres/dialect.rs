@@ -1,0 +1,538 @@
+//! PostgreSQL's spelling of what the sink does: its types (parsed enough to
+//! compare and widen), the destination type of each source column, the
+//! [`Dialect`] the core plans schema changes over, and the statements the
+//! sink sends (DDL, staging, the position-guarded merge, the offsets).
+
+use std::fmt::Write as _;
+
+use tributary_schemas::{Column, DataType};
+
+use super::config::DestinationTable;
+use crate::error::Error;
+use crate::pgwire::{quote_ident, quote_literal};
+use crate::sink::bookkeeping::{
+    position_before, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN, OFFSETS_TABLE,
+};
+use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+
+/// The origin (`source.connector`) whose type spellings are PostgreSQL's.
+const POSTGRES_ORIGIN: &str = "postgresql";
+
+/// PostgreSQL as the core's [`Dialect`].
+#[derive(Debug, Clone, Copy)]
+pub struct PostgresDialect;
+
+impl Dialect for PostgresDialect {
+    type Type = PgType;
+
+    fn column_type(&self, column: &Column, origin: &str) -> PgType {
+        destination_type(column, origin == POSTGRES_ORIGIN)
+    }
+
+    fn position_type(&self) -> PgType {
+        PgType::new("bigint")
+    }
+
+    fn fit(&self, have: &PgType, want: &PgType) -> Fit<PgType> {
+        fit(have, want)
+    }
+
+    fn key_refuses_null(&self) -> bool {
+        true
+    }
+
+    fn adds_position_columns(&self) -> bool {
+        true
+    }
+
+    fn incompatible(&self, table: &str, column: &Column, have: &PgType, want: &PgType) -> Error {
+        let quoted = quote_ident(&column.name);
+        Error::permanent(format!(
+            "cannot change column {} of destination table {table} from {} to {}: \
+             PostgreSQL cannot widen one into the other",
+            column.name,
+            have.render(),
+            want.render()
+        ))
+        .with_hint(format!(
+            "change the column by hand (ALTER TABLE {table} ALTER COLUMN {quoted} TYPE {} USING ...), \
+             then replay the dead-letter topic",
+            want.render()
+        ))
+    }
+}
+
+/// The statement of one table change (see [`crate::sink::schema::plan`]).
+pub fn change_sql(table: &DestinationTable, change: &TableChange<PgType>) -> String {
+    let t = table.quoted();
+    let column = |c: &ShapeColumn<PgType>| {
+        format!("{} {}{}", quote_ident(&c.name), c.ty.render(), if c.not_null { " NOT NULL" } else { "" })
+    };
+    match change {
+        TableChange::CreateTable { columns, key } => {
+            let mut defs: Vec<String> = columns.iter().map(column).collect();
+            let keys = key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+            defs.push(format!("PRIMARY KEY ({keys})"));
+            format!("CREATE TABLE IF NOT EXISTS {t} ({})", defs.join(", "))
+        }
+        TableChange::AddColumn(c) => format!("ALTER TABLE {t} ADD COLUMN {}", column(c)),
+        TableChange::Widen { column, to, .. } => {
+            format!("ALTER TABLE {t} ALTER COLUMN {} TYPE {}", quote_ident(column), to.render())
+        }
+        TableChange::DropNotNull { column } => {
+            format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column))
+        }
+        // -1 sorts before every real position.
+        TableChange::AddBookkeeping(c) => format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT -1", column(c)),
+    }
+}
+
+/// `(t.commit, t.index)` and the like.
+fn positions(alias: &str) -> (String, String) {
+    (format!("{alias}{}", quote_ident(COMMIT_COLUMN)), format!("{alias}{}", quote_ident(INDEX_COLUMN)))
+}
+
+/// Removes the rows of `table` written before `(commit, index)`.
+pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
+    let (c, i) = positions("");
+    let at = (commit.to_string(), index.to_string());
+    format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::RowValue, (&c, &i), (&at.0, &at.1), false))
+}
+
+/// Whether `table` has a row written at or after `(commit, index)`.
+pub fn has_newer_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
+    let (c, i) = positions("");
+    format!("SELECT EXISTS (SELECT 1 FROM {} WHERE ({c}, {i}) >= ({commit}, {index}))", table.quoted())
+}
+
+/// The session-local staging table of a column set (`(name, type)` with
+/// the destination's type spelling), emptied at each commit.
+pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
+    let defs = columns.iter().map(|(n, t)| format!("{} {t}", quote_ident(n))).collect::<Vec<_>>().join(", ");
+    format!(
+        "CREATE TEMP TABLE IF NOT EXISTS {s} ({defs}{comma} {d} boolean, {c} bigint, {i} bigint) ON COMMIT DELETE ROWS",
+        s = quote_ident(stage),
+        comma = if defs.is_empty() { "" } else { "," },
+        d = quote_ident(DELETE_COLUMN),
+        c = quote_ident(COMMIT_COLUMN),
+        i = quote_ident(INDEX_COLUMN),
+    )
+}
+
+/// `COPY` of quoted column `names` and the positions into `target` (a
+/// table's quoted name); with the staging table's delete flag first.
+pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
+    format!(
+        "COPY {target} ({}{}{}{}, {}) FROM STDIN",
+        if delete_flag { format!("{}, ", quote_ident(DELETE_COLUMN)) } else { String::new() },
+        names.join(", "),
+        if names.is_empty() { "" } else { ", " },
+        quote_ident(COMMIT_COLUMN),
+        quote_ident(INDEX_COLUMN),
+    )
+}
+
+/// The merge of a filled staging table into `table`: deletes and upserts,
+/// each only where the stored row is older (a delete also at the same
+/// position). `names` are the quoted columns, `keys` the quoted key.
+pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: &[String], deletes: bool, upserts: bool) -> String {
+    let (tc, ti) = positions("t.");
+    let (sc, si) = positions("s.");
+    let (c, i) = positions("");
+    let d = quote_ident(DELETE_COLUMN);
+    let s = quote_ident(stage);
+    let mut merge = String::new();
+    if deletes {
+        let on = keys.iter().map(|k| format!("t.{k} = s.{k}")).collect::<Vec<_>>().join(" AND ");
+        let _ = write!(
+            merge,
+            "DELETE FROM {t} AS t USING {s} AS s WHERE s.{d} AND {on} AND {guard}; ",
+            t = table.quoted(),
+            guard = position_before(PositionSyntax::RowValue, (&tc, &ti), (&sc, &si), true),
+        );
+    }
+    if upserts {
+        let all: Vec<String> = names.iter().cloned().chain([c.clone(), i.clone()]).collect();
+        let set = names
+            .iter()
+            .filter(|n| !keys.contains(n))
+            .chain([&c, &i])
+            .map(|n| format!("{n} = EXCLUDED.{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (ec, ei) = positions("EXCLUDED.");
+        let _ = write!(
+            merge,
+            "INSERT INTO {t} AS t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} WHERE NOT {d} \
+             ORDER BY {keys}, {c} DESC, {i} DESC \
+             ON CONFLICT ({keys}) DO UPDATE SET {set} WHERE {guard}",
+            t = table.quoted(),
+            cols = all.join(", "),
+            keys = keys.join(", "),
+            guard = position_before(PositionSyntax::RowValue, (&tc, &ti), (&ec, &ei), false),
+        );
+    }
+    merge
+}
+
+/// The upsert of a batch's offsets into the offsets table.
+pub fn offsets_sql(group: &str, offsets: &[(String, i32, i64)]) -> String {
+    let mut sql = format!(
+        "INSERT INTO {}.{} (consumer_group, topic, partition, next_offset) VALUES ",
+        quote_ident(BOOKKEEPING_SCHEMA),
+        quote_ident(OFFSETS_TABLE)
+    );
+    for (n, (topic, partition, next)) in offsets.iter().enumerate() {
+        if n > 0 {
+            sql.push_str(", ");
+        }
+        let _ = write!(sql, "({}, {}, {partition}, {next})", quote_literal(group), quote_literal(topic));
+    }
+    sql.push_str(" ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset");
+    sql
+}
+
+/// The offsets table's quoted name.
+pub fn offsets_table() -> String {
+    format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(OFFSETS_TABLE))
+}
+
+/// A PostgreSQL type, parsed enough to compare and widen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgType {
+    /// Canonical base name (`format_type` spelling without modifiers).
+    pub base: String,
+    /// Type modifiers: `(40)`, `(12,2)`.
+    pub mods: Vec<i64>,
+    /// Array dimensions.
+    pub dims: usize,
+}
+
+impl std::fmt::Display for PgType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
+    }
+}
+
+impl PgType {
+    fn new(base: &str) -> Self {
+        Self { base: base.to_string(), mods: Vec::new(), dims: 0 }
+    }
+
+    fn with_mods(mut self, mods: Vec<i64>) -> Self {
+        self.mods = mods;
+        self
+    }
+
+    /// Parses a type name as `format_type` or a user writes it.
+    pub fn parse(text: &str) -> Self {
+        let mut s = text.trim().to_ascii_lowercase();
+        let mut dims = 0;
+        loop {
+            let t = s.trim_end();
+            if t.ends_with(']') {
+                if let Some(open) = t.rfind('[') {
+                    s = t[..open].to_string();
+                    dims += 1;
+                    continue;
+                }
+            }
+            break;
+        }
+        if let Some(rest) = s.strip_suffix(" array") {
+            s = rest.to_string();
+            dims += 1;
+        }
+        let mut mods = Vec::new();
+        if let (Some(open), Some(close)) = (s.find('('), s.find(')')) {
+            if open < close {
+                mods = s[open + 1..close]
+                    .split(',')
+                    .filter_map(|m| m.trim().parse::<i64>().ok())
+                    .collect();
+                s = format!("{}{}", &s[..open], &s[close + 1..]);
+            }
+        }
+        let base = s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let base = match base.as_str() {
+            "int2" | "smallint" | "smallserial" | "serial2" => "smallint",
+            "int" | "int4" | "integer" | "serial" | "serial4" => "integer",
+            "int8" | "bigint" | "bigserial" | "serial8" => "bigint",
+            "float4" | "real" => "real",
+            "float8" | "double precision" | "float" => "double precision",
+            "decimal" | "numeric" => "numeric",
+            "varchar" | "character varying" => "character varying",
+            "char" | "character" | "bpchar" => "character",
+            "bool" | "boolean" => "boolean",
+            "timestamp" | "timestamp without time zone" => "timestamp without time zone",
+            "timestamptz" | "timestamp with time zone" => "timestamp with time zone",
+            "time" | "time without time zone" => "time without time zone",
+            "timetz" | "time with time zone" => "time with time zone",
+            "varbit" | "bit varying" => "bit varying",
+            other => other,
+        }
+        .to_string();
+        Self { base, mods, dims }
+    }
+
+    /// The type as SQL.
+    pub fn render(&self) -> String {
+        let mods = if self.mods.is_empty() {
+            String::new()
+        } else {
+            format!("({})", self.mods.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(","))
+        };
+        let mut out = match self.base.split_once(' ') {
+            // `timestamp(3) with time zone`: the modifier goes after the
+            // first word.
+            Some((first, rest)) if matches!(first, "timestamp" | "time") && !mods.is_empty() => {
+                format!("{first}{mods} {rest}")
+            }
+            _ => format!("{}{mods}", self.base),
+        };
+        for _ in 0..self.dims {
+            out.push_str("[]");
+        }
+        out
+    }
+
+    fn is_verbatim_safe(&self) -> bool {
+        // Built-in types whose text input accepts what the sink renders for
+        // the value model; user types (enums, domains, PostGIS) may not
+        // exist in the destination and fall back to the logical mapping.
+        matches!(
+            self.base.as_str(),
+            "smallint"
+                | "integer"
+                | "bigint"
+                | "real"
+                | "double precision"
+                | "numeric"
+                | "money"
+                | "character varying"
+                | "character"
+                | "text"
+                | "name"
+                | "boolean"
+                | "bytea"
+                | "date"
+                | "time without time zone"
+                | "time with time zone"
+                | "timestamp without time zone"
+                | "timestamp with time zone"
+                | "interval"
+                | "json"
+                | "jsonb"
+                | "uuid"
+                | "xml"
+                | "inet"
+                | "cidr"
+                | "macaddr"
+                | "macaddr8"
+                | "oid"
+        )
+    }
+}
+
+/// The destination type of a source column: the source's own spelling when
+/// it came from PostgreSQL (a migration recreates the exact type), else the
+/// logical mapping.
+pub fn destination_type(column: &Column, from_pg: bool) -> PgType {
+    if from_pg && !column.source_type.trim().is_empty() {
+        let t = PgType::parse(&column.source_type);
+        let logical = logical_type(&column.data_type);
+        if t.is_verbatim_safe() && t.dims == logical.dims {
+            return t;
+        }
+    }
+    logical_type(&column.data_type)
+}
+
+/// The PostgreSQL type of a logical type.
+pub fn logical_type(data_type: &DataType) -> PgType {
+    match data_type {
+        DataType::Boolean => PgType::new("boolean"),
+        DataType::Int16 => PgType::new("smallint"),
+        DataType::Int32 => PgType::new("integer"),
+        DataType::Int64 => PgType::new("bigint"),
+        DataType::Float32 => PgType::new("real"),
+        DataType::Float64 => PgType::new("double precision"),
+        DataType::Decimal { precision, scale } if *precision >= 1 && *precision <= 1000 && scale <= precision => {
+            PgType::new("numeric").with_mods(vec![i64::from(*precision), i64::from(*scale)])
+        }
+        DataType::Decimal { .. } | DataType::VariableDecimal => PgType::new("numeric"),
+        DataType::Text | DataType::Enum { .. } => PgType::new("text"),
+        DataType::Json => PgType::new("jsonb"),
+        DataType::Uuid => PgType::new("uuid"),
+        DataType::Bytes | DataType::Geometry => PgType::new("bytea"),
+        DataType::Date => PgType::new("date"),
+        DataType::Time => PgType::new("time without time zone"),
+        DataType::Timestamp => PgType::new("timestamp without time zone"),
+        DataType::TimestampTz => PgType::new("timestamp with time zone"),
+        DataType::Interval => PgType::new("interval"),
+        DataType::Array(inner) => {
+            let mut t = logical_type(inner);
+            t.dims += 1;
+            t
+        }
+    }
+}
+
+/// Decides how a destination column of type `have` follows a source column
+/// now of type `want`.
+pub fn fit(have: &PgType, want: &PgType) -> Fit<PgType> {
+    if have == want {
+        return Fit::Keep;
+    }
+    if have.dims != want.dims {
+        return Fit::Incompatible;
+    }
+    let int_digits = |b: &str| match b {
+        "smallint" => Some(5i64),
+        "integer" => Some(10),
+        "bigint" => Some(19),
+        _ => None,
+    };
+    let widen = |base: &str, mods: Vec<i64>| Fit::Widen(PgType { base: base.to_string(), mods, dims: have.dims });
+    let (h, w) = (have.base.as_str(), want.base.as_str());
+    match (h, w) {
+        _ if int_digits(h).is_some() && int_digits(w).is_some() => {
+            if int_digits(h) >= int_digits(w) {
+                Fit::Keep
+            } else {
+                widen(w, vec![])
+            }
+        }
+        ("numeric", _) if int_digits(w).is_some() => {
+            let digits = int_digits(w).unwrap_or(19);
+            match have.mods.as_slice() {
+                [] => Fit::Keep,
+                [p] if *p >= digits => Fit::Keep,
+                [p, s] if p - s >= digits => Fit::Keep,
+                [p] => widen("numeric", vec![digits.max(*p)]),
+                [p, s] => widen("numeric", vec![digits.max(p - s) + s, *s]),
+                _ => Fit::Incompatible,
+            }
+        }
+        (_, "numeric") if int_digits(h).is_some() => {
+            let digits = int_digits(h).unwrap_or(19);
+            match want.mods.as_slice() {
+                [] => widen("numeric", vec![]),
+                [p] if *p >= digits => widen("numeric", vec![*p]),
+                [p, s] if p - s >= digits => widen("numeric", vec![*p, *s]),
+                _ => Fit::Incompatible,
+            }
+        }
+        ("numeric", "numeric") => {
+            let parts = |m: &[i64]| match m {
+                [p] => Some((*p, 0)),
+                [p, s] => Some((*p - *s, *s)),
+                _ => None,
+            };
+            match (parts(&have.mods), parts(&want.mods)) {
+                (None, _) => Fit::Keep,
+                (_, None) => widen("numeric", vec![]),
+                (Some((hi, hs)), Some((wi, ws))) => {
+                    if hi >= wi && hs >= ws {
+                        Fit::Keep
+                    } else {
+                        let (i, s) = (hi.max(wi), hs.max(ws));
+                        if i + s > 1000 {
+                            widen("numeric", vec![])
+                        } else {
+                            widen("numeric", vec![i + s, s])
+                        }
+                    }
+                }
+            }
+        }
+        ("double precision", "real") => Fit::Keep,
+        ("real", "double precision") => widen(w, vec![]),
+        ("text", "character varying" | "character" | "text" | "name") => Fit::Keep,
+        ("character varying", "character varying" | "character" | "text") => {
+            match (have.mods.first(), want.mods.first()) {
+                (None, _) => Fit::Keep,
+                (Some(n), Some(m)) if w != "text" && m <= n => Fit::Keep,
+                (Some(_), Some(m)) if w == "character" => widen("character varying", vec![*m]),
+                (Some(_), Some(m)) if w == "character varying" => widen(w, vec![*m]),
+                _ => widen(w, want.mods.clone()),
+            }
+        }
+        ("character", "character") => match (have.mods.first(), want.mods.first()) {
+            (Some(n), Some(m)) if m > n => widen(w, vec![*m]),
+            _ => Fit::Keep,
+        },
+        ("character", "character varying" | "text") => widen(w, want.mods.clone()),
+        ("json", "jsonb") | ("jsonb", "json") => Fit::Keep,
+        (
+            "timestamp without time zone"
+            | "timestamp with time zone"
+            | "time without time zone"
+            | "time with time zone"
+            | "interval",
+            _,
+        ) if h == w => match (have.mods.first(), want.mods.first()) {
+            (None, _) => Fit::Keep,
+            (Some(_), None) => widen(w, vec![]),
+            (Some(a), Some(b)) if a >= b => Fit::Keep,
+            (Some(_), Some(b)) => widen(w, vec![*b]),
+        },
+        _ if h == w && have.mods.len() == want.mods.len() && have.mods.iter().zip(&want.mods).all(|(a, b)| a >= b) => {
+            Fit::Keep
+        }
+        _ => Fit::Incompatible,
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_renders_types() {
+        let t = PgType::parse("character varying(40)");
+        assert_eq!(t.base, "character varying");
+        assert_eq!(t.mods, vec![40]);
+        assert_eq!(PgType::parse("varchar(40)"), t);
+        assert_eq!(PgType::parse("timestamp(3) with time zone").render(), "timestamp(3) with time zone");
+        assert_eq!(PgType::parse("int4[]").render(), "integer[]");
+        assert_eq!(PgType::parse("numeric(12, 2)").render(), "numeric(12,2)");
+    }
+
+    #[test]
+    fn widens_only_where_postgres_can() {
+        let p = PgType::parse;
+        assert_eq!(fit(&p("integer"), &p("bigint")), Fit::Widen(p("bigint")));
+        assert_eq!(fit(&p("bigint"), &p("integer")), Fit::Keep);
+        assert_eq!(fit(&p("varchar(10)"), &p("varchar(20)")), Fit::Widen(p("varchar(20)")));
+        assert_eq!(fit(&p("varchar(20)"), &p("varchar(10)")), Fit::Keep);
+        assert_eq!(fit(&p("varchar(20)"), &p("text")), Fit::Widen(p("text")));
+        assert_eq!(fit(&p("numeric(10,2)"), &p("numeric(12,2)")), Fit::Widen(p("numeric(12,2)")));
+        assert_eq!(fit(&p("numeric(10,2)"), &p("numeric(10,3)")), Fit::Widen(p("numeric(11,3)")));
+        assert_eq!(fit(&p("numeric"), &p("numeric(10,3)")), Fit::Keep);
+        assert_eq!(fit(&p("integer"), &p("numeric(12,2)")), Fit::Widen(p("numeric(12,2)")));
+        assert_eq!(fit(&p("integer"), &p("text")), Fit::Incompatible);
+        assert_eq!(fit(&p("text"), &p("integer")), Fit::Incompatible);
+        assert_eq!(fit(&p("integer[]"), &p("integer")), Fit::Incompatible);
+        assert_eq!(fit(&p("real"), &p("double precision")), Fit::Widen(p("double precision")));
+        assert_eq!(fit(&p("timestamp(3)"), &p("timestamp")), Fit::Widen(p("timestamp")));
+    }
+
+    #[test]
+    fn verbatim_types_only_for_builtin_postgres_types() {
+        let col = |ty: &str, dt: DataType| Column {
+            name: "c".into(),
+            data_type: dt,
+            nullable: true,
+            source_type: ty.into(),
+        };
+        assert_eq!(destination_type(&col("varchar(40)", DataType::Text), true).render(), "character varying(40)");
+        assert_eq!(destination_type(&col("varchar(40)", DataType::Text), false).render(), "text");
+        assert_eq!(destination_type(&col("mood", DataType::Enum { symbols: vec![] }), true).render(), "text");
+        assert_eq!(
+            destination_type(&col("integer[]", DataType::Array(Box::new(DataType::Int32))), true).render(),
+            "integer[]"
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! The `Source` trait: what every source connector gives the source runner;
+//! [`SourceConfig`]: what the runner needs of a source's config section;
+//! and [`memory`], the reference source.
+
+pub mod memory;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use tributary_operations::config::ConfigError;
+use tributary_schemas::{ChangeEvent, TableId, TableSchema};
+
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+
+/// A source's resumable state, serialized by the source itself (JSON) and
+/// stored by the runner in the offsets topic, in the same Kafka transaction as
+/// the events it covers.
+///
+/// It holds everything needed to resume without loss or duplication: for
+/// PostgreSQL the slot name, the last committed LSN and, during a snapshot,
+/// the last key of the last committed chunk of each table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint(pub String);
+
+impl Checkpoint {
+    /// A source's state as a checkpoint.
+    pub fn encode<T: serde::Serialize>(state: &T) -> Self {
+        // A plain struct of strings, numbers and maps always serializes.
+        Checkpoint(serde_json::to_string(state).unwrap_or_default())
+    }
+
+    /// Parses a checkpoint written by the source `source` (for the error),
+    /// accepting only the state version `expected` (`version` reads it).
+    pub fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        source: &str,
+        version: impl FnOnce(&T) -> u32,
+        expected: u32,
+    ) -> Result<T> {
+        let state: T = serde_json::from_str(&self.0).map_err(|e| {
+            Error::needs_operator(format!("the checkpoint is not a {source} source checkpoint: {e}"))
+                .with_hint("reset the runner's checkpoint only if a full re-snapshot is intended")
+        })?;
+        let found = version(&state);
+        if found != expected {
+            return Err(Error::needs_operator(format!(
+                "checkpoint version {found} is not supported (expected {expected})"
+            )));
+        }
+        Ok(state)
+    }
+}
+
+/// One message from a source, in source order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceMessage {
+    /// A row change (or a truncate).
+    Change(ChangeEvent),
+    /// A table's schema changed (or a table appeared): every following event
+    /// of the table uses this schema. Runners register the new version before
+    /// producing anything that needs it.
+    SchemaChanged(std::sync::Arc<TableSchema>),
+    /// A table was dropped in the source. Runners produce a table-dropped
+    /// control record on the table's topic, after every earlier change.
+    TableDropped(TableId),
+}
+
+/// A group of messages that the runner commits atomically, with the
+/// checkpoint that holds once they are all durable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceBatch {
+    /// Messages in source order. May be empty (a heartbeat that only moves the
+    /// checkpoint, so the source can release old log).
+    pub messages: Vec<SourceMessage>,
+    /// The state to resume from once every message above is durable.
+    pub checkpoint: Checkpoint,
+}
+
+/// Snapshot progress of one table, for status and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotTableProgress {
+    /// The table.
+    pub table: TableId,
+    /// Rows read so far by this run.
+    pub rows: u64,
+    /// The database's estimate of the table's rows, when it has one.
+    pub estimated_rows: Option<u64>,
+    /// Whether the table's snapshot is complete.
+    pub done: bool,
+}
+
+/// A database that changes.
+///
+/// # Delivery contract
+///
+/// * [`Source::next_batch`] returns messages in source order. A batch's
+///   checkpoint is a point where every message before it is in this or an
+///   earlier batch, and none after it is. (It may lie inside a large source
+///   transaction; then it records which part of it was emitted.)
+/// * The runner makes batches durable (one Kafka transaction holding the
+///   events of one or more consecutive batches and the last one's
+///   checkpoint) and only then calls [`Source::acknowledge`] with that
+///   checkpoint, which covers every batch up to it. So `next_batch` may be
+///   called again before the previous batch is acknowledged. A source
+///   releases source-side history (the replication slot's confirmed flush
+///   LSN, binlog retention) only up to an acknowledged checkpoint, so a
+///   crash at any moment loses nothing.
+/// * After a crash the runner calls [`Source::start`] with the last durable
+///   checkpoint; the source resumes exactly after it, so nothing is emitted
+///   twice into committed Kafka transactions.
+/// * Errors carry a kind (see [`crate::error`]); the runner, not the source,
+///   decides to retry or pause. A source must be able to be started again
+///   after any error.
+#[async_trait]
+pub trait Source: Send {
+    /// Connects and positions the source after `checkpoint` (or at the start
+    /// of a new snapshot when there is none).
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()>;
+
+    /// The next batch, waiting at most until a heartbeat is due.
+    async fn next_batch(&mut self) -> Result<SourceBatch>;
+
+    /// Called once the batch carrying `checkpoint` is durable in Kafka.
+    async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// Snapshot progress per table (empty when there is no snapshot).
+    fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
+        Vec::new()
+    }
+}
+
+#[async_trait]
+impl<S: Source + ?Sized> Source for Box<S> {
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
+        (**self).start(checkpoint).await
+    }
+    async fn next_batch(&mut self) -> Result<SourceBatch> {
+        (**self).next_batch().await
+    }
+    async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        (**self).acknowledge(checkpoint).await
+    }
+    fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
+        (**self).snapshot_progress()
+    }
+}
+
+/// A source section of a source runner's config file (`[postgres]`,
+/// `[mysql]`, ...): what the runner needs to validate it, build the source
+/// and administer the source database. Registered in `sources/mod.rs`.
+#[async_trait]
+pub trait SourceConfig: fmt::Debug + Send + Sync {
+    /// The connector's name in every event (Debezium's `source.connector`:
+    /// `postgresql`, `mysql`, `sqlserver`, `oracle`).
+    fn connector(&self) -> &'static str;
+
+    /// Checks every rule; errors name the field under `section`.
+    fn validate_at(&self, section: &str) -> Result<(), ConfigError>;
+
+    /// The source, for the runner named `runner_name` (`source.name`).
+    /// Connects nothing before [`Source::start`].
+    fn build(&self, runner_name: &str) -> Result<Box<dyn Source>>;
+
+    /// The source database's setup problems, each with the exact statement
+    /// that fixes it (`source-runner check`). Changes nothing.
+    async fn check(&self) -> Vec<Problem>;
+
+    /// Removes what this copy created in the source database (a replication
+    /// slot, a publication) for `source-runner delete`; what it removed, for
+    /// the operator.
+    async fn teardown(&self) -> Result<Vec<String>>;
+
+    /// The bytes the source holds at most beyond the producer's queue
+    /// (batches and snapshot chunks in flight), and the settings that bound
+    /// them, for the memory report at start.
+    fn memory_budget(&self) -> Option<(u64, &'static str)> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct State {
+        version: u32,
+        at: u64,
+    }
+
+    #[test]
+    fn checkpoints_round_trip_and_refuse_garbage_and_other_versions() {
+        let c = Checkpoint::encode(&State { version: 1, at: 7 });
+        let back: State = c.decode("test", |s: &State| s.version, 1).expect("round trip");
+        assert_eq!(back, State { version: 1, at: 7 });
+        let e = c.decode("test", |s: &State| s.version, 2).expect_err("other version");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.to_string().contains("version 1 is not supported (expected 2)"), "{e}");
+        let e = Checkpoint("{".into())
+            .decode("test", |s: &State| s.version, 1)
+            .expect_err("garbage");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.to_string().contains("not a test source checkpoint"), "{e}");
+    }
+}

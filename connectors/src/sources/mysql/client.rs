@@ -1,0 +1,112 @@
+//! The MySQL source's sessions: connections, how driver errors are
+//! classified, and the catalog queries (`information_schema`).
+
+use mysql_async::prelude::Queryable;
+use tributary_schemas::TableId;
+
+use super::config::{ConnectionParams, TableFilter};
+use super::history::{ColumnDef, TableDef};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Classifies a driver error; `context` says what was being done.
+pub fn classify_my(err: mysql_async::Error, context: &str) -> Error {
+    use mysql_async::Error as E;
+    let (kind, class, hint) = match &err {
+        E::Server(s) => {
+            let kind = match s.code {
+                // Access denied, no such grant, wrong password.
+                1044 | 1045 | 1142 | 1143 | 1227 | 1370 => ErrorKind::NeedsOperator,
+                // Unknown database / table / column.
+                1049 | 1146 | 1054 => ErrorKind::NeedsOperator,
+                // Binlog purged past the position or unknown binlog file:
+                // the changes since the checkpoint are gone.
+                1236 => ErrorKind::NeedsOperator,
+                // Lock wait timeout, deadlock, too many connections,
+                // server shutting down.
+                1205 | 1213 | 1040 | 1053 | 2013 => ErrorKind::Retryable,
+                _ => ErrorKind::Retryable,
+            };
+            let hint = match s.code {
+                1045 => Some("check the user and password in mysql.url / mysql.password"),
+                1044 | 1142 | 1227 | 1370 => Some("grant the privileges `source-runner check` lists"),
+                1049 => Some("check the database name in mysql.url"),
+                1236 => Some(
+                    "the binlog at the checkpoint is gone (purged, or server_id clash): reset the runner's \
+                     checkpoint to take a new snapshot, and keep binlogs longer (binlog_expire_logs_seconds)",
+                ),
+                _ => None,
+            };
+            (kind, format!("mysql.{}", s.code), hint)
+        }
+        E::Io(_) => (ErrorKind::Retryable, "mysql.io".to_string(), None),
+        E::Driver(_) => (ErrorKind::Retryable, "mysql.driver".to_string(), None),
+        E::Url(_) => (ErrorKind::NeedsOperator, "mysql.url".to_string(), Some("fix mysql.url")),
+        _ => (ErrorKind::Retryable, "mysql".to_string(), None),
+    };
+    let mut e = Error::new(kind, format!("{context}: {err}")).with_class(class);
+    if let Some(h) = hint {
+        e = e.with_hint(h);
+    }
+    e
+}
+
+/// Opens a connection (catalog, snapshot or binlog), bounded by the
+/// connect timeout.
+pub async fn connect(params: &ConnectionParams) -> Result<mysql_async::Conn> {
+    match tokio::time::timeout(params.connect_timeout, mysql_async::Conn::new(params.opts.clone())).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(classify_my(e, "connecting to MySQL")),
+        Err(_) => Err(Error::retryable(format!("connecting to MySQL at {}:{} timed out", params.host, params.port))),
+    }
+}
+
+/// Reads table lists and definitions from `information_schema`.
+pub async fn list_tables(conn: &mut mysql_async::Conn, filter: &TableFilter) -> Result<Vec<TableId>> {
+    let rows: Vec<(String, String)> = conn
+        .query(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES \
+             WHERE TABLE_TYPE = 'BASE TABLE' \
+               AND TABLE_SCHEMA NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys') \
+             ORDER BY TABLE_SCHEMA, TABLE_NAME",
+        )
+        .await
+        .map_err(|e| classify_my(e, "listing tables"))?;
+    Ok(rows
+        .into_iter()
+        .map(|(s, t)| TableId::new(s, t))
+        .filter(|t| filter.captures(t))
+        .collect())
+}
+
+/// A table's definition from the catalog (inside the snapshot transaction,
+/// so it is the definition at the snapshot's binlog position).
+pub async fn table_def(conn: &mut impl Queryable, table: &TableId) -> Result<Option<TableDef>> {
+    let rows: Vec<(String, String, String, Option<String>)> = conn
+        .exec(
+            "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            (table.schema.as_str(), table.table.as_str()),
+        )
+        .await
+        .map_err(|e| classify_my(e, "reading columns").with_table(table.clone()))?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let key: Vec<String> = conn
+        .exec(
+            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND CONSTRAINT_NAME = 'PRIMARY' \
+             ORDER BY ORDINAL_POSITION",
+            (table.schema.as_str(), table.table.as_str()),
+        )
+        .await
+        .map_err(|e| classify_my(e, "reading the primary key").with_table(table.clone()))?;
+    Ok(Some(TableDef {
+        columns: rows
+            .into_iter()
+            .map(|(name, type_text, nullable, _)| ColumnDef { name, type_text, nullable: nullable == "YES" })
+            .collect(),
+        primary_key: key,
+    }))
+}
+

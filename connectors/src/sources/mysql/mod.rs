@@ -1,0 +1,591 @@
+//! MySQL and MariaDB: a source reading a consistent snapshot, then the
+//! binlog.
+//!
+//! The source ([`MySqlSource`]) copies the selected tables in key-ordered
+//! chunks inside one `START TRANSACTION WITH CONSISTENT SNAPSHOT` whose
+//! binlog position it knows ([`snapshot`]), then streams the binlog from
+//! that position ([`stream`]), decoding every row event with the columns
+//! its table had when it was written ([`history`]). See
+//! `docs/sources/mysql.md` for the operator's view.
+//!
+//! # Checkpoint
+//!
+//! A [`SourceState`] as JSON: the binlog file and position after the last
+//! transaction emitted (plus its GTID position), the schema history as of
+//! that position, and, while a snapshot is unfinished, per table the last
+//! key emitted. The runner stores it in the same Kafka transaction as the
+//! events, so a restart resumes exactly after them; there is nothing to
+//! release on the server (no slot), and binlog retention is the operator's
+//! (`binlog_expire_logs_seconds`).
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod gtid;
+pub mod history;
+pub mod snapshot;
+pub mod stream;
+pub mod types;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use serde::{Deserialize, Serialize};
+use tributary_schemas::{Column, TableId, TableSchema};
+
+pub use self::config::MySqlSourceConfig;
+use self::config::{ConnectionParams, NewTables, SnapshotMode, TableFilter};
+use self::history::{SchemaHistory, TableDef};
+use self::snapshot::{SnapshotRun, SnapshotState, TablePlan};
+use self::stream::Streamer;
+use self::types::{map_type, ColumnCodec};
+use crate::error::{Error, Result};
+use crate::source::SnapshotTableProgress;
+use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
+
+pub use self::client::{classify_my, connect, list_tables, table_def};
+pub use self::config::MySqlSourceConfig as Config;
+
+/// The connector's name in every event (Debezium's `source.connector`).
+pub const CONNECTOR: &str = "mysql";
+
+/// Version of the checkpoint JSON.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Which server the source talks to: their GTIDs, snapshot positions and
+/// privileges differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// MariaDB (`10.11.6-MariaDB`).
+    MariaDb,
+    /// MySQL (and Percona).
+    MySql,
+}
+
+impl ServerKind {
+    /// From `@@version`.
+    pub fn from_version(version: &str) -> Self {
+        if version.to_ascii_lowercase().contains("mariadb") {
+            ServerKind::MariaDb
+        } else {
+            ServerKind::MySql
+        }
+    }
+}
+
+/// A binlog coordinate: the start of the next event to read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BinlogPosition {
+    /// File name (`mysql-bin.000003`).
+    pub file: String,
+    /// Offset in the file.
+    pub pos: u64,
+}
+
+impl BinlogPosition {
+    /// The model's ordered position: file number in the high 32 bits, the
+    /// offset in the low 32 (binlog files are at most 1 GiB, offsets fit).
+    pub fn ordered(&self) -> u64 {
+        let seq: u64 = self.file.rsplit('.').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        seq << 32 | (self.pos & 0xffff_ffff)
+    }
+}
+
+impl std::fmt::Display for BinlogPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.pos)
+    }
+}
+
+/// The source's resumable state, serialized as the [`Checkpoint`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceState {
+    /// Format version.
+    pub version: u32,
+    /// Which server wrote the positions.
+    pub server: ServerKind,
+    /// Where streaming resumes: after the last transaction emitted.
+    pub binlog: BinlogPosition,
+    /// The GTID position of the same point (MariaDB `d-s-n,...`, MySQL
+    /// GTID set), when the server has GTIDs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid: Option<String>,
+    /// Captured tables' definitions as of `binlog`.
+    pub history: SchemaHistory,
+    /// Snapshot work not done yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotState>,
+}
+
+impl SourceState {
+    /// Serializes the state.
+    pub fn to_checkpoint(&self) -> Checkpoint {
+        Checkpoint::encode(self)
+    }
+
+    /// Parses a checkpoint written by this source.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
+        checkpoint.decode("MySQL", |s: &SourceState| s.version, CHECKPOINT_VERSION)
+    }
+}
+
+/// What every event of the source carries besides its row.
+#[derive(Debug, Clone)]
+pub struct EventContext {
+    /// The connector kind (`source.connector`).
+    pub connector: Arc<str>,
+    /// The runner's logical name (`source.name`).
+    pub name: Arc<str>,
+    /// Database of the URL (`source.db` falls back to it).
+    pub db: Arc<str>,
+}
+
+/// A table's schema as captured, with how binlog columns map onto it.
+#[derive(Debug, Clone)]
+pub struct BuiltSchema {
+    /// The schema (captured columns only).
+    pub schema: Arc<TableSchema>,
+    /// For each source column (binlog order), its index in `schema.columns`,
+    /// or `None` when excluded.
+    pub source_columns: Vec<Option<usize>>,
+    /// The codec of each captured column, in `schema.columns` order.
+    pub codecs: Vec<ColumnCodec>,
+    /// Whether the key is unique (primary key or configured key).
+    pub keyed: bool,
+}
+
+impl BuiltSchema {
+    /// The schema of `table` from its definition, with excluded columns
+    /// left out and the configured key where there is no primary key.
+    pub fn build(config: &MySqlSourceConfig, filter: &TableFilter, table: &TableId, def: &TableDef) -> Result<Self> {
+        let mut columns = Vec::new();
+        let mut codecs = Vec::new();
+        let mut source_columns = Vec::with_capacity(def.columns.len());
+        for c in &def.columns {
+            if filter.excludes_column(table, &c.name) {
+                source_columns.push(None);
+                continue;
+            }
+            let data_type = map_type(table, &c.name, &c.type_text)?;
+            let mut col = Column::new(c.name.clone(), data_type, c.nullable);
+            col.source_type = c.type_text.clone();
+            source_columns.push(Some(columns.len()));
+            codecs.push(ColumnCodec::new(&col));
+            columns.push(col);
+        }
+        let (key, keyed) = if !def.primary_key.is_empty() {
+            (def.primary_key.clone(), true)
+        } else if let Some(k) = config.configured_key(table) {
+            for name in k {
+                if !columns.iter().any(|c| &c.name == name) {
+                    return Err(Error::needs_operator(format!("configured key column {name} does not exist"))
+                        .with_table(table.clone())
+                        .with_column(name.clone())
+                        .with_hint(format!("fix mysql.keys.\"{table}\"")));
+                }
+            }
+            (k.clone(), true)
+        } else {
+            (columns.iter().map(|c| c.name.clone()).collect(), false)
+        };
+        for k in &key {
+            if !columns.iter().any(|c| &c.name == k) {
+                return Err(Error::needs_operator(format!("key column {k} is excluded by mysql.exclude_columns"))
+                    .with_table(table.clone())
+                    .with_column(k.clone()));
+            }
+        }
+        Ok(Self {
+            schema: Arc::new(TableSchema { id: table.clone(), columns, key }),
+            source_columns,
+            codecs,
+            keyed,
+        })
+    }
+}
+
+/// The MySQL / MariaDB source.
+pub struct MySqlSource {
+    config: MySqlSourceConfig,
+    params: ConnectionParams,
+    filter: TableFilter,
+    ctx: EventContext,
+    state: Option<SourceState>,
+    /// Schemas as last announced to the runner, per table.
+    announced: BTreeMap<TableId, Arc<TableSchema>>,
+    prelude: Vec<SourceMessage>,
+    snapshot: Option<SnapshotRun>,
+    streamer: Option<Streamer>,
+    progress: BTreeMap<TableId, SnapshotTableProgress>,
+    /// State and announced schemas as of the last batch returned: what
+    /// `next_batch` rolls back to after an error.
+    emitted: Option<(SourceState, BTreeMap<TableId, Arc<TableSchema>>)>,
+}
+
+impl std::fmt::Debug for MySqlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlSource")
+            .field("params", &self.params)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlSource {
+    /// A source for `config`; nothing connects before [`Source::start`].
+    pub fn new(config: MySqlSourceConfig, runner_name: impl Into<String>) -> Result<Self> {
+        config.validate_as("mysql").map_err(|e| Error::needs_operator(e.to_string()))?;
+        let params = config.connection()?;
+        let filter = config.filter(&params.database);
+        let ctx = EventContext {
+            connector: Arc::from(CONNECTOR),
+            name: Arc::from(runner_name.into()),
+            db: params.database.as_str().into(),
+        };
+        Ok(Self {
+            config,
+            params,
+            filter,
+            ctx,
+            state: None,
+            announced: BTreeMap::new(),
+            prelude: Vec::new(),
+            snapshot: None,
+            streamer: None,
+            progress: BTreeMap::new(),
+            emitted: None,
+        })
+    }
+
+    fn state_mut(&mut self) -> Result<&mut SourceState> {
+        self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))
+    }
+
+    /// Queues a `SchemaChanged` for `schema` unless it is the one announced last.
+    fn announce(&mut self, schema: &Arc<TableSchema>) {
+        if self.announced.get(&schema.id).is_none_or(|a| **a != **schema) {
+            self.announced.insert(schema.id.clone(), schema.clone());
+            self.prelude.push(SourceMessage::SchemaChanged(schema.clone()));
+        }
+    }
+
+    async fn start_snapshot(&mut self) -> Result<()> {
+        let state = self
+            .state
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
+        let run = SnapshotRun::open(&self.params, plan, self.config.snapshot_chunk_rows).await?;
+        // A resumed snapshot reads the remaining rows at its own (later)
+        // point; each row carries that point, so sinks order it after the
+        // changes streamed from the original position.
+        for t in &run.plan.tables {
+            let id = t.id();
+            if let Some(def) = run.defs.get(&id) {
+                let built = BuiltSchema::build(&self.config, &self.filter, &id, def)?;
+                self.announce(&built.schema);
+            }
+            self.progress.entry(id.clone()).or_insert(SnapshotTableProgress {
+                table: id.clone(),
+                rows: 0,
+                estimated_rows: run.estimates.get(&id).copied(),
+                done: t.done,
+            });
+        }
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        if state.snapshot.as_ref().is_some_and(|s| s.position.is_none()) {
+            // The first snapshot transaction fixes where streaming starts
+            // and the definitions the history starts from.
+            state.binlog = run.position.clone();
+            state.gtid = run.gtid.clone();
+            for (id, def) in &run.defs {
+                state.history.insert(id.clone(), def.clone());
+            }
+            state.snapshot = Some(run.plan.clone());
+        }
+        tracing::info!(tables = run.plan.tables.len(), position = %run.position, "snapshot started");
+        self.snapshot = Some(run);
+        Ok(())
+    }
+
+    async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
+        let Some(run) = self.snapshot.as_mut() else {
+            return Ok(None);
+        };
+        let chunk = run.next_chunk(&self.config, &self.filter, &self.ctx).await?;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        match chunk {
+            Some(chunk) => {
+                if let Some(p) = self.progress.get_mut(&chunk.table) {
+                    p.rows += chunk.messages.len() as u64;
+                    p.done = chunk.table_done;
+                }
+                state.snapshot = Some(run.plan.clone());
+                let mut messages = std::mem::take(&mut self.prelude);
+                messages.extend(chunk.messages);
+                Ok(Some(SourceBatch { messages, checkpoint: state.to_checkpoint() }))
+            }
+            None => {
+                self.snapshot = None;
+                state.snapshot = None;
+                tracing::info!("snapshot finished");
+                Ok(Some(SourceBatch {
+                    messages: std::mem::take(&mut self.prelude),
+                    checkpoint: state.to_checkpoint(),
+                }))
+            }
+        }
+    }
+
+    async fn next_batch_inner(&mut self) -> Result<SourceBatch> {
+        if self.state.is_none() {
+            return Err(Error::retryable("the source is not started"));
+        }
+        if self.snapshot.is_none() && self.state.as_ref().is_some_and(|s| s.snapshot.is_some()) {
+            self.start_snapshot().await?;
+        }
+        if self.snapshot.is_some() {
+            if let Some(batch) = self.next_snapshot_batch().await? {
+                return Ok(batch);
+            }
+        }
+        if self.streamer.is_none() {
+            let state = self
+                .state
+                .as_ref()
+                .ok_or_else(|| Error::retryable("the source is not started"))?;
+            self.streamer = Some(Streamer::open(&self.params, &self.config, state).await?);
+        }
+        let (Some(streamer), Some(state)) = (self.streamer.as_mut(), self.state.as_mut()) else {
+            return Err(Error::retryable("the source is not started"));
+        };
+        let mut sc = stream::StreamContext {
+            config: &self.config,
+            filter: &self.filter,
+            ctx: &self.ctx,
+            announced: &mut self.announced,
+            state,
+        };
+        let out = streamer.next_batch(&mut sc).await?;
+        let mut messages = std::mem::take(&mut self.prelude);
+        messages.extend(out);
+        Ok(SourceBatch {
+            messages,
+            checkpoint: self.state_mut()?.to_checkpoint(),
+        })
+    }
+}
+
+#[async_trait]
+impl Source for MySqlSource {
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
+        self.snapshot = None;
+        self.streamer = None;
+        self.announced.clear();
+        self.prelude.clear();
+        self.progress.clear();
+        let resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
+        let mut conn = connect(&self.params).await?;
+        let version: Option<String> = conn
+            .query_first("SELECT @@version")
+            .await
+            .map_err(|e| classify_my(e, "reading the server version"))?;
+        let kind = ServerKind::from_version(version.as_deref().unwrap_or(""));
+        let state = match resumed {
+            Some(state) => {
+                if state.server != kind {
+                    return Err(Error::needs_operator(format!(
+                        "the checkpoint was written against {:?}, the server is {kind:?}",
+                        state.server
+                    ))
+                    .with_hint("reset the runner's checkpoint to start a new copy"));
+                }
+                // Announce every captured table as the history has it at
+                // the checkpoint: the runner registers before producing.
+                for table in state.history.tables().collect::<Vec<_>>() {
+                    if let Some(def) = state.history.get(&table) {
+                        let built = BuiltSchema::build(&self.config, &self.filter, &table, def)?;
+                        self.announce(&built.schema);
+                    }
+                }
+                state
+            }
+            None => {
+                let tables = list_tables(&mut conn, &self.filter).await?;
+                match self.config.snapshot_mode {
+                    SnapshotMode::Initial => {
+                        // Position, GTID and definitions come from the
+                        // snapshot transaction when it opens.
+                        SourceState {
+                            version: CHECKPOINT_VERSION,
+                            server: kind,
+                            binlog: BinlogPosition { file: String::new(), pos: 0 },
+                            gtid: None,
+                            history: SchemaHistory::default(),
+                            snapshot: Some(SnapshotState {
+                                initial: true,
+                                position: None,
+                                tables: tables.iter().map(TablePlan::new).collect(),
+                            }),
+                        }
+                    }
+                    SnapshotMode::Never => {
+                        let (binlog, gtid) = snapshot::current_position(&mut conn, kind).await?;
+                        let mut history = SchemaHistory::default();
+                        for t in &tables {
+                            if let Some(def) = table_def(&mut conn, t).await? {
+                                let built = BuiltSchema::build(&self.config, &self.filter, t, &def)?;
+                                self.announce(&built.schema);
+                                history.insert(t.clone(), def);
+                            }
+                        }
+                        SourceState {
+                            version: CHECKPOINT_VERSION,
+                            server: kind,
+                            binlog,
+                            gtid,
+                            history,
+                            snapshot: None,
+                        }
+                    }
+                }
+            }
+        };
+        if let Err(e) = conn.disconnect().await {
+            tracing::debug!(error = %e, "closing the start-up connection");
+        }
+        if self.config.new_tables == NewTables::Ignore {
+            tracing::debug!("tables created later are ignored (mysql.new_tables = \"ignore\")");
+        }
+        self.state = Some(state);
+        self.emitted = self.state.clone().map(|s| (s, self.announced.clone()));
+        Ok(())
+    }
+
+    async fn next_batch(&mut self) -> Result<SourceBatch> {
+        match self.next_batch_inner().await {
+            Ok(batch) => {
+                if let Some(state) = &self.state {
+                    self.emitted = Some((state.clone(), self.announced.clone()));
+                }
+                Ok(batch)
+            }
+            Err(e) => {
+                // Drop half-done work; the next call resumes after the last
+                // batch returned.
+                self.snapshot = None;
+                self.streamer = None;
+                if let Some((state, announced)) = self.emitted.clone() {
+                    self.state = Some(state);
+                    self.announced = announced;
+                }
+                self.prelude.clear();
+                Err(e)
+            }
+        }
+    }
+
+    async fn acknowledge(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+        // Nothing to release on the server: the checkpoint stored with the
+        // events is the only replication state (no slot, unlike PostgreSQL).
+        Ok(())
+    }
+
+    fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
+        self.progress.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::sources::mysql::history::ColumnDef;
+
+    #[test]
+    fn binlog_positions_order_by_file_then_offset() {
+        let a = BinlogPosition { file: "mysql-bin.000002".into(), pos: 900_000 };
+        let b = BinlogPosition { file: "mysql-bin.000003".into(), pos: 4 };
+        assert!(a.ordered() < b.ordered());
+        assert_eq!(b.to_string(), "mysql-bin.000003:4");
+    }
+
+    #[test]
+    fn server_kind_from_version() {
+        assert_eq!(ServerKind::from_version("10.11.6-MariaDB-0+deb12u1-log"), ServerKind::MariaDb);
+        assert_eq!(ServerKind::from_version("8.0.36"), ServerKind::MySql);
+    }
+
+    #[test]
+    fn checkpoint_round_trips_and_rejects_other_versions() {
+        let mut history = SchemaHistory::default();
+        history.insert(
+            TableId::new("db", "t"),
+            TableDef {
+                columns: vec![ColumnDef {
+                    name: "id".into(),
+                    type_text: "int(11)".into(),
+                    nullable: false,
+                }],
+                primary_key: vec!["id".into()],
+            },
+        );
+        let s = SourceState {
+            version: CHECKPOINT_VERSION,
+            server: ServerKind::MariaDb,
+            binlog: BinlogPosition { file: "mysql-bin.000001".into(), pos: 1234 },
+            gtid: Some("0-1-5".into()),
+            history,
+            snapshot: None,
+        };
+        assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).expect("parses"), s);
+        let other = Checkpoint(s.to_checkpoint().0.replace("\"version\":1", "\"version\":9"));
+        assert_eq!(SourceState::from_checkpoint(&other).expect_err("version").kind(), ErrorKind::NeedsOperator);
+    }
+
+    #[test]
+    fn built_schema_leaves_out_excluded_columns_and_uses_configured_keys() {
+        let mut config = MySqlSourceConfig::with_url("mysql://u@h/db");
+        config.exclude_columns = vec!["db.t.secret".into()];
+        config.keys.insert("db.t".into(), vec!["code".into()]);
+        let filter = config.filter("db");
+        let def = TableDef {
+            columns: vec![
+                ColumnDef {
+                    name: "code".into(),
+                    type_text: "varchar(8)".into(),
+                    nullable: false,
+                },
+                ColumnDef {
+                    name: "secret".into(),
+                    type_text: "text".into(),
+                    nullable: true,
+                },
+                ColumnDef {
+                    name: "n".into(),
+                    type_text: "int(10) unsigned".into(),
+                    nullable: true,
+                },
+            ],
+            primary_key: vec![],
+        };
+        let t = TableId::new("db", "t");
+        let built = BuiltSchema::build(&config, &filter, &t, &def).expect("builds");
+        assert_eq!(built.schema.key, vec!["code"]);
+        assert_eq!(built.schema.columns.len(), 2);
+        assert!(built.source_columns[1].is_none());
+        assert!(built.keyed);
+        config.keys.clear();
+        config.keys.insert("db.t".into(), vec!["nope".into()]);
+        let e = BuiltSchema::build(&config, &filter, &t, &def).expect_err("unknown key column");
+        assert_eq!(e.column(), Some("nope"));
+    }
+}

@@ -1,0 +1,470 @@
+//! The snapshot: every selected table read in key order, in chunks, inside
+//! one `START TRANSACTION WITH CONSISTENT SNAPSHOT` whose binlog position is
+//! known, so that streaming from that position continues without a gap.
+//!
+//! MariaDB reports the snapshot's binlog position itself
+//! (`binlog_snapshot_file` / `binlog_snapshot_position` status), so no lock
+//! is taken at all. MySQL has no such status: a global read lock is held for
+//! the instant between starting the transaction and `SHOW MASTER STATUS`.
+//!
+//! A chunk is `SELECT ... WHERE (key) > (last key) ORDER BY key LIMIT n+1`:
+//! the extra row says whether the table has more, so the last row of the
+//! whole snapshot is marked without holding a chunk back. Tables without a
+//! primary key are read with `LIMIT n OFFSET rows_done` (stable inside the
+//! transaction). After a crash the snapshot resumes after the last key
+//! committed to Kafka, in a new transaction.
+
+use std::collections::BTreeMap;
+
+use mysql_async::prelude::Queryable;
+use serde::{Deserialize, Serialize};
+use tributary_schemas::{ChangeEvent, DataType, Op, Position, SnapshotMarker, SourceInfo, TableId, Value};
+
+use super::config::{ConnectionParams, MySqlSourceConfig, TableFilter};
+use super::gtid::MySqlGtidSet;
+use super::history::TableDef;
+use super::types::{quote_ident, quote_literal, quote_table};
+use super::{classify_my, connect, table_def, BinlogPosition, BuiltSchema, EventContext, ServerKind};
+use crate::error::{Error, Result};
+use crate::SourceMessage;
+
+/// One table's snapshot progress, as stored in the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TablePlan {
+    /// Database.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// The primary key of the last row emitted, each part as hex of its
+    /// text-protocol bytes (keyed tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_key: Option<Vec<String>>,
+    /// Rows emitted (the offset of the next chunk of a table without key).
+    #[serde(default)]
+    pub rows_done: u64,
+    /// Whether every row was emitted.
+    #[serde(default)]
+    pub done: bool,
+}
+
+impl TablePlan {
+    /// A table not started yet.
+    pub fn new(id: &TableId) -> Self {
+        Self {
+            schema: id.schema.clone(),
+            table: id.table.clone(),
+            last_key: None,
+            rows_done: 0,
+            done: false,
+        }
+    }
+
+    /// The table.
+    pub fn id(&self) -> TableId {
+        TableId::new(self.schema.clone(), self.table.clone())
+    }
+}
+
+/// Snapshot work not done yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SnapshotState {
+    /// Whether this is the first snapshot (its last row is marked `last`).
+    pub initial: bool,
+    /// The binlog position of the first snapshot transaction (streaming
+    /// starts there); `None` until it is opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<BinlogPosition>,
+    /// Per table.
+    pub tables: Vec<TablePlan>,
+}
+
+/// Rows of one chunk, as messages.
+#[derive(Debug)]
+pub struct Chunk {
+    /// The table.
+    pub table: TableId,
+    /// Read events.
+    pub messages: Vec<SourceMessage>,
+    /// Whether the table is complete with this chunk.
+    pub table_done: bool,
+}
+
+/// The binlog position (and GTID position) the server is at now.
+pub async fn current_position(
+    conn: &mut mysql_async::Conn,
+    kind: ServerKind,
+) -> Result<(BinlogPosition, Option<String>)> {
+    let row: Option<mysql_async::Row> = conn
+        .query_first("SHOW MASTER STATUS")
+        .await
+        .map_err(|e| classify_my(e, "reading the binlog position (SHOW MASTER STATUS)"))?;
+    let row = row.ok_or_else(|| {
+        Error::needs_operator("SHOW MASTER STATUS returned nothing: the binary log is off")
+            .with_hint("log_bin = mysql-bin in my.cnf, then restart (see `source-runner check`)")
+    })?;
+    let file: String = row.get(0).ok_or_else(|| Error::retryable("SHOW MASTER STATUS has no file"))?;
+    let pos: u64 = row
+        .get(1)
+        .ok_or_else(|| Error::retryable("SHOW MASTER STATUS has no position"))?;
+    let position = BinlogPosition { file, pos };
+    let gtid = match kind {
+        ServerKind::MariaDb => mariadb_gtid_at(conn, &position).await?,
+        ServerKind::MySql => row.get::<Option<String>, _>(4).flatten().filter(|s| !s.is_empty()),
+    };
+    Ok((position, gtid))
+}
+
+async fn mariadb_gtid_at(conn: &mut impl Queryable, position: &BinlogPosition) -> Result<Option<String>> {
+    let gtid: Option<Option<String>> = conn
+        .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (position.file.as_str(), position.pos))
+        .await
+        .map_err(|e| classify_my(e, "reading the GTID position of the snapshot"))?;
+    Ok(gtid.flatten().filter(|g| !g.is_empty()))
+}
+
+/// An open snapshot transaction and the work left.
+pub struct SnapshotRun {
+    tx: mysql_async::Conn,
+    /// The plan, updated as chunks are read.
+    pub plan: SnapshotState,
+    /// This transaction's binlog position (rows carry it).
+    pub position: BinlogPosition,
+    /// Its GTID position.
+    pub gtid: Option<String>,
+    /// Definitions of the tables to read, as of this transaction.
+    pub defs: BTreeMap<TableId, TableDef>,
+    /// Row estimates from the catalog.
+    pub estimates: BTreeMap<TableId, u64>,
+    built: BTreeMap<TableId, BuiltSchema>,
+    chunk_rows: u64,
+}
+
+impl std::fmt::Debug for SnapshotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotRun")
+            .field("position", &self.position)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SnapshotRun {
+    /// Opens the consistent snapshot and reads the definitions of the
+    /// tables still to copy. The first run of a plan fixes its position.
+    pub async fn open(params: &ConnectionParams, mut plan: SnapshotState, chunk_rows: u64) -> Result<Self> {
+        let mut conn = connect(params).await?;
+        let version: Option<String> = conn
+            .query_first("SELECT @@version")
+            .await
+            .map_err(|e| classify_my(e, "reading the server version"))?;
+        let kind = ServerKind::from_version(version.as_deref().unwrap_or(""));
+        conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .map_err(|e| classify_my(e, "setting the snapshot isolation level"))?;
+        let (position, gtid) = match kind {
+            ServerKind::MariaDb => {
+                conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                    .await
+                    .map_err(|e| classify_my(e, "starting the snapshot transaction"))?;
+                let status: Vec<(String, String)> = conn
+                    .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                    .await
+                    .map_err(|e| classify_my(e, "reading the snapshot's binlog position"))?;
+                let get = |name: &str| {
+                    status
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v.clone())
+                };
+                let file = get("binlog_snapshot_file").filter(|f| !f.is_empty()).ok_or_else(|| {
+                    Error::needs_operator("the server reports no binlog_snapshot_file: the binary log is off")
+                        .with_hint("log_bin = mysql-bin in my.cnf, then restart (see `source-runner check`)")
+                })?;
+                let pos = get("binlog_snapshot_position")
+                    .and_then(|p| p.parse().ok())
+                    .ok_or_else(|| Error::retryable("the server reports no binlog_snapshot_position"))?;
+                let position = BinlogPosition { file, pos };
+                let gtid = mariadb_gtid_at(&mut conn, &position).await?;
+                (position, gtid)
+            }
+            ServerKind::MySql => {
+                // The read lock pins the binlog between the snapshot's start
+                // and SHOW MASTER STATUS; it is held for milliseconds.
+                conn.query_drop("FLUSH TABLES WITH READ LOCK")
+                    .await
+                    .map_err(|e| classify_my(e, "taking the global read lock (needs RELOAD)"))?;
+                let started = conn
+                    .query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                    .await
+                    .map_err(|e| classify_my(e, "starting the snapshot transaction"));
+                let position = match started {
+                    Ok(()) => current_position(&mut conn, kind).await,
+                    Err(e) => Err(e),
+                };
+                conn.query_drop("UNLOCK TABLES")
+                    .await
+                    .map_err(|e| classify_my(e, "releasing the global read lock"))?;
+                let (position, gtid) = position?;
+                if let Some(g) = &gtid {
+                    // Validated here so a resume by GTID can rely on it.
+                    MySqlGtidSet::parse(g)
+                        .ok_or_else(|| Error::retryable("the server's gtid_executed is not a GTID set"))?;
+                }
+                (position, gtid)
+            }
+        };
+        if plan.position.is_none() {
+            plan.position = Some(position.clone());
+        }
+        let mut defs = BTreeMap::new();
+        let mut estimates = BTreeMap::new();
+        for t in plan.tables.iter().filter(|t| !t.done) {
+            let id = t.id();
+            match table_def(&mut conn, &id).await? {
+                Some(def) => {
+                    defs.insert(id.clone(), def);
+                }
+                None => tracing::warn!(table = %id, "table to snapshot no longer exists; skipping it"),
+            }
+            let rows: Option<Option<u64>> = conn
+                .exec_first(
+                    "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (id.schema.as_str(), id.table.as_str()),
+                )
+                .await
+                .map_err(|e| classify_my(e, "reading row estimates").with_table(id.clone()))?;
+            if let Some(Some(n)) = rows {
+                estimates.insert(id, n);
+            }
+        }
+        Ok(Self {
+            tx: conn,
+            plan,
+            position,
+            gtid,
+            defs,
+            estimates,
+            built: BTreeMap::new(),
+            chunk_rows,
+        })
+    }
+
+    /// The next chunk, or `None` when every table is done (the transaction
+    /// is then finished).
+    pub async fn next_chunk(
+        &mut self,
+        config: &MySqlSourceConfig,
+        filter: &TableFilter,
+        ctx: &EventContext,
+    ) -> Result<Option<Chunk>> {
+        loop {
+            let Some(index) = self.plan.tables.iter().position(|t| !t.done) else {
+                // The transaction ended with the last chunk.
+                return Ok(None);
+            };
+            let id = self.plan.tables[index].id();
+            let Some(def) = self.defs.get(&id) else {
+                self.plan.tables[index].done = true;
+                continue;
+            };
+            if !self.built.contains_key(&id) {
+                let built = BuiltSchema::build(config, filter, &id, def)?;
+                self.built.insert(id.clone(), built);
+            }
+            let span = tracing::info_span!("snapshot_chunk", table = %id);
+            let _guard = span.enter();
+            return self.read_chunk(index, &id, ctx).await.map(Some);
+        }
+    }
+
+    async fn read_chunk(&mut self, index: usize, id: &TableId, ctx: &EventContext) -> Result<Chunk> {
+        let built = self.built.get(id).ok_or_else(|| Error::retryable("snapshot schema missing"))?;
+        let def = self
+            .defs
+            .get(id)
+            .ok_or_else(|| Error::retryable("snapshot definition missing"))?;
+        let plan = &self.plan.tables[index];
+        let schema = built.schema.clone();
+        let cols: Vec<String> = schema.columns.iter().map(|c| quote_ident(&c.name)).collect();
+        let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
+        let keyed = !def.primary_key.is_empty() && pk.len() == def.primary_key.len();
+        let order: Vec<String> = if keyed {
+            pk.iter().map(|&i| quote_ident(&schema.columns[i].name)).collect()
+        } else {
+            schema
+                .key_indexes()
+                .iter()
+                .map(|&i| quote_ident(&schema.columns[i].name))
+                .collect()
+        };
+        let mut sql = format!("SELECT {} FROM {}", cols.join(", "), quote_table(id));
+        if keyed {
+            if let Some(last) = &plan.last_key {
+                let mut values = Vec::with_capacity(pk.len());
+                for (n, &i) in pk.iter().enumerate() {
+                    let hex = last
+                        .get(n)
+                        .ok_or_else(|| Error::needs_operator("the checkpoint's snapshot key is short"))?;
+                    values.push(key_literal(&schema.columns[i].data_type, hex).ok_or_else(|| {
+                        Error::needs_operator("the checkpoint's snapshot key cannot be read back")
+                            .with_table(id.clone())
+                            .with_column(schema.columns[i].name.clone())
+                    })?);
+                }
+                sql.push_str(&format!(" WHERE ({}) > ({})", order.join(", "), values.join(", ")));
+            }
+        }
+        if !order.is_empty() {
+            sql.push_str(&format!(" ORDER BY {}", order.join(", ")));
+        }
+        sql.push_str(&format!(" LIMIT {}", self.chunk_rows + 1));
+        if !keyed {
+            sql.push_str(&format!(" OFFSET {}", plan.rows_done));
+        }
+        let rows: Vec<mysql_async::Row> = self
+            .tx
+            .query(sql)
+            .await
+            .map_err(|e| classify_my(e, "reading a snapshot chunk").with_table(id.clone()))?;
+        let more = rows.len() as u64 > self.chunk_rows;
+        let take = rows.len().min(self.chunk_rows as usize);
+        let last_table = self.plan.tables.iter().enumerate().all(|(i, t)| i == index || t.done);
+        let now = super::stream::now_ms();
+        let mut messages = Vec::with_capacity(take);
+        let mut last_key = None;
+        for (n, row) in rows.into_iter().take(take).enumerate() {
+            let raw = row.unwrap();
+            if n + 1 == take && keyed {
+                last_key = Some(
+                    pk.iter()
+                        .map(|&i| match raw.get(i) {
+                            Some(mysql_async::Value::Bytes(b)) => hex(b),
+                            Some(other) => hex(other.as_sql(true).as_bytes()),
+                            None => String::new(),
+                        })
+                        .collect::<Vec<_>>(),
+                );
+            }
+            let mut values = Vec::with_capacity(raw.len());
+            for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
+                values.push(codec.from_text(v, id, &col.name)?);
+            }
+            let marker = if self.plan.initial && last_table && !more && n + 1 == take {
+                SnapshotMarker::Last
+            } else {
+                SnapshotMarker::True
+            };
+            messages.push(SourceMessage::Change(read_event(schema.clone(), values, &self.position, marker, ctx, now)));
+        }
+        let plan = &mut self.plan.tables[index];
+        plan.rows_done += take as u64;
+        if last_key.is_some() {
+            plan.last_key = last_key;
+        }
+        plan.done = !more;
+        let table_done = plan.done;
+        tracing::debug!(rows = take, done = table_done, "snapshot chunk read");
+        if self.plan.tables.iter().all(|t| t.done) {
+            // End the transaction with the last chunk: it holds metadata
+            // locks on every table it read, and DDL on them waits until then.
+            self.tx
+                .query_drop("COMMIT")
+                .await
+                .map_err(|e| classify_my(e, "ending the snapshot transaction"))?;
+        }
+        Ok(Chunk { table: id.clone(), messages, table_done })
+    }
+}
+
+fn read_event(
+    schema: std::sync::Arc<tributary_schemas::TableSchema>,
+    row: Vec<Value>,
+    position: &BinlogPosition,
+    marker: SnapshotMarker,
+    ctx: &EventContext,
+    now: i64,
+) -> ChangeEvent {
+    let db = schema.id.schema.as_str().into();
+    ChangeEvent {
+        schema,
+        op: Op::Read,
+        before: None,
+        after: Some(row),
+        source: SourceInfo {
+            connector: ctx.connector.clone(),
+            name: ctx.name.clone(),
+            db,
+            ts_ms: now,
+            snapshot: marker,
+            tx_id: None,
+            position: Position { commit: position.ordered(), index: 0 },
+            native_position: position.to_string().into(),
+        },
+        ts_ms: now,
+        transaction: None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// A key value for the chunk's `WHERE`, typed so that the comparison is the
+/// same as the `ORDER BY`: numbers as numbers (no float rounding of big
+/// integers), binary strings as bytes, everything else as a string literal
+/// that takes the column's collation.
+fn key_literal(data_type: &DataType, hex_text: &str) -> Option<String> {
+    let bytes = unhex(hex_text)?;
+    match data_type {
+        DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Decimal { .. } | DataType::Boolean => {
+            let text = String::from_utf8(bytes).ok()?;
+            let numeric = !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '-' || c == '.');
+            numeric.then_some(text)
+        }
+        DataType::Bytes => Some(if bytes.is_empty() {
+            "''".to_string()
+        } else {
+            format!("X'{hex_text}'")
+        }),
+        _ => {
+            let text = String::from_utf8(bytes).ok()?;
+            Some(quote_literal(&text.replace('\0', "\\0")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_literals_keep_numbers_exact_and_strings_quoted() {
+        assert_eq!(
+            key_literal(&DataType::Int64, &hex(b"18446744073709551615")).as_deref(),
+            Some("18446744073709551615")
+        );
+        assert_eq!(key_literal(&DataType::Int64, &hex(b"1 OR 1=1")), None);
+        assert_eq!(key_literal(&DataType::Text, &hex(b"o'k\\")).as_deref(), Some("'o''k\\\\'"));
+        assert_eq!(key_literal(&DataType::Bytes, &hex(&[0, 255])).as_deref(), Some("X'00ff'"));
+        assert_eq!(unhex("0g"), None);
+        assert_eq!(unhex(&hex(&[1, 2, 254])), Some(vec![1, 2, 254]));
+    }
+
+    #[test]
+    fn plan_round_trips() {
+        let mut p = TablePlan::new(&TableId::new("db", "t"));
+        p.last_key = Some(vec![hex(b"42")]);
+        let json = serde_json::to_string(&p).expect("json");
+        assert_eq!(serde_json::from_str::<TablePlan>(&json).expect("parse"), p);
+        assert_eq!(p.id(), TableId::new("db", "t"));
+    }
+}

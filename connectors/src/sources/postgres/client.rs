@@ -1,0 +1,327 @@
+//! The PostgreSQL source's sessions: ordinary connections (catalog and
+//! snapshot) and how their errors and the replication client's are
+//! classified; the catalog queries that build a table's schema.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pgwire_replication::PgWireError;
+use tributary_schemas::{Column, TableId, TableSchema};
+
+use super::config::{ConnectionParams, PostgresSourceConfig, TableFilter};
+use super::types::{map_type, PgType};
+pub(crate) use crate::pgwire::sqlstate::classify as classify_pg;
+use crate::pgwire::sqlstate;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Opens an ordinary connection (catalog, snapshot).
+pub async fn connect(params: &ConnectionParams) -> Result<tokio_postgres::Client> {
+    fn closed(e: &tokio_postgres::Error) {
+        tracing::debug!(error = %e, "PostgreSQL connection ended");
+    }
+    crate::pgwire::connect(&params.pg, params.tls, params.tls_ca_file.as_deref(), closed)
+        .await?
+        .map_err(|e| classify_pg(e, "connecting to PostgreSQL"))
+}
+
+/// Classifies a replication client error.
+pub fn classify_wire(err: PgWireError, context: &str) -> Error {
+    let (kind, class) = match &err {
+        PgWireError::Server(msg) => {
+            let code = msg
+                .rsplit_once("SQLSTATE ")
+                .map(|(_, c)| c.trim_end_matches(')').to_string())
+                .unwrap_or_default();
+            let kind = if code.is_empty() {
+                ErrorKind::Retryable
+            } else {
+                sqlstate::kind(&code)
+            };
+            let mut e = Error::new(kind, format!("{context}: {msg}")).with_class(format!("sqlstate.{code}"));
+            if code == "42704" && msg.contains("replication slot") {
+                e = e.with_hint(
+                    "the replication slot is gone, so changes since the checkpoint are lost: \
+                     reset the runner's checkpoint to take a new snapshot",
+                );
+            } else if let Some(h) = sqlstate::hint(&code) {
+                e = e.with_hint(h);
+            }
+            return e;
+        }
+        PgWireError::Auth(_) => (ErrorKind::NeedsOperator, "pgwire.auth"),
+        PgWireError::Tls(_) => (ErrorKind::NeedsOperator, "pgwire.tls"),
+        PgWireError::MessageTooLarge { .. } => (ErrorKind::NeedsOperator, "pgwire.message_too_large"),
+        PgWireError::Io(_) => (ErrorKind::Retryable, "pgwire.io"),
+        _ => (ErrorKind::Retryable, "pgwire"),
+    };
+    Error::new(kind, format!("{context}: {err}")).with_class(class)
+}
+
+/// A table's schema as captured, with how pgoutput's columns map onto it.
+#[derive(Debug, Clone)]
+pub struct BuiltSchema {
+    /// The schema (captured columns only).
+    pub schema: Arc<TableSchema>,
+    /// Whether the key is unique (primary key or configured key).
+    pub keyed: bool,
+    /// Whether the table is partitioned (read with its partitions).
+    pub partitioned: bool,
+    /// For each source column (pgoutput / catalog order), its index in
+    /// `schema.columns`, or `None` when excluded.
+    pub source_columns: Vec<Option<usize>>,
+}
+
+/// A catalog connection: table lists, schemas, type descriptions.
+pub struct Catalog {
+    client: tokio_postgres::Client,
+    types: HashMap<(u32, i32), PgType>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog").finish_non_exhaustive()
+    }
+}
+
+impl Catalog {
+    /// Connects.
+    pub async fn connect(params: &ConnectionParams) -> Result<Self> {
+        Ok(Self {
+            client: connect(params).await?,
+            types: HashMap::new(),
+        })
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// Every ordinary or partitioned table outside the system schemas that
+    /// `filter` selects, with its oid.
+    pub async fn list_tables(&self, filter: &TableFilter) -> Result<Vec<(u32, TableId)>> {
+        let rows = self
+            .client
+            .query(
+                "SELECT c.oid, n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                   AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                   AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
+                 ORDER BY 2, 3",
+                &[],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "listing tables"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get::<_, u32>(0), TableId::new(r.get::<_, String>(1), r.get::<_, String>(2))))
+            .filter(|(_, id)| filter.captures(id))
+            .collect())
+    }
+
+    /// The oid of `table`, if it exists.
+    pub async fn relid(&self, table: &TableId) -> Result<Option<u32>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&table.schema, &table.table],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "looking up a table").with_table(table.clone()))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn pg_type(&mut self, oid: u32, typmod: i32) -> Result<PgType> {
+        if let Some(t) = self.types.get(&(oid, typmod)) {
+            return Ok(t.clone());
+        }
+        let row = self
+            .client
+            .query_one(
+                "SELECT t.typname::text, t.typtype::text, t.typelem, t.typbasetype, t.typcategory::text, \
+                        format_type(t.oid, $2) \
+                 FROM pg_type t WHERE t.oid = $1",
+                &[&oid, &typmod],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "describing a type"))?;
+        let typname: String = row.get(0);
+        let typtype: String = row.get(1);
+        let elem: u32 = row.get(2);
+        let base: u32 = row.get(3);
+        let category: String = row.get(4);
+        let formatted: String = row.get(5);
+        let mut t = if typtype == "d" && base != 0 {
+            // A domain maps as its base type, keeps its own spelling.
+            let mut b = Box::pin(self.pg_type(base, typmod)).await?;
+            b.oid = oid;
+            b.formatted = formatted;
+            b
+        } else {
+            let element = if category == "A" && elem != 0 {
+                Some(Box::new(Box::pin(self.pg_type(elem, typmod)).await?))
+            } else {
+                None
+            };
+            PgType {
+                oid,
+                typname,
+                typtype: typtype.chars().next().unwrap_or('b'),
+                typmod,
+                mapping_text: formatted.clone(),
+                formatted,
+                element,
+                enum_labels: Vec::new(),
+            }
+        };
+        if t.typtype == 'e' && t.enum_labels.is_empty() {
+            let rows = self
+                .client
+                .query("SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder", &[&oid])
+                .await
+                .map_err(|e| classify_pg(e, "reading enum labels"))?;
+            t.enum_labels = rows.iter().map(|r| r.get(0)).collect();
+        }
+        self.types.insert((oid, typmod), t.clone());
+        Ok(t)
+    }
+
+    /// Builds the captured schema of `table`. `columns` are pgoutput's
+    /// `(name, type oid, typmod)` when building from a Relation message; the
+    /// catalog's current columns otherwise. Nullability and the primary key
+    /// always come from the catalog.
+    pub async fn build_schema(
+        &mut self,
+        config: &PostgresSourceConfig,
+        filter: &TableFilter,
+        table: &TableId,
+        relid: u32,
+        columns: Option<&[(String, u32, i32)]>,
+    ) -> Result<BuiltSchema> {
+        let rows = self
+            .client
+            .query(
+                "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull FROM pg_attribute a \
+                 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading columns").with_table(table.clone()))?;
+        let catalog_cols: Vec<(String, u32, i32, bool)> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+        let pk_rows = self
+            .client
+            .query(
+                "SELECT a.attname::text FROM pg_index i \
+                 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the primary key").with_table(table.clone()))?;
+        let pk: Vec<String> = pk_rows.iter().map(|r| r.get(0)).collect();
+        let source: Vec<(String, u32, i32)> = match columns {
+            Some(c) => c.to_vec(),
+            None => catalog_cols.iter().map(|(n, o, m, _)| (n.clone(), *o, *m)).collect(),
+        };
+        let key = match config.configured_key(table) {
+            Some(k) => Some(k.clone()),
+            None if !pk.is_empty() => Some(pk),
+            None => None,
+        };
+        let mut cols = Vec::with_capacity(source.len());
+        let mut source_columns = Vec::with_capacity(source.len());
+        for (name, oid, typmod) in &source {
+            let is_key = key.as_ref().is_some_and(|k| k.contains(name));
+            if !is_key && filter.excludes_column(table, name) {
+                source_columns.push(None);
+                continue;
+            }
+            let t = self.pg_type(*oid, *typmod).await.map_err(|e| e.with_table(table.clone()))?;
+            let notnull = catalog_cols.iter().any(|(n, _, _, nn)| n == name && *nn);
+            source_columns.push(Some(cols.len()));
+            cols.push(Column {
+                name: name.clone(),
+                data_type: map_type(&t, table, name),
+                nullable: !notnull,
+                source_type: t.formatted.clone(),
+            });
+        }
+        if let Some(k) = &key {
+            for name in k {
+                if !cols.iter().any(|c| &c.name == name) {
+                    return Err(Error::needs_operator(format!(
+                        "key column {name} configured in postgres.keys does not exist"
+                    ))
+                    .with_table(table.clone())
+                    .with_column(name.clone()));
+                }
+            }
+        }
+        let keyed = key.is_some();
+        let key = key.unwrap_or_else(|| cols.iter().map(|c| c.name.clone()).collect());
+        let partitioned: bool = self
+            .client
+            .query_one("SELECT relkind = 'p' FROM pg_class WHERE oid = $1", &[&relid])
+            .await
+            .map_err(|e| classify_pg(e, "reading the table kind").with_table(table.clone()))?
+            .get(0);
+        Ok(BuiltSchema {
+            schema: Arc::new(TableSchema { id: table.clone(), columns: cols, key }),
+            keyed,
+            partitioned,
+            source_columns,
+        })
+    }
+
+    /// Runs `sql` (simple protocol) and returns the first row's values as
+    /// text, or `None` when there is no row.
+    pub async fn query_texts(&self, sql: &str) -> Result<Option<Vec<Option<String>>>> {
+        let messages = self
+            .client
+            .simple_query(sql)
+            .await
+            .map_err(|e| classify_pg(e, "reading a row by key"))?;
+        for m in messages {
+            if let tokio_postgres::SimpleQueryMessage::Row(row) = m {
+                return Ok(Some((0..row.len()).map(|i| row.get(i).map(str::to_string)).collect()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the connected role is a superuser.
+    pub async fn is_superuser(&self) -> Result<bool> {
+        let row = self
+            .client
+            .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+            .await
+            .map_err(|e| classify_pg(e, "reading the role"))?;
+        Ok(row.get(0))
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_errors_are_classified_by_sqlstate() {
+        let e = classify_wire(
+            PgWireError::Server("replication slot \"x\" does not exist (SQLSTATE 42704)".into()),
+            "starting",
+        );
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.hint().unwrap_or("").contains("checkpoint"));
+        let e = classify_wire(
+            PgWireError::Server("replication slot \"x\" is active for PID 1 (SQLSTATE 55006)".into()),
+            "starting",
+        );
+        assert_eq!(e.kind(), ErrorKind::Retryable);
+    }
+}

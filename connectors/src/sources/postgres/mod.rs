@@ -1,0 +1,822 @@
+//! The PostgreSQL source: snapshot, then pgoutput.
+//!
+//! The source ([`PostgresSource`]) reads a consistent snapshot of the
+//! selected tables, then streams their changes from a logical replication
+//! slot through the `pgoutput` plugin. See `docs/sources/postgresql.md` for
+//! the operator's view and [`snapshot`] / [`stream`] for the mechanics.
+//!
+//! # Checkpoint
+//!
+//! A [`SourceState`] as JSON: the slot, the LSN streaming resumes from (the
+//! end of the last transaction emitted, or a keepalive position between
+//! transactions), the captured tables and, while a snapshot is unfinished,
+//! per table the key ranges with the last key emitted in each.
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod snapshot;
+pub mod stream;
+pub mod types;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, TlsConfig};
+use secrecy::ExposeSecret;
+use serde::{Deserialize, Serialize};
+use tributary_schemas::{SnapshotMarker, TableId, TableSchema};
+
+pub use self::client::{classify_wire, BuiltSchema, Catalog};
+use self::client::classify_pg;
+pub use self::config::PostgresSourceConfig;
+use self::config::{ConnectionParams, NewTables, SnapshotMode, TableFilter};
+use self::snapshot::{Chunk, ExportedSnapshot, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan};
+use self::stream::{PartialTxn, StreamContext, Streamer};
+use crate::pgwire::tls::TlsMode;
+use crate::pgwire::quote_ident;
+use crate::error::{Error, Result};
+use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
+
+pub use self::config::PostgresSourceConfig as Config;
+
+/// The connector's name in every event (Debezium's `source.connector`).
+pub const CONNECTOR: &str = "postgresql";
+
+/// Version of the checkpoint JSON.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// What every event of a source carries besides its row.
+#[derive(Debug, Clone)]
+pub struct EventContext {
+    /// The connector kind (`source.connector`).
+    pub connector: Arc<str>,
+    /// The runner's logical name (`source.name`).
+    pub name: Arc<str>,
+    /// Database name (`source.db`).
+    pub db: Arc<str>,
+}
+
+/// The source's resumable state, serialized as the [`Checkpoint`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceState {
+    /// Format version.
+    pub version: u32,
+    /// Replication slot.
+    pub slot: String,
+    /// LSN streaming resumes from.
+    pub lsn: u64,
+    /// Tables captured (`schema.table`).
+    #[serde(default)]
+    pub tables: BTreeSet<String>,
+    /// Snapshot work not done yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotState>,
+    /// The part of the transaction at `lsn` already emitted, when the last
+    /// batch ended inside a transaction larger than a batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<PartialTxn>,
+}
+
+impl SourceState {
+    /// Serializes the state.
+    pub fn to_checkpoint(&self) -> Checkpoint {
+        Checkpoint::encode(self)
+    }
+
+    /// Parses a checkpoint written by this source.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
+        checkpoint.decode("PostgreSQL", |s: &SourceState| s.version, CHECKPOINT_VERSION)
+    }
+}
+
+/// `0/16B3748`.
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+/// Parses `0/16B3748`.
+pub fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some(u64::from_str_radix(hi, 16).ok()? << 32 | u64::from_str_radix(lo, 16).ok()?)
+}
+
+/// A running snapshot. A chunk that ends a key range may hold the very
+/// last row of the snapshot (which is marked as such), so it is held back
+/// until the next chunk or the end of the run says whether it does. Other
+/// chunks go out at once: holding every chunk back would keep one more
+/// chunk (several MiB) in memory for the whole snapshot.
+struct ActiveSnapshot {
+    run: SnapshotRun,
+    pending: Option<(Chunk, Checkpoint)>,
+    /// A chunk that arrived while one was held back: it goes next.
+    ready: Option<(Chunk, Checkpoint)>,
+}
+
+/// The PostgreSQL source.
+pub struct PostgresSource {
+    config: PostgresSourceConfig,
+    params: ConnectionParams,
+    filter: TableFilter,
+    ctx: EventContext,
+    progress: Arc<SnapshotProgress>,
+    state: Option<SourceState>,
+    catalog: Option<Catalog>,
+    announced: HashMap<TableId, Arc<TableSchema>>,
+    prelude: Vec<SourceMessage>,
+    snapshot: Option<ActiveSnapshot>,
+    streamer: Option<Streamer>,
+    /// The consistent point of a snapshot started while the stream was
+    /// behind it: the stream is read up to this LSN before the snapshot's
+    /// first row goes out (see the `snapshot` module).
+    catch_up: Option<u64>,
+    acked_lsn: u64,
+    /// State and announced schemas as of the last batch returned: what
+    /// `next_batch` rolls back to after an error, so that a retried call
+    /// continues exactly after what the runner has seen.
+    emitted: Option<(SourceState, HashMap<TableId, Arc<TableSchema>>)>,
+}
+
+impl std::fmt::Debug for PostgresSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSource")
+            .field("slot", &self.config.slot_name)
+            .field("params", &self.params)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresSource {
+    /// A source for `config`; `runner_name` is the runner's logical name
+    /// (`source.name` of every event). Nothing connects before
+    /// [`Source::start`].
+    pub fn new(config: PostgresSourceConfig, runner_name: impl Into<String>) -> Result<Self> {
+        config
+            .validate_as("postgres")
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        let params = config.connection()?;
+        let filter = config.filter();
+        let ctx = EventContext {
+            connector: Arc::from(CONNECTOR),
+            name: Arc::from(runner_name.into()),
+            db: params.database.as_str().into(),
+        };
+        Ok(Self {
+            config,
+            params,
+            filter,
+            ctx,
+            progress: Arc::new(SnapshotProgress::default()),
+            state: None,
+            catalog: None,
+            announced: HashMap::new(),
+            prelude: Vec::new(),
+            snapshot: None,
+            streamer: None,
+            catch_up: None,
+            acked_lsn: 0,
+            emitted: None,
+        })
+    }
+
+    /// Snapshot progress, readable at any time (the runner's status API).
+    pub fn progress(&self) -> Arc<SnapshotProgress> {
+        self.progress.clone()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PostgresSourceConfig {
+        &self.config
+    }
+
+    fn replication_config(&self, start: u64, ack: u64) -> ReplicationConfig {
+        let p = &self.params;
+        let mut cfg = ReplicationConfig::new(
+            p.host.clone(),
+            p.user.clone(),
+            p.password.expose_secret().to_string(),
+            p.database.clone(),
+            self.config.slot_name.clone(),
+            self.config.publication_name.clone(),
+        )
+        .with_port(p.port)
+        .with_start_lsn(Lsn::from_u64(start))
+        .with_ack_lsn(Lsn::from_u64(ack))
+        .with_options(config::SESSION_OPTIONS)
+        .with_application_name(format!("tributary-{}", self.config.slot_name))
+        .with_status_interval(std::time::Duration::from_secs(1))
+        .with_buffer_size(1024);
+        cfg = cfg.with_tls(match p.tls {
+            TlsMode::Disable => TlsConfig::disabled(),
+            TlsMode::Require => TlsConfig::require(),
+            TlsMode::VerifyCa => TlsConfig::verify_ca(p.tls_ca_file.clone().map(Into::into)),
+            TlsMode::VerifyFull => TlsConfig::verify_full(p.tls_ca_file.clone().map(Into::into)),
+        });
+        cfg
+    }
+
+    fn state_mut(&mut self) -> Result<&mut SourceState> {
+        self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))
+    }
+
+    fn reset(&mut self) {
+        self.snapshot = None;
+        self.streamer = None;
+        self.catch_up = None;
+        self.catalog = None;
+        self.state = None;
+        self.announced.clear();
+        self.prelude.clear();
+        self.emitted = None;
+    }
+
+    /// Announces the schema of `table` (a `SchemaChanged` before its first
+    /// row) and returns it.
+    async fn announce(&mut self, table: &TableId) -> Result<Option<BuiltSchema>> {
+        let catalog = self
+            .catalog
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let Some(relid) = catalog.relid(table).await? else {
+            return Ok(None);
+        };
+        let built = catalog.build_schema(&self.config, &self.filter, table, relid, None).await?;
+        self.announced.insert(table.clone(), built.schema.clone());
+        self.prelude.push(SourceMessage::SchemaChanged(built.schema.clone()));
+        Ok(Some(built))
+    }
+
+    /// Creates a slot on a gated replication session; returns the session
+    /// (holding the exported snapshot, if any, and a temporary slot), the
+    /// consistent point and the snapshot name.
+    async fn create_slot(
+        &self,
+        name: &str,
+        temporary: bool,
+        export: bool,
+    ) -> Result<(ReplicationClient, u64, Option<String>)> {
+        let mut gated = ReplicationClient::connect_gated(self.replication_config(0, 0))
+            .await
+            .map_err(|e| classify_wire(e, "opening a replication connection"))?;
+        let sql = format!(
+            "CREATE_REPLICATION_SLOT {} {}LOGICAL pgoutput {}",
+            quote_ident(name),
+            if temporary { "TEMPORARY " } else { "" },
+            if export { "EXPORT_SNAPSHOT" } else { "NOEXPORT_SNAPSHOT" }
+        );
+        let rows = gated.simple_query(&sql).await.map_err(|e| {
+            let e = classify_wire(e, "creating a replication slot");
+            if temporary {
+                e.with_hint(format!(
+                    "a snapshot after the first one (a resume, or a new table) needs one free replication \
+                     slot for a moment (temporary slot {name}); raise max_replication_slots if all are in use"
+                ))
+            } else {
+                e
+            }
+        })?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::retryable("CREATE_REPLICATION_SLOT returned no row"))?;
+        let text = |i: usize| {
+            row.get(i)
+                .and_then(|v| v.as_ref())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        };
+        let lsn = text(1)
+            .as_deref()
+            .and_then(parse_lsn)
+            .ok_or_else(|| Error::retryable("CREATE_REPLICATION_SLOT returned no consistent point"))?;
+        Ok((gated, lsn, text(2)))
+    }
+
+    async fn drop_slot(&self) -> Result<()> {
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        catalog
+            .client()
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.config.slot_name])
+            .await
+            .map_err(|e| classify_pg(e, "dropping a replication slot without checkpoint"))?;
+        Ok(())
+    }
+
+    async fn slot_exists(&self) -> Result<bool> {
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let row = catalog
+            .client()
+            .query_opt(
+                "SELECT plugin::text, database::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.config.slot_name],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading replication slots"))?;
+        match row {
+            None => Ok(false),
+            Some(r) => {
+                let plugin: Option<String> = r.get(0);
+                let db: Option<String> = r.get(1);
+                if plugin.as_deref() != Some("pgoutput") || db.as_deref() != Some(self.params.database.as_str()) {
+                    return Err(Error::needs_operator(format!(
+                        "replication slot {} exists but is not a pgoutput slot of database {}",
+                        self.config.slot_name, self.params.database
+                    ))
+                    .with_hint(format!(
+                        "choose another postgres.slot_name, or SELECT pg_drop_replication_slot('{}');",
+                        self.config.slot_name
+                    )));
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Starts (or resumes) the snapshot recorded in the state, in `exported`
+    /// (the main slot's, on a first start) or else in a snapshot exported by
+    /// a temporary slot. In the latter case the stream must first catch up
+    /// to that slot's consistent point ([`PostgresSource::catch_up`]).
+    async fn start_snapshot_run(&mut self, exported: Option<ExportedSnapshot>) -> Result<()> {
+        let plan = self
+            .state
+            .as_ref()
+            .and_then(|s| s.snapshot.clone())
+            .ok_or_else(|| Error::retryable("no snapshot to run"))?;
+        // New tables join the publication before their snapshot, so every
+        // change after it is streamed.
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        // Only tables that still exist and are selectable (not partitions).
+        let selectable: BTreeSet<TableId> =
+            catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
+        let plan = SnapshotState {
+            tables: plan
+                .tables
+                .into_iter()
+                .filter(|t| {
+                    let keep = selectable.contains(&t.id());
+                    if !keep {
+                        tracing::warn!(table = %t.id(), "not snapshotting a table that is gone or is a partition");
+                    }
+                    keep
+                })
+                .collect(),
+            ..plan
+        };
+        let ids: Vec<TableId> = plan.tables.iter().map(TablePlan::id).collect();
+        check::ensure_publication(catalog.client(), &self.config, &ids).await?;
+        let mut tables = Vec::with_capacity(plan.tables.len());
+        for t in plan.tables {
+            let id = t.id();
+            let catalog = self
+                .catalog
+                .as_mut()
+                .ok_or_else(|| Error::retryable("the source is not started"))?;
+            let Some(relid) = catalog.relid(&id).await? else {
+                tracing::warn!(table = %id, "table to snapshot no longer exists; skipping it");
+                continue;
+            };
+            let built = catalog.build_schema(&self.config, &self.filter, &id, relid, None).await?;
+            // Rows carry the schema they were read with; announce it unless
+            // it is the one announced last.
+            if self.announced.get(&id).is_none_or(|a| **a != *built.schema) {
+                self.announced.insert(id.clone(), built.schema.clone());
+                self.prelude.push(SourceMessage::SchemaChanged(built.schema.clone()));
+            }
+            tables.push(SnapshotTable {
+                schema: built.schema,
+                keyed: built.keyed,
+                partitioned: built.partitioned,
+                plan: t,
+            });
+        }
+        let initial = exported.is_some();
+        let (exporter, snapshot) = match exported {
+            Some(e) => (None, e),
+            None => {
+                let (gated, lsn, name) = self.create_slot(&self.temporary_slot_name(), true, true).await?;
+                let name = name.ok_or_else(|| Error::retryable("the temporary slot exported no snapshot"))?;
+                // A message after the consistent point: the catching-up
+                // stream sees it and knows it is there, even when no
+                // transaction follows.
+                let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+                catalog
+                    .client()
+                    .execute("SELECT pg_logical_emit_message(false, $1, '')", &[&stream::FENCE_MESSAGE_PREFIX])
+                    .await
+                    .map_err(|e| classify_pg(e, "writing the snapshot fence message"))?;
+                (Some(gated), ExportedSnapshot { name, lsn })
+            }
+        };
+        let lsn = snapshot.lsn;
+        let run = SnapshotRun::start(
+            &self.params,
+            tables,
+            snapshot,
+            self.config.snapshot_parallelism,
+            self.config.snapshot_chunk_rows,
+            self.ctx.clone(),
+            self.progress.clone(),
+        )
+        .await;
+        // Every worker imported the snapshot (or failed): the exporting
+        // session, and with it the temporary slot, may end.
+        drop(exporter);
+        let run = run?;
+        let state = self.state_mut()?;
+        let behind = state.lsn < lsn;
+        if let Some(snap) = state.snapshot.as_mut() {
+            snap.tables = run.tables.iter().map(|t| t.plan.clone()).collect();
+        }
+        tracing::info!(
+            tables = run.tables.len(),
+            lsn = %format_lsn(run.lsn),
+            initial,
+            "snapshot started"
+        );
+        self.snapshot = Some(ActiveSnapshot { run, pending: None, ready: None });
+        self.catch_up = behind.then_some(lsn);
+        Ok(())
+    }
+
+    /// The temporary slot of later snapshots: the main slot's name with a
+    /// suffix, within PostgreSQL's 63 bytes.
+    fn temporary_slot_name(&self) -> String {
+        const SUFFIX: &str = "_snapshot";
+        let base: String = self.config.slot_name.chars().take(63 - SUFFIX.len()).collect();
+        format!("{base}{SUFFIX}")
+    }
+
+    async fn open_stream(&mut self) -> Result<()> {
+        let state = self
+            .state
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        // Only what the runner acknowledged may be reported as flushed.
+        let ack = self.acked_lsn.min(state.lsn);
+        let mut client = ReplicationClient::connect(self.replication_config(state.lsn, ack))
+            .await
+            .map_err(|e| classify_wire(e, "opening the replication stream"))?;
+        client
+            .wait_started()
+            .await
+            .map_err(|e| classify_wire(e, "starting replication"))?;
+        tracing::info!(slot = %self.config.slot_name, lsn = %format_lsn(state.lsn), "streaming started");
+        self.streamer = Some(Streamer::new(client, state.lsn, state.txn));
+        Ok(())
+    }
+
+    /// A snapshot chunk as a batch, after any schema announcements waiting.
+    fn chunk_batch(&mut self, chunk: Chunk, checkpoint: Checkpoint) -> SourceBatch {
+        let mut messages = std::mem::take(&mut self.prelude);
+        messages.extend(chunk.messages);
+        SourceBatch { messages, checkpoint }
+    }
+
+    async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
+        loop {
+            let Some(active) = self.snapshot.as_mut() else {
+                return Ok(None);
+            };
+            if let Some((chunk, checkpoint)) = active.ready.take() {
+                return Ok(Some(self.chunk_batch(chunk, checkpoint)));
+            }
+            match active.run.next_chunk().await? {
+                Some(chunk) => {
+                    let table_id = active.run.tables[chunk.table].schema.id.clone();
+                    let state = self
+                        .state
+                        .as_mut()
+                        .ok_or_else(|| Error::retryable("the source is not started"))?;
+                    let snap = state
+                        .snapshot
+                        .as_mut()
+                        .ok_or_else(|| Error::retryable("snapshot state missing"))?;
+                    let seg = &mut snap.tables[chunk.table].segments[chunk.segment];
+                    if chunk.last.is_some() {
+                        seg.last = chunk.last.clone();
+                    }
+                    seg.done |= chunk.done;
+                    if snap.tables[chunk.table].segments.iter().all(|s| s.done) {
+                        snapshot::mark_table_done(&self.progress, &table_id);
+                    }
+                    if chunk.messages.is_empty() {
+                        continue;
+                    }
+                    // Only a chunk that ends its key range can be the last:
+                    // it waits; a held one goes out first.
+                    let may_be_last = chunk.done;
+                    let current = (chunk, state.to_checkpoint());
+                    let (chunk, checkpoint) = match active.pending.take() {
+                        Some(prev) => {
+                            if may_be_last {
+                                active.pending = Some(current);
+                            } else {
+                                active.ready = Some(current);
+                            }
+                            prev
+                        }
+                        None if may_be_last => {
+                            active.pending = Some(current);
+                            continue;
+                        }
+                        None => current,
+                    };
+                    return Ok(Some(self.chunk_batch(chunk, checkpoint)));
+                }
+                None => {
+                    let pending = active.pending.take();
+                    let initial = self.state.as_ref().and_then(|s| s.snapshot.as_ref()).is_some_and(|s| s.initial);
+                    self.snapshot = None;
+                    let state = self.state_mut()?;
+                    state.snapshot = None;
+                    let checkpoint = state.to_checkpoint();
+                    let mut messages = std::mem::take(&mut self.prelude);
+                    if let Some((mut chunk, _)) = pending {
+                        if initial {
+                            if let Some(SourceMessage::Change(e)) = chunk.messages.last_mut() {
+                                e.source.snapshot = SnapshotMarker::Last;
+                            }
+                        }
+                        messages.extend(chunk.messages);
+                    }
+                    tracing::info!("snapshot finished");
+                    return Ok(Some(SourceBatch { messages, checkpoint }));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Source for PostgresSource {
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
+        self.reset();
+        let resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
+        if let Some(s) = &resumed {
+            if s.slot != self.config.slot_name {
+                return Err(Error::needs_operator(format!(
+                    "the checkpoint belongs to slot {}, the config names slot {}",
+                    s.slot, self.config.slot_name
+                ))
+                .with_hint("restore postgres.slot_name, or reset the runner's checkpoint to start a new copy"));
+            }
+        }
+        self.catalog = Some(Catalog::connect(&self.params).await?);
+        let slot_exists = self.slot_exists().await?;
+        if resumed.is_some() && !slot_exists {
+            return Err(Error::needs_operator(format!(
+                "replication slot {} does not exist, so the changes since the checkpoint are lost",
+                self.config.slot_name
+            ))
+            .with_hint("reset the runner's checkpoint to take a new snapshot (the slot is created again)"));
+        }
+        let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+        let selected: Vec<TableId> = catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
+        check::require_select(catalog.client(), &self.params.user, &selected).await?;
+        check::ensure_publication(catalog.client(), &self.config, &selected).await?;
+        check::ensure_full_before_images(catalog.client(), &selected).await?;
+        if self.config.install_ddl_trigger {
+            check::install_ddl_trigger(catalog.client()).await?;
+        }
+
+        match resumed {
+            None => {
+                if slot_exists {
+                    // Nothing was ever made durable from this slot (there is
+                    // no checkpoint), so it is safe to start over.
+                    tracing::warn!(slot = %self.config.slot_name, "dropping a replication slot that has no checkpoint");
+                    self.drop_slot().await?;
+                }
+                let mut tables = BTreeSet::new();
+                for id in &selected {
+                    if self.announce(id).await?.is_some() {
+                        tables.insert(id.to_string());
+                    }
+                }
+                match self.config.snapshot_mode {
+                    SnapshotMode::Initial => {
+                        let (gated, lsn, name) = self.create_slot(&self.config.slot_name, false, true).await?;
+                        let name = name.ok_or_else(|| Error::retryable("the slot exported no snapshot"))?;
+                        self.state = Some(SourceState {
+                            version: CHECKPOINT_VERSION,
+                            slot: self.config.slot_name.clone(),
+                            lsn,
+                            tables,
+                            snapshot: Some(SnapshotState {
+                                initial: true,
+                                tables: selected.iter().map(TablePlan::new).collect(),
+                            }),
+                            txn: None,
+                        });
+                        self.acked_lsn = lsn;
+                        let started = self.start_snapshot_run(Some(ExportedSnapshot { name, lsn })).await;
+                        // Every worker imported the snapshot (or failed):
+                        // the exporting session may end.
+                        drop(gated);
+                        started?;
+                    }
+                    SnapshotMode::Never => {
+                        let (gated, lsn, _) = self.create_slot(&self.config.slot_name, false, false).await?;
+                        drop(gated);
+                        self.state = Some(SourceState {
+                            version: CHECKPOINT_VERSION,
+                            slot: self.config.slot_name.clone(),
+                            lsn,
+                            tables,
+                            snapshot: None,
+                            txn: None,
+                        });
+                        self.acked_lsn = lsn;
+                    }
+                }
+            }
+            Some(mut state) => {
+                let pending: BTreeSet<TableId> =
+                    state.snapshot.iter().flat_map(|s| s.tables.iter().map(TablePlan::id)).collect();
+                for id in &selected {
+                    let known = state.tables.contains(&id.to_string());
+                    if known && !pending.contains(id) {
+                        self.announce(id).await?;
+                    } else if !known && !pending.contains(id) && self.config.new_tables == NewTables::Capture {
+                        // Created while the source was away: snapshot it.
+                        tracing::info!(table = %id, "table appeared while the source was stopped");
+                        state.tables.insert(id.to_string());
+                        state
+                            .snapshot
+                            .get_or_insert_with(SnapshotState::default)
+                            .tables
+                            .push(TablePlan::new(id));
+                    }
+                }
+                self.acked_lsn = state.lsn;
+                self.state = Some(state);
+            }
+        }
+        self.emitted = self.state.clone().map(|s| (s, self.announced.clone()));
+        Ok(())
+    }
+
+    async fn next_batch(&mut self) -> Result<SourceBatch> {
+        match self.next_batch_inner().await {
+            Ok(batch) => {
+                // The batch's own checkpoint, not `self.state`: a snapshot
+                // chunk held back for the last-row marker is already
+                // counted in `self.state` but not returned yet.
+                let state = SourceState::from_checkpoint(&batch.checkpoint)?;
+                self.emitted = Some((state, self.announced.clone()));
+                Ok(batch)
+            }
+            Err(e) => {
+                // Drop the half-done work; the next call resumes after the
+                // last batch returned (the runner may also start() again
+                // from its durable checkpoint).
+                self.snapshot = None;
+                self.streamer = None;
+                self.catch_up = None;
+                if let Some((state, announced)) = self.emitted.clone() {
+                    self.state = Some(state);
+                    self.announced = announced;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let state = SourceState::from_checkpoint(checkpoint)?;
+        if state.lsn > self.acked_lsn {
+            self.acked_lsn = state.lsn;
+        }
+        if let Some(streamer) = &self.streamer {
+            streamer.acknowledge(self.acked_lsn);
+        }
+        Ok(())
+    }
+
+    fn snapshot_progress(&self) -> Vec<crate::source::SnapshotTableProgress> {
+        self.progress
+            .view()
+            .into_iter()
+            .map(|v| crate::source::SnapshotTableProgress {
+                table: v.table,
+                rows: v.rows,
+                // 0 means unknown: reltuples is -1 before the first ANALYZE.
+                estimated_rows: (v.estimated_rows > 0).then_some(v.estimated_rows),
+                done: v.done,
+            })
+            .collect()
+    }
+}
+
+impl PostgresSource {
+    async fn next_batch_inner(&mut self) -> Result<SourceBatch> {
+        if self.state.is_none() {
+            return Err(Error::retryable("the source is not started"));
+        }
+        // A snapshot recorded in the state but not running (a resume, or
+        // tables created while streaming) starts in a new snapshot, which
+        // the stream first catches up to.
+        if self.snapshot.is_none() && self.state.as_ref().is_some_and(|s| s.snapshot.is_some()) {
+            self.streamer = None;
+            self.start_snapshot_run(None).await?;
+        }
+        if self.snapshot.is_some() && self.catch_up.is_none() {
+            if let Some(batch) = self.next_snapshot_batch().await? {
+                return Ok(batch);
+            }
+        }
+        if self.streamer.is_none() {
+            self.open_stream().await?;
+        }
+        let (Some(streamer), Some(catalog)) = (self.streamer.as_mut(), self.catalog.as_mut()) else {
+            return Err(Error::retryable("the source is not started"));
+        };
+        let mut sc = StreamContext {
+            catalog,
+            config: &self.config,
+            filter: &self.filter,
+            ctx: &self.ctx,
+            announced: &mut self.announced,
+        };
+        let out = streamer.next_batch(&mut sc, self.catch_up).await?;
+        let mut messages = std::mem::take(&mut self.prelude);
+        messages.extend(out.messages);
+        let caught_up = if out.reached_stop { self.catch_up.take() } else { None };
+        let snapshot_running = self.snapshot.is_some();
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        state.lsn = out.lsn;
+        state.txn = out.partial;
+        if let Some(point) = caught_up {
+            // Every transaction committed before the snapshot's point is
+            // out, none after it: the snapshot's rows come next, and the
+            // stream resumes at that point after them. The stream read
+            // past the point, so it is opened again then.
+            state.lsn = state.lsn.max(point);
+            self.streamer = None;
+            tracing::info!(lsn = %format_lsn(point), "stream caught up with the snapshot");
+        }
+        for m in &messages {
+            if let SourceMessage::TableDropped(id) = m {
+                state.tables.remove(&id.to_string());
+            }
+        }
+        if !out.created.is_empty() {
+            let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
+            for id in &out.created {
+                state.tables.insert(id.to_string());
+                snap.tables.push(TablePlan::new(id));
+            }
+            if snapshot_running {
+                // Created before the running snapshot's point but not in
+                // its plan: nothing of that snapshot went out yet (the
+                // stream is still catching up), so it starts again with
+                // the new table.
+                self.snapshot = None;
+                self.catch_up = None;
+                self.streamer = None;
+            }
+        }
+        Ok(SourceBatch { messages, checkpoint: state.to_checkpoint() })
+    }
+}
+
+/// `"schema"."table"` for SQL text (re-exported for `check`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_text_round_trips() {
+        assert_eq!(parse_lsn("0/16B3748"), Some(0x16B3748));
+        assert_eq!(format_lsn(0x1_0000_0010), "1/10");
+        assert_eq!(parse_lsn(&format_lsn(u64::MAX)), Some(u64::MAX));
+    }
+
+    #[test]
+    fn checkpoint_round_trips() {
+        let s = SourceState {
+            version: CHECKPOINT_VERSION,
+            slot: "s".into(),
+            lsn: 42,
+            tables: ["public.a".to_string()].into_iter().collect(),
+            snapshot: None,
+            txn: Some(PartialTxn { commit_lsn: 50, changes: 10_000 }),
+        };
+        assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).unwrap(), s);
+        // Checkpoints written before transactions could be split still read.
+        let old = r#"{"version":1,"slot":"s","lsn":42,"tables":[]}"#;
+        assert_eq!(SourceState::from_checkpoint(&Checkpoint(old.into())).unwrap().txn, None);
+        assert!(SourceState::from_checkpoint(&Checkpoint("{}".into())).is_err());
+    }
+}

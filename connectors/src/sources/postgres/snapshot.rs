@@ -1,0 +1,952 @@
+//! The snapshot: every selected table read once, consistently with the
+//! replication slot, in parallel, in chunks that are each one resumable
+//! [`SourceBatch`](crate::SourceBatch).
+//!
+//! # Consistency
+//!
+//! On a first start the slot is created with `EXPORT_SNAPSHOT`; every worker
+//! connection runs `BEGIN ISOLATION LEVEL REPEATABLE READ` and
+//! `SET TRANSACTION SNAPSHOT '<id>'`, so all of them see exactly the data as
+//! of the slot's consistent point. Rows carry that LSN as their position
+//! (index 0); streaming starts at the same LSN.
+//!
+//! # Resuming, and tables added later
+//!
+//! The checkpoint records, per table, each key range ("segment"), the last
+//! key emitted in it and whether it is done. After a crash the exported
+//! snapshot is gone, so the unfinished ranges are read in a new snapshot,
+//! exported by a *temporary* replication slot. Its consistent point `P`
+//! divides transactions exactly: those committing before `P` are in the
+//! snapshot, those committing at or after it are not. The source first
+//! streams the main slot from its checkpoint up to `P` (everything the
+//! snapshot already reflects, emitted as ordinary changes), then emits the
+//! snapshot's rows with position `P`, then streams on from `P`. So every
+//! change is emitted exactly once, and per key in position order: a consumer
+//! never sees a row older than one it already saw. Tables that appear while
+//! streaming are read the same way.
+//!
+//! # Reading
+//!
+//! Each segment is one `COPY (SELECT ... ORDER BY key) TO STDOUT`, decoded
+//! row by row and cut into chunks of `snapshot_chunk_rows`: in binary when
+//! every column has a binary reader (`types::binary_columns`, each giving
+//! the value the text decoder gives), else as text with the same text
+//! decoders as pgoutput. Chunks go through a channel of
+//! one slot per worker, so memory stays bounded by a few chunks.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+use tributary_schemas::{
+    ChangeEvent, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, Value,
+};
+
+use super::config::ConnectionParams;
+use super::types::{
+    binary_columns, binary_key_ok, copy_fields, decode_binary, decode_text, key_literal_text, unescape_copy_field,
+    BinaryType, ColumnRef, BINARY_COPY_SIGNATURE,
+};
+use crate::pgwire::{quote_ident, quote_literal, quote_table};
+use super::client::{classify_pg, connect};
+use super::{format_lsn, EventContext};
+use crate::error::{Error, Result};
+use crate::SourceMessage;
+
+/// How often snapshot progress is logged.
+pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Snapshot work recorded in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SnapshotState {
+    /// Whether this is the initial snapshot (its last row is marked `last`)
+    /// rather than the snapshot of tables created later.
+    #[serde(default)]
+    pub initial: bool,
+    /// Tables to copy, in order.
+    pub tables: Vec<TablePlan>,
+}
+
+impl SnapshotState {
+    /// Whether every segment of every table is done.
+    pub fn is_done(&self) -> bool {
+        self.tables
+            .iter()
+            .all(|t| !t.segments.is_empty() && t.segments.iter().all(|s| s.done))
+    }
+}
+
+/// One table's snapshot progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TablePlan {
+    /// Schema.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// Key ranges; empty until planned.
+    #[serde(default)]
+    pub segments: Vec<Segment>,
+}
+
+impl TablePlan {
+    /// A table not planned yet.
+    pub fn new(id: &TableId) -> Self {
+        Self {
+            schema: id.schema.clone(),
+            table: id.table.clone(),
+            segments: Vec::new(),
+        }
+    }
+
+    /// The table id.
+    pub fn id(&self) -> TableId {
+        TableId::new(&self.schema, &self.table)
+    }
+}
+
+/// A key range of a table: `(lo, hi]` on a single integer key column, or
+/// the whole table (`lo` and `hi` unset).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Segment {
+    /// Exclusive lower bound (integer keys only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lo: Option<i64>,
+    /// Inclusive upper bound (integer keys only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hi: Option<i64>,
+    /// Text of the key columns of the last row emitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<Vec<Option<String>>>,
+    /// Whether every row of the range was emitted.
+    #[serde(default)]
+    pub done: bool,
+}
+
+/// Progress of a running snapshot, readable by the runner at any time.
+#[derive(Debug, Default)]
+pub struct SnapshotProgress {
+    tables: Mutex<BTreeMap<TableId, Arc<TableProgress>>>,
+}
+
+/// One table's progress.
+#[derive(Debug)]
+pub struct TableProgress {
+    /// Rows read so far (this run).
+    pub rows: AtomicU64,
+    /// `pg_class.reltuples` when the table was planned (-1 unknown).
+    pub estimated_rows: AtomicU64,
+    /// Whether the table is done.
+    pub done: AtomicBool,
+    started: Instant,
+}
+
+/// A point-in-time copy of one table's progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableProgressView {
+    /// The table.
+    pub table: TableId,
+    /// Rows read so far.
+    pub rows: u64,
+    /// Estimated total rows.
+    pub estimated_rows: u64,
+    /// Rows per second since the table started.
+    pub rows_per_sec: f64,
+    /// Estimated time left, when it can be estimated.
+    pub eta: Option<Duration>,
+    /// Whether the table is done.
+    pub done: bool,
+}
+
+impl SnapshotProgress {
+    /// The progress of `table`, created on first use.
+    pub fn table(&self, table: &TableId, estimated_rows: u64) -> Arc<TableProgress> {
+        let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        tables
+            .entry(table.clone())
+            .or_insert_with(|| {
+                Arc::new(TableProgress {
+                    rows: AtomicU64::new(0),
+                    estimated_rows: AtomicU64::new(estimated_rows),
+                    done: AtomicBool::new(false),
+                    started: Instant::now(),
+                })
+            })
+            .clone()
+    }
+
+    /// Every table's progress.
+    pub fn view(&self) -> Vec<TableProgressView> {
+        let tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        tables
+            .iter()
+            .map(|(id, p)| {
+                let rows = p.rows.load(Ordering::Relaxed);
+                let estimated = p.estimated_rows.load(Ordering::Relaxed);
+                let secs = p.started.elapsed().as_secs_f64().max(0.001);
+                let rate = rows as f64 / secs;
+                let done = p.done.load(Ordering::Relaxed);
+                let eta = if done {
+                    Some(Duration::ZERO)
+                } else if rate > 0.0 && estimated > rows {
+                    Some(Duration::from_secs_f64((estimated - rows) as f64 / rate))
+                } else {
+                    None
+                };
+                TableProgressView {
+                    table: id.clone(),
+                    rows,
+                    estimated_rows: estimated,
+                    rows_per_sec: rate,
+                    eta,
+                    done,
+                }
+            })
+            .collect()
+    }
+
+    fn log(&self) {
+        for t in self.view().into_iter().filter(|t| !t.done && t.rows > 0) {
+            tracing::info!(
+                table = %t.table,
+                rows = t.rows,
+                estimated_rows = t.estimated_rows,
+                rows_per_sec = t.rows_per_sec as u64,
+                eta_secs = t.eta.map(|d| d.as_secs()),
+                "snapshot progress"
+            );
+        }
+    }
+}
+
+/// A snapshot exported by a replication slot for the workers to import.
+#[derive(Debug, Clone)]
+pub struct ExportedSnapshot {
+    /// Snapshot name (`SET TRANSACTION SNAPSHOT`).
+    pub name: String,
+    /// The slot's consistent point: the position of every row read.
+    pub lsn: u64,
+}
+
+/// A table to copy: its schema and plan.
+#[derive(Debug, Clone)]
+pub struct SnapshotTable {
+    /// Schema (columns read, key).
+    pub schema: Arc<TableSchema>,
+    /// Whether the key is unique (primary or configured key), so the table
+    /// can be read in key order and resumed by key.
+    pub keyed: bool,
+    /// Whether the table is partitioned: read with its partitions (any
+    /// other table is read `ONLY`, without inheritance children).
+    pub partitioned: bool,
+    /// Progress so far.
+    pub plan: TablePlan,
+}
+
+/// One chunk read by a worker.
+#[derive(Debug)]
+pub struct Chunk {
+    /// Index into the run's tables.
+    pub table: usize,
+    /// Index into the table's segments.
+    pub segment: usize,
+    /// The `Read` events.
+    pub messages: Vec<SourceMessage>,
+    /// Key text of the last row of the chunk.
+    pub last: Option<Vec<Option<String>>>,
+    /// Whether the segment is finished with this chunk.
+    pub done: bool,
+}
+
+/// A running snapshot. Dropping it stops the workers.
+pub struct SnapshotRun {
+    rx: mpsc::Receiver<Result<Chunk>>,
+    tasks: JoinSet<()>,
+    /// Position of every row of this run.
+    pub lsn: u64,
+    /// Tables with their (planned) segments.
+    pub tables: Vec<SnapshotTable>,
+}
+
+impl std::fmt::Debug for SnapshotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotRun").field("lsn", &self.lsn).finish_non_exhaustive()
+    }
+}
+
+/// What a worker needs besides its connection.
+struct WorkerShared {
+    tables: Vec<SnapshotTable>,
+    queue: Mutex<VecDeque<(usize, usize)>>,
+    chunk_rows: usize,
+    ctx: EventContext,
+    lsn: u64,
+    progress: Arc<SnapshotProgress>,
+}
+
+impl SnapshotRun {
+    /// Opens the worker connections, imports the snapshot, plans unplanned
+    /// tables and starts reading. Returns once every worker holds the
+    /// snapshot, so the exporting session may then be released.
+    pub async fn start(
+        params: &ConnectionParams,
+        mut tables: Vec<SnapshotTable>,
+        snapshot: ExportedSnapshot,
+        parallelism: usize,
+        chunk_rows: u64,
+        ctx: EventContext,
+        progress: Arc<SnapshotProgress>,
+    ) -> Result<SnapshotRun> {
+        let ExportedSnapshot { name: snapshot_name, lsn } = snapshot;
+        let workers = parallelism.max(1);
+        let mut clients = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let client = connect(params).await?;
+            client
+                .batch_execute(&format!(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
+                    quote_literal(&snapshot_name)
+                ))
+                .await
+                .map_err(|e| classify_pg(e, "importing the snapshot"))?;
+            clients.push(client);
+        }
+
+        // Plan tables that have no segments yet, inside the snapshot.
+        for t in tables.iter_mut() {
+            let estimate = estimate_rows(&clients[0], &t.schema.id).await?;
+            progress.table(&t.schema.id, estimate);
+            if t.plan.segments.is_empty() {
+                t.plan.segments = plan_segments(&clients[0], t, estimate, workers, chunk_rows).await?;
+            }
+        }
+        let mut queue = VecDeque::new();
+        for (ti, t) in tables.iter().enumerate() {
+            for (si, s) in t.plan.segments.iter().enumerate() {
+                if !s.done {
+                    queue.push_back((ti, si));
+                }
+            }
+        }
+        let shared = Arc::new(WorkerShared {
+            tables: tables.clone(),
+            queue: Mutex::new(queue),
+            chunk_rows: chunk_rows as usize,
+            ctx,
+            lsn,
+            progress: progress.clone(),
+        });
+        // One finished chunk waits while the runner produces another: the
+        // workers (each filling a chunk) keep the runner busy, and memory
+        // stays at a few chunks (each snapshot_chunk_rows decoded rows).
+        let (tx, rx) = mpsc::channel(1);
+        let mut tasks = JoinSet::new();
+        for client in clients {
+            let shared = shared.clone();
+            let tx = tx.clone();
+            tasks.spawn(async move {
+                if let Err(e) = run_worker(&client, &shared, &tx).await {
+                    let _ = tx.send(Err(e)).await;
+                }
+            });
+        }
+        let logger_progress = progress.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(PROGRESS_LOG_INTERVAL);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                logger_progress.log();
+            }
+        });
+        drop(tx);
+        Ok(SnapshotRun { rx, tasks, lsn, tables })
+    }
+
+    /// The next chunk, `None` once every worker finished.
+    pub async fn next_chunk(&mut self) -> Result<Option<Chunk>> {
+        match self.rx.recv().await {
+            Some(Ok(chunk)) => Ok(Some(chunk)),
+            Some(Err(e)) => Err(e),
+            None => {
+                self.tasks.abort_all();
+                Ok(None)
+            }
+        }
+    }
+}
+
+async fn estimate_rows(client: &tokio_postgres::Client, table: &TableId) -> Result<u64> {
+    let row = client
+        .query_one(
+            "SELECT c.reltuples::float8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.table],
+        )
+        .await
+        .map_err(|e| classify_pg(e, "estimating the table size").with_table(table.clone()))?;
+    let n: f64 = row.get(0);
+    Ok(if n > 0.0 { n as u64 } else { 0 })
+}
+
+/// Splits a table with a single integer key into ranges so that several
+/// workers can read it at once; any other table is one segment.
+async fn plan_segments(
+    client: &tokio_postgres::Client,
+    t: &SnapshotTable,
+    estimate: u64,
+    workers: usize,
+    chunk_rows: u64,
+) -> Result<Vec<Segment>> {
+    let whole = vec![Segment::default()];
+    let keys = t.schema.key_indexes();
+    if !t.keyed || keys.len() != 1 || workers < 2 || estimate < chunk_rows * 2 {
+        return Ok(whole);
+    }
+    let key = &t.schema.columns[keys[0]];
+    if !matches!(key.data_type, DataType::Int16 | DataType::Int32 | DataType::Int64) {
+        return Ok(whole);
+    }
+    let sql = format!(
+        "SELECT min({k})::int8, max({k})::int8 FROM {t}",
+        k = quote_ident(&key.name),
+        t = quote_table(&t.schema.id)
+    );
+    let row = client
+        .query_one(&sql, &[])
+        .await
+        .map_err(|e| classify_pg(e, "reading the key range").with_table(t.schema.id.clone()))?;
+    let (Some(min), Some(max)) = (row.get::<_, Option<i64>>(0), row.get::<_, Option<i64>>(1)) else {
+        return Ok(whole);
+    };
+    let parts = (estimate / chunk_rows).clamp(1, workers as u64 * 4) as i128;
+    let span = max as i128 - min as i128 + 1;
+    if parts < 2 || span < parts {
+        return Ok(whole);
+    }
+    let mut segments = Vec::with_capacity(parts as usize);
+    let mut lo: Option<i64> = None;
+    for i in 1..parts {
+        let bound = (min as i128 + span * i / parts - 1) as i64;
+        segments.push(Segment { lo, hi: Some(bound), ..Segment::default() });
+        lo = Some(bound);
+    }
+    segments.push(Segment { lo, hi: None, ..Segment::default() });
+    Ok(segments)
+}
+
+/// The `COPY` statement reading the rest of one segment in key order.
+fn segment_query(t: &SnapshotTable, seg: &Segment, binary: bool) -> String {
+    let mut sql = segment_select(t, seg);
+    if binary {
+        sql.push_str(" (FORMAT binary)");
+    }
+    sql
+}
+
+/// [`segment_query`] in text format.
+fn segment_select(t: &SnapshotTable, seg: &Segment) -> String {
+    let schema = &t.schema;
+    let cols = schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let only = if t.partitioned { "" } else { "ONLY " };
+    let mut sql = format!("COPY (SELECT {cols} FROM {only}{}", quote_table(&schema.id));
+    if !t.keyed {
+        sql.push_str(") TO STDOUT");
+        return sql;
+    }
+    let keys = schema.key_indexes();
+    let key_list = keys
+        .iter()
+        .map(|&i| quote_ident(&schema.columns[i].name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut conds = Vec::new();
+    if let Some(last) = &seg.last {
+        let values = keys
+            .iter()
+            .zip(last)
+            .map(|(&i, v)| match v {
+                Some(v) => format!("{}::{}", quote_literal(v), schema.columns[i].source_type),
+                None => "NULL".to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        conds.push(format!("({key_list}) > ({values})"));
+    } else if let Some(lo) = seg.lo {
+        conds.push(format!("{key_list} > {lo}"));
+    }
+    if let Some(hi) = seg.hi {
+        conds.push(format!("{key_list} <= {hi}"));
+    }
+    if !conds.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conds.join(" AND "));
+    }
+    sql.push_str(&format!(" ORDER BY {key_list}) TO STDOUT"));
+    sql
+}
+
+async fn run_worker(
+    client: &tokio_postgres::Client,
+    shared: &WorkerShared,
+    tx: &mpsc::Sender<Result<Chunk>>,
+) -> Result<()> {
+    loop {
+        let next = shared.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let Some((ti, si)) = next else { return Ok(()) };
+        let t = &shared.tables[ti];
+        let span = tracing::info_span!("snapshot", table = %t.schema.id, segment = si);
+        read_segment(client, shared, ti, si, tx).instrument(span).await?;
+    }
+}
+
+async fn read_segment(
+    client: &tokio_postgres::Client,
+    shared: &WorkerShared,
+    ti: usize,
+    si: usize,
+    tx: &mpsc::Sender<Result<Chunk>>,
+) -> Result<()> {
+    let t = &shared.tables[ti];
+    let schema = &t.schema;
+    let table_progress = shared.progress.table(&schema.id, 0);
+    // Binary when every column has a binary reader and the key's values
+    // can be written back as the resume point's literals.
+    let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())))
+        .filter(|cols| !t.keyed || schema.key_indexes().iter().all(|&k| binary_key_ok(cols[k])));
+    let sql = segment_query(t, &t.plan.segments[si], binary.is_some());
+    let stream = client
+        .copy_out(sql.as_str())
+        .await
+        .map_err(|e| classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone()))?;
+    futures::pin_mut!(stream);
+    let native: Arc<str> = format_lsn(shared.lsn).into();
+    let position = Position { commit: shared.lsn, index: 0 };
+    let mut messages = Vec::with_capacity(shared.chunk_rows.min(65_536));
+    // The key text of the last row is only needed where a chunk ends: keep
+    // that row's line (a cheap `Bytes` slice) and split it then.
+    let mut last: Option<Vec<Option<String>>> = t.plan.segments[si].last.clone();
+    let mut last_line: Option<Bytes> = None;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut now = crate::now_ms();
+    let mut format = match &binary {
+        Some(cols) => RowFormat::Binary { cols, header: false },
+        None => RowFormat::Text,
+    };
+    loop {
+        let data = match stream.next().await {
+            Some(Ok(data)) => data,
+            Some(Err(e)) => return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone())),
+            None => break,
+        };
+        // The server sends one row per CopyData message; tolerate others.
+        let buf: Bytes = if pending.is_empty() {
+            data
+        } else {
+            pending.extend_from_slice(&data);
+            Bytes::from(std::mem::take(&mut pending))
+        };
+        let mut at = 0;
+        while let Some((row, line)) = format.next_row(&buf, &mut at, schema)? {
+            // A full chunk goes out once a row after it exists, so the
+            // segment's final chunk is never empty: the source marks the
+            // snapshot's very last row in it.
+            if messages.len() >= shared.chunk_rows {
+                let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
+                let key = format.last_key(t, last_line.as_deref(), &full)?;
+                let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return Ok(());
+                }
+                now = crate::now_ms();
+            }
+            messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
+            last_line = line;
+        }
+        pending.extend_from_slice(&buf[at..]);
+    }
+    if !pending.is_empty() && matches!(format, RowFormat::Binary { .. }) {
+        return Err(Error::permanent("COPY ended inside a row of its binary output").with_table(schema.id.clone()));
+    }
+    let key = format.last_key(t, last_line.as_deref(), &messages)?;
+    let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
+    let _ = tx.send(Ok(chunk)).await;
+    Ok(())
+}
+
+/// How a segment's `COPY` output is framed and decoded.
+enum RowFormat<'a> {
+    /// Text lines, decoded as pgoutput's text is.
+    Text,
+    /// Binary tuples, once the stream's `header` was read.
+    Binary { cols: &'a [BinaryType], header: bool },
+}
+
+impl RowFormat<'_> {
+    /// The row starting at `*at` in `buf`, and `*at` moved past it; `None`
+    /// when more bytes are needed (or the binary trailer ended the stream).
+    /// With the row comes its text line (`None` in binary), for the resume
+    /// key.
+    fn next_row(&mut self, buf: &Bytes, at: &mut usize, schema: &TableSchema) -> Result<Option<(Row, Option<Bytes>)>> {
+        match self {
+            RowFormat::Text => {
+                let Some(len) = buf[*at..].iter().position(|b| *b == b'\n') else {
+                    return Ok(None);
+                };
+                let line = buf.slice(*at..*at + len + 1);
+                *at += len + 1;
+                Ok(Some((decode_copy_row(&line, schema)?, Some(line))))
+            }
+            RowFormat::Binary { cols, header } => {
+                if !*header {
+                    match binary_header_len(&buf[*at..]) {
+                        Ok(Some(n)) => {
+                            *at += n;
+                            *header = true;
+                        }
+                        Ok(None) => return Ok(None),
+                        Err(()) => return Err(not_binary(schema)),
+                    }
+                }
+                match decode_binary_row(&buf[*at..], schema, cols)? {
+                    None => Ok(None),
+                    Some((Some(row), used)) => {
+                        *at += used;
+                        Ok(Some((row, None)))
+                    }
+                    Some((None, _)) => {
+                        *at = buf.len(); // the trailer: nothing follows
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The resume key of the last of `messages`, whose text line (in text)
+    /// is `line`.
+    fn last_key(
+        &self,
+        t: &SnapshotTable,
+        line: Option<&[u8]>,
+        messages: &[SourceMessage],
+    ) -> Result<Option<Vec<Option<String>>>> {
+        match self {
+            RowFormat::Text => text_last_key(t, line),
+            RowFormat::Binary { .. } => Ok(binary_last_key(t, messages)),
+        }
+    }
+}
+
+/// A chunk of `messages`, the rows of segment `si` of table `ti`: counts
+/// them and records the key of their last row (`last_key`, the resume
+/// point; `None` for key-less tables) in `last`.
+#[allow(clippy::too_many_arguments)]
+fn cut_chunk(
+    ti: usize,
+    si: usize,
+    t: &SnapshotTable,
+    messages: Vec<SourceMessage>,
+    last_key: Option<Vec<Option<String>>>,
+    last: &mut Option<Vec<Option<String>>>,
+    done: bool,
+    progress: &TableProgress,
+) -> Chunk {
+    progress.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
+    if t.keyed && last_key.is_some() {
+        *last = last_key;
+    }
+    Chunk {
+        table: ti,
+        segment: si,
+        messages,
+        last: last.clone(),
+        done,
+    }
+}
+
+/// The key texts of the row whose COPY text line is `line`.
+fn text_last_key(t: &SnapshotTable, line: Option<&[u8]>) -> Result<Option<Vec<Option<String>>>> {
+    match line {
+        Some(line) if t.keyed => key_texts(line, &t.schema.key_indexes(), &t.schema).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The key texts of the last of `messages`, read in binary (their key
+/// types all have a [`key_literal_text`]).
+fn binary_last_key(t: &SnapshotTable, messages: &[SourceMessage]) -> Option<Vec<Option<String>>> {
+    if !t.keyed {
+        return None;
+    }
+    let Some(SourceMessage::Change(ev)) = messages.last() else {
+        return None;
+    };
+    let row = ev.after.as_ref()?;
+    Some(
+        t.schema
+            .key_indexes()
+            .iter()
+            .map(|&k| row.get(k).and_then(key_literal_text))
+            .collect(),
+    )
+}
+
+/// Length of a binary `COPY` header at the start of `buf`: `Ok(None)` when
+/// more bytes are needed, `Err` when it is not one.
+fn binary_header_len(buf: &[u8]) -> std::result::Result<Option<usize>, ()> {
+    const SIGNATURE: &[u8] = BINARY_COPY_SIGNATURE;
+    if buf.len() < SIGNATURE.len() + 8 {
+        return if SIGNATURE.starts_with(&buf[..buf.len().min(SIGNATURE.len())]) {
+            Ok(None)
+        } else {
+            Err(())
+        };
+    }
+    if !buf.starts_with(SIGNATURE) {
+        return Err(());
+    }
+    let ext = u32::from_be_bytes([buf[15], buf[16], buf[17], buf[18]]) as usize;
+    let len = SIGNATURE.len() + 8 + ext;
+    Ok((buf.len() >= len).then_some(len))
+}
+
+/// One binary `COPY` tuple at the start of `buf`: `None` when more bytes
+/// are needed, else the row (`None` for the trailer) and the bytes used.
+#[allow(clippy::type_complexity)]
+fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> Result<Option<(Option<Row>, usize)>> {
+    let Some(count) = buf.get(..2) else { return Ok(None) };
+    let count = i16::from_be_bytes([count[0], count[1]]);
+    if count == -1 {
+        return Ok(Some((None, 2)));
+    }
+    if usize::try_from(count).ok() != Some(cols.len()) {
+        return Err(Error::permanent(format!("COPY returned {count} fields for {} columns", cols.len()))
+            .with_table(schema.id.clone()));
+    }
+    // Fields are decoded as they are framed, in one pass: a tuple is
+    // almost always whole (the server sends one per CopyData message), and
+    // a partial one only costs its decoded start.
+    let mut at = 2;
+    let mut row = Vec::with_capacity(cols.len());
+    for (kind, col) in cols.iter().zip(&schema.columns) {
+        let Some(len) = buf.get(at..at + 4) else {
+            return Ok(None);
+        };
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        at += 4;
+        if len < 0 {
+            row.push(Value::Null);
+            continue;
+        }
+        let len = len as usize;
+        let Some(data) = buf.get(at..at + len) else {
+            return Ok(None);
+        };
+        at += len;
+        row.push(decode_binary(
+            *kind,
+            data,
+            ColumnRef {
+                table: &schema.id,
+                column: &col.name,
+                source_type: &col.source_type,
+            },
+        )?);
+    }
+    Ok(Some((Some(row), at)))
+}
+
+fn not_binary(schema: &TableSchema) -> Error {
+    Error::permanent("COPY did not start with the binary format's signature").with_table(schema.id.clone())
+}
+
+fn not_text(schema: &TableSchema) -> Error {
+    Error::permanent("COPY returned a row that is not valid UTF-8 text").with_table(schema.id.clone())
+}
+
+/// The text of the key columns of one COPY line.
+fn key_texts(line: &[u8], keys: &[usize], schema: &TableSchema) -> Result<Vec<Option<String>>> {
+    let fields: Vec<Option<&[u8]>> = copy_fields(line).collect();
+    keys.iter()
+        .map(|&k| match fields.get(k) {
+            Some(Some(raw)) => unescape_copy_field(raw)
+                .map(|c| Some(c.into_owned()))
+                .map_err(|_| not_text(schema)),
+            _ => Ok(None),
+        })
+        .collect()
+}
+
+fn decode_copy_row(line: &[u8], schema: &TableSchema) -> Result<Row> {
+    let mut row = Vec::with_capacity(schema.columns.len());
+    for (i, field) in copy_fields(line).enumerate() {
+        let Some(col) = schema.columns.get(i) else {
+            return Err(Error::permanent("COPY returned more fields than columns").with_table(schema.id.clone()));
+        };
+        row.push(match field {
+            None => Value::Null,
+            Some(raw) => {
+                let text = unescape_copy_field(raw).map_err(|_| not_text(schema))?;
+                decode_text(
+                    &col.data_type,
+                    &text,
+                    ColumnRef {
+                        table: &schema.id,
+                        column: &col.name,
+                        source_type: &col.source_type,
+                    },
+                )?
+            }
+        });
+    }
+    if row.len() != schema.columns.len() {
+        return Err(Error::permanent(format!(
+            "COPY returned {} fields for {} columns",
+            row.len(),
+            schema.columns.len()
+        ))
+        .with_table(schema.id.clone()));
+    }
+    Ok(row)
+}
+
+fn read_event(
+    schema: &Arc<TableSchema>,
+    row: Row,
+    ctx: &EventContext,
+    position: Position,
+    native: &Arc<str>,
+    now: i64,
+) -> SourceMessage {
+    SourceMessage::Change(ChangeEvent {
+        schema: schema.clone(),
+        op: Op::Read,
+        before: None,
+        after: Some(row),
+        source: SourceInfo {
+            connector: ctx.connector.clone(),
+            name: ctx.name.clone(),
+            db: ctx.db.clone(),
+            ts_ms: now,
+            snapshot: SnapshotMarker::True,
+            tx_id: None,
+            position,
+            native_position: native.clone(),
+        },
+        ts_ms: now,
+        transaction: None,
+    })
+}
+
+/// Marks a table done in the progress view.
+pub fn mark_table_done(progress: &SnapshotProgress, table: &TableId) {
+    progress.table(table, 0).done.store(true, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_schemas::Column;
+
+    fn table(keyed: bool) -> SnapshotTable {
+        SnapshotTable {
+            schema: Arc::new(TableSchema {
+                id: TableId::new("s", "t"),
+                columns: vec![
+                    Column {
+                        name: "id".into(),
+                        data_type: DataType::Int64,
+                        nullable: false,
+                        source_type: "bigint".into(),
+                    },
+                    Column {
+                        name: "name".into(),
+                        data_type: DataType::Text,
+                        nullable: true,
+                        source_type: "text".into(),
+                    },
+                ],
+                key: vec!["id".into()],
+            }),
+            keyed,
+            partitioned: false,
+            plan: TablePlan::new(&TableId::new("s", "t")),
+        }
+    }
+
+    #[test]
+    fn segment_queries_resume_after_the_last_key() {
+        let t = table(true);
+        let q = segment_query(
+            &t,
+            &Segment {
+                lo: Some(10),
+                hi: Some(20),
+                last: Some(vec![Some("15".into())]),
+                done: false,
+            },
+            false,
+        );
+        assert_eq!(
+            q,
+            "COPY (SELECT \"id\", \"name\" FROM ONLY \"s\".\"t\" WHERE (\"id\") > ('15'::bigint) AND \"id\" <= 20 ORDER BY \"id\") TO STDOUT"
+        );
+        let q = segment_query(&table(false), &Segment::default(), false);
+        assert_eq!(q, "COPY (SELECT \"id\", \"name\" FROM ONLY \"s\".\"t\") TO STDOUT");
+        let q = segment_query(&table(false), &Segment::default(), true);
+        assert_eq!(q, "COPY (SELECT \"id\", \"name\" FROM ONLY \"s\".\"t\") TO STDOUT (FORMAT binary)");
+    }
+
+    #[test]
+    fn binary_headers_and_tuples_are_framed() {
+        let mut header = b"PGCOPY\n\xff\r\n\0".to_vec();
+        header.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 2, 7, 7]);
+        assert_eq!(binary_header_len(&header[..10]), Ok(None));
+        assert_eq!(binary_header_len(&header[..20]), Ok(None));
+        assert_eq!(binary_header_len(&header), Ok(Some(21)));
+        assert_eq!(binary_header_len(b"id\tname\n"), Err(()));
+        let t = table(true);
+        let cols = [BinaryType::Int8, BinaryType::Text];
+        let mut tuple = vec![0, 2, 0, 0, 0, 8];
+        tuple.extend_from_slice(&42i64.to_be_bytes());
+        tuple.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+        assert!(decode_binary_row(&tuple[..9], &t.schema, &cols).unwrap().is_none());
+        let (row, used) = decode_binary_row(&tuple, &t.schema, &cols).unwrap().unwrap();
+        assert_eq!(used, tuple.len());
+        assert_eq!(row, Some(vec![Value::Int64(42), Value::Null]));
+        assert_eq!(decode_binary_row(&[0xff, 0xff], &t.schema, &cols).unwrap(), Some((None, 2)));
+        assert!(decode_binary_row(&[0, 3], &t.schema, &cols).is_err());
+    }
+
+    #[test]
+    fn snapshot_state_round_trips() {
+        let s = SnapshotState {
+            initial: true,
+            tables: vec![TablePlan {
+                schema: "s".into(),
+                table: "t".into(),
+                segments: vec![Segment {
+                    lo: None,
+                    hi: Some(5),
+                    last: Some(vec![Some("3".into())]),
+                    done: false,
+                }],
+            }],
+        };
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<SnapshotState>(&json).unwrap(), s);
+        assert!(!s.is_done());
+    }
+}
