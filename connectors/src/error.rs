@@ -95,6 +95,20 @@ impl Error {
         self
     }
 
+    /// Names the table the error is about, unless it names one already.
+    pub fn or_table(mut self, table: &TableId) -> Self {
+        if self.0.table.is_none() {
+            self.0.table = Some(table.clone());
+        }
+        self
+    }
+
+    /// Puts `what` (e.g. the destination object) before the message.
+    pub(crate) fn in_context(mut self, what: &str) -> Self {
+        self.0.message = format!("{what}: {}", self.0.message);
+        self
+    }
+
     /// Names the column the error is about.
     pub fn with_column(mut self, column: impl Into<String>) -> Self {
         self.0.column = Some(column.into());

@@ -1,6 +1,7 @@
-//! The `counters` check of the sources' kill -9 tests: a table
-//! `(id, v)` where every update increments `v`, so that in the change topic
-//! a lost change shows as a gap and a repeated one as a repeat.
+//! The `counters` check of the sources' kill -9 tests: a table with a key
+//! `id` and a counter column that every update increments, so that in the
+//! change topic a lost change shows as a gap and a repeated one as a
+//! repeat.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -21,9 +22,9 @@ use crate::{committed_reader, schema_registry_url, wait_for, Runner};
 pub struct Seen {
     /// The operation.
     pub op: Op,
-    /// The row's key (first column).
+    /// The row's key (`id`).
     pub id: i64,
-    /// The counter (second column), when the image has it.
+    /// The counter, when the image has it.
     pub v: Option<i64>,
 }
 
@@ -39,8 +40,8 @@ fn int(v: &Value) -> Option<i64> {
 }
 
 /// Collects every decoded event of `topic` with `read_committed`, in the
-/// background.
-pub fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
+/// background; `counter` names the counter column.
+pub fn collect(topic: String, counter: &'static str) -> Arc<Mutex<Vec<Seen>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
     tokio::spawn(async move {
@@ -59,10 +60,11 @@ pub fn collect(topic: String) -> Arc<Mutex<Vec<Seen>>> {
                 .expect("every record on a change topic decodes");
             if let Decoded::Change(e) = decoded {
                 let row = e.after.as_ref().or(e.before.as_ref()).expect("row image");
+                let column = |name: &str| e.schema.column_index(name).and_then(|i| row.get(i)).and_then(int);
                 out.lock().unwrap().push(Seen {
                     op: e.op,
-                    id: int(&row[0]).expect("id is an integer"),
-                    v: row.get(1).and_then(int),
+                    id: column("id").expect("id is an integer"),
+                    v: column(counter),
                 });
             }
         }

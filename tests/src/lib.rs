@@ -3,8 +3,13 @@
 //! deadline (never a fixed sleep).
 #![deny(missing_docs)]
 
+pub mod bigquery;
+pub mod conformance;
 pub mod counters;
 pub mod items;
+pub mod kafka;
+pub mod mysql;
+pub mod postgres;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -9,15 +9,13 @@
 //! bqemulator cannot parse `PRIMARY KEY ... NOT ENFORCED`, so these tests
 //! turn `declare_primary_key` off; nothing here ran against real BigQuery.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
-use serde_json::{json, Value as Json};
-use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
+use tributary_connectors::sinks::bigquery::BigQuerySink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Value};
 use tributary_tests::items::{
@@ -28,123 +26,7 @@ use tributary_tests::{
     schema_registry_url, unique, wait_for, Runner,
 };
 
-/// Runs a query on the emulator and returns its rows as text cells.
-async fn query(sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
-    let url = format!("{}/bigquery/v2/projects/{}/queries", bigquery_emulator_url(), bigquery_project());
-    let body: Json = reqwest::Client::new()
-        .post(url)
-        .json(&json!({"query": sql, "useLegacySql": false}))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    if let Some(errors) = body.get("errors").and_then(Json::as_array).filter(|e| !e.is_empty()) {
-        return Err(format!("{errors:?}"));
-    }
-    if let Some(error) = body.get("error") {
-        return Err(error.to_string());
-    }
-    let rows = body.get("rows").and_then(Json::as_array).cloned().unwrap_or_default();
-    Ok(rows
-        .iter()
-        .map(|r| {
-            r.get("f")
-                .and_then(Json::as_array)
-                .map(|cells| {
-                    cells
-                        .iter()
-                        .map(|c| c.get("v").and_then(Json::as_str).map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        })
-        .collect())
-}
-
-struct Fixture {
-    dataset: String,
-    bookkeeping: String,
-    group: String,
-}
-
-impl Fixture {
-    fn new(name: &str) -> Self {
-        let dataset = unique(&format!("bq_{name}"));
-        Self {
-            bookkeeping: format!("{dataset}_bk"),
-            group: unique("g"),
-            dataset,
-        }
-    }
-
-    fn config(&self) -> BigQuerySinkConfig {
-        let mut c = BigQuerySinkConfig::new(bigquery_project(), self.group.clone());
-        c.emulator_url = Some(bigquery_emulator_url());
-        c.dataset = Some(self.dataset.clone());
-        c.bookkeeping_dataset = self.bookkeeping.clone();
-        c.declare_primary_key = false;
-        c
-    }
-
-    fn sink(&self) -> BigQuerySink {
-        BigQuerySink::new(self.config()).expect("sink config")
-    }
-
-    fn table(&self, name: &str) -> String {
-        format!("`{}.{}.{name}`", bigquery_project(), self.dataset)
-    }
-
-    /// `id|name|qty|price` of every row of `items`, by id.
-    async fn rows(&self) -> Vec<String> {
-        let sql = format!(
-            "SELECT CAST(id AS STRING), name, CAST(qty AS STRING), CAST(price AS STRING) FROM {} ORDER BY id",
-            self.table("items")
-        );
-        let Ok(rows) = query(&sql).await else { return Vec::new() };
-        rows.into_iter()
-            .map(|r| {
-                r.into_iter()
-                    .enumerate()
-                    .map(|(i, c)| match (i, c) {
-                        // NUMERIC text differs in trailing zeros between
-                        // engines: compare two decimals.
-                        (3, Some(v)) => v.parse::<f64>().map(|f| format!("{f:.2}")).unwrap_or(v),
-                        (_, c) => c.unwrap_or_else(|| "NULL".into()),
-                    })
-                    .collect::<Vec<_>>()
-                    .join("|")
-            })
-            .collect()
-    }
-
-    async fn offsets(&self) -> BTreeMap<(String, i32), i64> {
-        let sql = format!(
-            "SELECT topic, CAST(`partition` AS STRING), CAST(next_offset AS STRING) FROM `{}.{}.offsets` WHERE consumer_group = '{}'",
-            bigquery_project(),
-            self.bookkeeping,
-            self.group
-        );
-        query(&sql)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|r| {
-                let t = r.first()?.clone()?;
-                let p = r.get(1)?.as_ref()?.parse().ok()?;
-                let n = r.get(2)?.as_ref()?.parse().ok()?;
-                Some(((t, p), n))
-            })
-            .collect()
-    }
-
-    async fn cleanup(&self) {
-        for d in [&self.dataset, &self.bookkeeping] {
-            let _ = query(&format!("DROP SCHEMA IF EXISTS `{}.{d}` CASCADE", bigquery_project())).await;
-        }
-    }
-}
+use tributary_tests::bigquery::{query, Datasets as Fixture};
 
 fn column(name: &str, data_type: DataType, nullable: bool) -> Column {
     Column::new(name, data_type, nullable)

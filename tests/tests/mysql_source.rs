@@ -24,61 +24,7 @@ use tributary_tests::{
 /// How long any wait on a condition may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-async fn admin() -> mysql_async::Conn {
-    mysql_async::Conn::from_url(mysql_url())
-        .await
-        .expect("connect to MYSQL_URL (is the stack up?)")
-}
-
-/// A database of its own, dropped at the end.
-struct Fixture {
-    db: String,
-    conn: mysql_async::Conn,
-}
-
-impl Fixture {
-    async fn new(prefix: &str) -> Self {
-        let db = unique(prefix);
-        let mut conn = admin().await;
-        conn.query_drop(format!("CREATE DATABASE `{db}`"))
-            .await
-            .expect("create database");
-        conn.query_drop(format!("USE `{db}`")).await.expect("use database");
-        conn.query_drop("SET time_zone = '+00:00'").await.expect("time zone");
-        Self { db, conn }
-    }
-
-    async fn sql(&mut self, sql: &str) {
-        self.conn.query_drop(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-
-    fn config(&self) -> MySqlSourceConfig {
-        let base = mysql_url();
-        let url = match base.rfind('/') {
-            Some(i) => format!("{}/{}", &base[..i], self.db),
-            None => base,
-        };
-        let mut c = MySqlSourceConfig::with_url(url);
-        c.heartbeat_interval_ms = 500;
-        c.batch_linger_ms = 20;
-        c.snapshot_chunk_rows = 100;
-        // A replica id of its own: MariaDB drops the older of two binlog
-        // connections with the same server_id, so tests running in
-        // parallel with the default id cut each other's streams (seen as
-        // ERROR 1236 mid-test).
-        c.server_id = 20_000 + (uuid::Uuid::new_v4().as_u128() % 1_000_000) as u32;
-        c
-    }
-
-    fn table(&self, name: &str) -> TableId {
-        TableId::new(self.db.clone(), name)
-    }
-
-    async fn drop(mut self) {
-        self.sql(&format!("DROP DATABASE IF EXISTS `{}`", self.db)).await;
-        let _ = self.conn.disconnect().await;
-    }
-}
+use tributary_tests::mysql::{admin, Database as Fixture};
 
 async fn next(source: &mut MySqlSource) -> SourceBatch {
     tokio::time::timeout(DEADLINE, source.next_batch())
@@ -562,7 +508,7 @@ heartbeat_interval_ms = 1000
     )
     .expect("write config");
     let topic = format!("{name}.{name}.counters");
-    let seen = counters::collect(topic.clone());
+    let seen = counters::collect(topic.clone(), "v");
 
     let mut runner = counters::snapshot_through_a_kill9(&config, &log, &seen, SNAPSHOT_ROWS as usize).await;
 

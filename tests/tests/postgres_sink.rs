@@ -15,130 +15,19 @@
 //! (`target/<profile>/deps/postgres_sink-*`) and builds it with
 //! `cargo build -p sink-runner` when it is missing or older than this test.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::{Client, NoTls};
 use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::{ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord};
 use tributary_schemas::{ChangeEvent, DataType, Op, TableId, TableSchema, Value};
 
-const DEFAULT_URL: &str = "postgres://tributary:tributary@127.0.0.1:5432/destination";
+use tributary_tests::postgres::{connect, Destination as Fixture};
+use tributary_tests::unique;
 
 fn url() -> String {
-    std::env::var("PG_DESTINATION_URL").unwrap_or_else(|_| DEFAULT_URL.to_string())
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
-}
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the destination");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-/// A schema of its own for one test, dropped at the end.
-struct Fixture {
-    schema: String,
-    group: String,
-    admin: Client,
-}
-
-impl Fixture {
-    async fn new(name: &str) -> Self {
-        let schema = unique(&format!("sink_{name}"));
-        let admin = connect(&url()).await;
-        Self { group: format!("{schema}_group"), schema, admin }
-    }
-
-    fn config(&self) -> PostgresSinkConfig {
-        let mut c = PostgresSinkConfig::new(url(), self.group.clone());
-        c.schema = Some(self.schema.clone());
-        c
-    }
-
-    fn sink(&self) -> PostgresSink {
-        PostgresSink::new(self.config()).expect("sink config")
-    }
-
-    fn table(&self) -> String {
-        format!("\"{}\".\"items\"", self.schema)
-    }
-
-    async fn exec(&self, sql: &str) {
-        self.admin.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-
-    /// `id|name|qty|price` per row, ordered by id (none while the table
-    /// does not exist yet).
-    async fn rows(&self) -> Vec<String> {
-        let exists: bool = self
-            .admin
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table()])
-            .await
-            .expect("look up the table")
-            .get(0);
-        if !exists {
-            return Vec::new();
-        }
-        let q = format!(
-            "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
-             FROM {} ORDER BY id",
-            self.table()
-        );
-        self.admin
-            .query(q.as_str(), &[])
-            .await
-            .expect("read rows")
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    }
-
-    /// Row versions (`xmin`) and positions, to prove a replay wrote nothing.
-    async fn versions(&self) -> Vec<String> {
-        let q = format!(
-            "SELECT concat_ws('|', id, xmin::text, __tributary_commit, __tributary_index) FROM {} ORDER BY id",
-            self.table()
-        );
-        self.admin
-            .query(q.as_str(), &[])
-            .await
-            .expect("read versions")
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    }
-
-    async fn offsets(&self) -> BTreeMap<(String, i32), i64> {
-        self.admin
-            .query(
-                "SELECT topic, partition, next_offset FROM tributary.offsets WHERE consumer_group = $1",
-                &[&self.group],
-            )
-            .await
-            .expect("read offsets")
-            .iter()
-            .map(|r| ((r.get(0), r.get(1)), r.get(2)))
-            .collect()
-    }
-
-    async fn cleanup(self) {
-        let _ = self
-            .admin
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
-            .await;
-        let _ = self
-            .admin
-            .execute("DELETE FROM tributary.offsets WHERE consumer_group = $1", &[&self.group])
-            .await;
-    }
+    tributary_tests::pg_destination_url()
 }
 
 use tributary_tests::items::{
@@ -1049,179 +938,51 @@ mod e2e {
     use super::*;
     use std::process::{Child, Command, Stdio};
 
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Message, OwnedHeaders};
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    use rdkafka::ClientConfig;
+    use rdkafka::message::Message;
+
     use sink_runner::config::SinkRunnerConfig;
     use sink_runner::dlq;
     use tokio::sync::watch;
     use tributary_operations::admin::Control;
     use tributary_operations::telemetry::{TableState, Telemetry};
-    use tributary_schemas::{EnvelopeOptions, EventEncoder, Registry};
+
     use tributary_tests::header;
-
-    pub fn bootstrap() -> String {
-        std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
-    }
-
-    pub fn registry_url() -> String {
-        std::env::var("SCHEMA_REGISTRY_URL").unwrap_or_else(|_| "http://127.0.0.1:8081/apis/ccompat/v7".into())
-    }
+    use tributary_tests::kafka::EventTopic;
 
     /// A source side (topic, encoder, transactional producer) and a
     /// destination fixture for one test.
     pub struct Pipeline {
         pub fx: Fixture,
-        pub prefix: String,
-        pub topic: String,
-        encoder: EventEncoder,
-        producer: ThreadedProducer<DefaultProducerContext>,
+        events: EventTopic,
+    }
+
+    impl std::ops::Deref for Pipeline {
+        type Target = EventTopic;
+        fn deref(&self) -> &EventTopic {
+            &self.events
+        }
+    }
+
+    impl std::ops::DerefMut for Pipeline {
+        fn deref_mut(&mut self) -> &mut EventTopic {
+            &mut self.events
+        }
     }
 
     impl Pipeline {
         pub async fn new(name: &str, partitions: i32) -> Self {
             let fx = Fixture::new(name).await;
-            let prefix = unique(&format!("e2e_{name}"));
-            let topic = format!("{prefix}.public.items");
-            let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-                .set("bootstrap.servers", bootstrap())
-                .create()
-                .expect("admin client");
-            let dlq_topic = format!("{topic}.dlq");
-            let topics = [
-                NewTopic::new(&topic, partitions, TopicReplication::Fixed(1)),
-                NewTopic::new(&dlq_topic, 1, TopicReplication::Fixed(1)),
-            ];
-            for r in admin.create_topics(&topics, &AdminOptions::new()).await.expect("create topics") {
-                r.expect("topic created");
-            }
-            let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-                .set("bootstrap.servers", bootstrap())
-                .set("transactional.id", unique("e2e-producer"))
-                .create()
-                .expect("producer");
-            producer.init_transactions(Duration::from_secs(30)).expect("init transactions");
-            let encoder = EventEncoder::new(
-                Registry::new(registry_url()).expect("registry"),
-                EnvelopeOptions::for_connector("postgresql"),
-            );
-            Self { fx, prefix, topic, encoder, producer }
+            let events = EventTopic::new(name, partitions).await;
+            Self { fx, events }
         }
 
         pub fn config_text(&self) -> String {
-            format!(
-                "prefix = \"{prefix}\"\nconsumer_group = \"{group}\"\nschema_registry_url = \"{registry}\"\n\
-                 batch_max_records = 300\nbatch_linger_ms = 100\n\
-                 [kafka]\nbootstrap_servers = \"{bootstrap}\"\n\
-                 [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n\
-                 [postgres]\nurl = \"{url}\"\nschema = \"{schema}\"\n",
-                prefix = self.prefix,
-                group = self.fx.group,
-                registry = registry_url(),
-                bootstrap = bootstrap(),
-                url = url(),
-                schema = self.fx.schema,
-            )
+            let section = format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", url(), self.fx.schema);
+            self.events.sink_runner_config(&self.fx.group, &section)
         }
 
         pub fn config(&self) -> SinkRunnerConfig {
             tributary_operations::config::parse(&self.config_text(), "test").expect("runner config")
-        }
-
-        /// Encodes and produces `events` in one Kafka transaction (with a
-        /// tombstone after each delete, like the source runner).
-        pub async fn produce(&mut self, events: &[ChangeEvent]) {
-            for e in events {
-                self.encoder.prepare(&e.schema, &self.topic).await.expect("prepare");
-            }
-            self.producer.begin_transaction().expect("begin");
-            for e in events {
-                let rec = self.encoder.encode(e, &self.topic).expect("encode");
-                self.send(rec.key.as_deref(), rec.value.as_deref(), None);
-                if let Some(t) = self.encoder.tombstone(e, &self.topic).expect("tombstone") {
-                    self.send(t.key.as_deref(), None, None);
-                }
-            }
-            self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
-        }
-
-        /// Produces raw bytes (e.g. garbage) in one transaction.
-        pub fn produce_raw(&self, key: Option<&[u8]>, value: Option<&[u8]>) {
-            self.producer.begin_transaction().expect("begin");
-            self.send(key, value, None);
-            self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
-        }
-
-        fn send(&self, key: Option<&[u8]>, value: Option<&[u8]>, headers: Option<OwnedHeaders>) {
-            let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic);
-            if let Some(k) = key {
-                r = r.key(k);
-            }
-            if let Some(v) = value {
-                r = r.payload(v);
-            }
-            if let Some(h) = headers {
-                r = r.headers(h);
-            }
-            let mut r = r;
-            loop {
-                match self.producer.send(r) {
-                    Ok(()) => break,
-                    Err((e, back)) if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
-                        self.producer.poll(Duration::from_millis(50));
-                        r = back;
-                    }
-                    Err((e, _)) => panic!("send: {e}"),
-                }
-            }
-        }
-
-        /// End offsets of the change topic's partitions.
-        pub fn end_offsets(&self) -> BTreeMap<(String, i32), i64> {
-            let c: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", bootstrap())
-                .set("group.id", unique("watermarks"))
-                .create()
-                .expect("consumer");
-            let md = c.fetch_metadata(Some(&self.topic), Duration::from_secs(10)).expect("metadata");
-            let mut out = BTreeMap::new();
-            for t in md.topics() {
-                for p in t.partitions() {
-                    let (_, high) = c
-                        .fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10))
-                        .expect("watermarks");
-                    out.insert((self.topic.clone(), p.id()), high);
-                }
-            }
-            out
-        }
-
-        /// Every record of `topic` (read_committed), from the start.
-        pub fn read_topic(
-            &self,
-            topic: &str,
-            expect: usize,
-            deadline: Duration,
-        ) -> Vec<rdkafka::message::OwnedMessage> {
-            let c: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", bootstrap())
-                .set("group.id", unique("reader"))
-                .set("auto.offset.reset", "earliest")
-                .set("isolation.level", "read_committed")
-                .create()
-                .expect("consumer");
-            c.subscribe(&[topic]).expect("subscribe");
-            let until = Instant::now() + deadline;
-            let mut out = Vec::new();
-            while out.len() < expect && Instant::now() < until {
-                if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
-                    out.push(m.detach());
-                }
-            }
-            out
         }
     }
 
@@ -1316,7 +1077,7 @@ mod e2e {
         assert!(header(apply, dlq::HEADER_REASON).is_some_and(|r| r.starts_with("permanent")));
         assert_eq!(decode.payload(), Some(&b"definitely not avro"[..]));
         assert_eq!(decode.key(), Some(&b"not avro"[..]));
-        let encoded = p.encoder.encode(&changes[2], &p.topic).expect("encode");
+        let encoded = p.encode(&changes[2]);
         assert_eq!(apply.payload(), encoded.value.as_deref(), "the original value bytes");
         assert_eq!(apply.key(), encoded.key.as_deref(), "the original key bytes");
 
@@ -1606,94 +1367,5 @@ mod e2e {
             .stderr(Stdio::from(log))
             .spawn()
             .expect("spawn sink-runner")
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn kill_9_at_random_points_loses_and_duplicates_nothing() {
-        let seed = std::env::var("TEST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| uuid::Uuid::new_v4().as_u128() as u64 | 1);
-        eprintln!("TEST_SEED={seed}");
-        let mut rng = tributary_tests::Rng(seed | 1);
-        let bin = tributary_tests::runner_binary("sink-runner");
-        let mut p = Pipeline::new("kill", 3).await;
-        let dir = std::env::temp_dir().join(unique("tributary-kill"));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let config_path = dir.join("sink.toml");
-        std::fs::write(&config_path, p.config_text()).expect("write config");
-        let log = dir.join("sink.log");
-        eprintln!("runner log: {}", log.display());
-
-        let s = items();
-        let mut expected: BTreeMap<i32, String> = BTreeMap::new();
-        let mut commit = 100u64;
-        let rows = 5_000;
-        let snapshot: Vec<ChangeEvent> = (0..rows)
-            .map(|i| {
-                expected.insert(i, format!("{i}|n{i}|{i}|1.00"));
-                event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), commit, 0)
-            })
-            .collect();
-        for chunk in snapshot.chunks(1000) {
-            p.produce(chunk).await;
-        }
-        let mut child: Option<Child> = None;
-        for round in 0..6 {
-            // Changes keep coming while the runner lives and dies.
-            for _ in 0..5 {
-                commit += 1;
-                let mut txn = Vec::new();
-                for index in 0..50u64 {
-                    let id = rng.below(rows as u64 + 500) as i32;
-                    let ev = if rng.below(5) == 0 {
-                        expected.remove(&id);
-                        event(&s, Op::Delete, Some(key_row(id)), None, commit, index)
-                    } else {
-                        let qty = rng.below(1000) as i32;
-                        expected.insert(id, format!("{id}|r{round}|{qty}|2.00"));
-                        event(&s, Op::Update, None, Some(row(id, &format!("r{round}"), qty, "2.00")), commit, index)
-                    };
-                    txn.push(ev);
-                }
-                p.produce(&txn).await;
-            }
-            if child.is_none() {
-                child = Some(spawn_runner(&bin, &config_path, &log));
-            }
-            // Kill while it works: once it made progress, after a random
-            // moment (often in the middle of a batch).
-            let before: i64 = p.fx.offsets().await.values().sum();
-            let started = Instant::now();
-            while p.fx.offsets().await.values().sum::<i64>() == before && started.elapsed() < Duration::from_secs(30) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            eprintln!("round {round}: progress after {:?}", started.elapsed());
-            tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
-            if let Some(mut c) = child.take() {
-                c.kill().expect("kill -9"); // SIGKILL on unix
-                let _ = c.wait();
-                eprintln!("round {round}: killed");
-            }
-        }
-        let mut last = spawn_runner(&bin, &config_path, &log);
-        let want: Vec<String> = expected.values().cloned().collect();
-        let end = p.end_offsets();
-        let fx = &p.fx;
-        let caught_up = async {
-            wait_for("the copy to equal the source", Duration::from_secs(180), || async {
-                let stored = fx.offsets().await;
-                end.iter().all(|(k, v)| stored.get(k).is_some_and(|s| *s >= v - 1)) && fx.rows().await == want
-            })
-            .await
-        };
-        caught_up.await;
-        let _ = last.kill();
-        let _ = last.wait();
-        let rows = p.fx.rows().await;
-        assert_eq!(rows.len(), expected.len(), "no duplicates, nothing lost");
-        assert_eq!(rows, want);
-        let _ = std::fs::remove_dir_all(&dir);
-        p.fx.cleanup().await;
     }
 }

@@ -7,151 +7,19 @@
 //! position) to compare them with the source.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::NoTls;
-use tributary_connectors::sources::postgres::config::{PostgresSourceConfig, SESSION_OPTIONS};
+use tributary_connectors::sources::postgres::config::PostgresSourceConfig;
 use tributary_connectors::sources::postgres::types::{decode_text, split_copy_line, ColumnRef};
 use tributary_connectors::sources::postgres::{check, PostgresSource, SourceState};
 use tributary_connectors::{Checkpoint, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{ChangeEvent, Op, Position, Row, SnapshotMarker, TableId, TableSchema, Value};
 
-const DEFAULT_URL: &str = "postgres://tributary:tributary@127.0.0.1:5432/source";
 /// How long any wait on a condition may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn url() -> String {
-    std::env::var("PG_SOURCE_URL").unwrap_or_else(|_| DEFAULT_URL.to_string())
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let pid = std::process::id();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}_{pid}_{n}_{}", nanos % 100_000)
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let mut cfg: tokio_postgres::Config = url().parse().expect("PG_SOURCE_URL");
-    cfg.options(SESSION_OPTIONS);
-    let (client, conn) = cfg.connect(NoTls).await.expect("connect to PG_SOURCE_URL (is the stack up?)");
-    tokio::spawn(conn);
-    client
-}
-
-/// Drops the slots, publications and schemas left behind by test processes
-/// that died (a panicking test skips its cleanup): their names carry the
-/// pid of the process that made them.
-async fn sweep_stale(admin: &tokio_postgres::Client) {
-    let alive = |name: &str| -> bool {
-        name.split('_')
-            .nth(2)
-            .and_then(|pid| pid.parse::<u32>().ok())
-            .is_none_or(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
-    };
-    let names = |sql: &'static str| async move {
-        admin
-            .query(sql, &[])
-            .await
-            .map(|rows| rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>())
-            .unwrap_or_default()
-    };
-    for slot in
-        names("SELECT slot_name::text FROM pg_replication_slots WHERE NOT active AND slot_name ~ '^s_[a-z]+_[0-9]+_'")
-            .await
-    {
-        if !alive(&slot) {
-            let _ = admin.execute("SELECT pg_drop_replication_slot($1)", &[&slot]).await;
-        }
-    }
-    for publication in names("SELECT pubname::text FROM pg_publication WHERE pubname ~ '^p_[a-z]+_[0-9]+_'").await {
-        if !alive(&publication) {
-            let _ = admin.batch_execute(&format!("DROP PUBLICATION IF EXISTS {publication}")).await;
-        }
-    }
-    for schema in names("SELECT nspname::text FROM pg_namespace WHERE nspname ~ '^t_[a-z]+_[0-9]+_'").await {
-        if !alive(&schema) {
-            let _ = admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
-        }
-    }
-}
-
-/// One test's schema, slot and publication.
-struct Fixture {
-    admin: tokio_postgres::Client,
-    schema: String,
-    slot: String,
-    publication: String,
-}
-
-impl Fixture {
-    async fn new(name: &str) -> Self {
-        let admin = admin().await;
-        sweep_stale(&admin).await;
-        let schema = unique(&format!("t_{name}"));
-        let slot = unique(&format!("s_{name}"));
-        let publication = unique(&format!("p_{name}"));
-        admin
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .await
-            .expect("create schema");
-        Fixture { admin, schema, slot, publication }
-    }
-
-    fn config(&self) -> PostgresSourceConfig {
-        let mut c = PostgresSourceConfig::with_url(url());
-        c.slot_name = self.slot.clone();
-        c.publication_name = self.publication.clone();
-        c.include = vec![format!("{}.*", self.schema)];
-        c.snapshot_chunk_rows = 100;
-        c.snapshot_parallelism = 2;
-        c.heartbeat_interval_ms = 300;
-        c.batch_linger_ms = 20;
-        c
-    }
-
-    fn table(&self, name: &str) -> TableId {
-        TableId::new(&self.schema, name)
-    }
-
-    async fn exec(&self, sql: &str) {
-        self.admin.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-
-    async fn cleanup(self) {
-        // The walsender of a dropped source may still hold the slot for a
-        // moment: wait for it to go, then drop the slot.
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let r = self
-                .admin
-                .execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&self.slot],
-                )
-                .await;
-            match r {
-                Ok(_) => break,
-                Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
-                Err(e) => panic!("dropping slot {}: {e}", self.slot),
-            }
-        }
-        let _ = self
-            .admin
-            .batch_execute(&format!(
-                "DROP PUBLICATION IF EXISTS {}; DROP SCHEMA IF EXISTS {} CASCADE",
-                self.publication, self.schema
-            ))
-            .await;
-    }
-}
+use tributary_tests::postgres::{source_url as url, unique_with_pid as unique, SourceSchema as Fixture};
 
 /// Starts `source`, retrying while the error is retryable (the previous
 /// session's walsender releasing the slot after a crash).

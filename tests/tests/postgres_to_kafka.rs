@@ -80,7 +80,7 @@ heartbeat_interval_ms = 1000
     )
     .expect("write config");
     let topic = format!("{name}.{name}.counters");
-    let seen = counters::collect(topic.clone());
+    let seen = counters::collect(topic.clone(), "v");
 
     // Kill during the snapshot, as soon as its first chunk is committed.
     let mut runner = counters::snapshot_through_a_kill9(&config, &log, &seen, SNAPSHOT_ROWS as usize).await;

@@ -80,6 +80,7 @@ impl MemoryStore {
         MemorySink {
             store: self.clone(),
             consumer_group: consumer_group.to_string(),
+            drop_tables: false,
             open: None,
             mode: Mode::Commit,
             saved: Vec::new(),
@@ -102,6 +103,7 @@ impl MemoryStore {
 pub struct MemorySink {
     store: MemoryStore,
     consumer_group: String,
+    drop_tables: bool,
     /// The open unit: a copy of the state, written back on commit.
     open: Option<MemoryState>,
     mode: Mode,
@@ -172,6 +174,12 @@ impl Dialect for MemoryDialect {
 }
 
 impl MemorySink {
+    /// Whether a table dropped in the source is dropped here (off by
+    /// default, as for every sink).
+    pub fn set_drop_tables(&mut self, drop: bool) {
+        self.drop_tables = drop;
+    }
+
     fn down(&self) -> Result<()> {
         if self.store.state().unreachable {
             return Err(Error::retryable("the memory destination is unreachable").with_class("memory.unreachable"));
@@ -194,7 +202,7 @@ impl Warehouse for MemorySink {
     }
 
     fn drops_tables(&self) -> bool {
-        true
+        self.drop_tables
     }
 
     async fn connect(&mut self) -> Result<()> {
@@ -295,12 +303,12 @@ impl Warehouse for MemorySink {
                         .into());
                 }
                 if dest.not_null && *value == Value::Null {
-                    return Err(ApplyError {
-                        error: Error::permanent(format!("column {} refuses NULL", column.name))
-                            .with_column(column.name.clone())
-                            .with_table(group.schema.id.clone()),
-                        record: Some(line.record),
-                    });
+                    // Like a server's NOT NULL check: the record is found
+                    // by bisection.
+                    return Err(Error::permanent(format!("column {} refuses NULL", column.name))
+                        .with_column(column.name.clone())
+                        .with_table(group.schema.id.clone())
+                        .into());
                 }
                 values.insert(column.name.clone(), value.clone());
             }

@@ -183,7 +183,15 @@ async fn apply_records<W: Warehouse>(
             Segment::Changes { start, records: run } => {
                 for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
                     let span = info_span!("table", table = %table, events = events.len());
-                    apply_table(w, &table, &events, probe).instrument(span).await?;
+                    let source = events.first().map(|(_, ev)| ev.schema.id.clone());
+                    apply_table(w, &table, &events, probe).instrument(span).await.map_err(|mut f| {
+                        // Errors name the source table (dead-letter headers,
+                        // status): the destination's own messages do not.
+                        if let Some(id) = &source {
+                            f.error = f.error.or_table(id);
+                        }
+                        f
+                    })?;
                 }
             }
         }
@@ -194,7 +202,7 @@ async fn apply_records<W: Warehouse>(
 async fn table_dropped<W: Warehouse>(w: &mut W, id: &TableId) -> Result<()> {
     let table = w.destination(id);
     if w.drops_tables() {
-        w.drop_table(&table).await
+        w.drop_table(&table).await.map_err(|e| e.or_table(id))
     } else {
         debug!(table = %table, "source table dropped; kept (drop_tables = false)");
         Ok(())

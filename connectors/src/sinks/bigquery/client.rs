@@ -19,7 +19,6 @@ use gcp_bigquery_client::model::table::Table;
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use gcp_bigquery_client::model::table_data_insert_all_response::TableDataInsertAllResponse;
 use gcp_bigquery_client::Client;
-use tributary_schemas::TableId;
 
 use super::config::{BigQuerySinkConfig, DestinationTable};
 use crate::error::{Error, ErrorKind, Result};
@@ -205,12 +204,11 @@ pub(super) fn timed_out(ctx: &Ctx) -> Error {
     with_ctx(e, ctx)
 }
 
+/// Says which BigQuery table the error is about (the error's own table is
+/// the source table, set by the core).
 fn with_ctx(e: Error, ctx: &Ctx) -> Error {
     match &ctx.table {
-        Some(t) => {
-            let (schema, table) = t.split_once('.').unwrap_or(("", t));
-            e.with_table(TableId::new(schema, table))
-        }
+        Some(t) => e.in_context(&format!("destination {t}")),
         None => e,
     }
 }

@@ -250,6 +250,7 @@ pub(super) fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
     if let Some(c) = column {
         e = e.with_column(c);
     }
+
     let table = ctx.table.clone().unwrap_or_else(|| "<schema>.<table>".to_string());
     let user = quote_ident(&ctx.user);
     match code {

@@ -1,0 +1,140 @@
+//! The stack's BigQuery emulator as a destination, for the sink tests:
+//! queries over its REST API, and datasets of their own read back as
+//! `id|name|qty|price` rows.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value as Json};
+use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
+
+use crate::{bigquery_emulator_url, bigquery_project, unique};
+
+/// Runs a query on the emulator and returns its rows as text cells.
+pub async fn query(sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
+    let url = format!("{}/bigquery/v2/projects/{}/queries", bigquery_emulator_url(), bigquery_project());
+    let body: Json = reqwest::Client::new()
+        .post(url)
+        .json(&json!({"query": sql, "useLegacySql": false}))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(errors) = body.get("errors").and_then(Json::as_array).filter(|e| !e.is_empty()) {
+        return Err(format!("{errors:?}"));
+    }
+    if let Some(error) = body.get("error") {
+        return Err(error.to_string());
+    }
+    let rows = body.get("rows").and_then(Json::as_array).cloned().unwrap_or_default();
+    Ok(rows
+        .iter()
+        .map(|r| {
+            r.get("f")
+                .and_then(Json::as_array)
+                .map(|cells| {
+                    cells
+                        .iter()
+                        .map(|c| c.get("v").and_then(Json::as_str).map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect())
+}
+
+/// Datasets of their own for one test, dropped at the end: the
+/// destination dataset and the bookkeeping one.
+pub struct Datasets {
+    /// The destination dataset.
+    pub dataset: String,
+    /// The bookkeeping dataset (offsets, staging).
+    pub bookkeeping: String,
+    /// The consumer group of its sink.
+    pub group: String,
+}
+
+impl Datasets {
+    /// Fresh datasets for the test `name`.
+    pub fn new(name: &str) -> Self {
+        let dataset = unique(&format!("bq_{name}"));
+        Self {
+            bookkeeping: format!("{dataset}_bk"),
+            group: unique("g"),
+            dataset,
+        }
+    }
+
+    /// The sink's config (no primary key: bqemulator cannot parse
+    /// `NOT ENFORCED`).
+    pub fn config(&self) -> BigQuerySinkConfig {
+        let mut c = BigQuerySinkConfig::new(bigquery_project(), self.group.clone());
+        c.emulator_url = Some(bigquery_emulator_url());
+        c.dataset = Some(self.dataset.clone());
+        c.bookkeeping_dataset = self.bookkeeping.clone();
+        c.declare_primary_key = false;
+        c
+    }
+
+    /// A sink writing into the datasets.
+    pub fn sink(&self) -> BigQuerySink {
+        BigQuerySink::new(self.config()).expect("sink config")
+    }
+
+    /// `` `project.dataset.name` ``.
+    pub fn table(&self, name: &str) -> String {
+        format!("`{}.{}.{name}`", bigquery_project(), self.dataset)
+    }
+
+    /// `id|name|qty|price` of every row of `items`, by id.
+    pub async fn rows(&self) -> Vec<String> {
+        let sql = format!(
+            "SELECT CAST(id AS STRING), name, CAST(qty AS STRING), CAST(price AS STRING) FROM {} ORDER BY id",
+            self.table("items")
+        );
+        let Ok(rows) = query(&sql).await else { return Vec::new() };
+        rows.into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .enumerate()
+                    .map(|(i, c)| match (i, c) {
+                        // NUMERIC text differs in trailing zeros between
+                        // engines: compare two decimals.
+                        (3, Some(v)) => v.parse::<f64>().map(|f| format!("{f:.2}")).unwrap_or(v),
+                        (_, c) => c.unwrap_or_else(|| "NULL".into()),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect()
+    }
+
+    /// The offsets stored for the group.
+    pub async fn offsets(&self) -> BTreeMap<(String, i32), i64> {
+        let sql = format!(
+            "SELECT topic, CAST(`partition` AS STRING), CAST(next_offset AS STRING) FROM `{}.{}.offsets` WHERE consumer_group = '{}'",
+            bigquery_project(),
+            self.bookkeeping,
+            self.group
+        );
+        query(&sql)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|r| {
+                let t = r.first()?.clone()?;
+                let p = r.get(1)?.as_ref()?.parse().ok()?;
+                let n = r.get(2)?.as_ref()?.parse().ok()?;
+                Some(((t, p), n))
+            })
+            .collect()
+    }
+
+    /// Drops both datasets.
+    pub async fn cleanup(&self) {
+        for d in [&self.dataset, &self.bookkeeping] {
+            let _ = query(&format!("DROP SCHEMA IF EXISTS `{}.{d}` CASCADE", bigquery_project())).await;
+        }
+    }
+}

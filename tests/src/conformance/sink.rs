@@ -1,0 +1,478 @@
+//! The sink conformance suite: what every sink must do, written once.
+//!
+//! A sink joins it with a [`SinkFixture`] (a namespace of its own in the
+//! real destination, and a way to read the `items` table back) and one
+//! line in `tests/tests/sink_conformance.rs` listing the cases it runs.
+//! Every case works on the `items` table of [`crate::items`]; rows are
+//! compared as `id|name|qty|price` text, which every destination renders
+//! alike.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tributary_connectors::{ErrorKind, Sink, SinkBatch, SinkRecord};
+use tributary_schemas::{ChangeEvent, Column, DataType, Op, TableSchema, Value};
+
+use crate::items::{assert_after_mixed_changes, batch, event, items, key_row, mixed_changes, row, truncate_changes};
+use crate::kafka::EventTopic;
+use crate::{runner_binary, unique, wait_for, Rng, Runner};
+
+/// A destination under test, in a namespace of its own (a schema, a
+/// dataset, a memory store) that [`SinkFixture::cleanup`] removes.
+#[async_trait]
+pub trait SinkFixture: Send + Sync {
+    /// A sink writing `items` into the namespace, its offsets under `group`;
+    /// with `drop_tables` when `drops`.
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink>;
+
+    /// A sink whose destination cannot be reached (a closed port).
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink>;
+
+    /// `id|name|qty|price` of every row of `items`, by id (`∅` for NULL;
+    /// empty while the table does not exist).
+    async fn rows(&self) -> Vec<String>;
+
+    /// The text of `column` of every row of `items`, by id (`None` for NULL).
+    async fn column(&self, column: &str) -> Vec<Option<String>>;
+
+    /// Whether the `items` table exists.
+    async fn exists(&self) -> bool;
+
+    /// The destination section of a sink runner's config file, for the
+    /// cases that run the `sink-runner` binary; `None` for a destination
+    /// that lives in the test process.
+    fn runner_section(&self) -> Option<String>;
+
+    /// Removes the namespace.
+    async fn cleanup(&self);
+}
+
+const TOPIC: &str = "conformance.items";
+
+fn offsets(n: i64) -> Vec<Option<i64>> {
+    vec![Some(n)]
+}
+
+async fn stored(sink: &mut Box<dyn Sink>) -> Vec<Option<i64>> {
+    sink.committed_offsets(&[(TOPIC.to_string(), 0)])
+        .await
+        .expect("committed offsets")
+}
+
+fn snapshot_events(s: &std::sync::Arc<TableSchema>, n: i32) -> Vec<ChangeEvent> {
+    (1..=n)
+        .map(|i| event(s, Op::Read, None, Some(row(i, &format!("item {i}"), i, "1.50")), 10, 0))
+        .collect()
+}
+
+/// A snapshot (reads of 100 rows) lands whole, with its offsets.
+pub async fn snapshot(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    assert_eq!(stored(&mut sink).await, vec![None], "no offsets before the first batch");
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 100))).await.expect("snapshot");
+    let rows = fx.rows().await;
+    assert_eq!(rows.len(), 100);
+    assert_eq!(rows[0], "1|item 1|1|1.50");
+    assert_eq!(stored(&mut sink).await, offsets(100));
+}
+
+/// Updates, deletes, inserts, a delete then insert, an insert then delete
+/// and a key change, in one batch on top of a snapshot.
+pub async fn upserts_and_deletes(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 100))).await.expect("snapshot");
+    sink.apply(&batch(TOPIC, 100, mixed_changes(&s))).await.expect("changes");
+    assert_after_mixed_changes(&fx.rows().await);
+    assert_eq!(stored(&mut sink).await, offsets(109));
+}
+
+/// A truncate removes the older rows; a change after it stays, one older
+/// than it does not.
+pub async fn truncate(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 10))).await.expect("snapshot");
+    sink.apply(&batch(TOPIC, 10, truncate_changes(&s))).await.expect("truncate");
+    assert_eq!(fx.rows().await, vec!["500|after|1|1.00"]);
+}
+
+/// Applying the last batch again changes nothing (a crash after the commit
+/// whose answer was lost), on the same sink and on a fresh one (a restarted
+/// runner). (Replaying an older batch after a later delete is the
+/// exactly-once issue's case.)
+pub async fn replayed_batch(fx: &dyn SinkFixture) {
+    let group = unique("g");
+    let mut sink = fx.sink(&group, false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 100))).await.expect("snapshot");
+    let changes = batch(TOPIC, 100, mixed_changes(&s));
+    sink.apply(&changes).await.expect("changes");
+    let once = fx.rows().await;
+    sink.apply(&changes).await.expect("replay");
+    assert_eq!(fx.rows().await, once, "a replay moves no row");
+    let mut fresh = fx.sink(&group, false);
+    fresh.apply(&changes).await.expect("replay on a fresh sink");
+    assert_eq!(fx.rows().await, once, "a replay moves no row");
+    assert_eq!(stored(&mut fresh).await, offsets(109));
+}
+
+/// An older change of a key never moves its row backwards, in a later batch
+/// or in the same one.
+pub async fn older_event(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, vec![event(&s, Op::Create, None, Some(row(1, "new", 2, "2.00")), 20, 0)]))
+        .await
+        .expect("newer");
+    sink.apply(&batch(TOPIC, 1, vec![event(&s, Op::Update, None, Some(row(1, "old", 1, "1.00")), 19, 5)]))
+        .await
+        .expect("older");
+    sink.apply(&batch(
+        TOPIC,
+        2,
+        vec![
+            event(&s, Op::Update, None, Some(row(2, "second", 2, "2.00")), 30, 1),
+            event(&s, Op::Update, None, Some(row(2, "first", 1, "1.00")), 30, 0),
+        ],
+    ))
+    .await
+    .expect("both orders in one batch");
+    assert_eq!(fx.rows().await, vec!["1|new|2|2.00", "2|second|2|2.00"]);
+}
+
+/// A delete with the older changes of its key, in any order in one batch,
+/// leaves the key deleted, and so does that batch again. (An older change
+/// in a later batch than the delete is the exactly-once issue's case.)
+pub async fn deleted_row_stays_deleted(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");
+    let changes = batch(
+        TOPIC,
+        3,
+        vec![
+            event(&s, Op::Delete, Some(key_row(1)), None, 40, 0),
+            event(&s, Op::Update, None, Some(row(1, "older", 9, "9.00")), 39, 0),
+            event(&s, Op::Create, None, Some(row(7, "brief", 1, "1.00")), 41, 0),
+            event(&s, Op::Update, None, Some(row(7, "briefer", 2, "1.00")), 41, 1),
+            event(&s, Op::Delete, Some(key_row(7)), None, 41, 2),
+        ],
+    );
+    sink.apply(&changes).await.expect("deletes");
+    sink.apply(&changes).await.expect("deletes again");
+    let rows = fx.rows().await;
+    assert!(!rows.iter().any(|r| r.starts_with("1|") || r.starts_with("7|")), "{rows:?}");
+    assert_eq!(rows.len(), 2);
+}
+
+/// A batch that fails moves neither rows nor offsets; the next one that
+/// applies moves both.
+pub async fn atomic_offsets(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 10))).await.expect("snapshot");
+    let before = fx.rows().await;
+    // A change whose schema the destination cannot follow (qty becomes
+    // text) after changes that would apply.
+    let text_qty = schema_with(&s, |c| {
+        if c.name == "qty" {
+            c.data_type = DataType::Text;
+            c.source_type = "text".into();
+        }
+    });
+    let mut bad_row = row(3, "three", 3, "3.00");
+    bad_row[2] = Value::Text("three".into());
+    let failing = batch(
+        TOPIC,
+        10,
+        vec![
+            event(&s, Op::Update, None, Some(row(1, "changed", 1, "1.00")), 50, 0),
+            event(&text_qty, Op::Update, None, Some(bad_row), 51, 0),
+        ],
+    );
+    let err = sink.apply(&failing).await.expect_err("an incompatible change fails");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent, "{}", err.error);
+    assert_eq!(fx.rows().await, before, "no row moved");
+    assert_eq!(stored(&mut sink).await, offsets(10), "no offset moved");
+    let mut rest = failing.clone();
+    rest.records.truncate(1);
+    sink.apply(&rest).await.expect("the rest applies");
+    assert!(fx.rows().await.contains(&"1|changed|1|1.00".to_string()));
+    assert_eq!(stored(&mut sink).await, offsets(12), "the offsets cover the dead-lettered record too");
+}
+
+/// A permanent error caused by one record names it (here: a schema change
+/// the destination cannot follow), so the runner can dead-letter exactly it.
+pub async fn permanent_error_names_the_record(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 5))).await.expect("snapshot");
+    let text_qty = schema_with(&s, |c| {
+        if c.name == "qty" {
+            c.data_type = DataType::Text;
+            c.source_type = "text".into();
+        }
+    });
+    let mut bad_row = row(4, "four", 4, "4.00");
+    bad_row[2] = Value::Text("four".into());
+    let mut events: Vec<ChangeEvent> = (0..6)
+        .map(|i| event(&s, Op::Update, None, Some(row(i + 1, "x", i, "1.00")), 60, i as u64))
+        .collect();
+    events.insert(4, event(&text_qty, Op::Update, None, Some(bad_row), 60, 99));
+    let err = sink.apply(&batch(TOPIC, 5, events)).await.expect_err("fails");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent, "{}", err.error);
+    assert_eq!(err.record, Some(4), "names the record: {}", err.error);
+    assert_eq!(err.error.column(), Some("qty"), "names the column: {}", err.error);
+    assert!(err.error.table().is_some(), "names the table: {}", err.error);
+}
+
+/// A row the destination refuses (NULL in a column the source declared NOT
+/// NULL, and later sent NULL anyway) when the batch is written: the sink
+/// names the record (finding it by bisection where the destination does not
+/// say which row), nothing of the batch stays, and without the record the
+/// batch applies.
+pub async fn refused_row_is_named(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let mut strict = (*items()).clone();
+    strict.columns[1].nullable = false;
+    let s = std::sync::Arc::new(strict);
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 20))).await.expect("snapshot");
+    let before = fx.rows().await;
+    let events: Vec<ChangeEvent> = (1..=12)
+        .map(|i| {
+            let mut r = row(i, &format!("u{i}"), i, "1.00");
+            if i == 8 {
+                r[1] = Value::Null;
+            }
+            event(&s, Op::Update, None, Some(r), 70, i as u64)
+        })
+        .collect();
+    let failing = batch(TOPIC, 20, events);
+    let err = sink.apply(&failing).await.expect_err("refused");
+    assert_eq!(err.error.kind(), ErrorKind::Permanent, "{}", err.error);
+    assert_eq!(err.record, Some(7), "the refused record: {}", err.error);
+    assert_eq!(fx.rows().await, before, "nothing of the batch stays");
+    assert_eq!(stored(&mut sink).await, offsets(20));
+    let mut rest = failing.clone();
+    rest.records.remove(7);
+    sink.apply(&rest).await.expect("the rest applies");
+    assert!(fx.rows().await.contains(&"12|u12|12|1.00".to_string()));
+    assert_eq!(stored(&mut sink).await, offsets(32));
+}
+
+/// A destination that cannot be reached is a retryable error, for apply
+/// and for the offsets lookup alike; `check` reports it.
+pub async fn unreachable_is_retryable(fx: &dyn SinkFixture) {
+    let mut sink = fx.unreachable_sink(&unique("g"));
+    let s = items();
+    let err = sink
+        .apply(&batch(TOPIC, 0, snapshot_events(&s, 1)))
+        .await
+        .expect_err("unreachable");
+    assert_eq!(err.error.kind(), ErrorKind::Retryable, "{}", err.error);
+    let err = sink.committed_offsets(&[(TOPIC.into(), 0)]).await.expect_err("unreachable");
+    assert_eq!(err.kind(), ErrorKind::Retryable, "{err}");
+    assert!(!sink.check().await.is_empty(), "check reports the unreachable destination");
+}
+
+/// A trial apply says whether a batch would apply and changes nothing.
+pub async fn trial_apply_changes_nothing(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 10))).await.expect("snapshot");
+    let before = fx.rows().await;
+    sink.trial_apply(&batch(TOPIC, 10, mixed_changes(&s)))
+        .await
+        .expect("would apply");
+    assert_eq!(fx.rows().await, before);
+    assert_eq!(stored(&mut sink).await, offsets(10));
+}
+
+/// `check` passes on a usable destination; `delete_copy` removes the
+/// copy's offsets (and the tables it is given).
+pub async fn check_and_delete_copy(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let problems = sink.check().await;
+    assert!(problems.iter().all(|p| p.severity != tributary_connectors::Severity::Error), "{problems:?}");
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");
+    let done = sink.delete_copy(std::slice::from_ref(&s.id)).await.expect("delete copy");
+    assert!(!done.is_empty());
+    assert_eq!(stored(&mut sink).await, vec![None], "offsets gone");
+    assert!(!fx.exists().await, "table dropped");
+}
+
+/// A table dropped in the source is dropped only when configured, after
+/// the changes before it.
+pub async fn table_drop_when_configured(fx: &dyn SinkFixture) {
+    let s = items();
+    let dropped = |offset: i64| SinkBatch {
+        table: s.id.clone(),
+        records: vec![(
+            tributary_connectors::KafkaPosition { topic: TOPIC.into(), partition: 0, offset },
+            SinkRecord::TableDropped(s.id.clone()),
+        )],
+        next_offsets: vec![(TOPIC.into(), 0, offset + 1)],
+    };
+    let mut keeping = fx.sink(&unique("g"), false);
+    keeping.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");
+    keeping.apply(&dropped(3)).await.expect("drop kept");
+    assert_eq!(fx.rows().await.len(), 3, "kept (drop_tables = false)");
+    let mut dropping = fx.sink(&unique("g"), true);
+    dropping.apply(&dropped(0)).await.expect("drop");
+    assert!(!fx.exists().await, "dropped (drop_tables = true)");
+}
+
+/// Schema changes reach the destination before the first row that needs
+/// them: a column added, a type widened (int -> bigint), NOT NULL relaxed.
+pub async fn schema_changes_evolve_the_table(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 2))).await.expect("snapshot");
+    let wider = schema_with(&s, |c| {
+        if c.name == "qty" {
+            c.data_type = DataType::Int64;
+            c.source_type = "bigint".into();
+        }
+    });
+    let mut noted = (*wider).clone();
+    noted.columns.push(Column {
+        name: "note".into(),
+        data_type: DataType::Text,
+        nullable: true,
+        source_type: "text".into(),
+    });
+    let noted = std::sync::Arc::new(noted);
+    let mut big = row(3, "big", 0, "3.00");
+    big[2] = Value::Int64(5_000_000_000);
+    let mut with_note = row(4, "noted", 0, "4.00");
+    with_note[2] = Value::Int64(4);
+    with_note.push(Value::Text("hello".into()));
+    sink.apply(&batch(
+        TOPIC,
+        2,
+        vec![
+            event(&wider, Op::Create, None, Some(big), 80, 0),
+            event(&noted, Op::Create, None, Some(with_note), 81, 0),
+        ],
+    ))
+    .await
+    .expect("evolved");
+    let rows = fx.rows().await;
+    assert!(rows.contains(&"3|big|5000000000|3.00".to_string()), "{rows:?}");
+    assert!(rows.contains(&"4|noted|4|4.00".to_string()), "{rows:?}");
+    assert_eq!(fx.column("note").await, vec![None, None, None, Some("hello".to_string())]);
+}
+
+/// The sink runner is killed (SIGKILL) again and again while it applies a
+/// snapshot and a stream of changes on 3 partitions; in the end the
+/// destination equals the source: nothing lost, nothing twice.
+pub async fn kill_9_mid_apply(fx: &dyn SinkFixture) {
+    let section = fx.runner_section().expect("a destination the sink-runner binary can reach");
+    let seed = std::env::var("TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u128() as u64 | 1);
+    eprintln!("TEST_SEED={seed}");
+    let mut rng = Rng(seed | 1);
+    let bin = runner_binary("sink-runner");
+    let mut topic = EventTopic::new("kill", 3).await;
+    let group = unique("kill");
+    let dir = std::env::temp_dir().join(unique("tributary-kill"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config_path = dir.join("sink.toml");
+    std::fs::write(&config_path, topic.sink_runner_config(&group, &section)).expect("write config");
+    let log = dir.join("sink.log");
+    eprintln!("runner log: {}", log.display());
+    let offsets_sink = tokio::sync::Mutex::new(fx.sink(&group, false));
+    let partitions: Vec<(String, i32)> = (0..3).map(|p| (topic.topic.clone(), p)).collect();
+    let progress = || applied(&offsets_sink, &partitions);
+
+    let s = items();
+    let mut expected: BTreeMap<i32, String> = BTreeMap::new();
+    let mut commit = 100u64;
+    let rows = 3_000;
+    let snapshot: Vec<ChangeEvent> = (0..rows)
+        .map(|i| {
+            expected.insert(i, format!("{i}|n{i}|{i}|1.00"));
+            event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), commit, 0)
+        })
+        .collect();
+    for chunk in snapshot.chunks(1000) {
+        topic.produce(chunk).await;
+    }
+    let mut child: Option<Runner> = None;
+    for round in 0..5 {
+        // Changes keep coming while the runner lives and dies.
+        for _ in 0..4 {
+            commit += 1;
+            let mut txn = Vec::new();
+            for index in 0..50u64 {
+                let id = rng.below(rows as u64 + 300) as i32;
+                let ev = if rng.below(5) == 0 {
+                    expected.remove(&id);
+                    event(&s, Op::Delete, Some(key_row(id)), None, commit, index)
+                } else {
+                    let qty = rng.below(1000) as i32;
+                    expected.insert(id, format!("{id}|r{round}|{qty}|2.00"));
+                    event(&s, Op::Update, None, Some(row(id, &format!("r{round}"), qty, "2.00")), commit, index)
+                };
+                txn.push(ev);
+            }
+            topic.produce(&txn).await;
+        }
+        if child.is_none() {
+            child = Some(Runner::start("sink-runner", &config_path, &log));
+        }
+        // Kill while it works: once it made progress, after a random
+        // moment (often in the middle of a batch).
+        let before = progress().await;
+        let started = Instant::now();
+        while progress().await == before && started.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!("round {round}: progress after {:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+        if let Some(c) = child.take() {
+            c.kill9();
+            eprintln!("round {round}: killed");
+        }
+    }
+    let last = Runner::start("sink-runner", &config_path, &log);
+    let want: Vec<String> = expected.values().cloned().collect();
+    let end: i64 = topic.end_offsets().values().sum();
+    wait_for("the copy to equal the source", Duration::from_secs(240), || async {
+        // Transaction markers take an offset after each partition's last record.
+        (progress().await >= end - 3 && fx.rows().await == want).then_some(())
+    })
+    .await;
+    last.kill9();
+    let got = fx.rows().await;
+    assert_eq!(got.len(), expected.len(), "no duplicates, nothing lost");
+    assert_eq!(got, want);
+    drop(bin);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The offsets stored for `partitions`, summed (0 while there are none or
+/// the destination does not answer).
+async fn applied(sink: &tokio::sync::Mutex<Box<dyn Sink>>, partitions: &[(String, i32)]) -> i64 {
+    let mut sink = sink.lock().await;
+    sink.committed_offsets(partitions)
+        .await
+        .map(|o| o.into_iter().flatten().sum::<i64>())
+        .unwrap_or(0)
+}
+
+/// `s` with a change to its columns.
+fn schema_with(s: &TableSchema, change: impl Fn(&mut Column)) -> std::sync::Arc<TableSchema> {
+    let mut t = s.clone();
+    t.columns.iter_mut().for_each(change);
+    std::sync::Arc::new(t)
+}
+
+/// The fixture trait of this suite, by a name the `conformance!` macro knows.
+pub use SinkFixture as Fixture;

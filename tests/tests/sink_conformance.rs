@@ -1,0 +1,311 @@
+//! The sink conformance suite (`tributary_tests::conformance::sink`) run
+//! against every sink: PostgreSQL (the stack's), BigQuery (the stack's
+//! emulator; nothing here ran against real BigQuery) and the reference
+//! sink in memory. One line per sink lists its cases; a case a destination
+//! cannot run is left out of its list with the reason, never reported as
+//! passed.
+
+use async_trait::async_trait;
+use tributary_connectors::sink::memory::MemoryStore;
+use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
+use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
+use tributary_connectors::Sink;
+use tributary_schemas::Value;
+use tributary_tests::bigquery::{query, Datasets};
+use tributary_tests::conformance::sink::SinkFixture;
+use tributary_tests::postgres::Destination;
+use tributary_tests::{bigquery_emulator_url, bigquery_project, pg_destination_url};
+
+use tributary_tests::conformance;
+
+conformance!(sink, postgres: Postgres {
+    snapshot,
+    upserts_and_deletes,
+    truncate,
+    replayed_batch,
+    older_event,
+    deleted_row_stays_deleted,
+    atomic_offsets,
+    permanent_error_names_the_record,
+    refused_row_is_named,
+    unreachable_is_retryable,
+    trial_apply_changes_nothing,
+    check_and_delete_copy,
+    table_drop_when_configured,
+    schema_changes_evolve_the_table,
+    kill_9_mid_apply,
+});
+
+conformance!(sink, bigquery: BigQuery {
+    snapshot,
+    upserts_and_deletes,
+    truncate,
+    replayed_batch,
+    older_event,
+    deleted_row_stays_deleted,
+    atomic_offsets,
+    permanent_error_names_the_record,
+    refused_row_is_named,
+    unreachable_is_retryable,
+    trial_apply_changes_nothing,
+    check_and_delete_copy,
+    table_drop_when_configured,
+    schema_changes_evolve_the_table,
+    kill_9_mid_apply,
+});
+
+// The memory sink lives in the test process: the runner binary cannot
+// reach it, so `kill_9_mid_apply` is not in its list (its runner-level
+// cases are in `tests/tests/memory_runners.rs`).
+conformance!(sink, memory: Memory {
+    snapshot,
+    upserts_and_deletes,
+    truncate,
+    replayed_batch,
+    older_event,
+    deleted_row_stays_deleted,
+    atomic_offsets,
+    permanent_error_names_the_record,
+    refused_row_is_named,
+    unreachable_is_retryable,
+    trial_apply_changes_nothing,
+    check_and_delete_copy,
+    table_drop_when_configured,
+    schema_changes_evolve_the_table,
+});
+
+// ---------------------------------------------------------------- PostgreSQL
+
+/// A schema of its own in the stack's destination database.
+struct Postgres {
+    dest: Destination,
+    groups: std::sync::Mutex<Vec<String>>,
+}
+
+impl Postgres {
+    async fn new(case: &str) -> Self {
+        Self {
+            dest: Destination::new(case).await,
+            groups: Default::default(),
+        }
+    }
+
+    fn config(&self, group: &str) -> PostgresSinkConfig {
+        self.groups.lock().unwrap().push(group.to_string());
+        let mut c = PostgresSinkConfig::new(pg_destination_url(), group);
+        c.schema = Some(self.dest.schema.clone());
+        c
+    }
+}
+
+#[async_trait]
+impl SinkFixture for Postgres {
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.drop_tables = drops;
+        Box::new(PostgresSink::new(c).expect("sink config"))
+    }
+
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.url = "postgres://tributary:tributary@127.0.0.1:1/destination".into();
+        c.connect_timeout_ms = 2_000;
+        Box::new(PostgresSink::new(c).expect("sink config"))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        self.dest.rows().await
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        let sql = format!("SELECT \"{column}\"::text FROM {} ORDER BY id", self.dest.table());
+        self.dest
+            .admin
+            .query(sql.as_str(), &[])
+            .await
+            .expect("read column")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    async fn exists(&self) -> bool {
+        self.dest
+            .admin
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.dest.table()])
+            .await
+            .expect("look up the table")
+            .get(0)
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        Some(format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), self.dest.schema))
+    }
+
+    async fn cleanup(&self) {
+        let groups: Vec<String> = self.groups.lock().unwrap().clone();
+        let _ = self
+            .dest
+            .admin
+            .execute("DELETE FROM tributary.offsets WHERE consumer_group = ANY($1)", &[&groups])
+            .await;
+        let _ = self
+            .dest
+            .admin
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.dest.schema))
+            .await;
+    }
+}
+
+// ---------------------------------------------------------------- BigQuery
+
+/// Datasets of their own in the stack's BigQuery emulator.
+struct BigQuery {
+    datasets: Datasets,
+}
+
+impl BigQuery {
+    async fn new(case: &str) -> Self {
+        Self { datasets: Datasets::new(case) }
+    }
+
+    fn config(&self, group: &str) -> BigQuerySinkConfig {
+        let mut c = self.datasets.config();
+        c.consumer_group = Some(group.to_string());
+        c
+    }
+}
+
+#[async_trait]
+impl SinkFixture for BigQuery {
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.drop_tables = drops;
+        Box::new(BigQuerySink::new(c).expect("sink config"))
+    }
+
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.emulator_url = Some("http://127.0.0.1:1".into());
+        c.request_timeout_ms = 5_000;
+        Box::new(BigQuerySink::new(c).expect("sink config"))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        self.datasets.rows().await
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        let sql = format!("SELECT CAST(`{column}` AS STRING) FROM {} ORDER BY id", self.datasets.table("items"));
+        query(&sql)
+            .await
+            .expect("read column")
+            .into_iter()
+            .map(|mut r| r.remove(0))
+            .collect()
+    }
+
+    async fn exists(&self) -> bool {
+        let sql = format!("SELECT COUNT(*) FROM {}", self.datasets.table("items"));
+        query(&sql).await.is_ok()
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        let d = &self.datasets;
+        Some(format!(
+            "[bigquery]\nproject = \"{}\"\nemulator_url = \"{}\"\ndataset = \"{}\"\nbookkeeping_dataset = \"{}\"\n\
+             declare_primary_key = false\n",
+            bigquery_project(),
+            bigquery_emulator_url(),
+            d.dataset,
+            d.bookkeeping
+        ))
+    }
+
+    async fn cleanup(&self) {
+        self.datasets.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------- memory
+
+/// The reference sink, its destination in the test process.
+struct Memory {
+    store: MemoryStore,
+}
+
+impl Memory {
+    async fn new(_case: &str) -> Self {
+        Self { store: MemoryStore::new() }
+    }
+}
+
+fn text(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "∅".into(),
+        Some(Value::Int16(i)) => i.to_string(),
+        Some(Value::Int32(i)) => i.to_string(),
+        Some(Value::Int64(i)) => i.to_string(),
+        Some(Value::Text(s) | Value::Decimal(s)) => s.clone(),
+        Some(other) => format!("{other:?}"),
+    }
+}
+
+#[async_trait]
+impl SinkFixture for Memory {
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
+        let mut sink = self.store.sink(group);
+        sink.set_drop_tables(drops);
+        Box::new(sink)
+    }
+
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
+        let down = MemoryStore::new();
+        down.state().unreachable = true;
+        Box::new(down.sink(group))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        let mut rows: Vec<(i64, String)> = self
+            .store
+            .rows("public.items")
+            .iter()
+            .map(|r| {
+                let line = ["id", "name", "qty", "price"]
+                    .iter()
+                    .map(|c| text(r.get(*c)))
+                    .collect::<Vec<_>>();
+                (line[0].parse().unwrap_or(i64::MIN), line.join("|"))
+            })
+            .collect();
+        rows.sort();
+        rows.into_iter().map(|(_, r)| r).collect()
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        let mut rows: Vec<(String, Option<String>)> = self
+            .store
+            .rows("public.items")
+            .iter()
+            .map(|r| {
+                let value = match r.get(column) {
+                    None | Some(Value::Null) => None,
+                    v => Some(text(v)),
+                };
+                (text(r.get("id")), value)
+            })
+            .collect();
+        rows.sort_by_key(|(id, _)| id.parse::<i64>().unwrap_or(i64::MIN));
+        rows.into_iter().map(|(_, v)| v).collect()
+    }
+
+    async fn exists(&self) -> bool {
+        self.store.state().tables.contains_key("public.items")
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        None
+    }
+
+    async fn cleanup(&self) {}
+}
