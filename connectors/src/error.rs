@@ -104,7 +104,7 @@ impl Error {
     }
 
     /// Puts `what` (e.g. the destination object) before the message.
-    pub(crate) fn in_context(mut self, what: &str) -> Self {
+    pub fn in_context(mut self, what: &str) -> Self {
         self.0.message = format!("{what}: {}", self.0.message);
         self
     }

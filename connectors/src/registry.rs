@@ -117,3 +117,31 @@ macro_rules! connectors {
         }
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: &[(&str, &str)] = &[("postgres", "sink-postgres"), ("bigquery", "sink-bigquery")];
+
+    #[test]
+    fn sections_a_build_lacks_name_their_feature_and_unknown_ones_are_refused() {
+        let e: toml::de::Error = unknown_section("bigquery", "destination", ALL);
+        assert!(e.to_string().contains("this build has no bigquery destination"), "{e}");
+        assert!(e.to_string().contains("sink-bigquery"), "{e}");
+        let e: toml::de::Error = unknown_section("bogus", "destination", ALL);
+        assert!(e.to_string().contains("unknown field `bogus`"), "{e}");
+        assert!(e.to_string().contains("[postgres], [bigquery]"), "{e}");
+    }
+
+    #[test]
+    fn exactly_one_section() {
+        let none: Vec<(&'static str, &u8)> = Vec::new();
+        let e = exactly_one(none, "destination", ALL, "one only").unwrap_err();
+        assert!(e.to_string().contains("a destination section is required: [postgres] or [bigquery]"), "{e}");
+        let two = vec![("postgres", &1u8), ("bigquery", &2u8)];
+        let e = exactly_one(two, "destination", ALL, "one only").unwrap_err();
+        assert!(e.to_string().contains("field `bigquery`: conflicts with [postgres]: one only"), "{e}");
+        assert_eq!(exactly_one(vec![("postgres", &1u8)], "destination", ALL, "x").unwrap().0, "postgres");
+    }
+}
