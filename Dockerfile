@@ -3,9 +3,11 @@
 #   docker run --rm tributary:local source-runner --help
 
 FROM rust:1.88-bookworm AS builder
-# Native build deps of rdkafka-sys (librdkafka with vendored OpenSSL, zstd).
+# Native build deps of rdkafka-sys: librdkafka is built from source (cmake,
+# perl) and its TLS links the system's OpenSSL (libssl-dev, found through
+# pkg-config), as scripts/install sets up outside Docker.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake perl pkg-config \
+ && apt-get install -y --no-install-recommends cmake perl pkg-config libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -3,3 +3,6 @@
 ALTER ROLE tributary WITH REPLICATION;
 CREATE DATABASE source OWNER tributary;
 CREATE DATABASE destination OWNER tributary;
+-- The schema registry's store (APICURIO_STORAGE_KIND=sql): schemas and
+-- their ids survive a restart of the registry.
+CREATE DATABASE registry OWNER tributary;

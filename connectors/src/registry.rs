@@ -138,7 +138,11 @@ mod tests {
     fn exactly_one_section() {
         let none: Vec<(&'static str, &u8)> = Vec::new();
         let e = exactly_one(none, "destination", ALL, "one only").unwrap_err();
-        assert!(e.to_string().contains("a destination section is required: [postgres] or [bigquery]"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("a destination section is required: [postgres] or [bigquery]"),
+            "{e}"
+        );
         let two = vec![("postgres", &1u8), ("bigquery", &2u8)];
         let e = exactly_one(two, "destination", ALL, "one only").unwrap_err();
         assert!(e.to_string().contains("field `bigquery`: conflicts with [postgres]: one only"), "{e}");

@@ -14,8 +14,8 @@ use tributary_operations::process;
 #[derive(Debug, Parser)]
 #[command(name = "sink-runner", version, about)]
 struct Cli {
-    /// Config file (TOML).
-    #[arg(long, global = true, env = "TRIBUTARY_SINK_CONFIG")]
+    /// Config file (TOML). See examples/sink-postgres.toml.
+    #[arg(long, short, global = true, env = "TRIBUTARY_SINK_CONFIG")]
     config: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, global = true, default_value = "text")]
@@ -26,6 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the copy (the default).
+    Run,
     /// Connects to Kafka, the registry and the destination; reports problems with fixes.
     Check,
     /// Applies the records of a dead-letter topic again (after the cause was fixed).
@@ -77,7 +79,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            None => run(config).await,
+            None | Some(Command::Run) => run(config).await,
             Some(Command::Check) => check(config).await,
             Some(Command::Replay { dlq, dry_run }) => replay(config, &dlq, dry_run).await,
             Some(Command::Status { json }) => client::command(&config.admin, Request::Status { json }).await,

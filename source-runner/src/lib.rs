@@ -32,9 +32,17 @@ pub fn build_source(config: &SourceRunnerConfig) -> Result<Box<dyn tributary_con
     source.build(&config.name)
 }
 
-/// `source-runner check`: prints each problem with the SQL that fixes it.
-pub async fn check(config: SourceRunnerConfig) -> ExitCode {
+/// `source-runner check [--fix]`: prints each problem with the SQL that
+/// fixes it; with `fix`, applies first what the source may fix itself.
+pub async fn check(config: SourceRunnerConfig, fix: bool) -> ExitCode {
     let problems = match config.source_config() {
+        Ok(source) if fix => match source.fix().await {
+            Ok(left) => left,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
         Ok(source) => source.check().await,
         Err(e) => {
             eprintln!("error: {e}");

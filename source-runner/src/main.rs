@@ -30,7 +30,13 @@ enum Command {
     Run,
     /// Check the source's settings and privileges; print the SQL that fixes
     /// each problem.
-    Check,
+    Check {
+        /// Also apply the fixes the source's role may apply itself (the
+        /// publication, REPLICA IDENTITY FULL, the DDL trigger), then check
+        /// again.
+        #[arg(long)]
+        fix: bool,
+    },
     /// Show the running runner's status per table (through its admin server).
     Status {
         /// Print the raw JSON instead of a table.
@@ -66,7 +72,7 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             },
-            Command::Check => source_runner::check(config).await,
+            Command::Check { fix } => source_runner::check(config, fix).await,
             Command::Status { json } => client::command(&config.admin, Request::Status { json }).await,
             Command::Pause => client::command(&config.admin, Request::Pause(None)).await,
             Command::Resume => client::command(&config.admin, Request::Resume(None)).await,

@@ -169,11 +169,74 @@ fn docker_compose_file_is_valid() {
         .status();
     match status {
         Ok(s) => assert!(s.success(), "docker-compose config rejected docker-compose.yml"),
-        // CI installs Debian's docker-compose (see .ci/run); a developer
-        // machine without it is told how to get it rather than passing silently.
-        Err(e) if std::env::var_os("CI").is_none() => {
-            panic!("docker-compose is not installed ({e}): apt-get install docker-compose")
+        // scripts/install (run by scripts/test) installs Debian's
+        // docker-compose; without it, say how to get it.
+        Err(e) => panic!("docker-compose is not installed ({e}): scripts/install, or apt-get install docker-compose"),
+    }
+}
+
+/// What docker-compose.yml names exists, and agrees with the rest: every
+/// file it mounts and builds from is in the repository; its runners' config
+/// files are the demo's with this network's host names; its published ports
+/// are the stack's.
+#[test]
+fn docker_compose_names_what_the_repository_has() {
+    let root = tributary_tests::workspace_dir();
+    let text = std::fs::read_to_string(root.join("docker-compose.yml")).expect("docker-compose.yml");
+    for line in text.lines().map(str::trim) {
+        // `- ./host/path:/container/path[:ro]` and `build: .`
+        if let Some(path) = line.strip_prefix("- ./").and_then(|v| v.split(':').next()) {
+            assert!(root.join(path).exists(), "docker-compose.yml mounts ./{path}, which is not in the repository");
         }
-        Err(e) => panic!("docker-compose is required in CI: {e}"),
+    }
+    assert!(root.join("Dockerfile").exists());
+    // The runners' files: the demo's, but for endpoints (and the admin
+    // server listening in the container with a token).
+    let endpoints = ["bootstrap_servers", "schema_registry_url", "url", "listen", "token"];
+    let strip = |v: &mut toml::Value| {
+        fn walk(v: &mut toml::Value, keys: &[&str]) {
+            if let toml::Value::Table(t) = v {
+                t.retain(|k, _| !keys.contains(&k));
+                for (_, v) in t.iter_mut() {
+                    walk(v, keys);
+                }
+            }
+        }
+        walk(v, &endpoints);
+    };
+    for name in ["source-postgres.toml", "sink-postgres.toml"] {
+        let read = |p: std::path::PathBuf| -> toml::Value {
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        };
+        let (mut demo, mut docker) =
+            (read(root.join("examples").join(name)), read(root.join("examples/docker").join(name)));
+        strip(&mut demo);
+        strip(&mut docker);
+        assert_eq!(demo, docker, "examples/docker/{name} differs from examples/{name} in more than endpoints");
+        assert!(
+            text.contains(&format!("./examples/docker/{name}")),
+            "docker-compose.yml uses examples/docker/{name}"
+        );
+    }
+    // Published ports: the stack's defaults, and the runners' admin ports.
+    for port in [
+        "127.0.0.1:9092:9092",
+        "127.0.0.1:8081:8080",
+        "127.0.0.1:5432:5432",
+        "127.0.0.1:3306:3306",
+        "127.0.0.1:8090:8090",
+        "127.0.0.1:8091:8091",
+    ] {
+        assert!(text.contains(port), "docker-compose.yml publishes {port}");
+    }
+    let stack = std::fs::read_to_string(root.join("scripts/stack")).expect("scripts/stack");
+    for default in [
+        "TRIBUTARY_KAFKA_PORT:-9092",
+        "TRIBUTARY_REGISTRY_PORT:-8081",
+        "TRIBUTARY_PG_PORT:-5432",
+        "TRIBUTARY_MYSQL_PORT:-3306",
+    ] {
+        assert!(stack.contains(default), "scripts/stack's default {default}");
     }
 }

@@ -166,6 +166,14 @@ pub trait SourceConfig: fmt::Debug + Send + Sync {
     /// that fixes it (`source-runner check`). Changes nothing.
     async fn check(&self) -> Vec<Problem>;
 
+    /// Applies the fixes `check` marks [`Problem::auto_fix`] that the
+    /// source's role may apply (a publication, replica identity, a DDL
+    /// trigger) and returns what is still wrong (`source-runner check
+    /// --fix`). Default: a source with nothing to fix by itself only checks.
+    async fn fix(&self) -> Result<Vec<Problem>> {
+        Ok(self.check().await)
+    }
+
     /// Removes what this copy created in the source database (a replication
     /// slot, a publication) for `source-runner delete`; what it removed, for
     /// the operator.

@@ -438,6 +438,10 @@ impl crate::SourceConfig for PostgresSourceConfig {
         super::check::check(self).await
     }
 
+    async fn fix(&self) -> Result<Vec<crate::Problem>> {
+        super::check::fix(self).await
+    }
+
     async fn teardown(&self) -> Result<Vec<String>> {
         super::check::teardown(self).await
     }
