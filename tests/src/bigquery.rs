@@ -9,12 +9,30 @@ use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
 
 use crate::{bigquery_emulator_url, bigquery_project, unique};
 
-/// Runs a query on the emulator and returns its rows as text cells.
+/// Runs a query on the emulator and returns its rows as text cells, every
+/// page of them (the emulator, like BigQuery, answers at most 10,000 rows
+/// at a time and a page token for the rest).
 pub async fn query(sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
-    let url = format!("{}/bigquery/v2/projects/{}/queries", bigquery_emulator_url(), bigquery_project());
-    let body: Json = reqwest::Client::new()
-        .post(url)
-        .json(&json!({"query": sql, "useLegacySql": false}))
+    let base = format!("{}/bigquery/v2/projects/{}/queries", bigquery_emulator_url(), bigquery_project());
+    let client = reqwest::Client::new();
+    let mut page = answer(client.post(&base).json(&json!({"query": sql, "useLegacySql": false}))).await?;
+    let mut out = rows(&page);
+    while let Some(token) = page.get("pageToken").and_then(Json::as_str).filter(|t| !t.is_empty()) {
+        let job = page
+            .pointer("/jobReference/jobId")
+            .and_then(Json::as_str)
+            .ok_or("a page token without a job id")?;
+        let url = reqwest::Url::parse_with_params(&format!("{base}/{job}"), [("pageToken", token)])
+            .map_err(|e| e.to_string())?;
+        page = answer(client.get(url)).await?;
+        out.extend(rows(&page));
+    }
+    Ok(out)
+}
+
+/// The JSON answer of one request, or its errors.
+async fn answer(request: reqwest::RequestBuilder) -> Result<Json, String> {
+    let body: Json = request
         .send()
         .await
         .map_err(|e| e.to_string())?
@@ -27,9 +45,13 @@ pub async fn query(sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
     if let Some(error) = body.get("error") {
         return Err(error.to_string());
     }
-    let rows = body.get("rows").and_then(Json::as_array).cloned().unwrap_or_default();
-    Ok(rows
-        .iter()
+    Ok(body)
+}
+
+/// The rows of one page as text cells.
+fn rows(page: &Json) -> Vec<Vec<Option<String>>> {
+    let rows = page.get("rows").and_then(Json::as_array).cloned().unwrap_or_default();
+    rows.iter()
         .map(|r| {
             r.get("f")
                 .and_then(Json::as_array)
@@ -41,7 +63,7 @@ pub async fn query(sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
                 })
                 .unwrap_or_default()
         })
-        .collect())
+        .collect()
 }
 
 /// Datasets of their own for one test, dropped at the end: the
@@ -75,6 +97,19 @@ impl Datasets {
         c.bookkeeping_dataset = self.bookkeeping.clone();
         c.declare_primary_key = false;
         c
+    }
+
+    /// The `[bigquery]` section of a sink runner's config writing into the
+    /// datasets (the emulator's, no primary key).
+    pub fn runner_section(&self) -> String {
+        format!(
+            "[bigquery]\nproject = \"{}\"\nemulator_url = \"{}\"\ndataset = \"{}\"\nbookkeeping_dataset = \"{}\"\n\
+             declare_primary_key = false\n",
+            bigquery_project(),
+            bigquery_emulator_url(),
+            self.dataset,
+            self.bookkeeping
+        )
     }
 
     /// A sink writing into the datasets.

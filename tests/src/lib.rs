@@ -121,12 +121,19 @@ impl Runner {
     /// Starts `target/<profile>/<package> --config <config>` with
     /// `RUST_LOG=info`.
     pub fn start(package: &str, config: &std::path::Path, log: &std::path::Path) -> Self {
+        Self::spawn(&runner_binary(package), config, log)
+    }
+
+    /// Starts the binary `bin` (from [`runner_binary`]) like
+    /// [`Runner::start`], without building first: for harnesses that
+    /// restart a runner many times.
+    pub fn spawn(bin: &std::path::Path, config: &std::path::Path, log: &std::path::Path) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("open runner log");
-        let child = Command::new(runner_binary(package))
+        let child = Command::new(bin)
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
@@ -135,6 +142,12 @@ impl Runner {
             .spawn()
             .expect("spawn runner");
         Self { child }
+    }
+
+    /// The exit status, once the runner has exited (by itself: a runner
+    /// pauses and retries instead, so this is a failure).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// SIGKILL: no shutdown code runs.

@@ -13,8 +13,8 @@ use tributary_connectors::Sink;
 use tributary_schemas::Value;
 use tributary_tests::bigquery::{query, Datasets};
 use tributary_tests::conformance::sink::SinkFixture;
+use tributary_tests::pg_destination_url;
 use tributary_tests::postgres::Destination;
-use tributary_tests::{bigquery_emulator_url, bigquery_project, pg_destination_url};
 
 use tributary_tests::conformance;
 
@@ -211,15 +211,7 @@ impl SinkFixture for BigQuery {
     }
 
     fn runner_section(&self) -> Option<String> {
-        let d = &self.datasets;
-        Some(format!(
-            "[bigquery]\nproject = \"{}\"\nemulator_url = \"{}\"\ndataset = \"{}\"\nbookkeeping_dataset = \"{}\"\n\
-             declare_primary_key = false\n",
-            bigquery_project(),
-            bigquery_emulator_url(),
-            d.dataset,
-            d.bookkeeping
-        ))
+        Some(self.datasets.runner_section())
     }
 
     async fn cleanup(&self) {
