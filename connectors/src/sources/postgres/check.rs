@@ -247,16 +247,7 @@ pub async fn ensure_publication(
                     // Created concurrently: check it again.
                     return Box::pin(ensure_publication(client, config, tables)).await;
                 }
-                return Err(Error::new(
-                    if err.kind() == ErrorKind::Retryable {
-                        ErrorKind::Retryable
-                    } else {
-                        ErrorKind::NeedsOperator
-                    },
-                    err.to_string(),
-                )
-                .with_class(err.class())
-                .with_hint(sql));
+                return Err(publication_failed(&err, sql));
             }
             tracing::info!(publication = %publication, tables = tables.len(), "publication created");
         }
@@ -273,23 +264,21 @@ pub async fn ensure_publication(
                         tracing::warn!(table = %t, "table disappeared before it could join the publication");
                         continue;
                     }
-                    return Err(Error::new(
-                        if err.kind() == ErrorKind::Retryable {
-                            ErrorKind::Retryable
-                        } else {
-                            ErrorKind::NeedsOperator
-                        },
-                        err.to_string(),
-                    )
-                    .with_table(t.clone())
-                    .with_class(err.class())
-                    .with_hint(sql));
+                    return Err(publication_failed(&err, sql).with_table(t.clone()));
                 }
                 tracing::info!(publication = %publication, table = %t, "table added to the publication");
             }
         }
     }
     Ok(())
+}
+
+/// A publication statement that failed for a reason other than a race: a
+/// retry may cure an outage, anything else (privileges, a bad name) needs
+/// the operator, who gets the statement to run.
+fn publication_failed(err: &Error, sql: String) -> Error {
+    let kind = if err.kind() == ErrorKind::Retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator };
+    Error::new(kind, err.to_string()).with_class(err.class()).with_hint(sql)
 }
 
 /// Checks everything the source needs; an empty list means ready.
