@@ -21,6 +21,7 @@ fn event() -> ChangeEvent {
         data_type,
         nullable,
         source_type: String::new(),
+        default: None,
     };
     let table = Arc::new(TableSchema {
         id: TableId::new("public", "orders"),

@@ -18,6 +18,9 @@ use crate::model::{Column, DataType, TableSchema};
 pub const ATTR_ORIGINAL_NAME: &str = "tributary.name";
 /// Field attribute holding the source's own spelling of the column type.
 pub const ATTR_SOURCE_TYPE: &str = "tributary.source_type";
+/// Field attribute holding a column's default (see `crate::defaults`), for
+/// nullable fields too, whose Avro `default` must be null.
+pub const ATTR_DEFAULT: &str = "tributary.default";
 /// Attribute of the value record listing the key columns, so that events
 /// with a null key (truncates) still tell the decoder the table's key.
 pub const ATTR_KEY: &str = "tributary.key";
@@ -216,6 +219,7 @@ fn fields(
             });
         }
         let ty = column_type(table, col, &col.data_type, names)?;
+        let default = col.default.as_deref().and_then(|d| serde_json::from_str::<Json>(d).ok());
         let mut field = Map::new();
         field.insert("name".into(), Json::String(name.clone()));
         if col.nullable {
@@ -223,6 +227,14 @@ fn fields(
             field.insert("default".into(), Json::Null);
         } else {
             field.insert("type".into(), ty);
+            // A reader of events written before the column existed takes
+            // this value: the new schema stays BACKWARD compatible.
+            if let Some(d) = &default {
+                field.insert("default".into(), d.clone());
+            }
+        }
+        if let Some(d) = default {
+            field.insert(ATTR_DEFAULT.into(), d);
         }
         if name != col.name {
             field.insert(ATTR_ORIGINAL_NAME.into(), Json::String(col.name.clone()));

@@ -7,7 +7,7 @@
 //! read ten or a hundred times too big) or a date column turned into a
 //! timestamp. We refuse those before anything is produced.
 
-use crate::model::{Column, DataType};
+use crate::model::{Column, DataType, TableSchema};
 
 /// A column the new schema cannot take over from the old one, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,13 +19,14 @@ pub struct Violation {
 }
 
 /// Checks that `new` columns can replace `old` ones under BACKWARD rules:
-/// new columns must be nullable (their default is null), existing columns
-/// may only widen their type or become nullable. Dropped columns are fine.
+/// new columns must be nullable or carry a default (the value a reader
+/// gives events written before them), existing columns may only widen
+/// their type or become nullable. Dropped columns are fine.
 pub fn check(old: &[Column], new: &[Column]) -> Vec<Violation> {
     let mut out = Vec::new();
     for c in new {
         match old.iter().find(|o| o.name == c.name) {
-            None if !c.nullable => out.push(Violation {
+            None if !c.nullable && c.default.is_none() => out.push(Violation {
                 column: c.name.clone(),
                 reason: format!("new NOT NULL column of type {} has no default", c.data_type),
             }),
@@ -47,6 +48,59 @@ pub fn check(old: &[Column], new: &[Column]) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// The shape to register for a table whose previous registered shape had
+/// `old` columns and whose source now has `new`: what stays readable by
+/// consumers of `old` without refusing the change.
+///
+/// - a new NOT NULL column without a carried default is written as optional
+///   (events before it have no value for it);
+/// - a column that became NOT NULL stays optional (its values are simply
+///   never null);
+/// - a column whose type narrowed (`bigint` to `int`, `numeric(12,2)` to
+///   `numeric(8,2)`, `text` to an enum) keeps the wider type, and its
+///   values are written in it.
+///
+/// The columns left are the ones no shape can carry over (`int` to `text`,
+/// a decimal's scale): the returned violations.
+pub fn relax(old: &[Column], new: &TableSchema) -> (TableSchema, Vec<Violation>) {
+    let mut written = new.clone();
+    let mut violations = Vec::new();
+    for c in &mut written.columns {
+        match old.iter().find(|o| o.name == c.name) {
+            None => {
+                if !c.nullable && c.default.is_none() {
+                    c.nullable = true;
+                }
+            }
+            Some(o) => {
+                if !widens(&o.data_type, &c.data_type) {
+                    if widens(&c.data_type, &o.data_type) {
+                        let keeps = c
+                            .default
+                            .as_deref()
+                            .and_then(|d| serde_json::from_str(d).ok())
+                            .is_some_and(|d| crate::defaults::carries_over(&c.data_type, &o.data_type, &d));
+                        if !keeps {
+                            c.default = None;
+                        }
+                        c.data_type = o.data_type.clone();
+                        c.source_type = o.source_type.clone();
+                    } else {
+                        violations.push(Violation {
+                            column: c.name.clone(),
+                            reason: format!("type changed from {} to {}", o.data_type, c.data_type),
+                        });
+                    }
+                }
+                if o.nullable {
+                    c.nullable = true;
+                }
+            }
+        }
+    }
+    (written, violations)
 }
 
 /// Names of the columns that differ between two shapes (added, dropped or
@@ -87,6 +141,48 @@ pub fn widens(old: &DataType, new: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{TableId, Value};
+
+    #[test]
+    fn relaxing_keeps_what_old_readers_can_read() {
+        let old = vec![
+            col("id", DataType::Int64, false),
+            col("n", DataType::Text, true),
+            col("amount", DataType::Decimal { precision: 12, scale: 2 }, true),
+            col("code", DataType::Int32, false),
+        ];
+        let new = TableSchema {
+            id: TableId::new("s", "t"),
+            columns: vec![
+                col("id", DataType::Int32, false),
+                col("n", DataType::Text, false),
+                col("amount", DataType::Decimal { precision: 8, scale: 2 }, true),
+                col("code", DataType::Text, false),
+                col("must", DataType::Boolean, false),
+                col("flag", DataType::Boolean, false).with_default(&Value::Boolean(true)),
+            ],
+            key: vec!["id".into()],
+        };
+        let (written, violations) = relax(&old, &new);
+        let shape: Vec<(String, String, bool)> = written
+            .columns
+            .iter()
+            .map(|c| (c.name.clone(), c.data_type.to_string(), c.nullable))
+            .collect();
+        let expect = [
+            ("id", "int64", false),
+            ("n", "text", true),
+            ("amount", "decimal(12,2)", true),
+            ("code", "text", false),
+            ("must", "boolean", true),
+            ("flag", "boolean", false),
+        ];
+        assert_eq!(shape, expect.map(|(a, b, c)| (a.to_string(), b.to_string(), c)).to_vec());
+        assert_eq!(violations.iter().map(|v| v.column.as_str()).collect::<Vec<_>>(), ["code"]);
+        // What is left after relaxing passes the check, but for the type change.
+        let left = check(&old, &written.columns);
+        assert_eq!(left.iter().map(|v| v.column.as_str()).collect::<Vec<_>>(), ["code"]);
+    }
 
     fn col(name: &str, data_type: DataType, nullable: bool) -> Column {
         Column::new(name, data_type, nullable)

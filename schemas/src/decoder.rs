@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::avro::{ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE, ATTR_SYMBOLS};
+use crate::avro::{ATTR_DEFAULT, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE, ATTR_SYMBOLS};
 use crate::binary::{split_header, ReadError, Reader};
 use crate::decimal;
 use crate::error::SchemaError;
@@ -649,6 +649,7 @@ fn compile_row(context: &str, record: &Schema) -> Result<(Vec<ColumnPlan>, Vec<C
             data_type,
             nullable: plan.opt.nullable(),
             source_type,
+            default: f.attrs.get(ATTR_DEFAULT).map(serde_json::Value::to_string),
         });
         plans.push(plan);
     }

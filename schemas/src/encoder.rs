@@ -35,10 +35,15 @@ pub struct EncodedRecord {
     pub value: Option<Vec<u8>>,
 }
 
-/// What [`EventEncoder::prepare`] settled for one topic.
+/// What [`EventEncoder::prepare`] settled for one table shape of a topic.
 #[derive(Debug)]
 struct Prepared {
+    /// The source's shape whose events this version encodes.
     table: Arc<TableSchema>,
+    /// The shape the registered schemas describe: `table` relaxed so that
+    /// readers of the previous version read it (see [`compat::relax`]);
+    /// the same columns in the same order, some wider or optional.
+    written: TableSchema,
     key_indexes: Vec<usize>,
     key_id: Option<u32>,
     value_id: u32,
@@ -47,12 +52,26 @@ struct Prepared {
     size_hint: AtomicUsize,
 }
 
+/// The shapes of one topic this process has prepared, the newest last.
+#[derive(Debug, Default)]
+struct Topic {
+    versions: Vec<Prepared>,
+    /// Whether the newest is the subjects' latest version because this
+    /// process registered it (a shape found registered may be an old one).
+    newest_registered: bool,
+}
+
+/// How many shapes of one topic are kept: events of an older shape come
+/// only from a replay right after a schema change.
+const KEPT_VERSIONS: usize = 8;
+
 /// Encodes change events of any number of tables, each on its own topic.
 #[derive(Debug)]
 pub struct EventEncoder {
     registry: Registry,
     options: EnvelopeOptions,
-    topics: FxHashMap<String, Prepared>,
+    topics: FxHashMap<String, Topic>,
+    register_incompatible: bool,
 }
 
 /// The source's version string in `source.version`.
@@ -61,7 +80,22 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 impl EventEncoder {
     /// An encoder registering schemas in `registry`.
     pub fn new(registry: Registry, options: EnvelopeOptions) -> Self {
-        Self { registry, options, topics: FxHashMap::default() }
+        Self {
+            registry,
+            options,
+            topics: FxHashMap::default(),
+            register_incompatible: false,
+        }
+    }
+
+    /// Registers a change no shape can carry over (`int` to `text`) as a new
+    /// version anyway, under compatibility `NONE` for that one registration,
+    /// instead of refusing it (`incompatible_schema_changes = "register"`,
+    /// see `docs/schema-changes.md`): consumers of the topic must then read
+    /// the new type.
+    pub fn register_incompatible(mut self, yes: bool) -> Self {
+        self.register_incompatible = yes;
+        self
     }
 
     /// The envelope options.
@@ -69,48 +103,96 @@ impl EventEncoder {
         &self.options
     }
 
-    /// The schemas prepared for a topic, with their registry ids (key id,
-    /// value id).
+    /// The schemas last prepared for a topic, with their registry ids (key
+    /// id, value id).
     pub fn prepared(&self, topic: &str) -> Option<(&EnvelopeSchemas, Option<u32>, u32)> {
-        self.topics.get(topic).map(|p| (&p.schemas, p.key_id, p.value_id))
+        self.newest(topic).map(|p| (&p.schemas, p.key_id, p.value_id))
     }
 
-    /// Makes `topic` ready for events of `table`: builds the key and value
-    /// schemas, checks that they can follow the subject's previous version
-    /// (locally and with the registry, BACKWARD), registers them as
-    /// `<topic>-key` / `<topic>-value`, and sets a new subject's
-    /// compatibility to BACKWARD.
+    /// The shape the newest schemas of `topic` describe (the source's shape
+    /// relaxed, see [`compat::relax`]).
+    pub fn written(&self, topic: &str) -> Option<&TableSchema> {
+        self.newest(topic).map(|p| &p.written)
+    }
+
+    fn newest(&self, topic: &str) -> Option<&Prepared> {
+        self.topics.get(topic).and_then(|t| t.versions.last())
+    }
+
+    /// Makes `topic` ready for events of `table`.
     ///
-    /// An incompatible change is [`SchemaError::Incompatible`] naming the
-    /// table and the columns; nothing is registered then.
+    /// A shape already registered under the topic's subjects (after a
+    /// restart, the events of the shape before a schema change are replayed)
+    /// is used as it is. Otherwise the shape is relaxed against the
+    /// subject's newest version (ours, or the registry's after a restart)
+    /// so that it stays BACKWARD compatible where it can ([`compat::relax`]:
+    /// new NOT NULL columns without a default and columns that became NOT
+    /// NULL stay optional, narrowed types stay wide), checked locally and
+    /// with the registry, and registered as `<topic>-key` / `<topic>-value`;
+    /// a new subject's compatibility is set to BACKWARD first.
+    ///
+    /// A change no shape can carry over (`int` to `text`) is
+    /// [`SchemaError::Incompatible`] naming the table, the columns and the
+    /// types; nothing is registered then.
     pub async fn prepare(&mut self, table: &Arc<TableSchema>, topic: &str) -> Result<()> {
-        if let Some(p) = self.topics.get_mut(topic) {
-            if Arc::ptr_eq(&p.table, table) || *p.table == **table {
-                p.table = table.clone();
+        if let Some(t) = self.topics.get_mut(topic) {
+            if let Some(i) = t
+                .versions
+                .iter()
+                .position(|p| Arc::ptr_eq(&p.table, table) || *p.table == **table)
+            {
+                t.versions[i].table = table.clone();
                 return Ok(());
             }
         }
-        let schemas = envelope(table, topic, &self.options)?;
+        let plain = envelope(table, topic, &self.options)?;
         let key_subject = format!("{topic}-key");
         let value_subject = format!("{topic}-value");
-        let new_key_columns: Vec<Column> = table.key_indexes().into_iter().map(|i| table.columns[i].clone()).collect();
+        let local_base = self
+            .topics
+            .get(topic)
+            .filter(|t| t.newest_registered)
+            .and_then(|t| t.versions.last())
+            .map(|p| {
+                let key = p.key_indexes.iter().map(|&i| p.written.columns[i].clone()).collect::<Vec<_>>();
+                (p.written.columns.clone(), key, p.key_id.is_none())
+            });
 
-        // The previous shape: ours if this process prepared the topic,
-        // else the registry's latest version (after a restart).
-        // `fresh`: the registry was just asked for the subjects' latest
-        // versions, so `*_is_new` says that they have none.
-        let (previous, value_is_new, key_is_new, fresh) = match self.topics.get(topic) {
-            Some(p) => {
-                let key_cols = p.key_indexes.iter().map(|&i| p.table.columns[i].clone()).collect::<Vec<_>>();
-                (Some((p.table.columns.clone(), key_cols)), false, p.key_id.is_none(), false)
+        // One round trip: is this very shape registered already, and (after
+        // a restart) what is the subjects' newest version. The registry's
+        // calls for one topic run at once: a source of many tables prepares
+        // them one after the other at its start, at 10-35 ms a request
+        // (Apicurio, here).
+        let lookups = async {
+            let key = async {
+                match &plain.key {
+                    Some(k) => self.registry.lookup(&key_subject, k).await,
+                    None => Ok(None),
+                }
+            };
+            tokio::try_join!(self.registry.lookup(&value_subject, &plain.value), key)
+        };
+        let latest = async {
+            if local_base.is_some() {
+                return Ok((None, None));
             }
+            tokio::try_join!(self.registry.latest(&value_subject), self.registry.latest(&key_subject))
+        };
+        let ((value_hit, key_hit), (latest_value, latest_key)) = tokio::try_join!(lookups, latest)?;
+        if let Some(value_id) = value_hit {
+            if plain.key.is_none() || key_hit.is_some() {
+                self.insert(topic, table, (**table).clone(), plain, key_hit, value_id, false);
+                return Ok(());
+            }
+        }
+
+        // The previous shape: ours if this process prepared the topic, else
+        // the registry's latest version. `fresh`: the registry was just
+        // asked for the subjects' latest versions, so `*_is_new` says that
+        // they have none.
+        let (previous, value_is_new, key_is_new, fresh) = match local_base {
+            Some((columns, key, key_is_new)) => (Some((columns, key)), false, key_is_new, false),
             None => {
-                // The registry's round trips for one new topic are two
-                // independent chains, key and value, each run at once: a
-                // source of many tables registers them one after the other
-                // at its start, at 10-35 ms a request (Apicurio, here).
-                let (latest_value, latest_key) =
-                    tokio::try_join!(self.registry.latest(&value_subject), self.registry.latest(&key_subject))?;
                 let previous = match &latest_value {
                     Some((_, text)) => {
                         let plan = CompiledEnvelope::new(topic, text, latest_key.as_ref().map(|(_, t)| &**t))?;
@@ -127,30 +209,73 @@ impl EventEncoder {
             }
         };
 
-        if let Some((old_columns, old_key)) = &previous {
-            let mut violations = compat::check(old_columns, &table.columns);
-            if schemas.key.is_some() && !old_key.is_empty() {
-                for v in compat::check(old_key, &new_key_columns) {
-                    if !violations.iter().any(|x| x.column == v.column) {
-                        violations.push(compat::Violation {
-                            column: v.column,
-                            reason: format!("in the key: {}", v.reason),
-                        });
+        let mut forced = None;
+        let (written, schemas) = match &previous {
+            None => ((**table).clone(), plain),
+            Some((old_columns, old_key)) => {
+                let (written, mut violations) = compat::relax(old_columns, table);
+                let new_key_columns: Vec<Column> =
+                    written.key_indexes().into_iter().map(|i| written.columns[i].clone()).collect();
+                if plain.key.is_some() && !old_key.is_empty() {
+                    for v in compat::check(old_key, &new_key_columns) {
+                        if !violations.iter().any(|x| x.column == v.column) {
+                            violations.push(compat::Violation {
+                                column: v.column,
+                                reason: format!("in the key: {}", v.reason),
+                            });
+                        }
                     }
                 }
+                for v in compat::check(old_columns, &written.columns) {
+                    if !violations.iter().any(|x| x.column == v.column) {
+                        violations.push(v);
+                    }
+                }
+                if !violations.is_empty() && self.register_incompatible {
+                    forced = Some(
+                        violations
+                            .iter()
+                            .map(|v| format!("{}: {}", v.column, v.reason))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    );
+                } else if !violations.is_empty() {
+                    return Err(SchemaError::Incompatible {
+                        table: table.id.clone(),
+                        columns: violations.iter().map(|v| v.column.as_str()).collect::<Vec<_>>().join(", "),
+                        reason: violations
+                            .iter()
+                            .map(|v| format!("{}: {}", v.column, v.reason))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    });
+                }
+                if written == **table {
+                    (written, plain)
+                } else {
+                    let schemas = envelope(&written, topic, &self.options)?;
+                    // The relaxed shape may be registered already (a replay
+                    // of the events of an earlier relaxed version).
+                    let key = async {
+                        match &schemas.key {
+                            Some(k) => self.registry.lookup(&key_subject, k).await,
+                            None => Ok(None),
+                        }
+                    };
+                    let (value_hit, key_hit) =
+                        tokio::try_join!(self.registry.lookup(&value_subject, &schemas.value), key)?;
+                    if let Some(value_id) = value_hit {
+                        if schemas.key.is_none() || key_hit.is_some() {
+                            self.insert(topic, table, written, schemas, key_hit, value_id, false);
+                            return Ok(());
+                        }
+                    }
+                    (written, schemas)
+                }
             }
-            if !violations.is_empty() {
-                return Err(SchemaError::Incompatible {
-                    table: table.id.clone(),
-                    columns: violations.iter().map(|v| v.column.as_str()).collect::<Vec<_>>().join(", "),
-                    reason: violations
-                        .iter()
-                        .map(|v| format!("{}: {}", v.column, v.reason))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                });
-            }
-        }
+        };
+        let new_key_columns: Vec<Column> =
+            written.key_indexes().into_iter().map(|i| written.columns[i].clone()).collect();
 
         // The registry has the last word (another writer may have
         // registered a version we do not know). A subject that had no
@@ -159,20 +284,22 @@ impl EventEncoder {
         // registers one meanwhile, the registry checks ours against it when
         // we register.
         let value_check = async {
-            if fresh && value_is_new {
+            if (fresh && value_is_new) || forced.is_some() {
                 return None;
             }
             Some(self.registry.compatibility(&value_subject, &schemas.value).await)
         };
         let key_check = async {
             match &schemas.key {
-                Some(key) if !(fresh && key_is_new) => Some(self.registry.compatibility(&key_subject, key).await),
+                Some(key) if !(fresh && key_is_new) && forced.is_none() => {
+                    Some(self.registry.compatibility(&key_subject, key).await)
+                }
                 _ => None,
             }
         };
         let (value_answer, key_answer) = tokio::join!(value_check, key_check);
         let checks = [
-            (value_answer, &value_subject, &table.columns, "value"),
+            (value_answer, &value_subject, &written.columns, "value"),
             (key_answer, &key_subject, &new_key_columns, "key"),
         ];
         for (answer, subject, columns, which) in checks {
@@ -221,27 +348,66 @@ impl EventEncoder {
                 None => Ok(None),
             }
         };
-        let (value_id, key_id) = tokio::try_join!(value, key)?;
-        self.topics.insert(
-            topic.to_string(),
-            Prepared {
-                table: table.clone(),
-                key_indexes: table.key_indexes(),
-                key_id,
-                value_id,
-                schemas,
-                size_hint: AtomicUsize::new(256),
-            },
-        );
+        let (value_id, key_id) = match &forced {
+            None => tokio::try_join!(value, key)?,
+            Some(reason) => {
+                tracing::warn!(table = %table.id, topic, change = %reason,
+                    "registering an incompatible schema change (incompatible_schema_changes = \"register\")");
+                let subjects = if schemas.key.is_some() {
+                    vec![&value_subject, &key_subject]
+                } else {
+                    vec![&value_subject]
+                };
+                for subject in &subjects {
+                    self.registry.set_compatibility(subject, "NONE").await?;
+                }
+                let ids = tokio::try_join!(value, key);
+                for subject in &subjects {
+                    self.registry.set_compatibility(subject, COMPATIBILITY_LEVEL).await?;
+                }
+                ids?
+            }
+        };
+        self.insert(topic, table, written, schemas, key_id, value_id, true);
         Ok(())
     }
 
-    fn prepared_for(&self, event: &ChangeEvent, topic: &str) -> Result<&Prepared> {
-        let p = self.topics.get(topic).ok_or_else(|| not_prepared(event, topic))?;
-        if !Arc::ptr_eq(&p.table, &event.schema) && *p.table != *event.schema {
-            return Err(not_prepared(event, topic));
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        topic: &str,
+        table: &Arc<TableSchema>,
+        written: TableSchema,
+        schemas: EnvelopeSchemas,
+        key_id: Option<u32>,
+        value_id: u32,
+        registered: bool,
+    ) {
+        let t = self.topics.entry(topic.to_string()).or_default();
+        t.newest_registered = registered;
+        let versions = &mut t.versions;
+        if versions.len() >= KEPT_VERSIONS {
+            versions.remove(0);
         }
-        Ok(p)
+        versions.push(Prepared {
+            table: table.clone(),
+            key_indexes: written.key_indexes(),
+            written,
+            key_id,
+            value_id,
+            schemas,
+            size_hint: AtomicUsize::new(256),
+        });
+    }
+
+    fn prepared_for(&self, event: &ChangeEvent, topic: &str) -> Result<&Prepared> {
+        let t = self.topics.get(topic).ok_or_else(|| not_prepared(event, topic))?;
+        // The newest first: nearly every event is of the newest shape.
+        t.versions
+            .iter()
+            .rev()
+            .find(|p| Arc::ptr_eq(&p.table, &event.schema) || *p.table == *event.schema)
+            .ok_or_else(|| not_prepared(event, topic))
     }
 
     /// Encodes an event for `topic`, which must have been prepared with the
@@ -252,7 +418,7 @@ impl EventEncoder {
         let key = self.encode_key(p, event)?;
         let mut out = Vec::with_capacity(p.size_hint.load(Ordering::Relaxed) + 16);
         write_header(&mut out, p.value_id);
-        self.write_envelope(&mut out, event)?;
+        self.write_envelope(&mut out, p, event)?;
         p.size_hint.store(out.len(), Ordering::Relaxed);
         Ok(EncodedRecord { key, value: Some(out) })
     }
@@ -280,7 +446,7 @@ impl EventEncoder {
         let (Some(key_id), Some(row)) = (p.key_id, event.key_row()) else {
             return Ok(None);
         };
-        let table = &event.schema;
+        let table = &p.written;
         check_row_len(table, row)?;
         let mut out = Vec::with_capacity(32);
         write_header(&mut out, key_id);
@@ -290,8 +456,8 @@ impl EventEncoder {
         Ok(Some(out))
     }
 
-    fn write_envelope(&self, out: &mut Vec<u8>, event: &ChangeEvent) -> Result<()> {
-        let table = &event.schema;
+    fn write_envelope(&self, out: &mut Vec<u8>, p: &Prepared, event: &ChangeEvent) -> Result<()> {
+        let table = &p.written;
         for row in [&event.before, &event.after] {
             match row {
                 None => write_long(out, 0),
@@ -436,6 +602,20 @@ fn write_typed(out: &mut Vec<u8>, dt: &DataType, v: &Value) -> std::result::Resu
         (DataType::Int16, Value::Int16(x)) => write_int(out, i32::from(*x)),
         (DataType::Int32, Value::Int32(x)) => write_int(out, *x),
         (DataType::Int64, Value::Int64(x)) => write_long(out, *x),
+        // A column whose type narrowed at the source keeps its wider type
+        // in the topic (see `compat::relax`): its values are written in it.
+        (DataType::Int32, Value::Int16(x)) => write_int(out, i32::from(*x)),
+        (DataType::Int64, Value::Int16(x)) => write_long(out, i64::from(*x)),
+        (DataType::Int64, Value::Int32(x)) => write_long(out, i64::from(*x)),
+        (DataType::Float32, Value::Int16(x)) => write_float(out, f32::from(*x)),
+        (DataType::Float64, Value::Int16(x)) => write_double(out, f64::from(*x)),
+        (DataType::Float64, Value::Int32(x)) => write_double(out, f64::from(*x)),
+        (DataType::Float64, Value::Float32(x)) => write_double(out, f64::from(*x)),
+        (DataType::Text, Value::Enum(s) | Value::Json(s)) => write_bytes(out, s.as_bytes()),
+        (DataType::Text, Value::Uuid(u)) => {
+            let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+            write_bytes(out, u.hyphenated().encode_lower(&mut buf).as_bytes());
+        }
         (DataType::Float32, Value::Float32(x)) => write_float(out, *x),
         (DataType::Float64, Value::Float64(x)) => write_double(out, *x),
         (DataType::Decimal { precision, scale }, Value::Decimal(text)) => {

@@ -47,6 +47,7 @@ fn every_type_table() -> TableSchema {
                 data_type: t.clone(),
                 nullable,
                 source_type: String::new(),
+                default: None,
             })
         })
         .collect();

@@ -12,6 +12,7 @@ pub mod binary;
 pub mod compat;
 pub mod decimal;
 pub mod decoder;
+pub mod defaults;
 pub mod encoder;
 pub mod error;
 pub mod fuzzing;

@@ -132,6 +132,11 @@ pub struct Column {
     /// kept so that a sink of the same kind can recreate it exactly
     /// (`__debezium.source.column.type` in Debezium's schema parameters).
     pub source_type: String,
+    /// The value that rows which existed before the column was added have
+    /// (`ADD COLUMN ... DEFAULT 7`), as the JSON of its Avro default (see
+    /// `crate::defaults`); `None` when there is none or it cannot be
+    /// carried. A sink that adds the column gives it to the rows it holds.
+    pub default: Option<String>,
 }
 
 impl Column {
@@ -143,7 +148,21 @@ impl Column {
             data_type,
             nullable,
             source_type: String::new(),
+            default: None,
         }
+    }
+
+    /// This column with `value` as its default (see [`Column::default`]);
+    /// a value without an Avro JSON form leaves it without one.
+    pub fn with_default(mut self, value: &Value) -> Self {
+        self.default = crate::defaults::to_avro_json(&self.data_type, value).map(|j| j.to_string());
+        self
+    }
+
+    /// The column's default as a value of its type.
+    pub fn default_value(&self) -> Option<Value> {
+        let json: serde_json::Value = serde_json::from_str(self.default.as_deref()?).ok()?;
+        crate::defaults::from_avro_json(&self.data_type, &json)
     }
 }
 

@@ -247,6 +247,58 @@ impl Registry {
         Ok((parsed.is_compatible, messages))
     }
 
+    /// The id of `avro_json` when it is already registered under `subject`
+    /// (any version), or `None`: a schema a subject has accepted once needs
+    /// no new compatibility check (a source replaying events written under
+    /// an older table shape after a restart encodes them with that shape's
+    /// version).
+    pub async fn lookup(&self, subject: &str, avro_json: &str) -> Result<Option<u32>> {
+        let cache_key = (subject.to_string(), avro_json.to_string());
+        if let Some(id) = lock(&self.inner.by_subject).get(&cache_key) {
+            return Ok(Some(*id));
+        }
+        let (client, base) = match &self.inner.backend {
+            Backend::Http { client, base, .. } => (client, base),
+            Backend::Memory(m) => {
+                let m = lock(m);
+                return Ok(m
+                    .ids_by_text
+                    .get(avro_json)
+                    .filter(|id| m.versions.get(subject).is_some_and(|v| v.contains(id)))
+                    .copied());
+            }
+        };
+        let what = format!("looking up a schema of subject {subject}");
+        let body = serde_json::json!({"schema": avro_json, "schemaType": "AVRO"});
+        let resp = client
+            .post(format!("{base}/subjects/{subject}"))
+            .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
+            .header(reqwest::header::ACCEPT, CONTENT_TYPE)
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| from_reqwest(&what, e))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| from_reqwest(&what, e))?;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(from_status(&what, status, &text));
+        }
+        let id = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("id").and_then(serde_json::Value::as_u64))
+            .and_then(|id| u32::try_from(id).ok())
+            .ok_or_else(|| SchemaError::Registry {
+                reason: format!("{what}: answer without an id"),
+                retryable: false,
+            })?;
+        self.store(id, avro_json.to_string());
+        lock(&self.inner.by_subject).insert(cache_key, id);
+        Ok(Some(id))
+    }
+
     /// Sets a subject's compatibility level (`BACKWARD`, `FULL`, ...).
     pub async fn set_compatibility(&self, subject: &str, level: &str) -> Result<()> {
         let (client, base) = match &self.inner.backend {

@@ -100,6 +100,7 @@ async fn evolution_is_checked_before_producing() {
             data_type: DataType::Text,
             nullable: true,
             source_type: "text".into(),
+            default: None,
         });
         let qty = c.iter_mut().find(|c| c.name == "qty").expect("qty");
         qty.data_type = DataType::Int64;
@@ -108,33 +109,91 @@ async fn evolution_is_checked_before_producing() {
     let (_, _, v2_id) = encoder.prepared(&topic).expect("prepared");
     assert_ne!(v1_id, v2_id);
 
-    // Incompatible: a NOT NULL column without default and a narrowed type.
+    // Relaxed, not refused: a NOT NULL column without a default is
+    // written as optional, a narrowed type keeps its wider type, and a NOT
+    // NULL column with a default carries it.
     let v3 = with_columns(&v2, |c| {
         c.push(Column {
             name: "must".into(),
             data_type: DataType::Boolean,
             nullable: false,
             source_type: "boolean".into(),
+            default: None,
         });
+        c.push(Column::new("flag", DataType::Text, false).with_default(&tributary_schemas::Value::Text("x".into())));
         let id = c.iter_mut().find(|c| c.name == "id").expect("id");
         id.data_type = DataType::Int32;
     });
-    let err = encoder.prepare(&v3, &topic).await.expect_err("incompatible");
+    encoder.prepare(&v3, &topic).await.expect("relaxed evolution");
+    let (schemas, _, v3_id) = encoder.prepared(&topic).expect("prepared");
+    assert!(schemas.value.contains(r#""default":"x""#), "{}", schemas.value);
+    let written = encoder.written(&topic).expect("written");
+    let shape = |name: &str| {
+        written
+            .columns
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| (c.data_type.clone(), c.nullable))
+    };
+    assert_eq!(shape("must"), Some((DataType::Boolean, true)));
+    assert_eq!(shape("id"), Some((DataType::Int64, false)));
+    assert_eq!(shape("flag"), Some((DataType::Text, false)));
+
+    // Refused: a type no shape carries over.
+    let v4 = with_columns(&v3, |c| {
+        let qty = c.iter_mut().find(|c| c.name == "qty").expect("qty");
+        qty.data_type = DataType::Text;
+    });
+    let err = encoder.prepare(&v4, &topic).await.expect_err("incompatible");
     match &err {
-        SchemaError::Incompatible { table, columns, .. } => {
+        SchemaError::Incompatible { table, columns, reason } => {
             assert_eq!(table, &v1.id);
-            assert!(columns.contains("must") && columns.contains("id"), "{columns}");
+            assert_eq!(columns, "qty");
+            assert!(reason.contains("int64") && reason.contains("text"), "{reason}");
         }
         other => panic!("expected Incompatible, got {other:?}"),
     }
     assert!(err.to_string().contains("public.orders"));
 
-    // After a restart (a new encoder), the registry's latest version is
-    // the reference: v3 is still refused, v2 is accepted as is.
+    // After a restart (a new encoder), every shape registered before is
+    // found by its content and keeps its version (the replay of events
+    // written before a schema change), and the registry's latest version
+    // is the reference for a new one: v4 is still refused.
     let mut restarted = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
-    assert!(matches!(restarted.prepare(&v3, &topic).await, Err(SchemaError::Incompatible { .. })));
+    assert!(matches!(restarted.prepare(&v4, &topic).await, Err(SchemaError::Incompatible { .. })));
+    restarted.prepare(&v1, &topic).await.expect("v1 after restart");
+    assert_eq!(restarted.prepared(&topic).expect("prepared").2, v1_id);
+    restarted.prepare(&v3, &topic).await.expect("v3 after restart");
+    assert_eq!(restarted.prepared(&topic).expect("prepared").2, v3_id);
     restarted.prepare(&v2, &topic).await.expect("same version after restart");
     assert_eq!(restarted.prepared(&topic).expect("prepared").2, v2_id);
+
+    // v3's narrowed id is written as the wider type, and reads back as it.
+    let mut event = fixtures::events().remove(1).1;
+    let mut row = event.after.take().expect("row");
+    let id_at = v3.column_index("id").expect("id");
+    let tributary_schemas::Value::Int64(id) = row[id_at] else {
+        panic!("id is int64")
+    };
+    row[id_at] = tributary_schemas::Value::Int32(i32::try_from(id).expect("small id"));
+    row[17] = tributary_schemas::Value::Int64(3);
+    row.push(tributary_schemas::Value::Null);
+    row.push(tributary_schemas::Value::Boolean(true));
+    row.push(tributary_schemas::Value::Text("y".into()));
+    event.after = Some(row);
+    event.schema = v3.clone();
+    let rec = restarted.encode(&event, &topic).expect("encode v3");
+    let mut decoder = EventDecoder::new(Registry::new(fixtures::registry_url()).expect("client"));
+    let Decoded::Change(back) = decoder
+        .decode(&topic, rec.key.as_deref(), rec.value.as_deref())
+        .await
+        .expect("decode v3")
+    else {
+        panic!("a change")
+    };
+    assert_eq!(back.after.as_ref().expect("after")[id_at], tributary_schemas::Value::Int64(id));
+    let flag = back.schema.columns.iter().find(|c| c.name == "flag").expect("flag");
+    assert_eq!(flag.default_value(), Some(tributary_schemas::Value::Text("x".into())));
 
     // Events encoded with v2 decode through the real registry.
     let mut event = fixtures::events().remove(1).1;

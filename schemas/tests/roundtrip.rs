@@ -139,6 +139,7 @@ fn table() -> impl Strategy<Value = Arc<TableSchema>> {
                     data_type,
                     nullable,
                     source_type,
+                    default: None,
                 })
                 .collect();
             let key = key.iter().map(|&i| columns[i].name.clone()).collect();
