@@ -30,6 +30,21 @@ pub struct ColumnDef {
     pub type_text: String,
     /// Whether NULL is allowed.
     pub nullable: bool,
+    /// For a column added by `ALTER TABLE ... ADD COLUMN`: the value the
+    /// rows that existed then got (see `docs/schema-changes.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_default: Option<AddedDefault>,
+}
+
+/// The value rows older than an added column got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AddedDefault {
+    /// The column's constant `DEFAULT`, in MySQL's text form.
+    Literal(String),
+    /// A NOT NULL column without `DEFAULT`: MySQL gives old rows the type's
+    /// implicit default (`0`, `''`, the first enum label).
+    Implicit,
 }
 
 /// One table as the history keeps it.
@@ -195,10 +210,17 @@ impl SchemaHistory {
                             if if_not_exists && def.columns.iter().any(|c| c.name == column_def.name.value) {
                                 continue;
                             }
-                            let (col, pk) = column_def_of(&column_def);
+                            let (mut col, pk) = column_def_of(&column_def);
                             if pk {
                                 def.primary_key = vec![col.name.clone()];
                             }
+                            col.added_default = match literal_default(&column_def.options) {
+                                Some(text) => Some(AddedDefault::Literal(text)),
+                                None if !col.nullable && !has_default(&column_def.options) => {
+                                    Some(AddedDefault::Implicit)
+                                }
+                                None => None,
+                            };
                             insert_at(&mut def, col, column_position.as_ref(), &table)?;
                         }
                         AlterTableOperation::DropColumn { column_names, if_exists, .. } => {
@@ -354,9 +376,37 @@ fn column_def(name: &str, type_text: &str, options: &[ColumnOptionDef]) -> (Colu
             name: name.to_string(),
             type_text: type_text.to_string(),
             nullable,
+            added_default: None,
         },
         pk,
     )
+}
+
+/// A constant `DEFAULT` in MySQL's text form (`7`, `-1.5`, `x`); `None`
+/// for none, NULL or an expression (`CURRENT_TIMESTAMP`, `(uuid())`), whose
+/// value for old rows is not known here.
+fn literal_default(options: &[ColumnOptionDef]) -> Option<String> {
+    use sqlparser::ast::{UnaryOperator, Value};
+    let expr = options.iter().find_map(|o| match &o.option {
+        ColumnOption::Default(e) => Some(e),
+        _ => None,
+    })?;
+    let (negative, expr) = match expr {
+        Expr::UnaryOp { op: UnaryOperator::Minus, expr } => (true, &**expr),
+        e => (false, e),
+    };
+    let Expr::Value(v) = expr else { return None };
+    let text = match &v.value {
+        Value::Number(n, _) => n.to_string(),
+        Value::SingleQuotedString(t) | Value::DoubleQuotedString(t) if !negative => return Some(t.clone()),
+        Value::Boolean(b) if !negative => return Some(if *b { "1" } else { "0" }.to_string()),
+        _ => return None,
+    };
+    Some(if negative { format!("-{text}") } else { text })
+}
+
+fn has_default(options: &[ColumnOptionDef]) -> bool {
+    options.iter().any(|o| matches!(o.option, ColumnOption::Default(_)))
 }
 
 fn primary_key_columns(constraint: &TableConstraint) -> Option<Vec<String>> {

@@ -33,11 +33,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
-use tributary_schemas::{Column, TableId, TableSchema};
+use tributary_schemas::{Column, DataType, TableId, TableSchema, Value};
 
 pub use self::config::MySqlSourceConfig;
 use self::config::{ConnectionParams, NewTables, SnapshotMode, TableFilter};
-use self::history::{SchemaHistory, TableDef};
+use self::history::{AddedDefault, SchemaHistory, TableDef};
 use self::snapshot::{SnapshotRun, SnapshotState, TablePlan};
 use self::stream::Streamer;
 use self::types::{map_type, ColumnCodec};
@@ -157,6 +157,31 @@ pub struct BuiltSchema {
     pub keyed: bool,
 }
 
+/// The value rows older than an added column got, decoded like a value of
+/// the column in MySQL's text protocol; `None` when it does not decode.
+fn added_default(col: &Column, codec: &ColumnCodec, default: &AddedDefault, table: &TableId) -> Option<Value> {
+    let text = match default {
+        AddedDefault::Literal(text) => text.clone(),
+        AddedDefault::Implicit => match &col.data_type {
+            DataType::Boolean
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Decimal { .. } => "0".to_string(),
+            DataType::Text | DataType::Bytes => String::new(),
+            DataType::Enum { symbols } => symbols.first()?.clone(),
+            // Zero dates and the like: not carried.
+            _ => return None,
+        },
+    };
+    match codec.from_text(mysql_async::Value::Bytes(text.into_bytes()), table, &col.name) {
+        Ok(Value::Null) | Err(_) => None,
+        Ok(v) => Some(v),
+    }
+}
+
 impl BuiltSchema {
     /// The schema of `table` from its definition, with excluded columns
     /// left out and the configured key where there is no primary key.
@@ -172,8 +197,12 @@ impl BuiltSchema {
             let data_type = map_type(table, &c.name, &c.type_text)?;
             let mut col = Column::new(c.name.clone(), data_type, c.nullable);
             col.source_type = c.type_text.clone();
+            let codec = ColumnCodec::new(&col);
+            if let Some(v) = c.added_default.as_ref().and_then(|d| added_default(&col, &codec, d, table)) {
+                col = col.with_default(&v);
+            }
             source_columns.push(Some(columns.len()));
-            codecs.push(ColumnCodec::new(&col));
+            codecs.push(codec);
             columns.push(col);
         }
         let (key, keyed) = if !def.primary_key.is_empty() {
@@ -534,6 +563,7 @@ mod tests {
                     name: "id".into(),
                     type_text: "int(11)".into(),
                     nullable: false,
+                    added_default: None,
                 }],
                 primary_key: vec!["id".into()],
             },
@@ -563,16 +593,19 @@ mod tests {
                     name: "code".into(),
                     type_text: "varchar(8)".into(),
                     nullable: false,
+                    added_default: None,
                 },
                 ColumnDef {
                     name: "secret".into(),
                     type_text: "text".into(),
                     nullable: true,
+                    added_default: None,
                 },
                 ColumnDef {
                     name: "n".into(),
                     type_text: "int(10) unsigned".into(),
                     nullable: true,
+                    added_default: None,
                 },
             ],
             primary_key: vec![],

@@ -9,7 +9,7 @@ use pgwire_replication::PgWireError;
 use tributary_schemas::{Column, TableId, TableSchema};
 
 use super::config::{ConnectionParams, PostgresSourceConfig, TableFilter};
-use super::types::{map_type, PgType};
+use super::types::{decode_text, map_type, parse_array, ArrayItem, ColumnRef, PgType};
 pub(crate) use crate::pgwire::sqlstate::classify as classify_pg;
 use crate::pgwire::sqlstate;
 use crate::error::{Error, ErrorKind, Result};
@@ -204,7 +204,12 @@ impl Catalog {
         let rows = self
             .client
             .query(
-                "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull FROM pg_attribute a \
+                // `attmissingval`: the value that rows older than an
+                // `ADD COLUMN ... DEFAULT` have (PostgreSQL 11+ stores it
+                // instead of rewriting the table), as a one-element array.
+                "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull, \
+                        CASE WHEN a.atthasmissing THEN a.attmissingval::text END \
+                 FROM pg_attribute a \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
                 &[&relid],
             )
@@ -212,6 +217,7 @@ impl Catalog {
             .map_err(|e| classify_pg(e, "reading columns").with_table(table.clone()))?;
         let catalog_cols: Vec<(String, u32, i32, bool)> =
             rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+        let missing: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(4))).collect();
         let pk_rows = self
             .client
             .query(
@@ -244,11 +250,17 @@ impl Catalog {
             let t = self.pg_type(*oid, *typmod).await.map_err(|e| e.with_table(table.clone()))?;
             let notnull = catalog_cols.iter().any(|(n, _, _, nn)| n == name && *nn);
             source_columns.push(Some(cols.len()));
-            cols.push(Column {
+            let column = Column {
                 name: name.clone(),
                 data_type: map_type(&t, table, name),
                 nullable: !notnull,
                 source_type: t.formatted.clone(),
+                default: None,
+            };
+            let missing = missing.iter().find(|(n, _)| n == name).and_then(|(_, m)| m.as_deref());
+            cols.push(match missing.and_then(|m| missing_value(&column, table, m)) {
+                Some(v) => column.with_default(&v),
+                None => column,
             });
         }
         if let Some(k) = &key {
@@ -305,6 +317,17 @@ impl Catalog {
     }
 }
 
+
+/// The value of `attmissingval`'s text (`{7}`, `{"x y"}`) for `column`, or
+/// `None` when it does not decode (the column then carries no default).
+fn missing_value(column: &Column, table: &TableId, text: &str) -> Option<tributary_schemas::Value> {
+    let items = parse_array(text)?;
+    let [ArrayItem::Text(item)] = items.as_slice() else {
+        return None;
+    };
+    let col = ColumnRef { table, column: &column.name, source_type: &column.source_type };
+    decode_text(&column.data_type, item, col).ok()
+}
 
 #[cfg(test)]
 mod tests {
