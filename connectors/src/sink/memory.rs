@@ -252,10 +252,18 @@ impl Warehouse for MemorySink {
         let changes = plan(&MemoryDialect, table, schema, origin, &stored.shape)?;
         stored.shape.apply(&changes);
         for change in &changes {
-            if let TableChange::AddBookkeeping(c) = change {
-                for row in stored.rows.values_mut() {
-                    row.values.insert(c.name.clone(), Value::Int64(-1));
+            match change {
+                TableChange::AddBookkeeping(c) => {
+                    for row in stored.rows.values_mut() {
+                        row.values.insert(c.name.clone(), Value::Int64(-1));
+                    }
                 }
+                TableChange::AddColumn { column, backfill: Some(v) } => {
+                    for row in stored.rows.values_mut() {
+                        row.values.insert(column.name.clone(), v.clone());
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

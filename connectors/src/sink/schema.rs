@@ -3,7 +3,8 @@
 //! [`Dialect`] (its types and which changes it can make in place).
 //!
 //! The plan only ever adds: a missing table is created, a missing column
-//! added (nullable: older rows have no value for it), a type widened where
+//! added (nullable: older rows have no value for it, or the source's
+//! default for them when the schema carries one), a type widened where
 //! the destination can widen it in place, a NOT NULL relaxed where the
 //! source now sends NULL or no longer sends the column. Nothing is dropped
 //! or narrowed; a change the destination cannot follow is a permanent error
@@ -11,7 +12,7 @@
 
 use std::fmt;
 
-use tributary_schemas::{Column, TableSchema};
+use tributary_schemas::{Column, TableSchema, Value};
 
 use super::bookkeeping::{is_bookkeeping, POSITION_COLUMNS};
 use crate::error::{Error, Result};
@@ -66,7 +67,7 @@ impl<T: Clone> TableShape<T> {
                     self.columns = columns.clone();
                     self.primary_key = key.clone();
                 }
-                TableChange::AddColumn(c) | TableChange::AddBookkeeping(c) => {
+                TableChange::AddColumn { column: c, .. } | TableChange::AddBookkeeping(c) => {
                     if self.column(&c.name).is_none() {
                         self.columns.push(c.clone());
                     }
@@ -99,7 +100,14 @@ pub enum TableChange<T> {
         key: Vec<String>,
     },
     /// Add a column the source now has (always nullable).
-    AddColumn(ShapeColumn<T>),
+    AddColumn {
+        /// The column.
+        column: ShapeColumn<T>,
+        /// The value the rows already in the table get: the source's value
+        /// for rows older than the column (`ADD COLUMN ... DEFAULT 7`, see
+        /// `docs/schema-changes.md`); `None` leaves them NULL.
+        backfill: Option<Value>,
+    },
     /// Widen a column's type in place.
     Widen {
         /// The column.
@@ -201,7 +209,10 @@ pub fn plan<D: Dialect>(
     for c in &schema.columns {
         let want = dialect.column_type(c, origin);
         match shape.column(&c.name) {
-            None => plan.push(TableChange::AddColumn(ShapeColumn { name: c.name.clone(), ty: want, not_null: false })),
+            None => plan.push(TableChange::AddColumn {
+                column: ShapeColumn { name: c.name.clone(), ty: want, not_null: false },
+                backfill: c.default_value(),
+            }),
             Some(d) => {
                 match dialect.fit(&d.ty, &want) {
                     Fit::Keep => {}
@@ -327,6 +338,12 @@ mod tests {
             Column::new("e", DataType::Text, true),
         ]);
         let changes = plan(&Toy, "t", &new, "test", &shape).unwrap();
+        let mut with_default = new.clone();
+        with_default.columns[2] = Column::new("e", DataType::Text, false).with_default(&Value::Text("x".into()));
+        assert!(matches!(
+            &plan(&Toy, "t", &with_default, "test", &shape).unwrap()[2],
+            TableChange::AddColumn { backfill: Some(Value::Text(x)), .. } if x == "x"
+        ));
         assert_eq!(
             changes,
             vec![
@@ -336,11 +353,14 @@ mod tests {
                     to: "int64".into()
                 },
                 TableChange::DropNotNull { column: "n".into() },
-                TableChange::AddColumn(ShapeColumn {
-                    name: "e".into(),
-                    ty: "text".into(),
-                    not_null: false
-                }),
+                TableChange::AddColumn {
+                    column: ShapeColumn {
+                        name: "e".into(),
+                        ty: "text".into(),
+                        not_null: false
+                    },
+                    backfill: None
+                },
             ]
         );
         let dropped = schema(vec![Column::new("id", DataType::Int32, false)]);

@@ -2,10 +2,10 @@
 //! schema changes over, and the statements it runs (DDL, the staging
 //! tables, the position-guarded `MERGE`, the offsets `MERGE`).
 
-use tributary_schemas::Column;
+use tributary_schemas::{Column, Value};
 
 use super::config::DestinationTable;
-use super::types::{bigquery_type, fit, BqType};
+use super::types::{bigquery_type, fit, to_json, BqType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{position_before, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
@@ -60,9 +60,49 @@ impl Dialect for BigQueryDialect {
     }
 }
 
-/// The statement of one table change; `declare_key` adds `PRIMARY KEY (...)
-/// NOT ENFORCED` to a new table.
-pub fn change_sql(table: &DestinationTable, change: &TableChange<BqType>, declare_key: bool) -> String {
+/// The statements of one table change; `declare_key` adds `PRIMARY KEY
+/// (...) NOT ENFORCED` to a new table.
+pub fn change_sql(table: &DestinationTable, change: &TableChange<BqType>, declare_key: bool) -> Vec<String> {
+    let t = table.quoted();
+    match change {
+        // BigQuery adds columns as NULLABLE only, and a column's DEFAULT
+        // applies to later inserts only: the rows already there get the
+        // value by an UPDATE (of the rows still NULL, so that a rerun after
+        // a crash between the two leaves written values alone).
+        TableChange::AddColumn { column, backfill: Some(v) } => {
+            let mut out = vec![one_change_sql(table, change, declare_key)];
+            if let Some(lit) = literal(v, &column.ty) {
+                let c = quote_ident(&column.name);
+                out.push(format!("UPDATE {t} SET {c} = {lit} WHERE {c} IS NULL"));
+            }
+            out
+        }
+        _ => vec![one_change_sql(table, change, declare_key)],
+    }
+}
+
+/// A value as a BigQuery literal of type `ty`, or `None` for one without a
+/// form here.
+fn literal(value: &Value, ty: &BqType) -> Option<String> {
+    let base = match ty {
+        BqType::Numeric(_) => "NUMERIC".to_string(),
+        BqType::BigNumeric(_) => "BIGNUMERIC".to_string(),
+        BqType::Array(_) | BqType::Geography => return None,
+        t => t.to_string(),
+    };
+    Some(match to_json(value, ty).ok()? {
+        serde_json::Value::Bool(b) => if b { "TRUE" } else { "FALSE" }.to_string(),
+        serde_json::Value::Number(n) => format!("CAST({n} AS {base})"),
+        serde_json::Value::String(s) => match ty {
+            BqType::Json => format!("PARSE_JSON({})", quote_string(&s)),
+            BqType::Bytes => format!("FROM_BASE64({})", quote_string(&s)),
+            _ => format!("CAST({} AS {base})", quote_string(&s)),
+        },
+        _ => return None,
+    })
+}
+
+fn one_change_sql(table: &DestinationTable, change: &TableChange<BqType>, declare_key: bool) -> String {
     let t = table.quoted();
     let column = |c: &ShapeColumn<BqType>| {
         format!("{} {}{}", quote_ident(&c.name), c.ty, if c.not_null { " NOT NULL" } else { "" })
@@ -84,7 +124,7 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<BqType>, declar
             format!("CREATE TABLE IF NOT EXISTS {t} ({}){cluster}", defs.join(", "))
         }
         // BigQuery adds columns as NULLABLE only.
-        TableChange::AddColumn(c) | TableChange::AddBookkeeping(c) => {
+        TableChange::AddColumn { column: c, .. } | TableChange::AddBookkeeping(c) => {
             format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {} {}", quote_ident(&c.name), c.ty)
         }
         TableChange::Widen { column, to, .. } => {

@@ -458,9 +458,10 @@ impl Warehouse for BigQuerySink {
             self.ensure_dataset(&dest.dataset).await?;
         }
         for change in &changes {
-            let statement = change_sql(dest, change, self.config.declare_primary_key);
-            info!(table = %dest, ddl = %statement, "changing destination table");
-            self.client.query(&statement, &ctx).await?;
+            for statement in change_sql(dest, change, self.config.declare_primary_key) {
+                info!(table = %dest, ddl = %statement, "changing destination table");
+                self.client.query(&statement, &ctx).await?;
+            }
         }
         // The cache is updated from what was done, not read back: bqemulator's
         // tables.get does not see ALTER TABLE (and re-running the idempotent

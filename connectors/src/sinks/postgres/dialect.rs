@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use tributary_schemas::{Column, DataType};
+use tributary_schemas::{Column, DataType, Value};
 
 use super::config::DestinationTable;
 use crate::error::Error;
@@ -75,7 +75,15 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<PgType>) -> Str
             defs.push(format!("PRIMARY KEY ({keys})"));
             format!("CREATE TABLE IF NOT EXISTS {t} ({})", defs.join(", "))
         }
-        TableChange::AddColumn(c) => format!("ALTER TABLE {t} ADD COLUMN {}", column(c)),
+        // The default fills the rows already there without rewriting the
+        // table, and stays: a row of an event written before the column
+        // existed, inserted later, gets it too (what a reader of the new
+        // Avro schema reads for it).
+        TableChange::AddColumn { column: c, backfill: Some(v) } => match literal(v, &c.ty) {
+            Some(lit) => format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT {lit}", column(c)),
+            None => format!("ALTER TABLE {t} ADD COLUMN {}", column(c)),
+        },
+        TableChange::AddColumn { column: c, backfill: None } => format!("ALTER TABLE {t} ADD COLUMN {}", column(c)),
         TableChange::Widen { column, to, .. } => {
             format!("ALTER TABLE {t} ALTER COLUMN {} TYPE {}", quote_ident(column), to.render())
         }
@@ -85,6 +93,14 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<PgType>) -> Str
         // -1 sorts before every real position.
         TableChange::AddBookkeeping(c) => format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT -1", column(c)),
     }
+}
+
+/// A value as a typed SQL literal (`'7'::integer`), or `None` for one that
+/// has no text form.
+fn literal(value: &Value, ty: &PgType) -> Option<String> {
+    let mut text = String::new();
+    crate::sink::text::render_text(&mut text, value).ok()?;
+    Some(format!("{}::{}", quote_literal(&text), ty.render()))
 }
 
 /// `(t.commit, t.index)` and the like.
@@ -526,6 +542,7 @@ mod tests {
             data_type: dt,
             nullable: true,
             source_type: ty.into(),
+            default: None,
         };
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), true).render(), "character varying(40)");
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), false).render(), "text");
