@@ -207,6 +207,24 @@ impl From<tributary_schemas::SchemaError> for Error {
                 .with_class("tributary.registry")
                 .with_hint("check schema_registry_url and that the registry is up and readable");
         }
+        // A schema change the topic cannot carry: the source pauses (it
+        // cannot skip the change) until the operator lets it be registered
+        // anyway (reverting the column does not remove the changes already
+        // written under the new type).
+        if let tributary_schemas::SchemaError::Incompatible { table, columns, .. } = &err {
+            let mut e = Error::needs_operator(err.to_string())
+                .with_table(table.clone())
+                .with_class("tributary.schema.incompatible")
+                .with_hint(
+                    "set incompatible_schema_changes = \"register\" in the source runner's config and restart \
+                     it, to register the change as a new version anyway; readers of the topic must then read \
+                     the new type (see docs/schema-changes.md)",
+                );
+            if !columns.is_empty() && !columns.contains(',') {
+                e = e.with_column(columns.clone());
+            }
+            return e;
+        }
         let mut e = Error::permanent(err.to_string()).with_class("tributary.schema");
         if let Some(t) = err.table() {
             e = e.with_table(t.clone());

@@ -54,9 +54,27 @@ pub struct SourceRunnerConfig {
     /// The admin server (status, metrics, pause/resume).
     #[serde(default)]
     pub admin: tributary_operations::admin::AdminConfig,
+    /// What a schema change the topic cannot carry BACKWARD-compatibly
+    /// (`int` to `text`) does: `pause` the source until an operator acts,
+    /// or `register` it as a new version anyway (see
+    /// `docs/schema-changes.md`).
+    #[serde(default)]
+    pub incompatible_schema_changes: IncompatibleSchemaChanges,
     /// The source: exactly one section, e.g. `[postgres]` or `[mysql]`.
     #[serde(flatten)]
     pub source: Sources,
+}
+
+/// See [`SourceRunnerConfig::incompatible_schema_changes`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IncompatibleSchemaChanges {
+    /// Pause the source (nothing is produced past the change) and say what
+    /// to do; the change is tried again on every probe.
+    #[default]
+    Pause,
+    /// Register the change under compatibility NONE for that one version.
+    Register,
 }
 
 fn default_topic_template() -> String {

@@ -45,7 +45,7 @@ use tributary_schemas::registry::Registry;
 use tributary_schemas::topic::TopicNaming;
 use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
 
-use crate::config::SourceRunnerConfig;
+use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
 
 use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
 
@@ -214,7 +214,8 @@ impl KafkaSide {
                 connector: config.connector().to_string(),
                 tombstones: config.tombstones,
             },
-        );
+        )
+        .register_incompatible(config.incompatible_schema_changes == IncompatibleSchemaChanges::Register);
         let naming = TopicNaming::new(config.topic_template.clone());
         let mut side = KafkaSide {
             config: config.clone(),
