@@ -15,6 +15,7 @@ pub fn column(name: &str, data_type: DataType, nullable: bool, source_type: &str
         data_type,
         nullable,
         source_type: source_type.into(),
+        default: None,
     }
 }
 

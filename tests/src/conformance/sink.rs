@@ -344,6 +344,7 @@ pub async fn schema_changes_evolve_the_table(fx: &dyn SinkFixture) {
         data_type: DataType::Text,
         nullable: true,
         source_type: "text".into(),
+        default: None,
     });
     let noted = std::sync::Arc::new(noted);
     let mut big = row(3, "big", 0, "3.00");

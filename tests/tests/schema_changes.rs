@@ -1,0 +1,609 @@
+//! The schema-change matrix (`docs/schema-changes.md`): for each source x
+//! each sink, the runners as built (`source-runner`, `sink-runner`, through
+//! the stack's Kafka and registry) copy a table while ordinary migrations
+//! run on it one at a time, each followed by writes; after each, the
+//! destination must equal the source over every column the source has
+//! (rows compared as text), and neither runner may exit. A second table
+//! takes the same migrations with the source killed (SIGKILL) right after
+//! each one and started again, so that it replays the changes written
+//! before the DDL under their older shape.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use tributary_tests::bigquery::{query as bigquery, Datasets};
+use tributary_tests::mysql::Database as MariaDb;
+use tributary_tests::postgres::{connect, Destination as PgDestination, SourceSchema};
+use tributary_tests::{kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, Runner};
+
+/// How long one step may take to reach the destination.
+const STEP_DEADLINE: Duration = Duration::from_secs(90);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceKind {
+    Postgres,
+    MariaDb,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SinkKind {
+    Postgres,
+    BigQuery,
+}
+
+/// One migration, in each source's SQL (`{t}` is the table); `None` where
+/// the source has no such statement.
+struct Step {
+    name: &'static str,
+    postgres: Option<&'static str>,
+    mariadb: Option<&'static str>,
+}
+
+/// The matrix's rows, in order (each builds on the ones before).
+const STEPS: &[Step] = &[
+    Step {
+        name: "ADD COLUMN d int",
+        postgres: Some("ALTER TABLE {t} ADD COLUMN d int"),
+        mariadb: Some("ALTER TABLE {t} ADD COLUMN d int"),
+    },
+    Step {
+        name: "ADD COLUMN e int DEFAULT 7",
+        postgres: Some("ALTER TABLE {t} ADD COLUMN e int DEFAULT 7"),
+        mariadb: Some("ALTER TABLE {t} ADD COLUMN e int DEFAULT 7"),
+    },
+    Step {
+        name: "ADD COLUMN f text NOT NULL DEFAULT 'x'",
+        postgres: Some("ALTER TABLE {t} ADD COLUMN f text NOT NULL DEFAULT 'x'"),
+        mariadb: Some("ALTER TABLE {t} ADD COLUMN f varchar(20) NOT NULL DEFAULT 'x'"),
+    },
+    Step {
+        name: "ADD COLUMN g int NOT NULL (implicit default)",
+        postgres: None,
+        // (The default afterwards only lets the later inserts leave g out.)
+        mariadb: Some("ALTER TABLE {t} ADD COLUMN g int NOT NULL; ALTER TABLE {t} ALTER COLUMN g SET DEFAULT 0"),
+    },
+    Step {
+        name: "widen: int -> bigint, numeric(8,2) -> numeric(12,2), varchar(10) -> varchar(40)",
+        postgres: Some(
+            "ALTER TABLE {t} ALTER COLUMN a TYPE bigint, ALTER COLUMN n TYPE numeric(12,2), ALTER COLUMN v TYPE varchar(40)",
+        ),
+        mariadb: Some("ALTER TABLE {t} MODIFY a bigint NOT NULL, MODIFY n decimal(12,2), MODIFY v varchar(40)"),
+    },
+    Step {
+        name: "DROP NOT NULL",
+        postgres: Some("ALTER TABLE {t} ALTER COLUMN a DROP NOT NULL"),
+        mariadb: Some("ALTER TABLE {t} MODIFY a bigint NULL"),
+    },
+    Step {
+        name: "SET NOT NULL",
+        postgres: Some(
+            "UPDATE {t} SET d = 0 WHERE d IS NULL; ALTER TABLE {t} ALTER COLUMN d SET DEFAULT 0, ALTER COLUMN d SET NOT NULL",
+        ),
+        mariadb: Some("UPDATE {t} SET d = 0 WHERE d IS NULL; ALTER TABLE {t} MODIFY d int NOT NULL DEFAULT 0"),
+    },
+    Step {
+        name: "SET DEFAULT",
+        postgres: Some("ALTER TABLE {t} ALTER COLUMN e SET DEFAULT 9"),
+        mariadb: Some("ALTER TABLE {t} ALTER COLUMN e SET DEFAULT 9"),
+    },
+    Step {
+        name: "narrow: bigint -> int",
+        postgres: Some("ALTER TABLE {t} ALTER COLUMN a TYPE int"),
+        mariadb: Some("ALTER TABLE {t} MODIFY a int NULL"),
+    },
+    Step {
+        name: "DROP COLUMN b",
+        postgres: Some("ALTER TABLE {t} DROP COLUMN b"),
+        mariadb: Some("ALTER TABLE {t} DROP COLUMN b"),
+    },
+];
+
+#[tokio::test]
+async fn postgres_to_postgres() {
+    matrix(SourceKind::Postgres, SinkKind::Postgres).await;
+}
+
+#[tokio::test]
+async fn postgres_to_bigquery() {
+    matrix(SourceKind::Postgres, SinkKind::BigQuery).await;
+}
+
+#[tokio::test]
+async fn mariadb_to_postgres() {
+    matrix(SourceKind::MariaDb, SinkKind::Postgres).await;
+}
+
+#[tokio::test]
+async fn mariadb_to_bigquery() {
+    matrix(SourceKind::MariaDb, SinkKind::BigQuery).await;
+}
+
+/// A change no topic shape carries (`int` to `text`) pauses the source
+/// (it never exits) and names the column and both types; with
+/// `incompatible_schema_changes = "register"` it is registered and the
+/// source goes on.
+#[tokio::test]
+async fn an_incompatible_change_pauses_the_source_until_it_may_register() {
+    let mut source = Source::new(SourceKind::Postgres).await;
+    let sink = Sink::new(SinkKind::Postgres).await;
+    let t = source.qualified("items");
+    source
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
+             INSERT INTO {t} VALUES (1, 1, 'b', 1.5, 'v')"
+        ))
+        .await;
+    let mut runners = Runners::new(&source, &sink);
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+
+    source
+        .sql(&format!("ALTER TABLE {t} ALTER COLUMN a TYPE text; UPDATE {t} SET a = 'x' || a"))
+        .await;
+    let status_url = format!("{}/status", runners.source_admin);
+    let paused = tributary_tests::wait_for("the source to pause", Duration::from_secs(60), || {
+        let url = status_url.clone();
+        async move {
+            let status: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
+            status.get("paused")?.as_str().map(str::to_string)
+        }
+    })
+    .await;
+    assert!(paused.contains("items") && paused.contains("a: type changed from int32 to text"), "{paused}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    runners.assert_alive("while paused");
+
+    runners.source.kill9();
+    let config = std::fs::read_to_string(&runners.source.config).expect("source config");
+    std::fs::write(&runners.source.config, format!("incompatible_schema_changes = \"register\"\n{config}"))
+        .expect("source config");
+    runners.source.start();
+    let subject = format!("{}/subjects/{}.{t}-value/versions/latest", schema_registry_url(), source.name());
+    tributary_tests::wait_for("the new version", Duration::from_secs(60), || {
+        let url = subject.clone();
+        async move {
+            let latest: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
+            latest.get("schema")?.as_str()?.contains("\"string\"").then_some(())
+        }
+    })
+    .await;
+    let config_url = format!("{}/config/{}.{t}-value", schema_registry_url(), source.name());
+    let level: serde_json::Value = reqwest::get(&config_url).await.expect("config").json().await.expect("json");
+    assert_eq!(level["compatibilityLevel"], "BACKWARD", "the subject's level is restored");
+    tributary_tests::wait_for("the source to go on", Duration::from_secs(60), || {
+        let url = status_url.clone();
+        async move {
+            let status: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
+            status.get("paused")?.is_null().then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    runners.assert_alive("after registering");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+// ---------------------------------------------------------------- source
+
+enum Source {
+    Postgres(SourceSchema),
+    MariaDb(MariaDb),
+}
+
+impl Source {
+    async fn new(kind: SourceKind) -> Self {
+        match kind {
+            SourceKind::Postgres => Source::Postgres(SourceSchema::new("ddl").await),
+            SourceKind::MariaDb => Source::MariaDb(MariaDb::new("ddl").await),
+        }
+    }
+
+    fn kind(&self) -> SourceKind {
+        match self {
+            Source::Postgres(_) => SourceKind::Postgres,
+            Source::MariaDb(_) => SourceKind::MariaDb,
+        }
+    }
+
+    /// The schema (PostgreSQL) or database (MariaDB): also the runners' name.
+    fn name(&self) -> &str {
+        match self {
+            Source::Postgres(s) => &s.schema,
+            Source::MariaDb(d) => &d.db,
+        }
+    }
+
+    fn qualified(&self, table: &str) -> String {
+        format!("{}.{table}", self.name())
+    }
+
+    async fn sql(&mut self, sql: &str) {
+        match self {
+            Source::Postgres(s) => s.exec(sql).await,
+            Source::MariaDb(d) => {
+                for statement in sql.split("; ") {
+                    d.sql(statement).await;
+                }
+            }
+        }
+    }
+
+    fn runner_section(&self) -> String {
+        match self {
+            Source::Postgres(s) => format!(
+                "[postgres]\nurl = \"{}\"\nslot_name = \"{}\"\npublication_name = \"{}\"\ninclude = [\"{}.*\"]\n\
+                 heartbeat_interval_ms = 500\n",
+                pg_source_url(),
+                s.slot,
+                s.publication,
+                s.schema
+            ),
+            Source::MariaDb(d) => {
+                let c = d.config();
+                format!(
+                    "[mysql]\nurl = \"{}\"\nserver_id = {}\ninclude = [\"{}.*\"]\nheartbeat_interval_ms = 500\n",
+                    secrecy::ExposeSecret::expose_secret(&c.url),
+                    c.server_id,
+                    d.db
+                )
+            }
+        }
+    }
+
+    /// The table's columns now, in order.
+    async fn columns(&mut self, table: &str) -> Vec<String> {
+        let name = self.name().to_string();
+        match self {
+            Source::Postgres(s) => s
+                .admin
+                .query(
+                    "SELECT column_name::text FROM information_schema.columns \
+                     WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+                    &[&name, &table],
+                )
+                .await
+                .expect("source columns")
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+            Source::MariaDb(d) => d
+                .conn
+                .exec(
+                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                     WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+                    (name, table),
+                )
+                .await
+                .expect("source columns"),
+        }
+    }
+
+    async fn rows(&mut self, table: &str, columns: &[String]) -> Vec<String> {
+        let t = self.qualified(table);
+        match self {
+            Source::Postgres(s) => {
+                let cols: Vec<String> = columns.iter().map(|c| format!("{c}::text")).collect();
+                let sql = format!("SELECT {} FROM {t} ORDER BY id", cols.join(", "));
+                let rows = s.admin.query(sql.as_str(), &[]).await.expect("source rows");
+                rows.iter()
+                    .map(|r| canonical((0..columns.len()).map(|i| r.get::<_, Option<String>>(i))))
+                    .collect()
+            }
+            Source::MariaDb(d) => {
+                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(`{c}` AS CHAR)")).collect();
+                let sql = format!("SELECT {} FROM {t} ORDER BY id", cols.join(", "));
+                let rows: Vec<mysql_async::Row> = d.conn.query(sql).await.expect("source rows");
+                rows.into_iter()
+                    .map(|r| canonical((0..columns.len()).map(|i| r.get::<Option<String>, _>(i).flatten())))
+                    .collect()
+            }
+        }
+    }
+
+    async fn cleanup(self) {
+        match self {
+            Source::Postgres(s) => s.cleanup().await,
+            Source::MariaDb(d) => d.drop().await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- sink
+
+enum Sink {
+    Postgres(PgDestination),
+    BigQuery(Datasets),
+}
+
+impl Sink {
+    async fn new(kind: SinkKind) -> Self {
+        match kind {
+            SinkKind::Postgres => Sink::Postgres(PgDestination::new("ddl").await),
+            SinkKind::BigQuery => Sink::BigQuery(Datasets::new("ddl")),
+        }
+    }
+
+    fn group(&self) -> &str {
+        match self {
+            Sink::Postgres(d) => &d.group,
+            Sink::BigQuery(d) => &d.group,
+        }
+    }
+
+    fn runner_section(&self) -> String {
+        match self {
+            Sink::Postgres(d) => format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), d.schema),
+            Sink::BigQuery(d) => d.runner_section(),
+        }
+    }
+
+    /// The destination's rows over `columns`, or `None` while the table or
+    /// one of the columns is not there yet.
+    async fn rows(&self, table: &str, columns: &[String]) -> Option<Vec<String>> {
+        match self {
+            Sink::Postgres(d) => {
+                let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
+                let sql = format!("SELECT {} FROM \"{}\".\"{table}\" ORDER BY id", cols.join(", "), d.schema);
+                let client = connect(&pg_destination_url()).await;
+                let rows = client.query(sql.as_str(), &[]).await.ok()?;
+                Some(
+                    rows.iter()
+                        .map(|r| canonical((0..columns.len()).map(|i| r.get::<_, Option<String>>(i))))
+                        .collect(),
+                )
+            }
+            Sink::BigQuery(d) => {
+                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(`{c}` AS STRING)")).collect();
+                let sql = format!("SELECT {} FROM {} ORDER BY id", cols.join(", "), d.table(table));
+                let rows = bigquery(&sql).await.ok()?;
+                Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
+            }
+        }
+    }
+
+    async fn cleanup(self) {
+        match self {
+            Sink::Postgres(d) => d.cleanup().await,
+            Sink::BigQuery(d) => d.cleanup().await,
+        }
+    }
+}
+
+/// A row as `a|b|...`; numbers without trailing zeros (`1.50` and `1.5`
+/// are the same NUMERIC in two engines' text).
+fn canonical(cells: impl Iterator<Item = Option<String>>) -> String {
+    cells
+        .map(|c| match c {
+            None => "NULL".to_string(),
+            Some(v) if v.contains('.') && v.parse::<f64>().is_ok() => {
+                v.trim_end_matches('0').trim_end_matches('.').to_string()
+            }
+            Some(v) => v,
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Rows sorted by their id (the first cell) as a number: `ORDER BY id`
+/// over `id::text AS id` sorts text in PostgreSQL.
+fn by_id(mut rows: Vec<String>) -> Vec<String> {
+    rows.sort_by_key(|r| r.split('|').next().and_then(|id| id.parse::<i64>().ok()));
+    rows
+}
+
+// ---------------------------------------------------------------- runners
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Proc {
+    bin: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    running: Option<Runner>,
+}
+
+impl Proc {
+    fn start(&mut self) {
+        self.running = Some(Runner::spawn(&self.bin, &self.config, &self.log));
+    }
+
+    fn kill9(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.kill9();
+        }
+    }
+
+    fn assert_alive(&mut self, when: &str) {
+        if let Some(status) = self.running.as_mut().and_then(Runner::exited) {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!("{} exited by itself ({status}) {when}; log tail:\n{}", self.bin.display(), tail.join("\n"));
+        }
+    }
+}
+
+struct Runners {
+    source: Proc,
+    sink: Proc,
+    /// The source's admin server.
+    source_admin: String,
+}
+
+impl Runners {
+    fn new(source: &Source, sink: &Sink) -> Self {
+        let name = source.name();
+        let dir = std::env::temp_dir().join(format!("{name}-ddl"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let (registry, kafka) = (schema_registry_url(), kafka_bootstrap());
+        let source_port = free_port();
+        let source_config = format!(
+            "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\n\
+             [admin]\nlisten = \"127.0.0.1:{source_port}\"\n\n{}",
+            source.runner_section()
+        );
+        let sink_config = format!(
+            "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_linger_ms = 200\n\n\
+             [kafka]\nbootstrap_servers = \"{kafka}\"\n\n[admin]\nlisten = \"127.0.0.1:{}\"\n\n{}",
+            sink.group(),
+            free_port(),
+            sink.runner_section()
+        );
+        std::fs::write(dir.join("source.toml"), source_config).expect("source config");
+        std::fs::write(dir.join("sink.toml"), sink_config).expect("sink config");
+        eprintln!("logs: {}/{{source,sink}}.log", dir.display());
+        let proc = |package: &str, what: &str| Proc {
+            bin: runner_binary(package),
+            config: dir.join(format!("{what}.toml")),
+            log: dir.join(format!("{what}.log")),
+            running: None,
+        };
+        Self {
+            source: proc("source-runner", "source"),
+            sink: proc("sink-runner", "sink"),
+            source_admin: format!("http://127.0.0.1:{source_port}"),
+        }
+    }
+
+    fn assert_alive(&mut self, when: &str) {
+        self.source.assert_alive(when);
+        self.sink.assert_alive(when);
+    }
+
+    /// Kills both and deletes the source's topics and subjects.
+    fn delete(&mut self) {
+        self.source.kill9();
+        self.sink.kill9();
+        let _ = std::process::Command::new(&self.source.bin)
+            .arg("--config")
+            .arg(&self.source.config)
+            .args(["delete", "--yes"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+// ---------------------------------------------------------------- the matrix
+
+/// Waits until the destination's `table` equals the source's over the
+/// source's columns; the runners must stay alive meanwhile.
+async fn converge(source: &mut Source, sink: &Sink, runners: &mut Runners, table: &str, step: &str) {
+    let deadline = tokio::time::Instant::now() + STEP_DEADLINE;
+    let mut last = None;
+    loop {
+        runners.assert_alive(&format!("at step {step:?} of {table}"));
+        let columns = source.columns(table).await;
+        let want = by_id(source.rows(table, &columns).await);
+        let got = sink.rows(table, &columns).await.map(by_id);
+        if got.as_ref() == Some(&want) {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let diff: Vec<String> = match &got {
+                None => vec![format!(
+                    "the destination has no table {table} with columns {columns:?} yet"
+                )],
+                Some(got) => {
+                    let missing = want.iter().filter(|r| !got.contains(r)).take(5).map(|r| format!("- {r}"));
+                    let extra = got.iter().filter(|r| !want.contains(r)).take(5).map(|r| format!("+ {r}"));
+                    let order = want
+                        .iter()
+                        .zip(got)
+                        .find(|(w, g)| w != g)
+                        .map(|(w, g)| format!("first out of order: - {w} / + {g}"));
+                    missing.chain(extra).chain(order).collect()
+                }
+            };
+            panic!(
+                "{table}: the destination did not reach the source after step {step:?} within {STEP_DEADLINE:?} \
+                 (columns {columns:?}; source - / destination +):\n{}\n(rows: source {}, destination {:?}, the poll before {last:?})",
+                diff.join("\n"),
+                want.len(),
+                got.as_ref().map(Vec::len)
+            );
+        }
+        last = got.map(|g| g.len());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A few writes naming only the columns every step keeps: two new rows
+/// (the rest of their columns take the table's defaults), an update of an
+/// old row, a delete.
+async fn writes(source: &mut Source, table: &str, round: i64) {
+    let t = source.qualified(table);
+    let base = 1000 + round * 10;
+    let sql = format!(
+        "INSERT INTO {t} (id, a, n, v) VALUES ({base}, {round}, {round}.25, 'r{round}'), ({}, {}, NULL, NULL); \
+         UPDATE {t} SET a = a + 100 WHERE id = {}; DELETE FROM {t} WHERE id = {}",
+        base + 1,
+        round + 1,
+        1 + round,
+        40 - round
+    );
+    source.sql(&sql).await;
+}
+
+async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
+    let mut source = Source::new(source_kind).await;
+    let sink = Sink::new(sink_kind).await;
+    let tables = ["items", "items_killed"];
+    for table in tables {
+        let t = source.qualified(table);
+        let mut rows = Vec::new();
+        for id in 1..=40 {
+            rows.push(format!("({id}, {id}, 'b{id}', {id}.50, 'v{id}')"));
+        }
+        source
+            .sql(&format!(
+                "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
+                 INSERT INTO {t} (id, a, b, n, v) VALUES {}",
+                rows.join(", ")
+            ))
+            .await;
+    }
+    let mut runners = Runners::new(&source, &sink);
+    runners.source.start();
+    runners.sink.start();
+    for table in tables {
+        converge(&mut source, &sink, &mut runners, table, "snapshot").await;
+    }
+
+    let mut round = 0;
+    for step in STEPS {
+        let ddl = match source.kind() {
+            SourceKind::Postgres => step.postgres,
+            SourceKind::MariaDb => step.mariadb,
+        };
+        let Some(ddl) = ddl else { continue };
+        round += 1;
+        eprintln!("{source_kind:?} -> {sink_kind:?}: {}", step.name);
+        // The first table: the change while everything runs.
+        source.sql(&ddl.replace("{t}", &source.qualified("items"))).await;
+        writes(&mut source, "items", round).await;
+        converge(&mut source, &sink, &mut runners, "items", step.name).await;
+        // The second: the source is killed right after the change and the
+        // writes, and replays them from its last checkpoint.
+        source.sql(&ddl.replace("{t}", &source.qualified("items_killed"))).await;
+        writes(&mut source, "items_killed", round).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        runners.source.kill9();
+        runners.source.start();
+        converge(&mut source, &sink, &mut runners, "items_killed", step.name).await;
+    }
+    runners.assert_alive("at the end");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
