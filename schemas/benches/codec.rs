@@ -22,6 +22,7 @@ fn event() -> ChangeEvent {
         nullable,
         source_type: String::new(),
         default: None,
+        aliases: Vec::new(),
     };
     let table = Arc::new(TableSchema {
         id: TableId::new("public", "orders"),
@@ -38,6 +39,7 @@ fn event() -> ChangeEvent {
             col("meta", DataType::Json, true),
         ],
         key: vec!["id".into()],
+        dropped: Vec::new(),
     });
     ChangeEvent {
         schema: table,

@@ -21,9 +21,15 @@ pub const ATTR_SOURCE_TYPE: &str = "tributary.source_type";
 /// Field attribute holding a column's default (see `crate::defaults`), for
 /// nullable fields too, whose Avro `default` must be null.
 pub const ATTR_DEFAULT: &str = "tributary.default";
+/// Field attribute holding a column's earlier names as the source spells
+/// them (Avro's own `aliases` beside it holds them as Avro names).
+pub const ATTR_ALIASES: &str = "tributary.aliases";
 /// Attribute of the value record listing the key columns, so that events
 /// with a null key (truncates) still tell the decoder the table's key.
 pub const ATTR_KEY: &str = "tributary.key";
+/// Attribute of the value record listing the columns the previous version
+/// had and this one has not (see `TableSchema::dropped`).
+pub const ATTR_DROPPED: &str = "tributary.dropped";
 /// Type attribute listing enum labels exactly (Debezium's `allowed`
 /// parameter is comma-separated and cannot carry a label with a comma).
 pub const ATTR_SYMBOLS: &str = "tributary.symbols";
@@ -128,6 +134,9 @@ pub fn envelope(table: &TableSchema, topic: &str, options: &EnvelopeOptions) -> 
     });
     if !key_columns.is_empty() {
         value_record[ATTR_KEY] = json!(key_columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>());
+    }
+    if !table.dropped.is_empty() {
+        value_record[ATTR_DROPPED] = json!(table.dropped);
     }
     let value_name = format!("{ns}.Value");
     let envelope = json!({
@@ -238,6 +247,20 @@ fn fields(
         }
         if name != col.name {
             field.insert(ATTR_ORIGINAL_NAME.into(), Json::String(col.name.clone()));
+        }
+        if !col.aliases.is_empty() {
+            // Avro resolves a reader field by its aliases: a reader of this
+            // version reads an older event's `d` as the renamed `d2`.
+            let mut avro: Vec<String> = Vec::new();
+            for a in col.aliases.iter().map(|a| sanitize_name(a)) {
+                if a != name && !avro.contains(&a) {
+                    avro.push(a);
+                }
+            }
+            if !avro.is_empty() {
+                field.insert("aliases".into(), json!(avro));
+            }
+            field.insert(ATTR_ALIASES.into(), json!(col.aliases));
         }
         if !col.source_type.is_empty() {
             field.insert(ATTR_SOURCE_TYPE.into(), Json::String(col.source_type.clone()));
@@ -435,6 +458,7 @@ mod tests {
             id: TableId::new("public", "all"),
             columns,
             key: vec!["c1".into(), "c7".into()],
+            dropped: Vec::new(),
         };
         let s = envelope(&table, "p.public.all", &EnvelopeOptions::default()).expect("schemas");
         apache_avro::Schema::parse_str(&s.value).expect("value schema parses");
@@ -447,6 +471,7 @@ mod tests {
             id: TableId::new("s", "t"),
             columns: vec![col("a-b", DataType::Int32, false), col("a_b", DataType::Int32, false)],
             key: vec![],
+            dropped: Vec::new(),
         };
         let err = envelope(&table, "p.s.t", &EnvelopeOptions::default()).expect_err("collision");
         assert_eq!(err.table(), Some(&table.id));

@@ -60,7 +60,9 @@ pub fn check(old: &[Column], new: &[Column]) -> Vec<Violation> {
 ///   never null);
 /// - a column whose type narrowed (`bigint` to `int`, `numeric(12,2)` to
 ///   `numeric(8,2)`, `text` to an enum) keeps the wider type, and its
-///   values are written in it.
+///   values are written in it;
+/// - the columns `old` has and `new` has not, under their name or an alias,
+///   are recorded as dropped (`TableSchema::dropped`).
 ///
 /// The columns left are the ones no shape can carry over (`int` to `text`,
 /// a decimal's scale): the returned violations.
@@ -100,6 +102,15 @@ pub fn relax(old: &[Column], new: &TableSchema) -> (TableSchema, Vec<Violation>)
             }
         }
     }
+    // The columns this version no longer has (a renamed one lives on
+    // under its new name): a sink told to drop dropped columns drops these.
+    written.dropped = old
+        .iter()
+        .filter(|o| {
+            written.column_index(&o.name).is_none() && !written.columns.iter().any(|c| c.aliases.contains(&o.name))
+        })
+        .map(|o| o.name.clone())
+        .collect();
     (written, violations)
 }
 
@@ -162,6 +173,7 @@ mod tests {
                 col("flag", DataType::Boolean, false).with_default(&Value::Boolean(true)),
             ],
             key: vec!["id".into()],
+            dropped: Vec::new(),
         };
         let (written, violations) = relax(&old, &new);
         let shape: Vec<(String, String, bool)> = written

@@ -13,7 +13,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::avro::{ATTR_DEFAULT, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE, ATTR_SYMBOLS};
+use crate::avro::{
+    ATTR_ALIASES, ATTR_DEFAULT, ATTR_DROPPED, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE, ATTR_SYMBOLS,
+};
 use crate::binary::{split_header, ReadError, Reader};
 use crate::decimal;
 use crate::error::SchemaError;
@@ -47,12 +49,26 @@ pub enum Decoded {
 pub struct EventDecoder {
     registry: Registry,
     plans: FxHashMap<(u32, Option<u32>), CompiledEnvelope>,
+    /// Per topic: the newest value schema known (its id and shape), and
+    /// the plans compiled for the topic.
+    topics: FxHashMap<String, TopicVersions>,
+}
+
+/// What the decoder knows of one topic's versions.
+#[derive(Debug, Default)]
+struct TopicVersions {
+    newest: Option<(u32, Arc<TableSchema>)>,
+    plans: Vec<(u32, Option<u32>)>,
 }
 
 impl EventDecoder {
     /// A decoder over a registry.
     pub fn new(registry: Registry) -> Self {
-        Self { registry, plans: FxHashMap::default() }
+        Self {
+            registry,
+            plans: FxHashMap::default(),
+            topics: FxHashMap::default(),
+        }
     }
 
     /// Decodes one record of `topic` (the topic only names errors).
@@ -69,11 +85,53 @@ impl EventDecoder {
             };
             let plan = CompiledEnvelope::new(topic, &value_text, key_text.as_deref())?;
             self.plans.insert(ids, plan);
+            self.track_newest(topic, ids).await?;
         }
         match self.decode_cached(topic, key, Some(value))? {
             Some(d) => Ok(d),
             None => Err(decode_err(topic, "schema missing from the cache")),
         }
+    }
+
+    /// Notes a new plan of `topic` and makes every plan of the topic read
+    /// with the newest version's names: an event written before a column
+    /// was renamed, read after the rename (a replay, a partition behind
+    /// another), carries its values under the new name, as a reader of the
+    /// newest schema would see them. The first plan of a topic asks the
+    /// registry for the subject's latest version.
+    async fn track_newest(&mut self, topic: &str, ids: (u32, Option<u32>)) -> Result<()> {
+        if !self.topics.contains_key(topic) {
+            let mut versions = TopicVersions::default();
+            if let Some((id, text)) = self.registry.latest(&format!("{topic}-value")).await? {
+                if id > ids.0 {
+                    // Unreadable latest versions are left to their own records.
+                    if let Ok(latest) = CompiledEnvelope::new(topic, &text, None) {
+                        versions.newest = Some((id, Arc::new(latest.shape(TableId::new("", "")))));
+                    }
+                }
+            }
+            self.topics.insert(topic.to_string(), versions);
+        }
+        let Some(versions) = self.topics.get_mut(topic) else {
+            return Ok(());
+        };
+        versions.plans.push(ids);
+        if versions.newest.as_ref().is_none_or(|(id, _)| *id < ids.0) {
+            if let Some(plan) = self.plans.get(&ids) {
+                versions.newest = Some((ids.0, Arc::new(plan.shape(TableId::new("", "")))));
+            }
+        }
+        let Some((newest_id, newest)) = &versions.newest else {
+            return Ok(());
+        };
+        let renames = newest.columns.iter().any(|c| !c.aliases.is_empty());
+        for p in &versions.plans {
+            if let Some(plan) = self.plans.get_mut(p) {
+                let older = p.0 < *newest_id;
+                plan.read_as(if renames && older { Some(newest.clone()) } else { None });
+            }
+        }
+        Ok(())
     }
 
     /// Decodes a record whose schemas were already loaded by an earlier
@@ -120,6 +178,11 @@ pub struct CompiledEnvelope {
     fields: Vec<EnvField>,
     columns: Vec<Column>,
     key: Vec<String>,
+    /// Columns the previous version had (`tributary.dropped`).
+    dropped: Vec<String>,
+    /// The topic's newest version, when it renamed columns of this older
+    /// one: events are read with its names (see `TableSchema::renamed_as`).
+    read_as: Option<Arc<TableSchema>>,
     /// The table schema of the last event, reused while the table is the
     /// same (one schema id normally serves one table).
     table: Option<Arc<TableSchema>>,
@@ -280,6 +343,7 @@ impl CompiledEnvelope {
         let mut fields = Vec::with_capacity(envelope.fields.len());
         let mut columns: Option<Vec<Column>> = None;
         let mut value_key: Option<Vec<String>> = None;
+        let mut dropped: Vec<String> = Vec::new();
         let mut has_op = false;
         for f in &envelope.fields {
             let field = match f.name.as_str() {
@@ -294,6 +358,12 @@ impl CompiledEnvelope {
                             .get(ATTR_KEY)
                             .and_then(serde_json::Value::as_array)
                             .map(|names| names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect());
+                        dropped = record
+                            .attrs
+                            .get(ATTR_DROPPED)
+                            .and_then(serde_json::Value::as_array)
+                            .map(|names| names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect())
+                            .unwrap_or_default();
                     }
                     if f.name == "before" {
                         EnvField::Before(opt, plans)
@@ -367,9 +437,29 @@ impl CompiledEnvelope {
             fields,
             columns,
             key,
+            dropped,
+            read_as: None,
             table: None,
             repeats: Default::default(),
         })
+    }
+
+    /// Reads events with the column names of `newest`, the topic's newest
+    /// version, where it renamed columns of this one (`None`: their own).
+    pub fn read_as(&mut self, newest: Option<Arc<TableSchema>>) {
+        self.read_as = newest;
+        self.table = None;
+    }
+
+    /// The shape this schema describes, named `id` (the columns, key and
+    /// dropped columns; the table comes from each event's source block).
+    pub fn shape(&self, id: TableId) -> TableSchema {
+        TableSchema {
+            id,
+            columns: self.columns.clone(),
+            key: self.key.clone(),
+            dropped: self.dropped.clone(),
+        }
     }
 
     /// The columns the schema describes (in the schema's order).
@@ -454,10 +544,15 @@ impl CompiledEnvelope {
         let schema = match &self.table {
             Some(t) if t.id.schema == schema_name && t.id.table == table_name => t.clone(),
             _ => {
-                let t = Arc::new(TableSchema {
+                let t = TableSchema {
                     id: TableId::new(schema_name, table_name),
                     columns: self.columns.clone(),
                     key: self.key.clone(),
+                    dropped: self.dropped.clone(),
+                };
+                let t = Arc::new(match self.read_as.as_deref().and_then(|n| t.renamed_as(n)) {
+                    Some(renamed) => renamed,
+                    None => t,
                 });
                 self.table = Some(t.clone());
                 t
@@ -650,6 +745,13 @@ fn compile_row(context: &str, record: &Schema) -> Result<(Vec<ColumnPlan>, Vec<C
             nullable: plan.opt.nullable(),
             source_type,
             default: f.attrs.get(ATTR_DEFAULT).map(serde_json::Value::to_string),
+            aliases: f
+                .attrs
+                .get(ATTR_ALIASES)
+                .or_else(|| f.attrs.get("aliases"))
+                .and_then(serde_json::Value::as_array)
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .unwrap_or_default(),
         });
         plans.push(plan);
     }

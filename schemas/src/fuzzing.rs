@@ -48,6 +48,7 @@ fn every_type_table() -> TableSchema {
                 nullable,
                 source_type: String::new(),
                 default: None,
+                aliases: Vec::new(),
             })
         })
         .collect();
@@ -55,6 +56,7 @@ fn every_type_table() -> TableSchema {
         id: TableId::new("public", "fuzz"),
         columns,
         key: vec!["c3_false".into()],
+        dropped: Vec::new(),
     }
 }
 

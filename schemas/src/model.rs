@@ -137,6 +137,12 @@ pub struct Column {
     /// `crate::defaults`); `None` when there is none or it cannot be
     /// carried. A sink that adds the column gives it to the rows it holds.
     pub default: Option<String>,
+    /// Names the column had before (`RENAME COLUMN d TO d2` gives `d2` the
+    /// alias `d`), oldest first; carried as the Avro field's `aliases` so
+    /// that a reader of the newest schema reads older events' `d` as `d2`,
+    /// and a sink renames its column instead of adding an empty one (see
+    /// `docs/schema-changes.md`).
+    pub aliases: Vec<String>,
 }
 
 impl Column {
@@ -149,6 +155,7 @@ impl Column {
             nullable,
             source_type: String::new(),
             default: None,
+            aliases: Vec::new(),
         }
     }
 
@@ -176,9 +183,49 @@ pub struct TableSchema {
     /// Names of the key columns, in key order. All columns when the table has
     /// no primary key and no key was configured.
     pub key: Vec<String>,
+    /// Columns the previous version of the table had and this one no
+    /// longer has (`DROP COLUMN b`), as the topic's schema version records
+    /// them (`tributary.dropped`, set by the encoder when it registers the
+    /// version); empty where a source builds a shape. A sink told to drop
+    /// dropped columns drops only these, so that an older shape replayed
+    /// late never drops a column a newer one added.
+    pub dropped: Vec<String>,
 }
 
 impl TableSchema {
+    /// This (older) shape with its columns named as in `newest`, where
+    /// `newest` says a column was renamed (its aliases hold this shape's
+    /// name, and this shape has no column of the new name); `None` when
+    /// nothing is renamed. A column of the same name in `newest` wins over
+    /// an alias, as in Avro's schema resolution. Values stay where they
+    /// are: only names change.
+    pub fn renamed_as(&self, newest: &TableSchema) -> Option<TableSchema> {
+        if newest.columns.iter().all(|c| c.aliases.is_empty()) {
+            return None;
+        }
+        let mut out: Option<TableSchema> = None;
+        for (i, c) in self.columns.iter().enumerate() {
+            if newest.column_index(&c.name).is_some() {
+                continue;
+            }
+            let Some(to) = newest.columns.iter().find(|n| n.aliases.contains(&c.name)) else {
+                continue;
+            };
+            if self.column_index(&to.name).is_some() {
+                continue;
+            }
+            let s = out.get_or_insert_with(|| self.clone());
+            s.columns[i].name = to.name.clone();
+            s.columns[i].aliases = to.aliases.clone();
+            for k in &mut s.key {
+                if *k == c.name {
+                    *k = to.name.clone();
+                }
+            }
+        }
+        out
+    }
+
     /// Index of a column by name.
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)

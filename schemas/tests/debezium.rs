@@ -140,6 +140,7 @@ async fn debezium_postgres_update_decodes() {
             col("wait", DataType::Interval, true),
         ],
         key: vec!["id".into()],
+        dropped: Vec::new(),
     });
     let expected = ChangeEvent {
         schema,

@@ -101,6 +101,7 @@ async fn evolution_is_checked_before_producing() {
             nullable: true,
             source_type: "text".into(),
             default: None,
+            aliases: Vec::new(),
         });
         let qty = c.iter_mut().find(|c| c.name == "qty").expect("qty");
         qty.data_type = DataType::Int64;
@@ -119,6 +120,7 @@ async fn evolution_is_checked_before_producing() {
             nullable: false,
             source_type: "boolean".into(),
             default: None,
+            aliases: Vec::new(),
         });
         c.push(Column::new("flag", DataType::Text, false).with_default(&tributary_schemas::Value::Text("x".into())));
         let id = c.iter_mut().find(|c| c.name == "id").expect("id");

@@ -140,6 +140,7 @@ fn table() -> impl Strategy<Value = Arc<TableSchema>> {
                     nullable,
                     source_type,
                     default: None,
+                    aliases: Vec::new(),
                 })
                 .collect();
             let key = key.iter().map(|&i| columns[i].name.clone()).collect();
@@ -147,6 +148,7 @@ fn table() -> impl Strategy<Value = Arc<TableSchema>> {
                 id: TableId::new("app-schema", "orders"),
                 columns,
                 key,
+                dropped: Vec::new(),
             })
         })
 }

@@ -16,6 +16,7 @@ pub fn column(name: &str, data_type: DataType, nullable: bool, source_type: &str
         nullable,
         source_type: source_type.into(),
         default: None,
+        aliases: Vec::new(),
     }
 }
 
@@ -30,6 +31,7 @@ pub fn items() -> Arc<TableSchema> {
             column("price", DataType::Decimal { precision: 10, scale: 2 }, true, "numeric(10,2)"),
         ],
         key: vec!["id".into()],
+        dropped: Vec::new(),
     })
 }
 

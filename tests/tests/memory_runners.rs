@@ -37,6 +37,7 @@ async fn the_source_runner_copies_a_memory_database_exactly_once_across_a_restar
             Column::new("qty", DataType::Int32, true),
         ],
         key: vec!["id".into()],
+        dropped: Vec::new(),
     });
     let r = |id: i32, qty: i32| vec![Value::Int32(id), Value::Text(format!("n{id}")), Value::Int32(qty)];
     db.insert(&t, (1..=500).map(|i| r(i, 0)).collect());

@@ -571,6 +571,7 @@ async fn every_common_type_round_trips() {
             column("arr", DataType::Array(Box::new(DataType::Text)), true, "text[]"),
         ],
         key: vec!["id".into()],
+        dropped: Vec::new(),
     });
     let values = vec![
         Value::Int64(1),
@@ -640,6 +641,7 @@ async fn binary_copy_writes_each_type_as_its_text_would() {
             column("tz", DataType::TimestampTz, true, "timestamp with time zone"),
         ],
         key: vec!["id".into()],
+        dropped: Vec::new(),
     });
     let cases: Vec<Case> = vec![
         (

@@ -237,6 +237,7 @@ impl SourceFixture for Memory {
                 Column::new("qty", DataType::Int32, true),
             ],
             key: vec!["id".into()],
+            dropped: Vec::new(),
         });
     }
 

@@ -349,6 +349,7 @@ mod tests {
                 Column::new("v", DataType::Text, true),
             ],
             key: vec!["id".into()],
+            dropped: Vec::new(),
         })
     }
 

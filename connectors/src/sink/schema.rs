@@ -295,6 +295,7 @@ mod tests {
             id: TableId::new("s", "t"),
             columns,
             key: vec!["id".into()],
+            dropped: Vec::new(),
         }
     }
 

@@ -543,6 +543,7 @@ mod tests {
             nullable: true,
             source_type: ty.into(),
             default: None,
+            aliases: Vec::new(),
         };
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), true).render(), "character varying(40)");
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), false).render(), "text");

@@ -228,7 +228,7 @@ impl BuiltSchema {
             }
         }
         Ok(Self {
-            schema: Arc::new(TableSchema { id: table.clone(), columns, key }),
+            schema: Arc::new(TableSchema { id: table.clone(), columns, key, dropped: Vec::new() }),
             source_columns,
             codecs,
             keyed,

@@ -256,6 +256,7 @@ impl Catalog {
                 nullable: !notnull,
                 source_type: t.formatted.clone(),
                 default: None,
+                aliases: Vec::new(),
             };
             let missing = missing.iter().find(|(n, _)| n == name).and_then(|(_, m)| m.as_deref());
             cols.push(match missing.and_then(|m| missing_value(&column, table, m)) {
@@ -283,7 +284,7 @@ impl Catalog {
             .map_err(|e| classify_pg(e, "reading the table kind").with_table(table.clone()))?
             .get(0);
         Ok(BuiltSchema {
-            schema: Arc::new(TableSchema { id: table.clone(), columns: cols, key }),
+            schema: Arc::new(TableSchema { id: table.clone(), columns: cols, key, dropped: Vec::new() }),
             keyed,
             partitioned,
             source_columns,
