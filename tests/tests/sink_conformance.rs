@@ -33,6 +33,8 @@ conformance!(sink, postgres: Postgres {
     check_and_delete_copy,
     table_drop_when_configured,
     schema_changes_evolve_the_table,
+    renamed_column_keeps_its_values,
+    dropped_column_when_configured,
     kill_9_mid_apply,
 });
 
@@ -51,6 +53,8 @@ conformance!(sink, bigquery: BigQuery {
     check_and_delete_copy,
     table_drop_when_configured,
     schema_changes_evolve_the_table,
+    renamed_column_keeps_its_values,
+    dropped_column_when_configured,
     kill_9_mid_apply,
 });
 
@@ -72,6 +76,8 @@ conformance!(sink, memory: Memory {
     check_and_delete_copy,
     table_drop_when_configured,
     schema_changes_evolve_the_table,
+    renamed_column_keeps_its_values,
+    dropped_column_when_configured,
 });
 
 // ---------------------------------------------------------------- PostgreSQL
@@ -103,6 +109,7 @@ impl SinkFixture for Postgres {
     fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
         let mut c = self.config(group);
         c.drop_tables = drops;
+        c.drop_columns = drops;
         Box::new(PostgresSink::new(c).expect("sink config"))
     }
 
@@ -135,6 +142,19 @@ impl SinkFixture for Postgres {
             .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.dest.table()])
             .await
             .expect("look up the table")
+            .get(0)
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        self.dest
+            .admin
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+                 WHERE table_schema = $1 AND table_name = 'items' AND column_name = $2)",
+                &[&self.dest.schema, &column],
+            )
+            .await
+            .expect("look up the column")
             .get(0)
     }
 
@@ -181,6 +201,7 @@ impl SinkFixture for BigQuery {
     fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
         let mut c = self.config(group);
         c.drop_tables = drops;
+        c.drop_columns = drops;
         Box::new(BigQuerySink::new(c).expect("sink config"))
     }
 
@@ -207,6 +228,12 @@ impl SinkFixture for BigQuery {
 
     async fn exists(&self) -> bool {
         let sql = format!("SELECT COUNT(*) FROM {}", self.datasets.table("items"));
+        query(&sql).await.is_ok()
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        // A query naming a column the table lacks fails.
+        let sql = format!("SELECT `{column}` FROM {} LIMIT 1", self.datasets.table("items"));
         query(&sql).await.is_ok()
     }
 
@@ -248,6 +275,7 @@ impl SinkFixture for Memory {
     fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
         let mut sink = self.store.sink(group);
         sink.set_drop_tables(drops);
+        sink.set_drop_columns(drops);
         Box::new(sink)
     }
 
@@ -293,6 +321,14 @@ impl SinkFixture for Memory {
 
     async fn exists(&self) -> bool {
         self.store.state().tables.contains_key("public.items")
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        self.store
+            .state()
+            .tables
+            .get("public.items")
+            .is_some_and(|t| t.shape.column(column).is_some())
     }
 
     fn runner_section(&self) -> Option<String> {

@@ -17,7 +17,7 @@ use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value}
 
 use super::bookkeeping::is_bookkeeping;
 use super::reduce::{key_bytes, Reduction};
-use super::schema::{plan, Dialect, Fit, TableChange, TableShape};
+use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape};
 use super::warehouse::{self, Mode, Warehouse};
 use super::{ApplyError, Labeler, Sink, SinkBatch};
 use crate::error::{Error, Result};
@@ -81,6 +81,7 @@ impl MemoryStore {
             store: self.clone(),
             consumer_group: consumer_group.to_string(),
             drop_tables: false,
+            drop_columns: false,
             open: None,
             mode: Mode::Commit,
             saved: Vec::new(),
@@ -104,6 +105,7 @@ pub struct MemorySink {
     store: MemoryStore,
     consumer_group: String,
     drop_tables: bool,
+    drop_columns: bool,
     /// The open unit: a copy of the state, written back on commit.
     open: Option<MemoryState>,
     mode: Mode,
@@ -180,6 +182,12 @@ impl MemorySink {
         self.drop_tables = drop;
     }
 
+    /// Whether a column dropped in the source is dropped here (off by
+    /// default, as for every sink).
+    pub fn set_drop_columns(&mut self, drop: bool) {
+        self.drop_columns = drop;
+    }
+
     fn down(&self) -> Result<()> {
         if self.store.state().unreachable {
             return Err(Error::retryable("the memory destination is unreachable").with_class("memory.unreachable"));
@@ -247,9 +255,10 @@ impl Warehouse for MemorySink {
     }
 
     async fn reconcile(&mut self, table: &String, schema: &TableSchema, origin: &str) -> Result<()> {
+        let drop_columns = self.drop_columns;
         let unit = self.unit()?;
         let stored = unit.tables.entry(table.clone()).or_default();
-        let changes = plan(&MemoryDialect, table, schema, origin, &stored.shape)?;
+        let changes = plan(&MemoryDialect, table, schema, origin, &stored.shape, Evolution { drop_columns })?;
         stored.shape.apply(&changes);
         for change in &changes {
             match change {
@@ -261,6 +270,18 @@ impl Warehouse for MemorySink {
                 TableChange::AddColumn { column, backfill: Some(v) } => {
                     for row in stored.rows.values_mut() {
                         row.values.insert(column.name.clone(), v.clone());
+                    }
+                }
+                TableChange::RenameColumn { from, to } => {
+                    for row in stored.rows.values_mut() {
+                        if let Some(v) = row.values.remove(from) {
+                            row.values.insert(to.clone(), v);
+                        }
+                    }
+                }
+                TableChange::DropColumn { column } => {
+                    for row in stored.rows.values_mut() {
+                        row.values.remove(column);
                     }
                 }
                 _ => {}

@@ -2,13 +2,18 @@
 //! take the rows of a source schema, decided once for every sink over a
 //! [`Dialect`] (its types and which changes it can make in place).
 //!
-//! The plan only ever adds: a missing table is created, a missing column
+//! The plan adds and renames: a missing table is created, a missing column
 //! added (nullable: older rows have no value for it, or the source's
-//! default for them when the schema carries one), a type widened where
-//! the destination can widen it in place, a NOT NULL relaxed where the
-//! source now sends NULL or no longer sends the column. Nothing is dropped
-//! or narrowed; a change the destination cannot follow is a permanent error
-//! of the record that needs it (dead-lettered, with the fix in its hint).
+//! default for them when the schema carries one) or, when the source
+//! renamed it (the column's aliases name a destination column), renamed, a
+//! type widened where the destination can widen it in place, a NOT NULL
+//! relaxed where the source now sends NULL or no longer sends the column.
+//! A column the source dropped is dropped only when the sink is told to
+//! (`drop_columns`), and only when the schema version says it dropped it
+//! (`TableSchema::dropped`: an older shape replayed late never drops a
+//! column a newer one added). Nothing is narrowed; a change the destination
+//! cannot follow is a permanent error of the record that needs it
+//! (dead-lettered, with the fix in its hint).
 
 use std::fmt;
 
@@ -82,6 +87,17 @@ impl<T: Clone> TableShape<T> {
                         c.not_null = false;
                     }
                 }
+                TableChange::RenameColumn { from, to } => {
+                    if let Some(c) = self.columns.iter_mut().find(|c| &c.name == from) {
+                        c.name = to.clone();
+                    }
+                    for k in &mut self.primary_key {
+                        if k == from {
+                            *k = to.clone();
+                        }
+                    }
+                }
+                TableChange::DropColumn { column } => self.columns.retain(|c| &c.name != column),
             }
         }
     }
@@ -119,6 +135,18 @@ pub enum TableChange<T> {
     },
     /// Let a column take NULL.
     DropNotNull {
+        /// The column.
+        column: String,
+    },
+    /// Rename a column the source renamed (its values stay).
+    RenameColumn {
+        /// Its name in the destination now.
+        from: String,
+        /// The source's new name.
+        to: String,
+    },
+    /// Drop a column the source dropped (only with `drop_columns`).
+    DropColumn {
         /// The column.
         column: String,
     },
@@ -173,6 +201,14 @@ pub trait Dialect {
     fn incompatible(&self, table: &str, column: &Column, have: &Self::Type, want: &Self::Type) -> Error;
 }
 
+/// What a sink's configuration says about columns the source dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evolution {
+    /// Drop a destination column when the source drops it (`drop_columns`);
+    /// else it stays, NULL in new rows.
+    pub drop_columns: bool,
+}
+
 /// The changes that make `shape` (named `table` in errors) take the rows of
 /// `schema` from a source of kind `origin`; empty when it already does.
 pub fn plan<D: Dialect>(
@@ -181,6 +217,7 @@ pub fn plan<D: Dialect>(
     schema: &TableSchema,
     origin: &str,
     shape: &TableShape<D::Type>,
+    evolution: Evolution,
 ) -> Result<Vec<TableChange<D::Type>>> {
     let mut plan = Vec::new();
     if !shape.exists {
@@ -206,9 +243,29 @@ pub fn plan<D: Dialect>(
         plan.push(TableChange::CreateTable { columns, key: schema.key.clone() });
         return Ok(plan);
     }
+    let mut renamed: Vec<&str> = Vec::new();
     for c in &schema.columns {
         let want = dialect.column_type(c, origin);
-        match shape.column(&c.name) {
+        let existing = match shape.column(&c.name) {
+            Some(d) => Some(d),
+            // Renamed at the source: the newest earlier name the destination
+            // still has (and the source no longer uses) is this column.
+            None => {
+                let from = c
+                    .aliases
+                    .iter()
+                    .rev()
+                    .filter(|a| schema.column_index(a).is_none() && !renamed.contains(&a.as_str()))
+                    .find_map(|a| shape.column(a))
+                    .filter(|d| !is_bookkeeping(&d.name));
+                if let Some(d) = from {
+                    renamed.push(&d.name);
+                    plan.push(TableChange::RenameColumn { from: d.name.clone(), to: c.name.clone() });
+                }
+                from
+            }
+        };
+        match existing {
             None => plan.push(TableChange::AddColumn {
                 column: ShapeColumn { name: c.name.clone(), ty: want, not_null: false },
                 backfill: c.default_value(),
@@ -225,19 +282,25 @@ pub fn plan<D: Dialect>(
                             .with_class("tributary.incompatible_type"));
                     }
                 }
-                if d.not_null && c.nullable && !shape.primary_key.contains(&c.name) {
+                if d.not_null && c.nullable && !shape.primary_key.contains(&d.name) {
                     plan.push(TableChange::DropNotNull { column: c.name.clone() });
                 }
             }
         }
     }
-    // Columns the source no longer sends must take NULL in new rows.
+    // Columns the source no longer sends are dropped where configured and
+    // the version says it dropped them; else they must take NULL in new rows.
     for d in &shape.columns {
-        if d.not_null
-            && !is_bookkeeping(&d.name)
-            && !shape.primary_key.contains(&d.name)
-            && schema.column_index(&d.name).is_none()
+        if is_bookkeeping(&d.name)
+            || shape.primary_key.contains(&d.name)
+            || schema.column_index(&d.name).is_some()
+            || renamed.contains(&d.name.as_str())
         {
+            continue;
+        }
+        if evolution.drop_columns && schema.dropped.contains(&d.name) {
+            plan.push(TableChange::DropColumn { column: d.name.clone() });
+        } else if d.not_null {
             plan.push(TableChange::DropNotNull { column: d.name.clone() });
         }
     }
@@ -305,7 +368,7 @@ mod tests {
             Column::new("id", DataType::Int32, true),
             Column::new("v", DataType::Text, true),
         ]);
-        let plan = plan(&Toy, "t", &s, "test", &TableShape::default()).unwrap();
+        let plan = plan(&Toy, "t", &s, "test", &TableShape::default(), Evolution::default()).unwrap();
         let TableChange::CreateTable { columns, key } = &plan[0] else {
             panic!("{plan:?}")
         };
@@ -322,7 +385,12 @@ mod tests {
         );
         let mut shape = TableShape::default();
         shape.apply(&plan);
-        assert!(super::plan(&Toy, "t", &s, "test", &shape).unwrap().is_empty(), "applying the plan makes it fit");
+        assert!(
+            super::plan(&Toy, "t", &s, "test", &shape, Evolution::default())
+                .unwrap()
+                .is_empty(),
+            "applying the plan makes it fit"
+        );
     }
 
     #[test]
@@ -332,17 +400,17 @@ mod tests {
             Column::new("n", DataType::Int32, false),
         ]);
         let mut shape = TableShape::default();
-        shape.apply(&plan(&Toy, "t", &old, "test", &shape).unwrap());
+        shape.apply(&plan(&Toy, "t", &old, "test", &shape, Evolution::default()).unwrap());
         let new = schema(vec![
             Column::new("id", DataType::Int32, false),
             Column::new("n", DataType::Int64, true),
             Column::new("e", DataType::Text, true),
         ]);
-        let changes = plan(&Toy, "t", &new, "test", &shape).unwrap();
+        let changes = plan(&Toy, "t", &new, "test", &shape, Evolution::default()).unwrap();
         let mut with_default = new.clone();
         with_default.columns[2] = Column::new("e", DataType::Text, false).with_default(&Value::Text("x".into()));
         assert!(matches!(
-            &plan(&Toy, "t", &with_default, "test", &shape).unwrap()[2],
+            &plan(&Toy, "t", &with_default, "test", &shape, Evolution::default()).unwrap()[2],
             TableChange::AddColumn { backfill: Some(Value::Text(x)), .. } if x == "x"
         ));
         assert_eq!(
@@ -366,14 +434,14 @@ mod tests {
         );
         let dropped = schema(vec![Column::new("id", DataType::Int32, false)]);
         assert_eq!(
-            plan(&Toy, "t", &dropped, "test", &shape).unwrap(),
+            plan(&Toy, "t", &dropped, "test", &shape, Evolution::default()).unwrap(),
             vec![TableChange::DropNotNull { column: "n".into() }]
         );
         let incompatible = schema(vec![
             Column::new("id", DataType::Int32, false),
             Column::new("n", DataType::Text, false),
         ]);
-        let e = plan(&Toy, "t", &incompatible, "test", &shape).unwrap_err();
+        let e = plan(&Toy, "t", &incompatible, "test", &shape, Evolution::default()).unwrap_err();
         assert_eq!(e.class(), "tributary.incompatible_type");
         assert_eq!(e.column(), Some("n"));
     }
@@ -382,7 +450,12 @@ mod tests {
     fn key_less_tables_are_refused_and_hand_made_tables_get_positions() {
         let mut s = schema(vec![Column::new("id", DataType::Int32, false)]);
         s.key.clear();
-        assert_eq!(plan(&Toy, "t", &s, "test", &TableShape::default()).unwrap_err().class(), "tributary.no_key");
+        assert_eq!(
+            plan(&Toy, "t", &s, "test", &TableShape::default(), Evolution::default())
+                .unwrap_err()
+                .class(),
+            "tributary.no_key"
+        );
         let s = schema(vec![Column::new("id", DataType::Int32, false)]);
         let hand_made = TableShape {
             exists: true,
@@ -393,8 +466,57 @@ mod tests {
             }],
             primary_key: vec!["id".into()],
         };
-        let changes = plan(&Toy, "t", &s, "test", &hand_made).unwrap();
+        let changes = plan(&Toy, "t", &s, "test", &hand_made, Evolution::default()).unwrap();
         assert_eq!(changes.len(), 2);
         assert!(matches!(&changes[0], TableChange::AddBookkeeping(c) if c.name == "__tributary_commit"));
+    }
+
+    #[test]
+    fn renamed_columns_are_renamed_and_dropped_ones_dropped_only_when_asked_and_recorded() {
+        let v1 = schema(vec![
+            Column::new("id", DataType::Int32, false),
+            Column::new("d", DataType::Int32, false),
+            Column::new("b", DataType::Text, true),
+        ]);
+        let mut shape = TableShape::default();
+        shape.apply(&plan(&Toy, "t", &v1, "test", &shape, Evolution::default()).unwrap());
+        // RENAME COLUMN d TO d2, then a wider type: renamed, then widened.
+        let mut d2 = Column::new("d2", DataType::Int64, true);
+        d2.aliases = vec!["d".into()];
+        let v2 = schema(vec![
+            Column::new("id", DataType::Int32, false),
+            d2,
+            Column::new("b", DataType::Text, true),
+        ]);
+        let changes = plan(&Toy, "t", &v2, "test", &shape, Evolution::default()).unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                TableChange::RenameColumn { from: "d".into(), to: "d2".into() },
+                TableChange::Widen {
+                    column: "d2".into(),
+                    from: "int32".into(),
+                    to: "int64".into()
+                },
+                TableChange::DropNotNull { column: "d2".into() },
+            ]
+        );
+        shape.apply(&changes);
+        assert!(plan(&Toy, "t", &v2, "test", &shape, Evolution::default()).unwrap().is_empty());
+        // An older shape read with the newest names fits as it is.
+        let v1_renamed = v1.renamed_as(&v2).expect("renamed");
+        assert_eq!(v1_renamed.columns[1].name, "d2");
+        let drop = Evolution { drop_columns: true };
+        // DROP COLUMN b: kept by default, dropped when asked, and only when
+        // the version records the drop (an older shape without a column a
+        // newer one added never drops it).
+        let mut v3 = schema(vec![Column::new("id", DataType::Int32, false), v2.columns[1].clone()]);
+        assert!(plan(&Toy, "t", &v3, "test", &shape, drop).unwrap().is_empty());
+        v3.dropped = vec!["b".into()];
+        assert!(plan(&Toy, "t", &v3, "test", &shape, Evolution::default()).unwrap().is_empty());
+        assert_eq!(
+            plan(&Toy, "t", &v3, "test", &shape, drop).unwrap(),
+            vec![TableChange::DropColumn { column: "b".into() }]
+        );
     }
 }

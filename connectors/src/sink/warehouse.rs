@@ -28,6 +28,7 @@ use tributary_schemas::{ChangeEvent, Position, TableId, TableSchema};
 use super::batch::{group_by_destination, segments, Segment};
 use super::bisect::{locate_failed_record, PrefixProbe};
 use super::reduce::{newest_truncate, Group, Reduction};
+use super::schema::Evolution;
 use super::{ApplyError, KafkaPosition, SinkBatch, SinkRecord};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -59,6 +60,12 @@ pub trait Warehouse: Send {
 
     /// Whether a table dropped in the source is dropped in the destination.
     fn drops_tables(&self) -> bool;
+
+    /// What [`Warehouse::reconcile`] passes to [`super::schema::plan`]: the
+    /// sink's `drop_columns`.
+    fn evolution(&self) -> Evolution {
+        Evolution::default()
+    }
 
     /// Connects if not connected (and makes sure the bookkeeping tables
     /// exist). Called before every batch; cheap when connected.
@@ -136,13 +143,64 @@ pub async fn apply<W: Warehouse>(w: &mut W, batch: &SinkBatch, mode: Mode) -> Re
     if let Err(e) = w.connect().await {
         return Err(w.failed(e).into());
     }
-    match unit(w, &batch.records, &batch.next_offsets, mode).await {
+    let renamed = read_as_newest(&batch.records);
+    let records = renamed.as_deref().unwrap_or(&batch.records);
+    match unit(w, records, &batch.next_offsets, mode).await {
         Ok(()) => Ok(()),
-        Err(f) if f.error.kind() == ErrorKind::Permanent && f.record.is_none() && !batch.records.is_empty() => {
-            locate(w, &batch.records, f.error).await
+        Err(f) if f.error.kind() == ErrorKind::Permanent && f.record.is_none() && !records.is_empty() => {
+            locate(w, records, f.error).await
         }
         Err(f) => Err(f),
     }
+}
+
+/// The records with every older shape of a table read with the column
+/// names of the table's newest shape in the batch, where that one renamed
+/// columns (see `TableSchema::renamed_as`); `None` when nothing is renamed.
+/// The decoder does the same across batches; this covers the events
+/// decoded before the renaming version was first seen.
+fn read_as_newest(records: &[(KafkaPosition, SinkRecord)]) -> Option<Vec<(KafkaPosition, SinkRecord)>> {
+    use std::sync::Arc;
+    // The newest shape of each table: that of its change at the highest
+    // source position (records of several partitions interleave).
+    let mut newest: Vec<(&Arc<TableSchema>, Position)> = Vec::new();
+    for (_, r) in records {
+        if let SinkRecord::Change(ev) = r {
+            match newest.iter_mut().find(|(n, _)| n.id == ev.schema.id) {
+                Some(n) if n.1 < ev.source.position => *n = (&ev.schema, ev.source.position),
+                Some(_) => {}
+                None => newest.push((&ev.schema, ev.source.position)),
+            }
+        }
+    }
+    let newest: Vec<&Arc<TableSchema>> = newest.into_iter().map(|(n, _)| n).collect();
+    if newest.iter().all(|n| n.columns.iter().all(|c| c.aliases.is_empty())) {
+        return None;
+    }
+    let mut seen: Vec<(*const TableSchema, Option<Arc<TableSchema>>)> = Vec::new();
+    let mut any = false;
+    let mut out = records.to_vec();
+    for (_, r) in &mut out {
+        let SinkRecord::Change(ev) = r else { continue };
+        let address = Arc::as_ptr(&ev.schema);
+        let to = match seen.iter().find(|(a, _)| *a == address) {
+            Some((_, to)) => to.clone(),
+            None => {
+                let to = newest
+                    .iter()
+                    .find(|n| n.id == ev.schema.id && !Arc::ptr_eq(n, &ev.schema))
+                    .and_then(|n| ev.schema.renamed_as(n))
+                    .map(Arc::new);
+                seen.push((address, to.clone()));
+                to
+            }
+        };
+        if let Some(to) = to {
+            ev.schema = to;
+            any = true;
+        }
+    }
+    any.then_some(out)
 }
 
 /// One unit over `records` and `offsets`.

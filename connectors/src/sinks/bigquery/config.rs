@@ -61,6 +61,11 @@ pub struct BigQuerySinkConfig {
     /// Off by default: dropping data is not something to do by surprise.
     #[serde(default)]
     pub drop_tables: bool,
+    /// Whether a column dropped in the source is dropped in the destination
+    /// (`false`: it stays, NULL in new rows). Off by default, like
+    /// `drop_tables`; see docs/schema-changes.md.
+    #[serde(default)]
+    pub drop_columns: bool,
     /// Declare the primary key (`NOT ENFORCED`) on the tables the sink
     /// creates. Turn it off only for an emulator that cannot parse it.
     #[serde(default = "default_declare_primary_key")]
@@ -107,6 +112,7 @@ impl fmt::Debug for BigQuerySinkConfig {
             .field("emulator_url", &self.emulator_url)
             .field("bookkeeping_dataset", &self.bookkeeping_dataset)
             .field("drop_tables", &self.drop_tables)
+            .field("drop_columns", &self.drop_columns)
             .field("declare_primary_key", &self.declare_primary_key)
             .field("insert_chunk_rows", &self.insert_chunk_rows)
             .field("request_timeout_ms", &self.request_timeout_ms)
@@ -133,6 +139,7 @@ impl BigQuerySinkConfig {
             emulator_url: None,
             bookkeeping_dataset: default_bookkeeping_dataset(),
             drop_tables: false,
+            drop_columns: false,
             declare_primary_key: DEFAULT_DECLARE_PRIMARY_KEY,
             insert_chunk_rows: DEFAULT_INSERT_CHUNK_ROWS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,

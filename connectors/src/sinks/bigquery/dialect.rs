@@ -131,6 +131,13 @@ fn one_change_sql(table: &DestinationTable, change: &TableChange<BqType>, declar
             format!("ALTER TABLE {t} ALTER COLUMN {} SET DATA TYPE {to}", quote_ident(column))
         }
         TableChange::DropNotNull { column } => format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column)),
+        // Without IF EXISTS, which the emulator cannot parse: the shape the
+        // plan started from is BigQuery's own (`tables.get`), so the column
+        // is there.
+        TableChange::RenameColumn { from, to } => {
+            format!("ALTER TABLE {t} RENAME COLUMN {} TO {}", quote_ident(from), quote_ident(to))
+        }
+        TableChange::DropColumn { column } => format!("ALTER TABLE {t} DROP COLUMN IF EXISTS {}", quote_ident(column)),
     }
 }
 

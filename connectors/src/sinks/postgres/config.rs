@@ -43,6 +43,11 @@ pub struct PostgresSinkConfig {
     /// Off by default: dropping data is not something to do by surprise.
     #[serde(default)]
     pub drop_tables: bool,
+    /// Whether a column dropped in the source is dropped in the destination
+    /// (`false`: it stays, NULL in new rows). Off by default, like
+    /// `drop_tables`; see docs/schema-changes.md.
+    #[serde(default)]
+    pub drop_columns: bool,
     /// The key of this copy's rows in `tributary.offsets`. Filled from the
     /// sink runner's `consumer_group`; set it here only to the same value.
     #[serde(default)]
@@ -79,6 +84,7 @@ impl fmt::Debug for PostgresSinkConfig {
             .field("schema", &self.schema)
             .field("table", &self.table)
             .field("drop_tables", &self.drop_tables)
+            .field("drop_columns", &self.drop_columns)
             .field("consumer_group", &self.consumer_group)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("lock_timeout_ms", &self.lock_timeout_ms)
@@ -96,6 +102,7 @@ impl PostgresSinkConfig {
             schema: None,
             table: default_table_template(),
             drop_tables: false,
+            drop_columns: false,
             consumer_group: Some(consumer_group.into()),
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,

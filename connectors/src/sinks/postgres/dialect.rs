@@ -92,6 +92,10 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<PgType>) -> Str
         }
         // -1 sorts before every real position.
         TableChange::AddBookkeeping(c) => format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT -1", column(c)),
+        TableChange::RenameColumn { from, to } => {
+            format!("ALTER TABLE {t} RENAME COLUMN {} TO {}", quote_ident(from), quote_ident(to))
+        }
+        TableChange::DropColumn { column } => format!("ALTER TABLE {t} DROP COLUMN IF EXISTS {}", quote_ident(column)),
     }
 }
 

@@ -74,7 +74,7 @@ use crate::problem::Problem;
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::bookkeeping::{position_i64, staging_name};
 use crate::sink::reduce::{Group, Reduction};
-use crate::sink::schema::{plan, ShapeColumn, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
 use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
 
@@ -489,6 +489,10 @@ impl Warehouse for PostgresSink {
         self.config.drop_tables
     }
 
+    fn evolution(&self) -> Evolution {
+        Evolution { drop_columns: self.config.drop_columns }
+    }
+
     async fn connect(&mut self) -> Result<()> {
         PostgresSink::connect(self).await
     }
@@ -553,7 +557,7 @@ impl Warehouse for PostgresSink {
             return Ok(());
         }
         let name = dest.quoted();
-        let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape)?;
+        let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
         if !changes.is_empty() {
             let ctx = self.ctx().in_table(dest.to_string());
             // Serialise DDL on this table across sink runners, then look
@@ -564,7 +568,7 @@ impl Warehouse for PostgresSink {
             );
             self.session.execute(&lock, &ctx).await?;
             self.load_table(dest).await?;
-            let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape)?;
+            let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
             if !changes.is_empty() {
                 if !self.state(dest)?.shape.exists {
                     let exists: bool = self
