@@ -212,3 +212,95 @@ async fn evolution_is_checked_before_producing() {
         .expect("decode");
     assert_eq!(decoded, Decoded::Change(event));
 }
+
+#[tokio::test]
+async fn renames_and_drops_travel_in_the_schema() {
+    if !fixtures::service_available("schema registry", fixtures::registry_up()).await {
+        return;
+    }
+    let topic = unique("ren.public.orders");
+    let registry = Registry::new(fixtures::registry_url()).expect("client");
+    let mut encoder = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
+    let v1 = fixtures::table();
+    encoder.prepare(&v1, &topic).await.expect("v1");
+    let old = fixtures::events().remove(1).1;
+    let old_rec = encoder.encode(&old, &topic).expect("encode v1");
+
+    // RENAME COLUMN customer TO buyer; DROP COLUMN ratio.
+    let ratio = v1.column_index("ratio").expect("ratio");
+    let v2 = with_columns(&v1, |c| {
+        c.remove(ratio);
+        let customer = c.iter_mut().find(|c| c.name == "customer").expect("customer");
+        customer.name = "buyer".into();
+        customer.aliases = vec!["customer".into()];
+    });
+    encoder
+        .prepare(&v2, &topic)
+        .await
+        .expect("BACKWARD compatible: the registry takes it");
+    let (schemas, _, _) = encoder.prepared(&topic).expect("prepared");
+    assert!(schemas.value.contains(r#""aliases":["customer"]"#), "{}", schemas.value);
+    assert!(schemas.value.contains(r#""tributary.dropped":["ratio"]"#), "{}", schemas.value);
+    let mut new = fixtures::events().remove(2).1;
+    new.schema = v2.clone();
+    for row in [new.before.as_mut(), new.after.as_mut()].into_iter().flatten() {
+        row.remove(ratio);
+    }
+    let new_rec = encoder.encode(&new, &topic).expect("encode v2");
+
+    // A decoder started after the rename reads the v1 event with the new
+    // name (its values where they were), and v2's with the drop recorded.
+    let mut decoder = EventDecoder::new(Registry::new(fixtures::registry_url()).expect("client"));
+    let Decoded::Change(back_old) = decoder
+        .decode(&topic, old_rec.key.as_deref(), old_rec.value.as_deref())
+        .await
+        .expect("decode v1")
+    else {
+        panic!("a change")
+    };
+    let names: Vec<&str> = back_old.schema.columns.iter().map(|c| c.name.as_str()).collect();
+    assert!(names.contains(&"buyer") && !names.contains(&"customer"), "{names:?}");
+    assert!(names.contains(&"ratio"), "v1 still has ratio: {names:?}");
+    assert_eq!(back_old.after, old.after);
+    let Decoded::Change(back_new) = decoder
+        .decode(&topic, new_rec.key.as_deref(), new_rec.value.as_deref())
+        .await
+        .expect("decode v2")
+    else {
+        panic!("a change")
+    };
+    assert_eq!(back_new.schema.dropped, vec!["ratio".to_string()]);
+    let buyer = back_new.schema.columns.iter().find(|c| c.name == "buyer").expect("buyer");
+    assert_eq!(buyer.aliases, vec!["customer".to_string()]);
+    assert_eq!(back_new.after, new.after);
+
+    // A decoder that saw v1 before v2 existed reads later v1 events (a
+    // partition behind another) with the new names once it has seen v2.
+    let mut early = EventDecoder::new(Registry::new(fixtures::registry_url()).expect("client"));
+    let fresh_topic = unique("ren2.public.orders");
+    let mut enc = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
+    enc.prepare(&v1, &fresh_topic).await.expect("v1");
+    let r1 = enc.encode(&old, &fresh_topic).expect("v1 event");
+    let first = early
+        .decode(&fresh_topic, r1.key.as_deref(), r1.value.as_deref())
+        .await
+        .expect("v1");
+    let Decoded::Change(first) = first else {
+        panic!("a change")
+    };
+    assert!(first.schema.column_index("customer").is_some());
+    enc.prepare(&v2, &fresh_topic).await.expect("v2");
+    let r2 = enc.encode(&new, &fresh_topic).expect("v2 event");
+    early
+        .decode(&fresh_topic, r2.key.as_deref(), r2.value.as_deref())
+        .await
+        .expect("v2");
+    let Decoded::Change(late) = early
+        .decode(&fresh_topic, r1.key.as_deref(), r1.value.as_deref())
+        .await
+        .expect("v1")
+    else {
+        panic!("a change")
+    };
+    assert!(late.schema.column_index("buyer").is_some(), "read with the newest names");
+}
