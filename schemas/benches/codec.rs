@@ -23,6 +23,7 @@ fn event() -> ChangeEvent {
         source_type: String::new(),
         default: None,
         aliases: Vec::new(),
+        column_id: None,
     };
     let table = Arc::new(TableSchema {
         id: TableId::new("public", "orders"),

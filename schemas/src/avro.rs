@@ -24,6 +24,9 @@ pub const ATTR_DEFAULT: &str = "tributary.default";
 /// Field attribute holding a column's earlier names as the source spells
 /// them (Avro's own `aliases` beside it holds them as Avro names).
 pub const ATTR_ALIASES: &str = "tributary.aliases";
+/// Field attribute holding the source's identity of a column (see
+/// `Column::column_id`).
+pub const ATTR_COLUMN_ID: &str = "tributary.column_id";
 /// Attribute of the value record listing the key columns, so that events
 /// with a null key (truncates) still tell the decoder the table's key.
 pub const ATTR_KEY: &str = "tributary.key";
@@ -261,6 +264,9 @@ fn fields(
                 field.insert("aliases".into(), json!(avro));
             }
             field.insert(ATTR_ALIASES.into(), json!(col.aliases));
+        }
+        if let Some(id) = col.column_id {
+            field.insert(ATTR_COLUMN_ID.into(), json!(id));
         }
         if !col.source_type.is_empty() {
             field.insert(ATTR_SOURCE_TYPE.into(), Json::String(col.source_type.clone()));

@@ -62,15 +62,47 @@ pub fn check(old: &[Column], new: &[Column]) -> Vec<Violation> {
 ///   `numeric(8,2)`, `text` to an enum) keeps the wider type, and its
 ///   values are written in it;
 /// - the columns `old` has and `new` has not, under their name or an alias,
-///   are recorded as dropped (`TableSchema::dropped`).
+///   are recorded as dropped (`TableSchema::dropped`);
+/// - a column of a new name with the `column_id` of an old column that is
+///   gone is that column renamed: it gets the old name as an alias, and
+///   every column keeps the aliases it had in `old`.
 ///
 /// The columns left are the ones no shape can carry over (`int` to `text`,
 /// a decimal's scale): the returned violations.
 pub fn relax(old: &[Column], new: &TableSchema) -> (TableSchema, Vec<Violation>) {
     let mut written = new.clone();
     let mut violations = Vec::new();
+    let names: Vec<String> = new.columns.iter().map(|c| c.name.clone()).collect();
     for c in &mut written.columns {
-        match old.iter().find(|o| o.name == c.name) {
+        let same_name = old.iter().find(|o| o.name == c.name);
+        // A column of a new name with the identity of one that is gone was
+        // renamed (found here, not only by the source, so that a restart
+        // between the rename and its first event still finds it).
+        let renamed_from = match (same_name, c.column_id) {
+            (None, Some(id)) => old.iter().find(|o| o.column_id == Some(id) && !names.contains(&o.name)),
+            _ => None,
+        };
+        // Aliases stay on the column from version to version: a source that
+        // restarted no longer knows them, and the shape stays the one
+        // registered.
+        let mut aliases: Vec<String> = Vec::new();
+        if let Some(o) = same_name.or(renamed_from) {
+            aliases.extend(o.aliases.iter().cloned());
+        }
+        if let Some(o) = renamed_from {
+            aliases.push(o.name.clone());
+        }
+        for a in std::mem::take(&mut c.aliases) {
+            aliases.push(a);
+        }
+        let mut unique: Vec<String> = Vec::with_capacity(aliases.len());
+        for a in aliases {
+            if a != c.name && !unique.contains(&a) {
+                unique.push(a);
+            }
+        }
+        c.aliases = unique;
+        match same_name {
             None => {
                 if !c.nullable && c.default.is_none() {
                     c.nullable = true;
@@ -223,5 +255,39 @@ mod tests {
         let v = check(&old, &new);
         let names: Vec<&str> = v.iter().map(|v| v.column.as_str()).collect();
         assert_eq!(names, ["id", "amount", "n", "must"]);
+    }
+
+    #[test]
+    fn renames_are_found_by_identity_and_aliases_stay() {
+        let with_id = |name: &str, id: u64| {
+            let mut c = col(name, DataType::Int32, true);
+            c.column_id = Some(id);
+            c
+        };
+        let old = vec![with_id("id", 1), with_id("d", 4), with_id("b", 2)];
+        let table = |columns: Vec<Column>| TableSchema {
+            id: TableId::new("s", "t"),
+            columns,
+            key: vec!["id".into()],
+            dropped: Vec::new(),
+        };
+        // RENAME COLUMN d TO d2 (same attnum), DROP COLUMN b.
+        let (written, violations) = relax(&old, &table(vec![with_id("id", 1), with_id("d2", 4)]));
+        assert!(violations.is_empty());
+        assert_eq!(written.columns[1].aliases, vec!["d".to_string()]);
+        assert_eq!(written.dropped, vec!["b".to_string()], "d was renamed, not dropped");
+        // The next version, from a source that no longer knows the alias,
+        // keeps it; a column added again under the old name gets none.
+        let (next, _) = relax(&written.columns, &table(vec![with_id("id", 1), with_id("d2", 4), with_id("d", 5)]));
+        assert_eq!(next.columns[1].aliases, vec!["d".to_string()]);
+        assert!(next.columns[2].aliases.is_empty());
+        assert!(next.dropped.is_empty());
+        // Without identities, a new name is a new column.
+        let (plain, _) = relax(
+            &[col("id", DataType::Int32, false), col("d", DataType::Int32, true)],
+            &table(vec![col("id", DataType::Int32, false), col("d2", DataType::Int32, true)]),
+        );
+        assert!(plain.columns[1].aliases.is_empty());
+        assert_eq!(plain.dropped, vec!["d".to_string()]);
     }
 }

@@ -14,7 +14,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::avro::{
-    ATTR_ALIASES, ATTR_DEFAULT, ATTR_DROPPED, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE, ATTR_SYMBOLS,
+    ATTR_ALIASES, ATTR_COLUMN_ID, ATTR_DEFAULT, ATTR_DROPPED, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE,
+    ATTR_SYMBOLS,
 };
 use crate::binary::{split_header, ReadError, Reader};
 use crate::decimal;
@@ -752,6 +753,7 @@ fn compile_row(context: &str, record: &Schema) -> Result<(Vec<ColumnPlan>, Vec<C
                 .and_then(serde_json::Value::as_array)
                 .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
                 .unwrap_or_default(),
+            column_id: f.attrs.get(ATTR_COLUMN_ID).and_then(serde_json::Value::as_u64),
         });
         plans.push(plan);
     }

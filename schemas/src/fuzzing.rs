@@ -49,6 +49,7 @@ fn every_type_table() -> TableSchema {
                 source_type: String::new(),
                 default: None,
                 aliases: Vec::new(),
+                column_id: None,
             })
         })
         .collect();

@@ -143,6 +143,12 @@ pub struct Column {
     /// and a sink renames its column instead of adding an empty one (see
     /// `docs/schema-changes.md`).
     pub aliases: Vec<String>,
+    /// The source's identity of the column, which a rename keeps
+    /// (PostgreSQL: the table's oid and the column's attnum), where the
+    /// source has one; carried as `tributary.column_id`. The encoder finds
+    /// a rename by it (a column of a new name with the identity of one that
+    /// is gone), also after a restart, against the registry's version.
+    pub column_id: Option<u64>,
 }
 
 impl Column {
@@ -156,6 +162,7 @@ impl Column {
             source_type: String::new(),
             default: None,
             aliases: Vec::new(),
+            column_id: None,
         }
     }
 

@@ -102,6 +102,7 @@ async fn evolution_is_checked_before_producing() {
             source_type: "text".into(),
             default: None,
             aliases: Vec::new(),
+            column_id: None,
         });
         let qty = c.iter_mut().find(|c| c.name == "qty").expect("qty");
         qty.data_type = DataType::Int64;
@@ -121,6 +122,7 @@ async fn evolution_is_checked_before_producing() {
             source_type: "boolean".into(),
             default: None,
             aliases: Vec::new(),
+            column_id: None,
         });
         c.push(Column::new("flag", DataType::Text, false).with_default(&tributary_schemas::Value::Text("x".into())));
         let id = c.iter_mut().find(|c| c.name == "id").expect("id");

@@ -141,6 +141,7 @@ fn table() -> impl Strategy<Value = Arc<TableSchema>> {
                     source_type,
                     default: None,
                     aliases: Vec::new(),
+                    column_id: None,
                 })
                 .collect();
             let key = key.iter().map(|&i| columns[i].name.clone()).collect();

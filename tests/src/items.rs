@@ -17,6 +17,7 @@ pub fn column(name: &str, data_type: DataType, nullable: bool, source_type: &str
         source_type: source_type.into(),
         default: None,
         aliases: Vec::new(),
+        column_id: None,
     }
 }
 

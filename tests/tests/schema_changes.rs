@@ -39,6 +39,9 @@ struct Step {
     name: &'static str,
     postgres: Option<&'static str>,
     mariadb: Option<&'static str>,
+    /// A column the destination must no longer have after the step (the
+    /// sink runs with `drop_columns = true`).
+    gone: Option<&'static str>,
 }
 
 /// The matrix's rows, in order (each builds on the ones before).
@@ -47,22 +50,26 @@ const STEPS: &[Step] = &[
         name: "ADD COLUMN d int",
         postgres: Some("ALTER TABLE {t} ADD COLUMN d int"),
         mariadb: Some("ALTER TABLE {t} ADD COLUMN d int"),
+        gone: None,
     },
     Step {
         name: "ADD COLUMN e int DEFAULT 7",
         postgres: Some("ALTER TABLE {t} ADD COLUMN e int DEFAULT 7"),
         mariadb: Some("ALTER TABLE {t} ADD COLUMN e int DEFAULT 7"),
+        gone: None,
     },
     Step {
         name: "ADD COLUMN f text NOT NULL DEFAULT 'x'",
         postgres: Some("ALTER TABLE {t} ADD COLUMN f text NOT NULL DEFAULT 'x'"),
         mariadb: Some("ALTER TABLE {t} ADD COLUMN f varchar(20) NOT NULL DEFAULT 'x'"),
+        gone: None,
     },
     Step {
         name: "ADD COLUMN g int NOT NULL (implicit default)",
         postgres: None,
         // (The default afterwards only lets the later inserts leave g out.)
         mariadb: Some("ALTER TABLE {t} ADD COLUMN g int NOT NULL; ALTER TABLE {t} ALTER COLUMN g SET DEFAULT 0"),
+        gone: None,
     },
     Step {
         name: "widen: int -> bigint, numeric(8,2) -> numeric(12,2), varchar(10) -> varchar(40)",
@@ -70,11 +77,13 @@ const STEPS: &[Step] = &[
             "ALTER TABLE {t} ALTER COLUMN a TYPE bigint, ALTER COLUMN n TYPE numeric(12,2), ALTER COLUMN v TYPE varchar(40)",
         ),
         mariadb: Some("ALTER TABLE {t} MODIFY a bigint NOT NULL, MODIFY n decimal(12,2), MODIFY v varchar(40)"),
+        gone: None,
     },
     Step {
         name: "DROP NOT NULL",
         postgres: Some("ALTER TABLE {t} ALTER COLUMN a DROP NOT NULL"),
         mariadb: Some("ALTER TABLE {t} MODIFY a bigint NULL"),
+        gone: None,
     },
     Step {
         name: "SET NOT NULL",
@@ -82,21 +91,32 @@ const STEPS: &[Step] = &[
             "UPDATE {t} SET d = 0 WHERE d IS NULL; ALTER TABLE {t} ALTER COLUMN d SET DEFAULT 0, ALTER COLUMN d SET NOT NULL",
         ),
         mariadb: Some("UPDATE {t} SET d = 0 WHERE d IS NULL; ALTER TABLE {t} MODIFY d int NOT NULL DEFAULT 0"),
+        gone: None,
     },
     Step {
         name: "SET DEFAULT",
         postgres: Some("ALTER TABLE {t} ALTER COLUMN e SET DEFAULT 9"),
         mariadb: Some("ALTER TABLE {t} ALTER COLUMN e SET DEFAULT 9"),
+        gone: None,
+    },
+    Step {
+        name: "RENAME COLUMN d TO d2",
+        postgres: Some("ALTER TABLE {t} RENAME COLUMN d TO d2"),
+        mariadb: Some("ALTER TABLE {t} RENAME COLUMN d TO d2"),
+        // Renamed with its values, not split into an old and a new column.
+        gone: Some("d"),
     },
     Step {
         name: "narrow: bigint -> int",
         postgres: Some("ALTER TABLE {t} ALTER COLUMN a TYPE int"),
         mariadb: Some("ALTER TABLE {t} MODIFY a int NULL"),
+        gone: None,
     },
     Step {
         name: "DROP COLUMN b",
         postgres: Some("ALTER TABLE {t} DROP COLUMN b"),
         mariadb: Some("ALTER TABLE {t} DROP COLUMN b"),
+        gone: Some("b"),
     },
 ];
 
@@ -335,10 +355,32 @@ impl Sink {
         }
     }
 
+    /// The destination section; columns the source drops are dropped.
     fn runner_section(&self) -> String {
-        match self {
+        let section = match self {
             Sink::Postgres(d) => format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), d.schema),
             Sink::BigQuery(d) => d.runner_section(),
+        };
+        format!("{}\ndrop_columns = true\n", section.trim_end())
+    }
+
+    /// Whether the destination's `table` has `column`.
+    async fn has_column(&self, table: &str, column: &str) -> bool {
+        match self {
+            Sink::Postgres(d) => connect(&pg_destination_url())
+                .await
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+                     WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)",
+                    &[&d.schema, &table, &column],
+                )
+                .await
+                .expect("destination columns")
+                .get(0),
+            // A query naming a column the table lacks fails.
+            Sink::BigQuery(d) => bigquery(&format!("SELECT `{column}` FROM {} LIMIT 1", d.table(table)))
+                .await
+                .is_ok(),
         }
     }
 
@@ -538,13 +580,14 @@ async fn converge(source: &mut Source, sink: &Sink, runners: &mut Runners, table
     }
 }
 
-/// A few writes naming only the columns every step keeps: two new rows
+/// A few writes: two new rows naming only the columns every step keeps
 /// (the rest of their columns take the table's defaults), an update of an
-/// old row, a delete.
+/// old row, a delete, and values written into every column the steps
+/// added (or renamed) in one old and one new row.
 async fn writes(source: &mut Source, table: &str, round: i64) {
     let t = source.qualified(table);
     let base = 1000 + round * 10;
-    let sql = format!(
+    let mut sql = format!(
         "INSERT INTO {t} (id, a, n, v) VALUES ({base}, {round}, {round}.25, 'r{round}'), ({}, {}, NULL, NULL); \
          UPDATE {t} SET a = a + 100 WHERE id = {}; DELETE FROM {t} WHERE id = {}",
         base + 1,
@@ -552,7 +595,33 @@ async fn writes(source: &mut Source, table: &str, round: i64) {
         1 + round,
         40 - round
     );
+    let added: Vec<String> = source
+        .columns(table)
+        .await
+        .into_iter()
+        .filter(|c| !["id", "a", "b", "n", "v"].contains(&c.as_str()))
+        .map(|c| {
+            if c == "f" {
+                format!("f = 'w{round}'")
+            } else {
+                format!("{c} = {}", 50 + round)
+            }
+        })
+        .collect();
+    if !added.is_empty() {
+        sql.push_str(&format!("; UPDATE {t} SET {} WHERE id IN ({base}, {})", added.join(", "), 20 + round));
+    }
     source.sql(&sql).await;
+}
+
+async fn assert_gone(sink: &Sink, table: &str, step: &Step) {
+    if let Some(column) = step.gone {
+        assert!(
+            !sink.has_column(table, column).await,
+            "{table}: the destination still has column {column} after step {:?}",
+            step.name
+        );
+    }
 }
 
 async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
@@ -593,6 +662,7 @@ async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
         source.sql(&ddl.replace("{t}", &source.qualified("items"))).await;
         writes(&mut source, "items", round).await;
         converge(&mut source, &sink, &mut runners, "items", step.name).await;
+        assert_gone(&sink, "items", step).await;
         // The second: the source is killed right after the change and the
         // writes, and replays them from its last checkpoint.
         source.sql(&ddl.replace("{t}", &source.qualified("items_killed"))).await;
@@ -601,6 +671,7 @@ async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
         runners.source.kill9();
         runners.source.start();
         converge(&mut source, &sink, &mut runners, "items_killed", step.name).await;
+        assert_gone(&sink, "items_killed", step).await;
     }
     runners.assert_alive("at the end");
     runners.delete();

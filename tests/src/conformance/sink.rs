@@ -349,6 +349,7 @@ pub async fn schema_changes_evolve_the_table(fx: &dyn SinkFixture) {
         source_type: "text".into(),
         default: None,
         aliases: Vec::new(),
+        column_id: None,
     });
     let noted = std::sync::Arc::new(noted);
     let mut big = row(3, "big", 0, "3.00");

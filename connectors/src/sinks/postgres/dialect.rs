@@ -548,6 +548,7 @@ mod tests {
             source_type: ty.into(),
             default: None,
             aliases: Vec::new(),
+            column_id: None,
         };
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), true).render(), "character varying(40)");
         assert_eq!(destination_type(&col("varchar(40)", DataType::Text), false).render(), "text");

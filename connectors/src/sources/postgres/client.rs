@@ -208,7 +208,7 @@ impl Catalog {
                 // `ADD COLUMN ... DEFAULT` have (PostgreSQL 11+ stores it
                 // instead of rewriting the table), as a one-element array.
                 "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull, \
-                        CASE WHEN a.atthasmissing THEN a.attmissingval::text END \
+                        CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attnum \
                  FROM pg_attribute a \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
                 &[&relid],
@@ -218,6 +218,13 @@ impl Catalog {
         let catalog_cols: Vec<(String, u32, i32, bool)> =
             rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
         let missing: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(4))).collect();
+        // A column's identity survives its rename: the encoder finds renames
+        // by it (`Column::column_id`). The oid keeps a table dropped and
+        // created again under the same name from looking renamed.
+        let ids: Vec<(String, u64)> = rows
+            .iter()
+            .map(|r| (r.get(0), (u64::from(relid) << 16) | u64::from(r.get::<_, i16>(5).unsigned_abs())))
+            .collect();
         let pk_rows = self
             .client
             .query(
@@ -257,6 +264,7 @@ impl Catalog {
                 source_type: t.formatted.clone(),
                 default: None,
                 aliases: Vec::new(),
+                column_id: ids.iter().find(|(n, _)| n == name).map(|(_, id)| *id),
             };
             let missing = missing.iter().find(|(n, _)| n == name).and_then(|(_, m)| m.as_deref());
             cols.push(match missing.and_then(|m| missing_value(&column, table, m)) {

@@ -872,6 +872,7 @@ mod tests {
                         source_type: "bigint".into(),
                         default: None,
                         aliases: Vec::new(),
+                        column_id: None,
                     },
                     Column {
                         name: "name".into(),
@@ -880,6 +881,7 @@ mod tests {
                         source_type: "text".into(),
                         default: None,
                         aliases: Vec::new(),
+                        column_id: None,
                     },
                 ],
                 key: vec!["id".into()],
