@@ -357,6 +357,62 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_columns_carry_their_earlier_names_as_aliases() {
+    let mut fx = Fixture::new("mycolren").await;
+    fx.sql("CREATE TABLE r (id INT PRIMARY KEY, d INT, e VARCHAR(10))").await;
+    fx.sql("INSERT INTO r VALUES (1, 10, 'one')").await;
+    let r = fx.table("r");
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&r).len() == 1).await;
+
+    fx.sql("ALTER TABLE r RENAME COLUMN d TO d2").await;
+    fx.sql("INSERT INTO r VALUES (2, 20, 'two')").await;
+    fx.sql("ALTER TABLE r CHANGE COLUMN e e2 VARCHAR(20)").await;
+    fx.sql("INSERT INTO r VALUES (3, 30, 'three')").await;
+    fx.sql("ALTER TABLE r MODIFY COLUMN d2 BIGINT").await;
+    fx.sql("INSERT INTO r VALUES (4, 40, 'four')").await;
+    sync(&mut source, &mut mirror, "the renames", |m| m.ids(&r).len() == 4).await;
+
+    let shape = |id: i64| -> Vec<(String, Vec<String>)> {
+        let e = mirror
+            .events
+            .iter()
+            .find(|e| e.op == Op::Create && int(&e.after.as_ref().expect("after")[0]) == id)
+            .unwrap_or_else(|| panic!("insert {id}"));
+        e.schema.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect()
+    };
+    let col = |name: &str, aliases: &[&str]| (name.to_string(), aliases.iter().map(|a| a.to_string()).collect());
+    assert_eq!(shape(2), [col("id", &[]), col("d2", &["d"]), col("e", &[])]);
+    assert_eq!(shape(3), [col("id", &[]), col("d2", &["d"]), col("e2", &["e"])]);
+    assert_eq!(shape(4), [col("id", &[]), col("d2", &["d"]), col("e2", &["e"])]);
+    // The announced schema (what the runner registers) carries them too.
+    let announced = mirror
+        .messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            SourceMessage::SchemaChanged(s) if s.id == r => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a schema change");
+    assert_eq!(announced.columns[1].aliases, ["d"]);
+    assert_eq!(announced.columns[1].source_type.to_lowercase(), "bigint");
+
+    // They survive a restart: the history in the checkpoint keeps them.
+    let mut again = MySqlSource::new(fx.config(), "t").expect("config");
+    again.start(mirror.checkpoint.clone()).await.expect("resume");
+    fx.sql("INSERT INTO r VALUES (5, 50, 'five')").await;
+    let mut replay = Mirror::default();
+    sync(&mut again, &mut replay, "the insert after the restart", |m| m.ids(&r).contains(&5)).await;
+    let e = replay.events.iter().find(|e| e.schema.id == r).expect("an event");
+    assert_eq!(e.schema.columns[1].aliases, ["d"]);
+    assert_eq!(e.schema.columns[2].aliases, ["e"]);
+    fx.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_snapshot_and_mid_stream_is_exactly_once() {
     let mut fx = Fixture::new("myresume").await;
     fx.sql("CREATE TABLE r (id INT PRIMARY KEY, v INT NOT NULL)").await;

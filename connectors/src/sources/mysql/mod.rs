@@ -197,6 +197,7 @@ impl BuiltSchema {
             let data_type = map_type(table, &c.name, &c.type_text)?;
             let mut col = Column::new(c.name.clone(), data_type, c.nullable);
             col.source_type = c.type_text.clone();
+            col.aliases = c.aliases.clone();
             let codec = ColumnCodec::new(&col);
             if let Some(v) = c.added_default.as_ref().and_then(|d| added_default(&col, &codec, d, table)) {
                 col = col.with_default(&v);
@@ -564,6 +565,7 @@ mod tests {
                     type_text: "int(11)".into(),
                     nullable: false,
                     added_default: None,
+                    aliases: vec![],
                 }],
                 primary_key: vec!["id".into()],
             },
@@ -594,18 +596,21 @@ mod tests {
                     type_text: "varchar(8)".into(),
                     nullable: false,
                     added_default: None,
+                    aliases: vec![],
                 },
                 ColumnDef {
                     name: "secret".into(),
                     type_text: "text".into(),
                     nullable: true,
                     added_default: None,
+                    aliases: vec![],
                 },
                 ColumnDef {
                     name: "n".into(),
                     type_text: "int(10) unsigned".into(),
                     nullable: true,
                     added_default: None,
+                    aliases: vec![],
                 },
             ],
             primary_key: vec![],
