@@ -412,6 +412,96 @@ async fn renamed_columns_carry_their_earlier_names_as_aliases() {
     fx.drop().await;
 }
 
+async fn source_rows_of(conn: &mut mysql_async::Conn, table: &TableId) -> BTreeMap<i64, String> {
+    let rows: Vec<(i64, String)> = conn
+        .query(format!("SELECT id, v FROM `{}`.`{}`", table.schema, table.table))
+        .await
+        .expect("select rows");
+    rows.into_iter().collect()
+}
+
+fn mirror_rows_of(mirror: &Mirror, table: &TableId) -> BTreeMap<i64, String> {
+    let text = |v: &Value| match v {
+        Value::Text(t) => t.clone(),
+        other => panic!("not text: {other:?}"),
+    };
+    mirror
+        .rows
+        .get(table)
+        .map(|t| t.values().map(|(_, r)| (int(&r[0]), text(&r[1]))).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_table_is_copied_again_under_its_new_name() {
+    let mut fx = Fixture::new("mytblren").await;
+    fx.sql("CREATE TABLE src (id INT PRIMARY KEY, v VARCHAR(20) NOT NULL)").await;
+    let values: Vec<String> = (1..=250).map(|i| format!("({i}, 'v{i}')")).collect();
+    fx.sql(&format!("INSERT INTO src VALUES {}", values.join(","))).await;
+    let (src, dst) = (fx.table("src"), fx.table("dst"));
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&src).len() == 250).await;
+
+    // All written before the source reads the rename: the copy sees the
+    // table after these changes, the stream replays them before it.
+    fx.sql("INSERT INTO src VALUES (251, 'before')").await;
+    fx.sql("RENAME TABLE src TO dst").await;
+    fx.sql("INSERT INTO dst VALUES (252, 'after')").await;
+    fx.sql("UPDATE dst SET v = 'changed' WHERE id IN (3, 251)").await;
+    fx.sql("DELETE FROM dst WHERE id IN (4, 252)").await;
+    fx.sql("INSERT INTO dst VALUES (999, 'last')").await;
+
+    // The batch with the rename ends there, its checkpoint holds the copy.
+    let deadline = Instant::now() + DEADLINE;
+    let renamed = loop {
+        assert!(Instant::now() < deadline, "timed out waiting for the rename");
+        let batch = next(&mut source).await;
+        let dropped = batch
+            .messages
+            .iter()
+            .any(|m| matches!(m, SourceMessage::TableDropped(t) if *t == src));
+        let checkpoint = batch.checkpoint.clone();
+        mirror.apply(batch);
+        if dropped {
+            break checkpoint;
+        }
+    };
+    let state = SourceState::from_checkpoint(&renamed).expect("state");
+    let plan = state.snapshot.expect("the checkpoint after the rename holds the copy to do");
+    assert_eq!(plan.tables.iter().map(|t| t.id()).collect::<Vec<_>>(), [dst.clone()]);
+
+    let expected = source_rows_of(&mut fx.conn, &dst).await;
+    assert_eq!(expected.len(), 251, "251 rows, 252 and 999 added, 4 and 252 deleted");
+    sync(&mut source, &mut mirror, "the copy and the changes after it", |m| m.ids(&dst).contains(&999)).await;
+    assert_eq!(mirror_rows_of(&mirror, &dst), expected, "the destination's dst equals the source's");
+    assert!(mirror.rows.get(&src).is_none(), "src was dropped");
+    let reads = mirror.events.iter().filter(|e| e.schema.id == dst && e.op == Op::Read).count();
+    assert_eq!(reads, 251, "every row of dst copied once");
+    assert!(mirror
+        .events
+        .iter()
+        .filter(|e| e.schema.id == dst && e.op == Op::Read)
+        .all(|e| e.source.snapshot == SnapshotMarker::True));
+
+    // Later changes stream as usual.
+    fx.sql("UPDATE dst SET v = 'streamed' WHERE id = 1").await;
+    sync(&mut source, &mut mirror, "a change after the copy", |m| {
+        mirror_rows_of(m, &dst).get(&1).map(String::as_str) == Some("streamed")
+    })
+    .await;
+
+    // A crash right after the rename batch: the restart does the copy.
+    let mut again = MySqlSource::new(fx.config(), "t").expect("config");
+    again.start(Some(renamed)).await.expect("resume");
+    let mut replay = Mirror::default();
+    let expected = source_rows_of(&mut fx.conn, &dst).await;
+    sync(&mut again, &mut replay, "the copy after a restart", |m| m.ids(&dst).contains(&999)).await;
+    assert_eq!(mirror_rows_of(&replay, &dst), expected);
+    fx.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_snapshot_and_mid_stream_is_exactly_once() {
     let mut fx = Fixture::new("myresume").await;

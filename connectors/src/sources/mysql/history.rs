@@ -75,6 +75,20 @@ pub struct TableDef {
     pub primary_key: Vec<String>,
 }
 
+impl TableDef {
+    /// This definition (from the catalog) with the earlier column names
+    /// `known` (the history) has for columns of the same name.
+    pub fn with_aliases_from(&self, known: &TableDef) -> TableDef {
+        let mut def = self.clone();
+        for c in &mut def.columns {
+            if let Some(k) = known.columns.iter().find(|k| k.name == c.name) {
+                c.aliases = k.aliases.clone();
+            }
+        }
+        def
+    }
+}
+
 /// What a DDL statement did to the tables the history knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DdlEffect {

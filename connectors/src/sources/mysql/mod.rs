@@ -314,7 +314,12 @@ impl MySqlSource {
         for t in &run.plan.tables {
             let id = t.id();
             if let Some(def) = run.defs.get(&id) {
-                let built = BuiltSchema::build(&self.config, &self.filter, &id, def)?;
+                // The catalog knows no earlier column names; the history does.
+                let def = match self.state.as_ref().and_then(|s| s.history.get(&id)) {
+                    Some(known) => def.with_aliases_from(known),
+                    None => def.clone(),
+                };
+                let built = BuiltSchema::build(&self.config, &self.filter, &id, &def)?;
                 self.announce(&built.schema);
             }
             self.progress.entry(id.clone()).or_insert(SnapshotTableProgress {
@@ -364,9 +369,26 @@ impl MySqlSource {
                 Ok(Some(SourceBatch { messages, checkpoint: state.to_checkpoint() }))
             }
             None => {
+                let copied: Vec<TableId> = run.plan.tables.iter().map(TablePlan::id).collect();
                 self.snapshot = None;
                 state.snapshot = None;
                 tracing::info!("snapshot finished");
+                // A copy taken after the stream's position (a resumed or a
+                // mid-stream one) read the tables' later shape; the stream
+                // goes on with the history's, announced again before its rows.
+                let mut shapes = Vec::new();
+                for id in &copied {
+                    if let Some(def) = state.history.get(id) {
+                        shapes.push(BuiltSchema::build(&self.config, &self.filter, id, def)?.schema);
+                    }
+                }
+                for schema in &shapes {
+                    self.announce(schema);
+                }
+                let state = self
+                    .state
+                    .as_mut()
+                    .ok_or_else(|| Error::retryable("the source is not started"))?;
                 Ok(Some(SourceBatch {
                     messages: std::mem::take(&mut self.prelude),
                     checkpoint: state.to_checkpoint(),
@@ -405,6 +427,11 @@ impl MySqlSource {
             state,
         };
         let out = streamer.next_batch(&mut sc).await?;
+        if state.snapshot.is_some() {
+            // A renamed table to copy: the copy runs next, then the stream
+            // opens again at this batch's checkpoint.
+            self.streamer = None;
+        }
         let mut messages = std::mem::take(&mut self.prelude);
         messages.extend(out);
         Ok(SourceBatch {
