@@ -432,6 +432,31 @@ fn mirror_rows_of(mirror: &Mirror, table: &TableId) -> BTreeMap<i64, String> {
         .unwrap_or_default()
 }
 
+/// Each row comes after a `SchemaChanged` of exactly its schema: the
+/// runner registers the announced shape and encodes rows with it.
+fn assert_rows_follow_their_announced_schema(mirror: &Mirror) {
+    let mut announced: BTreeMap<TableId, std::sync::Arc<tributary_schemas::TableSchema>> = BTreeMap::new();
+    for (i, m) in mirror.messages.iter().enumerate() {
+        match m {
+            SourceMessage::SchemaChanged(s) => {
+                announced.insert(s.id.clone(), s.clone());
+            }
+            SourceMessage::TableDropped(t) => {
+                announced.remove(t);
+            }
+            SourceMessage::Change(e) => {
+                assert!(
+                    announced.get(&e.schema.id).is_some_and(|s| **s == *e.schema),
+                    "message {i}: a {:?} row of {} under a schema not announced last",
+                    e.op,
+                    e.schema.id
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renamed_table_is_copied_again_under_its_new_name() {
     let mut fx = Fixture::new("mytblren").await;
@@ -449,9 +474,12 @@ async fn a_renamed_table_is_copied_again_under_its_new_name() {
     fx.sql("INSERT INTO src VALUES (251, 'before')").await;
     fx.sql("RENAME TABLE src TO dst").await;
     fx.sql("INSERT INTO dst VALUES (252, 'after')").await;
+    // The copy reads this later shape; the stream's rows before the ALTER
+    // have the earlier one and must be announced under it again.
+    fx.sql("ALTER TABLE dst ADD COLUMN note VARCHAR(10) DEFAULT 'n'").await;
     fx.sql("UPDATE dst SET v = 'changed' WHERE id IN (3, 251)").await;
     fx.sql("DELETE FROM dst WHERE id IN (4, 252)").await;
-    fx.sql("INSERT INTO dst VALUES (999, 'last')").await;
+    fx.sql("INSERT INTO dst (id, v) VALUES (999, 'last')").await;
 
     // The batch with the rename ends there, its checkpoint holds the copy.
     let deadline = Instant::now() + DEADLINE;
@@ -472,11 +500,19 @@ async fn a_renamed_table_is_copied_again_under_its_new_name() {
     let plan = state.snapshot.expect("the checkpoint after the rename holds the copy to do");
     assert_eq!(plan.tables.iter().map(|t| t.id()).collect::<Vec<_>>(), [dst.clone()]);
 
+    // The copy has row 999 too: wait for the stream's insert of it, the
+    // last change, which comes after the copy.
+    let streamed_999 = |m: &Mirror| {
+        m.events
+            .iter()
+            .any(|e| e.schema.id == dst && e.op == Op::Create && e.after.as_ref().is_some_and(|a| int(&a[0]) == 999))
+    };
     let expected = source_rows_of(&mut fx.conn, &dst).await;
     assert_eq!(expected.len(), 251, "251 rows, 252 and 999 added, 4 and 252 deleted");
-    sync(&mut source, &mut mirror, "the copy and the changes after it", |m| m.ids(&dst).contains(&999)).await;
+    sync(&mut source, &mut mirror, "the copy and the changes after it", streamed_999).await;
     assert_eq!(mirror_rows_of(&mirror, &dst), expected, "the destination's dst equals the source's");
     assert!(mirror.rows.get(&src).is_none(), "src was dropped");
+    assert_rows_follow_their_announced_schema(&mirror);
     let reads = mirror.events.iter().filter(|e| e.schema.id == dst && e.op == Op::Read).count();
     assert_eq!(reads, 251, "every row of dst copied once");
     assert!(mirror
@@ -497,8 +533,9 @@ async fn a_renamed_table_is_copied_again_under_its_new_name() {
     again.start(Some(renamed)).await.expect("resume");
     let mut replay = Mirror::default();
     let expected = source_rows_of(&mut fx.conn, &dst).await;
-    sync(&mut again, &mut replay, "the copy after a restart", |m| m.ids(&dst).contains(&999)).await;
+    sync(&mut again, &mut replay, "the copy after a restart", streamed_999).await;
     assert_eq!(mirror_rows_of(&replay, &dst), expected);
+    assert_rows_follow_their_announced_schema(&replay);
     fx.drop().await;
 }
 
