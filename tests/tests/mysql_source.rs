@@ -536,6 +536,18 @@ async fn a_renamed_table_is_copied_again_under_its_new_name() {
     sync(&mut again, &mut replay, "the copy after a restart", streamed_999).await;
     assert_eq!(mirror_rows_of(&replay, &dst), expected);
     assert_rows_follow_their_announced_schema(&replay);
+
+    // Renamed back: copied again, its progress counted afresh.
+    let progress = |s: &MySqlSource, t: &TableId| s.snapshot_progress().into_iter().find(|p| p.table == *t);
+    assert_eq!(progress(&source, &dst).map(|p| (p.rows, p.done)), Some((251, true)));
+    fx.sql("RENAME TABLE dst TO src").await;
+    let expected = source_rows_of(&mut fx.conn, &src).await;
+    sync(&mut source, &mut mirror, "the copy under the old name again", |m| {
+        m.rows.get(&dst).is_none() && mirror_rows_of(m, &src) == expected
+    })
+    .await;
+    assert_eq!(progress(&source, &src).map(|p| (p.rows, p.done)), Some((251, true)));
+    assert_rows_follow_their_announced_schema(&mirror);
     fx.drop().await;
 }
 

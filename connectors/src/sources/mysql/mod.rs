@@ -322,12 +322,19 @@ impl MySqlSource {
                 let built = BuiltSchema::build(&self.config, &self.filter, &id, &def)?;
                 self.announce(&built.schema);
             }
-            self.progress.entry(id.clone()).or_insert(SnapshotTableProgress {
-                table: id.clone(),
-                rows: 0,
-                estimated_rows: run.estimates.get(&id).copied(),
-                done: t.done,
-            });
+            // A table copied again (renamed back to a name copied before)
+            // starts its progress over; a resumed copy keeps it.
+            if self.progress.get(&id).is_none_or(|p| p.done && !t.done) {
+                self.progress.insert(
+                    id.clone(),
+                    SnapshotTableProgress {
+                        table: id.clone(),
+                        rows: 0,
+                        estimated_rows: run.estimates.get(&id).copied(),
+                        done: t.done,
+                    },
+                );
+            }
         }
         let state = self
             .state
