@@ -357,6 +357,201 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_columns_carry_their_earlier_names_as_aliases() {
+    let mut fx = Fixture::new("mycolren").await;
+    fx.sql("CREATE TABLE r (id INT PRIMARY KEY, d INT, e VARCHAR(10))").await;
+    fx.sql("INSERT INTO r VALUES (1, 10, 'one')").await;
+    let r = fx.table("r");
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&r).len() == 1).await;
+
+    fx.sql("ALTER TABLE r RENAME COLUMN d TO d2").await;
+    fx.sql("INSERT INTO r VALUES (2, 20, 'two')").await;
+    fx.sql("ALTER TABLE r CHANGE COLUMN e e2 VARCHAR(20)").await;
+    fx.sql("INSERT INTO r VALUES (3, 30, 'three')").await;
+    fx.sql("ALTER TABLE r MODIFY COLUMN d2 BIGINT").await;
+    fx.sql("INSERT INTO r VALUES (4, 40, 'four')").await;
+    sync(&mut source, &mut mirror, "the renames", |m| m.ids(&r).len() == 4).await;
+
+    let shape = |id: i64| -> Vec<(String, Vec<String>)> {
+        let e = mirror
+            .events
+            .iter()
+            .find(|e| e.op == Op::Create && int(&e.after.as_ref().expect("after")[0]) == id)
+            .unwrap_or_else(|| panic!("insert {id}"));
+        e.schema.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect()
+    };
+    let col = |name: &str, aliases: &[&str]| (name.to_string(), aliases.iter().map(|a| a.to_string()).collect());
+    assert_eq!(shape(2), [col("id", &[]), col("d2", &["d"]), col("e", &[])]);
+    assert_eq!(shape(3), [col("id", &[]), col("d2", &["d"]), col("e2", &["e"])]);
+    assert_eq!(shape(4), [col("id", &[]), col("d2", &["d"]), col("e2", &["e"])]);
+    // The announced schema (what the runner registers) carries them too.
+    let announced = mirror
+        .messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            SourceMessage::SchemaChanged(s) if s.id == r => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a schema change");
+    assert_eq!(announced.columns[1].aliases, ["d"]);
+    assert_eq!(announced.columns[1].source_type.to_lowercase(), "bigint");
+
+    // They survive a restart: the history in the checkpoint keeps them.
+    let mut again = MySqlSource::new(fx.config(), "t").expect("config");
+    again.start(mirror.checkpoint.clone()).await.expect("resume");
+    fx.sql("INSERT INTO r VALUES (5, 50, 'five')").await;
+    let mut replay = Mirror::default();
+    sync(&mut again, &mut replay, "the insert after the restart", |m| m.ids(&r).contains(&5)).await;
+    let e = replay.events.iter().find(|e| e.schema.id == r).expect("an event");
+    assert_eq!(e.schema.columns[1].aliases, ["d"]);
+    assert_eq!(e.schema.columns[2].aliases, ["e"]);
+    fx.drop().await;
+}
+
+async fn source_rows_of(conn: &mut mysql_async::Conn, table: &TableId) -> BTreeMap<i64, String> {
+    let rows: Vec<(i64, String)> = conn
+        .query(format!("SELECT id, v FROM `{}`.`{}`", table.schema, table.table))
+        .await
+        .expect("select rows");
+    rows.into_iter().collect()
+}
+
+fn mirror_rows_of(mirror: &Mirror, table: &TableId) -> BTreeMap<i64, String> {
+    let text = |v: &Value| match v {
+        Value::Text(t) => t.clone(),
+        other => panic!("not text: {other:?}"),
+    };
+    mirror
+        .rows
+        .get(table)
+        .map(|t| t.values().map(|(_, r)| (int(&r[0]), text(&r[1]))).collect())
+        .unwrap_or_default()
+}
+
+/// Each row comes after a `SchemaChanged` of exactly its schema: the
+/// runner registers the announced shape and encodes rows with it.
+fn assert_rows_follow_their_announced_schema(mirror: &Mirror) {
+    let mut announced: BTreeMap<TableId, std::sync::Arc<tributary_schemas::TableSchema>> = BTreeMap::new();
+    for (i, m) in mirror.messages.iter().enumerate() {
+        match m {
+            SourceMessage::SchemaChanged(s) => {
+                announced.insert(s.id.clone(), s.clone());
+            }
+            SourceMessage::TableDropped(t) => {
+                announced.remove(t);
+            }
+            SourceMessage::Change(e) => {
+                assert!(
+                    announced.get(&e.schema.id).is_some_and(|s| **s == *e.schema),
+                    "message {i}: a {:?} row of {} under a schema not announced last",
+                    e.op,
+                    e.schema.id
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_table_is_copied_again_under_its_new_name() {
+    let mut fx = Fixture::new("mytblren").await;
+    fx.sql("CREATE TABLE src (id INT PRIMARY KEY, v VARCHAR(20) NOT NULL)").await;
+    let values: Vec<String> = (1..=250).map(|i| format!("({i}, 'v{i}')")).collect();
+    fx.sql(&format!("INSERT INTO src VALUES {}", values.join(","))).await;
+    let (src, dst) = (fx.table("src"), fx.table("dst"));
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&src).len() == 250).await;
+
+    // All written before the source reads the rename: the copy sees the
+    // table after these changes, the stream replays them before it.
+    fx.sql("INSERT INTO src VALUES (251, 'before')").await;
+    fx.sql("RENAME TABLE src TO dst").await;
+    fx.sql("INSERT INTO dst VALUES (252, 'after')").await;
+    // The copy reads this later shape; the stream's rows before the ALTER
+    // have the earlier one and must be announced under it again.
+    fx.sql("ALTER TABLE dst ADD COLUMN note VARCHAR(10) DEFAULT 'n'").await;
+    fx.sql("UPDATE dst SET v = 'changed' WHERE id IN (3, 251)").await;
+    fx.sql("DELETE FROM dst WHERE id IN (4, 252)").await;
+    fx.sql("INSERT INTO dst (id, v) VALUES (999, 'last')").await;
+
+    // The batch with the rename ends there, its checkpoint holds the copy.
+    let deadline = Instant::now() + DEADLINE;
+    let renamed = loop {
+        assert!(Instant::now() < deadline, "timed out waiting for the rename");
+        let batch = next(&mut source).await;
+        let dropped = batch
+            .messages
+            .iter()
+            .any(|m| matches!(m, SourceMessage::TableDropped(t) if *t == src));
+        let checkpoint = batch.checkpoint.clone();
+        mirror.apply(batch);
+        if dropped {
+            break checkpoint;
+        }
+    };
+    let state = SourceState::from_checkpoint(&renamed).expect("state");
+    let plan = state.snapshot.expect("the checkpoint after the rename holds the copy to do");
+    assert_eq!(plan.tables.iter().map(|t| t.id()).collect::<Vec<_>>(), [dst.clone()]);
+
+    // The copy has row 999 too: wait for the stream's insert of it, the
+    // last change, which comes after the copy.
+    let streamed_999 = |m: &Mirror| {
+        m.events
+            .iter()
+            .any(|e| e.schema.id == dst && e.op == Op::Create && e.after.as_ref().is_some_and(|a| int(&a[0]) == 999))
+    };
+    let expected = source_rows_of(&mut fx.conn, &dst).await;
+    assert_eq!(expected.len(), 251, "251 rows, 252 and 999 added, 4 and 252 deleted");
+    sync(&mut source, &mut mirror, "the copy and the changes after it", streamed_999).await;
+    assert_eq!(mirror_rows_of(&mirror, &dst), expected, "the destination's dst equals the source's");
+    assert!(mirror.rows.get(&src).is_none(), "src was dropped");
+    assert_rows_follow_their_announced_schema(&mirror);
+    let reads = mirror.events.iter().filter(|e| e.schema.id == dst && e.op == Op::Read).count();
+    assert_eq!(reads, 251, "every row of dst copied once");
+    assert!(mirror
+        .events
+        .iter()
+        .filter(|e| e.schema.id == dst && e.op == Op::Read)
+        .all(|e| e.source.snapshot == SnapshotMarker::True));
+
+    // Later changes stream as usual.
+    fx.sql("UPDATE dst SET v = 'streamed' WHERE id = 1").await;
+    sync(&mut source, &mut mirror, "a change after the copy", |m| {
+        mirror_rows_of(m, &dst).get(&1).map(String::as_str) == Some("streamed")
+    })
+    .await;
+
+    // A crash right after the rename batch: the restart does the copy.
+    let mut again = MySqlSource::new(fx.config(), "t").expect("config");
+    again.start(Some(renamed)).await.expect("resume");
+    let mut replay = Mirror::default();
+    let expected = source_rows_of(&mut fx.conn, &dst).await;
+    sync(&mut again, &mut replay, "the copy after a restart", streamed_999).await;
+    assert_eq!(mirror_rows_of(&replay, &dst), expected);
+    assert_rows_follow_their_announced_schema(&replay);
+
+    // Renamed back: copied again, its progress counted afresh.
+    let progress = |s: &MySqlSource, t: &TableId| s.snapshot_progress().into_iter().find(|p| p.table == *t);
+    assert_eq!(progress(&source, &dst).map(|p| (p.rows, p.done)), Some((251, true)));
+    fx.sql("RENAME TABLE dst TO src").await;
+    let expected = source_rows_of(&mut fx.conn, &src).await;
+    sync(&mut source, &mut mirror, "the copy under the old name again", |m| {
+        m.rows.get(&dst).is_none() && mirror_rows_of(m, &src) == expected
+    })
+    .await;
+    assert_eq!(progress(&source, &src).map(|p| (p.rows, p.done)), Some((251, true)));
+    assert_rows_follow_their_announced_schema(&mirror);
+    fx.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_snapshot_and_mid_stream_is_exactly_once() {
     let mut fx = Fixture::new("myresume").await;
     fx.sql("CREATE TABLE r (id INT PRIMARY KEY, v INT NOT NULL)").await;

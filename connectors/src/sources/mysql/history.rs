@@ -34,6 +34,25 @@ pub struct ColumnDef {
     /// rows that existed then got (see `docs/schema-changes.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub added_default: Option<AddedDefault>,
+    /// Names the column had before (`RENAME COLUMN`, `CHANGE COLUMN`),
+    /// oldest first: the schema's `Column::aliases`, so that sinks rename
+    /// instead of adding an empty column. Absent in older checkpoints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+}
+
+impl ColumnDef {
+    /// Renames the column, keeping `old` among its earlier names.
+    fn rename(&mut self, new: &str) {
+        if self.name != new {
+            let old = std::mem::replace(&mut self.name, new.to_string());
+            if !self.aliases.contains(&old) {
+                self.aliases.push(old);
+            }
+        }
+        // Renamed back: its own name is no alias.
+        self.aliases.retain(|a| a != new);
+    }
 }
 
 /// The value rows older than an added column got.
@@ -54,6 +73,20 @@ pub struct TableDef {
     pub columns: Vec<ColumnDef>,
     /// Primary key columns in key order (empty without one).
     pub primary_key: Vec<String>,
+}
+
+impl TableDef {
+    /// This definition (from the catalog) with the earlier column names
+    /// `known` (the history) has for columns of the same name.
+    pub fn with_aliases_from(&self, known: &TableDef) -> TableDef {
+        let mut def = self.clone();
+        for c in &mut def.columns {
+            if let Some(k) = known.columns.iter().find(|k| k.name == c.name) {
+                c.aliases = k.aliases.clone();
+            }
+        }
+        def
+    }
 }
 
 /// What a DDL statement did to the tables the history knows.
@@ -266,7 +299,7 @@ impl SchemaHistory {
                                 .iter_mut()
                                 .find(|c| c.name == old_column_name.value)
                                 .ok_or_else(|| unknown_column(&table, &old_column_name.value))?;
-                            col.name = new_column_name.value.clone();
+                            col.rename(&new_column_name.value);
                             for k in &mut def.primary_key {
                                 if *k == old_column_name.value {
                                     *k = new_column_name.value.clone();
@@ -377,6 +410,7 @@ fn column_def(name: &str, type_text: &str, options: &[ColumnOptionDef]) -> (Colu
             type_text: type_text.to_string(),
             nullable,
             added_default: None,
+            aliases: Vec::new(),
         },
         pk,
     )
@@ -476,6 +510,10 @@ fn replace_column(
     if def.primary_key.iter().any(|k| k == old) {
         col.nullable = false;
     }
+    // MODIFY keeps the column's earlier names; CHANGE adds `old` to them.
+    let new = std::mem::replace(&mut col.name, old.to_string());
+    col.aliases = def.columns[i].aliases.clone();
+    col.rename(&new);
     match pos {
         None => def.columns[i] = col,
         Some(p) => {
@@ -562,5 +600,74 @@ mod tests {
         let json = serde_json::to_string(&h).expect("json");
         let back: SchemaHistory = serde_json::from_str(&json).expect("parse");
         assert_eq!(back, h);
+    }
+
+    fn aliases(h: &SchemaHistory, t: &TableId, column: &str) -> Vec<String> {
+        h.get(t)
+            .and_then(|d| d.columns.iter().find(|c| c.name == column))
+            .map(|c| c.aliases.clone())
+            .unwrap_or_else(|| panic!("no column {column}"))
+    }
+
+    #[test]
+    fn renamed_columns_keep_their_earlier_names_oldest_first() {
+        let mut h = SchemaHistory::default();
+        let t = TableId::new("db", "t");
+        h.apply("CREATE TABLE t (id INT PRIMARY KEY, a INT, b INT)", "db", &all)
+            .expect("create");
+        let e = h.apply("ALTER TABLE t RENAME COLUMN a TO a2", "db", &all).expect("rename");
+        assert_eq!(e, vec![DdlEffect::Altered(t.clone())]);
+        assert_eq!(aliases(&h, &t, "a2"), ["a"]);
+        h.apply("ALTER TABLE t CHANGE COLUMN a2 a3 BIGINT NOT NULL", "db", &all)
+            .expect("change");
+        assert_eq!(aliases(&h, &t, "a3"), ["a", "a2"]);
+        // MODIFY, and a CHANGE that keeps the name, add nothing and lose nothing.
+        h.apply("ALTER TABLE t MODIFY a3 DECIMAL(20,0)", "db", &all).expect("modify");
+        h.apply("ALTER TABLE t CHANGE a3 a3 DECIMAL(22,0) AFTER b", "db", &all)
+            .expect("change in place");
+        assert_eq!(names(&h, &t), ["id", "b", "a3"]);
+        assert_eq!(aliases(&h, &t, "a3"), ["a", "a2"]);
+        // Back to an earlier name: no duplicate, and never its own name.
+        h.apply("ALTER TABLE t RENAME COLUMN a3 TO a2", "db", &all).expect("rename back");
+        assert_eq!(aliases(&h, &t, "a2"), ["a", "a3"]);
+        // The key follows the rename and keeps its earlier name too.
+        h.apply("ALTER TABLE t RENAME COLUMN id TO pk", "db", &all).expect("rename key");
+        assert_eq!(h.get(&t).expect("known").primary_key, ["pk"]);
+        assert_eq!(aliases(&h, &t, "pk"), ["id"]);
+        // A table rename takes the aliases along.
+        h.apply("ALTER TABLE t RENAME TO t2", "db", &all).expect("rename table");
+        assert_eq!(aliases(&h, &TableId::new("db", "t2"), "a2"), ["a", "a3"]);
+    }
+
+    #[test]
+    fn a_column_added_under_an_old_name_is_a_new_column_without_aliases() {
+        let mut h = SchemaHistory::default();
+        let t = TableId::new("db", "t");
+        h.apply("CREATE TABLE t (id INT PRIMARY KEY, b INT)", "db", &all).expect("create");
+        h.apply("ALTER TABLE t RENAME COLUMN b TO c", "db", &all).expect("rename");
+        h.apply("ALTER TABLE t ADD COLUMN b VARCHAR(10)", "db", &all).expect("add");
+        assert_eq!(names(&h, &t), ["id", "c", "b"]);
+        assert!(aliases(&h, &t, "b").is_empty());
+        assert_eq!(aliases(&h, &t, "c"), ["b"]);
+        // Dropped and added again: a new column, no earlier names.
+        h.apply("ALTER TABLE t DROP COLUMN c, ADD COLUMN c INT", "db", &all)
+            .expect("drop + add");
+        assert!(aliases(&h, &t, "c").is_empty());
+    }
+
+    #[test]
+    fn aliases_round_trip_and_older_checkpoints_without_them_still_read() {
+        let mut h = SchemaHistory::default();
+        h.apply("CREATE TABLE t (id INT PRIMARY KEY, a INT)", "db", &all).expect("create");
+        let before = serde_json::to_string(&h).expect("json");
+        assert!(!before.contains("aliases"), "no field without aliases: {before}");
+        // `before` is also what a checkpoint written before aliases holds.
+        let old: SchemaHistory = serde_json::from_str(&before).expect("parse");
+        assert_eq!(old, h);
+        h.apply("ALTER TABLE t RENAME COLUMN a TO b", "db", &all).expect("rename");
+        let json = serde_json::to_string(&h).expect("json");
+        let back: SchemaHistory = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, h);
+        assert_eq!(aliases(&back, &TableId::new("db", "t"), "b"), ["a"]);
     }
 }

@@ -197,6 +197,7 @@ impl BuiltSchema {
             let data_type = map_type(table, &c.name, &c.type_text)?;
             let mut col = Column::new(c.name.clone(), data_type, c.nullable);
             col.source_type = c.type_text.clone();
+            col.aliases = c.aliases.clone();
             let codec = ColumnCodec::new(&col);
             if let Some(v) = c.added_default.as_ref().and_then(|d| added_default(&col, &codec, d, table)) {
                 col = col.with_default(&v);
@@ -313,15 +314,27 @@ impl MySqlSource {
         for t in &run.plan.tables {
             let id = t.id();
             if let Some(def) = run.defs.get(&id) {
-                let built = BuiltSchema::build(&self.config, &self.filter, &id, def)?;
+                // The catalog knows no earlier column names; the history does.
+                let def = match self.state.as_ref().and_then(|s| s.history.get(&id)) {
+                    Some(known) => def.with_aliases_from(known),
+                    None => def.clone(),
+                };
+                let built = BuiltSchema::build(&self.config, &self.filter, &id, &def)?;
                 self.announce(&built.schema);
             }
-            self.progress.entry(id.clone()).or_insert(SnapshotTableProgress {
-                table: id.clone(),
-                rows: 0,
-                estimated_rows: run.estimates.get(&id).copied(),
-                done: t.done,
-            });
+            // A table copied again (renamed back to a name copied before)
+            // starts its progress over; a resumed copy keeps it.
+            if self.progress.get(&id).is_none_or(|p| p.done && !t.done) {
+                self.progress.insert(
+                    id.clone(),
+                    SnapshotTableProgress {
+                        table: id.clone(),
+                        rows: 0,
+                        estimated_rows: run.estimates.get(&id).copied(),
+                        done: t.done,
+                    },
+                );
+            }
         }
         let state = self
             .state
@@ -363,9 +376,26 @@ impl MySqlSource {
                 Ok(Some(SourceBatch { messages, checkpoint: state.to_checkpoint() }))
             }
             None => {
+                let copied: Vec<TableId> = run.plan.tables.iter().map(TablePlan::id).collect();
                 self.snapshot = None;
                 state.snapshot = None;
                 tracing::info!("snapshot finished");
+                // A copy taken after the stream's position (a resumed or a
+                // mid-stream one) read the tables' later shape; the stream
+                // goes on with the history's, announced again before its rows.
+                let mut shapes = Vec::new();
+                for id in &copied {
+                    if let Some(def) = state.history.get(id) {
+                        shapes.push(BuiltSchema::build(&self.config, &self.filter, id, def)?.schema);
+                    }
+                }
+                for schema in &shapes {
+                    self.announce(schema);
+                }
+                let state = self
+                    .state
+                    .as_mut()
+                    .ok_or_else(|| Error::retryable("the source is not started"))?;
                 Ok(Some(SourceBatch {
                     messages: std::mem::take(&mut self.prelude),
                     checkpoint: state.to_checkpoint(),
@@ -404,6 +434,11 @@ impl MySqlSource {
             state,
         };
         let out = streamer.next_batch(&mut sc).await?;
+        if state.snapshot.is_some() {
+            // A renamed table to copy: the copy runs next, then the stream
+            // opens again at this batch's checkpoint.
+            self.streamer = None;
+        }
         let mut messages = std::mem::take(&mut self.prelude);
         messages.extend(out);
         Ok(SourceBatch {
@@ -564,6 +599,7 @@ mod tests {
                     type_text: "int(11)".into(),
                     nullable: false,
                     added_default: None,
+                    aliases: vec![],
                 }],
                 primary_key: vec!["id".into()],
             },
@@ -594,18 +630,21 @@ mod tests {
                     type_text: "varchar(8)".into(),
                     nullable: false,
                     added_default: None,
+                    aliases: vec![],
                 },
                 ColumnDef {
                     name: "secret".into(),
                     type_text: "text".into(),
                     nullable: true,
                     added_default: None,
+                    aliases: vec![],
                 },
                 ColumnDef {
                     name: "n".into(),
                     type_text: "int(10) unsigned".into(),
                     nullable: true,
                     added_default: None,
+                    aliases: vec![],
                 },
             ],
             primary_key: vec![],

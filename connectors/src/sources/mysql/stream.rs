@@ -26,9 +26,10 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
 
-use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, TableFilter};
+use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, SnapshotMode, TableFilter};
 use super::gtid::{self, MariaGtidEvent, MariaGtidPos, MySqlGtidSet};
 use super::history::DdlEffect;
+use super::snapshot::{SnapshotState, TablePlan};
 use super::types::quote_literal;
 use super::{classify_my, connect, BinlogPosition, BuiltSchema, EventContext, ServerKind, SourceState};
 use crate::error::{Error, Result};
@@ -93,6 +94,9 @@ pub struct Streamer {
     /// FORMAT_DESCRIPTION (the server's `binlog_checksum`: 4 for CRC32);
     /// 0 once the FORMAT_DESCRIPTION is read and the parser strips them.
     rotate_checksum_len: usize,
+    /// A committed transaction put a table in `state.snapshot` (a rename):
+    /// the batch ends there so that the copy starts before more is read.
+    copy_requested: bool,
 }
 
 /// Whether `event` is a QUERY event that may change a table (not a
@@ -178,6 +182,7 @@ impl Streamer {
             mysql_gtid,
             stashed: None,
             rotate_checksum_len,
+            copy_requested: false,
         })
     }
 
@@ -214,7 +219,7 @@ impl Streamer {
                 }
                 events += messages.len();
                 out.extend(messages);
-                if events >= sc.config.max_batch_events {
+                if std::mem::take(&mut self.copy_requested) || events >= sc.config.max_batch_events {
                     return Ok(out);
                 }
             }
@@ -394,10 +399,25 @@ impl Streamer {
                 DdlEffect::Renamed { from, to } => {
                     self.built.remove(&from);
                     if sc.announced.remove(&from).is_some() {
-                        txn.messages.push(SourceMessage::TableDropped(from));
+                        txn.messages.push(SourceMessage::TableDropped(from.clone()));
                     }
                     if filter.captures(&to) {
                         self.announce(&to, txn, sc)?;
+                        // The rows `to` holds were written under `from`: no
+                        // event has them under the new name, so it is copied
+                        // again (see `docs/schema-changes.md`).
+                        if sc.config.snapshot_mode != SnapshotMode::Never {
+                            let position = sc.state.binlog.clone();
+                            let plan = sc.state.snapshot.get_or_insert_with(|| SnapshotState {
+                                initial: false,
+                                position: Some(position),
+                                tables: Vec::new(),
+                            });
+                            plan.tables.retain(|t| t.id() != to);
+                            plan.tables.push(TablePlan::new(&to));
+                            self.copy_requested = true;
+                            tracing::info!(from = %from, to = %to, "renamed table to be copied under its new name");
+                        }
                     } else {
                         sc.state.history.remove(&to);
                     }
