@@ -214,7 +214,8 @@ async fn publication_tables(
 /// and a NOT NULL column outside the key then has no value the change event
 /// can carry. Such tables are switched to REPLICA IDENTITY FULL when the role
 /// may (it must own the table); otherwise this is a needs-operator error with
-/// the exact SQL. Done before the slot exists, so no such delete is captured.
+/// the exact SQL. Done before the slot exists, so no such delete is captured;
+/// for a table added while streaming, before it joins the publication.
 pub async fn ensure_full_before_images(client: &tokio_postgres::Client, tables: &[TableId]) -> Result<()> {
     for id in tables {
         let row = client

@@ -380,6 +380,11 @@ impl PostgresSource {
             ..plan
         };
         let ids: Vec<TableId> = plan.tables.iter().map(TablePlan::id).collect();
+        if exported.is_none() {
+            // Tables created (or renamed) since the start get what the
+            // tables present then got, before they are published.
+            check::ensure_full_before_images(catalog.client(), &ids).await?;
+        }
         check::ensure_publication(catalog.client(), &self.config, &ids).await?;
         let mut tables = Vec::with_capacity(plan.tables.len());
         for t in plan.tables {
