@@ -483,6 +483,33 @@ fn missing_value(column: &Column, table: &TableId, text: &str) -> Option<tributa
 mod tests {
     use super::*;
 
+    fn cols(names: &[&str]) -> Vec<(i16, String)> {
+        names.iter().enumerate().map(|(i, n)| (i as i16 + 1, n.to_string())).collect()
+    }
+
+    #[test]
+    fn renames_chain_and_replays_are_ignored() {
+        let t = TableId::new("s", "t");
+        let mut r = Renames::default();
+        r.tables.insert(7, Tracked { name: t.clone(), columns: cols(&["id", "a"]).into_iter().collect(), as_of: (100, u64::MAX) });
+        // Committed before the catalog read: already in the catalog.
+        assert!(!r.is_news(7, (90, 5), &t, Some(&cols(&["id", "x"]))));
+        assert!(!r.is_news(8, (200, 5), &t, Some(&cols(&["id", "x"]))), "unknown table");
+        for (at, names) in [((200, 5), ["id", "b"]), ((300, 5), ["id", "c"])] {
+            assert!(r.is_news(7, at, &t, Some(&cols(&names))));
+            assert_eq!(r.note(7, at, &t, Some(&cols(&names))), None);
+        }
+        assert_eq!(r.aliases(7, "c"), ["a", "b"]);
+        assert!(r.aliases(7, "b").is_empty());
+        // A replay of the first rename says nothing new.
+        assert!(!r.is_news(7, (200, 5), &t, Some(&cols(&["id", "b"]))));
+        // A table rename returns the old name.
+        let u = TableId::new("s2", "u");
+        assert!(r.is_news(7, (400, 0), &u, None));
+        assert_eq!(r.note(7, (400, 0), &u, None), Some(t.clone()));
+        assert!(!r.is_news(7, (400, 0), &t, None), "replayed Relation under the old name");
+    }
+
     #[test]
     fn wire_errors_are_classified_by_sqlstate() {
         let e = classify_wire(

@@ -461,9 +461,9 @@ impl Streamer {
                         created: Vec::new(),
                     });
                 }
-                ReplicationEvent::XLogData { data, wal_start, .. } => {
+                ReplicationEvent::XLogData { data, .. } => {
                     let msg = parse_pgoutput(data)?;
-                    self.handle(msg, wal_start.as_u64(), sc).await?;
+                    self.handle(msg, sc).await?;
                     // A transaction too large for one batch goes out in
                     // parts instead of being held in memory whole.
                     if let Some(txn) = self.txn.as_mut() {
@@ -587,7 +587,8 @@ impl Streamer {
     /// snapshot brings the rows) when the filter selects it.
     fn table_renamed(&mut self, old: TableId, new: TableId, partition: bool, sc: &mut StreamContext<'_>) {
         let Some(txn) = self.txn.as_mut() else { return };
-        if sc.announced.remove(&old).is_some() {
+        let dropped = sc.announced.remove(&old).is_some();
+        if dropped {
             txn.messages.push(SourceMessage::TableDropped(old.clone()));
         }
         // Rows until the next Relation message are not the old name's.
@@ -603,18 +604,20 @@ impl Streamer {
         {
             tracing::info!(table = %old, new = %new, "captured table renamed: the old name is dropped, the new one captured");
             txn.created.push(new);
-        } else {
+        } else if dropped {
             tracing::info!(table = %old, new = %new, "captured table renamed to a name not captured: treated as dropped");
         }
     }
 
-    async fn handle(&mut self, msg: PgOutput, wal_start: u64, sc: &mut StreamContext<'_>) -> Result<()> {
+    async fn handle(&mut self, msg: PgOutput, sc: &mut StreamContext<'_>) -> Result<()> {
         match msg {
             PgOutput::Relation { relid, namespace, name, replica_identity, columns } => {
                 let id = TableId::new(namespace, name);
-                // Without the DDL trigger a rename shows first here.
+                // Without the DDL trigger a rename shows first here. Ordered
+                // before the messages of its transaction (which, when there,
+                // told the same already).
                 if let Some(commit_lsn) = self.txn.as_ref().map(|t| t.commit_lsn) {
-                    if let Some(old) = sc.catalog.note_ddl(relid, (commit_lsn, wal_start), &id, None) {
+                    if let Some(old) = sc.catalog.note_ddl(relid, (commit_lsn, 0), &id, None) {
                         self.table_renamed(old, id.clone(), false, sc);
                     }
                 }
