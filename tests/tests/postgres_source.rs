@@ -668,6 +668,182 @@ async fn ddl_mid_stream_new_and_dropped_tables() {
     fx.cleanup().await;
 }
 
+/// Pulls batches (acknowledging each) until `done` holds for the mirror.
+async fn pull_until(source: &mut PostgresSource, mirror: &mut Mirror, what: &str, done: impl Fn(&Mirror) -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done(mirror) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        let b = next(source).await;
+        mirror.apply(&b);
+        source.acknowledge(&b.checkpoint).await.expect("ack");
+    }
+}
+
+/// RENAME COLUMN: the new name carries the earlier ones (oldest first) in
+/// the schema announced and on the events, so a sink renames its column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_column_carries_its_earlier_names() {
+    let fx = Fixture::new("rencol").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, a text, k int); INSERT INTO {s}.t VALUES (1, 'one', 1);"
+    ))
+    .await;
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+
+    fx.exec(&format!(
+        "ALTER TABLE {s}.t RENAME COLUMN a TO b; INSERT INTO {s}.t VALUES (2, 'two', 2); UPDATE {s}.t SET b = 'uno' WHERE id = 1;"
+    ))
+    .await;
+    let named =
+        |name: &'static str| move |m: &Mirror| m.schema_changes.last().is_some_and(|s| s.columns[1].name == name);
+    pull_until(&mut source, &mut mirror, "the renamed column's schema", named("b")).await;
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    let aliases = |e: &ChangeEvent| -> Vec<(String, Vec<String>)> {
+        e.schema.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect()
+    };
+    let after: Vec<_> = mirror.events.iter().filter(|e| e.op != Op::Read).collect();
+    assert_eq!(after.len(), 2);
+    for e in &after {
+        assert_eq!(
+            aliases(e),
+            vec![
+                ("id".into(), vec![]),
+                ("b".into(), vec!["a".to_string()]),
+                ("k".into(), vec![])
+            ]
+        );
+    }
+    let announced = mirror.schema_changes.last().expect("a schema change");
+    assert_eq!(announced.columns[1].aliases, ["a"]);
+
+    // A second rename keeps the first: oldest first.
+    fx.exec(&format!("ALTER TABLE {s}.t RENAME COLUMN b TO c; INSERT INTO {s}.t VALUES (3, 'three', 3);"))
+        .await;
+    pull_until(&mut source, &mut mirror, "the second rename's schema", named("c")).await;
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    let last = mirror.events.last().expect("an event");
+    assert_eq!(last.op, Op::Create);
+    assert_eq!(aliases(last)[1], ("c".to_string(), vec!["a".to_string(), "b".to_string()]));
+    drop(source);
+    fx.cleanup().await;
+}
+
+/// RENAME TABLE / SET SCHEMA of a captured table: the old name is dropped;
+/// a new name the filter selects is snapshotted, then streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_table_drops_the_old_name_and_captures_the_new() {
+    let fx = Fixture::new("rentab").await;
+    let s = &fx.schema;
+    let away = format!("{s}_away");
+    fx.exec(&format!(
+        "CREATE TABLE {s}.old (id int PRIMARY KEY, v text);
+         INSERT INTO {s}.old SELECT g, 'v' || g FROM generate_series(1, 50) g;
+         CREATE TABLE {s}.moved (id int PRIMARY KEY); INSERT INTO {s}.moved VALUES (1);
+         CREATE SCHEMA {away};"
+    ))
+    .await;
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["old", "moved"]).await;
+
+    fx.exec(&format!(
+        "ALTER TABLE {s}.old RENAME TO new; INSERT INTO {s}.new VALUES (100, 'after');
+         ALTER TABLE {s}.moved SET SCHEMA {away};"
+    ))
+    .await;
+    let (old, moved) = (fx.table("old"), fx.table("moved"));
+    pull_until(&mut source, &mut mirror, "TableDropped of the old names", |m| {
+        m.dropped.contains(&old) && m.dropped.contains(&moved)
+    })
+    .await;
+    sync(&mut source, &mut mirror, &fx, &["new"]).await;
+    let new = fx.table("new");
+    assert_eq!(mirror.rows(&new).len(), 51);
+    assert_eq!(mirror.events.iter().filter(|e| e.schema.id == new && e.op == Op::Read).count(), 51);
+
+    fx.exec(&format!(
+        "UPDATE {s}.new SET v = 'x' WHERE id = 1; DELETE FROM {s}.new WHERE id = 2; INSERT INTO {s}.new VALUES (101, 'later');"
+    ))
+    .await;
+    sync(&mut source, &mut mirror, &fx, &["new"]).await;
+    let streamed: Vec<Op> = mirror
+        .events
+        .iter()
+        .filter(|e| e.schema.id == new && e.op != Op::Read)
+        .map(|e| e.op)
+        .collect();
+    assert_eq!(streamed, [Op::Update, Op::Delete, Op::Create]);
+    assert!(!mirror.events.iter().any(|e| e.schema.id.schema == away), "the moved table is not captured");
+    let b = next(&mut source).await;
+    let tables = state(&b.checkpoint).tables;
+    assert!(
+        tables.contains(&new.to_string()) && !tables.contains(&old.to_string()) && !tables.contains(&moved.to_string())
+    );
+    drop(source);
+    fx.exec(&format!("DROP SCHEMA {away} CASCADE")).await;
+    fx.cleanup().await;
+}
+
+/// Tables created while streaming get the start's replica identity
+/// handling: a table without a primary key, or with NOT NULL columns
+/// outside its key, is switched to FULL before it is published, so its
+/// updates and deletes neither fail in the application nor carry NULL in a
+/// NOT NULL column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_tables_get_full_before_images() {
+    let fx = Fixture::new("newident").await;
+    let s = &fx.schema;
+    fx.exec(&format!("CREATE TABLE {s}.seed (id int PRIMARY KEY); INSERT INTO {s}.seed VALUES (1);"))
+        .await;
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["seed"]).await;
+
+    fx.exec(&format!(
+        "CREATE TABLE {s}.nopk (a int NOT NULL, b text); INSERT INTO {s}.nopk VALUES (1, 'x'), (2, 'y');
+         CREATE TABLE {s}.pkd (id int PRIMARY KEY, v text NOT NULL); INSERT INTO {s}.pkd VALUES (1, 'a'), (2, 'b');"
+    ))
+    .await;
+    sync(&mut source, &mut mirror, &fx, &["nopk", "pkd"]).await;
+    let deletes_carry_not_null = |mirror: &Mirror, n: usize| {
+        let deletes: Vec<&ChangeEvent> = mirror.events.iter().filter(|e| e.op == Op::Delete).collect();
+        assert_eq!(deletes.len(), n);
+        for e in deletes {
+            let before = e.before.as_ref().expect("before");
+            for (c, v) in e.schema.columns.iter().zip(before) {
+                assert!(c.nullable || *v != Value::Null, "{}: NULL in NOT NULL column {}", e.schema.id, c.name);
+            }
+        }
+    };
+    // With replica identity DEFAULT the delete's old row holds only the key.
+    fx.exec(&format!("UPDATE {s}.pkd SET v = 'c' WHERE id = 1; DELETE FROM {s}.pkd WHERE id = 2;"))
+        .await;
+    sync(&mut source, &mut mirror, &fx, &["pkd"]).await;
+    deletes_carry_not_null(&mirror, 1);
+    // Without a replica identity PostgreSQL refuses these in the application.
+    fx.exec(&format!("UPDATE {s}.nopk SET b = 'z' WHERE a = 1; DELETE FROM {s}.nopk WHERE a = 2;"))
+        .await;
+    sync(&mut source, &mut mirror, &fx, &["nopk", "pkd"]).await;
+    deletes_carry_not_null(&mirror, 2);
+    for t in ["nopk", "pkd"] {
+        let ident: String = fx
+            .admin
+            .query_one(&format!("SELECT relreplident::text FROM pg_class WHERE oid = '{s}.{t}'::regclass"), &[])
+            .await
+            .expect("replica identity")
+            .get(0);
+        assert_eq!(ident, "f", "{t}");
+    }
+    drop(source);
+    fx.cleanup().await;
+}
+
 /// A partitioned table is captured as one table: snapshot through the
 /// parent, changes of every partition (also one created while streaming)
 /// published as changes of the parent.

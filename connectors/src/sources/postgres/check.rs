@@ -14,39 +14,58 @@ pub use crate::problem::{Problem, Severity};
 /// The statements installing the DDL event trigger: every `CREATE`/`ALTER`
 /// of a table and every dropped table becomes a transactional logical
 /// message with the prefix `tributary`, so the stream sees DDL in order.
+/// `ALTER TABLE` messages (`RENAME COLUMN` is a `table column` command) also
+/// carry the table's oid and live `(attnum, name)` columns, from which the
+/// stream tells column and table renames.
 /// The function is `SECURITY DEFINER` and swallows its own failures: it must
-/// never make an application's DDL fail.
+/// never make an application's DDL fail. The messages are written in the
+/// DDL's own (sub)transaction, not the exception block's, so that they are
+/// decoded before the rows the transaction writes after the DDL.
 pub const DDL_TRIGGER_SQL: &str = r#"CREATE SCHEMA IF NOT EXISTS tributary;
 CREATE OR REPLACE FUNCTION tributary.emit_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $fn$
-DECLARE r record;
+DECLARE r record; msgs text[] := '{}'; m text;
 BEGIN
-  IF TG_EVENT = 'sql_drop' THEN
-    FOR r IN SELECT * FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table' LOOP
-      PERFORM pg_logical_emit_message(true, 'tributary', json_build_object(
-        'event', TG_EVENT, 'tag', 'DROP TABLE', 'identity', r.object_identity,
-        'schema', r.schema_name, 'table', r.object_name)::text);
-    END LOOP;
-  ELSE
-    FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE object_type = 'table' LOOP
-      PERFORM pg_logical_emit_message(true, 'tributary', json_build_object(
-        'event', TG_EVENT, 'tag', r.command_tag, 'identity', r.object_identity,
-        'schema', r.schema_name,
-        'table', (SELECT c.relname FROM pg_class c WHERE c.oid = r.objid),
-        'partition', (SELECT c.relispartition FROM pg_class c WHERE c.oid = r.objid))::text);
+  BEGIN
+    IF TG_EVENT = 'sql_drop' THEN
+      FOR r IN SELECT * FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table' LOOP
+        msgs := msgs || json_build_object(
+          'event', TG_EVENT, 'tag', 'DROP TABLE', 'identity', r.object_identity,
+          'schema', r.schema_name, 'table', r.object_name)::text;
+      END LOOP;
+    ELSE
+      FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE object_type IN ('table', 'table column') LOOP
+        msgs := msgs || json_build_object(
+          'event', TG_EVENT, 'tag', r.command_tag, 'identity', r.object_identity,
+          'schema', r.schema_name,
+          'table', (SELECT c.relname FROM pg_class c WHERE c.oid = r.objid),
+          'partition', (SELECT c.relispartition FROM pg_class c WHERE c.oid = r.objid),
+          'oid', r.objid::bigint,
+          'columns', CASE WHEN r.command_tag = 'ALTER TABLE' THEN
+            (SELECT json_agg(json_build_array(a.attnum, a.attname) ORDER BY a.attnum) FROM pg_attribute a
+             WHERE a.attrelid = r.objid AND a.attnum > 0 AND NOT a.attisdropped) END)::text;
+      END LOOP;
+    END IF;
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'tributary: DDL message not written: %', SQLERRM;
+    RETURN;
+  END;
+  -- Written outside the exception block: a message written in its
+  -- subtransaction may be decoded after the DDL's transaction's rows.
+  IF current_setting('wal_level') = 'logical' THEN
+    FOREACH m IN ARRAY msgs LOOP
+      PERFORM pg_logical_emit_message(true, 'tributary', m);
     END LOOP;
   END IF;
-EXCEPTION WHEN OTHERS THEN
-  RAISE WARNING 'tributary: DDL message not written: %', SQLERRM;
 END
 $fn$;
-COMMENT ON FUNCTION tributary.emit_ddl() IS 'tributary DDL messages v2';
+COMMENT ON FUNCTION tributary.emit_ddl() IS 'tributary DDL messages v3';
 CREATE EVENT TRIGGER tributary_ddl_end ON ddl_command_end EXECUTE FUNCTION tributary.emit_ddl();
 CREATE EVENT TRIGGER tributary_sql_drop ON sql_drop EXECUTE FUNCTION tributary.emit_ddl();"#;
 
 /// The comment marking the current version of the DDL trigger function, so
 /// that an older installation is replaced.
-const DDL_TRIGGER_VERSION: &str = "tributary DDL messages v2";
+const DDL_TRIGGER_VERSION: &str = "tributary DDL messages v3";
 
 async fn ddl_trigger_installed(client: &tokio_postgres::Client) -> Result<bool> {
     let row = client
@@ -195,7 +214,8 @@ async fn publication_tables(
 /// and a NOT NULL column outside the key then has no value the change event
 /// can carry. Such tables are switched to REPLICA IDENTITY FULL when the role
 /// may (it must own the table); otherwise this is a needs-operator error with
-/// the exact SQL. Done before the slot exists, so no such delete is captured.
+/// the exact SQL. Done before the slot exists, so no such delete is captured;
+/// for a table added while streaming, before it joins the publication.
 pub async fn ensure_full_before_images(client: &tokio_postgres::Client, tables: &[TableId]) -> Result<()> {
     for id in tables {
         let row = client

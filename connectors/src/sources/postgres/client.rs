@@ -2,7 +2,7 @@
 //! snapshot) and how their errors and the replication client's are
 //! classified; the catalog queries that build a table's schema.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use pgwire_replication::PgWireError;
@@ -71,10 +71,91 @@ pub struct BuiltSchema {
     pub source_columns: Vec<Option<usize>>,
 }
 
+/// Where in the WAL something was learned: `(commit LSN, LSN)` of a
+/// message, or `(LSN, MAX)` of a catalog read (which sees every transaction
+/// committed before that LSN). Later knowledge wins; earlier is a replay.
+pub type WalOrder = (u64, u64);
+
+/// What the source knows of one captured table (by oid) in WAL order.
+#[derive(Debug, Clone)]
+struct Tracked {
+    name: TableId,
+    /// attnum -> name of the live columns.
+    columns: BTreeMap<i16, String>,
+    as_of: WalOrder,
+}
+
+/// Table and column renames seen in the stream, so that a renamed column
+/// carries its earlier names (`Column::aliases`) and a renamed table is
+/// noticed. Kept for the life of the source process only: after a restart
+/// the schemas are built from the catalog without aliases (the sinks have
+/// renamed by then).
+#[derive(Debug, Clone, Default)]
+pub struct Renames {
+    tables: HashMap<u32, Tracked>,
+    /// Per table oid: column name -> its earlier names, oldest first.
+    aliases: HashMap<u32, HashMap<String, Vec<String>>>,
+}
+
+impl Renames {
+    /// Applies news (see [`Renames::is_news`]); see [`Catalog::note_ddl`].
+    fn note(&mut self, relid: u32, at: WalOrder, name: &TableId, columns: Option<&[(i16, String)]>) -> Option<TableId> {
+        let t = self.tables.get_mut(&relid)?;
+        t.as_of = at;
+        if let Some(columns) = columns {
+            let aliases = self.aliases.entry(relid).or_default();
+            for (attnum, new) in columns {
+                match t.columns.get(attnum) {
+                    Some(old) if old != new => {
+                        let mut earlier = aliases.remove(old).unwrap_or_default();
+                        earlier.push(old.clone());
+                        earlier.retain(|a| a != new);
+                        tracing::info!(table = %name, column = %new, was = %old, "column renamed");
+                        aliases.insert(new.clone(), earlier);
+                    }
+                    _ => {}
+                }
+            }
+            t.columns = columns.iter().cloned().collect();
+        }
+        (t.name != *name).then(|| std::mem::replace(&mut t.name, name.clone()))
+    }
+
+    /// Whether a message at `at` says something new of `relid`: not a
+    /// replay of one already applied, nor what is known already.
+    fn is_news(&self, relid: u32, at: WalOrder, name: &TableId, columns: Option<&[(i16, String)]>) -> bool {
+        let Some(t) = self.tables.get(&relid) else { return false };
+        at > t.as_of
+            && (t.name != *name
+                || columns.is_some_and(|c| {
+                    c.len() != t.columns.len() || c.iter().any(|(n, name)| t.columns.get(n) != Some(name))
+                }))
+    }
+
+    fn forget(&mut self, table: &TableId) {
+        let gone: Vec<u32> = self.tables.iter().filter(|(_, t)| t.name == *table).map(|(r, _)| *r).collect();
+        for relid in gone {
+            self.tables.remove(&relid);
+            self.aliases.remove(&relid);
+        }
+    }
+
+    fn aliases(&self, relid: u32, column: &str) -> Vec<String> {
+        self.aliases
+            .get(&relid)
+            .and_then(|a| a.get(column))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
 /// A catalog connection: table lists, schemas, type descriptions.
 pub struct Catalog {
     client: tokio_postgres::Client,
     types: HashMap<(u32, i32), PgType>,
+    /// Renames seen while streaming (see [`Renames`]); shared with the
+    /// copy the source rolls back to after an error, cloned on change.
+    renames: Arc<Renames>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -89,7 +170,53 @@ impl Catalog {
         Ok(Self {
             client: connect(params).await?,
             types: HashMap::new(),
+            renames: Arc::default(),
         })
+    }
+
+    /// Records what a DDL message (or a Relation message, without
+    /// `columns`) says of table `relid` at `at`: its name and live columns.
+    /// Returns the table's previous name when it was renamed. Tables never
+    /// built, and what is older than what is known (a replay), are ignored.
+    pub fn note_ddl(
+        &mut self,
+        relid: u32,
+        at: WalOrder,
+        name: &TableId,
+        columns: Option<&[(i16, String)]>,
+    ) -> Option<TableId> {
+        if !self.renames.is_news(relid, at, name, columns) {
+            return None;
+        }
+        Arc::make_mut(&mut self.renames).note(relid, at, name, columns)
+    }
+
+    /// `schema` (of table `relid`) with the aliases known now, when they
+    /// differ from its own.
+    pub fn apply_aliases(&self, relid: u32, schema: &TableSchema) -> Option<TableSchema> {
+        let mut out = schema.clone();
+        for c in &mut out.columns {
+            c.aliases = self.renames.aliases(relid, &c.name);
+        }
+        (out != *schema).then_some(out)
+    }
+
+    /// Forgets a dropped table's renames.
+    pub fn forget_table(&mut self, table: &TableId) {
+        if self.renames.tables.values().any(|t| t.name == *table) {
+            Arc::make_mut(&mut self.renames).forget(table);
+        }
+    }
+
+    /// The renames known (to keep across a restart of the source, or to
+    /// roll back to).
+    pub fn renames(&self) -> Arc<Renames> {
+        self.renames.clone()
+    }
+
+    /// Replaces the renames known (see [`Catalog::renames`]).
+    pub fn set_renames(&mut self, renames: Arc<Renames>) {
+        self.renames = renames;
     }
 
     /// The underlying client.
@@ -225,6 +352,28 @@ impl Catalog {
             .iter()
             .map(|r| (r.get(0), (u64::from(relid) << 16) | u64::from(r.get::<_, i16>(5).unsigned_abs())))
             .collect();
+        if !self.renames.tables.contains_key(&relid) {
+            // Renames are told apart from replays by WAL order: this read
+            // sees every DDL committed before the current WAL position.
+            let lsn: i64 = self
+                .client
+                .query_one(
+                    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                                  ELSE pg_current_wal_lsn() END - '0/0')::bigint",
+                    &[],
+                )
+                .await
+                .map_err(|e| classify_pg(e, "reading the WAL position"))?
+                .get(0);
+            Arc::make_mut(&mut self.renames).tables.insert(
+                relid,
+                Tracked {
+                    name: table.clone(),
+                    columns: rows.iter().map(|r| (r.get::<_, i16>(5), r.get::<_, String>(0))).collect(),
+                    as_of: (lsn as u64, u64::MAX),
+                },
+            );
+        }
         let pk_rows = self
             .client
             .query(
@@ -263,8 +412,8 @@ impl Catalog {
                 nullable: !notnull,
                 source_type: t.formatted.clone(),
                 default: None,
-                aliases: Vec::new(),
                 column_id: ids.iter().find(|(n, _)| n == name).map(|(_, id)| *id),
+                aliases: self.renames.aliases(relid, name),
             };
             let missing = missing.iter().find(|(n, _)| n == name).and_then(|(_, m)| m.as_deref());
             cols.push(match missing.and_then(|m| missing_value(&column, table, m)) {
@@ -341,6 +490,33 @@ fn missing_value(column: &Column, table: &TableId, text: &str) -> Option<tributa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cols(names: &[&str]) -> Vec<(i16, String)> {
+        names.iter().enumerate().map(|(i, n)| (i as i16 + 1, n.to_string())).collect()
+    }
+
+    #[test]
+    fn renames_chain_and_replays_are_ignored() {
+        let t = TableId::new("s", "t");
+        let mut r = Renames::default();
+        r.tables.insert(7, Tracked { name: t.clone(), columns: cols(&["id", "a"]).into_iter().collect(), as_of: (100, u64::MAX) });
+        // Committed before the catalog read: already in the catalog.
+        assert!(!r.is_news(7, (90, 5), &t, Some(&cols(&["id", "x"]))));
+        assert!(!r.is_news(8, (200, 5), &t, Some(&cols(&["id", "x"]))), "unknown table");
+        for (at, names) in [((200, 5), ["id", "b"]), ((300, 5), ["id", "c"])] {
+            assert!(r.is_news(7, at, &t, Some(&cols(&names))));
+            assert_eq!(r.note(7, at, &t, Some(&cols(&names))), None);
+        }
+        assert_eq!(r.aliases(7, "c"), ["a", "b"]);
+        assert!(r.aliases(7, "b").is_empty());
+        // A replay of the first rename says nothing new.
+        assert!(!r.is_news(7, (200, 5), &t, Some(&cols(&["id", "b"]))));
+        // A table rename returns the old name.
+        let u = TableId::new("s2", "u");
+        assert!(r.is_news(7, (400, 0), &u, None));
+        assert_eq!(r.note(7, (400, 0), &u, None), Some(t.clone()));
+        assert!(!r.is_news(7, (400, 0), &t, None), "replayed Relation under the old name");
+    }
 
     #[test]
     fn wire_errors_are_classified_by_sqlstate() {

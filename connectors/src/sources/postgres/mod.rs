@@ -28,7 +28,7 @@ use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use tributary_schemas::{SnapshotMarker, TableId, TableSchema};
 
-pub use self::client::{classify_wire, BuiltSchema, Catalog};
+pub use self::client::{classify_wire, BuiltSchema, Catalog, Renames};
 use self::client::classify_pg;
 pub use self::config::PostgresSourceConfig;
 use self::config::{ConnectionParams, NewTables, SnapshotMode, TableFilter};
@@ -114,6 +114,15 @@ struct ActiveSnapshot {
     ready: Option<(Chunk, Checkpoint)>,
 }
 
+/// What the runner has seen: state, announced schemas and renames as of
+/// the last batch returned.
+#[derive(Clone)]
+struct Emitted {
+    state: SourceState,
+    announced: HashMap<TableId, Arc<TableSchema>>,
+    renames: Arc<Renames>,
+}
+
 /// The PostgreSQL source.
 pub struct PostgresSource {
     config: PostgresSourceConfig,
@@ -132,10 +141,10 @@ pub struct PostgresSource {
     /// first row goes out (see the `snapshot` module).
     catch_up: Option<u64>,
     acked_lsn: u64,
-    /// State and announced schemas as of the last batch returned: what
+    /// State, announced schemas and renames as of the last batch returned: what
     /// `next_batch` rolls back to after an error, so that a retried call
     /// continues exactly after what the runner has seen.
-    emitted: Option<(SourceState, HashMap<TableId, Arc<TableSchema>>)>,
+    emitted: Option<Emitted>,
 }
 
 impl std::fmt::Debug for PostgresSource {
@@ -371,6 +380,11 @@ impl PostgresSource {
             ..plan
         };
         let ids: Vec<TableId> = plan.tables.iter().map(TablePlan::id).collect();
+        if exported.is_none() {
+            // Tables created (or renamed) since the start get what the
+            // tables present then got, before they are published.
+            check::ensure_full_before_images(catalog.client(), &ids).await?;
+        }
         check::ensure_publication(catalog.client(), &self.config, &ids).await?;
         let mut tables = Vec::with_capacity(plan.tables.len());
         for t in plan.tables {
@@ -558,6 +572,8 @@ impl PostgresSource {
 #[async_trait]
 impl Source for PostgresSource {
     async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
+        // Column renames are kept for the life of the process.
+        let renames = self.catalog.as_ref().map(Catalog::renames);
         self.reset();
         let resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
         if let Some(s) = &resumed {
@@ -569,7 +585,11 @@ impl Source for PostgresSource {
                 .with_hint("restore postgres.slot_name, or reset the runner's checkpoint to start a new copy"));
             }
         }
-        self.catalog = Some(Catalog::connect(&self.params).await?);
+        let mut catalog = Catalog::connect(&self.params).await?;
+        if let Some(r) = renames {
+            catalog.set_renames(r);
+        }
+        self.catalog = Some(catalog);
         let slot_exists = self.slot_exists().await?;
         if resumed.is_some() && !slot_exists {
             return Err(Error::needs_operator(format!(
@@ -660,7 +680,8 @@ impl Source for PostgresSource {
                 self.state = Some(state);
             }
         }
-        self.emitted = self.state.clone().map(|s| (s, self.announced.clone()));
+        let renames = self.catalog.as_ref().map(Catalog::renames).unwrap_or_default();
+        self.emitted = self.state.clone().map(|state| Emitted { state, announced: self.announced.clone(), renames });
         Ok(())
     }
 
@@ -671,7 +692,8 @@ impl Source for PostgresSource {
                 // chunk held back for the last-row marker is already
                 // counted in `self.state` but not returned yet.
                 let state = SourceState::from_checkpoint(&batch.checkpoint)?;
-                self.emitted = Some((state, self.announced.clone()));
+                let renames = self.catalog.as_ref().map(Catalog::renames).unwrap_or_default();
+                self.emitted = Some(Emitted { state, announced: self.announced.clone(), renames });
                 Ok(batch)
             }
             Err(e) => {
@@ -681,9 +703,12 @@ impl Source for PostgresSource {
                 self.snapshot = None;
                 self.streamer = None;
                 self.catch_up = None;
-                if let Some((state, announced)) = self.emitted.clone() {
+                if let Some(Emitted { state, announced, renames }) = self.emitted.clone() {
                     self.state = Some(state);
                     self.announced = announced;
+                    if let Some(c) = self.catalog.as_mut() {
+                        c.set_renames(renames);
+                    }
                 }
                 Err(e)
             }

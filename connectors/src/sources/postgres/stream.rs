@@ -13,7 +13,12 @@
 //! * Logical messages with the prefix `tributary` come from the DDL event
 //!   trigger: `DROP TABLE` of a captured table becomes `TableDropped`;
 //!   `CREATE TABLE` of a table the filter selects is reported so the source
-//!   can add it to the publication and snapshot it.
+//!   can add it to the publication and snapshot it. `ALTER TABLE` carries
+//!   the table's oid and columns by attnum: a column whose attnum kept but
+//!   name changed was renamed (its earlier names become the column's
+//!   aliases), and a table known under another name was renamed or moved
+//!   (the old name is dropped, the new one captured like a new table). A
+//!   Relation message under a new name tells the latter without the trigger.
 //! * Keepalives move the checkpoint between transactions (heartbeats), so an
 //!   idle slot still advances.
 
@@ -474,7 +479,7 @@ impl Streamer {
                 }
                 ReplicationEvent::Message { prefix, content, lsn, .. } => {
                     if prefix == DDL_MESSAGE_PREFIX {
-                        self.handle_ddl(&content, sc);
+                        self.handle_ddl(&content, lsn.as_u64(), sc);
                     } else if self.txn.is_none() && stop_at.is_some_and(|stop| lsn.as_u64() >= stop) {
                         // The fence the source wrote after taking a snapshot.
                         out.reached_stop = true;
@@ -518,7 +523,7 @@ impl Streamer {
         Ok(out)
     }
 
-    fn handle_ddl(&mut self, content: &[u8], sc: &mut StreamContext<'_>) {
+    fn handle_ddl(&mut self, content: &[u8], lsn: u64, sc: &mut StreamContext<'_>) {
         let Ok(doc) = serde_json::from_slice::<serde_json::Value>(content) else {
             tracing::warn!("ignoring a malformed DDL message");
             return;
@@ -533,11 +538,37 @@ impl Streamer {
         // Partitions are captured through their partitioned table.
         let partition = doc.get("partition").and_then(|v| v.as_bool()).unwrap_or(false);
         let Some(txn) = self.txn.as_mut() else { return };
+        let commit_lsn = txn.commit_lsn;
         if tag == "DROP TABLE" {
             if sc.announced.remove(&id).is_some() {
                 tracing::info!(table = %id, "captured table dropped");
                 txn.messages.push(SourceMessage::TableDropped(id.clone()));
                 self.relations.retain(|_, r| r.id != id);
+                sc.catalog.forget_table(&id);
+            }
+        } else if let Some(oid) = doc
+            .get("oid")
+            .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()))
+            .filter(|_| tag == "ALTER TABLE")
+        {
+            let columns: Option<Vec<(i16, String)>> = doc.get("columns").and_then(|v| v.as_array()).map(|cols| {
+                cols.iter()
+                    .filter_map(|c| Some((c.get(0)?.as_i64()? as i16, c.get(1)?.as_str()?.to_string())))
+                    .collect()
+            });
+            let relid = oid as u32;
+            if let Some(old) = sc.catalog.note_ddl(relid, (commit_lsn, lsn), &id, columns.as_deref()) {
+                self.table_renamed(old, id, partition, sc);
+            }
+            // A Relation built before this message (a trigger older than
+            // v3 wrote it after the rows) gets the aliases too.
+            if let Some(rel) = self.relations.get_mut(&relid) {
+                if let Some(b) = rel.built.as_mut() {
+                    if let Some(s) = sc.catalog.apply_aliases(relid, &b.schema) {
+                        b.schema = Arc::new(s);
+                        rel.announced = false;
+                    }
+                }
             }
         } else if (tag == "CREATE TABLE" || tag == "CREATE TABLE AS" || tag == "SELECT INTO")
             && !partition
@@ -551,10 +582,45 @@ impl Streamer {
         }
     }
 
+    /// A captured table renamed (or moved to another schema): the old name
+    /// is dropped, and the new one captured like a table created now (its
+    /// snapshot brings the rows) when the filter selects it.
+    fn table_renamed(&mut self, old: TableId, new: TableId, partition: bool, sc: &mut StreamContext<'_>) {
+        let Some(txn) = self.txn.as_mut() else { return };
+        let dropped = sc.announced.remove(&old).is_some();
+        if dropped {
+            txn.messages.push(SourceMessage::TableDropped(old.clone()));
+        }
+        // Rows until the next Relation message are not the old name's.
+        for r in self.relations.values_mut().filter(|r| r.id == old) {
+            r.built = None;
+            r.announced = false;
+        }
+        if !partition
+            && sc.config.new_tables == NewTables::Capture
+            && sc.filter.captures(&new)
+            && !sc.announced.contains_key(&new)
+            && !txn.created.contains(&new)
+        {
+            tracing::info!(table = %old, new = %new, "captured table renamed: the old name is dropped, the new one captured");
+            txn.created.push(new);
+        } else if dropped {
+            tracing::info!(table = %old, new = %new, "captured table renamed to a name not captured: treated as dropped");
+        }
+    }
+
     async fn handle(&mut self, msg: PgOutput, sc: &mut StreamContext<'_>) -> Result<()> {
         match msg {
             PgOutput::Relation { relid, namespace, name, replica_identity, columns } => {
                 let id = TableId::new(namespace, name);
+                // Without the DDL trigger a rename shows first here. Ordered
+                // before the messages of its transaction (which, when there,
+                // told the same already).
+                if let Some(commit_lsn) = self.txn.as_ref().map(|t| t.commit_lsn) {
+                    if let Some(old) = sc.catalog.note_ddl(relid, (commit_lsn, 0), &id, None) {
+                        self.table_renamed(old, id.clone(), false, sc);
+                    }
+                }
                 let built = if sc.announced.contains_key(&id) {
                     let cols: Vec<(String, u32, i32)> =
                         columns.iter().map(|c| (c.name.clone(), c.type_oid, c.typmod)).collect();
