@@ -673,6 +673,27 @@ async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
         converge(&mut source, &sink, &mut runners, "items_killed", step.name).await;
         assert_gone(&sink, "items_killed", step).await;
     }
+    // RENAME TABLE: the new name is copied again (its rows were written
+    // under the old one) and streams; live, then with a kill right after.
+    round += 1;
+    for (table, kill) in [("items", false), ("items_killed", true)] {
+        let renamed = format!("{table}_r");
+        let ddl = match source.kind() {
+            SourceKind::Postgres => format!("ALTER TABLE {} RENAME TO {renamed}", source.qualified(table)),
+            SourceKind::MariaDb => {
+                format!("RENAME TABLE {} TO {}", source.qualified(table), source.qualified(&renamed))
+            }
+        };
+        eprintln!("{source_kind:?} -> {sink_kind:?}: RENAME TABLE {table} TO {renamed}");
+        source.sql(&ddl).await;
+        writes(&mut source, &renamed, round).await;
+        if kill {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            runners.source.kill9();
+            runners.source.start();
+        }
+        converge(&mut source, &sink, &mut runners, &renamed, "RENAME TABLE").await;
+    }
     runners.assert_alive("at the end");
     runners.delete();
     sink.cleanup().await;
