@@ -68,6 +68,13 @@ impl TopicNaming {
 pub const CONTROL_HEADER: &str = "tributary.control";
 /// Control record: the source table was dropped.
 pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
+/// Control record: the table was copied again (after its changes were held
+/// back); every row older than the position in [`CONTROL_POSITION_HEADER`]
+/// is gone (the copy rewrote the rows that exist).
+pub const CONTROL_TABLE_COPIED: &str = "table-copied";
+/// Header of a [`CONTROL_TABLE_COPIED`] record: the copy's position as
+/// `commit:index`.
+pub const CONTROL_POSITION_HEADER: &str = "tributary.position";
 
 #[cfg(test)]
 mod tests {

@@ -80,7 +80,9 @@ const STARTUP_METADATA_PROBE_FOR: Duration = Duration::from_secs(60);
 /// how far a batch can overshoot `batch_max_records` before it is flushed.
 const DRAIN_MAX_RECORDS: usize = 1000;
 
-pub use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
+pub use tributary_schemas::topic::{
+    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED,
+};
 
 /// Why the runner stopped.
 #[derive(Debug, thiserror::Error)]
@@ -485,7 +487,7 @@ fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
         .iter()
         .filter_map(|(_, r)| match r {
             SinkRecord::Change(ev) => Some(ev.source.ts_ms),
-            SinkRecord::TableDropped(_) => None,
+            SinkRecord::TableDropped(_) | SinkRecord::Copied(..) => None,
         })
         .max()
 }
@@ -1174,8 +1176,25 @@ pub async fn decode_record(
     table: &TableId,
 ) -> Result<Option<SinkRecord>, Error> {
     if raw.value.is_none() {
-        if raw.header(CONTROL_HEADER).as_deref() == Some(CONTROL_TABLE_DROPPED) {
+        let control = raw.header(CONTROL_HEADER);
+        if control.as_deref() == Some(CONTROL_TABLE_DROPPED) {
             return Ok(Some(SinkRecord::TableDropped(table.clone())));
+        }
+        if control.as_deref() == Some(CONTROL_TABLE_COPIED) {
+            let at = raw
+                .header(CONTROL_POSITION_HEADER)
+                .and_then(|p| {
+                    let (commit, index) = p.split_once(':')?;
+                    Some(tributary_schemas::Position {
+                        commit: commit.parse().ok()?,
+                        index: index.parse().ok()?,
+                    })
+                })
+                .ok_or_else(|| {
+                    Error::permanent(format!("a {CONTROL_TABLE_COPIED} control record without a readable position"))
+                        .with_table(table.clone())
+                })?;
+            return Ok(Some(SinkRecord::Copied(table.clone(), at)));
         }
         return Ok(None);
     }

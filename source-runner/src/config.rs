@@ -55,9 +55,11 @@ pub struct SourceRunnerConfig {
     #[serde(default)]
     pub admin: tributary_operations::admin::AdminConfig,
     /// What a schema change the topic cannot carry BACKWARD-compatibly
-    /// (`int` to `text`) does: `pause` the source until an operator acts,
-    /// or `register` it as a new version anyway (see
-    /// `docs/schema-changes.md`).
+    /// (`int` to `text`) does: `pause_table` holds back that table's
+    /// changes alone (the others flow) and copies it again after the
+    /// operator's fix and a restart; `pause` stops the whole source until
+    /// an operator acts (nothing is held back); `register` registers it as
+    /// a new version anyway (see `docs/schema-changes.md`).
     #[serde(default)]
     pub incompatible_schema_changes: IncompatibleSchemaChanges,
     /// The source: exactly one section, e.g. `[postgres]` or `[mysql]`.
@@ -69,9 +71,15 @@ pub struct SourceRunnerConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IncompatibleSchemaChanges {
-    /// Pause the source (nothing is produced past the change) and say what
-    /// to do; the change is tried again on every probe.
+    /// Pause that table only: its changes are held back (not produced)
+    /// while the other tables flow; at each start the source copies it
+    /// again, which lets it flow once the change can be carried (after
+    /// `register`, or a reverted column). A source that cannot copy one
+    /// table again keeps it paused until its checkpoint is reset.
     #[default]
+    PauseTable,
+    /// Pause the whole source (nothing is produced past the change) and say
+    /// what to do; the change is tried again on every probe.
     Pause,
     /// Register the change under compatibility NONE for that one version.
     Register,

@@ -24,7 +24,7 @@
 //!    before we read the last checkpoint;
 //! 3. the source releases history (slot flush LSN) only after the commit.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,11 +43,11 @@ use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
 use tributary_schemas::registry::Registry;
 use tributary_schemas::topic::TopicNaming;
-use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
+use tributary_schemas::{Op, Position, SchemaError, SnapshotMarker, TableId, TableSchema};
 
 use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
 
-use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
+use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED};
 
 /// How long to wait for Kafka's answer to a transaction step.
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -163,6 +163,60 @@ pub struct KafkaSide {
     schemas: HashMap<TableId, Arc<TableSchema>>,
     /// Whether a Kafka transaction is open.
     open: bool,
+    /// Tables whose changes are held back: paused alone by a schema change
+    /// their topic cannot carry (`incompatible_schema_changes =
+    /// "pause_table"`), then copied again. Kept in the offsets topic beside
+    /// the checkpoint, in the same transaction.
+    pub held: BTreeMap<TableId, Held>,
+    /// Whether `held` changed since it was last committed.
+    held_changed: bool,
+}
+
+/// The offsets-topic record of a runner's held tables: its key is the
+/// runner's name and this suffix.
+const HELD_KEY_SUFFIX: &str = "/held-tables";
+
+/// A table whose changes are held back, and how far its new copy is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Held {
+    /// Why it was paused (the schema change, with the fix).
+    pub reason: String,
+    /// Where its new copy is.
+    pub copy: Copy,
+}
+
+/// How far the new copy of a held table is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Copy {
+    /// Paused: every change is held back until the next start asks the
+    /// source to copy it again.
+    Paused,
+    /// The source was asked to copy it: changes are held back until the
+    /// copy's rows come.
+    Asked,
+    /// The copy's rows read the table at this position: streamed changes
+    /// before it (which the copy's rows already hold) are held back, the
+    /// first one after it ends the hold.
+    From {
+        /// `Position::commit` of the copy's rows.
+        commit: u64,
+        /// `Position::index` of the copy's rows.
+        index: u64,
+        /// Whether the copy is complete and the rows it did not rewrite
+        /// (deleted while the table was held back) were declared gone.
+        #[serde(default)]
+        swept: bool,
+    },
+}
+
+/// One held table in the offsets-topic record.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct HeldRecord {
+    schema: String,
+    table: String,
+    #[serde(flatten)]
+    held: Held,
 }
 
 impl KafkaSide {
@@ -226,6 +280,8 @@ impl KafkaSide {
             topics: HashMap::new(),
             schemas: HashMap::new(),
             open: false,
+            held: BTreeMap::new(),
+            held_changed: false,
         };
         let offsets_topic = config.offsets_topic();
         let (fenced, offsets) = tokio::join!(fencing, side.ensure_topic(&offsets_topic, true));
@@ -247,7 +303,7 @@ impl KafkaSide {
     /// Must run after [`KafkaSide::connect`]: `init_transactions` has aborted
     /// whatever a crashed predecessor left open, so `read_committed` sees the
     /// final state.
-    pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>, Error> {
+    pub async fn last_checkpoint(&mut self) -> Result<Option<Checkpoint>, Error> {
         let mut c = self
             .config
             .kafka
@@ -259,12 +315,14 @@ impl KafkaSide {
         let consumer: BaseConsumer = c.create().map_err(|e| kafka_error("checkpoint consumer", e))?;
         let topic = self.config.offsets_topic();
         let name = self.config.name.clone();
-        blocking(move || -> Result<Option<Checkpoint>, Error> {
+        let held_key = format!("{name}{HELD_KEY_SUFFIX}");
+        let (checkpoint, paused) = blocking(move || -> Result<(Option<Checkpoint>, Option<Vec<u8>>), Error> {
+            let mut paused: Option<Vec<u8>> = None;
             let (low, high) = consumer
                 .fetch_watermarks(&topic, 0, Duration::from_secs(10))
                 .map_err(|e| kafka_error("offsets topic watermarks", e))?;
             if high <= low {
-                return Ok(None);
+                return Ok((None, None));
             }
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&topic, 0, Offset::Beginning)
@@ -279,7 +337,7 @@ impl KafkaSide {
                     .and_then(|p| p.find_partition(&topic, 0).and_then(|e| e.offset().to_raw()))
                     .unwrap_or(-1);
                 if position >= high {
-                    return Ok(last);
+                    return Ok((last, paused));
                 }
                 if Instant::now() > deadline {
                     return Err(Error::retryable(format!(
@@ -290,6 +348,8 @@ impl KafkaSide {
                     Some(Ok(m)) => {
                         if m.key() == Some(name.as_bytes()) {
                             last = m.payload().map(|p| Checkpoint(String::from_utf8_lossy(p).into_owned()));
+                        } else if m.key() == Some(held_key.as_bytes()) {
+                            paused = m.payload().map(<[u8]>::to_vec);
                         }
                     }
                     Some(Err(KafkaError::PartitionEOF(_))) | None => {}
@@ -297,7 +357,69 @@ impl KafkaSide {
                 }
             }
         })
-        .await?
+        .await??;
+        self.held = match paused {
+            None => BTreeMap::new(),
+            Some(bytes) => serde_json::from_slice::<Vec<HeldRecord>>(&bytes)
+                .map_err(|e| Error::needs_operator(format!("the record of held tables is unreadable: {e}")))?
+                .into_iter()
+                .map(|r| (TableId::new(r.schema, r.table), r.held))
+                .collect(),
+        };
+        self.held_changed = false;
+        Ok(checkpoint)
+    }
+
+    /// Which of `batch`'s messages are held back (see [`Held`]), moving
+    /// each held table's copy along.
+    fn hold(&mut self, batch: &SourceBatch) -> Vec<bool> {
+        if self.held.is_empty() {
+            return Vec::new();
+        }
+        let mut out = vec![false; batch.messages.len()];
+        for (i, msg) in batch.messages.iter().enumerate() {
+            match msg {
+                SourceMessage::TableDropped(t) => {
+                    if self.held.remove(t).is_some() {
+                        self.held_changed = true;
+                    }
+                }
+                SourceMessage::SchemaChanged(s) => out[i] = self.held.contains_key(&s.id),
+                SourceMessage::Change(e) => {
+                    let Some(h) = self.held.get_mut(&e.schema.id) else {
+                        continue;
+                    };
+                    let copied = e.source.snapshot != SnapshotMarker::False;
+                    let at = e.source.position;
+                    out[i] = match h.copy {
+                        Copy::Paused => true,
+                        Copy::Asked if copied => {
+                            h.copy = Copy::From { commit: at.commit, index: at.index, swept: false };
+                            self.held_changed = true;
+                            false
+                        }
+                        Copy::Asked => true,
+                        Copy::From { .. } if copied => false,
+                        Copy::From { commit, index, .. } => {
+                            if at < (Position { commit, index }) {
+                                true
+                            } else {
+                                self.held.remove(&e.schema.id);
+                                self.held_changed = true;
+                                false
+                            }
+                        }
+                    };
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the message at `i` is held back: by [`KafkaSide::hold`], or
+    /// because its table was paused since.
+    fn is_held(&self, skip: &[bool], i: usize, table: &TableId) -> bool {
+        skip.get(i).copied().unwrap_or(false) || self.held.get(table).is_some_and(|h| h.copy == Copy::Paused)
     }
 
     /// Adds a batch's events to the open Kafka transaction, beginning one
@@ -314,13 +436,17 @@ impl KafkaSide {
         // transaction) before any event of it is produced.
         // The schema of the message before: a batch is mostly one table's
         // rows sharing one Arc, so most messages need no lookup at all.
+        let skip = self.hold(batch);
         let mut previous: Option<&Arc<TableSchema>> = None;
-        for msg in &batch.messages {
+        for (i, msg) in batch.messages.iter().enumerate() {
             let schema = match msg {
                 SourceMessage::SchemaChanged(s) => s,
                 SourceMessage::Change(e) => &e.schema,
                 SourceMessage::TableDropped(_) => continue,
             };
+            if self.is_held(&skip, i, &schema.id) {
+                continue;
+            }
             if previous.is_some_and(|p| Arc::ptr_eq(p, schema)) {
                 continue;
             }
@@ -341,19 +467,104 @@ impl KafkaSide {
                 ensure_topic(&self.admin, &self.producer, &mut self.topics, &topic, false),
                 self.encoder.prepare(&schema, &topic),
             );
-            let prepared = created.and(registered.map_err(Error::from));
-            if let Err(e) = prepared {
+            if let Err(e) = created {
                 self.abort().await;
                 return Err(e);
+            }
+            match registered {
+                Ok(()) => {}
+                Err(e @ SchemaError::Incompatible { .. })
+                    if self.config.incompatible_schema_changes == IncompatibleSchemaChanges::PauseTable =>
+                {
+                    // That table alone waits; its changes are held back
+                    // until it is copied again (see `run_once`).
+                    let e = Error::from(e).with_hint(
+                        "set incompatible_schema_changes = \"register\" in the source runner's config (readers of \
+                         the topic must then read the new type) or revert the column, and restart the runner: the \
+                         table is copied again (see docs/schema-changes.md)",
+                    );
+                    warn!(table = %schema.id, error = %e, hint = e.hint().unwrap_or(""),
+                        "table paused: its changes are held back, the other tables go on");
+                    self.held
+                        .insert(schema.id.clone(), Held { reason: e.to_string(), copy: Copy::Paused });
+                    self.held_changed = true;
+                    continue;
+                }
+                Err(e) => {
+                    self.abort().await;
+                    return Err(e.into());
+                }
             }
             self.schemas.insert(schema.id.clone(), schema);
         }
         self.begin().await?;
-        match self.produce_all(batch).await {
+        match self.produce_all(batch, &skip).await {
             Ok(bytes) => Ok(bytes),
             Err(e) => {
                 self.abort().await;
                 Err(e)
+            }
+        }
+    }
+
+    /// For each held table whose new copy is complete (per `progress`):
+    /// a control record after the copy's rows says that every row older
+    /// than the copy is gone, so that a row deleted while the table was
+    /// held back does not stay in the destination. An empty copy (no row
+    /// to take the position from) removes every row. Produced into the
+    /// open transaction.
+    async fn sweep_copied(&mut self, progress: &[tributary_connectors::SnapshotTableProgress]) -> Result<(), Error> {
+        let mut done: Vec<(TableId, Position)> = Vec::new();
+        for (table, held) in &self.held {
+            if !progress.iter().any(|p| &p.table == table && p.done) {
+                continue;
+            }
+            match held.copy {
+                Copy::From { commit, index, swept: false } => done.push((table.clone(), Position { commit, index })),
+                Copy::Asked => done.push((table.clone(), Position { commit: u64::MAX, index: u64::MAX })),
+                _ => {}
+            }
+        }
+        if done.is_empty() {
+            return Ok(());
+        }
+        self.begin().await?;
+        for (table, at) in done {
+            let topic = self.naming.topic(self.config.prefix(), &table);
+            let partitions = self.ensure_topic(&topic, false).await?;
+            let position = format!("{}:{}", at.commit, at.index);
+            for p in 0..partitions {
+                let headers = OwnedHeaders::new()
+                    .insert(Header {
+                        key: CONTROL_HEADER,
+                        value: Some(CONTROL_TABLE_COPIED),
+                    })
+                    .insert(Header {
+                        key: CONTROL_POSITION_HEADER,
+                        value: Some(position.as_str()),
+                    });
+                self.send(&topic, Some(p), None, None, Some(headers)).await?;
+            }
+            info!(table = %table, "copied again; rows deleted while it was held back are removed downstream");
+            match self.held.get_mut(&table) {
+                Some(Held { copy: Copy::From { swept, .. }, .. }) => *swept = true,
+                // Nothing streamed of it is older than an empty copy.
+                _ => {
+                    self.held.remove(&table);
+                }
+            }
+            self.held_changed = true;
+        }
+        Ok(())
+    }
+
+    /// Shows the paused tables in status and metrics.
+    fn show_paused(&self, telemetry: &Telemetry) {
+        for (table, held) in &self.held {
+            if held.copy == Copy::Paused {
+                let table = table.to_string();
+                telemetry.record_error(&table, &held.reason, &ErrorKind::NeedsOperator.to_string());
+                telemetry.set_state(&table, TableState::Paused(held.reason.clone()));
             }
         }
     }
@@ -376,6 +587,26 @@ impl KafkaSide {
         self.begin().await?;
         let topic = self.config.offsets_topic();
         let key = self.config.name.clone();
+        if self.held_changed {
+            let held: Vec<HeldRecord> = self
+                .held
+                .iter()
+                .map(|(id, held)| HeldRecord {
+                    schema: id.schema.clone(),
+                    table: id.table.clone(),
+                    held: held.clone(),
+                })
+                .collect();
+            let value = serde_json::to_vec(&held).unwrap_or_default();
+            let paused_key = format!("{key}{HELD_KEY_SUFFIX}");
+            if let Err(e) = self
+                .send(&topic, Some(0), Some(paused_key.as_bytes()), Some(&value), None)
+                .await
+            {
+                self.abort().await;
+                return Err(e);
+            }
+        }
         if let Err(e) = self
             .send(&topic, Some(0), Some(key.as_bytes()), Some(checkpoint.0.as_bytes()), None)
             .await
@@ -388,6 +619,7 @@ impl KafkaSide {
         match blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await? {
             Ok(()) => {
                 self.open = false;
+                self.held_changed = false;
                 Ok(())
             }
             Err(e) => {
@@ -438,16 +670,21 @@ impl KafkaSide {
         }
     }
 
-    async fn produce_all(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, TableCounts>, Error> {
+    async fn produce_all(
+        &mut self,
+        batch: &SourceBatch,
+        skip: &[bool],
+    ) -> Result<HashMap<TableId, TableCounts>, Error> {
         // Keyed by reference while producing: no clone per event.
         let mut counts: HashMap<&TableId, TableCounts> = HashMap::new();
         // The run of consecutive events of one table (a snapshot chunk,
         // most transactions), by its schema's Arc: its topic is named once
         // and its counts are added up before they go into `counts`.
         let mut run: Option<(&Arc<TableSchema>, String, TableCounts)> = None;
-        for msg in &batch.messages {
+        for (i, msg) in batch.messages.iter().enumerate() {
             match msg {
                 SourceMessage::SchemaChanged(_) => {}
+                SourceMessage::Change(event) if self.is_held(skip, i, &event.schema.id) => {}
                 SourceMessage::Change(event) => {
                     if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {
                         if let Some((schema, _, c)) = run.take() {
@@ -618,6 +855,26 @@ async fn run_once(
     let checkpoint = kafka.last_checkpoint().await?;
     info!(resuming = checkpoint.is_some(), "connected to Kafka");
     source.start(checkpoint).await?;
+    if !kafka.held.is_empty() {
+        // Their changes were held back: each is copied again, and flows if
+        // its schema can now be carried (else it is paused again). Asked
+        // again after a crash before its copy's rows: the source's
+        // checkpoint of the same transaction may not have the request.
+        let paused: Vec<TableId> = kafka
+            .held
+            .iter()
+            .filter(|(_, h)| matches!(h.copy, Copy::Paused | Copy::Asked))
+            .map(|(t, _)| t.clone())
+            .collect();
+        for table in source.resync(&paused).await? {
+            info!(table = %table, "copying a paused table again");
+            if let Some(h) = kafka.held.get_mut(&table) {
+                h.copy = Copy::Asked;
+                kafka.held_changed = true;
+            }
+        }
+        kafka.show_paused(telemetry);
+    }
     control.set_ready(true);
     telemetry.set_paused(None);
     let mut pause = control.subscribe();
@@ -649,6 +906,9 @@ async fn run_once(
         let span = info_span!("batch", batch = batch_no, events);
         let producing = Instant::now();
         let counts = kafka.add_batch(&batch).instrument(span.clone()).await?;
+        if !kafka.held.is_empty() {
+            kafka.sweep_copied(&source.snapshot_progress()).await?;
+        }
         let txn = open.get_or_insert_with(OpenTxn::new);
         txn.add(&batch, counts);
         txn.waited_for_source += producing - asked;
@@ -780,6 +1040,7 @@ impl OpenTxn {
                 },
             );
         }
+        kafka.show_paused(telemetry);
         Ok(())
     }
 }

@@ -140,42 +140,105 @@ async fn mariadb_to_bigquery() {
     matrix(SourceKind::MariaDb, SinkKind::BigQuery).await;
 }
 
-/// A change no topic shape carries (`int` to `text`) pauses the source
-/// (it never exits) and names the column and both types; with
-/// `incompatible_schema_changes = "register"` it is registered and the
-/// source goes on.
+/// A change no topic shape carries (`int` to `text`) pauses its table
+/// only (`incompatible_schema_changes = "pause_table"`, the default): its
+/// changes are held back and named in the status with both types, the
+/// other tables flow, no runner exits. Reverting the column and restarting
+/// copies the table again: nothing held back is lost. With `register`, the
+/// change is registered (the subject's BACKWARD level restored after) and
+/// the table flows again.
 #[tokio::test]
-async fn an_incompatible_change_pauses_the_source_until_it_may_register() {
-    let mut source = Source::new(SourceKind::Postgres).await;
+async fn an_incompatible_change_pauses_its_table_until_it_can_be_carried() {
+    incompatible_change(SourceKind::Postgres).await;
+}
+
+#[tokio::test]
+async fn an_incompatible_change_pauses_its_mariadb_table_until_it_can_be_carried() {
+    incompatible_change(SourceKind::MariaDb).await;
+}
+
+async fn incompatible_change(kind: SourceKind) {
+    let pg = kind == SourceKind::Postgres;
+    let mut source = Source::new(kind).await;
     let sink = Sink::new(SinkKind::Postgres).await;
+    for table in ["items", "other"] {
+        let t = source.qualified(table);
+        source
+            .sql(&format!(
+                "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
+                 INSERT INTO {t} (id, a, b, n, v) VALUES {}",
+                (1..=40)
+                    .map(|g| format!("({g}, {g}, 'b', 1.5, 'v')"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .await;
+    }
     let t = source.qualified("items");
-    source
-        .sql(&format!(
-            "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
-             INSERT INTO {t} VALUES (1, 1, 'b', 1.5, 'v')"
-        ))
-        .await;
     let mut runners = Runners::new(&source, &sink);
     runners.source.start();
     runners.sink.start();
     converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+    converge(&mut source, &sink, &mut runners, "other", "snapshot").await;
 
+    let to_text = if pg {
+        "ALTER COLUMN a TYPE text"
+    } else {
+        "MODIFY a text NOT NULL"
+    };
+    let prefixed = |p: &str| {
+        if pg {
+            format!("'{p}' || a")
+        } else {
+            format!("CONCAT('{p}', a)")
+        }
+    };
     source
-        .sql(&format!("ALTER TABLE {t} ALTER COLUMN a TYPE text; UPDATE {t} SET a = 'x' || a"))
+        .sql(&format!(
+            "ALTER TABLE {t} {to_text}; UPDATE {t} SET a = {} WHERE id <= 5; \
+             INSERT INTO {t} VALUES (100, 'held', 'b', 1, 'v'); DELETE FROM {t} WHERE id = 40",
+            prefixed("x")
+        ))
         .await;
     let status_url = format!("{}/status", runners.source_admin);
-    let paused = tributary_tests::wait_for("the source to pause", Duration::from_secs(60), || {
-        let url = status_url.clone();
+    let key = source.qualified("items");
+    let table_status = |want_paused: bool| {
+        let (url, key) = (status_url.clone(), key.clone());
         async move {
             let status: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
-            status.get("paused")?.as_str().map(str::to_string)
+            let table = status.get("tables")?.get(&key)?.to_string();
+            (table.contains("\"paused\"") == want_paused).then_some((status, table))
         }
-    })
-    .await;
-    assert!(paused.contains("items") && paused.contains("a: type changed from int32 to text"), "{paused}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    runners.assert_alive("while paused");
+    };
+    let (status, table) =
+        tributary_tests::wait_for("the table to pause", Duration::from_secs(60), || table_status(true)).await;
+    assert!(table.contains("a: type changed from int32 to text"), "{table}");
+    assert!(status.get("paused").is_some_and(serde_json::Value::is_null), "the runner goes on: {status}");
+    // The other table flows meanwhile.
+    writes(&mut source, "other", 1).await;
+    converge(&mut source, &sink, &mut runners, "other", "while items is paused").await;
+    runners.assert_alive("while a table is paused");
 
+    // Reverted and restarted: the table is copied again, with every change
+    // that was held back.
+    let revert = if pg {
+        format!("ALTER TABLE {t} ALTER COLUMN a TYPE int USING length(a)")
+    } else {
+        format!("UPDATE {t} SET a = LENGTH(a); ALTER TABLE {t} MODIFY a int NOT NULL")
+    };
+    source.sql(&format!("{revert}; UPDATE {t} SET v = 'after' WHERE id = 7")).await;
+    runners.source.kill9();
+    runners.source.start();
+    converge(&mut source, &sink, &mut runners, "items", "copied again after the revert").await;
+    tributary_tests::wait_for("the table to flow", Duration::from_secs(60), || table_status(false)).await;
+    writes(&mut source, "items", 2).await;
+    converge(&mut source, &sink, &mut runners, "items", "streaming after the copy").await;
+
+    // `register`: the change is registered and the table flows again.
+    source
+        .sql(&format!("ALTER TABLE {t} {to_text}; UPDATE {t} SET a = {}", prefixed("y")))
+        .await;
+    tributary_tests::wait_for("the table to pause again", Duration::from_secs(60), || table_status(true)).await;
     runners.source.kill9();
     let config = std::fs::read_to_string(&runners.source.config).expect("source config");
     std::fs::write(&runners.source.config, format!("incompatible_schema_changes = \"register\"\n{config}"))
@@ -193,15 +256,9 @@ async fn an_incompatible_change_pauses_the_source_until_it_may_register() {
     let config_url = format!("{}/config/{}.{t}-value", schema_registry_url(), source.name());
     let level: serde_json::Value = reqwest::get(&config_url).await.expect("config").json().await.expect("json");
     assert_eq!(level["compatibilityLevel"], "BACKWARD", "the subject's level is restored");
-    tributary_tests::wait_for("the source to go on", Duration::from_secs(60), || {
-        let url = status_url.clone();
-        async move {
-            let status: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
-            status.get("paused")?.is_null().then_some(())
-        }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tributary_tests::wait_for("the table to go on", Duration::from_secs(60), || table_status(false)).await;
+    writes(&mut source, "other", 3).await;
+    converge(&mut source, &sink, &mut runners, "other", "after registering").await;
     runners.assert_alive("after registering");
     runners.delete();
     sink.cleanup().await;

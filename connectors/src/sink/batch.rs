@@ -48,6 +48,8 @@ pub fn check_table_template(template: &str) -> Result<(), &'static str> {
 pub enum Segment<'a> {
     /// The source table was dropped.
     Dropped(&'a TableId),
+    /// The source table was copied again at a position: older rows are gone.
+    Copied(&'a TableId, tributary_schemas::Position),
     /// Change records with no drop in between; `start` is the index of the
     /// first one in the batch.
     Changes {
@@ -58,8 +60,8 @@ pub enum Segment<'a> {
     },
 }
 
-/// Splits records at table drops (a drop must happen between the changes
-/// before it and those after it).
+/// Splits records at table drops and copies (each must happen between the
+/// changes before it and those after it).
 pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
     let mut out = Vec::new();
     let mut i = 0;
@@ -69,10 +71,14 @@ pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
                 out.push(Segment::Dropped(id));
                 i += 1;
             }
+            SinkRecord::Copied(id, at) => {
+                out.push(Segment::Copied(id, *at));
+                i += 1;
+            }
             SinkRecord::Change(_) => {
                 let end = records[i..]
                     .iter()
-                    .position(|(_, r)| matches!(r, SinkRecord::TableDropped(_)))
+                    .position(|(_, r)| !matches!(r, SinkRecord::Change(_)))
                     .map_or(records.len(), |p| i + p);
                 out.push(Segment::Changes { start: i, records: &records[i..end] });
                 i = end;

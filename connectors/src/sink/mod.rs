@@ -55,6 +55,10 @@ pub enum SinkRecord {
     Change(ChangeEvent),
     /// The source table was dropped.
     TableDropped(TableId),
+    /// The source table was copied again (its changes had been held back):
+    /// every row older than the position is gone, the rows that exist were
+    /// rewritten by the copy at or after it.
+    Copied(TableId, tributary_schemas::Position),
 }
 
 /// A batch of records of one destination table, with the Kafka offsets it

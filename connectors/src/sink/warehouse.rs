@@ -238,6 +238,7 @@ async fn apply_records<W: Warehouse>(
     for segment in segments(records) {
         match segment {
             Segment::Dropped(id) => table_dropped(w, id).await?,
+            Segment::Copied(id, at) => table_copied(w, id, at).await?,
             Segment::Changes { start, records: run } => {
                 for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
                     let span = info_span!("table", table = %table, events = events.len());
@@ -255,6 +256,14 @@ async fn apply_records<W: Warehouse>(
         }
     }
     Ok(())
+}
+
+/// A table copied again: its rows older than the copy are gone at the
+/// source (deleted while its changes were held back).
+async fn table_copied<W: Warehouse>(w: &mut W, id: &TableId, at: Position) -> Result<()> {
+    let table = w.destination(id);
+    debug!(table = %table, "table copied again; removing the rows the copy did not rewrite");
+    w.truncate(&table, at).await.map_err(|e| e.or_table(id))
 }
 
 async fn table_dropped<W: Warehouse>(w: &mut W, id: &TableId) -> Result<()> {
@@ -348,6 +357,7 @@ async fn reconcile_all<W: Warehouse>(w: &mut W, records: &[(KafkaPosition, SinkR
                     .map_err(|error| ApplyError { error, record: Some(i) })?;
             }
             SinkRecord::TableDropped(id) => table_dropped(w, id).await?,
+            SinkRecord::Copied(id, at) => table_copied(w, id, *at).await?,
         }
     }
     Ok(())

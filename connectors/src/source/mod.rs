@@ -128,10 +128,24 @@ pub trait Source: Send {
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
         Vec::new()
     }
+
+    /// Copies `tables` again, called right after [`Source::start`]: their
+    /// rows are read anew (a snapshot of those tables at a point after the
+    /// checkpoint, recorded in the next checkpoint so that a crash resumes
+    /// it), then they stream on. The runner asks for it after it held back
+    /// a table's changes (an incompatible schema change paused that table
+    /// only). Returns the tables that will be copied; a source that cannot
+    /// copy a table mid-stream returns none of them (the default).
+    async fn resync(&mut self, _tables: &[TableId]) -> Result<Vec<TableId>> {
+        Ok(Vec::new())
+    }
 }
 
 #[async_trait]
 impl<S: Source + ?Sized> Source for Box<S> {
+    async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
+        (**self).resync(tables).await
+    }
     async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
         (**self).start(checkpoint).await
     }

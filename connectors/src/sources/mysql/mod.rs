@@ -566,6 +566,38 @@ impl Source for MySqlSource {
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
         self.progress.values().cloned().collect()
     }
+
+    /// Copies `tables` again the way a renamed table is copied: a snapshot
+    /// of them at a later binlog point, in the checkpoint, then the stream
+    /// from here.
+    async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Ok(Vec::new());
+        }
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let mut out = Vec::new();
+        for id in tables {
+            if !filter.captures(id) || state.history.get(id).is_none() {
+                continue;
+            }
+            let position = state.binlog.clone();
+            let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
+                initial: false,
+                position: Some(position),
+                tables: Vec::new(),
+            });
+            if !plan.tables.iter().any(|t| t.id() == *id) {
+                plan.tables.push(TablePlan::new(id));
+            }
+            self.progress.remove(id);
+            out.push(id.clone());
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

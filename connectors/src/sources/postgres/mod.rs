@@ -739,6 +739,32 @@ impl Source for PostgresSource {
             })
             .collect()
     }
+
+    /// Copies `tables` again the way a table created while streaming is:
+    /// a snapshot of them (in the checkpoint) the stream first catches up
+    /// to.
+    async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Ok(Vec::new());
+        }
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let mut out = Vec::new();
+        for id in tables {
+            if !filter.captures(id) || !state.tables.contains(&id.to_string()) {
+                continue;
+            }
+            let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
+            if !snap.tables.iter().any(|t| t.id() == *id) {
+                snap.tables.push(TablePlan::new(id));
+            }
+            out.push(id.clone());
+        }
+        Ok(out)
+    }
 }
 
 impl PostgresSource {
