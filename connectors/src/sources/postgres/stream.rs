@@ -664,6 +664,7 @@ async fn rel_row(
                         table: &schema.id,
                         column: &col.name,
                         source_type: &col.source_type,
+                nullable: col.nullable,
                     },
                 )?
             }
@@ -694,6 +695,7 @@ async fn rel_row(
                                 table: &schema.id,
                                 column: &col.name,
                                 source_type: &col.source_type,
+                nullable: col.nullable,
                             },
                         )?
                     }
@@ -776,6 +778,7 @@ async fn fetch_unchanged(
                             table: &schema.id,
                             column: &col.name,
                             source_type: &col.source_type,
+                nullable: col.nullable,
                         },
                     )?,
                 };
