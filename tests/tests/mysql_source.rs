@@ -246,6 +246,89 @@ async fn every_common_type_decodes_the_same_in_snapshot_and_stream() {
     fx.drop().await;
 }
 
+/// Zero dates (`0000-00-00`, and dates with a zero month or day) have no
+/// calendar day: NULL where the column is optional, the epoch where it is
+/// NOT NULL (Debezium's rule), alike in the snapshot and the binlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_dates_are_null_where_optional_and_the_epoch_where_not_null() {
+    let mut fx = Fixture::new("myzero").await;
+    // Zero dates need a session without NO_ZERO_DATE / strict mode.
+    fx.sql("SET SESSION sql_mode = ''").await;
+    fx.sql(
+        "CREATE TABLE z (id INT PRIMARY KEY, d DATE NOT NULL, dt DATETIME(3) NOT NULL, \
+         ts TIMESTAMP NOT NULL DEFAULT '0000-00-00 00:00:00', dm DATE NOT NULL, dtd DATETIME NOT NULL, \
+         dn DATE NULL, dtn DATETIME NULL, tsn TIMESTAMP NULL, dmn DATE NULL)",
+    )
+    .await;
+    let zeros = "'0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', '2024-00-15', '2024-05-00 10:00:00', \
+                 '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', '2024-05-00'";
+    fx.sql(&format!("INSERT INTO z VALUES (1, {zeros})")).await;
+    let z = fx.table("z");
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&z).len() == 1).await;
+    fx.sql(&format!("INSERT INTO z VALUES (2, {zeros})")).await;
+    sync(&mut source, &mut mirror, "the streamed row", |m| m.ids(&z).len() == 2).await;
+    let want = vec![
+        Value::Date(0),
+        Value::Timestamp(0),
+        Value::TimestampTz(0),
+        Value::Date(0),
+        Value::Timestamp(0),
+        Value::Null,
+        Value::Null,
+        Value::Null,
+        Value::Null,
+    ];
+    for id in [1, 2] {
+        let row = mirror.row(&z, id).expect("row");
+        assert_eq!(row[1..], want[..], "row {id}");
+    }
+    fx.drop().await;
+}
+
+/// Text of columns in other character sets than UTF-8 is decoded by the
+/// column's character set (the table map's, `binlog_row_metadata = FULL`)
+/// in the binlog, as the server converts it for the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_utf8_character_sets_stream_as_the_source_text() {
+    let mut fx = Fixture::new("mycharset").await;
+    fx.sql(
+        "CREATE TABLE l (id INT PRIMARY KEY, a VARCHAR(40), c VARCHAR(40) CHARACTER SET cp1251, \
+         b TEXT COLLATE latin1_bin, u VARCHAR(40) CHARACTER SET utf8mb4, \
+         g CHAR(10) CHARACTER SET greek, k VARCHAR(20) CHARACTER SET sjis) DEFAULT CHARSET = latin1",
+    )
+    .await;
+    let texts = ["café", "привет, мир", "Ærø € ÿ", "ü ✓ 😀", "αβγ", "日本語"];
+    let values = texts.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+    fx.sql(&format!("INSERT INTO l VALUES (1, {values})")).await;
+    let l = fx.table("l");
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&l).len() == 1).await;
+    fx.sql(&format!("INSERT INTO l VALUES (2, {values})")).await;
+    fx.sql("UPDATE l SET a = 'naïve', b = 'ÀÉÎ' WHERE id = 2").await;
+    sync(&mut source, &mut mirror, "the streamed rows", |m| {
+        m.row(&l, 2).is_some_and(|r| r[1] == Value::Text("naïve".into()))
+    })
+    .await;
+    let want = |a: &str, b: &str| -> Vec<Value> {
+        [a, texts[1], b, texts[3], texts[4], texts[5]]
+            .iter()
+            .map(|t| Value::Text((*t).into()))
+            .collect()
+    };
+    assert_eq!(mirror.row(&l, 1).expect("snapshot row")[1..], want(texts[0], texts[2])[..]);
+    let streamed: Vec<&ChangeEvent> = mirror.events.iter().filter(|e| e.op != Op::Read).collect();
+    assert_eq!(streamed.len(), 2);
+    assert_eq!(streamed[0].after.as_ref().expect("after")[1..], want(texts[0], texts[2])[..]);
+    assert_eq!(streamed[1].before.as_ref().expect("before")[1..], want(texts[0], texts[2])[..]);
+    assert_eq!(streamed[1].after.as_ref().expect("after")[1..], want("naïve", "ÀÉÎ")[..]);
+    fx.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     let mut fx = Fixture::new("myddl").await;

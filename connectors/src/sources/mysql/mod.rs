@@ -172,7 +172,8 @@ fn added_default(col: &Column, codec: &ColumnCodec, default: &AddedDefault, tabl
             | DataType::Decimal { .. } => "0".to_string(),
             DataType::Text | DataType::Bytes => String::new(),
             DataType::Enum { symbols } => symbols.first()?.clone(),
-            // Zero dates and the like: not carried.
+            // The zero date: the epoch in a NOT NULL column, as its rows read.
+            DataType::Date | DataType::Timestamp | DataType::TimestampTz => "0000-00-00 00:00:00".to_string(),
             _ => return None,
         },
     };
@@ -612,6 +613,25 @@ mod tests {
         let b = BinlogPosition { file: "mysql-bin.000003".into(), pos: 4 };
         assert!(a.ordered() < b.ordered());
         assert_eq!(b.to_string(), "mysql-bin.000003:4");
+    }
+
+    #[test]
+    fn an_added_not_null_date_column_defaults_to_the_epoch_as_its_rows_read() {
+        let t = TableId::new("db", "t");
+        let default = |type_text: &str, nullable: bool, d: AddedDefault| {
+            let mut col = Column::new("d", map_type(&t, "d", type_text).expect("maps"), nullable);
+            col.source_type = type_text.to_string();
+            let codec = ColumnCodec::new(&col);
+            added_default(&col, &codec, &d, &t)
+        };
+        assert_eq!(default("date", false, AddedDefault::Implicit), Some(Value::Date(0)));
+        assert_eq!(default("datetime", false, AddedDefault::Implicit), Some(Value::Timestamp(0)));
+        assert_eq!(
+            default("timestamp", false, AddedDefault::Literal("0000-00-00 00:00:00".into())),
+            Some(Value::TimestampTz(0))
+        );
+        assert_eq!(default("date", true, AddedDefault::Literal("0000-00-00".into())), None);
+        assert_eq!(default("date", false, AddedDefault::Literal("1970-01-02".into())), Some(Value::Date(1)));
     }
 
     #[test]

@@ -507,7 +507,8 @@ impl Streamer {
             for (src, dst) in built.source_columns.iter().enumerate() {
                 if let Some(dst) = dst {
                     let name = &built.schema.columns[*dst].name;
-                    values[*dst] = built.codecs[*dst].from_binlog(row.take(src), &table, name)?;
+                    let collation = row.columns_ref().get(src).map_or(0, |c| c.character_set());
+                    values[*dst] = built.codecs[*dst].from_binlog(row.take(src), collation, &table, name)?;
                 }
             }
             Ok(Some(values))

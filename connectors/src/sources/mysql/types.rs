@@ -54,6 +54,9 @@ pub struct ColumnCodec {
     year: bool,
     /// `bit(n)`: raw bytes in both protocols, not digits.
     bit: bool,
+    /// Whether the column accepts NULL: a zero date is NULL there, the
+    /// epoch otherwise (see [`ColumnCodec::zero_date`]).
+    nullable: bool,
 }
 
 impl ColumnCodec {
@@ -88,6 +91,20 @@ impl ColumnCodec {
             set_members,
             year: base == "year",
             bit: base == "bit",
+            nullable: column.nullable,
+        }
+    }
+
+    /// A zero date (`0000-00-00`, or a date with a zero month or day) has
+    /// no calendar day: as Debezium carries it, NULL where the column is
+    /// optional and the epoch (1970-01-01 [00:00:00]) where it is NOT NULL.
+    fn zero_date(&self) -> Value {
+        match (&self.data_type, self.nullable) {
+            (_, true) => Value::Null,
+            (DataType::Date, false) => Value::Date(0),
+            (DataType::Timestamp, false) => Value::Timestamp(0),
+            (DataType::TimestampTz, false) => Value::TimestampTz(0),
+            (_, false) => Value::Null,
         }
     }
 
@@ -96,7 +113,7 @@ impl ColumnCodec {
         let bytes = match raw {
             MyValue::NULL => return Ok(Value::Null),
             MyValue::Bytes(b) => b,
-            other => return self.value_of(other, table, column),
+            other => return self.value_of(other, None, table, column),
         };
         let bad = |what: &str| {
             Error::permanent(format!("the snapshot value of a {} column is not {what}", self.data_type))
@@ -124,17 +141,17 @@ impl ColumnCodec {
             DataType::Bytes | DataType::Geometry => self.bytes_value(bytes),
             DataType::Date => match parse_date(text()?) {
                 Some(days) => Value::Date(days),
-                None => zero_date(text()?).then_some(Value::Null).ok_or_else(|| bad("a date"))?,
+                None => zero_date(text()?).then(|| self.zero_date()).ok_or_else(|| bad("a date"))?,
             },
             DataType::Time => Value::Time(parse_time(text()?).ok_or_else(|| bad("a time"))?),
             DataType::Timestamp => match parse_datetime(text()?) {
                 Some(us) => Value::Timestamp(us),
-                None => zero_date(text()?).then_some(Value::Null).ok_or_else(|| bad("a datetime"))?,
+                None => zero_date(text()?).then(|| self.zero_date()).ok_or_else(|| bad("a datetime"))?,
             },
             // The session time zone is UTC (see `config::connection`).
             DataType::TimestampTz => match parse_datetime(text()?) {
                 Some(us) => Value::TimestampTz(us),
-                None => zero_date(text()?).then_some(Value::Null).ok_or_else(|| bad("a timestamp"))?,
+                None => zero_date(text()?).then(|| self.zero_date()).ok_or_else(|| bad("a timestamp"))?,
             },
             other => {
                 return Err(Error::permanent(format!("type {other} does not come from MySQL"))
@@ -144,11 +161,19 @@ impl ColumnCodec {
         })
     }
 
-    /// A binlog row value (`None`: SQL NULL).
-    pub fn from_binlog(&self, raw: Option<BinlogValue<'_>>, table: &TableId, column: &str) -> Result<Value> {
+    /// A binlog row value (`None`: SQL NULL). `collation` is the column's
+    /// collation id from the table map's optional metadata (0 when the
+    /// server sent none): text is decoded from its character set.
+    pub fn from_binlog(
+        &self,
+        raw: Option<BinlogValue<'_>>,
+        collation: u16,
+        table: &TableId,
+        column: &str,
+    ) -> Result<Value> {
         match raw {
             None => Ok(Value::Null),
-            Some(BinlogValue::Value(v)) => self.value_of(v, table, column),
+            Some(BinlogValue::Value(v)) => self.value_of(v, Some(collation), table, column),
             Some(BinlogValue::Jsonb(j)) => {
                 // MySQL 8's binary JSON; MariaDB logs JSON as text.
                 let json = serde_json::Value::try_from(j).map_err(|e| {
@@ -180,8 +205,9 @@ impl ColumnCodec {
         }
     }
 
-    /// A typed driver value (binlog values, and binary-protocol values).
-    fn value_of(&self, raw: MyValue, table: &TableId, column: &str) -> Result<Value> {
+    /// A typed driver value (binlog values, with the column's collation id,
+    /// and binary-protocol values, whose text is the connection's UTF-8).
+    fn value_of(&self, raw: MyValue, collation: Option<u16>, table: &TableId, column: &str) -> Result<Value> {
         let mismatch = |raw: &MyValue| {
             Error::permanent(format!(
                 "a {} value in the binlog does not fit column type {}",
@@ -233,11 +259,9 @@ impl ColumnCodec {
             (DataType::Decimal { .. }, _) => Value::Decimal(as_int(&raw).ok_or_else(|| mismatch(&raw))?.to_string()),
             (DataType::Text, MyValue::Bytes(b)) => match &self.set_members {
                 Some(members) => Value::Text(set_text(b, members)),
-                None => Value::Text(String::from_utf8(b.clone()).map_err(|_| mismatch(&raw))?),
+                None => Value::Text(self.text(b, collation, table, column)?),
             },
-            (DataType::Json, MyValue::Bytes(b)) => {
-                Value::Json(String::from_utf8(b.clone()).map_err(|_| mismatch(&raw))?)
-            }
+            (DataType::Json, MyValue::Bytes(b)) => Value::Json(self.text(b, collation, table, column)?),
             // ENUM in the binlog: the 1-based index of the label (0 is the
             // empty string MySQL stores for an invalid label).
             (DataType::Enum { symbols }, _) => {
@@ -252,11 +276,11 @@ impl ColumnCodec {
             (DataType::Bytes | DataType::Geometry, MyValue::Bytes(b)) => self.bytes_value(b.clone()),
             (DataType::Date, MyValue::Date(y, m, d, ..)) => match civil_days(*y, *m, *d) {
                 Some(days) => Value::Date(days as i32),
-                None => Value::Null,
+                None => self.zero_date(),
             },
             (DataType::Timestamp, MyValue::Date(y, m, d, h, mi, s, us)) => match civil_days(*y, *m, *d) {
                 Some(days) => Value::Timestamp(days * MICROS_PER_DAY + clock_micros(*h, *mi, *s, *us)),
-                None => Value::Null,
+                None => self.zero_date(),
             },
             (DataType::Time, MyValue::Time(neg, days, h, mi, s, us)) => {
                 let v = i64::from(*days) * MICROS_PER_DAY + clock_micros(*h, *mi, *s, *us);
@@ -271,14 +295,14 @@ impl ColumnCodec {
                 let micros: i64 = frac.get(..6).and_then(|f| f.parse().ok()).ok_or_else(|| mismatch(&raw))?;
                 if secs == 0 && micros == 0 {
                     // 0000-00-00 00:00:00, MySQL's zero timestamp.
-                    Value::Null
+                    self.zero_date()
                 } else {
                     Value::TimestampTz(secs * 1_000_000 + micros)
                 }
             }
             (DataType::TimestampTz, MyValue::Int(secs)) => {
                 if *secs == 0 {
-                    Value::Null
+                    self.zero_date()
                 } else {
                     Value::TimestampTz(secs * 1_000_000)
                 }
@@ -289,6 +313,121 @@ impl ColumnCodec {
             _ => return Err(mismatch(&raw)),
         })
     }
+}
+
+impl ColumnCodec {
+    /// A text value's bytes in the column's character set as a string.
+    fn text(&self, bytes: &[u8], collation: Option<u16>, table: &TableId, column: &str) -> Result<String> {
+        let error = |what: String| {
+            Error::permanent(format!("a text value of column type {} {what}", self.data_type))
+                .with_table(table.clone())
+                .with_column(column)
+                .with_class("tributary.mysql.decode")
+        };
+        let Some(id) = collation.filter(|id| *id != 0) else {
+            // The text protocol (the connection's utf8mb4), or a binlog
+            // without the table map's charsets.
+            return String::from_utf8(bytes.to_vec()).map_err(|_| match collation {
+                None => error("is not UTF-8".to_string()),
+                Some(_) => Error::needs_operator(format!(
+                    "a text value of column type {} is not UTF-8 and the binlog does not say its character set",
+                    self.data_type
+                ))
+                .with_table(table.clone())
+                .with_column(column)
+                .with_hint("SET GLOBAL binlog_row_metadata = 'FULL'"),
+            });
+        };
+        let Some(charset) = charset_of(id) else {
+            return String::from_utf8(bytes.to_vec()).map_err(|_| {
+                error(format!("is not UTF-8 and its collation id {id} is not one the source knows"))
+            });
+        };
+        match encoding_of(charset) {
+            Some(Charset::Utf8) => {
+                String::from_utf8(bytes.to_vec()).map_err(|_| error(format!("is not valid {charset}")))
+            }
+            Some(Charset::Utf32) => utf32_text(bytes).ok_or_else(|| error("is not valid utf32".to_string())),
+            Some(Charset::Other(encoding)) => encoding
+                .decode_without_bom_handling_and_without_replacement(bytes)
+                .map(std::borrow::Cow::into_owned)
+                .ok_or_else(|| error(format!("is not valid {charset}"))),
+            None => String::from_utf8(bytes.to_vec()).map_err(|_| {
+                error(format!("is in character set {charset} (collation id {id}), which the source cannot decode"))
+            }),
+        }
+    }
+}
+
+/// The character set of a collation id: MySQL's table (MySQL's and
+/// MariaDB's ids agree below 256); MariaDB's `*_nopad_*` collations are
+/// 1024 above their PAD SPACE twin of the same character set.
+pub fn charset_of(collation: u16) -> Option<&'static str> {
+    use mysql_common::collations::{Collation, CollationId};
+    let known = |id: u16| match Collation::resolve(CollationId::from(id)).charset {
+        "unknown" => None,
+        charset => Some(charset),
+    };
+    known(collation).or_else(|| collation.checked_sub(1024).filter(|id| *id < 256).and_then(known))
+}
+
+/// How a MySQL character set's bytes become text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charset {
+    /// UTF-8 (`utf8mb3`, `utf8mb4`), also ASCII.
+    Utf8,
+    /// `utf32`: 4-byte big-endian code points (no `encoding_rs` decoder).
+    Utf32,
+    /// Any other character set `encoding_rs` decodes.
+    Other(&'static encoding_rs::Encoding),
+}
+
+/// The decoder of a MySQL character set name; `None` for the few legacy
+/// ones (`dec8`, `hp8`, `swe7`, `keybcs2`, `cp850`, `cp852`, `macroman`,
+/// `armscii8`, `geostd8`, ...) that have none: their text must be UTF-8 or
+/// is refused naming the character set.
+pub fn encoding_of(charset: &str) -> Option<Charset> {
+    use encoding_rs as e;
+    Some(match charset {
+        "utf8" | "utf8mb3" | "utf8mb4" | "ascii" => Charset::Utf8,
+        "utf32" => Charset::Utf32,
+        // MySQL's latin1 is Windows-1252 (with the five unassigned bytes
+        // kept as C1 controls, as WHATWG's decoder does).
+        "latin1" => Charset::Other(e::WINDOWS_1252),
+        "latin2" => Charset::Other(e::ISO_8859_2),
+        // latin5 is ISO 8859-9; WHATWG decodes it as its superset Windows-1254.
+        "latin5" => Charset::Other(e::WINDOWS_1254),
+        "latin7" => Charset::Other(e::ISO_8859_13),
+        "greek" => Charset::Other(e::ISO_8859_7),
+        "hebrew" => Charset::Other(e::ISO_8859_8),
+        "cp1250" => Charset::Other(e::WINDOWS_1250),
+        "cp1251" => Charset::Other(e::WINDOWS_1251),
+        "cp1256" => Charset::Other(e::WINDOWS_1256),
+        "cp1257" => Charset::Other(e::WINDOWS_1257),
+        "cp866" => Charset::Other(e::IBM866),
+        "koi8r" => Charset::Other(e::KOI8_R),
+        "koi8u" => Charset::Other(e::KOI8_U),
+        "tis620" => Charset::Other(e::WINDOWS_874),
+        "sjis" | "cp932" => Charset::Other(e::SHIFT_JIS),
+        "ujis" | "eucjpms" => Charset::Other(e::EUC_JP),
+        "euckr" => Charset::Other(e::EUC_KR),
+        "gb2312" | "gbk" => Charset::Other(e::GBK),
+        "gb18030" => Charset::Other(e::GB18030),
+        "big5" => Charset::Other(e::BIG5),
+        "ucs2" | "utf16" => Charset::Other(e::UTF_16BE),
+        "utf16le" => Charset::Other(e::UTF_16LE),
+        _ => return None,
+    })
+}
+
+fn utf32_text(bytes: &[u8]) -> Option<String> {
+    if !bytes.len().is_multiple_of(4) {
+        return None;
+    }
+    bytes
+        .chunks_exact(4)
+        .map(|c| char::from_u32(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+        .collect()
 }
 
 fn driver_kind(v: &MyValue) -> &'static str {
@@ -404,9 +543,90 @@ mod tests {
     }
 
     fn bin(codec: &ColumnCodec, v: MyValue) -> Value {
+        bin_in(codec, v, 45)
+    }
+
+    /// A binlog value of a column of collation `collation`.
+    fn bin_in(codec: &ColumnCodec, v: MyValue, collation: u16) -> Value {
         codec
-            .from_binlog(Some(BinlogValue::Value(v)), &TableId::new("db", "t"), "c")
+            .from_binlog(Some(BinlogValue::Value(v)), collation, &TableId::new("db", "t"), "c")
             .expect("decodes")
+    }
+
+    fn not_null(type_text: &str) -> ColumnCodec {
+        let t = TableId::new("db", "t");
+        let mut c = Column::new("c", map_type(&t, "c", type_text).expect("maps"), false);
+        c.source_type = type_text.to_string();
+        ColumnCodec::new(&c)
+    }
+
+    #[test]
+    fn zero_dates_are_null_where_optional_and_the_epoch_where_not_null() {
+        for (type_text, epoch) in [
+            ("date", Value::Date(0)),
+            ("datetime(3)", Value::Timestamp(0)),
+            ("timestamp", Value::TimestampTz(0)),
+        ] {
+            for zero in ["0000-00-00", "0000-00-00 00:00:00", "2024-00-15", "2024-05-00 10:00:00"] {
+                assert_eq!(text(&codec(type_text), zero), Value::Null, "{type_text} {zero}");
+                if type_text != "timestamp" {
+                    assert_eq!(text(&not_null(type_text), zero), epoch, "{type_text} {zero}");
+                }
+            }
+            assert_eq!(text(&not_null(type_text), "0000-00-00 00:00:00"), epoch, "{type_text}");
+        }
+        for (y, m, d) in [(0, 0, 0), (2024, 0, 15), (2024, 5, 0)] {
+            assert_eq!(bin(&codec("date"), MyValue::Date(y, m, d, 0, 0, 0, 0)), Value::Null);
+            assert_eq!(bin(&not_null("date"), MyValue::Date(y, m, d, 0, 0, 0, 0)), Value::Date(0));
+            assert_eq!(bin(&not_null("datetime"), MyValue::Date(y, m, d, 1, 2, 3, 0)), Value::Timestamp(0));
+        }
+        assert_eq!(bin(&not_null("timestamp"), MyValue::Bytes(b"0".to_vec())), Value::TimestampTz(0));
+        assert_eq!(bin(&codec("timestamp(6)"), MyValue::Bytes(b"0.000000".to_vec())), Value::Null);
+        // A real date is untouched.
+        assert_eq!(text(&not_null("date"), "1970-01-02"), Value::Date(1));
+    }
+
+    #[test]
+    fn binlog_text_is_decoded_by_the_column_character_set() {
+        let c = codec("varchar(40)");
+        // latin1_swedish_ci (8), latin1_bin (47), MariaDB's latin1_nopad_bin (1071).
+        for id in [8, 47, 1071] {
+            assert_eq!(bin_in(&c, MyValue::Bytes(b"caf\xe9 \x80".to_vec()), id), Value::Text("café €".into()));
+        }
+        // cp1251_general_ci (51), greek_general_ci (25), sjis_japanese_ci (13), utf8mb4_bin (46).
+        assert_eq!(bin_in(&c, MyValue::Bytes(b"\xef\xf0\xe8".to_vec()), 51), Value::Text("при".into()));
+        assert_eq!(bin_in(&c, MyValue::Bytes(b"\xe1\xe2".to_vec()), 25), Value::Text("αβ".into()));
+        assert_eq!(bin_in(&c, MyValue::Bytes(b"\x93\xfa\x96\x7b".to_vec()), 13), Value::Text("日本".into()));
+        assert_eq!(bin_in(&c, MyValue::Bytes("ü ✓".as_bytes().to_vec()), 46), Value::Text("ü ✓".into()));
+        // utf32_general_ci (60), ucs2_general_ci (35).
+        assert_eq!(bin_in(&c, MyValue::Bytes(vec![0, 0, 0, 0xfc, 0, 1, 0xf6, 0]), 60), Value::Text("ü😀".into()));
+        assert_eq!(bin_in(&c, MyValue::Bytes(vec![0, 0xfc]), 35), Value::Text("ü".into()));
+        // No charset in the table map: UTF-8, else the operator is asked for the metadata.
+        assert_eq!(bin_in(&c, MyValue::Bytes("é".as_bytes().to_vec()), 0), Value::Text("é".into()));
+        let t = TableId::new("db", "t");
+        let e = c
+            .from_binlog(Some(BinlogValue::Value(MyValue::Bytes(b"caf\xe9".to_vec()))), 0, &t, "name")
+            .expect_err("unknown charset");
+        assert_eq!(e.kind(), crate::ErrorKind::NeedsOperator);
+        assert_eq!(e.column(), Some("name"));
+        // Invalid bytes for the charset: an error naming the charset, not the value.
+        let e = c
+            .from_binlog(Some(BinlogValue::Value(MyValue::Bytes(b"\xff\xfe caf".to_vec()))), 45, &t, "name")
+            .expect_err("not utf8mb4");
+        assert!(e.message().contains("utf8mb4") && !e.message().contains("caf"), "{e}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn latin1_and_cp1251_text_round_trips(text in "[ -~\u{a0}-\u{ff}]{0,40}", cyr in "[ -~а-яА-ЯёЁ]{0,40}") {
+            let c = codec("text");
+            let (latin1, _, bad) = encoding_rs::WINDOWS_1252.encode(&text);
+            proptest::prop_assert!(!bad);
+            proptest::prop_assert_eq!(bin_in(&c, MyValue::Bytes(latin1.into_owned()), 8), Value::Text(text.clone()));
+            let (cp1251, _, bad) = encoding_rs::WINDOWS_1251.encode(&cyr);
+            proptest::prop_assert!(!bad);
+            proptest::prop_assert_eq!(bin_in(&c, MyValue::Bytes(cp1251.into_owned()), 51), Value::Text(cyr.clone()));
+        }
     }
 
     fn text(codec: &ColumnCodec, v: &str) -> Value {
@@ -459,7 +679,7 @@ mod tests {
     #[test]
     fn a_value_of_the_wrong_kind_names_table_and_column() {
         let e = codec("int(11)")
-            .from_binlog(Some(BinlogValue::Value(MyValue::Double(1.5))), &TableId::new("db", "t"), "qty")
+            .from_binlog(Some(BinlogValue::Value(MyValue::Double(1.5))), 0, &TableId::new("db", "t"), "qty")
             .expect_err("mismatch");
         assert_eq!(e.table(), Some(&TableId::new("db", "t")));
         assert_eq!(e.column(), Some("qty"));

@@ -483,7 +483,7 @@ fn missing_value(column: &Column, table: &TableId, text: &str) -> Option<tributa
     let [ArrayItem::Text(item)] = items.as_slice() else {
         return None;
     };
-    let col = ColumnRef { table, column: &column.name, source_type: &column.source_type };
+    let col = ColumnRef { table, column: &column.name, source_type: &column.source_type, nullable: column.nullable };
     decode_text(&column.data_type, item, col).ok()
 }
 

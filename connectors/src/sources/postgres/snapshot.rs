@@ -762,6 +762,7 @@ fn decode_binary_row(buf: &[u8], schema: &TableSchema, cols: &[BinaryType]) -> R
                 table: &schema.id,
                 column: &col.name,
                 source_type: &col.source_type,
+                nullable: col.nullable,
             },
         )?);
     }
@@ -806,6 +807,7 @@ fn decode_copy_row(line: &[u8], schema: &TableSchema) -> Result<Row> {
                         table: &schema.id,
                         column: &col.name,
                         source_type: &col.source_type,
+                nullable: col.nullable,
                     },
                 )?
             }

@@ -730,6 +730,7 @@ async fn rel_row(
                         table: &schema.id,
                         column: &col.name,
                         source_type: &col.source_type,
+                nullable: col.nullable,
                     },
                 )?
             }
@@ -760,6 +761,7 @@ async fn rel_row(
                                 table: &schema.id,
                                 column: &col.name,
                                 source_type: &col.source_type,
+                nullable: col.nullable,
                             },
                         )?
                     }
@@ -842,6 +844,7 @@ async fn fetch_unchanged(
                             table: &schema.id,
                             column: &col.name,
                             source_type: &col.source_type,
+                nullable: col.nullable,
                         },
                     )?,
                 };

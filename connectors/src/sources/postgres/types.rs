@@ -9,7 +9,6 @@
 //!
 //! Errors name the table, the column and the type, never the value.
 
-use chrono::NaiveDate;
 use tributary_schemas::mapping::{self, SourceType};
 use tributary_schemas::{DataType, TableId, Value};
 
@@ -76,6 +75,9 @@ pub struct ColumnRef<'a> {
     pub column: &'a str,
     /// The column's source type spelling.
     pub source_type: &'a str,
+    /// Whether the column accepts NULL (array elements always do): a
+    /// numeric `NaN` / `Infinity` is NULL there, zero otherwise.
+    pub nullable: bool,
 }
 
 impl ColumnRef<'_> {
@@ -84,6 +86,40 @@ impl ColumnRef<'_> {
             .with_table(self.table.clone())
             .with_column(self.column.to_string())
             .with_class("tributary.postgres.decode")
+    }
+
+    /// The value a numeric `NaN`, `Infinity` or `-Infinity` is carried as:
+    /// a decimal has no representation for them, so, as Debezium does with
+    /// `decimal.handling.mode=precise`, NULL where the column is optional
+    /// and zero (the type's fallback) where it is NOT NULL. Logged once per
+    /// column and process, without the value.
+    fn special_numeric(&self) -> Value {
+        static WARNED: std::sync::Mutex<Option<std::collections::HashSet<(TableId, String)>>> =
+            std::sync::Mutex::new(None);
+        if let Ok(mut warned) = WARNED.lock() {
+            if warned
+                .get_or_insert_with(Default::default)
+                .insert((self.table.clone(), self.column.to_string()))
+            {
+                tracing::warn!(
+                    table = %self.table,
+                    column = self.column,
+                    source_type = self.source_type,
+                    "a NaN or infinite numeric has no decimal representation: carried as {} (see docs/type-mapping.md)",
+                    if self.nullable { "NULL" } else { "0 in this NOT NULL column" }
+                );
+            }
+        }
+        if self.nullable {
+            Value::Null
+        } else {
+            Value::Decimal("0".to_string())
+        }
+    }
+
+    /// The same column, for one element of its arrays (elements are nullable).
+    fn element(&self) -> Self {
+        Self { nullable: true, ..*self }
     }
 }
 
@@ -103,9 +139,7 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
         DataType::Float64 => Value::Float64(parse_float(text).ok_or_else(|| col.error("not a float"))?),
         DataType::Decimal { .. } | DataType::VariableDecimal => {
             if text == "NaN" || text.ends_with("Infinity") {
-                return Err(col.error(
-                    "NaN and Infinity numerics have no decimal representation; change the value or the column type",
-                ));
+                return Ok(col.special_numeric());
             }
             if col.source_type.starts_with("money") {
                 // lc_monetary is pinned to C: `-$1,234.56`.
@@ -148,15 +182,25 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
     })
 }
 
+/// The elements of an array, a multi-dimensional one flattened in
+/// PostgreSQL's (row-major) order: the column's type cannot say how many
+/// dimensions its values have (`int[]` and `int[][]` are one type), so the
+/// topic's `array<T>` carries every element and not the shape.
 fn array_values(elem: &DataType, items: Vec<ArrayItem>, col: ColumnRef<'_>) -> Result<Vec<Value>> {
-    items
-        .into_iter()
-        .map(|item| match item {
-            ArrayItem::Null => Ok(Value::Null),
-            ArrayItem::Text(t) => decode_text(elem, &t, col),
-            ArrayItem::Nested(inner) => Ok(Value::Array(array_values(elem, inner, col)?)),
-        })
-        .collect()
+    let mut out = Vec::with_capacity(items.len());
+    push_array_values(elem, items, col.element(), &mut out)?;
+    Ok(out)
+}
+
+fn push_array_values(elem: &DataType, items: Vec<ArrayItem>, col: ColumnRef<'_>, out: &mut Vec<Value>) -> Result<()> {
+    for item in items {
+        match item {
+            ArrayItem::Null => out.push(Value::Null),
+            ArrayItem::Text(t) => out.push(decode_text(elem, &t, col)?),
+            ArrayItem::Nested(inner) => push_array_values(elem, inner, col, out)?,
+        }
+    }
+    Ok(())
 }
 
 fn parse_float(text: &str) -> Option<f64> {
@@ -271,11 +315,22 @@ fn parse_bytea_or_hex(text: &str) -> Option<Vec<u8>> {
     parse_bytea(text).or_else(|| parse_hex(text.as_bytes()))
 }
 
-/// Days since 1970-01-01 of a civil date (proleptic Gregorian, year 0 = 1 BC).
-fn days_from_civil(year: i32, month: u32, day: u32) -> Option<i32> {
-    let d = NaiveDate::from_ymd_opt(year, month, day)?;
-    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1)?;
-    i32::try_from(d.signed_duration_since(epoch).num_days()).ok()
+/// Days since 1970-01-01 of a valid civil date (proleptic Gregorian, year
+/// 0 = 1 BC), for every year PostgreSQL has (4713 BC to 5874897 AD, beyond
+/// chrono's ±262143).
+fn days_from_civil(year: i64, month: u32, day: u32) -> Option<i64> {
+    let leap = year.rem_euclid(4) == 0 && (year.rem_euclid(100) != 0 || year.rem_euclid(400) == 0);
+    let days_in_month = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return None,
+    };
+    if day == 0 || day > days_in_month {
+        return None;
+    }
+    Some(tributary_schemas::temporal::days_from_civil(year, month, day))
 }
 
 /// `YYYY-MM-DD[ BC]`; `infinity` / `-infinity` map to `i32::MAX` / `i32::MIN`.
@@ -290,11 +345,12 @@ pub fn parse_date(text: &str) -> Option<i32> {
         None => (text, false),
     };
     let mut parts = body.splitn(3, '-');
-    let y: i32 = parts.next()?.parse().ok()?;
+    let y: i64 = parts.next()?.parse().ok()?;
     let m: u32 = parts.next()?.parse().ok()?;
     let d: u32 = parts.next()?.parse().ok()?;
     let year = if bc { 1 - y } else { y };
-    days_from_civil(year, m, d)
+    // PostgreSQL's dates all fit (its limit is the 32-bit Julian day).
+    i32::try_from(days_from_civil(year, m, d)?).ok()
 }
 
 /// `HH:MM:SS[.ffffff]` as microseconds since midnight (`24:00:00` allowed).
@@ -328,7 +384,9 @@ fn parse_fraction_micros(frac: &str) -> Option<i64> {
 }
 
 /// `YYYY-MM-DD HH:MM:SS[.ffffff][+HH[:MM[:SS]]][ BC]` as microseconds since
-/// the epoch (UTC when `with_zone`); infinities map to `i64::MAX` / `i64::MIN`.
+/// the epoch (UTC when `with_zone`); infinities map to `i64::MAX` / `i64::MIN`,
+/// as do the instants after 294247-01-10 that PostgreSQL has (up to 294276
+/// AD) and 64-bit microseconds do not.
 pub fn parse_timestamp(text: &str, with_zone: bool) -> Option<i64> {
     match text {
         "infinity" => return Some(i64::MAX),
@@ -354,13 +412,14 @@ pub fn parse_timestamp(text: &str, with_zone: bool) -> Option<i64> {
         (rest, 0)
     };
     let mut dp = date.splitn(3, '-');
-    let y: i32 = dp.next()?.parse().ok()?;
+    let y: i64 = dp.next()?.parse().ok()?;
     let mo: u32 = dp.next()?.parse().ok()?;
     let d: u32 = dp.next()?.parse().ok()?;
     let year = if bc { 1 - y } else { y };
-    let days = days_from_civil(year, mo, d)? as i64;
-    let tod = parse_time(time)?;
-    Some(days * 86_400_000_000 + tod - offset_secs * 1_000_000)
+    let days = i128::from(days_from_civil(year, mo, d)?);
+    let tod = i128::from(parse_time(time)?);
+    let micros = days * 86_400_000_000 + tod - i128::from(offset_secs) * 1_000_000;
+    Some(micros.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64)
 }
 
 /// ISO 8601 interval as PostgreSQL prints it with `IntervalStyle=iso_8601`,
@@ -686,7 +745,10 @@ pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Resul
         BinaryType::Int8 => Value::Int64(i64::from_be_bytes(fixed(data, &col)?)),
         BinaryType::Float4 => Value::Float32(f32::from_be_bytes(fixed(data, &col)?)),
         BinaryType::Float8 => Value::Float64(f64::from_be_bytes(fixed(data, &col)?)),
-        BinaryType::Numeric => Value::Decimal(numeric_text(data, &col)?),
+        BinaryType::Numeric => match numeric_text(data, &col)? {
+            Some(text) => Value::Decimal(text),
+            None => col.special_numeric(),
+        },
         BinaryType::Text => Value::Text(text(data)?),
         BinaryType::Json => Value::Json(text(data)?),
         BinaryType::Jsonb => match data.split_first() {
@@ -706,9 +768,9 @@ pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Resul
             let micros = match i64::from_be_bytes(fixed(data, &col)?) {
                 i64::MIN => i64::MIN,
                 i64::MAX => i64::MAX,
-                t => t
-                    .checked_add(PG_EPOCH_MICROS)
-                    .ok_or_else(|| col.error("a timestamp out of range"))?,
+                // Past 294247-01-10 (PostgreSQL goes to 294276 AD): the
+                // largest value, as `parse_timestamp` saturates.
+                t => t.saturating_add(PG_EPOCH_MICROS),
             };
             if kind == BinaryType::Timestamp {
                 Value::Timestamp(micros)
@@ -720,8 +782,9 @@ pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Resul
 }
 
 /// A binary `numeric` as the text `numeric_out` prints: base-10000 digit
-/// groups, the weight of the first, the sign and the display scale.
-fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
+/// groups, the weight of the first, the sign and the display scale; `None`
+/// for `NaN`, `Infinity` and `-Infinity`.
+fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<Option<String>> {
     let short = || col.error("a binary numeric too short");
     let word = |i: usize| -> Option<u16> { Some(u16::from_be_bytes([*data.get(i)?, *data.get(i + 1)?])) };
     let ndigits = usize::from(word(0).ok_or_else(short)?);
@@ -730,11 +793,9 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
     let dscale = usize::from(word(6).ok_or_else(short)?);
     match sign {
         0x0000 | 0x4000 => {}
-        _ => {
-            return Err(col.error(
-                "NaN and Infinity numerics have no decimal representation; change the value or the column type",
-            ))
-        }
+        // NaN, +Infinity, -Infinity.
+        0xC000 | 0xD000 | 0xF000 => return Ok(None),
+        _ => return Err(col.error("a binary numeric of an unknown sign")),
     }
     // Read in place, no copy of the digits: this runs for every numeric
     // of a binary snapshot.
@@ -783,7 +844,7 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<String> {
             i += 1;
         }
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// The text of a key value as a SQL literal reads it back (`'...'::type`),
@@ -832,7 +893,11 @@ mod tests {
         assert_eq!(num(0, 0, 0, 2, &[]).unwrap(), Value::Decimal("0.00".into()));
         assert_eq!(num(1, 2, 0, 0, &[1]).unwrap(), Value::Decimal("100000000".into()));
         assert_eq!(num(2, 0, 0x4000, 2, &[1234, 5000]).unwrap(), Value::Decimal("-1234.50".into()));
-        assert!(num(0, 0, 0xC000, 0, &[]).is_err(), "NaN");
+        // NaN, Infinity, -Infinity: NULL in a nullable column.
+        assert_eq!(num(0, 0, 0xC000, 0, &[]).unwrap(), Value::Null, "NaN");
+        assert_eq!(num(0, 0, 0xD000, 0, &[]).unwrap(), Value::Null, "Infinity");
+        assert_eq!(num(0, 0, 0xF000, 0, &[]).unwrap(), Value::Null, "-Infinity");
+        assert!(num(0, 0, 0x8000, 0, &[]).is_err(), "unknown sign");
         assert!(num(2, 0, 0, 0, &[1]).is_err(), "short");
         assert!(num(1, 0, 0, 0, &[10_000]).is_err(), "digit out of range");
     }
@@ -909,7 +974,7 @@ mod tests {
     }
 
     fn col<'a>(t: &'a TableId) -> ColumnRef<'a> {
-        ColumnRef { table: t, column: "c", source_type: "x" }
+        ColumnRef { table: t, column: "c", source_type: "x", nullable: true }
     }
 
     fn pg(name: &str, typmod: i32) -> PgType {
@@ -941,7 +1006,7 @@ mod tests {
     #[test]
     fn decodes_money_bits_and_hstore() {
         let t = TableId::new("s", "t");
-        let c = |st: &'static str| ColumnRef { table: &t, column: "c", source_type: st };
+        let c = |st: &'static str| ColumnRef { table: &t, column: "c", source_type: st, nullable: true };
         let money = DataType::Decimal { precision: 19, scale: 2 };
         assert_eq!(decode_text(&money, "-$1,234.50", c("money")).unwrap(), Value::Decimal("-1234.50".into()));
         assert_eq!(decode_text(&DataType::Boolean, "1", c("bit(1)")).unwrap(), Value::Boolean(true));
@@ -976,12 +1041,100 @@ mod tests {
     }
 
     #[test]
-    fn numeric_nan_is_a_permanent_error_naming_the_column() {
+    fn special_numerics_are_null_where_optional_and_zero_where_not_null() {
         let t = TableId::new("s", "t");
-        let e = decode_text(&DataType::VariableDecimal, "NaN", col(&t)).unwrap_err();
+        let optional = col(&t);
+        let required = ColumnRef { nullable: false, ..optional };
+        for dt in [DataType::VariableDecimal, DataType::Decimal { precision: 12, scale: 3 }] {
+            for text in ["NaN", "Infinity", "-Infinity"] {
+                assert_eq!(decode_text(&dt, text, optional).unwrap(), Value::Null, "{dt} {text}");
+                assert_eq!(decode_text(&dt, text, required).unwrap(), Value::Decimal("0".into()), "{dt} {text}");
+            }
+        }
+        // Binary COPY: the NaN sign word.
+        let nan = [0u8, 0, 0, 0, 0xC0, 0, 0, 0];
+        assert_eq!(decode_binary(BinaryType::Numeric, &nan, required).unwrap(), Value::Decimal("0".into()));
+        // An element of a numeric[] of a NOT NULL column is still nullable.
+        assert_eq!(
+            decode_text(&DataType::Array(Box::new(DataType::VariableDecimal)), "{1.5,NaN}", required).unwrap(),
+            Value::Array(vec![Value::Decimal("1.5".into()), Value::Null])
+        );
+        // Other garbage is still refused, naming the column and not the value.
+        let e = decode_text(&DataType::VariableDecimal, "12abc", required).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Permanent);
         assert_eq!(e.column(), Some("c"));
-        assert!(!e.to_string().contains("NaN value"));
+        assert!(!e.to_string().contains("12abc"), "{e}");
+    }
+
+    #[test]
+    fn multi_dimensional_arrays_are_flattened_in_row_major_order() {
+        let t = TableId::new("s", "t");
+        let ints = DataType::Array(Box::new(DataType::Int32));
+        assert_eq!(
+            decode_text(&ints, "{{1,2},{3,NULL}}", col(&t)).unwrap(),
+            Value::Array(vec![Value::Int32(1), Value::Int32(2), Value::Int32(3), Value::Null])
+        );
+        assert_eq!(
+            decode_text(&ints, "[0:1][1:2]={{{5}},{{6}}}", col(&t)).unwrap(),
+            Value::Array(vec![Value::Int32(5), Value::Int32(6)])
+        );
+        let texts = DataType::Array(Box::new(DataType::Text));
+        assert_eq!(
+            decode_text(&texts, "{{\"a,b\",c},{\"{d}\",NULL}}", col(&t)).unwrap(),
+            Value::Array(vec![
+                Value::Text("a,b".into()),
+                Value::Text("c".into()),
+                Value::Text("{d}".into()),
+                Value::Null
+            ])
+        );
+    }
+
+    #[test]
+    fn dates_and_timestamps_over_postgresql_whole_range() {
+        // Infinities: the largest and smallest value (Debezium's choice).
+        assert_eq!(parse_date("infinity"), Some(i32::MAX));
+        assert_eq!(parse_date("-infinity"), Some(i32::MIN));
+        assert_eq!(parse_timestamp("infinity", true), Some(i64::MAX));
+        assert_eq!(parse_timestamp("-infinity", false), Some(i64::MIN));
+        // PostgreSQL's last and first dates, beyond chrono's years.
+        assert_eq!(parse_date("5874897-12-31"), Some(2_145_042_905));
+        assert_eq!(parse_date("4713-01-01 BC"), Some(-2_440_550));
+        assert_eq!(parse_date("262143-01-01"), Some(95_026_237));
+        assert_eq!(parse_date("2023-02-29"), None);
+        assert_eq!(parse_date("2024-13-01"), None);
+        // Timestamps past i64 microseconds (294247-01-10) saturate.
+        assert_eq!(parse_timestamp("294276-12-31 23:59:59.999999", false), Some(i64::MAX));
+        assert_eq!(parse_timestamp("294276-12-31 23:59:59.999999+00", true), Some(i64::MAX));
+        assert_eq!(parse_timestamp("294247-01-10 04:00:54.775807", false), Some(i64::MAX));
+        assert_eq!(parse_timestamp("294247-01-10 04:00:54.775806", false), Some(i64::MAX - 1));
+        assert_eq!(
+            parse_timestamp("4713-01-01 00:00:00+00 BC", true),
+            Some(-2_440_550 * 86_400_000_000)
+        );
+        let t = TableId::new("s", "t");
+        let pg_max = 9_223_371_331_200_000_000i64 - 1; // END_TIMESTAMP - 1, since 2000
+        assert_eq!(
+            decode_binary(BinaryType::TimestampTz, &pg_max.to_be_bytes(), col(&t)).unwrap(),
+            Value::TimestampTz(i64::MAX)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn civil_days_agree_with_chrono_where_chrono_reaches(days in -95_000_000i64..95_000_000) {
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("epoch");
+            let d = epoch + chrono::Duration::days(days);
+            use chrono::Datelike;
+            let (y, bc) = if d.year() <= 0 { (1 - d.year(), " BC") } else { (d.year(), "") };
+            let text = format!("{y:04}-{:02}-{:02}{bc}", d.month(), d.day());
+            proptest::prop_assert_eq!(parse_date(&text), Some(days as i32), "{}", text);
+            let ts = format!("{y:04}-{:02}-{:02} 12:00:00+01{bc}", d.month(), d.day());
+            proptest::prop_assert_eq!(
+                parse_timestamp(&ts, true),
+                Some(days * 86_400_000_000 + 11 * 3_600_000_000)
+            );
+        }
     }
 
     #[test]
