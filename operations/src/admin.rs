@@ -30,8 +30,8 @@ use crate::telemetry::Telemetry;
 /// Default admin address: loopback only, so nothing is exposed by accident.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8090";
 
-/// The `[admin]` section of a runner config.
-#[derive(Debug, Clone, Deserialize)]
+/// The `[admin]` section of a runner config. `Debug` never shows the token.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// Address to listen on; `off` disables the server.
@@ -41,6 +41,15 @@ pub struct AdminConfig {
     /// `file:/path`. Required when `listen` is not a loopback address.
     #[serde(default)]
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| crate::config::Redacted))
+            .finish()
+    }
 }
 
 impl Default for AdminConfig {

@@ -6,8 +6,10 @@ use serde::Deserialize;
 
 use crate::config::{resolve_secret, ConfigError};
 
-/// How to reach Kafka.
-#[derive(Debug, Clone, Deserialize)]
+/// How to reach Kafka. `Debug` shows no secret: the SASL password is
+/// shown as set or not, and of `properties` only the names (a value may
+/// be a password, e.g. `ssl.key.password`).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list.
@@ -30,6 +32,22 @@ pub struct KafkaConfig {
     /// Extra librdkafka properties, for anything not covered above.
     #[serde(default)]
     pub properties: std::collections::BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: std::collections::BTreeMap<&str, crate::config::Redacted> =
+            self.properties.keys().map(|k| (k.as_str(), crate::config::Redacted)).collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &self.sasl_password.as_ref().map(|_| crate::config::Redacted))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 fn default_security_protocol() -> String {

@@ -276,6 +276,34 @@ url = "postgres://u@127.0.0.1/db"
     }
 
     #[test]
+    fn debug_output_holds_no_secret() {
+        const MARKER: &str = "M4rker-Secret";
+        let common = format!(
+            "prefix = \"shop\"\nconsumer_group = \"g\"\nschema_registry_url = \"http://127.0.0.1:8081/apis/ccompat/v7\"\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\nsecurity_protocol = \"SASL_SSL\"\n\
+             sasl_mechanism = \"PLAIN\"\nsasl_username = \"u\"\nsasl_password = \"{MARKER}\"\n\
+             properties = {{ \"ssl.key.password\" = \"{MARKER}\" }}\n\
+             [admin]\nlisten = \"0.0.0.0:8091\"\ntoken = \"{MARKER}\"\n"
+        );
+        for destination in [
+            format!("[postgres]\nurl = \"postgres://u:{MARKER}@127.0.0.1/db?password={MARKER}\"\n"),
+            "[bigquery]\nproject = \"p\"\nemulator_url = \"http://127.0.0.1:9050\"\n".to_string(),
+        ] {
+            let c: SinkRunnerConfig = parse(&format!("{common}{destination}"), "t").expect("valid");
+            assert_eq!(c.admin.token.as_deref(), Some(MARKER), "the secrets are set");
+            for shown in [
+                format!("{c:?}"),
+                format!("{c:#?}"),
+                format!("{:?}", c.kafka),
+                format!("{:?}", c.admin),
+                format!("{:?}", c.destination),
+            ] {
+                assert!(!shown.contains(MARKER), "a secret in Debug output: {shown}");
+            }
+        }
+    }
+
+    #[test]
     fn exactly_one_destination() {
         let bq = "[bigquery]\nproject = \"p\"\nemulator_url = \"http://127.0.0.1:9050\"\n";
         let both = format!("{MINIMAL}{bq}");

@@ -182,4 +182,32 @@ mod tests {
         let bad = parse(&format!("{BASE}[mysql]\nurl = \"mysql://u@h/db\"\nserver_id = 0\n")).expect_err("bad");
         assert!(bad.to_string().contains("mysql.server_id"), "{bad}");
     }
+
+    #[test]
+    fn debug_output_holds_no_secret() {
+        const MARKER: &str = "M4rker-Secret";
+        let kafka = format!(
+            "name = \"n\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\nsecurity_protocol = \"SASL_SSL\"\n\
+             sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"u\"\nsasl_password = \"{MARKER}\"\n\
+             properties = {{ \"ssl.key.password\" = \"{MARKER}\", \"ssl.keystore.password\" = \"{MARKER}\" }}\n\
+             [admin]\nlisten = \"0.0.0.0:8090\"\ntoken = \"{MARKER}\"\n"
+        );
+        for source in [
+            format!("[postgres]\nurl = \"postgres://u:{MARKER}@h/db?password={MARKER}\"\npassword = \"{MARKER}\"\n"),
+            format!("[mysql]\nurl = \"mysql://u:{MARKER}@h/db\"\npassword = \"{MARKER}\"\n"),
+        ] {
+            let c = parse(&format!("{kafka}{source}")).expect("valid");
+            assert_eq!(c.kafka.sasl_password.as_deref(), Some(MARKER), "the secrets are set");
+            for shown in [
+                format!("{c:?}"),
+                format!("{c:#?}"),
+                format!("{:?}", c.kafka),
+                format!("{:?}", c.admin),
+                format!("{:?}", c.source),
+            ] {
+                assert!(!shown.contains(MARKER), "a secret in Debug output: {shown}");
+            }
+            assert!(format!("{c:?}").contains("ssl.key.password"), "the property's name is shown");
+        }
+    }
 }
