@@ -304,6 +304,16 @@ url = "postgres://u@127.0.0.1/db"
     }
 
     #[test]
+    fn a_mistyped_kafka_property_is_refused_at_start_naming_it() {
+        let kafka = "bootstrap_servers = \"127.0.0.1:9092\"\n";
+        let typo = MINIMAL.replace(kafka, &format!("{kafka}properties = {{ \"fetch.max.byte\" = \"1\" }}\n"));
+        let e = parse::<SinkRunnerConfig>(&typo, "t").unwrap_err();
+        assert!(e.to_string().contains("kafka.properties.\"fetch.max.byte\""), "{e}");
+        let right = MINIMAL.replace(kafka, &format!("{kafka}properties = {{ \"fetch.max.bytes\" = \"1048576\" }}\n"));
+        parse::<SinkRunnerConfig>(&right, "t").expect("a real property");
+    }
+
+    #[test]
     fn exactly_one_destination() {
         let bq = "[bigquery]\nproject = \"p\"\nemulator_url = \"http://127.0.0.1:9050\"\n";
         let both = format!("{MINIMAL}{bq}");

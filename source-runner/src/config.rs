@@ -210,4 +210,14 @@ mod tests {
             assert!(format!("{c:?}").contains("ssl.key.password"), "the property's name is shown");
         }
     }
+
+    #[test]
+    fn a_mistyped_kafka_property_is_refused_at_start_naming_it() {
+        let pg = "[postgres]\nurl = \"postgres://u@h/db\"\n";
+        let ok = format!("{BASE}properties = {{ \"linger.ms\" = \"5\" }}\n{pg}");
+        parse(&ok).expect("a real property");
+        let typo = format!("{BASE}properties = {{ \"linger.msec\" = \"5\" }}\n{pg}");
+        let e = parse(&typo).expect_err("a mistyped property");
+        assert!(e.to_string().contains("kafka.properties.\"linger.msec\""), "{e}");
+    }
 }

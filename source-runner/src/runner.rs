@@ -68,6 +68,15 @@ pub const TXN_MAX_AGE: Duration = Duration::from_secs(2);
 /// string-matched.
 fn kafka_error(context: &str, err: KafkaError) -> Error {
     let kind = match &err {
+        // A setting librdkafka refuses (its message repeats the value,
+        // which may be a secret, so it is not kept) or a client it cannot
+        // make from the settings: a retry makes the same client again.
+        KafkaError::ClientConfig(_, _, key, _) => {
+            return Error::needs_operator(format!("kafka: {context}: librdkafka refuses the setting `{key}`"))
+                .with_class("kafka.ClientConfig")
+                .with_hint(format!("correct or remove `{key}` under [kafka] properties"));
+        }
+        KafkaError::ClientCreation(_) => ErrorKind::NeedsOperator,
         KafkaError::Transaction(e) if e.is_fatal() => ErrorKind::NeedsOperator,
         KafkaError::Transaction(_) => ErrorKind::Retryable,
         e => match e.rdkafka_error_code() {
