@@ -165,6 +165,12 @@ impl Validate for SinkRunnerConfig {
         if self.dlq_topic_suffix.is_empty() {
             return Err(ConfigError::invalid("dlq_topic_suffix", "must not be empty"));
         }
+        if !tributary_schemas::topic::is_legal_topic_name(&self.dlq_topic_suffix) || self.dlq_topic_suffix.len() > 64 {
+            return Err(ConfigError::invalid(
+                "dlq_topic_suffix",
+                "must be at most 64 of the characters Kafka allows in topic names: a-z, A-Z, 0-9, '.', '_', '-'",
+            ));
+        }
         let (section, destination) = self.destination.one()?;
         destination.validate_at(section)?;
         let group = destination.consumer_group();
@@ -205,7 +211,7 @@ impl SinkRunnerConfig {
 
     /// The dead-letter topic of a topic.
     pub fn dlq_topic(&self, topic: &str) -> String {
-        format!("{topic}{}", self.dlq_topic_suffix)
+        tributary_schemas::topic::with_suffix(topic, &self.dlq_topic_suffix)
     }
 
     /// The configured destination's sink, storing its offsets under the

@@ -142,6 +142,19 @@ impl Validate for SourceRunnerConfig {
                 ));
             }
         }
+        let literal = ["{prefix}", "{schema}", "{table}"]
+            .iter()
+            .fold(self.topic_template.clone(), |t, p| t.replace(p, ""));
+        if !literal
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(ConfigError::invalid(
+                "topic_template",
+                "may hold, besides {prefix}, {schema} and {table}, only the characters Kafka allows in topic names: \
+                 a-z, A-Z, 0-9, '.', '_', '-'",
+            ));
+        }
         if !(self.schema_registry_url.starts_with("http://") || self.schema_registry_url.starts_with("https://")) {
             return Err(ConfigError::invalid("schema_registry_url", "must be an http:// or https:// URL"));
         }

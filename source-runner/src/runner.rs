@@ -47,7 +47,9 @@ use tributary_schemas::{Op, SnapshotMarker, TableId, TableSchema};
 
 use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
 
-use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_TABLE_DROPPED};
+use tributary_schemas::topic::{
+    CONTROL_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_DROPPED, CONTROL_TABLE_NAME_HEADER,
+};
 
 /// How long to wait for Kafka's answer to a transaction step.
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -95,6 +97,24 @@ fn kafka_error(context: &str, err: KafkaError) -> Error {
         .with_source(err)
 }
 
+/// Whether a topic-creation error is one a retry cannot fix: a name,
+/// setting or right the cluster refuses. Classified by code.
+fn topic_creation_needs_operator(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::InvalidPartitions
+            | RDKafkaErrorCode::InvalidReplicationFactor
+            | RDKafkaErrorCode::InvalidReplicaAssignment
+            | RDKafkaErrorCode::InvalidConfig
+            | RDKafkaErrorCode::InvalidRequest
+            | RDKafkaErrorCode::PolicyViolation
+            | RDKafkaErrorCode::UnsupportedVersion
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+    )
+}
+
 /// Runs `f`, a blocking librdkafka call, without stalling the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
     tokio::task::spawn_blocking(f).await.map_err(unfinished)
@@ -130,15 +150,18 @@ async fn ensure_topic(
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) if topic_creation_needs_operator(code) => {
+                return Err(Error::needs_operator(format!("cannot create topic {t}: {code}"))
+                    .with_class(format!("kafka.{code:?}"))
+                    .with_hint(
+                        "a retry cannot fix this: check the topic's name (topic_template), the broker's topic \
+                         policy and settings, and the runner's rights to create topics",
+                    ))
+            }
             Err((t, code)) => {
-                return Err(Error::new(
-                    if code == RDKafkaErrorCode::TopicAuthorizationFailed {
-                        ErrorKind::NeedsOperator
-                    } else {
-                        ErrorKind::Retryable
-                    },
-                    format!("cannot create topic {t}: {code}"),
-                ))
+                return Err(
+                    Error::retryable(format!("cannot create topic {t}: {code}")).with_class(format!("kafka.{code:?}"))
+                )
             }
         }
     }
@@ -495,10 +518,19 @@ impl KafkaSide {
                     let topic = self.naming.topic(self.config.prefix(), table);
                     let partitions = self.ensure_topic(&topic, false).await?;
                     for p in 0..partitions {
-                        let headers = OwnedHeaders::new().insert(Header {
-                            key: CONTROL_HEADER,
-                            value: Some(CONTROL_TABLE_DROPPED),
-                        });
+                        let headers = OwnedHeaders::new()
+                            .insert(Header {
+                                key: CONTROL_HEADER,
+                                value: Some(CONTROL_TABLE_DROPPED),
+                            })
+                            .insert(Header {
+                                key: CONTROL_SCHEMA_HEADER,
+                                value: Some(table.schema.as_str()),
+                            })
+                            .insert(Header {
+                                key: CONTROL_TABLE_NAME_HEADER,
+                                value: Some(table.table.as_str()),
+                            });
                         self.send(&topic, Some(p), None, None, Some(headers)).await?;
                     }
                     self.schemas.remove(table);
@@ -832,4 +864,25 @@ pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, E
         }
     }
     Ok(topics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_creation_errors_a_retry_cannot_fix_need_an_operator() {
+        for code in [
+            RDKafkaErrorCode::InvalidTopic,
+            RDKafkaErrorCode::InvalidConfig,
+            RDKafkaErrorCode::PolicyViolation,
+            RDKafkaErrorCode::InvalidReplicationFactor,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            assert!(topic_creation_needs_operator(code), "{code:?}");
+        }
+        for code in [RDKafkaErrorCode::RequestTimedOut, RDKafkaErrorCode::NotController] {
+            assert!(!topic_creation_needs_operator(code), "{code:?}");
+        }
+    }
 }
