@@ -1,6 +1,9 @@
-//! Names Kafka refuses, through the real stack: a table whose name is no
-//! legal topic name is copied under a legal topic into a destination table
-//! of its real name.
+//! Names and sizes Kafka refuses, through the real stack: a table whose
+//! name is no legal topic name is copied under a legal topic into a
+//! destination table of its real name, and a record larger than its topic
+//! accepts pauses the source with an error that names the record's size,
+//! its table and the settings to raise, instead of retrying for ever or
+//! exiting.
 //!
 //! Real PostgreSQL, Kafka and registry; the `source-runner` and
 //! `sink-runner` binaries.
@@ -8,6 +11,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use tributary_schemas::{TableId, TopicNaming};
@@ -19,6 +24,13 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
     client
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 fn source_config(name: &str, admin: &str) -> String {
@@ -153,6 +165,96 @@ async fn tables_kafka_cannot_name_are_copied_to_tables_of_their_own_names() {
     .await;
     delete_source_copy(&source_cfg);
     let _ = dst.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
+    let _ = src.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_larger_than_its_topic_takes_pauses_the_source_naming_it() {
+    let name = unique("big");
+    let src = connect(&pg_source_url()).await;
+    // About 320 kB of hex that lz4 cannot shrink below the topic's limit.
+    src.batch_execute(&format!(
+        "CREATE SCHEMA {name};
+         CREATE TABLE {name}.big (id int PRIMARY KEY, v text);
+         INSERT INTO {name}.big SELECT 1, string_agg(md5(random()::text), '') FROM generate_series(1, 10000);"
+    ))
+    .await
+    .expect("source table");
+    // The table's topic exists already, with a small max.message.bytes.
+    let topic = format!("{name}.{name}.big");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()
+        .expect("admin client");
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "100000")],
+            &AdminOptions::new(),
+        )
+        .await
+        .expect("create topic");
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = dir.join("source.toml");
+    let port = free_port();
+    std::fs::write(&config, source_config(&name, &format!("127.0.0.1:{port}"))).expect("config");
+    let log = dir.join("source.log");
+    let mut source = Runner::start("source-runner", &config, &log);
+    let base = format!("http://127.0.0.1:{port}");
+    let status = || async {
+        let text = reqwest::get(format!("{base}/status")).await.ok()?.text().await.ok()?;
+        serde_json::from_str::<serde_json::Value>(&text).ok()
+    };
+
+    let table = format!("{name}.big");
+    let reason = wait_for("the source paused on the large record", Duration::from_secs(120), || async {
+        let s = status().await?;
+        let reason = s["paused"].as_str()?.to_string();
+        reason.contains("max.message.bytes").then_some(reason)
+    })
+    .await;
+    println!("paused: {reason}");
+    assert!(!reason.starts_with("retrying"), "an operator's problem, not a retry: {reason}");
+    for part in [
+        "table ".to_string() + &table,
+        "bytes".into(),
+        topic.clone(),
+        "message.max.bytes".into(),
+    ] {
+        assert!(reason.contains(&part), "{part:?} missing from the reason: {reason}");
+    }
+    // It stays paused (probing), neither exiting nor moving on.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(
+        source.exited().is_none(),
+        "the source exited:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let s = status().await.expect("status");
+    assert!(s["paused"].as_str().is_some_and(|r| r.contains("max.message.bytes")), "{s}");
+    assert!(
+        s["tables"][&table]["last_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("bytes")),
+        "the table's status names the error: {s}"
+    );
+    assert_eq!(s["tables"][&table]["events"].as_u64().unwrap_or(0), 0);
+
+    // Raising the topic's limit is the fix: the source resumes by itself.
+    let alter = AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("max.message.bytes", "2000000");
+    let altered = admin.alter_configs(&[alter], &AdminOptions::new()).await.expect("alter topic");
+    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
+    wait_for("the large record produced after the fix", Duration::from_secs(60), || async {
+        let s = status().await?;
+        (s["paused"].is_null() && s["tables"][&table]["events"].as_u64()? >= 1).then_some(())
+    })
+    .await;
+
+    drop(source);
+    delete_source_copy(&config);
     let _ = src.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
