@@ -4,7 +4,11 @@
 //! It listens on loopback by default. When it listens anywhere else, the
 //! mutating endpoints require `Authorization: Bearer <token>` and refuse
 //! without a configured token, so a runner can never be paused by anyone who
-//! can reach its port.
+//! can reach its port. With a token configured, every mutating request
+//! needs it, also on loopback. A mutating request from a web page (an
+//! `Origin` other than the server itself, a cross-site `Sec-Fetch-Site`, or
+//! on loopback a `Host` that is no loopback name) is refused whatever it
+//! presents: any page in a local browser can reach a loopback port.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -26,8 +30,8 @@ use crate::telemetry::Telemetry;
 /// Default admin address: loopback only, so nothing is exposed by accident.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8090";
 
-/// The `[admin]` section of a runner config.
-#[derive(Debug, Clone, Deserialize)]
+/// The `[admin]` section of a runner config. `Debug` never shows the token.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// Address to listen on; `off` disables the server.
@@ -37,6 +41,15 @@ pub struct AdminConfig {
     /// `file:/path`. Required when `listen` is not a loopback address.
     #[serde(default)]
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| crate::config::Redacted))
+            .finish()
+    }
 }
 
 impl Default for AdminConfig {
@@ -163,8 +176,14 @@ struct TableQuery {
     table: Option<String>,
 }
 
-/// Why a mutating request is refused, if it is.
+/// Why a mutating request is refused, if it is: one from a web page of
+/// another site (or of a name that only resolves to loopback), then one
+/// without the configured token, then, beyond loopback, any without one.
 fn refuse(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    if let Some(why) = foreign(state, headers) {
+        tracing::warn!(reason = why, "refused a pause/resume request from a web page");
+        return Some((StatusCode::FORBIDDEN, format!("refused: {why}\n")).into_response());
+    }
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -181,6 +200,59 @@ fn refuse(state: &AppState, headers: &HeaderMap) -> Option<Response> {
                 .into_response(),
         ),
     }
+}
+
+/// Why a state-changing request looks like a web page's, if it does.
+///
+/// Browsers send `Origin` with every cross-site POST (and `Sec-Fetch-Site`
+/// with modern ones); the runners' own commands and `curl` send neither.
+/// A page of another site is refused whatever it presents: any web page in
+/// a browser on this machine can reach a loopback address. On loopback the
+/// `Host` must also be a loopback name or address, or a page under a DNS
+/// name that resolves to 127.0.0.1 (DNS rebinding) would pass as
+/// same-origin.
+fn foreign(state: &AppState, headers: &HeaderMap) -> Option<&'static str> {
+    let text = |name: header::HeaderName| headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
+        if !matches!(site, "same-origin" | "none") {
+            return Some("the request comes from another site's web page (Sec-Fetch-Site)");
+        }
+    }
+    let host = text(header::HOST);
+    if state.loopback && !host.is_some_and(is_loopback_host) {
+        return Some("the Host header does not name a loopback address");
+    }
+    if let Some(origin) = text(header::ORIGIN) {
+        let authority = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .filter(|a| !a.contains('/'));
+        let same = match (authority, host) {
+            (Some(a), Some(h)) => a.eq_ignore_ascii_case(h),
+            _ => false,
+        };
+        if !same {
+            return Some("the request's Origin is not this admin server");
+        }
+    }
+    None
+}
+
+/// Whether `host` (a `Host` header: name or address, and maybe a port)
+/// names this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or("", |(ip, _)| ip)
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        })
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Compares without an early exit, so timing does not leak the token.

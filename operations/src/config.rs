@@ -83,17 +83,43 @@ pub fn resolve_secret(field: &str, raw: &str) -> Result<secrecy::SecretString, C
     }
 }
 
-/// `scheme://user:secret@host/db` -> `scheme://user:***@host/db`: a
-/// connection URL fit for logs.
+/// `scheme://user:secret@host/db?password=x` -> `scheme://user:***@host/db?***`:
+/// a connection URL fit for logs (a query string may hold a password too).
 pub fn redact_url(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((u, _)) => (u, "?***"),
+        None => (url, ""),
+    };
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
         let auth_end = rest.find('/').unwrap_or(rest.len());
         if let Some(at) = rest[..auth_end].rfind('@') {
             let userinfo = &rest[..at];
             let user = userinfo.split(':').next().unwrap_or("");
-            return format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..]);
+            return format!("{}://{}:***@{}{query}", &url[..scheme_end], user, &rest[at + 1..]);
         }
     }
-    url.to_string()
+    format!("{url}{query}")
+}
+
+/// What `Debug` shows in place of a secret.
+#[derive(Clone, Copy)]
+pub struct Redacted;
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_passwords() {
+        assert_eq!(redact_url("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db?password=pw&sslmode=require"), "postgres://u:***@h/db?***");
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
 }

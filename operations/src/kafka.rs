@@ -6,8 +6,10 @@ use serde::Deserialize;
 
 use crate::config::{resolve_secret, ConfigError};
 
-/// How to reach Kafka.
-#[derive(Debug, Clone, Deserialize)]
+/// How to reach Kafka. `Debug` shows no secret: the SASL password is
+/// shown as set or not, and of `properties` only the names (a value may
+/// be a password, e.g. `ssl.key.password`).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list.
@@ -30,6 +32,22 @@ pub struct KafkaConfig {
     /// Extra librdkafka properties, for anything not covered above.
     #[serde(default)]
     pub properties: std::collections::BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: std::collections::BTreeMap<&str, crate::config::Redacted> =
+            self.properties.keys().map(|k| (k.as_str(), crate::config::Redacted)).collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &self.sasl_password.as_ref().map(|_| crate::config::Redacted))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 fn default_security_protocol() -> String {
@@ -58,6 +76,36 @@ impl KafkaConfig {
                 "is required when security_protocol is SASL_*",
             ));
         }
+        self.validate_properties(prefix)
+    }
+
+    /// Hands each of `properties` to librdkafka now, as creating a client
+    /// would, so that a mistyped name or a value librdkafka refuses stops
+    /// the runner at start with the key named, instead of failing every
+    /// client creation later. Neither librdkafka's message nor the value is
+    /// repeated: a value may be a secret.
+    fn validate_properties(&self, prefix: &str) -> Result<(), ConfigError> {
+        for (key, value) in &self.properties {
+            let mut one = ClientConfig::new();
+            one.set(key, value);
+            match one.create_native_config() {
+                Ok(_) => {}
+                Err(rdkafka::error::KafkaError::ClientConfig(res, ..)) => {
+                    let rule = if res == rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN {
+                        "is not a librdkafka setting (see librdkafka's CONFIGURATION.md for the names)"
+                    } else {
+                        "has a value librdkafka refuses for this setting"
+                    };
+                    return Err(ConfigError::invalid(format!("{prefix}.properties.\"{key}\""), rule));
+                }
+                Err(_) => {
+                    return Err(ConfigError::invalid(
+                        format!("{prefix}.properties.\"{key}\""),
+                        "cannot be handed to librdkafka (it contains a NUL character)",
+                    ))
+                }
+            }
+        }
         Ok(())
     }
 
@@ -83,5 +131,39 @@ impl KafkaConfig {
             c.set(k, v);
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(properties: &[(&str, &str)]) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            security_protocol: default_security_protocol(),
+            sasl_mechanism: None,
+            sasl_username: None,
+            sasl_password: None,
+            ssl_ca_location: None,
+            properties: properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_mistyped_or_refused_property_is_named_at_validation() {
+        assert!(config(&[("linger.ms", "5"), ("compression.type", "zstd")])
+            .validate("kafka")
+            .is_ok());
+        let e = config(&[("linger.ms", "5"), ("lingr.ms", "5")]).validate("kafka").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("kafka.properties.\"lingr.ms\""), "{text}");
+        assert!(text.contains("is not a librdkafka setting"), "{text}");
+        let e = config(&[("compression.type", "secret-looking-value")])
+            .validate("kafka")
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("kafka.properties.\"compression.type\"") && text.contains("value"), "{text}");
+        assert!(!text.contains("secret-looking-value"), "the value is never repeated: {text}");
     }
 }

@@ -165,6 +165,12 @@ impl Validate for SinkRunnerConfig {
         if self.dlq_topic_suffix.is_empty() {
             return Err(ConfigError::invalid("dlq_topic_suffix", "must not be empty"));
         }
+        if !tributary_schemas::topic::is_legal_topic_name(&self.dlq_topic_suffix) || self.dlq_topic_suffix.len() > 64 {
+            return Err(ConfigError::invalid(
+                "dlq_topic_suffix",
+                "must be at most 64 of the characters Kafka allows in topic names: a-z, A-Z, 0-9, '.', '_', '-'",
+            ));
+        }
         let (section, destination) = self.destination.one()?;
         destination.validate_at(section)?;
         let group = destination.consumer_group();
@@ -205,7 +211,7 @@ impl SinkRunnerConfig {
 
     /// The dead-letter topic of a topic.
     pub fn dlq_topic(&self, topic: &str) -> String {
-        format!("{topic}{}", self.dlq_topic_suffix)
+        tributary_schemas::topic::with_suffix(topic, &self.dlq_topic_suffix)
     }
 
     /// The configured destination's sink, storing its offsets under the
@@ -273,6 +279,44 @@ url = "postgres://u@127.0.0.1/db"
         let text = MINIMAL.replace("url = \"postgres:", "table = \"x\"\nurl = \"postgres:");
         let e = parse::<SinkRunnerConfig>(&text, "t").unwrap_err();
         assert!(e.to_string().contains("`postgres.table`"), "{e}");
+    }
+
+    #[test]
+    fn debug_output_holds_no_secret() {
+        const MARKER: &str = "M4rker-Secret";
+        let common = format!(
+            "prefix = \"shop\"\nconsumer_group = \"g\"\nschema_registry_url = \"http://127.0.0.1:8081/apis/ccompat/v7\"\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\nsecurity_protocol = \"SASL_SSL\"\n\
+             sasl_mechanism = \"PLAIN\"\nsasl_username = \"u\"\nsasl_password = \"{MARKER}\"\n\
+             properties = {{ \"ssl.key.password\" = \"{MARKER}\" }}\n\
+             [admin]\nlisten = \"0.0.0.0:8091\"\ntoken = \"{MARKER}\"\n"
+        );
+        for destination in [
+            format!("[postgres]\nurl = \"postgres://u:{MARKER}@127.0.0.1/db?password={MARKER}\"\n"),
+            "[bigquery]\nproject = \"p\"\nemulator_url = \"http://127.0.0.1:9050\"\n".to_string(),
+        ] {
+            let c: SinkRunnerConfig = parse(&format!("{common}{destination}"), "t").expect("valid");
+            assert_eq!(c.admin.token.as_deref(), Some(MARKER), "the secrets are set");
+            for shown in [
+                format!("{c:?}"),
+                format!("{c:#?}"),
+                format!("{:?}", c.kafka),
+                format!("{:?}", c.admin),
+                format!("{:?}", c.destination),
+            ] {
+                assert!(!shown.contains(MARKER), "a secret in Debug output: {shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_mistyped_kafka_property_is_refused_at_start_naming_it() {
+        let kafka = "bootstrap_servers = \"127.0.0.1:9092\"\n";
+        let typo = MINIMAL.replace(kafka, &format!("{kafka}properties = {{ \"fetch.max.byte\" = \"1\" }}\n"));
+        let e = parse::<SinkRunnerConfig>(&typo, "t").unwrap_err();
+        assert!(e.to_string().contains("kafka.properties.\"fetch.max.byte\""), "{e}");
+        let right = MINIMAL.replace(kafka, &format!("{kafka}properties = {{ \"fetch.max.bytes\" = \"1048576\" }}\n"));
+        parse::<SinkRunnerConfig>(&right, "t").expect("a real property");
     }
 
     #[test]

@@ -81,7 +81,8 @@ const STARTUP_METADATA_PROBE_FOR: Duration = Duration::from_secs(60);
 const DRAIN_MAX_RECORDS: usize = 1000;
 
 pub use tributary_schemas::topic::{
-    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED,
+    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED,
+    CONTROL_TABLE_NAME_HEADER,
 };
 
 /// Why the runner stopped.
@@ -897,8 +898,9 @@ impl<S: Sink + 'static> Loop<S> {
             match decode_record(&mut self.decoder, raw, &fallback).await {
                 Ok(Some(record)) => {
                     if table.is_none() {
-                        if let SinkRecord::Change(ev) = &record {
-                            table = Some(ev.schema.id.clone());
+                        match &record {
+                            SinkRecord::Change(ev) => table = Some(ev.schema.id.clone()),
+                            SinkRecord::TableDropped(id) | SinkRecord::Copied(id, _) => table = Some(id.clone()),
                         }
                     }
                     let pos = KafkaPosition {
@@ -1177,6 +1179,10 @@ pub async fn decode_record(
 ) -> Result<Option<SinkRecord>, Error> {
     if raw.value.is_none() {
         let control = raw.header(CONTROL_HEADER);
+        // The source names the table (the topic's name may not: see
+        // `legal_topic_name`); records of older runners do not.
+        let named = raw.header(CONTROL_SCHEMA_HEADER).zip(raw.header(CONTROL_TABLE_NAME_HEADER));
+        let table = &named.map_or_else(|| table.clone(), |(s, t)| TableId::new(s, t));
         if control.as_deref() == Some(CONTROL_TABLE_DROPPED) {
             return Ok(Some(SinkRecord::TableDropped(table.clone())));
         }
@@ -1285,6 +1291,35 @@ mod tests {
             table_from_topic("my.shop.public.order.items", Some("my.shop")),
             TableId::new("public", "order.items")
         );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_table_is_the_one_its_control_record_names() {
+        let registry = tributary_schemas::Registry::new("http://127.0.0.1:1").expect("registry client");
+        let mut decoder = EventDecoder::new(registry);
+        let control = |named: bool| {
+            let mut headers = vec![(CONTROL_HEADER.to_string(), Some(CONTROL_TABLE_DROPPED.as_bytes().to_vec()))];
+            if named {
+                headers.push((CONTROL_SCHEMA_HEADER.to_string(), Some(b"public".to_vec())));
+                headers.push((CONTROL_TABLE_NAME_HEADER.to_string(), Some(b"order items$2".to_vec())));
+            }
+            RawRecord {
+                topic: "shop.public.order_items_2_0c2b1c53".into(),
+                partition: 0,
+                offset: 7,
+                key: None,
+                value: None,
+                headers,
+            }
+        };
+        let from_topic = table_from_topic("shop.public.order_items_2_0c2b1c53", Some("shop"));
+        let decoded = decode_record(&mut decoder, &control(true), &from_topic).await.expect("decoded");
+        assert_eq!(decoded, Some(SinkRecord::TableDropped(TableId::new("public", "order items$2"))));
+        // An older source runner's record, without the names: the topic's.
+        let decoded = decode_record(&mut decoder, &control(false), &from_topic)
+            .await
+            .expect("decoded");
+        assert_eq!(decoded, Some(SinkRecord::TableDropped(from_topic)));
     }
 
     #[test]

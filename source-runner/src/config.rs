@@ -150,6 +150,19 @@ impl Validate for SourceRunnerConfig {
                 ));
             }
         }
+        let literal = ["{prefix}", "{schema}", "{table}"]
+            .iter()
+            .fold(self.topic_template.clone(), |t, p| t.replace(p, ""));
+        if !literal
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(ConfigError::invalid(
+                "topic_template",
+                "may hold, besides {prefix}, {schema} and {table}, only the characters Kafka allows in topic names: \
+                 a-z, A-Z, 0-9, '.', '_', '-'",
+            ));
+        }
         if !(self.schema_registry_url.starts_with("http://") || self.schema_registry_url.starts_with("https://")) {
             return Err(ConfigError::invalid("schema_registry_url", "must be an http:// or https:// URL"));
         }
@@ -189,5 +202,43 @@ mod tests {
         assert!(unknown.to_string().contains("unknown field `bogus`"), "{unknown}");
         let bad = parse(&format!("{BASE}[mysql]\nurl = \"mysql://u@h/db\"\nserver_id = 0\n")).expect_err("bad");
         assert!(bad.to_string().contains("mysql.server_id"), "{bad}");
+    }
+
+    #[test]
+    fn debug_output_holds_no_secret() {
+        const MARKER: &str = "M4rker-Secret";
+        let kafka = format!(
+            "name = \"n\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\nsecurity_protocol = \"SASL_SSL\"\n\
+             sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"u\"\nsasl_password = \"{MARKER}\"\n\
+             properties = {{ \"ssl.key.password\" = \"{MARKER}\", \"ssl.keystore.password\" = \"{MARKER}\" }}\n\
+             [admin]\nlisten = \"0.0.0.0:8090\"\ntoken = \"{MARKER}\"\n"
+        );
+        for source in [
+            format!("[postgres]\nurl = \"postgres://u:{MARKER}@h/db?password={MARKER}\"\npassword = \"{MARKER}\"\n"),
+            format!("[mysql]\nurl = \"mysql://u:{MARKER}@h/db\"\npassword = \"{MARKER}\"\n"),
+        ] {
+            let c = parse(&format!("{kafka}{source}")).expect("valid");
+            assert_eq!(c.kafka.sasl_password.as_deref(), Some(MARKER), "the secrets are set");
+            for shown in [
+                format!("{c:?}"),
+                format!("{c:#?}"),
+                format!("{:?}", c.kafka),
+                format!("{:?}", c.admin),
+                format!("{:?}", c.source),
+            ] {
+                assert!(!shown.contains(MARKER), "a secret in Debug output: {shown}");
+            }
+            assert!(format!("{c:?}").contains("ssl.key.password"), "the property's name is shown");
+        }
+    }
+
+    #[test]
+    fn a_mistyped_kafka_property_is_refused_at_start_naming_it() {
+        let pg = "[postgres]\nurl = \"postgres://u@h/db\"\n";
+        let ok = format!("{BASE}properties = {{ \"linger.ms\" = \"5\" }}\n{pg}");
+        parse(&ok).expect("a real property");
+        let typo = format!("{BASE}properties = {{ \"linger.msec\" = \"5\" }}\n{pg}");
+        let e = parse(&typo).expect_err("a mistyped property");
+        assert!(e.to_string().contains("kafka.properties.\"linger.msec\""), "{e}");
     }
 }

@@ -29,11 +29,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_connectors::{policy, Checkpoint, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage};
@@ -47,7 +47,10 @@ use tributary_schemas::{Op, Position, SchemaError, SnapshotMarker, TableId, Tabl
 
 use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
 
-use tributary_schemas::topic::{CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED};
+use tributary_schemas::topic::{
+    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED,
+    CONTROL_TABLE_NAME_HEADER,
+};
 
 /// How long to wait for Kafka's answer to a transaction step.
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,7 +71,19 @@ pub const TXN_MAX_AGE: Duration = Duration::from_secs(2);
 /// string-matched.
 fn kafka_error(context: &str, err: KafkaError) -> Error {
     let kind = match &err {
+        // A setting librdkafka refuses (its message repeats the value,
+        // which may be a secret, so it is not kept) or a client it cannot
+        // make from the settings: a retry makes the same client again.
+        KafkaError::ClientConfig(_, _, key, _) => {
+            return Error::needs_operator(format!("kafka: {context}: librdkafka refuses the setting `{key}`"))
+                .with_class("kafka.ClientConfig")
+                .with_hint(format!("correct or remove `{key}` under [kafka] properties"));
+        }
+        KafkaError::ClientCreation(_) => ErrorKind::NeedsOperator,
         KafkaError::Transaction(e) if e.is_fatal() => ErrorKind::NeedsOperator,
+        // A record too large fails its transaction (an abortable error):
+        // the same record fails again however often it is retried.
+        KafkaError::Transaction(e) if too_large(e.code()) => ErrorKind::NeedsOperator,
         KafkaError::Transaction(_) => ErrorKind::Retryable,
         e => match e.rdkafka_error_code() {
             Some(
@@ -78,6 +93,7 @@ fn kafka_error(context: &str, err: KafkaError) -> Error {
                 | RDKafkaErrorCode::SaslAuthenticationFailed
                 | RDKafkaErrorCode::Authentication,
             ) => ErrorKind::NeedsOperator,
+            Some(code) if too_large(code) => ErrorKind::NeedsOperator,
             _ => ErrorKind::Retryable,
         },
     };
@@ -85,6 +101,91 @@ fn kafka_error(context: &str, err: KafkaError) -> Error {
         .with_class(format!("kafka.{:?}", err.rdkafka_error_code()))
         .with_source(err)
 }
+
+/// Whether `code` says a record (or its batch) is larger than the producer
+/// (`message.max.bytes`) or the broker and topic (`max.message.bytes`)
+/// accept.
+fn too_large(code: RDKafkaErrorCode) -> bool {
+    matches!(code, RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+}
+
+/// What an operator does about a record too large for Kafka.
+fn too_large_hint(topic: &str, bytes: usize) -> String {
+    format!(
+        "raise the producer's message.max.bytes ([kafka] properties = {{ \"message.max.bytes\" = \"...\" }}, \
+         librdkafka's default 1000000) and the topic's max.message.bytes (kafka-configs.sh --alter \
+         --entity-type topics --entity-name {topic} --add-config max.message.bytes=...) above {bytes} bytes; \
+         the runner resumes by itself once both fit"
+    )
+}
+
+/// The error of a record of `bytes` bytes that Kafka refuses as too large.
+fn too_large_error(topic: &str, bytes: usize, code: RDKafkaErrorCode) -> Error {
+    Error::needs_operator(format!(
+        "kafka: a record of {bytes} bytes (key and value, uncompressed) is larger than Kafka accepts on topic {topic}: \
+         {code}"
+    ))
+    .with_class(format!("kafka.{code:?}"))
+    .with_hint(too_large_hint(topic, bytes))
+}
+
+/// Whether a topic-creation error is one a retry cannot fix: a name,
+/// setting or right the cluster refuses. Classified by code.
+fn topic_creation_needs_operator(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::InvalidPartitions
+            | RDKafkaErrorCode::InvalidReplicationFactor
+            | RDKafkaErrorCode::InvalidReplicaAssignment
+            | RDKafkaErrorCode::InvalidConfig
+            | RDKafkaErrorCode::InvalidRequest
+            | RDKafkaErrorCode::PolicyViolation
+            | RDKafkaErrorCode::UnsupportedVersion
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+    )
+}
+
+/// The producer's context: keeps the largest record Kafka refused as too
+/// large since the last look, so that the failed commit can say which
+/// record, how large and on which topic (librdkafka reports a refused
+/// record only in its delivery report; the commit says no more than that
+/// the transaction failed).
+#[derive(Clone, Default)]
+pub struct SourceProducerContext {
+    refused: Arc<std::sync::Mutex<Option<(String, usize, RDKafkaErrorCode)>>>,
+}
+
+impl ClientContext for SourceProducerContext {}
+
+impl ProducerContext for SourceProducerContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let Err((err, message)) = result else {
+            return;
+        };
+        let Some(code) = err.rdkafka_error_code().filter(|c| too_large(*c)) else {
+            return;
+        };
+        let bytes = message.key_len() + message.payload_len();
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.as_ref().is_none_or(|(_, b, _)| bytes > *b) {
+            *refused = Some((message.topic().to_string(), bytes, code));
+        }
+    }
+}
+
+impl SourceProducerContext {
+    /// The largest record refused as too large since the last call.
+    fn take_refused(&self) -> Option<(String, usize, RDKafkaErrorCode)> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The source runner's producer.
+type SourceProducer = ThreadedProducer<SourceProducerContext>;
 
 /// Runs `f`, a blocking librdkafka call, without stalling the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
@@ -100,7 +201,7 @@ fn unfinished(e: tokio::task::JoinError) -> Error {
 /// that it can run beside the encoder's registry requests).
 async fn ensure_topic(
     admin: &AdminClient<DefaultClientContext>,
-    producer: &Arc<ThreadedProducer<DefaultProducerContext>>,
+    producer: &Arc<SourceProducer>,
     topics: &mut HashMap<String, i32>,
     topic: &str,
     compacted: bool,
@@ -121,15 +222,18 @@ async fn ensure_topic(
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) if topic_creation_needs_operator(code) => {
+                return Err(Error::needs_operator(format!("cannot create topic {t}: {code}"))
+                    .with_class(format!("kafka.{code:?}"))
+                    .with_hint(
+                        "a retry cannot fix this: check the topic's name (topic_template), the broker's topic \
+                         policy and settings, and the runner's rights to create topics",
+                    ))
+            }
             Err((t, code)) => {
-                return Err(Error::new(
-                    if code == RDKafkaErrorCode::TopicAuthorizationFailed {
-                        ErrorKind::NeedsOperator
-                    } else {
-                        ErrorKind::Retryable
-                    },
-                    format!("cannot create topic {t}: {code}"),
-                ))
+                return Err(
+                    Error::retryable(format!("cannot create topic {t}: {code}")).with_class(format!("kafka.{code:?}"))
+                )
             }
         }
     }
@@ -153,12 +257,14 @@ async fn ensure_topic(
 /// The Kafka side of a source runner.
 pub struct KafkaSide {
     config: SourceRunnerConfig,
-    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    producer: Arc<SourceProducer>,
     admin: AdminClient<DefaultClientContext>,
     encoder: EventEncoder,
     naming: TopicNaming,
     /// Topics known to exist, with their partition count.
     topics: HashMap<String, i32>,
+    /// The table of each topic named so far (for errors about a topic).
+    topic_tables: HashMap<String, TableId>,
     /// The schema each table's last produced event used.
     schemas: HashMap<TableId, Arc<TableSchema>>,
     /// Whether a Kafka transaction is open.
@@ -250,8 +356,8 @@ impl KafkaSide {
                 producer_config.set(key, value);
             }
         }
-        let producer: ThreadedProducer<DefaultProducerContext> = producer_config
-            .create()
+        let producer: SourceProducer = producer_config
+            .create_with_context(SourceProducerContext::default())
             .map_err(|e| kafka_error("cannot create the producer", e))?;
         let producer = Arc::new(producer);
         let p = producer.clone();
@@ -278,6 +384,7 @@ impl KafkaSide {
             encoder,
             naming,
             topics: HashMap::new(),
+            topic_tables: HashMap::new(),
             schemas: HashMap::new(),
             open: false,
             held: BTreeMap::new(),
@@ -467,7 +574,8 @@ impl KafkaSide {
                 ensure_topic(&self.admin, &self.producer, &mut self.topics, &topic, false),
                 self.encoder.prepare(&schema, &topic),
             );
-            if let Err(e) = created {
+            self.topic_tables.insert(topic, schema.id.clone());
+            if let Err(e) = created.map_err(|e| e.or_table(&schema.id)) {
                 self.abort().await;
                 return Err(e);
             }
@@ -492,7 +600,7 @@ impl KafkaSide {
                 }
                 Err(e) => {
                     self.abort().await;
-                    return Err(e.into());
+                    return Err(Error::from(e).or_table(&schema.id));
                 }
             }
             self.schemas.insert(schema.id.clone(), schema);
@@ -501,6 +609,13 @@ impl KafkaSide {
         match self.produce_all(batch, &skip).await {
             Ok(bytes) => Ok(bytes),
             Err(e) => {
+                // A record refused earlier puts the transaction in an
+                // error state that fails later sends: name that record.
+                let e = if e.kind() == ErrorKind::Retryable {
+                    self.refused_or(e)
+                } else {
+                    e
+                };
                 self.abort().await;
                 Err(e)
             }
@@ -611,6 +726,7 @@ impl KafkaSide {
             .send(&topic, Some(0), Some(key.as_bytes()), Some(checkpoint.0.as_bytes()), None)
             .await
         {
+            let e = self.refused_or(e);
             self.abort().await;
             return Err(e);
         }
@@ -624,7 +740,7 @@ impl KafkaSide {
             }
             Err(e) => {
                 self.abort().await;
-                Err(kafka_error("commit_transaction", e))
+                Err(self.refused_or(kafka_error("commit_transaction", e)))
             }
         }
     }
@@ -653,6 +769,21 @@ impl KafkaSide {
             blocking(move || unsafe { rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), timeout_ms) }).await;
         if let Err(e) = flushed {
             warn!(error = %e, "cannot wait for deliveries; the commit reports what is left");
+        }
+    }
+
+    /// `err`, or, when Kafka refused a record as too large meanwhile, an
+    /// error naming that record's size, its table and what to raise.
+    fn refused_or(&self, err: Error) -> Error {
+        match self.producer.context().take_refused() {
+            Some((topic, bytes, code)) => {
+                let e = too_large_error(&topic, bytes, code);
+                match self.topic_tables.get(&topic) {
+                    Some(table) => e.with_table(table.clone()),
+                    None => e,
+                }
+            }
+            None => err,
         }
     }
 
@@ -698,6 +829,7 @@ impl KafkaSide {
                     };
                     let topic = topic.as_str();
                     let encoded = self.encoder.encode(event, topic)?;
+                    let table = &event.schema.id;
                     run_counts.events += 1;
                     run_counts.latest_ts = run_counts.latest_ts.max(event.source.ts_ms);
                     run_counts.snapshot |= event.source.snapshot != SnapshotMarker::False;
@@ -706,16 +838,20 @@ impl KafkaSide {
                     if event.op == Op::Truncate {
                         // A truncate concerns every key, so every partition
                         // gets it, in order with that partition's rows.
-                        let partitions = self.ensure_topic(topic, false).await?;
+                        let partitions = self.ensure_topic(topic, false).await.map_err(|e| e.or_table(table))?;
                         for p in 0..partitions {
                             self.send(topic, Some(p), encoded.key.as_deref(), encoded.value.as_deref(), None)
-                                .await?;
+                                .await
+                                .map_err(|e| e.or_table(table))?;
                         }
                     } else {
                         self.send(topic, None, encoded.key.as_deref(), encoded.value.as_deref(), None)
-                            .await?;
+                            .await
+                            .map_err(|e| e.or_table(table))?;
                         if let Some(tombstone) = self.encoder.tombstone(event, topic)? {
-                            self.send(topic, None, tombstone.key.as_deref(), None, None).await?;
+                            self.send(topic, None, tombstone.key.as_deref(), None, None)
+                                .await
+                                .map_err(|e| e.or_table(table))?;
                         }
                     }
                 }
@@ -723,10 +859,19 @@ impl KafkaSide {
                     let topic = self.naming.topic(self.config.prefix(), table);
                     let partitions = self.ensure_topic(&topic, false).await?;
                     for p in 0..partitions {
-                        let headers = OwnedHeaders::new().insert(Header {
-                            key: CONTROL_HEADER,
-                            value: Some(CONTROL_TABLE_DROPPED),
-                        });
+                        let headers = OwnedHeaders::new()
+                            .insert(Header {
+                                key: CONTROL_HEADER,
+                                value: Some(CONTROL_TABLE_DROPPED),
+                            })
+                            .insert(Header {
+                                key: CONTROL_SCHEMA_HEADER,
+                                value: Some(table.schema.as_str()),
+                            })
+                            .insert(Header {
+                                key: CONTROL_TABLE_NAME_HEADER,
+                                value: Some(table.table.as_str()),
+                            });
                         self.send(&topic, Some(p), None, None, Some(headers)).await?;
                     }
                     self.schemas.remove(table);
@@ -761,6 +906,7 @@ impl KafkaSide {
         if let Some(v) = value {
             record = record.payload(v);
         }
+        let bytes = key.map_or(0, <[u8]>::len) + value.map_or(0, <[u8]>::len);
         if let Some(h) = headers {
             record = record.headers(h);
         }
@@ -770,6 +916,9 @@ impl KafkaSide {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
                     tokio::time::sleep(DELIVERY_CHECK).await;
+                }
+                Err((KafkaError::MessageProduction(code), _)) if too_large(code) => {
+                    return Err(too_large_error(topic, bytes, code))
                 }
                 Err((e, _)) => return Err(kafka_error("produce", e)),
             }
@@ -1084,4 +1233,58 @@ pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, E
         }
     }
     Ok(topics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_creation_errors_a_retry_cannot_fix_need_an_operator() {
+        for code in [
+            RDKafkaErrorCode::InvalidTopic,
+            RDKafkaErrorCode::InvalidConfig,
+            RDKafkaErrorCode::PolicyViolation,
+            RDKafkaErrorCode::InvalidReplicationFactor,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            assert!(topic_creation_needs_operator(code), "{code:?}");
+        }
+        for code in [RDKafkaErrorCode::RequestTimedOut, RDKafkaErrorCode::NotController] {
+            assert!(!topic_creation_needs_operator(code), "{code:?}");
+        }
+    }
+
+    #[test]
+    fn records_too_large_and_bad_client_settings_need_an_operator() {
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::MessageBatchTooLarge,
+        ] {
+            let e = kafka_error("produce", KafkaError::MessageProduction(code));
+            assert_eq!(e.kind(), ErrorKind::NeedsOperator, "{code:?}");
+        }
+        let e = too_large_error("p.s.t", 123_456, RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        let text = e.to_string();
+        for part in ["123456 bytes", "p.s.t", "message.max.bytes", "max.message.bytes"] {
+            assert!(text.contains(part), "{part} missing: {text}");
+        }
+        let e = kafka_error("cannot create the producer", KafkaError::ClientCreation("bad".into()));
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        let e = kafka_error(
+            "cannot create the producer",
+            KafkaError::ClientConfig(
+                rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_INVALID,
+                "Invalid value \"hunter2\" for sasl.password".into(),
+                "sasl.password".into(),
+                "hunter2".into(),
+            ),
+        );
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        // Outages stay retryable.
+        let e = kafka_error("produce", KafkaError::MessageProduction(RDKafkaErrorCode::BrokerTransportFailure));
+        assert_eq!(e.kind(), ErrorKind::Retryable);
+    }
 }

@@ -2,7 +2,7 @@
 //! fetched), pause stops the flow and resume restarts it with nothing lost,
 //! delete leaves no slot, publication, topic or subject behind, a secret
 //! never appears in logs, status or metrics, and mutating requests are
-//! refused without the token.
+//! refused without the token or when a web page sends them.
 //!
 //! Real PostgreSQL, Kafka and registry; the `source-runner` binary.
 
@@ -297,4 +297,85 @@ async fn mutating_requests_need_the_token() {
     let base = serve(router(Telemetry::new("t", "sink"), control.clone(), None, true)).await;
     assert_eq!(status(client.post(format!("{base}/pause?table=a.b")).send().await.expect("send")), 200);
     assert!(control.paused().is_paused("a.b") && !control.paused().is_paused("a.c"));
+}
+
+#[tokio::test]
+async fn web_pages_cannot_pause_or_resume_a_runner() {
+    let client = reqwest::Client::new();
+    let status = |r: reqwest::Response| r.status().as_u16();
+    // Loopback without a token: what any local web page could reach.
+    let control = Control::new();
+    let base = serve(router(Telemetry::new("t", "source"), control.clone(), None, true)).await;
+    let authority = base.strip_prefix("http://").expect("http").to_string();
+    let post = |path: &str, headers: &[(&str, &str)]| {
+        let mut req = client.post(format!("{base}{path}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send()
+    };
+    for headers in [
+        // A page of another site.
+        vec![("Origin", "http://evil.example")],
+        vec![("Origin", "null")],
+        vec![("Origin", "http://127.0.0.1:1")],
+        vec![("Sec-Fetch-Site", "cross-site")],
+        // DNS rebinding: a name resolving to 127.0.0.1, same-origin to the page.
+        vec![("Host", "evil.example"), ("Origin", "http://evil.example")],
+        vec![("Host", "evil.example")],
+    ] {
+        for path in ["/pause", "/resume", "/pause?table=a.b"] {
+            let r = post(path, &headers).await.expect("send");
+            assert_eq!(r.status().as_u16(), 403, "{path} with {headers:?}");
+        }
+    }
+    assert_eq!(control.paused(), Default::default(), "a refused request changed nothing");
+    // Reads stay open (a browser's same-origin policy keeps them from pages).
+    let r = client
+        .get(format!("{base}/status"))
+        .header("Origin", "http://evil.example")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(status(r), 200);
+    // The runner's own commands and curl send no Origin; a page served by
+    // the admin server itself would send its own.
+    assert_eq!(status(post("/pause", &[]).await.expect("send")), 200);
+    assert!(control.paused().all);
+    let own = format!("http://{authority}");
+    assert_eq!(status(post("/resume", &[("Origin", own.as_str())]).await.expect("send")), 200);
+    assert!(!control.paused().all);
+    let localhost = format!("localhost:{}", authority.rsplit_once(':').expect("port").1);
+    assert_eq!(status(post("/pause", &[("Host", localhost.as_str())]).await.expect("send")), 200);
+
+    // A token configured: a foreign page is refused even with the token,
+    // and every state-changing request needs it.
+    let control = Control::new();
+    let base = serve(router(
+        Telemetry::new("t", "source"),
+        control.clone(),
+        Some(SecretString::from("right-token".to_string())),
+        false,
+    ))
+    .await;
+    let r = client
+        .post(format!("{base}/pause"))
+        .bearer_auth("right-token")
+        .header("Origin", "http://evil.example")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(status(r), 403);
+    for path in ["/pause", "/resume", "/pause?table=a.b", "/resume?table=a.b"] {
+        assert_eq!(status(client.post(format!("{base}{path}")).send().await.expect("send")), 401, "{path}");
+    }
+    assert_eq!(control.paused(), Default::default());
+    let r = client
+        .post(format!("{base}/pause"))
+        .bearer_auth("right-token")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(status(r), 200);
+    assert!(control.paused().all);
 }
