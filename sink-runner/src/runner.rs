@@ -1633,6 +1633,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_offset_out_of_range_names_partition_offset_range_and_both_fixes() {
+        assert_eq!(OutOfRange::check("t", 0, 5, (0, 10)), None);
+        assert_eq!(OutOfRange::check("t", 0, 10, (0, 10)), None, "the next offset to be written is in range");
+        assert!(OutOfRange::check("t", 0, 11, (0, 10)).is_some(), "beyond the end: re-created topic");
+        let o = OutOfRange::check("shop.public.orders", 2, 1200, (5000, 5600)).expect("out of range");
+        let e = o.error("g'1", &TableId::new("public", "orders"));
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        let text = e.to_string();
+        for part in [
+            "topic shop.public.orders partition 2",
+            "stored offset 1200 ",
+            "range 5000..5600",
+            "records 1200..4999 were removed",
+            "UPDATE tributary.offsets SET next_offset = 5000 WHERE consumer_group = 'g''1' AND topic = 'shop.public.orders' AND partition = 2",
+            "DELETE FROM tributary.offsets WHERE consumer_group = 'g''1'",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+    }
+
+    #[test]
     fn topics_name_their_table() {
         assert_eq!(table_from_topic("shop.public.orders", Some("shop")), TableId::new("public", "orders"));
         assert_eq!(table_from_topic("a.b.shop.public.orders", None), TableId::new("public", "orders"));
@@ -1663,5 +1684,8 @@ bootstrap_servers = "127.0.0.1:9092"
         let c = consumer_config(&parse(&tuned)).unwrap();
         assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"), "an operator's setting wins");
         assert_eq!(c.get("isolation.level"), Some("read_committed"), "correctness settings are never overridden");
+        let reset = format!("{base}properties = {{ \"auto.offset.reset\" = \"earliest\" }}\n");
+        let c = consumer_config(&parse(&reset)).unwrap();
+        assert_eq!(c.get("auto.offset.reset"), Some("error"), "an offset out of range is never reset silently");
     }
 }
