@@ -174,6 +174,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
             tables: HashMap::new(),
             in_flight: None,
             ready: None,
+            stopped: BTreeMap::new(),
+            stopped_probe: None,
         };
         state.run(stop).await
     }
@@ -189,9 +191,14 @@ pub fn consumer_config(config: &SinkRunnerConfig) -> Result<ClientConfig, RunErr
     c.set("enable.auto.commit", "false");
     c.set("enable.auto.offset.store", "false");
     c.set("isolation.level", "read_committed");
+    // A stored offset the topic no longer holds (retention ran out, the
+    // topic was deleted and re-created) must stop its partition with an
+    // error, never jump silently to either end: a partition without a stored
+    // offset is assigned at `Offset::Beginning` explicitly (see the
+    // rebalance callback), so no reset is ever wanted.
+    c.set("auto.offset.reset", "error");
     // Tuning: only when the operator did not set it in kafka.properties.
     let defaults = [
-        ("auto.offset.reset", "earliest".to_string()),
         ("topic.metadata.refresh.interval.ms", DEFAULT_TOPIC_REFRESH_MS.to_string()),
         ("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES.to_string()),
         ("fetch.queue.backoff.ms", DEFAULT_FETCH_QUEUE_BACKOFF_MS.to_string()),
@@ -208,6 +215,74 @@ pub fn consumer_config(config: &SinkRunnerConfig) -> Result<ClientConfig, RunErr
 enum RebalanceEvent {
     Assigned(Vec<(String, i32, Option<i64>)>),
     Revoked(Vec<(String, i32)>),
+    /// Assigned partitions whose stored offset the topic no longer holds:
+    /// assigned paused, they wait for an operator.
+    OutOfRange(Vec<OutOfRange>),
+}
+
+/// A partition whose stored offset is outside the topic's current range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfRange {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The next offset the destination stored for it.
+    pub stored: i64,
+    /// The topic's earliest offset still held (low watermark).
+    pub low: i64,
+    /// The offset after its last record (high watermark).
+    pub high: i64,
+}
+
+impl OutOfRange {
+    /// `Some` when `stored` is outside `[low, high]`.
+    pub fn check(topic: &str, partition: i32, stored: i64, (low, high): (i64, i64)) -> Option<Self> {
+        (stored < low || stored > high).then(|| Self {
+            topic: topic.to_string(),
+            partition,
+            stored,
+            low,
+            high,
+        })
+    }
+
+    /// The needs-operator error that stops the partition, with the
+    /// operator's two choices.
+    pub fn error(&self, consumer_group: &str, table: &TableId) -> Error {
+        let Self { topic, partition, stored, low, high } = self;
+        let why = if stored < low {
+            format!(
+                "records {stored}..{} were removed from the topic before this sink applied them (its retention ran \
+                 out, or records were deleted)",
+                low - 1
+            )
+        } else {
+            "the topic holds fewer records than the stored offset says were applied (it was deleted and re-created?)"
+                .to_string()
+        };
+        let key = format!(
+            "consumer_group = '{}' AND topic = '{}' AND partition = {partition}",
+            consumer_group.replace('\'', "''"),
+            topic.replace('\'', "''")
+        );
+        Error::needs_operator(format!(
+            "topic {topic} partition {partition}: the stored offset {stored} is out of the topic's current range \
+             {low}..{high} (earliest held, next to be written): {why}; the partition is stopped, neither skipping \
+             nor re-reading anything"
+        ))
+        .with_table(table.clone())
+        .with_class("tributary.kafka.offset_out_of_range")
+        .with_hint(format!(
+            "either (1) accept that the changes in between are lost to this copy and go on from the earliest record \
+             the topic holds: in the destination run UPDATE tributary.offsets SET next_offset = {low} WHERE {key}; \
+             or (2) copy the table again: stop the sink runner, drop the destination table, run DELETE FROM \
+             tributary.offsets WHERE {key}; have the source copy the table again into the topic if the topic does \
+             not start with a full copy of it (a source snapshot), and start the sink runner; the partition is \
+             then read from its beginning. The runner checks the stored offset every few seconds and resumes by \
+             itself once it is in range (see docs/operations.md)"
+        ))
+    }
 }
 
 /// The consumer context: assigns partitions at the destination's offsets.
@@ -302,13 +377,46 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                 let (skip, wanted): (Vec<_>, Vec<_>) = parts.iter().cloned().partition(|(t, _)| (self.excluded)(t));
                 let offsets = self.lookup(&wanted);
                 let mut assigned = Vec::new();
+                let mut out_of_range = Vec::new();
                 if let Some(offsets) = &offsets {
                     for ((topic, partition), offset) in wanted.iter().zip(offsets) {
+                        // No stored offset: a new topic (or partition), read
+                        // from its beginning. A stored one: exactly there,
+                        // if the topic still holds it.
                         let at = offset.map_or(Offset::Beginning, Offset::Offset);
                         if let Err(e) = tpl.set_partition_offset(topic, *partition, at) {
                             error!(topic = %topic, partition, error = %e, "cannot set the start offset");
                         }
+                        if let Some(stored) = offset {
+                            // If this lookup fails, a fetch out of range is
+                            // still reported (auto.offset.reset=error) and
+                            // the loop checks again.
+                            match base.fetch_watermarks(topic, *partition, Duration::from_secs(10)) {
+                                Ok(range) => {
+                                    if let Some(o) = OutOfRange::check(topic, *partition, *stored, range) {
+                                        // Assigned paused at a valid offset (so
+                                        // librdkafka keeps it fetchable for a
+                                        // seek later); the loop drops anything
+                                        // fetched before the pause.
+                                        let _ = tpl.set_partition_offset(topic, *partition, Offset::End);
+                                        out_of_range.push(o);
+                                    }
+                                }
+                                Err(e) => warn!(topic = %topic, partition, error = %e, "cannot read the topic's range"),
+                            }
+                        }
                         assigned.push((topic.clone(), *partition, *offset));
+                    }
+                }
+                // Partitions not copied never fetch, but need a valid start offset: without
+                // one librdkafka would report "no offset to reset to"
+                // (auto.offset.reset=error).
+                for (t, p) in &skip {
+                    let _ = tpl.set_partition_offset(t, *p, Offset::End);
+                }
+                if offsets.is_none() {
+                    for (t, p) in &wanted {
+                        let _ = tpl.set_partition_offset(t, *p, Offset::End);
                     }
                 }
                 let r = if cooperative {
@@ -326,6 +434,9 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                 for (t, p) in skip.iter().chain(if offsets.is_none() { wanted.iter() } else { [].iter() }) {
                     idle.add_partition(t, *p);
                 }
+                for o in &out_of_range {
+                    idle.add_partition(&o.topic, o.partition);
+                }
                 if idle.count() > 0 {
                     if let Err(e) = base.pause(&idle) {
                         warn!(error = %e, "cannot pause excluded partitions");
@@ -339,7 +450,9 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                 if offsets.is_some() && !wanted.is_empty() {
                     let mut run = TopicPartitionList::new();
                     for (t, p) in &wanted {
-                        run.add_partition(t, *p);
+                        if !out_of_range.iter().any(|o| o.topic == *t && o.partition == *p) {
+                            run.add_partition(t, *p);
+                        }
                     }
                     if let Err(e) = base.resume(&run) {
                         warn!(error = %e, "cannot resume newly assigned partitions");
@@ -347,6 +460,9 @@ impl<S: Sink + 'static> ConsumerContext for RebalanceCtx<S> {
                 }
                 info!(partitions = assigned.len(), excluded = skip.len(), "partitions assigned");
                 self.push(RebalanceEvent::Assigned(assigned));
+                if !out_of_range.is_empty() {
+                    self.push(RebalanceEvent::OutOfRange(out_of_range));
+                }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.wait_for_apply();
@@ -431,6 +547,11 @@ struct Loop<S: Sink + 'static> {
     /// The next batch, decoded while `in_flight` is applied. Only ever set
     /// while `in_flight` is: it bounds how far the loop reads ahead.
     ready: Option<Prepared>,
+    /// Partitions stopped because their stored offset is out of the topic's
+    /// range, until an operator fixes the stored offset.
+    stopped: BTreeMap<(String, i32), OutOfRange>,
+    /// When the stored offsets of `stopped` are looked at again.
+    stopped_probe: Option<Instant>,
 }
 
 /// A batch taken out of its topic's buffer and decoded: what the loop
@@ -534,6 +655,10 @@ impl<S: Sink + 'static> Loop<S> {
                     None
                 }
                 _ = sleep_until(deadline) => None,
+                _ = sleep_until(self.stopped_probe) => {
+                    self.probe_stopped().await;
+                    None
+                }
                 _ = sleep_until(probe) => {
                     next_probe = Instant::now() + STARTUP_METADATA_PROBE;
                     // Blocks the loop for one request (about a millisecond
@@ -565,7 +690,11 @@ impl<S: Sink + 'static> Loop<S> {
                             }
                             Some(Err(KafkaError::PartitionEOF(_))) => {}
                             Some(Err(e)) => {
-                                warn!(error = %e, "consumer error");
+                                if is_out_of_range(&e) {
+                                    self.find_out_of_range();
+                                } else {
+                                    warn!(error = %e, "consumer error");
+                                }
                                 break;
                             }
                             None => break,
@@ -579,6 +708,7 @@ impl<S: Sink + 'static> Loop<S> {
                         KafkaError::MessageConsumptionFatal(code) => {
                             return Err(RunError::Kafka(format!("fatal consumer error: {code}")));
                         }
+                        e if is_out_of_range(&e) => self.find_out_of_range(),
                         other => {
                             // librdkafka reconnects by itself; these are
                             // reports, queued like messages. Sleeping per
@@ -661,8 +791,14 @@ impl<S: Sink + 'static> Loop<S> {
                         self.assigned.insert((topic, partition));
                     }
                 }
+                RebalanceEvent::OutOfRange(parts) => {
+                    for o in parts {
+                        self.stop_partition(o);
+                    }
+                }
                 RebalanceEvent::Revoked(parts) => {
                     for (topic, partition) in parts {
+                        self.stopped.remove(&(topic.clone(), partition));
                         // Decoded but not applied: back into its buffer, to
                         // be dropped below with the rest of the partition.
                         if self.ready.as_ref().is_some_and(|r| r.taken.topic == topic) {
@@ -704,6 +840,9 @@ impl<S: Sink + 'static> Loop<S> {
         let key = (raw.topic.clone(), raw.partition);
         if !self.assigned.contains(&key) {
             return; // prefetched before a revoke
+        }
+        if self.stopped.contains_key(&key) {
+            return; // fetched before the partition was stopped
         }
         if let Some(expected) = self.expected.get(&key) {
             if raw.offset < *expected {
@@ -753,7 +892,7 @@ impl<S: Sink + 'static> Loop<S> {
                     self.pause(&topic, false);
                 }
                 self.operator_paused.remove(&topic);
-                self.telemetry.set_state(&label, TableState::Streaming);
+                self.set_streaming(&topic, &label);
                 info!(table = %label, "resumed by an operator");
             }
         }
@@ -800,6 +939,210 @@ impl<S: Sink + 'static> Loop<S> {
         }
     }
 
+    /// Marks `topic`'s table streaming, unless one of its partitions is
+    /// stopped out of range: its error stays in the status.
+    fn set_streaming(&self, topic: &str, label: &str) {
+        let stopped = self.stopped.values().find(|o| o.topic == topic);
+        let state = match stopped {
+            Some(o) => TableState::Paused(o.error(&self.config.consumer_group, &self.table_of(topic)).to_string()),
+            None => TableState::Streaming,
+        };
+        self.telemetry.set_state(label, state);
+    }
+
+    /// Stops a partition whose stored offset is out of the topic's range:
+    /// paused (nothing fetched, no offset moves), the error in the status
+    /// and the log, probed until an operator fixes the stored offset. The
+    /// table's other partitions and the other tables go on.
+    fn stop_partition(&mut self, o: OutOfRange) {
+        let key = (o.topic.clone(), o.partition);
+        if !self.assigned.contains(&key) {
+            return;
+        }
+        let table = self.table_of(&o.topic);
+        let label = (self.labeler)(&table);
+        let error = o.error(&self.config.consumer_group, &table);
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&o.topic, o.partition);
+        if let Err(e) = self.consumer.pause(&tpl) {
+            warn!(topic = %o.topic, partition = o.partition, error = %e, "cannot pause the partition");
+        }
+        if self.stopped.get(&key) != Some(&o) {
+            error!(
+                table = %label,
+                topic = %o.topic,
+                partition = o.partition,
+                stored_offset = o.stored,
+                low = o.low,
+                high = o.high,
+                kind = %error.kind(),
+                error = %error,
+                hint = error.hint().unwrap_or(""),
+                "partition stopped: its stored offset is out of range"
+            );
+            self.telemetry
+                .record_error(&label, &error.to_string(), &error.kind().to_string());
+        }
+        self.telemetry.set_state(&label, TableState::Paused(error.to_string()));
+        self.stopped.insert(key, o);
+        self.stopped_probe
+            .get_or_insert_with(|| Instant::now() + tributary_connectors::error::OPERATOR_PROBE_DELAY);
+    }
+
+    /// After librdkafka reported a fetch out of range (it names no
+    /// partition to us): compares each assigned partition's next offset
+    /// with its topic's range and stops those outside it.
+    fn find_out_of_range(&mut self) {
+        let candidates: Vec<(String, i32, i64)> = self
+            .assigned
+            .iter()
+            .filter(|k| !self.stopped.contains_key(*k))
+            .filter_map(|k| self.expected.get(k).map(|o| (k.0.clone(), k.1, *o)))
+            .collect();
+        let mut found = Vec::new();
+        for (topic, partition, next) in candidates {
+            let range = tokio::task::block_in_place(|| {
+                self.consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))
+            });
+            match range {
+                Ok(range) => found.extend(OutOfRange::check(&topic, partition, next, range)),
+                Err(e) => warn!(topic = %topic, partition, error = %e, "cannot read the topic's range"),
+            }
+        }
+        if found.is_empty() {
+            warn!("Kafka reported an offset out of range, but every assigned partition's offset is in range now");
+        }
+        for o in found {
+            self.stop_partition(o);
+        }
+    }
+
+    /// Looks at the stopped partitions again: once the stored offset (read
+    /// from the destination) is in the topic's range, or gone (then the
+    /// partition is read from its beginning), the partition goes on from
+    /// there.
+    async fn probe_stopped(&mut self) {
+        self.stopped_probe = None;
+        if self.stopped.is_empty() {
+            return;
+        }
+        let parts: Vec<(String, i32)> = self.stopped.keys().cloned().collect();
+        let stored = match self.sink.lock().await.committed_offsets(&parts).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot read the stored offsets of stopped partitions");
+                self.stopped_probe = Some(Instant::now() + tributary_connectors::error::OPERATOR_PROBE_DELAY);
+                return;
+            }
+        };
+        for ((topic, partition), stored) in parts.into_iter().zip(stored) {
+            let at = match stored {
+                None => Offset::Beginning,
+                Some(o) => {
+                    let range = tokio::task::block_in_place(|| {
+                        self.consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                    });
+                    match range {
+                        Ok(range) => {
+                            if let Some(still) = OutOfRange::check(&topic, partition, o, range) {
+                                self.stop_partition(still);
+                                continue;
+                            }
+                        }
+                        Err(e) => {
+                            warn!(topic = %topic, partition, error = %e, "cannot read the topic's range");
+                            continue;
+                        }
+                    }
+                    Offset::Offset(o)
+                }
+            };
+            let key = (topic.clone(), partition);
+            if let Err(e) = self.restart_partition(&topic, partition, at) {
+                warn!(topic = %topic, partition, error = %e, "cannot restart the stopped partition");
+                continue;
+            }
+            self.stopped.remove(&key);
+            match stored {
+                Some(o) => self.expected.insert(key.clone(), o),
+                None => self.expected.remove(&key),
+            };
+            // Records of the partition still buffered came before the
+            // stop and are older than the fixed offset: dropped.
+            if let Some(buf) = self.buffers.get_mut(&topic) {
+                if buf.retry.is_none() && self.in_flight.as_ref().is_none_or(|f| f.taken.topic != topic) {
+                    buf.records.retain(|r| r.partition != partition);
+                    buf.bytes = buf.records.iter().map(RawRecord::size).sum();
+                    buf.next_offsets.remove(&partition);
+                    if buf.next_offsets.is_empty() {
+                        self.buffers.remove(&topic);
+                    }
+                }
+            }
+            let held =
+                self.operator_paused.contains(&topic) || self.buffers.get(&topic).is_some_and(|b| b.retry.is_some());
+            if !held {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&topic, partition);
+                if let Err(e) = self.consumer.resume(&tpl) {
+                    warn!(topic = %topic, partition, error = %e, "cannot resume the partition");
+                }
+            }
+            let label = (self.labeler)(&self.table_of(&topic));
+            info!(table = %label, topic = %topic, partition, offset = ?at, "stopped partition resumed: its stored offset is in range");
+            if !held {
+                self.set_streaming(&topic, &label);
+            }
+        }
+        if !self.stopped.is_empty() {
+            self.stopped_probe = Some(Instant::now() + tributary_connectors::error::OPERATOR_PROBE_DELAY);
+        }
+    }
+
+    /// Makes a stopped partition fetch from `at` (it stays paused). A seek
+    /// does it while librdkafka still fetches the partition; after a fetch
+    /// out of range librdkafka stopped fetching it and refuses a seek, so
+    /// it is assigned again: alone with the cooperative protocol, else the
+    /// whole assignment, every other partition at the next offset this
+    /// loop expects (what was fetched beyond it is fetched again and
+    /// accepted once).
+    fn restart_partition(&self, topic: &str, partition: i32, at: Offset) -> Result<(), KafkaError> {
+        let sought = tokio::task::block_in_place(|| self.consumer.seek(topic, partition, at, Duration::from_secs(10)));
+        if sought.is_ok() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        if matches!(self.consumer.rebalance_protocol(), RebalanceProtocol::Cooperative) {
+            tpl.add_partition_offset(topic, partition, at)?;
+            self.consumer.incremental_unassign(&tpl)?;
+            self.consumer.incremental_assign(&tpl)?;
+        } else {
+            let current = self.consumer.assignment()?;
+            for e in current.elements() {
+                let key = (e.topic().to_string(), e.partition());
+                let offset = if e.topic() == topic && e.partition() == partition {
+                    at
+                } else if let Some(next) = self.expected.get(&key) {
+                    Offset::Offset(*next)
+                } else if self.assigned.contains(&key) {
+                    // Copied, but nothing stored or received yet.
+                    Offset::Beginning
+                } else {
+                    // Not copied (paused for ever): anywhere in range.
+                    Offset::End
+                };
+                tpl.add_partition_offset(e.topic(), e.partition(), offset)?;
+            }
+            self.consumer.assign(&tpl)?;
+        }
+        // The pause flags survive the new assignment; this one stays paused
+        // until the caller resumes it.
+        let mut one = TopicPartitionList::new();
+        one.add_partition(topic, partition);
+        self.consumer.pause(&one)?;
+        Ok(())
+    }
+
     fn table_of(&self, topic: &str) -> TableId {
         if let Some(t) = self.tables.get(topic) {
             return t.clone();
@@ -810,7 +1153,9 @@ impl<S: Sink + 'static> Loop<S> {
     fn pause(&self, topic: &str, paused: bool) {
         let mut tpl = TopicPartitionList::new();
         for (t, p) in &self.assigned {
-            if t == topic {
+            // A partition stopped out of range stays paused until its
+            // stored offset is fixed (see `probe_stopped`).
+            if t == topic && (paused || !self.stopped.contains_key(&(t.clone(), *p))) {
                 tpl.add_partition(t, *p);
             }
         }
@@ -1112,7 +1457,7 @@ impl<S: Sink + 'static> Loop<S> {
             self.pause(&topic, false);
             info!(table = %label, "resumed");
         }
-        self.telemetry.set_state(&label, TableState::Streaming);
+        self.set_streaming(&topic, &label);
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
             if !revoked.contains(p) && self.assigned.contains(&(t.clone(), *p)) {
@@ -1153,6 +1498,16 @@ impl<S: Sink + 'static> Loop<S> {
         );
         Ok(())
     }
+}
+
+/// Whether a consumer error is librdkafka's report of a fetch out of range
+/// (with `auto.offset.reset=error`).
+fn is_out_of_range(e: &KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode;
+    matches!(
+        e,
+        KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange)
+    )
 }
 
 /// The end of the batch being applied; never, when there is none.
@@ -1284,6 +1639,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_offset_out_of_range_names_partition_offset_range_and_both_fixes() {
+        assert_eq!(OutOfRange::check("t", 0, 5, (0, 10)), None);
+        assert_eq!(OutOfRange::check("t", 0, 10, (0, 10)), None, "the next offset to be written is in range");
+        assert!(OutOfRange::check("t", 0, 11, (0, 10)).is_some(), "beyond the end: re-created topic");
+        let o = OutOfRange::check("shop.public.orders", 2, 1200, (5000, 5600)).expect("out of range");
+        let e = o.error("g'1", &TableId::new("public", "orders"));
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        let text = e.to_string();
+        for part in [
+            "topic shop.public.orders partition 2",
+            "stored offset 1200 ",
+            "range 5000..5600",
+            "records 1200..4999 were removed",
+            "UPDATE tributary.offsets SET next_offset = 5000 WHERE consumer_group = 'g''1' AND topic = 'shop.public.orders' AND partition = 2",
+            "DELETE FROM tributary.offsets WHERE consumer_group = 'g''1'",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+    }
+
+    #[test]
     fn topics_name_their_table() {
         assert_eq!(table_from_topic("shop.public.orders", Some("shop")), TableId::new("public", "orders"));
         assert_eq!(table_from_topic("a.b.shop.public.orders", None), TableId::new("public", "orders"));
@@ -1343,5 +1719,8 @@ bootstrap_servers = "127.0.0.1:9092"
         let c = consumer_config(&parse(&tuned)).unwrap();
         assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"), "an operator's setting wins");
         assert_eq!(c.get("isolation.level"), Some("read_committed"), "correctness settings are never overridden");
+        let reset = format!("{base}properties = {{ \"auto.offset.reset\" = \"earliest\" }}\n");
+        let c = consumer_config(&parse(&reset)).unwrap();
+        assert_eq!(c.get("auto.offset.reset"), Some("error"), "an offset out of range is never reset silently");
     }
 }

@@ -254,6 +254,49 @@ async fn ensure_topic(
     Ok(partitions)
 }
 
+/// Refuses an offsets topic that is not compacted: with `delete` alone its
+/// retention would one day remove the last checkpoint, and the next start
+/// would have none (see [`Source::start`]'s handling of a missing one).
+async fn check_offsets_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    bootstrap_servers: &str,
+) -> Result<(), Error> {
+    use rdkafka::admin::ResourceSpecifier;
+    let results = admin
+        .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+        .await
+        .map_err(|e| kafka_error("describe the offsets topic's config", e))?;
+    let policy = match results.into_iter().next() {
+        Some(Ok(resource)) => resource.get("cleanup.policy").and_then(|e| e.value.clone()),
+        Some(Err(code)) => {
+            return Err(Error::retryable(format!("cannot describe the config of topic {topic}: {code}")));
+        }
+        None => None,
+    };
+    offsets_topic_policy_error(topic, policy.as_deref(), bootstrap_servers).map_or(Ok(()), Err)
+}
+
+/// The needs-operator error for an offsets topic whose `cleanup.policy`
+/// (`None`: unknown) lacks `compact`.
+pub fn offsets_topic_policy_error(topic: &str, policy: Option<&str>, bootstrap_servers: &str) -> Option<Error> {
+    let policy = policy?;
+    if policy.split(',').any(|p| p.trim() == "compact") {
+        return None;
+    }
+    Some(
+        Error::needs_operator(format!(
+            "the offsets topic {topic} has cleanup.policy={policy}, not compact: its retention would delete the \
+             source's checkpoint, and the next start would find none"
+        ))
+        .with_class("tributary.kafka.offsets_topic_not_compacted")
+        .with_hint(format!(
+            "kafka-configs.sh --bootstrap-server {bootstrap_servers} --alter --entity-type topics --entity-name \
+             {topic} --add-config cleanup.policy=compact (the runner goes on by itself once it is compacted)"
+        )),
+    )
+}
+
 /// The Kafka side of a source runner.
 pub struct KafkaSide {
     config: SourceRunnerConfig,
@@ -396,6 +439,7 @@ impl KafkaSide {
             .map_err(unfinished)?
             .map_err(|e| kafka_error("init_transactions (fencing the previous instance)", e))?;
         offsets?;
+        check_offsets_topic(&side.admin, &offsets_topic, &side.config.kafka.bootstrap_servers).await?;
         Ok(side)
     }
 

@@ -1157,6 +1157,166 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
+    /// Issue #23: a stored offset the topic no longer holds (its records
+    /// were deleted, as retention does) stops the partition with a
+    /// needs-operator error naming topic, partition, offset and range;
+    /// nothing is skipped. After the operator's fix (the hint's first
+    /// choice) the partition goes on by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_stored_offset_out_of_range_stops_the_partition_for_an_operator() {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+        tributary_operations::logging::init(tributary_operations::logging::LogFormat::Text);
+        let mut p = Pipeline::new("oorange", 1).await;
+        let s = items();
+        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
+            .await;
+        let config = p.config();
+        let label = format!("{}.items", p.fx.schema);
+        let status = Telemetry::new("test", "sink");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(config.clone(), status.clone(), Control::new(), stop_rx));
+        let fx = &p.fx;
+        wait_for("the first row", Duration::from_secs(60), || async { fx.rows().await.len() == 1 }).await;
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+        let stored = p.fx.offsets().await[&(p.topic.clone(), 0)];
+
+        // While the sink is down, two more changes are written and then
+        // removed from the topic before the sink read them.
+        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)])
+            .await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(3, "c", 3, "3.00")), 3, 0)])
+            .await;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", tributary_tests::kafka_bootstrap())
+            .create()
+            .expect("admin");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&p.topic, 0, Offset::End).expect("tpl");
+        admin.delete_records(&tpl, &AdminOptions::new()).await.expect("delete records");
+        let low = p.end_offsets()[&(p.topic.clone(), 0)];
+        assert!(low > stored, "records after the stored offset were deleted");
+
+        let status = Telemetry::new("test", "sink");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(config.clone(), status.clone(), Control::new(), stop_rx));
+        wait_for("the partition stopped out of range", Duration::from_secs(60), || async {
+            matches!(status.table(&label).map(|t| t.state), Some(TableState::Paused(r)) if r.contains("out of the topic's current range"))
+        })
+        .await;
+        let last = status.table(&label).and_then(|t| t.last_error).expect("an error is recorded");
+        assert_eq!(last.kind, "needs-operator");
+        for part in [
+            format!("topic {} partition 0", p.topic),
+            format!("stored offset {stored} "),
+            format!("range {low}..{low}"),
+            format!("UPDATE tributary.offsets SET next_offset = {low} WHERE"),
+            "DELETE FROM tributary.offsets WHERE".to_string(),
+        ] {
+            assert!(last.message.contains(&part), "{part:?} not in {}", last.message);
+        }
+        // A change written now is not applied either: the partition stays
+        // stopped, nothing skipped, the stored offset unchanged.
+        p.produce(&[event(&s, Op::Create, None, Some(row(4, "d", 4, "4.00")), 4, 0)])
+            .await;
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            assert_eq!(p.fx.rows().await.len(), 1, "a stopped partition applied a record");
+            assert_eq!(p.fx.offsets().await[&(p.topic.clone(), 0)], stored, "the stored offset moved");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
+        // The operator accepts the loss (the hint's first choice).
+        p.fx.exec(&format!(
+            "UPDATE tributary.offsets SET next_offset = {low} WHERE consumer_group = '{}' AND topic = '{}' AND partition = 0",
+            p.fx.group, p.topic
+        ))
+        .await;
+        let fx = &p.fx;
+        wait_for("resumed after the fix", Duration::from_secs(60), || async {
+            fx.rows().await.len() == 2 && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
+        })
+        .await;
+        assert!(p.fx.rows().await.iter().any(|r| r.starts_with("4|")));
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+        let _ = admin
+            .delete_topics(&[p.topic.as_str(), format!("{}.dlq", p.topic).as_str()], &AdminOptions::new())
+            .await;
+        p.fx.cleanup().await;
+    }
+
+    /// Issue #23, while the sink runs: records removed from the topic
+    /// before the sink fetched them (here while an operator paused the
+    /// table) stop the partition when it fetches again; after the fix it
+    /// goes on (librdkafka stopped fetching it: it is assigned again).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn records_removed_while_running_stop_the_partition_for_an_operator() {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+        let mut p = Pipeline::new("oorun", 1).await;
+        let s = items();
+        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
+            .await;
+        let label = format!("{}.items", p.fx.schema);
+        let status = Telemetry::new("test", "sink");
+        let control = Control::new();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(p.config(), status.clone(), control.clone(), stop_rx));
+        let fx = &p.fx;
+        wait_for("the first row", Duration::from_secs(60), || async { fx.rows().await.len() == 1 }).await;
+        control.pause(Some(&label));
+        wait_for("paused by the operator", Duration::from_secs(30), || async {
+            matches!(status.table(&label).map(|t| t.state), Some(TableState::Paused(r)) if r.contains("operator"))
+        })
+        .await;
+        let stored = p.fx.offsets().await[&(p.topic.clone(), 0)];
+        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)])
+            .await;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", tributary_tests::kafka_bootstrap())
+            .create()
+            .expect("admin");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&p.topic, 0, Offset::End).expect("tpl");
+        admin.delete_records(&tpl, &AdminOptions::new()).await.expect("delete records");
+        let low = p.end_offsets()[&(p.topic.clone(), 0)];
+        control.resume(Some(&label));
+        wait_for("the partition stopped out of range", Duration::from_secs(60), || async {
+            matches!(status.table(&label).map(|t| t.state), Some(TableState::Paused(r)) if r.contains("out of the topic's current range"))
+        })
+        .await;
+        let last = status.table(&label).and_then(|t| t.last_error).expect("an error is recorded");
+        assert_eq!(last.kind, "needs-operator");
+        assert!(last.message.contains(&format!("stored offset {stored} ")), "{}", last.message);
+        assert_eq!(p.fx.rows().await.len(), 1);
+
+        p.fx.exec(&format!(
+            "UPDATE tributary.offsets SET next_offset = {low} WHERE consumer_group = '{}' AND topic = '{}' AND partition = 0",
+            p.fx.group, p.topic
+        ))
+        .await;
+        p.produce(&[event(&s, Op::Create, None, Some(row(3, "c", 3, "3.00")), 3, 0)])
+            .await;
+        let fx = &p.fx;
+        wait_for("resumed after the fix", Duration::from_secs(60), || async {
+            fx.rows().await.len() == 2 && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
+        })
+        .await;
+        assert!(p.fx.rows().await.iter().any(|r| r.starts_with("3|")));
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+        let _ = admin
+            .delete_topics(&[p.topic.as_str(), format!("{}.dlq", p.topic).as_str()], &AdminOptions::new())
+            .await;
+        p.fx.cleanup().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_blocked_destination_pauses_the_table_and_it_resumes_by_itself() {
         let mut p = Pipeline::new("pause", 1).await;

@@ -154,3 +154,173 @@ heartbeat_interval_ms = 1000
         .expect("drop schema");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #23: the source runner's checkpoint and the PostgreSQL slot, in
+/// process against the real PostgreSQL and Kafka.
+mod checkpoint {
+    use std::time::Duration;
+
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::ClientConfig;
+    use source_runner::config::SourceRunnerConfig;
+    use tributary_connectors::sources::postgres::PostgresSource;
+    use tributary_operations::admin::Control;
+    use tributary_operations::telemetry::Telemetry;
+    use tributary_tests::postgres::SourceSchema;
+    use tributary_tests::{kafka_bootstrap, schema_registry_url, unique, wait_for};
+
+    fn admin() -> AdminClient<DefaultClientContext> {
+        ClientConfig::new()
+            .set("bootstrap.servers", kafka_bootstrap())
+            .create()
+            .expect("admin")
+    }
+
+    struct Setup {
+        fx: SourceSchema,
+        name: String,
+        config: SourceRunnerConfig,
+    }
+
+    async fn setup(test: &str) -> Setup {
+        let fx = SourceSchema::new(test).await;
+        fx.exec(&format!(
+            "CREATE TABLE {s}.items (id int PRIMARY KEY, note text); \
+             INSERT INTO {s}.items SELECT i, 'n' || i FROM generate_series(1, 3) i;",
+            s = fx.schema
+        ))
+        .await;
+        let name = unique(test);
+        let config: SourceRunnerConfig = tributary_operations::config::parse(
+            &format!(
+                "name = \"{name}\"\nschema_registry_url = \"{}\"\n[admin]\nlisten = \"off\"\n[kafka]\n\
+                 bootstrap_servers = \"{}\"\n[postgres]\nurl = \"postgres://unused@127.0.0.1:1/unused\"\n",
+                schema_registry_url(),
+                kafka_bootstrap()
+            ),
+            "test",
+        )
+        .expect("config");
+        Setup { fx, name, config }
+    }
+
+    type Running = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), tributary_connectors::Error>>);
+
+    fn run(s: &Setup, telemetry: &Telemetry) -> Running {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let source = Box::new(PostgresSource::new(s.fx.config(), &s.name).expect("source"));
+        let config = s.config.clone();
+        let telemetry = telemetry.clone();
+        let task = tokio::spawn(async move {
+            source_runner::runner::run(config, source, telemetry, Control::new(), async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        (stop, task)
+    }
+
+    async fn stop((stop, task): Running) {
+        let _ = stop.send(());
+        let _ = task.await.expect("join");
+    }
+
+    fn paused(t: &Telemetry) -> Option<String> {
+        t.status().paused
+    }
+
+    async fn cleanup(s: &Setup) {
+        let admin = admin();
+        let offsets = s.config.offsets_topic();
+        let topic = format!("{}.{}.items", s.name, s.fx.schema);
+        let _ = admin
+            .delete_topics(&[offsets.as_str(), topic.as_str()], &AdminOptions::new())
+            .await;
+        s.fx.cleanup().await;
+    }
+
+    /// The offsets topic is deleted while the slot stays: the next start is
+    /// a needs-operator error with both choices, and the slot is kept (no
+    /// silent new snapshot).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_lost_checkpoint_with_the_slot_still_there_needs_an_operator() {
+        let s = setup("lostckpt").await;
+        let label = format!("{}.items", s.fx.schema);
+        let telemetry = Telemetry::new(&s.name, "source");
+        let running = run(&s, &telemetry);
+        wait_for("the snapshot committed", Duration::from_secs(120), || async {
+            (telemetry.table(&label).is_some_and(|t| t.events >= 3)).then_some(())
+        })
+        .await;
+        stop(running).await;
+
+        let offsets = s.config.offsets_topic();
+        for r in admin()
+            .delete_topics(&[offsets.as_str()], &AdminOptions::new())
+            .await
+            .expect("delete")
+        {
+            r.expect("offsets topic deleted");
+        }
+        let telemetry = Telemetry::new(&s.name, "source");
+        let running = run(&s, &telemetry);
+        let reason = wait_for("the needs-operator pause", Duration::from_secs(60), || async {
+            paused(&telemetry).filter(|p| p.contains("has no checkpoint"))
+        })
+        .await;
+        assert!(reason.contains(&format!("replication slot {} exists", s.fx.slot)), "{reason}");
+        assert!(reason.contains("restore the runner's offsets topic"), "{reason}");
+        assert!(reason.contains(&format!("SELECT pg_drop_replication_slot('{}')", s.fx.slot)), "{reason}");
+        // The slot is still there, and no second snapshot was written.
+        let slots =
+            s.fx.admin
+                .query("SELECT 1 FROM pg_replication_slots WHERE slot_name = $1", &[&s.fx.slot])
+                .await
+                .expect("slots");
+        assert_eq!(slots.len(), 1, "the slot was dropped");
+        assert_eq!(telemetry.table(&label).map_or(0, |t| t.events), 0, "a snapshot was taken again");
+        stop(running).await;
+        cleanup(&s).await;
+    }
+
+    /// An existing offsets topic without cleanup.policy=compact is refused
+    /// at start, naming the topic and the kafka-configs command; once it is
+    /// compacted the runner goes on by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_offsets_topic_that_is_not_compacted_needs_an_operator() {
+        let s = setup("ckptpolicy").await;
+        let label = format!("{}.items", s.fx.schema);
+        let offsets = s.config.offsets_topic();
+        let admin = admin();
+        let new = NewTopic::new(&offsets, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "delete");
+        for r in admin.create_topics(&[new], &AdminOptions::new()).await.expect("create") {
+            r.expect("offsets topic created");
+        }
+        let telemetry = Telemetry::new(&s.name, "source");
+        let running = run(&s, &telemetry);
+        let reason = wait_for("the needs-operator pause", Duration::from_secs(60), || async {
+            paused(&telemetry).filter(|p| p.contains("not compact"))
+        })
+        .await;
+        assert!(reason.contains(&format!("offsets topic {offsets} has cleanup.policy=delete")), "{reason}");
+        assert!(
+            reason.contains(&format!(
+                "--alter --entity-type topics --entity-name {offsets} --add-config cleanup.policy=compact"
+            )),
+            "{reason}"
+        );
+        assert_eq!(telemetry.table(&label).map_or(0, |t| t.events), 0, "nothing copied meanwhile");
+
+        let fix = AlterConfig::new(ResourceSpecifier::Topic(&offsets)).set("cleanup.policy", "compact");
+        for r in admin.alter_configs(&[fix], &AdminOptions::new()).await.expect("alter") {
+            r.expect("altered");
+        }
+        wait_for("the snapshot after the fix", Duration::from_secs(120), || async {
+            (telemetry.table(&label).is_some_and(|t| t.events >= 3)).then_some(())
+        })
+        .await;
+        stop(running).await;
+        cleanup(&s).await;
+    }
+}

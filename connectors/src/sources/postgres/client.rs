@@ -24,6 +24,32 @@ pub async fn connect(params: &ConnectionParams) -> Result<tokio_postgres::Client
         .map_err(|e| classify_pg(e, "connecting to PostgreSQL"))
 }
 
+/// Whether a server's 55000 message is about an invalidated slot
+/// (PostgreSQL 13+: "can no longer get changes from replication slot", "This
+/// slot has been invalidated because it exceeded the maximum reserved
+/// size"), not about `wal_level`.
+pub fn is_lost_slot_message(msg: &str) -> bool {
+    msg.contains("replication slot") && (msg.contains("no longer") || msg.contains("invalidated"))
+}
+
+/// The needs-operator error of a slot PostgreSQL invalidated
+/// (`pg_replication_slots.wal_status = 'lost'`): it needed WAL beyond
+/// `max_slot_wal_keep_size`, which was removed.
+pub fn lost_slot_error(slot: &str) -> Error {
+    Error::needs_operator(format!(
+        "replication slot {slot} was invalidated by PostgreSQL (wal_status = lost): it fell more than \
+         max_slot_wal_keep_size behind and the WAL it needed was removed, so the changes since the checkpoint are \
+         lost"
+    ))
+    .with_class("tributary.slot_lost")
+    .with_hint(format!(
+        "copy everything again: stop the runners, drop the copy in the destination (sink-runner --config \
+         <sink.toml> delete --drop-destination), remove the source's checkpoint and slot (source-runner --config \
+         <source.toml> delete, or SELECT pg_drop_replication_slot('{slot}'); and delete the offsets topic), then \
+         start both; raise max_slot_wal_keep_size (or set it to -1) so a stopped or slow runner keeps its WAL"
+    ))
+}
+
 /// Classifies a replication client error.
 pub fn classify_wire(err: PgWireError, context: &str) -> Error {
     let (kind, class) = match &err {
@@ -38,6 +64,10 @@ pub fn classify_wire(err: PgWireError, context: &str) -> Error {
                 sqlstate::kind(&code)
             };
             let mut e = Error::new(kind, format!("{context}: {msg}")).with_class(format!("sqlstate.{code}"));
+            if code == "55000" && is_lost_slot_message(msg) {
+                let name = msg.split('"').nth(1).unwrap_or("?");
+                return lost_slot_error(name).in_context(&format!("{context}: {msg}"));
+            }
             if code == "42704" && msg.contains("replication slot") {
                 e = e.with_hint(
                     "the replication slot is gone, so changes since the checkpoint are lost: \
@@ -490,6 +520,26 @@ fn missing_value(column: &Column, table: &TableId, text: &str) -> Option<tributa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #23: PostgreSQL 13+'s error for a slot invalidated by
+    /// max_slot_wal_keep_size is SQLSTATE 55000, like a wrong wal_level; it
+    /// must say what happened, not "set wal_level = logical".
+    #[test]
+    fn an_invalidated_slot_is_named_not_blamed_on_wal_level() {
+        let msg = "can no longer get changes from replication slot \"s_eo\" (SQLSTATE 55000)".to_string();
+        let e = classify_wire(PgWireError::Server(msg), "starting replication");
+        assert_eq!(e.kind(), crate::error::ErrorKind::NeedsOperator);
+        assert_eq!(e.class(), "tributary.slot_lost");
+        assert!(e.message().contains("replication slot s_eo was invalidated"), "{e}");
+        assert!(e.message().contains("max_slot_wal_keep_size"), "{e}");
+        let hint = e.hint().expect("a hint");
+        assert!(!hint.contains("wal_level"), "{hint}");
+        assert!(hint.contains("pg_drop_replication_slot('s_eo')"), "{hint}");
+        // A real wal_level problem keeps its hint.
+        let msg = "logical decoding requires wal_level >= logical (SQLSTATE 55000)".to_string();
+        let e = classify_wire(PgWireError::Server(msg), "creating a replication slot");
+        assert!(e.hint().is_some_and(|h| h.contains("wal_level = logical")), "{e}");
+    }
 
     fn cols(names: &[&str]) -> Vec<(i16, String)> {
         names.iter().enumerate().map(|(i, n)| (i as i16 + 1, n.to_string())).collect()

@@ -300,19 +300,6 @@ impl PostgresSource {
         Ok((gated, lsn, text(2)))
     }
 
-    async fn drop_slot(&self) -> Result<()> {
-        let catalog = self
-            .catalog
-            .as_ref()
-            .ok_or_else(|| Error::retryable("the source is not started"))?;
-        catalog
-            .client()
-            .execute("SELECT pg_drop_replication_slot($1)", &[&self.config.slot_name])
-            .await
-            .map_err(|e| classify_pg(e, "dropping a replication slot without checkpoint"))?;
-        Ok(())
-    }
-
     async fn slot_exists(&self) -> Result<bool> {
         let catalog = self
             .catalog
@@ -321,7 +308,10 @@ impl PostgresSource {
         let row = catalog
             .client()
             .query_opt(
-                "SELECT plugin::text, database::text FROM pg_replication_slots WHERE slot_name = $1",
+                // wal_status (PostgreSQL 13+) through to_jsonb, so older
+                // servers answer NULL instead of failing.
+                "SELECT plugin::text, database::text, to_jsonb(s) ->> 'wal_status' \
+                 FROM pg_replication_slots s WHERE slot_name = $1",
                 &[&self.config.slot_name],
             )
             .await
@@ -340,6 +330,10 @@ impl PostgresSource {
                         "choose another postgres.slot_name, or SELECT pg_drop_replication_slot('{}');",
                         self.config.slot_name
                     )));
+                }
+                let wal_status: Option<String> = r.get(2);
+                if wal_status.as_deref() == Some("lost") {
+                    return Err(client::lost_slot_error(&self.config.slot_name));
                 }
                 Ok(true)
             }
@@ -569,6 +563,25 @@ impl PostgresSource {
     }
 }
 
+/// The needs-operator error of a start without a checkpoint while the slot
+/// exists: the runner's checkpoint is lost.
+pub fn checkpoint_lost_error(slot: &str) -> Error {
+    Error::needs_operator(format!(
+        "replication slot {slot} exists but the source runner has no checkpoint (its offsets topic is gone or \
+         empty): the position the copy reached is lost, and snapshotting again would leave rows deleted at the \
+         source meanwhile in the destination for ever"
+    ))
+    .with_class("tributary.checkpoint_lost")
+    .with_hint(format!(
+        "either (1) restore the runner's offsets topic (<prefix>.tributary.offsets, compacted) with its last \
+         checkpoint and start again: the copy resumes from it; or (2) copy everything again knowingly: stop the \
+         runner, drop the copy in the destination (sink-runner --config <sink.toml> delete --drop-destination), \
+         SELECT pg_drop_replication_slot('{slot}'); then start both runners: a new snapshot is taken. A runner \
+         stopped before it committed its first checkpoint also ends here: then nothing was published from the \
+         slot and (2) needs no destination drop (see docs/operations.md)"
+    ))
+}
+
 #[async_trait]
 impl Source for PostgresSource {
     async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
@@ -610,10 +623,12 @@ impl Source for PostgresSource {
         match resumed {
             None => {
                 if slot_exists {
-                    // Nothing was ever made durable from this slot (there is
-                    // no checkpoint), so it is safe to start over.
-                    tracing::warn!(slot = %self.config.slot_name, "dropping a replication slot that has no checkpoint");
-                    self.drop_slot().await?;
+                    // The slot has been streamed from, but the checkpoint
+                    // that says how far is gone (the offsets topic was
+                    // deleted or emptied). Starting over would snapshot
+                    // again and leave the rows deleted meanwhile in every
+                    // destination for ever: an operator decides.
+                    return Err(checkpoint_lost_error(&self.config.slot_name));
                 }
                 let mut tables = BTreeSet::new();
                 for id in &selected {
