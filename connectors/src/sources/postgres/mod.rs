@@ -141,6 +141,10 @@ pub struct PostgresSource {
     /// first row goes out (see the `snapshot` module).
     catch_up: Option<u64>,
     acked_lsn: u64,
+    /// This process created the slot and no checkpoint of it was made
+    /// durable yet: a start without a checkpoint (the first batch failed
+    /// and is retried) may drop it and begin again.
+    slot_created_here: bool,
     /// State, announced schemas and renames as of the last batch returned: what
     /// `next_batch` rolls back to after an error, so that a retried call
     /// continues exactly after what the runner has seen.
@@ -185,6 +189,7 @@ impl PostgresSource {
             streamer: None,
             catch_up: None,
             acked_lsn: 0,
+            slot_created_here: false,
             emitted: None,
         })
     }
@@ -298,6 +303,19 @@ impl PostgresSource {
             .and_then(parse_lsn)
             .ok_or_else(|| Error::retryable("CREATE_REPLICATION_SLOT returned no consistent point"))?;
         Ok((gated, lsn, text(2)))
+    }
+
+    async fn drop_slot(&self) -> Result<()> {
+        let catalog = self
+            .catalog
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        catalog
+            .client()
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.config.slot_name])
+            .await
+            .map_err(|e| classify_pg(e, "dropping a replication slot without checkpoint"))?;
+        Ok(())
     }
 
     async fn slot_exists(&self) -> Result<bool> {
@@ -622,7 +640,13 @@ impl Source for PostgresSource {
 
         match resumed {
             None => {
-                if slot_exists {
+                if slot_exists && self.slot_created_here {
+                    // Made by this process, nothing of it durable yet (the
+                    // first batch failed and is retried): begin again.
+                    tracing::info!(slot = %self.config.slot_name, "dropping the slot this runner made before its first checkpoint");
+                    self.drop_slot().await?;
+                    self.slot_created_here = false;
+                } else if slot_exists {
                     // The slot has been streamed from, but the checkpoint
                     // that says how far is gone (the offsets topic was
                     // deleted or emptied). Starting over would snapshot
@@ -639,6 +663,7 @@ impl Source for PostgresSource {
                 match self.config.snapshot_mode {
                     SnapshotMode::Initial => {
                         let (gated, lsn, name) = self.create_slot(&self.config.slot_name, false, true).await?;
+                        self.slot_created_here = true;
                         let name = name.ok_or_else(|| Error::retryable("the slot exported no snapshot"))?;
                         self.state = Some(SourceState {
                             version: CHECKPOINT_VERSION,
@@ -660,6 +685,7 @@ impl Source for PostgresSource {
                     }
                     SnapshotMode::Never => {
                         let (gated, lsn, _) = self.create_slot(&self.config.slot_name, false, false).await?;
+                        self.slot_created_here = true;
                         drop(gated);
                         self.state = Some(SourceState {
                             version: CHECKPOINT_VERSION,
@@ -732,6 +758,7 @@ impl Source for PostgresSource {
 
     async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let state = SourceState::from_checkpoint(checkpoint)?;
+        self.slot_created_here = false;
         if state.lsn > self.acked_lsn {
             self.acked_lsn = state.lsn;
         }
