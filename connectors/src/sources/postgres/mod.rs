@@ -703,10 +703,39 @@ impl Source for PostgresSource {
                 let pending: BTreeSet<TableId> =
                     state.snapshot.iter().flat_map(|s| s.tables.iter().map(TablePlan::id)).collect();
                 for id in &selected {
-                    let known = state.tables.contains(&id.to_string());
-                    if known && !pending.contains(id) {
+                    if state.tables.contains(&id.to_string()) && !pending.contains(id) {
                         self.announce(id).await?;
-                    } else if !known && !pending.contains(id) && self.config.new_tables == NewTables::Capture {
+                    }
+                }
+                // Listed again after the captured tables were announced (each
+                // rename tracked from then on): a table renamed or dropped
+                // while the source was away, or in between, is gone under
+                // its old name and, when selected, appears under its new one.
+                let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+                let selected: Vec<TableId> =
+                    catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
+                let vanished: Vec<String> = state
+                    .tables
+                    .iter()
+                    .filter(|t| !selected.iter().any(|id| id.to_string() == **t))
+                    .filter(|t| !pending.iter().any(|id| id.to_string() == **t))
+                    .cloned()
+                    .collect();
+                for t in vanished {
+                    let id = match self.announced.keys().find(|id| id.to_string() == t).cloned() {
+                        Some(id) => Some(id),
+                        None => t.split_once('.').map(|(s, n)| TableId::new(s, n)),
+                    };
+                    if let Some(id) = id {
+                        tracing::info!(table = %id, "captured table gone (dropped or renamed) while the source was away");
+                        self.announced.remove(&id);
+                        self.prelude.push(SourceMessage::TableDropped(id));
+                    }
+                    state.tables.remove(&t);
+                }
+                for id in &selected {
+                    let known = state.tables.contains(&id.to_string());
+                    if !known && !pending.contains(id) && self.config.new_tables == NewTables::Capture {
                         // Created while the source was away: snapshot it.
                         tracing::info!(table = %id, "table appeared while the source was stopped");
                         state.tables.insert(id.to_string());
