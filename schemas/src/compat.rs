@@ -72,14 +72,15 @@ pub fn check(old: &[Column], new: &[Column]) -> Vec<Violation> {
 pub fn relax(old: &[Column], new: &TableSchema) -> (TableSchema, Vec<Violation>) {
     let mut written = new.clone();
     let mut violations = Vec::new();
-    let names: Vec<String> = new.columns.iter().map(|c| c.name.clone()).collect();
     for c in &mut written.columns {
         let same_name = old.iter().find(|o| o.name == c.name);
         // A column of a new name with the identity of one that is gone was
         // renamed (found here, not only by the source, so that a restart
         // between the rename and its first event still finds it).
         let renamed_from = match (same_name, c.column_id) {
-            (None, Some(id)) => old.iter().find(|o| o.column_id == Some(id) && !names.contains(&o.name)),
+            (None, Some(id)) => old
+                .iter()
+                .find(|o| o.column_id == Some(id) && new.column_index(&o.name).is_none()),
             _ => None,
         };
         // Aliases stay on the column from version to version: a source that

@@ -161,6 +161,26 @@ pub async fn apply<W: Warehouse>(w: &mut W, batch: &SinkBatch, mode: Mode) -> Re
 /// decoded before the renaming version was first seen.
 fn read_as_newest(records: &[(KafkaPosition, SinkRecord)]) -> Option<Vec<(KafkaPosition, SinkRecord)>> {
     use std::sync::Arc;
+    // Nearly every batch has no renaming shape: found by looking at each
+    // schema once (consecutive events share one Arc), before any per-record
+    // work.
+    let mut previous: Option<&Arc<TableSchema>> = None;
+    let mut renames = false;
+    for (_, r) in records {
+        if let SinkRecord::Change(ev) = r {
+            if previous.is_some_and(|p| Arc::ptr_eq(p, &ev.schema)) {
+                continue;
+            }
+            previous = Some(&ev.schema);
+            if ev.schema.columns.iter().any(|c| !c.aliases.is_empty()) {
+                renames = true;
+                break;
+            }
+        }
+    }
+    if !renames {
+        return None;
+    }
     // The newest shape of each table: that of its change at the highest
     // source position (records of several partitions interleave).
     let mut newest: Vec<(&Arc<TableSchema>, Position)> = Vec::new();
