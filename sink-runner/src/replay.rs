@@ -101,6 +101,7 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
             table,
             records: vec![(position, record)],
             next_offsets: Vec::new(),
+            expected_offsets: Vec::new(),
         };
         let mut attempt = 0;
         loop {

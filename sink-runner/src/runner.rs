@@ -51,6 +51,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{oneshot, watch, Mutex};
 use tracing::{debug, error, info, info_span, warn, Instrument};
+use tributary_connectors::sink::bookkeeping::FENCED_CLASS;
 use tributary_connectors::{
     policy, ApplyError, Decision, Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord,
 };
@@ -171,6 +172,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
             buffers: BTreeMap::new(),
             assigned: BTreeSet::new(),
             expected: FxHashMap::default(),
+            stored: FxHashMap::default(),
+            rereading: BTreeSet::new(),
             tables: HashMap::new(),
             in_flight: None,
             ready: None,
@@ -540,6 +543,13 @@ struct Loop<S: Sink + 'static> {
     /// Next offset expected per partition: anything below is a stale
     /// prefetched record from before an assignment.
     expected: FxHashMap<(String, i32), i64>,
+    /// The offset each assigned partition has stored in the destination, as
+    /// this runner last read or wrote it (`None`: none): what a batch's
+    /// commit must find there (the fence, see `SinkBatch::expected_offsets`).
+    stored: FxHashMap<(String, i32), Option<i64>>,
+    /// Fenced partitions whose stored offsets could not be read yet: held
+    /// paused and looked at again with the stopped ones.
+    rereading: BTreeSet<(String, i32)>,
     /// Source table of each topic, once seen.
     tables: HashMap<String, TableId>,
     /// The batch being applied, while the loop consumes and decodes.
@@ -780,6 +790,7 @@ impl<S: Sink + 'static> Loop<S> {
                 RebalanceEvent::Assigned(parts) => {
                     for (topic, partition, offset) in parts {
                         assigned_topics.insert(topic.clone());
+                        self.stored.insert((topic.clone(), partition), offset);
                         match offset {
                             Some(o) => {
                                 self.expected.insert((topic.clone(), partition), o);
@@ -811,6 +822,8 @@ impl<S: Sink + 'static> Loop<S> {
                         }
                         self.assigned.remove(&(topic.clone(), partition));
                         self.expected.remove(&(topic.clone(), partition));
+                        self.stored.remove(&(topic.clone(), partition));
+                        self.rereading.remove(&(topic.clone(), partition));
                         if !self.assigned.iter().any(|(t, _)| *t == topic) {
                             // Paused again (if still wanted) once reassigned.
                             self.operator_paused.remove(&topic);
@@ -1023,14 +1036,34 @@ impl<S: Sink + 'static> Loop<S> {
     /// there.
     async fn probe_stopped(&mut self) {
         self.stopped_probe = None;
-        if self.stopped.is_empty() {
+        if self.stopped.is_empty() && self.rereading.is_empty() {
             return;
         }
-        let parts: Vec<(String, i32)> = self.stopped.keys().cloned().collect();
+        let parts: Vec<(String, i32)> = self.stopped.keys().chain(&self.rereading).cloned().collect();
+        self.restart_from_stored(parts).await;
+    }
+
+    /// Makes `parts` go on from the offsets stored in the destination now:
+    /// stopped partitions once their offset is in range again, fenced ones
+    /// at once. When the destination cannot tell, they wait paused and are
+    /// looked at again with the stopped ones.
+    async fn restart_from_stored(&mut self, parts: Vec<(String, i32)>) {
+        if parts.is_empty() {
+            return;
+        }
         let stored = match self.sink.lock().await.committed_offsets(&parts).await {
             Ok(s) => s,
             Err(e) => {
-                warn!(error = %e, "cannot read the stored offsets of stopped partitions");
+                warn!(error = %e, "cannot read the stored offsets of stopped or fenced partitions");
+                for key in parts {
+                    if !self.stopped.contains_key(&key) && self.rereading.insert(key.clone()) {
+                        let mut tpl = TopicPartitionList::new();
+                        tpl.add_partition(&key.0, key.1);
+                        if let Err(e) = self.consumer.pause(&tpl) {
+                            warn!(topic = %key.0, partition = key.1, error = %e, "cannot pause the partition");
+                        }
+                    }
+                }
                 self.stopped_probe = Some(Instant::now() + tributary_connectors::error::OPERATOR_PROBE_DELAY);
                 return;
             }
@@ -1063,6 +1096,8 @@ impl<S: Sink + 'static> Loop<S> {
                 continue;
             }
             self.stopped.remove(&key);
+            self.rereading.remove(&key);
+            self.stored.insert(key.clone(), stored);
             match stored {
                 Some(o) => self.expected.insert(key.clone(), o),
                 None => self.expected.remove(&key),
@@ -1089,12 +1124,12 @@ impl<S: Sink + 'static> Loop<S> {
                 }
             }
             let label = (self.labeler)(&self.table_of(&topic));
-            info!(table = %label, topic = %topic, partition, offset = ?at, "stopped partition resumed: its stored offset is in range");
+            info!(table = %label, topic = %topic, partition, offset = ?at, "partition goes on from its stored offset");
             if !held {
                 self.set_streaming(&topic, &label);
             }
         }
-        if !self.stopped.is_empty() {
+        if !self.stopped.is_empty() || !self.rereading.is_empty() {
             self.stopped_probe = Some(Instant::now() + tributary_connectors::error::OPERATOR_PROBE_DELAY);
         }
     }
@@ -1283,6 +1318,7 @@ impl<S: Sink + 'static> Loop<S> {
             table: table.clone(),
             records: batch_records,
             next_offsets,
+            expected_offsets: Vec::new(),
         };
         Ok(Some(Prepared {
             taken: Taken {
@@ -1307,7 +1343,13 @@ impl<S: Sink + 'static> Loop<S> {
             return;
         }
         let sink = self.sink.clone();
-        let batch = p.batch;
+        let mut batch = p.batch;
+        // Set now, not when decoded: the batch before it may have moved them.
+        batch.expected_offsets = batch
+            .next_offsets
+            .iter()
+            .filter_map(|(t, p, _)| self.stored.get(&(t.clone(), *p)).map(|at| (t.clone(), *p, *at)))
+            .collect();
         let (tx, done) = oneshot::channel();
         tokio::spawn(async move {
             let result = sink.lock().await.apply(&batch).await;
@@ -1357,6 +1399,28 @@ impl<S: Sink + 'static> Loop<S> {
         // is on its way.
         let applied = match self.finish_inner(f, joined).instrument(span).await {
             Ok(buf) => Some(buf),
+            Err((_, revoked, error)) if error.class() == FENCED_CLASS => {
+                // Another runner (or an operator) stored offsets for these
+                // partitions: nothing of the batch was written. Everything
+                // buffered for the topic is dropped and its partitions go
+                // on from what is stored now.
+                let label = (self.labeler)(&table);
+                warn!(table = %label, topic = %topic, error = %error, "batch fenced: reading the stored offsets again");
+                self.telemetry
+                    .record_error(&label, &error.to_string(), &error.kind().to_string());
+                if self.ready.as_ref().is_some_and(|r| r.taken.topic == topic) {
+                    self.ready = None;
+                }
+                self.buffers.remove(&topic);
+                let parts: Vec<(String, i32)> = self
+                    .assigned
+                    .iter()
+                    .filter(|(t, p)| *t == topic && !revoked.contains(p))
+                    .cloned()
+                    .collect();
+                self.restart_from_stored(parts).await;
+                None
+            }
             Err((buf, revoked, error)) => {
                 // Newer records of the table go back behind the failed ones.
                 if self.ready.as_ref().is_some_and(|r| r.taken.topic == topic) {
@@ -1461,6 +1525,7 @@ impl<S: Sink + 'static> Loop<S> {
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
             if !revoked.contains(p) && self.assigned.contains(&(t.clone(), *p)) {
+                self.stored.insert((t.clone(), *p), Some(*o));
                 let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*o));
             }
         }

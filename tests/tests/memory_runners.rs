@@ -170,3 +170,160 @@ async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resu
     stop.send(true).expect("stop");
     runner.await.expect("join").expect("runner");
 }
+
+/// A memory sink whose first apply waits until the test opens its gate: a
+/// member stalled inside its write (a long GC pause, a frozen VM, a
+/// destination that hangs) while the group moves its partitions on.
+struct Gated {
+    sink: tributary_connectors::sink::memory::MemorySink,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    first: bool,
+    /// Outcomes of every apply, for the test.
+    outcomes: std::sync::Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
+}
+
+#[async_trait::async_trait]
+impl Sink for Gated {
+    async fn committed_offsets(
+        &mut self,
+        partitions: &[(String, i32)],
+    ) -> tributary_connectors::Result<Vec<Option<i64>>> {
+        self.sink.committed_offsets(partitions).await
+    }
+    async fn apply(&mut self, batch: &tributary_connectors::SinkBatch) -> Result<(), tributary_connectors::ApplyError> {
+        if std::mem::take(&mut self.first) {
+            let _ = self.gate.acquire().await;
+        }
+        let r = self.sink.apply(batch).await;
+        self.outcomes
+            .lock()
+            .unwrap()
+            .push(r.as_ref().map(|_| ()).map_err(|e| format!("{} [{}]", e.error, e.error.class())));
+        r
+    }
+    async fn trial_apply(
+        &mut self,
+        batch: &tributary_connectors::SinkBatch,
+    ) -> Result<(), tributary_connectors::ApplyError> {
+        self.sink.trial_apply(batch).await
+    }
+    async fn check(&mut self) -> Vec<tributary_connectors::Problem> {
+        self.sink.check().await
+    }
+    async fn delete_copy(&mut self, drop: &[TableId]) -> tributary_connectors::Result<Vec<String>> {
+        self.sink.delete_copy(drop).await
+    }
+}
+
+/// Two sink runners of one group. The first stalls inside its first write
+/// (its batch holds a row the source deletes later); the group gives up on
+/// it (`max.poll.interval.ms`) and the second applies the topic, the delete
+/// included. When the first one's write goes on, it is fenced: it writes
+/// nothing, the deleted row stays deleted and the stored offset does not
+/// move backwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_sink_member_cannot_write_after_the_group_moved_on() {
+    let store = MemoryStore::new();
+    let mut topic = EventTopic::new("zombie", 1).await;
+    let group = unique("zombie");
+    let text = topic.sink_runner_config(&group, UNUSED_POSTGRES).replace(
+        "\"heartbeat.interval.ms\" = \"1000\"\n",
+        "\"heartbeat.interval.ms\" = \"1000\"\n\"max.poll.interval.ms\" = \"8000\"\n",
+    );
+    let config: SinkRunnerConfig = tributary_operations::config::parse(&text, "test").expect("config");
+    let s = items();
+    topic
+        .produce(
+            &(1..=10)
+                .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), 10, 0))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (stop, stopped) = watch::channel(false);
+    let stalled_telemetry = Telemetry::new("stalled", "sink");
+    let stalled = {
+        let sink = Box::new(Gated {
+            sink: store.sink(&group),
+            gate: gate.clone(),
+            first: true,
+            outcomes: outcomes.clone(),
+        });
+        let labeler = sink.labeler();
+        tokio::spawn(sink_runner::run_with_sink(
+            config.clone(),
+            sink,
+            labeler,
+            stalled_telemetry.clone(),
+            Control::new(),
+            stopped.clone(),
+        ))
+    };
+    // The first member is inside its first write (the gate holds it).
+    wait_for("the first member's stalled write", Duration::from_secs(60), || async {
+        (gate.available_permits() == 0 && store.state().commits == 0 && outcomes.lock().unwrap().is_empty())
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let other_telemetry = Telemetry::new("other", "sink");
+    let other = {
+        let sink: Box<dyn Sink> = Box::new(store.sink(&group));
+        let labeler = sink.labeler();
+        tokio::spawn(sink_runner::run_with_sink(
+            config.clone(),
+            sink,
+            labeler,
+            other_telemetry.clone(),
+            Control::new(),
+            stopped,
+        ))
+    };
+    wait_for("the second member to copy the snapshot", Duration::from_secs(90), || async {
+        (store.rows("public.items").len() == 10).then_some(())
+    })
+    .await;
+    topic
+        .produce(&[
+            event(&s, Op::Delete, Some(key_row(1)), None, 20, 0),
+            event(&s, Op::Update, None, Some(row(2, "two", 2, "2.00")), 20, 1),
+        ])
+        .await;
+    let stored = |store: &MemoryStore| store.state().offsets.iter().find(|((g, _, _), _)| *g == group).map(|(_, o)| *o);
+    // The sink stores the offset after the last record; the producer's
+    // commit marker comes after it.
+    let end = |topic: &EventTopic| topic.end_offsets().values().next().map(|o| o - 1);
+    let after_delete = end(&topic);
+    wait_for("the second member to apply the delete", Duration::from_secs(60), || async {
+        (stored(&store) == after_delete).then_some(())
+    })
+    .await;
+    assert!(store.rows("public.items").iter().all(|r| r.get("id") != Some(&Value::Int32(1))));
+    // The first member's write goes on now.
+    gate.add_permits(1);
+    wait_for("the first member's write to end", Duration::from_secs(30), || async {
+        (!outcomes.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    let first = outcomes.lock().unwrap()[0].clone();
+    assert!(
+        first.as_ref().is_err_and(|e| e.contains("tributary.fenced")),
+        "the stalled member's write: {first:?}"
+    );
+    // Whoever owns the partition now, nothing goes backwards.
+    topic
+        .produce(&[event(&s, Op::Update, None, Some(row(3, "three", 3, "3.00")), 21, 0)])
+        .await;
+    let last = end(&topic);
+    assert!(last > after_delete);
+    wait_for("the last change", Duration::from_secs(90), || async { (stored(&store) == last).then_some(()) }).await;
+    let rows = store.rows("public.items");
+    assert_eq!(rows.len(), 9, "{rows:?}");
+    assert!(rows.iter().all(|r| r.get("id") != Some(&Value::Int32(1))), "the deleted row came back");
+    assert_eq!(rows[0].get("name"), Some(&Value::Text("two".into())), "{rows:?}");
+    assert_eq!(rows[1].get("name"), Some(&Value::Text("three".into())), "{rows:?}");
+    stop.send(true).expect("stop");
+    stalled.await.expect("join").expect("stalled runner");
+    other.await.expect("join").expect("other runner");
+}

@@ -332,6 +332,7 @@ async fn a_dropped_source_table_is_dropped_only_when_configured() {
             SinkRecord::TableDropped(s.id.clone()),
         )],
         next_offsets: vec![("t".into(), 0, offset + 1)],
+        expected_offsets: Vec::new(),
     };
     keep.apply(&dropped(1)).await.unwrap();
     assert_eq!(fx.rows().await.len(), 1, "drop_tables = false must keep the table");

@@ -15,6 +15,25 @@ pub const BOOKKEEPING_SCHEMA: &str = "tributary";
 /// The offsets table: `(consumer_group, topic, partition) -> next_offset`,
 /// written in the same transaction as the rows it covers.
 pub const OFFSETS_TABLE: &str = "offsets";
+/// The deleted-rows table: `(destination table, row key) -> position` of
+/// the newest delete of each key (and, under [`TABLE_ROW_KEY`], of the
+/// newest truncate or copy of the table), so that an older change arriving
+/// later (a member that lost its partition, an old key's events on another
+/// partition, a replayed dead letter) cannot bring a deleted row back. A
+/// key's entry goes when a newer change writes the row again, the others
+/// after the sink's `deleted_rows_retention_hours`.
+pub const DELETED_TABLE: &str = "deleted_rows";
+/// The row key under which the deleted-rows table keeps a table-wide
+/// removal (a truncate, a copy): no key renders empty ([`key_text`]).
+pub const TABLE_ROW_KEY: &str = "";
+/// Staging column holding a row's key as [`key_text`] renders it.
+pub const KEY_COLUMN: &str = "__tributary_key";
+/// How long a deleted row's entry is kept unless configured otherwise: a
+/// change older than a delete that arrives later than this may bring the
+/// row back (Kafka's own `delete.retention.ms` for tombstones is one day).
+pub const DEFAULT_DELETED_ROWS_RETENTION_HOURS: u64 = 168;
+/// How often a sink removes expired deleted-row entries.
+pub const DELETED_ROWS_PRUNE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
 /// Column holding `Position::commit` of the event that last wrote a row.
 pub const COMMIT_COLUMN: &str = "__tributary_commit";
 /// Column holding `Position::index` of the event that last wrote a row.
@@ -40,6 +59,85 @@ pub fn position_i64(p: Position) -> Result<(i64, i64)> {
     let commit = i64::try_from(p.commit).map_err(|_| out_of_range())?;
     let index = i64::try_from(p.index).map_err(|_| out_of_range())?;
     Ok((commit, index))
+}
+
+/// A row key as the deleted-rows table stores it: the core's key bytes
+/// ([`super::reduce::key_bytes`]: every key value's text, length-prefixed)
+/// in hex. Never empty, and the same for a key column widened by a schema
+/// change.
+pub fn key_text(key_bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(key_bytes.len() * 2);
+    for b in key_bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 15)] as char);
+    }
+    out
+}
+
+/// What the stored offset of a partition must be for a batch to commit:
+/// the offset this runner last read or wrote for it. Another runner that
+/// took the partition over and committed since (or an operator who moved
+/// it) makes the batch fail as [`fenced`], so a member that lost a
+/// partition can never write for it, nor move its offset backwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// Not checked (`sink-runner replay`, tests of one sink alone).
+    Unchecked,
+    /// No offset may be stored yet.
+    Absent,
+    /// The stored offset must be this one.
+    At(i64),
+}
+
+/// One partition's offset move in a batch's unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetMove<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// What must be stored now.
+    pub fence: Fence,
+    /// What is stored after the batch.
+    pub next: i64,
+}
+
+/// The offset moves of a batch: each next offset with the fence its
+/// partition has in `expected` (unchecked where it has none).
+pub fn offset_moves<'a>(
+    next: &'a [(String, i32, i64)],
+    expected: &[(String, i32, Option<i64>)],
+) -> Vec<OffsetMove<'a>> {
+    next.iter()
+        .map(|(topic, partition, next)| {
+            let fence = expected
+                .iter()
+                .find(|(t, p, _)| t == topic && p == partition)
+                .map_or(Fence::Unchecked, |(_, _, at)| at.map_or(Fence::Absent, Fence::At));
+            OffsetMove { topic, partition: *partition, fence, next: *next }
+        })
+        .collect()
+}
+
+/// The class of [`fenced`] errors; dialects that raise it from SQL put it
+/// in the message, where [`is_fenced_message`] finds it.
+pub const FENCED_CLASS: &str = "tributary.fenced";
+
+/// Whether a destination's error message is the fence's own.
+pub fn is_fenced_message(message: &str) -> bool {
+    message.contains(FENCED_CLASS)
+}
+
+/// The error of a batch whose partitions' stored offsets are not what its
+/// runner expected: retryable, and the runner reads the stored offsets
+/// again before anything else of those partitions.
+pub fn fenced(detail: &str) -> Error {
+    Error::retryable(format!(
+        "the stored offsets moved under this sink runner ({detail}): another runner of the consumer group \
+         took the partition over, or an operator changed the offsets; nothing of the batch was written"
+    ))
+    .with_class(FENCED_CLASS)
 }
 
 /// How a dialect compares the stored position of a row with another one.
@@ -88,6 +186,31 @@ mod tests {
         let e = position_i64(Position { commit: u64::MAX, index: 0 }).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Permanent);
         assert_eq!(e.class(), "tributary.position");
+    }
+
+    #[test]
+    fn key_texts_are_hex_and_never_empty() {
+        assert_eq!(key_text(&[0, 1, 0xab]), "0001ab");
+        // Every key value is length-prefixed: no key renders as the
+        // table-wide entry's key.
+        assert_ne!(key_text(&0u64.to_le_bytes()), TABLE_ROW_KEY);
+    }
+
+    #[test]
+    fn offset_moves_take_the_fence_of_their_partition() {
+        let next = vec![
+            ("t".to_string(), 0, 10),
+            ("t".to_string(), 1, 5),
+            ("u".to_string(), 0, 3),
+        ];
+        let expected = vec![("t".to_string(), 0, Some(7)), ("t".to_string(), 1, None)];
+        let moves = offset_moves(&next, &expected);
+        assert_eq!(
+            moves.iter().map(|m| m.fence).collect::<Vec<_>>(),
+            vec![Fence::At(7), Fence::Absent, Fence::Unchecked]
+        );
+        assert_eq!(fenced("x").class(), FENCED_CLASS);
+        assert!(is_fenced_message("invalid input syntax for type integer: \"tributary.fenced: 1 of 2\""));
     }
 
     #[test]

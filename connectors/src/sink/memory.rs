@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value};
 
-use super::bookkeeping::is_bookkeeping;
+use super::bookkeeping::{fenced, is_bookkeeping, Fence, OffsetMove};
 use super::reduce::{key_bytes, Reduction};
 use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape};
 use super::warehouse::{self, Mode, Warehouse};
@@ -40,6 +40,11 @@ pub struct MemoryTable {
     pub shape: TableShape<DataType>,
     /// Rows by key (the core's key bytes).
     pub rows: BTreeMap<Vec<u8>, StoredRow>,
+    /// The deleted-rows entries: the position of each key's newest delete
+    /// (kept until a newer change writes the key again).
+    pub deleted: BTreeMap<Vec<u8>, Position>,
+    /// The table-wide entry: the newest truncate or copy.
+    pub removed_before: Option<Position>,
 }
 
 /// Everything the sinks of one destination share.
@@ -225,11 +230,25 @@ impl Warehouse for MemorySink {
         Ok(())
     }
 
-    async fn finish(&mut self, offsets: &[(String, i32, i64)]) -> Result<()> {
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
         let group = self.consumer_group.clone();
         let unit = self.unit()?;
-        for (topic, partition, next) in offsets {
-            unit.offsets.insert((group.clone(), topic.clone(), *partition), *next);
+        for m in offsets {
+            let key = (group.clone(), m.topic.to_string(), m.partition);
+            let stored = unit.offsets.get(&key).copied();
+            let holds = match m.fence {
+                Fence::Unchecked => true,
+                Fence::Absent => stored.is_none(),
+                Fence::At(at) => stored == Some(at),
+            };
+            if !holds {
+                self.open = None;
+                return Err(fenced(&format!(
+                    "{} partition {}: expected {:?}, stored {stored:?}",
+                    m.topic, m.partition, m.fence
+                )));
+            }
+            unit.offsets.insert(key, m.next);
         }
         let unit = self.open.take().ok_or_else(|| Error::retryable("no unit is open"))?;
         if self.mode == Mode::Commit {
@@ -296,9 +315,10 @@ impl Warehouse for MemorySink {
     }
 
     async fn truncate(&mut self, table: &String, at: Position) -> Result<()> {
-        if let Some(t) = self.unit()?.tables.get_mut(table) {
-            t.rows.retain(|_, row| row.position >= at);
-        }
+        let t = self.unit()?.tables.entry(table.clone()).or_default();
+        t.rows.retain(|_, row| row.position >= at);
+        t.deleted.retain(|_, p| *p >= at);
+        t.removed_before = t.removed_before.max(Some(at));
         Ok(())
     }
 
@@ -317,6 +337,14 @@ impl Warehouse for MemorySink {
                 if or_same {
                     stored.rows.remove(&key);
                 }
+                let entry = stored.deleted.entry(key).or_insert(line.position);
+                *entry = (*entry).max(line.position);
+                continue;
+            }
+            // Deleted (or truncated away) at or after this change: it must
+            // not bring the row back.
+            let removed = stored.deleted.get(&key).copied().max(stored.removed_before);
+            if removed.is_some_and(|p| p >= line.position) {
                 continue;
             }
             let mut values = BTreeMap::new();
@@ -349,6 +377,7 @@ impl Warehouse for MemorySink {
                     values.insert(c.name.clone(), kept.get(&c.name).cloned().unwrap_or(Value::Null));
                 }
             }
+            stored.deleted.remove(&key);
             if older {
                 stored.rows.insert(key, StoredRow { values, position: line.position });
             }

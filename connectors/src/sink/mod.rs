@@ -73,6 +73,11 @@ pub struct SinkBatch {
     /// (Kafka's convention: last applied offset + 1). Tombstones and records
     /// sent to a dead-letter topic are covered too.
     pub next_offsets: Vec<(String, i32, i64)>,
+    /// The offset each partition of `next_offsets` must have stored for the
+    /// batch to commit (`None`: none stored yet), as this runner last read
+    /// or wrote it; a partition not listed is not checked. See
+    /// [`bookkeeping::Fence`].
+    pub expected_offsets: Vec<(String, i32, Option<i64>)>,
 }
 
 /// Why a batch was not applied.
@@ -106,8 +111,15 @@ pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
 /// * The runner consumes from [`Sink::committed_offsets`] after every
 ///   (re)assignment, so after a crash nothing is applied twice and nothing is
 ///   skipped.
+/// * The offsets move only from [`SinkBatch::expected_offsets`]: when
+///   another runner (or an operator) stored something else meanwhile the
+///   batch fails, writing nothing, with a retryable error of class
+///   [`bookkeeping::FENCED_CLASS`]; the runner then reads the stored
+///   offsets again. A member that lost its partitions cannot write.
 /// * Applying is idempotent and ordered by source position: an event older
-///   than what a row already holds never moves that row backwards.
+///   than what a row already holds never moves that row backwards, and an
+///   event older than a row's delete (or the table's truncate) never brings
+///   the row back (the deleted-rows table, [`bookkeeping::DELETED_TABLE`]).
 /// * A failed apply leaves no trace. On a permanent error caused by one
 ///   record, [`ApplyError::record`] names it; the runner dead-letters it and
 ///   applies the rest of the batch again.

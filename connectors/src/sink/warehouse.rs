@@ -27,6 +27,7 @@ use tributary_schemas::{ChangeEvent, Position, TableId, TableSchema};
 
 use super::batch::{group_by_destination, segments, Segment};
 use super::bisect::{locate_failed_record, PrefixProbe};
+use super::bookkeeping::{offset_moves, OffsetMove};
 use super::reduce::{newest_truncate, Group, Reduction};
 use super::schema::Evolution;
 use super::{ApplyError, KafkaPosition, SinkBatch, SinkRecord};
@@ -74,10 +75,14 @@ pub trait Warehouse: Send {
     /// Opens the unit that makes one batch durable, in `mode`.
     async fn begin(&mut self, mode: Mode) -> Result<()>;
 
-    /// Stores `offsets` (topic, partition, next offset) in the open unit and
-    /// ends it: committed in [`Mode::Commit`], rolled back in [`Mode::Trial`].
-    /// Rows and offsets become visible together or not at all.
-    async fn finish(&mut self, offsets: &[(String, i32, i64)]) -> Result<()>;
+    /// Stores `offsets` in the open unit and ends it: committed in
+    /// [`Mode::Commit`], rolled back in [`Mode::Trial`]. Rows and offsets
+    /// become visible together or not at all. A move whose fence does not
+    /// hold (the stored offset is not the expected one) fails the unit with
+    /// [`super::bookkeeping::fenced`]: checked in the unit, under the
+    /// destination's own concurrency control, so that of two runners that
+    /// both believe they own a partition only one commits.
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()>;
 
     /// Undoes the open unit after an error. Never fails: a session that
     /// cannot roll back is dropped (the next [`Warehouse::connect`] opens
@@ -99,7 +104,10 @@ pub trait Warehouse: Send {
     async fn drop_table(&mut self, table: &Self::Table) -> Result<()>;
 
     /// Removes every row of `table` older than `at` (a truncate; rows newer
-    /// than it are a replay's and stay).
+    /// than it are a replay's and stay), and keeps `at` as the table-wide
+    /// entry of the deleted-rows table ([`super::bookkeeping::TABLE_ROW_KEY`],
+    /// unless a newer one is there), so that no older change arriving later
+    /// writes a row again; the table's older key entries go.
     async fn truncate(&mut self, table: &Self::Table, at: Position) -> Result<()>;
 
     /// Whether [`Warehouse::load_new`] is worth trying.
@@ -116,7 +124,13 @@ pub trait Warehouse: Send {
     }
 
     /// Writes the reduced changes into `table`: each upsert and delete only
-    /// where the stored row is older than the change. `after_load` is set
+    /// where the stored row is older than the change (a delete also at the
+    /// same position). Each delete keeps its position in the deleted-rows
+    /// table (the newer of the two where its key has one); an upsert is
+    /// written only where its position is newer than its key's deleted-row
+    /// entry and the table-wide one, and removes its key's older entry.
+    /// [`Warehouse::load_new`] must refuse (or not try) a group when the
+    /// table has deleted-row entries. `after_load` is set
     /// when [`Warehouse::load_new`] was tried for this batch (or in a
     /// probe), so nothing cached about the session is to be trusted. A value
     /// the destination refuses is a permanent error naming its record.
@@ -145,7 +159,8 @@ pub async fn apply<W: Warehouse>(w: &mut W, batch: &SinkBatch, mode: Mode) -> Re
     }
     let renamed = read_as_newest(&batch.records);
     let records = renamed.as_deref().unwrap_or(&batch.records);
-    match unit(w, records, &batch.next_offsets, mode).await {
+    let offsets = offset_moves(&batch.next_offsets, &batch.expected_offsets);
+    match unit(w, records, &offsets, mode).await {
         Ok(()) => Ok(()),
         Err(f) if f.error.kind() == ErrorKind::Permanent && f.record.is_none() && !records.is_empty() => {
             locate(w, records, f.error).await
@@ -227,7 +242,7 @@ fn read_as_newest(records: &[(KafkaPosition, SinkRecord)]) -> Option<Vec<(KafkaP
 async fn unit<W: Warehouse>(
     w: &mut W,
     records: &[(KafkaPosition, SinkRecord)],
-    offsets: &[(String, i32, i64)],
+    offsets: &[OffsetMove<'_>],
     mode: Mode,
 ) -> Result<(), ApplyError> {
     w.begin(mode).await?;

@@ -171,6 +171,154 @@ pub async fn deleted_row_stays_deleted(fx: &dyn SinkFixture) {
     assert_eq!(rows.len(), 2);
 }
 
+/// A change older than a row's delete, arriving in a later batch (a
+/// member that lost its partition, the old key's events on another
+/// partition, a replayed dead letter), never brings the row back; a newer
+/// one does, and then an older one cannot move it backwards.
+pub async fn older_change_after_delete_stays_deleted(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");
+    sink.apply(&batch(TOPIC, 3, vec![event(&s, Op::Delete, Some(key_row(1)), None, 40, 0)]))
+        .await
+        .expect("delete");
+    // Older than the delete, each in a batch of its own, on another
+    // partition: an update, an insert, and a read (a snapshot's).
+    for (n, ev) in [
+        event(&s, Op::Update, None, Some(row(1, "stale update", 9, "9.00")), 39, 0),
+        event(&s, Op::Create, None, Some(row(1, "stale insert", 9, "9.00")), 30, 2),
+        event(&s, Op::Read, None, Some(row(1, "stale read", 9, "9.00")), 40, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut b = batch(TOPIC, 0, vec![ev]);
+        b.next_offsets = vec![(TOPIC.into(), 1, n as i64 + 1)];
+        b.records[0].0.partition = 1;
+        sink.apply(&b).await.expect("older change");
+        let rows = fx.rows().await;
+        assert!(!rows.iter().any(|r| r.starts_with("1|")), "an older change brought row 1 back: {rows:?}");
+    }
+    // A newer insert of the key writes it again; older ones then lose to it.
+    sink.apply(&batch(TOPIC, 4, vec![event(&s, Op::Create, None, Some(row(1, "again", 5, "5.00")), 50, 0)]))
+        .await
+        .expect("newer insert");
+    let mut b = batch(TOPIC, 3, vec![event(&s, Op::Update, None, Some(row(1, "stale", 9, "9.00")), 45, 0)]);
+    b.next_offsets = vec![(TOPIC.into(), 1, 4)];
+    b.records[0].0.partition = 1;
+    sink.apply(&b).await.expect("older update");
+    let rows = fx.rows().await;
+    assert!(rows.contains(&"1|again|5|5.00".to_string()), "{rows:?}");
+    // Deleted again; an older change after it still cannot bring it back.
+    sink.apply(&batch(TOPIC, 5, vec![event(&s, Op::Delete, Some(key_row(1)), None, 60, 0)]))
+        .await
+        .expect("second delete");
+    let mut b = batch(TOPIC, 4, vec![event(&s, Op::Update, None, Some(row(1, "stale", 9, "9.00")), 55, 0)]);
+    b.next_offsets = vec![(TOPIC.into(), 1, 5)];
+    b.records[0].0.partition = 1;
+    sink.apply(&b).await.expect("older update again");
+    let rows = fx.rows().await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(!rows.iter().any(|r| r.starts_with("1|")), "{rows:?}");
+}
+
+/// An update that changes a row's key deletes the old key at its position
+/// (on the new key's partition): older events of the old key, applied
+/// later from their own partition, do not bring it back.
+pub async fn key_change_across_partitions(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");
+    // Partition 0 carries the key change 2 -> 20 at 30.
+    sink.apply(&batch(
+        TOPIC,
+        3,
+        vec![event(
+            &s,
+            Op::Update,
+            Some(row(2, "item 2", 2, "1.50")),
+            Some(row(20, "moved", 2, "1.50")),
+            30,
+            0,
+        )],
+    ))
+    .await
+    .expect("key change");
+    // Partition 1 still held an older update of key 2.
+    let mut b = batch(TOPIC, 0, vec![event(&s, Op::Update, None, Some(row(2, "older", 7, "1.50")), 25, 0)]);
+    b.next_offsets = vec![(TOPIC.into(), 1, 1)];
+    b.records[0].0.partition = 1;
+    sink.apply(&b).await.expect("older update of the old key");
+    let rows = fx.rows().await;
+    assert!(!rows.iter().any(|r| r.starts_with("2|")), "the old key came back: {rows:?}");
+    assert!(rows.contains(&"20|moved|2|1.50".to_string()), "{rows:?}");
+}
+
+/// An older change after a truncate (applied in an earlier batch) does not
+/// bring a row back; a newer one writes it.
+pub async fn older_change_after_truncate_stays_removed(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");
+    sink.apply(&batch(TOPIC, 3, vec![event(&s, Op::Truncate, None, None, 40, 0)]))
+        .await
+        .expect("truncate");
+    let mut b = batch(TOPIC, 0, vec![event(&s, Op::Update, None, Some(row(2, "older", 7, "1.50")), 35, 0)]);
+    b.next_offsets = vec![(TOPIC.into(), 1, 1)];
+    b.records[0].0.partition = 1;
+    sink.apply(&b).await.expect("older update");
+    assert_eq!(fx.rows().await, Vec::<String>::new(), "an older change came back after the truncate");
+    sink.apply(&batch(TOPIC, 4, vec![event(&s, Op::Create, None, Some(row(2, "newer", 7, "1.50")), 41, 0)]))
+        .await
+        .expect("newer insert");
+    assert_eq!(fx.rows().await, vec!["2|newer|7|1.50".to_string()]);
+}
+
+/// Two members that both believe they own a partition: only the one whose
+/// expected offset is what is stored commits; the other writes nothing, its
+/// error is retryable and says it was fenced.
+pub async fn fenced_member_writes_nothing(fx: &dyn SinkFixture) {
+    let group = unique("g");
+    let mut owner = fx.sink(&group, false);
+    let mut zombie = fx.sink(&group, false);
+    let s = items();
+    let mut first = batch(TOPIC, 0, snapshot_events(&s, 3));
+    first.expected_offsets = vec![(TOPIC.into(), 0, None)];
+    owner.apply(&first).await.expect("first batch");
+    // Both read offset 3 at their assignment; the owner commits first.
+    let mut by_owner = batch(TOPIC, 3, vec![event(&s, Op::Update, None, Some(row(1, "owner", 1, "1.50")), 20, 0)]);
+    by_owner.expected_offsets = vec![(TOPIC.into(), 0, Some(3))];
+    owner.apply(&by_owner).await.expect("owner's batch");
+    let mut by_zombie = batch(
+        TOPIC,
+        3,
+        vec![
+            event(&s, Op::Update, None, Some(row(1, "zombie", 1, "1.50")), 30, 0),
+            event(&s, Op::Delete, Some(key_row(2)), None, 30, 1),
+        ],
+    );
+    by_zombie.expected_offsets = vec![(TOPIC.into(), 0, Some(3))];
+    let e = zombie.apply(&by_zombie).await.expect_err("the zombie's batch must be refused");
+    assert_eq!(e.error.kind(), ErrorKind::Retryable, "{}", e.error);
+    assert_eq!(e.error.class(), "tributary.fenced", "{}", e.error);
+    assert_eq!(e.record, None);
+    let rows = fx.rows().await;
+    assert!(rows.contains(&"1|owner|1|1.50".to_string()) && rows.iter().any(|r| r.starts_with("2|")), "{rows:?}");
+    assert_eq!(stored(&mut owner).await, offsets(4), "the zombie moved the offset");
+    // Nothing may be stored where the batch expects none.
+    let mut fresh = batch(TOPIC, 0, snapshot_events(&s, 1));
+    fresh.expected_offsets = vec![(TOPIC.into(), 0, None)];
+    let e = zombie.apply(&fresh).await.expect_err("an offset is stored already");
+    assert_eq!(e.error.class(), "tributary.fenced", "{}", e.error);
+    assert_eq!(stored(&mut owner).await, offsets(4));
+    // From what is stored, the same member goes on.
+    by_zombie.records.iter_mut().for_each(|(p, _)| p.offset += 1);
+    by_zombie.next_offsets = vec![(TOPIC.into(), 0, 6)];
+    by_zombie.expected_offsets = vec![(TOPIC.into(), 0, Some(4))];
+    zombie.apply(&by_zombie).await.expect("from the stored offset");
+    assert_eq!(stored(&mut owner).await, offsets(6));
+}
+
 /// A batch that fails moves neither rows nor offsets; the next one that
 /// applies moves both.
 pub async fn atomic_offsets(fx: &dyn SinkFixture) {
@@ -319,6 +467,7 @@ pub async fn table_drop_when_configured(fx: &dyn SinkFixture) {
             SinkRecord::TableDropped(s.id.clone()),
         )],
         next_offsets: vec![(TOPIC.into(), 0, offset + 1)],
+        expected_offsets: Vec::new(),
     };
     let mut keeping = fx.sink(&unique("g"), false);
     keeping.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");

@@ -244,6 +244,9 @@ pub(super) fn classify_proto(errors: &[ErrorProto], ctx: &Ctx) -> Error {
     let first = errors.first();
     let reason = first.and_then(|e| e.reason.clone()).unwrap_or_else(|| "unknown".into());
     let message = first.and_then(|e| e.message.clone()).unwrap_or_default();
+    if crate::sink::bookkeeping::is_fenced_message(&message) {
+        return with_ctx(crate::sink::bookkeeping::fenced(&message), ctx);
+    }
     let kind = reason_kind(&reason, &message);
     with_ctx(
         Error::new(kind, format!("BigQuery: {reason}: {}", redact(&message))).with_class(format!("bigquery.{reason}")),
@@ -262,6 +265,9 @@ pub(super) fn classify(err: &BQError, ctx: &Ctx) -> Error {
                 .first()
                 .and_then(|e| e.get("reason").cloned())
                 .unwrap_or_else(|| error.error.status.clone());
+            if crate::sink::bookkeeping::is_fenced_message(&error.error.message) {
+                return with_ctx(crate::sink::bookkeeping::fenced(&error.error.message), ctx);
+            }
             let message = redact(&error.error.message);
             let kind = match code {
                 401 => ErrorKind::NeedsOperator,

@@ -80,8 +80,16 @@ pub struct BigQuerySinkConfig {
     /// sink runner's `consumer_group`; set it here only to the same value.
     #[serde(default)]
     pub consumer_group: Option<String>,
+    /// How long the position of a deleted row is kept (the bookkeeping
+    /// dataset's `deleted_rows`): a change older than the delete that
+    /// arrives later than this may bring the row back.
+    #[serde(default = "default_deleted_rows_retention_hours")]
+    pub deleted_rows_retention_hours: u64,
 }
 
+fn default_deleted_rows_retention_hours() -> u64 {
+    crate::sink::bookkeeping::DEFAULT_DELETED_ROWS_RETENTION_HOURS
+}
 fn default_table_template() -> String {
     DEFAULT_TABLE_TEMPLATE.to_string()
 }
@@ -117,6 +125,7 @@ impl fmt::Debug for BigQuerySinkConfig {
             .field("insert_chunk_rows", &self.insert_chunk_rows)
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("consumer_group", &self.consumer_group)
+            .field("deleted_rows_retention_hours", &self.deleted_rows_retention_hours)
             .finish()
     }
 }
@@ -144,12 +153,19 @@ impl BigQuerySinkConfig {
             insert_chunk_rows: DEFAULT_INSERT_CHUNK_ROWS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             consumer_group: Some(consumer_group.into()),
+            deleted_rows_retention_hours: default_deleted_rows_retention_hours(),
         }
     }
 
     /// Checks every rule; errors name the field under `prefix` (`bigquery`
     /// in a sink runner's file).
     pub fn validate_at(&self, prefix: &str) -> Result<(), ConfigError> {
+        if self.deleted_rows_retention_hours == 0 {
+            return Err(ConfigError::invalid(
+                format!("{prefix}.deleted_rows_retention_hours"),
+                "must be at least 1: a delete's position must outlive the changes that may still arrive after it",
+            ));
+        }
         let project_ok = !self.project.is_empty()
             && self
                 .project

@@ -7,7 +7,10 @@ use tributary_schemas::{Column, Value};
 use super::config::DestinationTable;
 use super::types::{bigquery_type, fit, to_json, BqType};
 use crate::error::Error;
-use crate::sink::bookkeeping::{position_before, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN};
+use crate::sink::bookkeeping::{
+    position_before, Fence, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FENCED_CLASS, INDEX_COLUMN,
+    KEY_COLUMN, TABLE_ROW_KEY,
+};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
 /// Staging column naming the attempt that staged a row: the MERGE reads
@@ -146,6 +149,7 @@ fn one_change_sql(table: &DestinationTable, change: &TableChange<BqType>, declar
 pub fn staging_table_sql(stage: &str, columns: &[ShapeColumn<BqType>], partitioned: bool) -> String {
     let mut defs: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
     defs.push(format!("{} BOOL", quote_ident(DELETE_COLUMN)));
+    defs.push(format!("{} STRING", quote_ident(KEY_COLUMN)));
     defs.push(format!("{} INT64", quote_ident(COMMIT_COLUMN)));
     defs.push(format!("{} INT64", quote_ident(INDEX_COLUMN)));
     defs.push(format!("{} STRING", quote_ident(BATCH_COLUMN)));
@@ -198,11 +202,135 @@ pub fn merge_sql(table: &DestinationTable, stage: &str, columns: &[ShapeColumn<B
     )
 }
 
+/// The statement that fails the script (and so its transaction) when a
+/// fenced move's stored offset is not the expected one (see
+/// [`crate::sink::bookkeeping::Fence`]); `None` when no move is fenced.
+pub fn fence_sql(table: &str, group: &str, offsets: &[OffsetMove<'_>]) -> Option<String> {
+    let row = |m: &OffsetMove<'_>, extra: &str| {
+        format!(
+            "SELECT 1 FROM {table} AS o WHERE o.consumer_group = {} AND o.topic = {} AND o.`partition` = {}{extra}",
+            quote_string(group),
+            quote_string(m.topic),
+            m.partition
+        )
+    };
+    let conditions: Vec<String> = offsets
+        .iter()
+        .filter_map(|m| match m.fence {
+            Fence::Unchecked => None,
+            Fence::Absent => Some(format!("EXISTS ({})", row(m, ""))),
+            Fence::At(at) => Some(format!("NOT EXISTS ({})", row(m, &format!(" AND o.next_offset = {at}")))),
+        })
+        .collect();
+    if conditions.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "SELECT ERROR({}) FROM (SELECT 1) WHERE {}",
+        quote_string(&format!("{FENCED_CLASS}: a partition's stored offset is not the expected one")),
+        conditions.join(" OR ")
+    ))
+}
+
+/// The deleted-rows table, made with the offsets table.
+pub fn deleted_table_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (dest_table STRING NOT NULL, row_key STRING NOT NULL, \
+         {} INT64 NOT NULL, {} INT64 NOT NULL, deleted_at TIMESTAMP NOT NULL)",
+        quote_ident(COMMIT_COLUMN),
+        quote_ident(INDEX_COLUMN)
+    )
+}
+
+/// Keeps the deletes of a staged batch (`source`) in the deleted-rows table
+/// `deleted`: each key's newest position.
+pub fn deleted_merge_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
+    let (c, i) = positions("");
+    let (dc, di) = positions("d.");
+    let (sc, si) = positions("s.");
+    let k = quote_ident(KEY_COLUMN);
+    format!(
+        "MERGE {deleted} AS d USING (SELECT * FROM {source} WHERE {del}) AS s \
+         ON d.dest_table = {name} AND d.row_key = s.{k} \
+         WHEN MATCHED AND {newer} THEN UPDATE SET {c} = s.{c}, {i} = s.{i}, deleted_at = CURRENT_TIMESTAMP() \
+         WHEN NOT MATCHED THEN INSERT (dest_table, row_key, {c}, {i}, deleted_at) \
+         VALUES ({name}, s.{k}, s.{c}, s.{i}, CURRENT_TIMESTAMP())",
+        del = quote_ident(DELETE_COLUMN),
+        name = quote_string(&dest.to_string()),
+        newer = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
+    )
+}
+
+/// A staged batch (`source`) without the upserts that are not newer than
+/// their key's deleted-rows entry or the table-wide one.
+pub fn not_deleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
+    let (dc, di) = positions("d.");
+    let (sc, si) = positions("s.");
+    format!(
+        "(SELECT s.* FROM {source} AS s WHERE s.{del} OR NOT EXISTS (SELECT 1 FROM {deleted} AS d \
+         WHERE d.dest_table = {name} AND d.row_key IN (s.{k}, {whole}) AND {removed}))",
+        del = quote_ident(DELETE_COLUMN),
+        k = quote_ident(KEY_COLUMN),
+        name = quote_string(&dest.to_string()),
+        whole = quote_string(TABLE_ROW_KEY),
+        removed = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), true),
+    )
+}
+
+/// Removes the deleted-rows entries of keys a staged upsert (`source`)
+/// wrote again, newer.
+pub fn undeleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
+    let (dc, di) = positions("d.");
+    let (sc, si) = positions("s.");
+    format!(
+        "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND EXISTS (SELECT 1 FROM {source} AS s \
+         WHERE NOT s.{del} AND s.{k} = d.row_key AND {older})",
+        del = quote_ident(DELETE_COLUMN),
+        k = quote_ident(KEY_COLUMN),
+        name = quote_string(&dest.to_string()),
+        older = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
+    )
+}
+
+/// Keeps `(commit, index)` as the table-wide deleted-rows entry of `dest`
+/// and drops its older key entries (after a truncate or a copy at it).
+pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, index: i64) -> Vec<String> {
+    let (c, i) = positions("");
+    let (dc, di) = positions("d.");
+    let name = quote_string(&dest.to_string());
+    let whole = quote_string(TABLE_ROW_KEY);
+    let at = (commit.to_string(), index.to_string());
+    vec![
+        format!(
+            "MERGE {deleted} AS d USING (SELECT {commit} AS c, {index} AS i) AS s \
+             ON d.dest_table = {name} AND d.row_key = {whole} \
+             WHEN MATCHED AND {newer} THEN UPDATE SET {c} = s.c, {i} = s.i, deleted_at = CURRENT_TIMESTAMP() \
+             WHEN NOT MATCHED THEN INSERT (dest_table, row_key, {c}, {i}, deleted_at) \
+             VALUES ({name}, {whole}, s.c, s.i, CURRENT_TIMESTAMP())",
+            newer = position_before(PositionSyntax::Expanded, (&dc, &di), ("s.c", "s.i"), false),
+        ),
+        format!(
+            "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key <> {whole} AND {older}",
+            older = position_before(PositionSyntax::Expanded, (&dc, &di), (&at.0, &at.1), false),
+        ),
+    ]
+}
+
+/// Removes every deleted-rows entry of `dest`.
+pub fn forget_deleted_sql(deleted: &str, dest: &DestinationTable) -> String {
+    format!("DELETE FROM {deleted} WHERE dest_table = {}", quote_string(&dest.to_string()))
+}
+
+/// Removes the deleted-rows entries older than `hours`.
+pub fn prune_deleted_sql(deleted: &str, hours: u64) -> String {
+    format!("DELETE FROM {deleted} WHERE deleted_at < TIMESTAMP_SUB(CURRENT_TIMESTAMP(), INTERVAL {hours} HOUR)")
+}
+
 /// The `MERGE` of a batch's offsets into the offsets table `table`.
-pub fn offsets_merge_sql(table: &str, group: &str, offsets: &[(String, i32, i64)]) -> String {
+pub fn offsets_merge_sql(table: &str, group: &str, offsets: &[OffsetMove<'_>]) -> String {
     let rows = offsets
         .iter()
-        .map(|(topic, partition, next)| {
+        .map(|OffsetMove { topic, partition, next, .. }| {
             format!(
                 "SELECT {} AS consumer_group, {} AS topic, {partition} AS `partition`, {next} AS next_offset",
                 quote_string(group),

@@ -60,14 +60,18 @@ use tributary_schemas::{Position, TableId, TableSchema};
 use self::client::{redact, BqClient, Ctx};
 pub use self::config::{BigQuerySinkConfig, DestinationTable};
 use self::dialect::{
-    change_sql, merge_sql, offsets_merge_sql, quote_string, staging_table_sql, truncate_older_sql, BigQueryDialect,
-    BATCH_COLUMN,
+    change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, merge_sql, not_deleted_sql,
+    offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql, truncate_older_sql,
+    undeleted_sql, BigQueryDialect, BATCH_COLUMN,
 };
 use self::types::{bigquery_type, from_metadata, to_json, BqType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
-use crate::sink::bookkeeping::{staging_name, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
-use crate::sink::reduce::Reduction;
+use crate::sink::bookkeeping::{
+    key_text, staging_name, OffsetMove, COMMIT_COLUMN, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, DELETE_COLUMN,
+    INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE,
+};
+use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
 use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
@@ -100,6 +104,8 @@ pub struct BigQuerySink {
     /// Staging tables known to exist.
     stages: HashSet<String>,
     merges: u64,
+    /// When expired deleted-rows entries are removed next.
+    prune_at: std::time::Instant,
     /// How the open attempt ends.
     mode: Mode,
     /// The open attempt's id: the `MERGE` reads only the rows it staged.
@@ -136,6 +142,7 @@ impl BigQuerySink {
             tables: HashMap::new(),
             stages: HashSet::new(),
             merges: 0,
+            prune_at: std::time::Instant::now(),
             mode: Mode::Commit,
             batch_id: String::new(),
             script: Vec::new(),
@@ -163,6 +170,10 @@ impl BigQuerySink {
         format!("`{}.{}.{OFFSETS_TABLE}`", self.config.project, self.config.bookkeeping_dataset)
     }
 
+    fn deleted_table(&self) -> String {
+        format!("`{}.{}.{DELETED_TABLE}`", self.config.project, self.config.bookkeeping_dataset)
+    }
+
     fn staging_table(&self, stage: &str) -> String {
         format!("`{}.{}.{stage}`", self.config.project, self.config.bookkeeping_dataset)
     }
@@ -182,13 +193,15 @@ impl BigQuerySink {
                  `partition` INT64 NOT NULL, next_offset INT64 NOT NULL)",
                 self.offsets_table()
             );
-            self.client.query(&sql, &ctx).await.map_err(|e| {
+            let hint = |e: Error| {
                 if e.kind() == ErrorKind::NeedsOperator {
                     e.with_hint("grant the sink's principal roles/bigquery.dataEditor on the bookkeeping dataset and roles/bigquery.jobUser on the project")
                 } else {
                     e
                 }
-            })?;
+            };
+            self.client.query(&sql, &ctx).await.map_err(hint)?;
+            self.client.query(&deleted_table_ddl(&self.deleted_table()), &ctx).await.map_err(hint)?;
             self.bookkeeping_ready = true;
         }
         Ok(())
@@ -228,6 +241,7 @@ impl BigQuerySink {
         for source in drop {
             let dest = self.destination(source);
             self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest)).await?;
+            self.client.query(&forget_deleted_sql(&self.deleted_table(), &dest), &Ctx::table(&dest)).await?;
             done.push(format!("destination table {dest}"));
         }
         self.tables.clear();
@@ -242,11 +256,21 @@ impl BigQuerySink {
 
     /// Runs the attempt's statements and, when there are some, the offsets
     /// `MERGE`, as one transaction: committed or rolled back.
-    async fn run_script(&mut self, offsets: &[(String, i32, i64)], commit: bool) -> Result<()> {
+    async fn run_script(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
         if self.script.is_empty() && offsets.is_empty() {
             return Ok(());
         }
         let mut sql = String::from("BEGIN TRANSACTION;\n");
+        // First: a member that lost its partitions writes nothing.
+        if let Some(fence) = fence_sql(&self.offsets_table(), &self.consumer_group, offsets) {
+            sql.push_str(&fence);
+            sql.push_str(";\n");
+        }
+        if commit && !self.script.is_empty() && std::time::Instant::now() >= self.prune_at {
+            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+            sql.push_str(&prune_deleted_sql(&self.deleted_table(), self.config.deleted_rows_retention_hours));
+            sql.push_str(";\n");
+        }
         for s in &self.script {
             sql.push_str(s);
             sql.push_str(";\n");
@@ -382,6 +406,9 @@ fn staging_rows(changes: &Reduction<'_>, state: &TableState) -> Result<Vec<Stage
             json.insert(col.name.clone(), v);
         }
         json.insert(DELETE_COLUMN.into(), Json::Bool(line.delete));
+        let key = key_bytes(&group.schema, line.row, &group.key)
+            .map_err(|error| ApplyError { error: error.with_table(group.schema.id.clone()), record: Some(line.record) })?;
+        json.insert(KEY_COLUMN.into(), Json::String(key_text(&key)));
         json.insert(COMMIT_COLUMN.into(), Json::from(line.commit));
         json.insert(INDEX_COLUMN.into(), Json::from(line.index));
         rows.push(StagedRow { record: line.record, table: group.schema.id.clone(), json });
@@ -415,7 +442,7 @@ impl Warehouse for BigQuerySink {
         Ok(())
     }
 
-    async fn finish(&mut self, offsets: &[(String, i32, i64)]) -> Result<()> {
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
         let result = self.run_script(offsets, self.mode == Mode::Commit).await;
         self.clean_staging().await;
         self.script.clear();
@@ -495,6 +522,7 @@ impl Warehouse for BigQuerySink {
             self.run_script(&[], true).await?;
             self.script.clear();
             self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(dest)).await?;
+            self.client.query(&forget_deleted_sql(&self.deleted_table(), dest), &Ctx::table(dest)).await?;
             self.tables.remove(dest);
             info!(table = %dest, "dropped destination table (the source table was dropped)");
         } else {
@@ -508,6 +536,7 @@ impl Warehouse for BigQuerySink {
     async fn truncate(&mut self, dest: &DestinationTable, at: Position) -> Result<()> {
         let (commit, index) = crate::sink::bookkeeping::position_i64(at)?;
         self.script.push(truncate_older_sql(dest, commit, index));
+        self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
         Ok(())
     }
 
@@ -526,7 +555,8 @@ impl Warehouse for BigQuerySink {
         let key = changes.groups.first().map(|g| g.schema.key.clone()).unwrap_or_default();
         let stage = staging_name(
             &format!("{STAGING_PREFIX}{}_", staging_base(dest)),
-            &(),
+            // Staging tables made before the key column are not reused.
+            &KEY_COLUMN,
             &columns.iter().map(|c| (c.name.as_str(), c.ty.to_string())).collect::<Vec<_>>(),
         );
         if !self.stages.contains(&stage) {
@@ -545,7 +575,14 @@ impl Warehouse for BigQuerySink {
             dialect::quote_ident(BATCH_COLUMN),
             quote_string(&self.batch_id)
         );
-        self.script.push(merge_sql(dest, &source, &columns, &key));
+        let deleted = self.deleted_table();
+        if changes.groups.iter().any(|g| g.deletes > 0) {
+            self.script.push(deleted_merge_sql(&deleted, dest, &source));
+        }
+        self.script.push(merge_sql(dest, &not_deleted_sql(&deleted, dest, &source), &columns, &key));
+        if changes.groups.iter().any(|g| g.upserts > 0) {
+            self.script.push(undeleted_sql(&deleted, dest, &source));
+        }
         debug!(table = %dest, rows = rows.len(), "staged");
         Ok(())
     }

@@ -237,6 +237,9 @@ pub(super) fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
         )
         .with_class("postgres.connection");
     };
+    if crate::sink::bookkeeping::is_fenced_message(db.message()) {
+        return crate::sink::bookkeeping::fenced(db.message());
+    }
     let code = db.code().code();
     let class = format!("postgres.sqlstate.{code}");
     let data_error = code.starts_with("22") || code.starts_with("23") || *db.code() == SqlState::DATATYPE_MISMATCH;

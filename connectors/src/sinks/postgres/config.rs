@@ -64,6 +64,11 @@ pub struct PostgresSinkConfig {
     /// CA bundle (PEM) for `verify-ca` / `verify-full`.
     #[serde(default)]
     pub tls_ca_file: Option<String>,
+    /// How long the position of a deleted row is kept (`tributary.deleted_rows`):
+    /// a change older than the delete that arrives later than this may
+    /// bring the row back.
+    #[serde(default = "default_deleted_rows_retention_hours")]
+    pub deleted_rows_retention_hours: u64,
 }
 
 fn default_table_template() -> String {
@@ -74,6 +79,9 @@ fn default_connect_timeout_ms() -> u64 {
 }
 fn default_lock_timeout_ms() -> u64 {
     DEFAULT_LOCK_TIMEOUT_MS
+}
+fn default_deleted_rows_retention_hours() -> u64 {
+    crate::sink::bookkeeping::DEFAULT_DELETED_ROWS_RETENTION_HOURS
 }
 
 impl fmt::Debug for PostgresSinkConfig {
@@ -90,6 +98,7 @@ impl fmt::Debug for PostgresSinkConfig {
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("tls", &self.tls)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("deleted_rows_retention_hours", &self.deleted_rows_retention_hours)
             .finish()
     }
 }
@@ -108,6 +117,7 @@ impl PostgresSinkConfig {
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
             tls: TlsMode::default(),
             tls_ca_file: None,
+            deleted_rows_retention_hours: default_deleted_rows_retention_hours(),
         }
     }
 
@@ -116,6 +126,12 @@ impl PostgresSinkConfig {
     pub fn validate_at(&self, prefix: &str) -> Result<(), ConfigError> {
         if self.url.trim().is_empty() {
             return Err(ConfigError::invalid(format!("{prefix}.url"), "must not be empty"));
+        }
+        if self.deleted_rows_retention_hours == 0 {
+            return Err(ConfigError::invalid(
+                format!("{prefix}.deleted_rows_retention_hours"),
+                "must be at least 1: a delete's position must outlive the changes that may still arrive after it",
+            ));
         }
         if !self.url.starts_with("env:") && !self.url.starts_with("file:") {
             // Parsing errors of tokio-postgres do not echo the URL.

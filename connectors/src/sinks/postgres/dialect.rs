@@ -11,7 +11,8 @@ use super::config::DestinationTable;
 use crate::error::Error;
 use crate::pgwire::{quote_ident, quote_literal};
 use crate::sink::bookkeeping::{
-    position_before, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN, OFFSETS_TABLE,
+    position_before, Fence, OffsetMove, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETED_TABLE,
+    DELETE_COLUMN, FENCED_CLASS, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -130,21 +131,27 @@ pub fn has_newer_sql(table: &DestinationTable, commit: i64, index: i64) -> Strin
 pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
     let defs = columns.iter().map(|(n, t)| format!("{} {t}", quote_ident(n))).collect::<Vec<_>>().join(", ");
     format!(
-        "CREATE TEMP TABLE IF NOT EXISTS {s} ({defs}{comma} {d} boolean, {c} bigint, {i} bigint) ON COMMIT DELETE ROWS",
+        "CREATE TEMP TABLE IF NOT EXISTS {s} ({defs}{comma} {d} boolean, {k} text, {c} bigint, {i} bigint) ON COMMIT DELETE ROWS",
         s = quote_ident(stage),
         comma = if defs.is_empty() { "" } else { "," },
         d = quote_ident(DELETE_COLUMN),
+        k = quote_ident(KEY_COLUMN),
         c = quote_ident(COMMIT_COLUMN),
         i = quote_ident(INDEX_COLUMN),
     )
 }
 
 /// `COPY` of quoted column `names` and the positions into `target` (a
-/// table's quoted name); with the staging table's delete flag first.
+/// table's quoted name); with the staging table's delete flag and key text
+/// first.
 pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
     format!(
         "COPY {target} ({}{}{}{}, {}) FROM STDIN",
-        if delete_flag { format!("{}, ", quote_ident(DELETE_COLUMN)) } else { String::new() },
+        if delete_flag {
+            format!("{}, {}, ", quote_ident(DELETE_COLUMN), quote_ident(KEY_COLUMN))
+        } else {
+            String::new()
+        },
         names.join(", "),
         if names.is_empty() { "" } else { ", " },
         quote_ident(COMMIT_COLUMN),
@@ -154,14 +161,32 @@ pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
 
 /// The merge of a filled staging table into `table`: deletes and upserts,
 /// each only where the stored row is older (a delete also at the same
-/// position). `names` are the quoted columns, `keys` the quoted key.
+/// position). Deletes keep their position in the deleted-rows table; an
+/// upsert not newer than its key's entry (or the table-wide one) is left
+/// out, a newer one removes its key's entry. `names` are the quoted
+/// columns, `keys` the quoted key.
 pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: &[String], deletes: bool, upserts: bool) -> String {
     let (tc, ti) = positions("t.");
     let (sc, si) = positions("s.");
+    let (dc, di) = positions("d.");
     let (c, i) = positions("");
     let d = quote_ident(DELETE_COLUMN);
+    let k = quote_ident(KEY_COLUMN);
     let s = quote_ident(stage);
+    let deleted = deleted_table();
+    let name = quote_literal(&table.to_string());
     let mut merge = String::new();
+    if deletes {
+        let (ec, ei) = positions("EXCLUDED.");
+        let _ = write!(
+            merge,
+            "INSERT INTO {deleted} AS d (dest_table, row_key, {c}, {i}) \
+             SELECT {name}, s.{k}, s.{c}, s.{i} FROM {s} AS s WHERE s.{d} \
+             ON CONFLICT (dest_table, row_key) DO UPDATE SET {c} = EXCLUDED.{c}, {i} = EXCLUDED.{i}, \
+             deleted_at = now() WHERE {guard}; ",
+            guard = position_before(PositionSyntax::RowValue, (&dc, &di), (&ec, &ei), false),
+        );
+    }
     if deletes {
         let on = keys.iter().map(|k| format!("t.{k} = s.{k}")).collect::<Vec<_>>().join(" AND ");
         let _ = write!(
@@ -183,33 +208,149 @@ pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: 
         let (ec, ei) = positions("EXCLUDED.");
         let _ = write!(
             merge,
-            "INSERT INTO {t} AS t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} WHERE NOT {d} \
+            "INSERT INTO {t} AS t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} AS s WHERE NOT {d} \
+             AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} \
+             AND d.row_key IN (s.{k}, {whole}) AND {removed}) \
              ORDER BY {keys}, {c} DESC, {i} DESC \
-             ON CONFLICT ({keys}) DO UPDATE SET {set} WHERE {guard}",
+             ON CONFLICT ({keys}) DO UPDATE SET {set} WHERE {guard}; \
+             DELETE FROM {deleted} AS d USING {s} AS s WHERE d.dest_table = {name} AND d.row_key = s.{k} \
+             AND NOT s.{d} AND {older}",
             t = table.quoted(),
             cols = all.join(", "),
             keys = keys.join(", "),
+            whole = quote_literal(TABLE_ROW_KEY),
+            removed = position_before(PositionSyntax::RowValue, (&sc, &si), (&dc, &di), true),
+            older = position_before(PositionSyntax::RowValue, (&dc, &di), (&sc, &si), false),
             guard = position_before(PositionSyntax::RowValue, (&tc, &ti), (&ec, &ei), false),
         );
     }
     merge
 }
 
-/// The upsert of a batch's offsets into the offsets table.
-pub fn offsets_sql(group: &str, offsets: &[(String, i32, i64)]) -> String {
-    let mut sql = format!(
-        "INSERT INTO {}.{} (consumer_group, topic, partition, next_offset) VALUES ",
-        quote_ident(BOOKKEEPING_SCHEMA),
-        quote_ident(OFFSETS_TABLE)
-    );
-    for (n, (topic, partition, next)) in offsets.iter().enumerate() {
-        if n > 0 {
-            sql.push_str(", ");
-        }
-        let _ = write!(sql, "({}, {}, {partition}, {next})", quote_literal(group), quote_literal(topic));
+/// The deleted-rows table's quoted name.
+pub fn deleted_table() -> String {
+    format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(DELETED_TABLE))
+}
+
+/// The deleted-rows table, made with the offsets table.
+pub fn deleted_table_ddl() -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (dest_table text NOT NULL, row_key text NOT NULL, \
+         {c} bigint NOT NULL, {i} bigint NOT NULL, deleted_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (dest_table, row_key))",
+        deleted_table(),
+        c = quote_ident(COMMIT_COLUMN),
+        i = quote_ident(INDEX_COLUMN),
+    )
+}
+
+/// Keeps `(commit, index)` as `table`'s table-wide deleted-rows entry and
+/// drops its older key entries (after a truncate or a copy at it).
+pub fn removed_before_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
+    let (c, i) = positions("");
+    let (dc, di) = positions("d.");
+    let (ec, ei) = positions("EXCLUDED.");
+    let name = quote_literal(&table.to_string());
+    let at = (commit.to_string(), index.to_string());
+    format!(
+        "INSERT INTO {deleted} AS d (dest_table, row_key, {c}, {i}) VALUES ({name}, {whole}, {commit}, {index}) \
+         ON CONFLICT (dest_table, row_key) DO UPDATE SET {c} = EXCLUDED.{c}, {i} = EXCLUDED.{i}, deleted_at = now() \
+         WHERE {newer}; \
+         DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key <> {whole} AND {older}",
+        deleted = deleted_table(),
+        whole = quote_literal(TABLE_ROW_KEY),
+        newer = position_before(PositionSyntax::RowValue, (&dc, &di), (&ec, &ei), false),
+        older = position_before(PositionSyntax::RowValue, (&dc, &di), (&at.0, &at.1), false),
+    )
+}
+
+/// Removes every deleted-rows entry of `table` (dropped, or its copy
+/// deleted).
+pub fn forget_deleted_sql(table: &DestinationTable) -> String {
+    format!("DELETE FROM {} WHERE dest_table = {}", deleted_table(), quote_literal(&table.to_string()))
+}
+
+/// Removes the deleted-rows entries older than `hours`.
+pub fn prune_deleted_sql(hours: u64) -> String {
+    format!("DELETE FROM {} WHERE deleted_at < now() - interval '{hours} hours'", deleted_table())
+}
+
+/// Whether `table` has deleted-rows entries (then nothing is loaded
+/// straight in: an entry may be newer than a loaded row).
+pub fn has_deleted_sql(table: &DestinationTable) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE dest_table = {})",
+        deleted_table(),
+        quote_literal(&table.to_string())
+    )
+}
+
+/// The upsert of a batch's offsets into the offsets table. Fenced moves
+/// (see [`crate::sink::bookkeeping::Fence`]) are made only from their
+/// expected offset; when one is not, the statement fails with an error
+/// whose text names [`FENCED_CLASS`] (the transaction is then rolled back:
+/// nothing of the batch stays). One statement, sent with the `COMMIT`.
+pub fn offsets_sql(group: &str, offsets: &[OffsetMove<'_>]) -> String {
+    let table = offsets_table();
+    let g = quote_literal(group);
+    let values = |pick: &dyn Fn(&OffsetMove<'_>) -> Option<String>| -> Vec<String> {
+        offsets.iter().filter_map(pick).collect()
+    };
+    let unchecked = values(&|m| {
+        (m.fence == Fence::Unchecked).then(|| format!("({g}, {}, {}, {})", quote_literal(m.topic), m.partition, m.next))
+    });
+    let absent = values(&|m| {
+        (m.fence == Fence::Absent).then(|| format!("({g}, {}, {}, {})", quote_literal(m.topic), m.partition, m.next))
+    });
+    let at = values(&|m| match m.fence {
+        Fence::At(at) => Some(format!("({}, {}, {}::bigint, {at}::bigint)", quote_literal(m.topic), m.partition, m.next)),
+        _ => None,
+    });
+    if absent.is_empty() && at.is_empty() {
+        return format!(
+            "INSERT INTO {table} (consumer_group, topic, partition, next_offset) VALUES {} \
+             ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
+            unchecked.join(", ")
+        );
     }
-    sql.push_str(" ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset");
-    sql
+    let mut ctes = Vec::new();
+    if !unchecked.is_empty() {
+        ctes.push(format!(
+            "u AS (INSERT INTO {table} (consumer_group, topic, partition, next_offset) VALUES {} \
+             ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset RETURNING 1)",
+            unchecked.join(", ")
+        ));
+    }
+    if !absent.is_empty() {
+        ctes.push(format!(
+            "a AS (INSERT INTO {table} (consumer_group, topic, partition, next_offset) VALUES {} \
+             ON CONFLICT (consumer_group, topic, partition) DO NOTHING RETURNING 1)",
+            absent.join(", ")
+        ));
+    }
+    if !at.is_empty() {
+        ctes.push(format!(
+            "m AS (UPDATE {table} AS o SET next_offset = v.next FROM (VALUES {}) AS v(topic, partition, next, expected) \
+             WHERE o.consumer_group = {g} AND o.topic = v.topic AND o.partition = v.partition \
+             AND o.next_offset = v.expected RETURNING 1)",
+            at.join(", ")
+        ));
+    }
+    let moved = [("a", !absent.is_empty()), ("m", !at.is_empty())]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| format!("(SELECT count(*) FROM {name})"))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let want = absent.len() + at.len();
+    // The cast fails only in the branch taken: its text is not a constant
+    // (PostgreSQL folds constant expressions while planning).
+    format!(
+        "WITH {} SELECT CASE WHEN n = {want} THEN 0 ELSE ({} || ': ' || n || ' of {want} partitions at their expected offset')::int END \
+         FROM (SELECT {moved} AS n) AS fence",
+        ctes.join(", "),
+        quote_literal(FENCED_CLASS),
+    )
 }
 
 /// The offsets table's quoted name.

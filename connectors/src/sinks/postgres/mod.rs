@@ -65,14 +65,18 @@ pub use self::config::{
     DestinationTable, PostgresSinkConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_TABLE_TEMPLATE,
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
-use self::dialect::{change_sql, copy_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table, staging_table_sql, truncate_older_sql};
+use self::dialect::{
+    change_sql, copy_sql, deleted_table, deleted_table_ddl, forget_deleted_sql, has_deleted_sql, has_newer_sql,
+    merge_sql, offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, staging_table_sql,
+    truncate_older_sql,
+};
 pub use self::types::render_copy;
 use self::types::{binary_fields, binary_type, render_binary_line, render_line};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::{quote_ident, quote_literal, BinaryType, BINARY_COPY_SIGNATURE};
 use crate::problem::Problem;
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
-use crate::sink::bookkeeping::{position_i64, staging_name};
+use crate::sink::bookkeeping::{position_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE};
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
@@ -126,6 +130,8 @@ pub struct PostgresSink {
     fast_skip: HashMap<DestinationTable, u32>,
     /// How the open transaction ends.
     mode: Mode,
+    /// When expired deleted-rows entries are removed next.
+    prune_at: std::time::Instant,
 }
 
 impl fmt::Debug for PostgresSink {
@@ -157,6 +163,7 @@ impl PostgresSink {
             staging_filled: HashSet::new(),
             fast_skip: HashMap::new(),
             mode: Mode::Commit,
+            prune_at: std::time::Instant::now(),
         })
     }
 
@@ -204,8 +211,9 @@ impl PostgresSink {
         let offsets = offsets_table();
         let row = client
             .query_one(
-                "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $2)",
-                &[&offsets, &BOOKKEEPING_SCHEMA],
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($3) IS NOT NULL, \
+                 EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $2)",
+                &[&offsets, &BOOKKEEPING_SCHEMA, &deleted_table()],
             )
             .await
             .map_err(|e| classify(&e, &ctx))?;
@@ -222,7 +230,8 @@ impl PostgresSink {
             sql,
             "CREATE TABLE IF NOT EXISTS {offsets} (consumer_group text NOT NULL, topic text NOT NULL, \
              partition integer NOT NULL, next_offset bigint NOT NULL, \
-             PRIMARY KEY (consumer_group, topic, partition)); COMMIT"
+             PRIMARY KEY (consumer_group, topic, partition)); {}; COMMIT",
+            deleted_table_ddl()
         );
         if let Err(e) = client.batch_execute(&sql).await {
             let _ = client.batch_execute("ROLLBACK").await;
@@ -232,9 +241,12 @@ impl PostgresSink {
                     "GRANT CREATE ON DATABASE {} TO {}; or create the bookkeeping table yourself: \
                      CREATE SCHEMA {BOOKKEEPING_SCHEMA}; CREATE TABLE {BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE} \
                      (consumer_group text, topic text, partition int, next_offset bigint, \
-                     PRIMARY KEY (consumer_group, topic, partition)); GRANT USAGE ON SCHEMA {BOOKKEEPING_SCHEMA} TO {}; \
-                     GRANT SELECT, INSERT, UPDATE ON {BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE} TO {}",
+                     PRIMARY KEY (consumer_group, topic, partition)); {}; GRANT USAGE ON SCHEMA {BOOKKEEPING_SCHEMA} TO {}; \
+                     GRANT SELECT, INSERT, UPDATE ON {BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE} TO {}; \
+                     GRANT SELECT, INSERT, UPDATE, DELETE ON {BOOKKEEPING_SCHEMA}.{DELETED_TABLE} TO {}",
                     quote_ident(&ctx.database),
+                    quote_ident(&ctx.user),
+                    deleted_table_ddl(),
                     quote_ident(&ctx.user),
                     quote_ident(&ctx.user),
                     quote_ident(&ctx.user)
@@ -261,7 +273,7 @@ impl PostgresSink {
         for source in drop {
             let dest = self.config.destination(source);
             client
-                .batch_execute(&format!("DROP TABLE IF EXISTS {}", dest.quoted()))
+                .batch_execute(&format!("DROP TABLE IF EXISTS {}; {}", dest.quoted(), forget_deleted_sql(&dest)))
                 .await
                 .map_err(|e| classify(&e, &ctx))?;
             done.push(format!("destination table {dest}"));
@@ -383,6 +395,20 @@ impl PostgresSink {
             self.fast_skip.insert(dest.clone(), skip - 1);
             return Ok(None);
         }
+        // A deleted row's entry may be newer than a row loaded straight in.
+        let ctx = self.ctx().in_table(dest.to_string());
+        let has_deleted: bool = self
+            .session
+            .client()
+            .await?
+            .query_one(has_deleted_sql(dest).as_str(), &[])
+            .await
+            .map_err(|e| classify(&e, &ctx))?
+            .get(0);
+        if has_deleted {
+            self.fast_skip.insert(dest.clone(), FAST_PATH_BACKOFF_BATCHES);
+            return Ok(None);
+        }
         let (columns, binary) = copy_columns(dest, self.state(dest)?, group)?;
         let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
         if self.copy_direct(dest, &names, group, binary.as_deref()).await? {
@@ -458,7 +484,7 @@ impl PostgresSink {
         }
         for line in group.live() {
             match binary {
-                Some(fields) => render_binary_line(group, &mut chunk, fields, line, flag),
+                Some(fields) => render_binary_line(group, &mut chunk, fields, line, flag).map_err(CopyFailure::Render)?,
                 None => render_line(group, &mut chunk, &mut scratch, line, flag).map_err(CopyFailure::Render)?,
             }
             if chunk.len() >= COPY_CHUNK_BYTES {
@@ -507,8 +533,12 @@ impl Warehouse for PostgresSink {
         Ok(())
     }
 
-    async fn finish(&mut self, offsets: &[(String, i32, i64)]) -> Result<()> {
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
         let ctx = self.ctx();
+        if self.mode == Mode::Commit && std::time::Instant::now() >= self.prune_at {
+            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+            self.session.defer(&prune_deleted_sql(self.config.deleted_rows_retention_hours));
+        }
         if !offsets.is_empty() {
             let sql = offsets_sql(&self.consumer_group, offsets);
             if self.mode == Mode::Commit {
@@ -612,9 +642,10 @@ impl Warehouse for PostgresSink {
     async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
         let ctx = self.ctx().in_table(dest.to_string());
         let sql = format!(
-            "SELECT pg_advisory_xact_lock(hashtext({})); DROP TABLE IF EXISTS {}",
+            "SELECT pg_advisory_xact_lock(hashtext({})); DROP TABLE IF EXISTS {}; {}",
             quote_literal(&format!("tributary table {dest}")),
-            dest.quoted()
+            dest.quoted(),
+            forget_deleted_sql(dest)
         );
         self.session.execute(&sql, &ctx).await?;
         self.tables.remove(dest);
@@ -639,6 +670,7 @@ impl Warehouse for PostgresSink {
         } else {
             format!("TRUNCATE {}", dest.quoted())
         };
+        let sql = format!("{sql}; {}", removed_before_sql(dest, commit, index));
         self.session.execute(&sql, &ctx).await
     }
 

@@ -7,7 +7,8 @@ use tributary_schemas::Value;
 use super::dialect::PgType;
 use crate::pgwire::{BinaryType, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 use crate::error::Error;
-use crate::sink::reduce::{Group, Line};
+use crate::sink::bookkeeping::key_text;
+use crate::sink::reduce::{key_bytes, Group, Line};
 use crate::sink::text::render_text;
 use crate::sink::ApplyError;
 
@@ -221,6 +222,8 @@ pub fn render_line(
 ) -> Result<(), ApplyError> {
     if flag {
         out.extend_from_slice(if line.delete { b"t\t" } else { b"f\t" });
+        out.extend_from_slice(staged_key(group, line)?.as_bytes());
+        out.push(b'\t');
     }
     for (i, (col, value)) in group.schema.columns.iter().zip(line.row).enumerate() {
         if group.writes(line, i) {
@@ -262,11 +265,21 @@ pub fn binary_fields(group: &Group<'_>, fields: &[Option<BinaryType>]) -> Option
 
 /// Appends `line` of `group` as a binary `COPY` tuple, in the order of
 /// [`render_line`]. Every value was checked by [`binary_fields`].
-pub fn render_binary_line(group: &Group<'_>, out: &mut Vec<u8>, fields: &[BinaryType], line: &Line<'_>, flag: bool) {
-    let n = group.schema.columns.len() + 2 + usize::from(flag);
+pub fn render_binary_line(
+    group: &Group<'_>,
+    out: &mut Vec<u8>,
+    fields: &[BinaryType],
+    line: &Line<'_>,
+    flag: bool,
+) -> Result<(), ApplyError> {
+    let n = group.schema.columns.len() + 2 + 2 * usize::from(flag);
     out.extend_from_slice(&i16::try_from(n).unwrap_or(i16::MAX).to_be_bytes());
     if flag {
         BinaryType::Bool.write(out, &Value::Boolean(line.delete));
+        let key = staged_key(group, line)?;
+        // A text field's binary form is its UTF-8 bytes.
+        out.extend_from_slice(&i32::try_from(key.len()).unwrap_or(i32::MAX).to_be_bytes());
+        out.extend_from_slice(key.as_bytes());
     }
     for (i, (field, value)) in fields.iter().zip(line.row).enumerate() {
         if group.writes(line, i) {
@@ -277,6 +290,17 @@ pub fn render_binary_line(group: &Group<'_>, out: &mut Vec<u8>, fields: &[Binary
     }
     BinaryType::Int8.write(out, &Value::Int64(line.commit));
     BinaryType::Int8.write(out, &Value::Int64(line.index));
+    Ok(())
+}
+
+/// A staged line's key column (`bookkeeping::KEY_COLUMN`): what the
+/// deleted-rows table is matched on.
+fn staged_key(group: &Group<'_>, line: &Line<'_>) -> Result<String, ApplyError> {
+    let bytes = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+        error: error.with_table(group.schema.id.clone()),
+        record: Some(line.record),
+    })?;
+    Ok(key_text(&bytes))
 }
 
 #[cfg(test)]
