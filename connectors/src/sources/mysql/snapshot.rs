@@ -396,7 +396,11 @@ fn read_event(
             ts_ms: now,
             snapshot: marker,
             tx_id: None,
-            position: Position { commit: position.ordered(), index: 0 },
+            // Just after the snapshot's position: after the transaction
+            // that ends exactly there (which the rows reflect, and whose
+            // changes carry that position with indexes from 1), before any
+            // transaction after it (which ends further on).
+            position: Position { commit: position.ordered() + 1, index: 0 },
             native_position: position.to_string().into(),
         },
         ts_ms: now,
