@@ -12,7 +12,8 @@
 //! whole snapshot is marked without holding a chunk back. Tables without a
 //! primary key are read with `LIMIT n OFFSET rows_done` (stable inside the
 //! transaction). After a crash the snapshot resumes after the last key
-//! committed to Kafka, in a new transaction.
+//! committed to Kafka, in a new transaction, once the stream has caught up
+//! to that transaction's position (see `MySqlSource`'s `catch_up`).
 
 use std::collections::BTreeMap;
 
