@@ -10,7 +10,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::Message;
 use tributary_schemas::decoder::{Decoded, EventDecoder};
 use tributary_schemas::registry::Registry;
-use tributary_schemas::{Op, Value};
+use tributary_schemas::{Op, Position, Value};
 
 use std::path::Path;
 use std::time::Duration;
@@ -26,6 +26,8 @@ pub struct Seen {
     pub id: i64,
     /// The counter, when the image has it.
     pub v: Option<i64>,
+    /// The event's `source.position`.
+    pub position: Position,
 }
 
 /// An integer column's value (MySQL's BIGINT UNSIGNED arrives as decimal).
@@ -65,6 +67,7 @@ pub fn collect(topic: String, counter: &'static str) -> Arc<Mutex<Vec<Seen>>> {
                     op: e.op,
                     id: column("id").expect("id is an integer"),
                     v: column(counter),
+                    position: e.source.position,
                 });
             }
         }
@@ -91,6 +94,27 @@ pub async fn snapshot_through_a_kill9(
     })
     .await;
     runner
+}
+
+/// Per key, what a consumer without a position guard needs: every event
+/// newer than the one before it (`source.position` strictly growing), and
+/// the counter never going back (an update after a read that already held
+/// it is a replay). Returns the keys that break it.
+pub fn backwards(seen: &[Seen]) -> Vec<String> {
+    let mut last: BTreeMap<i64, (Position, Option<i64>, Op)> = BTreeMap::new();
+    let mut out = Vec::new();
+    for s in seen {
+        if let Some((position, v, op)) = last.insert(s.id, (s.position, s.v, s.op)) {
+            let counter_back = matches!((v, s.v), (Some(a), Some(b)) if b < a || (b == a && s.op == Op::Update));
+            if position >= s.position || counter_back {
+                out.push(format!(
+                    "id {}: {:?} v={:?} at {:?} after {op:?} v={v:?} at {position:?}",
+                    s.id, s.op, s.v, s.position
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Changes (not snapshot reads) among `seen`.

@@ -10,6 +10,7 @@ pub mod items;
 pub mod kafka;
 pub mod mysql;
 pub mod postgres;
+pub mod proxy;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -28,9 +28,9 @@
 //!   source change exactly once and in order per key (each change bumps a
 //!   per-row `version`; a snapshot read stands for the versions before it),
 //!   where a restart of the source during its snapshot may leave only the
-//!   shape its documentation describes ([`ResumedSnapshot`]: the MySQL
-//!   source repeats, after such a restart, changes that reads already hold;
-//!   the run prints how many);
+//!   shape both sources document ([`check_topics`]: changes the stream
+//!   caught up with before a read, never a change older than a read after
+//!   it);
 //! * the dead-letter topics hold exactly the bad rows (notes whose payload a
 //!   CHECK of the PostgreSQL destination refuses; for BigQuery, notes due
 //!   after 9999-12-31), and the failed-records counter moved by their
@@ -448,19 +448,6 @@ async fn bigquery_rows(datasets: &Datasets) -> Result<Rows, String> {
 enum SourceKind {
     Postgres,
     MariaDb,
-}
-
-impl SourceKind {
-    /// What a restart of the source during its snapshot leaves on the
-    /// topics (see [`check_topics`]).
-    fn resumed_snapshot(self) -> ResumedSnapshot {
-        match self {
-            // docs/sources/postgresql.md, "Restart during the snapshot".
-            SourceKind::Postgres => ResumedSnapshot::CatchUpThenRead,
-            // docs/sources/mysql.md, "Resumed snapshot".
-            SourceKind::MariaDb => ResumedSnapshot::ReadThenReplay,
-        }
-    }
 }
 
 /// The source database as the workload (a task of its own) and the checks
@@ -1593,8 +1580,7 @@ async fn run(pipeline: &Pipeline) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop_reader.store(true, Ordering::Relaxed);
-    let resumed = snapshot_kill.then(|| pipeline.source.resumed_snapshot());
-    let replayed = check_topics(&model.lock().unwrap(), &seen.lock().unwrap(), resumed).unwrap_or_else(|problems| {
+    check_topics(&model.lock().unwrap(), &seen.lock().unwrap(), snapshot_kill).unwrap_or_else(|problems| {
         panic!(
             "{} keys differ from the committed changes (lost, repeated or out of order), first: {:#?}",
             problems.len(),
@@ -1626,14 +1612,11 @@ async fn run(pipeline: &Pipeline) {
     p.assert_alive("at the end");
     eprintln!(
         "PASSED {} seed={seed}: {faults} faults {counts:?}, {committed} transactions, {changes} changes, \
-         {} bad rows dead-lettered ({repeated} written twice), in-doubt commits resolved {}/{}, \
-         {} events replayed after a resumed snapshot{}, {:.0}s",
+         {} bad rows dead-lettered ({repeated} written twice), in-doubt commits resolved {}/{}, {:.0}s",
         pipeline.name,
         bad_rows.len(),
         in_doubt.0,
         in_doubt.1,
-        replayed.events,
-        replayed.example.map(|e| format!(" (e.g. {e})")).unwrap_or_default(),
         started.elapsed().as_secs_f64()
     );
 
@@ -1749,56 +1732,30 @@ fn caught_up(want: &[(Op, i64)], got: &[(Op, i64)]) -> bool {
     }
 }
 
-/// Events that came again after a resumed snapshot's read (the MySQL
-/// source's [`ResumedSnapshot::ReadThenReplay`]), and one key's for the log.
-#[derive(Default)]
-struct Replays {
-    events: usize,
-    example: Option<String>,
-}
-
-/// What a source restarted during its snapshot writes for the keys whose
-/// ranges it read after the restart, at a second point `P2` later than the
-/// first snapshot's `P1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ResumedSnapshot {
-    /// PostgreSQL: the stream first catches up from `P1` to `P2`, then the
-    /// ranges are read: a key's changes up to exactly the version read,
-    /// then the read, then the changes after it. Nothing twice.
-    CatchUpThenRead,
-    /// MySQL: the ranges are read at `P2` first, then the stream starts at
-    /// `P1`: the read, then every change from `P1` on, those the read
-    /// already reflected included (they come again, older than the read;
-    /// sinks skip them by position).
-    ReadThenReplay,
-}
-
 /// The topic must show each committed change once, in order, per key:
 /// exactly the model's changes, where a snapshot read stands for the changes
 /// up to the version it read. No replay, gap or reordering is allowed,
 /// also after a source crash during the snapshot.
 ///
 /// After such a crash (`resumed`) the keys whose ranges were read after the
-/// restart differ, as the source documents, and only in these ways:
-/// - [`ResumedSnapshot::CatchUpThenRead`]: the committed changes from the
-///   first snapshot's point up to exactly the version read come before the
-///   read;
-/// - [`ResumedSnapshot::ReadThenReplay`]: the read is followed by every
-///   committed change from the first snapshot's point on (a replay of those
-///   it reflects), and nothing else;
-/// - either: a row that existed at the first snapshot's point but was
-///   deleted before its range was read has no read, only its changes from
-///   the first point on, ending with the delete.
+/// restart, at a second point `P2` later than the first snapshot's `P1`,
+/// differ as both sources document (docs/sources/postgresql.md, "Restart
+/// during the snapshot"; docs/sources/mysql.md, "Resumed snapshot"), and
+/// only in these ways:
+/// - the stream first caught up from `P1` to `P2`: the committed changes
+///   from the first snapshot's point up to exactly the version read come
+///   before the read; nothing older than the read follows it;
+/// - a row that existed at the first snapshot's point but was deleted
+///   before its range was read has no read, only its changes from the first
+///   point on, ending with the delete.
 ///
-/// Returns the replayed events (`ReadThenReplay` only), or the keys that
-/// differ.
+/// Returns the keys that differ.
 fn check_topics(
     model: &Model,
     seen: &HashMap<(String, i64), Vec<(Op, i64)>>,
-    resumed: Option<ResumedSnapshot>,
-) -> Result<Replays, Vec<String>> {
+    resumed: bool,
+) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
-    let mut replayed = Replays::default();
     for (key, want) in &model.changes {
         let got = seen.get(key).cloned().unwrap_or_default();
         // At most one read per key; after a resumed snapshot it may follow
@@ -1833,10 +1790,7 @@ fn check_topics(
         // that catches up first) the committed changes from the first
         // snapshot's point up to exactly the version read.
         let pre_ok = pre.is_empty()
-            || (resumed == Some(ResumedSnapshot::CatchUpThenRead)
-                && pre.len() <= from
-                && want[from - pre.len()..from] == *pre
-                && from - pre.len() <= at_start);
+            || (resumed && pre.len() <= from && want[from - pre.len()..from] == *pre && from - pre.len() <= at_start);
         if pre_ok && rest == &want[from.min(want.len())..] {
             continue;
         }
@@ -1844,24 +1798,12 @@ fn check_topics(
         if got.is_empty() && want.last().is_some_and(|(op, _)| *op == Op::Delete) {
             continue;
         }
-        if resumed.is_some() && pre.is_empty() && !rest.is_empty() && want.ends_with(rest) {
-            // `rest` is every change from the first snapshot's point on.
-            let start = want.len() - rest.len();
-            match read {
-                // Of a row that existed before that point and whose range
-                // was read after the row was gone.
-                None if start <= at_start => continue,
-                // A read at a later point, then the stream from the first.
-                Some(_) if resumed == Some(ResumedSnapshot::ReadThenReplay) && start <= at_start && start <= from => {
-                    if from > start {
-                        replayed.events += from - start;
-                        replayed
-                            .example
-                            .get_or_insert_with(|| format!("{key:?}: {got:?}, committed {want:?}"));
-                    }
-                    continue;
-                }
-                _ => {}
+        if resumed && read.is_none() && !rest.is_empty() && want.ends_with(rest) {
+            // `rest` is every change from the first snapshot's point on, of
+            // a row that existed before that point and whose range was read
+            // after the row was gone.
+            if want.len() - rest.len() <= at_start {
+                continue;
             }
         }
         problems.push(format!(
@@ -1875,7 +1817,7 @@ fn check_topics(
         }
     }
     if problems.is_empty() {
-        Ok(replayed)
+        Ok(())
     } else {
         Err(problems)
     }
@@ -1894,37 +1836,34 @@ fn the_topic_check_lets_through_exactly_the_documented_shapes() {
         at_start: HashMap::from([(key.clone(), 2)]),
         ..Model::default()
     };
-    let check = |got: &[(Op, i64)], resumed| {
-        check_topics(&model, &HashMap::from([(key.clone(), got.to_vec())]), resumed).map(|r| r.events)
-    };
-    let (catch_up, replay) = (Some(ResumedSnapshot::CatchUpThenRead), Some(ResumedSnapshot::ReadThenReplay));
-    let all = [None, catch_up, replay];
+    let check =
+        |got: &[(Op, i64)], resumed| check_topics(&model, &HashMap::from([(key.clone(), got.to_vec())]), resumed);
     // A read at the first point, then the changes after it: always right.
-    for r in all {
-        assert_eq!(check(&[(Read, 2), (Update, 3), (Update, 4)], r), Ok(0));
+    for r in [false, true] {
+        assert_eq!(check(&[(Read, 2), (Update, 3), (Update, 4)], r), Ok(()));
     }
-    // Caught up to the second point, then read there: PostgreSQL's shape.
+    // Caught up to the second point, then read there: after a restart
+    // during the snapshot only.
     let caught_up = [(Update, 3), (Read, 3), (Update, 4)];
-    assert_eq!(check(&caught_up, catch_up), Ok(0));
-    assert!(check(&caught_up, None).is_err() && check(&caught_up, replay).is_err());
-    // Read at the second point, then the stream from the first: MySQL's.
-    let replayed = [(Read, 3), (Update, 3), (Update, 4)];
-    assert_eq!(check(&replayed, replay), Ok(1));
-    assert!(check(&replayed, None).is_err() && check(&replayed, catch_up).is_err());
-    // Lost, repeated, reordered, a replay with a gap, a second read, a
-    // version never committed: never.
+    assert_eq!(check(&caught_up, true), Ok(()));
+    assert!(check(&caught_up, false).is_err());
+    // Lost, repeated, reordered, a replay with or without a gap (the MySQL
+    // source's shape before issue #23 case 7: read at the second point,
+    // then the stream from the first), a second read, a version never
+    // committed: never.
     for got in [
         &[(Read, 2), (Update, 4)][..],
         &[(Read, 2), (Update, 3), (Update, 3), (Update, 4)],
         &[(Read, 2), (Update, 4), (Update, 3)],
+        &[(Read, 3), (Update, 3), (Update, 4)],
         &[(Read, 3), (Update, 3), (Update, 3), (Update, 4)],
         &[(Read, 4), (Update, 4)],
         &[(Read, 2), (Read, 3), (Update, 4)],
         &[(Read, 5)],
         &[(Read, 2), (Update, 3)],
     ] {
-        for r in all {
-            assert!(check(got, r).is_err(), "{got:?} under {r:?}");
+        for r in [false, true] {
+            assert!(check(got, r).is_err(), "{got:?} under resumed = {r}");
         }
     }
 }

@@ -513,6 +513,87 @@ async fn large_transaction_goes_out_in_parts_and_resumes_inside_it() {
     fx.cleanup().await;
 }
 
+/// A batch that ends on the heartbeat inside a transaction emitted in parts
+/// (the server went quiet before the rest of it arrived) keeps the marker
+/// of the part emitted: a crash after it resumes after that part, so a
+/// consumer of the topics sees each change once (issue #23, case 6: such a
+/// batch's checkpoint had lost the marker, and the restart emitted the
+/// first part again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_inside_a_transaction_emitted_in_parts_keeps_its_marker() {
+    let fx = Fixture::new("partstall").await;
+    let s = &fx.schema;
+    fx.exec(&format!("CREATE TABLE {s}.t (id int PRIMARY KEY, pad text)")).await;
+    // Every byte of the source's sessions passes the proxy, so the test can
+    // make the server go quiet in the middle of a transaction.
+    let (server, _) = tributary_tests::proxy::url_through(&url(), 0);
+    let proxy = tributary_tests::proxy::Proxy::start(server).await;
+    let (_, proxied) = tributary_tests::proxy::url_through(&url(), proxy.port);
+    let mut config = fx.config();
+    config.url = secrecy::SecretString::from(proxied);
+    config.max_batch_events = 100;
+    let mut source = PostgresSource::new(config, "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    // Far more than the socket buffers and the client's queue hold (about
+    // 20 MB of pgoutput): the rest of it is still on the server's side
+    // when the proxy holds it back.
+    const ROWS: u64 = 40_000;
+    fx.exec(&format!("INSERT INTO {s}.t SELECT g, repeat('x', 500) FROM generate_series(1, {ROWS}) g"))
+        .await;
+    let changes = |b: &SourceBatch| b.messages.iter().filter(|m| matches!(m, SourceMessage::Change(_))).count();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        assert!(Instant::now() < deadline, "the transaction's first part never arrived");
+        let b = next(&mut source).await;
+        mirror.apply(&b);
+        if changes(&b) > 0 {
+            assert!(state(&b.checkpoint).txn.is_some(), "a part without the marker");
+            break;
+        }
+    }
+    proxy.hold();
+    // What the source still has goes out in parts; then a batch ends on
+    // the heartbeat with nothing new. The runner commits every batch with
+    // its checkpoint, that one too.
+    let mut durable;
+    loop {
+        assert!(Instant::now() < deadline, "the source never went quiet");
+        let b = next(&mut source).await;
+        mirror.apply(&b);
+        durable = b.checkpoint.clone();
+        if changes(&b) == 0 {
+            break;
+        }
+    }
+    let emitted = mirror.events.iter().filter(|e| e.op == Op::Create).count() as u64;
+    assert!(emitted < ROWS, "the whole transaction arrived before the proxy held it back");
+    let marker = state(&durable).txn;
+    // Killed there; started again from that checkpoint, straight to the
+    // server.
+    drop(source);
+    proxy.cut();
+    // Larger batches from here: the marker counts changes, not batches.
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, Some(durable)).await;
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    let inserts: Vec<u64> = mirror
+        .events
+        .iter()
+        .filter(|e| e.op == Op::Create)
+        .map(|e| e.source.position.index)
+        .collect();
+    assert!(
+        inserts == (1..=ROWS).collect::<Vec<u64>>(),
+        "each insert exactly once, in order: {} inserts for {ROWS} rows, {emitted} before the stall; the \
+         checkpoint of the heartbeat batch had marker {marker:?}",
+        inserts.len()
+    );
+    drop(source);
+    fx.cleanup().await;
+}
+
 /// Connections killed under the source (snapshot workers, then the
 /// walsender): `next_batch` fails with a retryable error, and calling it
 /// again continues exactly after the last batch returned.

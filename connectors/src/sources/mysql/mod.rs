@@ -249,6 +249,11 @@ pub struct MySqlSource {
     announced: BTreeMap<TableId, Arc<TableSchema>>,
     prelude: Vec<SourceMessage>,
     snapshot: Option<SnapshotRun>,
+    /// The position of a snapshot run opened after the stream's position (a
+    /// resumed or a mid-stream copy): the stream is read up to it before
+    /// the run's first row goes out, so that no change the rows already
+    /// reflect follows them.
+    catch_up: Option<BinlogPosition>,
     streamer: Option<Streamer>,
     progress: BTreeMap<TableId, SnapshotTableProgress>,
     /// State and announced schemas as of the last batch returned: what
@@ -284,6 +289,7 @@ impl MySqlSource {
             announced: BTreeMap::new(),
             prelude: Vec::new(),
             snapshot: None,
+            catch_up: None,
             streamer: None,
             progress: BTreeMap::new(),
             emitted: None,
@@ -308,21 +314,16 @@ impl MySqlSource {
             .as_ref()
             .ok_or_else(|| Error::retryable("the source is not started"))?;
         let plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
+        let first = plan.position.is_none();
         let run = SnapshotRun::open(&self.params, plan, self.config.snapshot_chunk_rows).await?;
-        // A resumed snapshot reads the remaining rows at its own (later)
-        // point; each row carries that point, so sinks order it after the
-        // changes streamed from the original position.
+        // A resumed (or mid-stream) snapshot reads the remaining rows at its
+        // own, later point. The stream first catches up to that point (the
+        // changes before it go out as changes), then the rows go out, then
+        // the stream goes on from there: per key nothing older than a row
+        // follows it.
+        let behind = !first && state.binlog.ordered() < run.position.ordered();
         for t in &run.plan.tables {
             let id = t.id();
-            if let Some(def) = run.defs.get(&id) {
-                // The catalog knows no earlier column names; the history does.
-                let def = match self.state.as_ref().and_then(|s| s.history.get(&id)) {
-                    Some(known) => def.with_aliases_from(known),
-                    None => def.clone(),
-                };
-                let built = BuiltSchema::build(&self.config, &self.filter, &id, &def)?;
-                self.announce(&built.schema);
-            }
             // A table copied again (renamed back to a name copied before)
             // starts its progress over; a resumed copy keeps it.
             if self.progress.get(&id).is_none_or(|p| p.done && !t.done) {
@@ -352,7 +353,35 @@ impl MySqlSource {
             state.snapshot = Some(run.plan.clone());
         }
         tracing::info!(tables = run.plan.tables.len(), position = %run.position, "snapshot started");
+        self.catch_up = behind.then(|| run.position.clone());
         self.snapshot = Some(run);
+        if !behind {
+            self.announce_run()?;
+        }
+        Ok(())
+    }
+
+    /// Announces the shapes the running snapshot reads its tables in,
+    /// before its first row.
+    fn announce_run(&mut self) -> Result<()> {
+        let Some(run) = self.snapshot.as_ref() else {
+            return Ok(());
+        };
+        let mut shapes = Vec::new();
+        for t in &run.plan.tables {
+            let id = t.id();
+            if let Some(def) = run.defs.get(&id) {
+                // The catalog knows no earlier column names; the history does.
+                let def = match self.state.as_ref().and_then(|s| s.history.get(&id)) {
+                    Some(known) => def.with_aliases_from(known),
+                    None => def.clone(),
+                };
+                shapes.push(BuiltSchema::build(&self.config, &self.filter, &id, &def)?.schema);
+            }
+        }
+        for schema in &shapes {
+            self.announce(schema);
+        }
         Ok(())
     }
 
@@ -412,7 +441,7 @@ impl MySqlSource {
         if self.snapshot.is_none() && self.state.as_ref().is_some_and(|s| s.snapshot.is_some()) {
             self.start_snapshot().await?;
         }
-        if self.snapshot.is_some() {
+        if self.snapshot.is_some() && self.catch_up.is_none() {
             if let Some(batch) = self.next_snapshot_batch().await? {
                 return Ok(batch);
             }
@@ -427,6 +456,8 @@ impl MySqlSource {
         let (Some(streamer), Some(state)) = (self.streamer.as_mut(), self.state.as_mut()) else {
             return Err(Error::retryable("the source is not started"));
         };
+        let planned = |s: &SourceState| s.snapshot.as_ref().map(|p| p.tables.iter().map(TablePlan::id).collect::<Vec<_>>());
+        let planned_before = planned(state);
         let mut sc = stream::StreamContext {
             config: &self.config,
             filter: &self.filter,
@@ -434,14 +465,24 @@ impl MySqlSource {
             announced: &mut self.announced,
             state,
         };
-        let out = streamer.next_batch(&mut sc).await?;
-        if state.snapshot.is_some() {
-            // A renamed table to copy: the copy runs next, then the stream
-            // opens again at this batch's checkpoint.
-            self.streamer = None;
-        }
+        let out = streamer.next_batch(&mut sc, self.catch_up.as_ref()).await?;
         let mut messages = std::mem::take(&mut self.prelude);
-        messages.extend(out);
+        messages.extend(out.messages);
+        if planned(state) != planned_before {
+            // A renamed table to copy: the copy runs next, then the stream
+            // opens again at this batch's checkpoint. A run catching up
+            // lacks the table: it starts again (nothing of it went out).
+            self.streamer = None;
+            self.snapshot = None;
+            self.catch_up = None;
+        } else if out.reached_stop && self.catch_up.take().is_some() {
+            // Every transaction the snapshot holds is out, none after it:
+            // its rows come next (in the shapes it read them), and the
+            // stream opens again at its position after them.
+            self.streamer = None;
+            tracing::info!(position = %state.binlog, "stream caught up with the snapshot");
+            self.announce_run()?;
+        }
         Ok(SourceBatch {
             messages,
             checkpoint: self.state_mut()?.to_checkpoint(),
@@ -453,6 +494,7 @@ impl MySqlSource {
 impl Source for MySqlSource {
     async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
         self.snapshot = None;
+        self.catch_up = None;
         self.streamer = None;
         self.announced.clear();
         self.prelude.clear();
@@ -547,6 +589,7 @@ impl Source for MySqlSource {
                 // Drop half-done work; the next call resumes after the last
                 // batch returned.
                 self.snapshot = None;
+                self.catch_up = None;
                 self.streamer = None;
                 if let Some((state, announced)) = self.emitted.clone() {
                     self.state = Some(state);

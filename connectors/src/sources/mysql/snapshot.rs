@@ -12,7 +12,8 @@
 //! whole snapshot is marked without holding a chunk back. Tables without a
 //! primary key are read with `LIMIT n OFFSET rows_done` (stable inside the
 //! transaction). After a crash the snapshot resumes after the last key
-//! committed to Kafka, in a new transaction.
+//! committed to Kafka, in a new transaction, once the stream has caught up
+//! to that transaction's position (see `MySqlSource`'s `catch_up`).
 
 use std::collections::BTreeMap;
 
@@ -396,7 +397,11 @@ fn read_event(
             ts_ms: now,
             snapshot: marker,
             tx_id: None,
-            position: Position { commit: position.ordered(), index: 0 },
+            // Just after the snapshot's position: after the transaction
+            // that ends exactly there (which the rows reflect, and whose
+            // changes carry that position with indexes from 1), before any
+            // transaction after it (which ends further on).
+            position: Position { commit: position.ordered() + 1, index: 0 },
             native_position: position.to_string().into(),
         },
         ts_ms: now,

@@ -99,6 +99,26 @@ pub struct Streamer {
     copy_requested: bool,
 }
 
+/// What one call of [`Streamer::next_batch`] produced.
+#[derive(Debug, Default)]
+pub struct StreamBatch {
+    /// Messages of whole transactions.
+    pub messages: Vec<SourceMessage>,
+    /// The stream reached the `stop` position given to `next_batch`: every
+    /// transaction ending at or before it was returned, none after it, and
+    /// the state's position is `stop`. The stream must then be dropped: it
+    /// has read past the stop.
+    pub reached_stop: bool,
+}
+
+/// Where `event` starts, when it is a real event of the file being read.
+fn event_start(event: &Event, file: &str) -> Option<BinlogPosition> {
+    let header = event.header();
+    let artificial = header.flags_raw() & ARTIFICIAL != 0 || header.log_pos() == 0;
+    let start = u64::from(header.log_pos()).checked_sub(u64::from(header.event_size()))?;
+    (!artificial).then(|| BinlogPosition { file: file.to_string(), pos: start })
+}
+
 /// Whether `event` is a QUERY event that may change a table (not a
 /// transaction boundary).
 fn is_ddl(event: &Event) -> bool {
@@ -189,11 +209,26 @@ impl Streamer {
     /// The next batch of whole transactions: returned once it holds
     /// `max_batch_events` events, `batch_linger` after its first
     /// transaction, or at the heartbeat (possibly empty).
-    pub async fn next_batch(&mut self, sc: &mut StreamContext<'_>) -> Result<Vec<SourceMessage>> {
+    ///
+    /// With `stop` (a transaction boundary: a snapshot's position), the
+    /// batch also ends where the stream reaches it, and says so in
+    /// `reached_stop`.
+    pub async fn next_batch(
+        &mut self,
+        sc: &mut StreamContext<'_>,
+        stop: Option<&BinlogPosition>,
+    ) -> Result<StreamBatch> {
         let heartbeat = Instant::now() + sc.config.heartbeat_interval();
         let mut deadline = heartbeat;
-        let mut out = Vec::new();
+        let mut out = StreamBatch::default();
         let mut events = 0usize;
+        let reached = |state: &SourceState, stop: Option<&BinlogPosition>| {
+            stop.is_some_and(|stop| state.binlog.ordered() >= stop.ordered())
+        };
+        if self.txn.is_none() && reached(sc.state, stop) {
+            out.reached_stop = true;
+            return Ok(out);
+        }
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -208,20 +243,36 @@ impl Streamer {
                     Ok(Some(Ok(event))) => event,
                 },
             };
-            if !out.is_empty() && is_ddl(&next) {
+            if let Some(stop) = stop {
+                // The first event of a transaction at or after the stop: the
+                // snapshot holds none of it (the stop is where the next
+                // transaction begins).
+                let at_or_after = event_start(&next, &self.file).is_some_and(|s| s.ordered() >= stop.ordered());
+                if self.txn.is_none() && at_or_after {
+                    sc.state.binlog = stop.clone();
+                    out.reached_stop = true;
+                    return Ok(out);
+                }
+            }
+            if !out.messages.is_empty() && is_ddl(&next) {
                 self.stashed = Some(next);
                 return Ok(out);
             }
             let committed = self.handle(next, sc)?;
             if let Some(messages) = committed {
-                if out.is_empty() && !messages.is_empty() {
+                if out.messages.is_empty() && !messages.is_empty() {
                     deadline = deadline.min(Instant::now() + sc.config.batch_linger());
                 }
                 events += messages.len();
-                out.extend(messages);
+                out.messages.extend(messages);
                 if std::mem::take(&mut self.copy_requested) || events >= sc.config.max_batch_events {
+                    out.reached_stop = self.txn.is_none() && reached(sc.state, stop);
                     return Ok(out);
                 }
+            }
+            if self.txn.is_none() && reached(sc.state, stop) {
+                out.reached_stop = true;
+                return Ok(out);
             }
         }
     }

@@ -315,6 +315,10 @@ struct Txn {
     /// Changes of this transaction already in Kafka (an earlier part of it,
     /// before a restart): decoded again but not emitted.
     skip: u64,
+    /// Changes of this transaction handed out so far (in earlier batches,
+    /// or before a restart): what the checkpoint's [`PartialTxn`] says for
+    /// as long as the transaction is open.
+    emitted: u64,
     per_table: HashMap<TableId, i64>,
     bytes: usize,
     created: Vec<TableId>,
@@ -346,7 +350,10 @@ pub struct StreamBatch {
     /// Where to resume after these messages: the end of the last whole
     /// transaction.
     pub lsn: u64,
-    /// Set when the batch ends inside a transaction.
+    /// Set while a transaction is partly emitted: the batch ended inside
+    /// it (whatever ended the batch: a limit, the linger or the heartbeat),
+    /// or its first part went out before a restart and the stream has not
+    /// reached it again yet.
     pub partial: Option<PartialTxn>,
     /// Tables created in the batch's last transaction that should be
     /// captured (the batch ends after that transaction).
@@ -456,6 +463,7 @@ impl Streamer {
                         messages: Vec::new(),
                         ordinal: 0,
                         skip,
+                        emitted: skip,
                         per_table: HashMap::new(),
                         bytes: 0,
                         created: Vec::new(),
@@ -472,7 +480,7 @@ impl Streamer {
                         {
                             out.messages.append(&mut txn.messages);
                             txn.bytes = 0;
-                            out.partial = Some(PartialTxn { commit_lsn: txn.commit_lsn, changes: txn.ordinal });
+                            txn.emitted = txn.emitted.max(txn.ordinal);
                             break;
                         }
                     }
@@ -520,7 +528,23 @@ impl Streamer {
                 }
             }
         }
+        // Every way out of the loop, not only a full part, must keep the
+        // marker: a batch that ends on the heartbeat inside a transaction
+        // emitted in part (the rest of it not arrived yet, or a restart's
+        // replay not reached it yet) is committed with its checkpoint too,
+        // and without the marker a restart would emit the first part again.
+        out.partial = self.emitted_part();
         Ok(out)
+    }
+
+    /// The part of a transaction already handed out while it is open (or,
+    /// after a restart, not reached again yet).
+    fn emitted_part(&self) -> Option<PartialTxn> {
+        match &self.txn {
+            Some(t) if t.emitted > 0 => Some(PartialTxn { commit_lsn: t.commit_lsn, changes: t.emitted }),
+            Some(_) => None,
+            None => self.resume_txn,
+        }
     }
 
     fn handle_ddl(&mut self, content: &[u8], lsn: u64, sc: &mut StreamContext<'_>) {
