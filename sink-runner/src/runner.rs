@@ -166,6 +166,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             runner_paused: false,
             decoder: EventDecoder::new(registry),
             dead_letters,
+            dead_lettered: BTreeSet::new(),
             consumer,
             events,
             buffers: BTreeMap::new(),
@@ -533,6 +534,13 @@ struct Loop<S: Sink + 'static> {
     runner_paused: bool,
     decoder: EventDecoder,
     dead_letters: DeadLetters,
+    /// Records this process dead-lettered whose offsets are not stored yet
+    /// (topic, partition, offset): consumed again (its partition revoked
+    /// and assigned back before the commit), such a record is not sent or
+    /// counted again. Across processes a crash between the send and the
+    /// commit still sends it twice; readers of dead-letter topics
+    /// (`sink-runner replay`) go by origin (see `dlq`).
+    dead_lettered: BTreeSet<(String, i32, i64)>,
     consumer: StreamConsumer<RebalanceCtx<S>>,
     events: Arc<std::sync::Mutex<Vec<RebalanceEvent>>>,
     buffers: BTreeMap<String, Buffer>,
@@ -1458,6 +1466,13 @@ impl<S: Sink + 'static> Loop<S> {
             info!(table = %label, "resumed");
         }
         self.set_streaming(&topic, &label);
+        // Stored now: what was dead-lettered below these offsets is never
+        // consumed again.
+        if !self.dead_lettered.is_empty() {
+            for (t, p, o) in &batch.next_offsets {
+                self.dead_lettered.retain(|(dt, dp, doff)| !(dt == t && dp == p && doff < o));
+            }
+        }
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
             if !revoked.contains(p) && self.assigned.contains(&(t.clone(), *p)) {
@@ -1479,11 +1494,24 @@ impl<S: Sink + 'static> Loop<S> {
         Ok(buf)
     }
 
-    async fn dead_letter(&self, raw: &RawRecord, stage: Stage, error: &Error, table: &TableId) -> Result<(), Error> {
+    async fn dead_letter(
+        &mut self,
+        raw: &RawRecord,
+        stage: Stage,
+        error: &Error,
+        table: &TableId,
+    ) -> Result<(), Error> {
         let label = (self.labeler)(table);
         let dlq = self.config.dlq_topic(&raw.topic);
+        let origin = (raw.topic.clone(), raw.partition, raw.offset);
+        if self.dead_lettered.contains(&origin) {
+            debug!(table = %label, topic = %raw.topic, partition = raw.partition, offset = raw.offset,
+                "already dead-lettered by this runner: not sent or counted again");
+            return Ok(());
+        }
         let failure = Failure::from_error(stage, error, Some(table.to_string()));
         self.dead_letters.send(&dlq, raw, &failure).await?;
+        self.dead_lettered.insert(origin);
         self.telemetry
             .record_failed(&label, &error.to_string(), &error.kind().to_string());
         warn!(
