@@ -345,7 +345,7 @@ mod tests {
         let mine = n.topic("p", &TableId::new("a.b", "c d"));
         assert!(n.is_table_topic("p", &mine), "{mine}");
         // A long name is cut but keeps its shape.
-        let long = TopicNaming::default().topic("p", &TableId::new("s", &"x".repeat(300)));
+        let long = TopicNaming::default().topic("p", &TableId::new("s", "x".repeat(300)));
         assert!(is_table_topic("p", &long));
         assert!(is_table_topic("p", &TopicNaming::dlq_topic(&long).replace(".dlq", "")));
         assert!(dlq(&TopicNaming::dlq_topic(&long)));
