@@ -1,6 +1,21 @@
 //! Topic names of change events: one topic per table, named like
 //! Debezium's (`<prefix>.<schema>.<table>`) unless configured otherwise,
 //! and a dead-letter topic beside each.
+//!
+//! # Which topics belong to a copy
+//!
+//! A copy's topics are told apart from another copy's by their names alone,
+//! also when one copy's prefix is another's plus a dot (`shop` and
+//! `shop.eu`): a schema or table name never brings a `.` into a topic name
+//! (a name with one is made legal with a hash, like any name Kafka refuses:
+//! see [`TopicNaming::topic`]), so with the default template a table topic
+//! of copy `p` is exactly `p.<schema>.<table>` with two dot-free parts
+//! ([`is_table_topic`]). `shop.eu.public.t` has three parts after `shop.`:
+//! it is copy `shop.eu`'s, never copy `shop`'s. A dead-letter topic is a
+//! table topic plus the suffix (`.dlq` adds a part), so a source table
+//! named `dlq` (`p.<schema>.dlq`, two parts) is a table topic like any
+//! other. The offsets topic `p.tributary.offsets` ([`offsets_topic`]) has
+//! the shape of a table topic and is left out by name.
 
 use crate::model::TableId;
 
@@ -9,6 +24,30 @@ pub const DEFAULT_TEMPLATE: &str = "{prefix}.{schema}.{table}";
 
 /// Suffix of a topic's dead-letter topic.
 pub const DLQ_SUFFIX: &str = ".dlq";
+
+/// What follows the prefix in a copy's offsets topic (the source runner's
+/// checkpoints): `<prefix>.tributary.offsets`.
+pub const OFFSETS_TOPIC_SUFFIX: &str = ".tributary.offsets";
+
+/// The offsets topic of the copy with topic prefix `prefix`.
+pub fn offsets_topic(prefix: &str) -> String {
+    format!("{prefix}{OFFSETS_TOPIC_SUFFIX}")
+}
+
+/// Whether `topic` is a table topic of the copy with prefix `prefix` under
+/// the default template: `<prefix>.<schema>.<table>` with two non-empty
+/// parts without a dot (see the module documentation), and not the copy's
+/// offsets topic.
+pub fn is_table_topic(prefix: &str, topic: &str) -> bool {
+    TopicNaming::default().is_table_topic(prefix, topic)
+}
+
+/// Whether `topic` is the dead-letter topic (`suffix`, e.g. `.dlq`) of a
+/// topic for which `is_table` holds. A long topic's dead-letter topic is cut
+/// with a hash ([`with_suffix`]), which keeps it a table topic's shape.
+pub fn is_dead_letter_topic(topic: &str, suffix: &str, is_table: impl Fn(&str) -> bool) -> bool {
+    !suffix.is_empty() && topic.strip_suffix(suffix).is_some_and(is_table)
+}
 
 /// The longest topic name Kafka accepts.
 pub const MAX_TOPIC_LEN: usize = 249;
@@ -51,11 +90,39 @@ fn legal_topic_name_within(name: &str, max: usize) -> String {
     if is_legal_topic_name(name) && name.len() <= max {
         return name.to_string();
     }
+    hashed_within(name, name, max)
+}
+
+/// `name` made legal with the hash of `hashed` appended: each character
+/// outside Kafka's set becomes `_`, the result is cut to leave room for the
+/// hash.
+fn hashed_within(name: &str, hashed: &str, max: usize) -> String {
     let mut out: String = name.chars().map(|c| if is_legal_char(c) { c } else { '_' }).collect();
     // Every character is ASCII now: byte and char lengths agree.
     out.truncate(max - HASH_SUFFIX_LEN);
-    out.push_str(&format!("_{:08x}", fnv1a32(name.as_bytes())));
+    out.push_str(&format!("_{:08x}", fnv1a32(hashed.as_bytes())));
     out
+}
+
+/// Whether `topic` is `template` filled in with `prefix` and dot-free,
+/// non-empty names (see [`TopicNaming::is_table_topic`]). Backtracks over
+/// where each name ends: templates are a few parts long.
+fn matches_template(template: &[u8], prefix: &[u8], topic: &[u8]) -> bool {
+    const PREFIX: &[u8] = b"{prefix}";
+    const SCHEMA: &[u8] = b"{schema}";
+    const TABLE: &[u8] = b"{table}";
+    if template.is_empty() {
+        return topic.is_empty();
+    }
+    if let Some(rest) = template.strip_prefix(PREFIX) {
+        return topic.strip_prefix(prefix).is_some_and(|t| matches_template(rest, prefix, t));
+    }
+    let name = template.strip_prefix(SCHEMA).or_else(|| template.strip_prefix(TABLE));
+    if let Some(rest) = name {
+        let longest = topic.iter().take_while(|c| **c != b'.').count();
+        return (1..=longest).any(|n| matches_template(rest, prefix, &topic[n..]));
+    }
+    topic.first() == template.first() && matches_template(&template[1..], prefix, &topic[1..])
 }
 
 /// `topic` followed by `suffix` (a dead-letter topic), still a legal topic
@@ -95,8 +162,30 @@ impl TopicNaming {
     /// The topic of a table: the template filled in, then made a legal
     /// Kafka topic name by [`legal_topic_name`] (a legal name is kept as it
     /// is). The one place table topics are named.
+    ///
+    /// A schema or table name with a `.` is treated as a name Kafka
+    /// refuses: its dots become `_` and a hash of the whole name is
+    /// appended (`order.items` gives `shop.public.order_items_<hash>`), so
+    /// the parts of a topic name are the template's own and a copy's topics
+    /// are known by their shape (see the module documentation).
     pub fn topic(&self, prefix: &str, table: &TableId) -> String {
-        legal_topic_name(&self.fill(prefix, table))
+        let whole = self.fill(prefix, table);
+        if !table.schema.contains('.') && !table.table.contains('.') {
+            return legal_topic_name(&whole);
+        }
+        let undotted = TableId::new(table.schema.replace('.', "_"), table.table.replace('.', "_"));
+        hashed_within(&self.fill(prefix, &undotted), &whole, MAX_TOPIC_LEN)
+    }
+
+    /// Whether `topic` is a table topic of the copy with prefix `prefix`:
+    /// the template with `{prefix}` as `prefix` and each `{schema}` and
+    /// `{table}` as one or more topic characters other than `.`, and not
+    /// the copy's offsets topic. A topic a name over 249 characters cut
+    /// matches as long as the cut left every part of the template (the
+    /// default template ends with `{table}`: always).
+    pub fn is_table_topic(&self, prefix: &str, topic: &str) -> bool {
+        topic != offsets_topic(prefix)
+            && matches_template(self.template.as_bytes(), prefix.as_bytes(), topic.as_bytes())
     }
 
     /// The template filled in, before it is made legal.
@@ -171,8 +260,8 @@ mod tests {
     fn legal_names_are_kept_and_others_made_legal_without_collisions() {
         let n = TopicNaming::default();
         let t = |table: &str| n.topic("shop", &TableId::new("public", table));
-        // Legal names, including every legal character: unchanged.
-        assert_eq!(t("Order-Items_2.x"), "shop.public.Order-Items_2.x");
+        // Legal names, including every legal character but the dot: unchanged.
+        assert_eq!(t("Order-Items_2"), "shop.public.Order-Items_2");
         // Spaces, `$`, non-ASCII: replaced, with a hash of the real name.
         let spaced = t("order items$2");
         assert!(spaced.starts_with("shop.public.order_items_2_"), "{spaced}");
@@ -206,6 +295,60 @@ mod tests {
         let dlq = TopicNaming::dlq_topic(&long);
         assert!(dlq.ends_with(DLQ_SUFFIX) && is_legal_topic_name(&dlq), "{dlq}");
         assert_ne!(dlq, TopicNaming::dlq_topic(&"z".repeat(MAX_TOPIC_LEN - 1)));
+    }
+
+    #[test]
+    fn a_dot_in_a_name_never_adds_a_part_to_the_topic() {
+        let n = TopicNaming::default();
+        let dotted = n.topic("shop", &TableId::new("public", "order.items"));
+        assert!(dotted.starts_with("shop.public.order_items_"), "{dotted}");
+        assert_eq!(dotted.len(), "shop.public.order_items_".len() + 8);
+        assert_ne!(dotted, n.topic("shop", &TableId::new("public", "order_items")));
+        assert_ne!(dotted, n.topic("shop", &TableId::new("public", "order_items_")));
+        let schema = n.topic("shop", &TableId::new("eu.public", "t"));
+        assert!(schema.starts_with("shop.eu_public.t_"), "{schema}");
+        assert!(is_table_topic("shop", &dotted) && is_table_topic("shop", &schema));
+        // Copy `shop.eu`'s table topic is never copy `shop`'s.
+        let other = n.topic("shop.eu", &TableId::new("public", "t"));
+        assert_eq!(other, "shop.eu.public.t");
+        assert!(!is_table_topic("shop", &other));
+        assert!(is_table_topic("shop.eu", &other));
+        assert!(!is_table_topic("shop.eu", &schema));
+    }
+
+    #[test]
+    fn a_copys_topics_are_known_by_their_shape() {
+        assert!(is_table_topic("p", "p.s.t"));
+        assert!(is_table_topic("p", "p.s.dlq"), "a table named dlq");
+        for not_ours in [
+            "p.s",
+            "p.s.t.dlq",
+            "p.x.s.t",
+            "p.tributary.offsets",
+            "q.s.t",
+            "px.s.t",
+            "p..t",
+            "p.s.",
+            "p.s.t.",
+        ] {
+            assert!(!is_table_topic("p", not_ours), "{not_ours}");
+        }
+        let dlq = |t: &str| is_dead_letter_topic(t, DLQ_SUFFIX, |x| is_table_topic("p", x));
+        assert!(dlq("p.s.t.dlq") && dlq("p.s.dlq.dlq"));
+        assert!(!dlq("p.s.dlq") && !dlq("p.x.s.t.dlq") && !dlq("p.tributary.offsets.dlq"));
+        // Other templates: each part as written, names without a dot.
+        let n = TopicNaming::new("cdc-{prefix}-{schema}-{table}");
+        assert!(n.is_table_topic("p", "cdc-p-s-t"));
+        assert!(n.is_table_topic("p", "cdc-p-s-t-x"), "a dash is a name character");
+        assert!(!n.is_table_topic("p", "cdc-p-s.t"));
+        assert!(!n.is_table_topic("p", "cdc-q-s-t"));
+        let mine = n.topic("p", &TableId::new("a.b", "c d"));
+        assert!(n.is_table_topic("p", &mine), "{mine}");
+        // A long name is cut but keeps its shape.
+        let long = TopicNaming::default().topic("p", &TableId::new("s", "x".repeat(300)));
+        assert!(is_table_topic("p", &long));
+        assert!(is_table_topic("p", &TopicNaming::dlq_topic(&long).replace(".dlq", "")));
+        assert!(dlq(&TopicNaming::dlq_topic(&long)));
     }
 
     #[test]

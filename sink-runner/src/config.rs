@@ -187,26 +187,48 @@ impl Validate for SinkRunnerConfig {
 }
 
 impl SinkRunnerConfig {
-    /// The subscription pattern.
+    /// The subscription pattern. With `prefix`: exactly the copy's table
+    /// topics, `<prefix>.<schema>.<table>` with two dot-free parts (a
+    /// schema or table name never brings a dot into a topic name), so a
+    /// copy whose prefix is this one's plus a dot (`shop.eu` beside `shop`)
+    /// is never consumed, and dead-letter topics (`.dlq` adds a part) are
+    /// not matched at all. See `tributary_schemas::topic`.
     pub fn topic_pattern(&self) -> String {
         match (&self.topics, &self.prefix) {
             (Some(t), _) => t.clone(),
-            (None, Some(p)) => format!("^{}\\..*", regex::escape(p)),
+            (None, Some(p)) => format!("^{}\\.[^.]+\\.[^.]+$", regex::escape(p)),
             // validate() refuses this; a pattern that matches nothing.
             (None, None) => "^$".to_string(),
         }
     }
 
-    /// Whether a topic matched by the pattern is still left out: dead-letter
-    /// topics and the source runner's offsets topic.
+    /// Whether a topic the pattern matched is still left out: anything that
+    /// is not a table topic of this copy, the copy's offsets topic,
+    /// dead-letter topics (a topic whose name is a copied topic's plus
+    /// `dlq_topic_suffix`) and Kafka's internal topics (`__*`). A table
+    /// named `dlq` (`<prefix>.<schema>.dlq`) is a table topic and copied.
     pub fn is_excluded(&self, topic: &str) -> bool {
-        if topic.ends_with(&self.dlq_topic_suffix) {
+        use tributary_schemas::topic::{is_dead_letter_topic, is_table_topic, OFFSETS_TOPIC_SUFFIX};
+        if topic.starts_with("__") {
             return true;
         }
-        if topic.ends_with(".tributary.offsets") {
-            return true;
+        match (&self.topics, &self.prefix) {
+            (None, Some(p)) => {
+                !is_table_topic(p, topic)
+                    || is_dead_letter_topic(topic, &self.dlq_topic_suffix, |t| is_table_topic(p, t))
+            }
+            _ => {
+                if topic.ends_with(OFFSETS_TOPIC_SUFFIX) {
+                    return true;
+                }
+                // validate() compiled it; a pattern that does not compile
+                // copies nothing.
+                let Ok(pattern) = regex::Regex::new(&self.topic_pattern()) else {
+                    return true;
+                };
+                !pattern.is_match(topic) || is_dead_letter_topic(topic, &self.dlq_topic_suffix, |t| pattern.is_match(t))
+            }
         }
-        topic.starts_with("__")
     }
 
     /// The dead-letter topic of a topic.
@@ -255,11 +277,46 @@ url = "postgres://u@127.0.0.1/db"
     #[test]
     fn minimal_config_gets_defaults() {
         let c: SinkRunnerConfig = parse(MINIMAL, "test").unwrap();
-        assert_eq!(c.topic_pattern(), "^shop\\..*");
+        assert_eq!(c.topic_pattern(), "^shop\\.[^.]+\\.[^.]+$");
         assert_eq!(c.batch_linger_ms, DEFAULT_BATCH_LINGER_MS);
         assert!(c.is_excluded("shop.public.orders.dlq"));
         assert!(c.is_excluded("shop.tributary.offsets"));
         assert!(!c.is_excluded("shop.public.orders"));
+        assert!(c.destination.postgres.is_some());
+        assert!(c.sink().is_ok());
+    }
+
+    #[test]
+    fn a_prefix_copies_its_own_topics_only() {
+        let c: SinkRunnerConfig = parse(MINIMAL, "test").unwrap();
+        let pattern = regex::Regex::new(&c.topic_pattern()).unwrap();
+        let copied = |t: &str| pattern.is_match(t) && !c.is_excluded(t);
+        assert!(copied("shop.public.orders"));
+        assert!(copied("shop.public.dlq"), "a source table named dlq");
+        assert!(copied("shop.public.order_items_2_0c2b1c53"));
+        for not_ours in [
+            "shop.eu.public.orders",
+            "shop.eu.public.orders.dlq",
+            "shop.eu.tributary.offsets",
+            "shop.public.orders.dlq",
+            "shop.public.dlq.dlq",
+            "shop.tributary.offsets",
+            "shopping.public.orders",
+            "shop.public",
+        ] {
+            assert!(!copied(not_ours), "{not_ours}");
+        }
+        // A suffix that adds no part: still told apart from table topics.
+        let dashed: SinkRunnerConfig =
+            parse(&MINIMAL.replace("consumer_group", "dlq_topic_suffix = \"-dlq\"\nconsumer_group"), "t").unwrap();
+        assert!(dashed.is_excluded("shop.public.orders-dlq"));
+        assert!(!dashed.is_excluded("shop.public.orders"));
+        // `topics`: a dead-letter topic is a matched topic plus the suffix.
+        let re: SinkRunnerConfig =
+            parse(&MINIMAL.replace("prefix = \"shop\"", "topics = \"^shop\\\\.public\\\\.[^.]+$\""), "t").unwrap();
+        assert!(!re.is_excluded("shop.public.dlq"));
+        assert!(re.is_excluded("shop.public.orders.dlq"));
+        assert!(re.is_excluded("x.tributary.offsets"));
         assert!(c.destination.postgres.is_some());
         assert!(c.sink().is_ok());
     }

@@ -6,10 +6,17 @@
 //! stored offsets of the copy. Applying is idempotent by source position:
 //! a record older than what its row already holds changes nothing, so
 //! replaying twice, or replaying a record a later change already
-//! superseded, is harmless. Kafka cannot delete single records: what
+//! superseded, changes nothing. Kafka cannot delete single records: what
 //! still fails stays in the topic, is reported, and can be replayed again.
+//!
+//! Writes to a dead-letter topic are at least once: a sink that crashed
+//! between sending a dead letter and storing its offsets sends it again
+//! after its restart. Each dead letter names its origin (headers
+//! `__connect.errors.topic`, `.partition`, `.offset`), so a replay applies
+//! each origin once, the first of its dead letters, and counts the others
+//! as duplicates.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -49,6 +56,9 @@ pub struct ReplayReport {
     pub applied: usize,
     /// Tombstones and records without anything to apply.
     pub skipped: usize,
+    /// Dead letters of an origin already read in this replay (the same
+    /// record dead-lettered twice): not applied again.
+    pub duplicates: usize,
     /// Records that still fail (left in the topic).
     pub failing: Vec<StillFailing>,
 }
@@ -61,9 +71,14 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
     let mut decoder = EventDecoder::new(registry);
     let records = read_all(config, dlq_topic).await?;
     let mut report = ReplayReport { read: records.len(), ..Default::default() };
+    let mut origins: HashSet<(String, i32, i64)> = HashSet::new();
     for (dlq_pos, mut raw) in records {
         let original = original_position(&raw);
         if let Some(o) = &original {
+            if !origins.insert((o.topic.clone(), o.partition, o.offset)) {
+                report.duplicates += 1;
+                continue;
+            }
             // Decode as a record of its original topic (errors name it).
             raw.topic = o.topic.clone();
             raw.partition = o.partition;
@@ -130,6 +145,7 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
         read = report.read,
         applied = report.applied,
         skipped = report.skipped,
+        duplicates = report.duplicates,
         failing = report.failing.len(),
         dry_run,
         "replay finished"

@@ -167,6 +167,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             runner_paused: false,
             decoder: EventDecoder::new(registry),
             dead_letters,
+            dead_lettered: BTreeSet::new(),
             consumer,
             events,
             buffers: BTreeMap::new(),
@@ -536,6 +537,13 @@ struct Loop<S: Sink + 'static> {
     runner_paused: bool,
     decoder: EventDecoder,
     dead_letters: DeadLetters,
+    /// Records this process dead-lettered whose offsets are not stored yet
+    /// (topic, partition, offset): consumed again (its partition revoked
+    /// and assigned back before the commit), such a record is not sent or
+    /// counted again. Across processes a crash between the send and the
+    /// commit still sends it twice; readers of dead-letter topics
+    /// (`sink-runner replay`) go by origin (see `dlq`).
+    dead_lettered: BTreeSet<(String, i32, i64)>,
     consumer: StreamConsumer<RebalanceCtx<S>>,
     events: Arc<std::sync::Mutex<Vec<RebalanceEvent>>>,
     buffers: BTreeMap<String, Buffer>,
@@ -1522,6 +1530,13 @@ impl<S: Sink + 'static> Loop<S> {
             info!(table = %label, "resumed");
         }
         self.set_streaming(&topic, &label);
+        // Stored now: what was dead-lettered below these offsets is never
+        // consumed again.
+        if !self.dead_lettered.is_empty() {
+            for (t, p, o) in &batch.next_offsets {
+                self.dead_lettered.retain(|(dt, dp, doff)| !(dt == t && dp == p && doff < o));
+            }
+        }
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
             if !revoked.contains(p) && self.assigned.contains(&(t.clone(), *p)) {
@@ -1544,11 +1559,24 @@ impl<S: Sink + 'static> Loop<S> {
         Ok(buf)
     }
 
-    async fn dead_letter(&self, raw: &RawRecord, stage: Stage, error: &Error, table: &TableId) -> Result<(), Error> {
+    async fn dead_letter(
+        &mut self,
+        raw: &RawRecord,
+        stage: Stage,
+        error: &Error,
+        table: &TableId,
+    ) -> Result<(), Error> {
         let label = (self.labeler)(table);
         let dlq = self.config.dlq_topic(&raw.topic);
+        let origin = (raw.topic.clone(), raw.partition, raw.offset);
+        if self.dead_lettered.contains(&origin) {
+            debug!(table = %label, topic = %raw.topic, partition = raw.partition, offset = raw.offset,
+                "already dead-lettered by this runner: not sent or counted again");
+            return Ok(());
+        }
         let failure = Failure::from_error(stage, error, Some(table.to_string()));
         self.dead_letters.send(&dlq, raw, &failure).await?;
+        self.dead_lettered.insert(origin);
         self.telemetry
             .record_failed(&label, &error.to_string(), &error.kind().to_string());
         warn!(
@@ -1655,10 +1683,18 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
         .await
         .map_err(|e| RunError::Other(e.to_string()))?
         .map_err(|e| RunError::Kafka(format!("cannot list topics: {e}")))?;
-        for t in topics {
-            if pattern.is_match(&t) && !config.is_excluded(&t) {
-                tables.push(table_from_topic(&t, config.prefix.as_deref()));
-            }
+        let ours: Vec<String> = topics
+            .into_iter()
+            .filter(|t| pattern.is_match(t) && !config.is_excluded(t))
+            .collect();
+        let (found, unknown) = tables_of_topics(config, &ours).await?;
+        tables.extend(found);
+        for t in unknown {
+            warn!(
+                topic = %t,
+                "cannot tell the source table of this topic (no readable record left in it, and its name was made \
+                 legal): its destination table is kept; drop it by hand"
+            );
         }
     }
     let mut sink = config.sink()?;
@@ -1682,6 +1718,103 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
         }
     }
     Ok(done)
+}
+
+/// The source table of each topic, as its records name it (a change event's
+/// `source` block, a control record's headers): a topic's name does not
+/// always say it (a name Kafka refuses is made legal with a hash). A topic
+/// without a readable record left falls back to its name when the name is
+/// what the default naming makes of that table; the others are returned
+/// as unknown.
+async fn tables_of_topics(
+    config: &SinkRunnerConfig,
+    topics: &[String],
+) -> Result<(Vec<TableId>, Vec<String>), RunError> {
+    const WAIT: Duration = Duration::from_secs(10);
+    /// Longest wait for a record of a partition known to hold more.
+    const STALL: Duration = Duration::from_secs(30);
+    let mut found: BTreeMap<String, TableId> = BTreeMap::new();
+    if topics.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut c = config.kafka.client_config()?;
+    c.set("group.id", format!("{}.delete", config.consumer_group));
+    c.set("enable.auto.commit", "false");
+    c.set("isolation.level", "read_committed");
+    let consumer: StreamConsumer = c
+        .create()
+        .map_err(|e| RunError::Kafka(format!("cannot create the consumer: {e}")))?;
+    let mut remaining: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let meta = tokio::task::block_in_place(|| consumer.fetch_metadata(Some(topic), WAIT))
+            .map_err(|e| RunError::Kafka(format!("cannot read metadata of {topic}: {e}")))?;
+        for p in meta.topics().iter().filter(|t| t.name() == topic).flat_map(|t| t.partitions()) {
+            let (low, high) = tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, p.id(), WAIT))
+                .map_err(|e| RunError::Kafka(format!("cannot read the offsets of {topic}/{}: {e}", p.id())))?;
+            if high > low {
+                remaining.insert((topic.clone(), p.id()), high);
+                tpl.add_partition_offset(topic, p.id(), Offset::Offset(low))
+                    .map_err(|e| RunError::Kafka(e.to_string()))?;
+            }
+        }
+    }
+    if tpl.count() > 0 {
+        consumer
+            .assign(&tpl)
+            .map_err(|e| RunError::Kafka(format!("cannot assign the copy's topics: {e}")))?;
+        let registry = Registry::new(config.schema_registry_url.clone())
+            .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
+        let mut decoder = EventDecoder::new(registry);
+        let mut last_progress = Instant::now();
+        while !remaining.is_empty() && last_progress.elapsed() < STALL {
+            let m = match tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await {
+                Ok(Ok(m)) => RawRecord::from_message(&m),
+                Ok(Err(e)) => {
+                    debug!(error = %e, "consumer error while looking for the copy's tables");
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            last_progress = Instant::now();
+            let key = (m.topic.clone(), m.partition);
+            if remaining.get(&key).is_some_and(|end| m.offset + 1 >= *end) {
+                remaining.remove(&key);
+            }
+            if found.contains_key(&m.topic) {
+                continue;
+            }
+            let fallback = table_from_topic(&m.topic, config.prefix.as_deref());
+            if let Ok(Some(record)) = decode_record(&mut decoder, &m, &fallback).await {
+                let table = match record {
+                    SinkRecord::Change(ev) => ev.schema.id.clone(),
+                    SinkRecord::TableDropped(t) | SinkRecord::Copied(t, _) => t,
+                };
+                remaining.retain(|(t, _), _| *t != m.topic);
+                found.insert(m.topic.clone(), table);
+            }
+        }
+    }
+    let mut unknown = Vec::new();
+    for topic in topics {
+        if found.contains_key(topic) {
+            continue;
+        }
+        let guess = table_from_topic(topic, config.prefix.as_deref());
+        let named = config
+            .prefix
+            .as_deref()
+            .is_some_and(|p| tributary_schemas::TopicNaming::default().topic(p, &guess) == *topic);
+        if named {
+            found.insert(topic.clone(), guess);
+        } else {
+            unknown.push(topic.clone());
+        }
+    }
+    let mut tables: Vec<TableId> = found.into_values().collect();
+    tables.sort_by_key(|t| t.to_string());
+    tables.dedup();
+    Ok((tables, unknown))
 }
 
 /// The source table of a topic named `<prefix>.<schema>.<table>` (or, without

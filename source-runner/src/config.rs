@@ -119,7 +119,7 @@ impl SourceRunnerConfig {
 
     /// The offsets topic holding this runner's checkpoints.
     pub fn offsets_topic(&self) -> String {
-        format!("{}.tributary.offsets", self.prefix())
+        tributary_schemas::topic::offsets_topic(self.prefix())
     }
 
     /// The Kafka transactional id: stable per runner, so a restarted runner

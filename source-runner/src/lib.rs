@@ -71,9 +71,10 @@ pub async fn delete(config: SourceRunnerConfig, yes: bool) -> ExitCode {
     let prefix = config.prefix().to_string();
     if !yes {
         println!(
-            "This deletes copy {name:?}: its replication slot and publication (PostgreSQL), every \
-             Kafka topic named {prefix}.* (with its offsets topic), and their schema subjects. Type \
-             the copy's name to confirm:",
+            "This deletes copy {name:?}: its replication slot and publication (PostgreSQL), its \
+             Kafka topics (its table topics {prefix}.<schema>.<table>, their .dlq topics and its \
+             offsets topic {prefix}.tributary.offsets), and their schema subjects. Type the copy's \
+             name to confirm:",
             name = config.name
         );
         let mut answer = String::new();

@@ -1238,14 +1238,26 @@ impl OpenTxn {
     }
 }
 
-/// Deletes every topic of this copy (`<prefix>.*`) and its schema subjects.
-/// Returns the deleted topic names.
+/// Deletes every topic of this copy and its schema subjects: its table
+/// topics (by the shape of their names, see `tributary_schemas::topic`),
+/// their dead-letter topics (default suffix) and its offsets topic; never a
+/// topic of another copy whose prefix starts like this one's. Returns the
+/// deleted topic names.
 pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, Error> {
     let client = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
     let admin: AdminClient<DefaultClientContext> =
         client.create().map_err(|e| kafka_error("cannot create the admin client", e))?;
     let consumer: BaseConsumer = client.create().map_err(|e| kafka_error("metadata client", e))?;
-    let prefix = format!("{}.", config.prefix());
+    let prefix = config.prefix().to_string();
+    let naming = TopicNaming::new(config.topic_template.clone());
+    let offsets = config.offsets_topic();
+    let ours = move |t: &str| {
+        t == offsets
+            || naming.is_table_topic(&prefix, t)
+            || tributary_schemas::topic::is_dead_letter_topic(t, tributary_schemas::topic::DLQ_SUFFIX, |x| {
+                naming.is_table_topic(&prefix, x)
+            })
+    };
     let topics: Vec<String> = blocking(move || {
         consumer
             .fetch_metadata(None, Duration::from_secs(10))
@@ -1254,7 +1266,7 @@ pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, E
     .await?
     .map_err(|e| kafka_error("list topics", e))?
     .into_iter()
-    .filter(|t| t.starts_with(&prefix))
+    .filter(|t| ours(t))
     .collect();
     if topics.is_empty() {
         return Ok(topics);

@@ -1114,6 +1114,71 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
+    /// A sink that crashed after sending a dead letter and before storing
+    /// its offsets sends it again after its restart (simulated: the second
+    /// run starts from the offsets the first run had before that batch).
+    /// The replay applies the record once; each run counts it once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_record_dead_lettered_twice_is_replayed_once() {
+        let mut p = Pipeline::new("dlqtwice", 1).await;
+        let s = items();
+        p.fx.exec(&format!(
+            "CREATE SCHEMA \"{s}\"; CREATE TABLE \"{s}\".items (id integer PRIMARY KEY, name varchar(40), \
+             qty integer CHECK (qty < 1000), price numeric(10,2), __tributary_commit bigint NOT NULL, \
+             __tributary_index bigint NOT NULL)",
+            s = p.fx.schema
+        ))
+        .await;
+        p.produce(&[
+            event(&s, Op::Create, None, Some(row(1, "ok", 1, "1.00")), 10, 0),
+            event(&s, Op::Create, None, Some(row(2, "bad", 5000, "1.00")), 10, 1),
+        ])
+        .await;
+        let config = p.config();
+        let label = format!("{}.items", p.fx.schema);
+        let end = p.end_offsets();
+        for run in 1..=2 {
+            if run == 2 {
+                // The crash: the dead letter was sent, the offsets not stored.
+                p.fx.exec(&format!("DELETE FROM tributary.offsets WHERE consumer_group = '{}'", p.fx.group))
+                    .await;
+            }
+            let status = Telemetry::new("test", "sink");
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let runner = tokio::spawn(sink_runner::run(config.clone(), status.clone(), Control::new(), stop_rx));
+            let fx = &p.fx;
+            wait_for("the good row, the dead letter and the offsets", Duration::from_secs(90), || async {
+                let stored = fx.offsets().await;
+                fx.rows().await.len() == 1
+                    && status.failed_records(&label) == 1
+                    && end.iter().all(|(k, v)| stored.get(k).is_some_and(|s| *s >= v - 1))
+            })
+            .await;
+            stop_tx.send(true).expect("stop");
+            runner.await.expect("join").expect("runner result");
+            assert_eq!(status.failed_records(&label), 1, "run {run} counts its dead letter once");
+        }
+        let dlq_topic = format!("{}.dlq", p.topic);
+        let dead = p.read_topic(&dlq_topic, 2, Duration::from_secs(30));
+        assert_eq!(dead.len(), 2, "the crash made the sink send the dead letter twice");
+        let origin =
+            |m: &rdkafka::message::OwnedMessage| (header(m, dlq::HEADER_PARTITION), header(m, dlq::HEADER_OFFSET));
+        assert_eq!(origin(&dead[0]), origin(&dead[1]), "both name the same origin");
+
+        p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table()))
+            .await;
+        let versions = p.fx.versions().await;
+        let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
+        assert_eq!(
+            (report.read, report.applied, report.duplicates, report.failing.len()),
+            (2, 1, 1, 0),
+            "the origin applied once, the second dead letter a duplicate"
+        );
+        assert!(p.fx.rows().await.contains(&"2|bad|5000|1.00".to_string()));
+        assert_eq!(p.fx.versions().await.len(), versions.len() + 1, "one row more, written once");
+        p.fx.cleanup().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_operator_pause_holds_a_table_and_resume_catches_up() {
         let mut p = Pipeline::new("oppause", 1).await;

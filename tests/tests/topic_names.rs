@@ -258,3 +258,153 @@ async fn a_record_larger_than_its_topic_takes_pauses_the_source_naming_it() {
     let _ = src.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The topics Kafka holds that start with `start`.
+fn topics_starting(start: &str) -> Vec<String> {
+    let mut t: Vec<String> = topics().into_iter().filter(|t| t.starts_with(start)).collect();
+    t.sort();
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_touches_only_its_own_topics_beside_a_copy_whose_prefix_extends_its_own() {
+    // Copy `p` (schema `p`) and copy `p.x` (schema `p_b`, topics `p.x.p_b.*`):
+    // every topic of `p.x` starts with `p.`.
+    let name = unique("nest");
+    let other = format!("{name}_x");
+    let other_schema = format!("{name}_b");
+    let odd = "odd name";
+    let src = connect(&pg_source_url()).await;
+    src.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE SCHEMA {other_schema};
+         CREATE TABLE {name}.t (id int PRIMARY KEY, v text);
+         CREATE TABLE {name}.dlq (id int PRIMARY KEY, v text);
+         CREATE TABLE {name}.\"{odd}\" (id int PRIMARY KEY, v text);
+         CREATE TABLE {other_schema}.t (id int PRIMARY KEY, v text);
+         INSERT INTO {name}.t SELECT i, 't ' || i FROM generate_series(1, 3) i;
+         INSERT INTO {name}.dlq SELECT i, 'dlq ' || i FROM generate_series(1, 4) i;
+         INSERT INTO {name}.\"{odd}\" SELECT i, 'odd ' || i FROM generate_series(1, 2) i;
+         INSERT INTO {other_schema}.t SELECT i, 'other ' || i FROM generate_series(1, 5) i;"
+    ))
+    .await
+    .expect("source tables");
+
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let source_cfg = dir.join("source.toml");
+    std::fs::write(&source_cfg, source_config(&name, "off")).expect("source config");
+    let other_cfg = dir.join("other.toml");
+    let other_text = source_config(&other, "off")
+        .replacen('\n', &format!("\ntopic_prefix = \"{name}.x\"\n"), 1)
+        .replace(&format!("include = [\"{other}.*\"]"), &format!("include = [\"{other_schema}.*\"]"));
+    std::fs::write(&other_cfg, other_text).expect("other source config");
+    let log = dir.join("runners.log");
+    let other_source = Runner::start("source-runner", &other_cfg, &log);
+    let source = Runner::start("source-runner", &source_cfg, &log);
+    let other_topic = format!("{name}.x.{other_schema}.t");
+    let other_offsets = format!("{name}.x.tributary.offsets");
+    wait_for("both copies' topics", Duration::from_secs(120), || async {
+        let present = topics();
+        (present.contains(&other_topic)
+            && present.contains(&format!("{name}.{name}.t"))
+            && present.contains(&format!("{name}.{name}.dlq")))
+        .then_some(())
+    })
+    .await;
+
+    // The sink of copy `p`, started once copy `p.x`'s topic exists.
+    let sink_cfg = dir.join("sink.toml");
+    std::fs::write(
+        &sink_cfg,
+        format!(
+            "prefix = \"{name}\"\nconsumer_group = \"{name}_sink\"\nschema_registry_url = \"{registry}\"\n\
+             batch_linger_ms = 100\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\
+             [kafka.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"\n\
+             \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n\
+             [admin]\nlisten = \"off\"\n[postgres]\nurl = \"{pg}\"\n",
+            registry = schema_registry_url(),
+            kafka = kafka_bootstrap(),
+            pg = pg_destination_url(),
+        ),
+    )
+    .expect("sink config");
+    let sink = Runner::start("sink-runner", &sink_cfg, &log);
+    let dst = connect(&pg_destination_url()).await;
+    let count = |schema: String, table: String| {
+        let dst = &dst;
+        async move {
+            dst.query_one(&format!("SELECT count(*) FROM \"{schema}\".\"{table}\""), &[])
+                .await
+                .ok()
+                .map(|r| r.get::<_, i64>(0))
+        }
+    };
+    // A source table named `dlq` is copied like any other, snapshot and stream.
+    wait_for("copy p's tables in the destination", Duration::from_secs(120), || async {
+        (count(name.clone(), "t".into()).await == Some(3)
+            && count(name.clone(), "dlq".into()).await == Some(4)
+            && count(name.clone(), odd.into()).await == Some(2))
+        .then_some(())
+    })
+    .await;
+    src.batch_execute(&format!("INSERT INTO {name}.dlq VALUES (5, 'streamed')"))
+        .await
+        .expect("insert");
+    wait_for("the streamed row of table dlq", Duration::from_secs(60), || async {
+        (count(name.clone(), "dlq".into()).await == Some(5)).then_some(())
+    })
+    .await;
+    // Copy p's sink never consumed copy p.x's topic: no table, no offsets.
+    assert_eq!(count(other_schema.clone(), "t".into()).await, None, "copy p.x's table was copied by p's sink");
+    let stored: Vec<String> = dst
+        .query(
+            "SELECT DISTINCT topic FROM tributary.offsets WHERE consumer_group = $1 ORDER BY topic",
+            &[&format!("{name}_sink")],
+        )
+        .await
+        .expect("offsets")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        stored.iter().all(|t| !t.starts_with(&format!("{name}.x."))),
+        "p's sink consumed p.x's topics: {stored:?}"
+    );
+
+    // `delete` of copy p: its topics and destination tables, nothing of p.x.
+    drop(sink);
+    drop(source);
+    let sink_bin = runner_binary("sink-runner");
+    wait_for("sink-runner delete --drop-destination to succeed", Duration::from_secs(60), || async {
+        let out = Command::new(&sink_bin)
+            .arg("--config")
+            .arg(&sink_cfg)
+            .args(["delete", "--yes", "--drop-destination"])
+            .output()
+            .ok()?;
+        out.status.success().then_some(())
+    })
+    .await;
+    for table in ["t", "dlq", odd] {
+        assert_eq!(count(name.clone(), table.into()).await, None, "destination table {table} left");
+    }
+    delete_source_copy(&source_cfg);
+    let left = topics_starting(&format!("{name}."));
+    assert!(left.contains(&other_topic) && left.contains(&other_offsets), "copy p.x's topics deleted: {left:?}");
+    assert!(
+        left.iter().all(|t| t.starts_with(&format!("{name}.x."))),
+        "copy p's topics left after its delete: {left:?}"
+    );
+
+    drop(other_source);
+    delete_source_copy(&other_cfg);
+    let _ = dst
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{name}\" CASCADE; DROP SCHEMA IF EXISTS \"{other_schema}\" CASCADE"
+        ))
+        .await;
+    let _ = src
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE; DROP SCHEMA IF EXISTS {other_schema} CASCADE"))
+        .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
