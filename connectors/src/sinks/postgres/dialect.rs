@@ -11,7 +11,8 @@ use super::config::DestinationTable;
 use crate::error::Error;
 use crate::pgwire::{quote_ident, quote_literal};
 use crate::sink::bookkeeping::{
-    position_before, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN, OFFSETS_TABLE,
+    position_before, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETE_COLUMN, FORGOTTEN_POSITION,
+    INDEX_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -210,6 +211,44 @@ pub fn offsets_sql(group: &str, offsets: &[(String, i32, i64)]) -> String {
     }
     sql.push_str(" ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset");
     sql
+}
+
+/// The resets table's quoted name.
+pub fn resets_table() -> String {
+    format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(RESETS_TABLE))
+}
+
+/// Creates the resets table (under the lock the offsets table is created
+/// under, so two sinks do not race).
+pub fn create_resets_sql() -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock(hashtext({})); CREATE TABLE IF NOT EXISTS {} \
+         (destination text PRIMARY KEY, reset bigint NOT NULL); ",
+        quote_literal("tributary bookkeeping"),
+        resets_table()
+    )
+}
+
+/// Records reset `reset` of `table` and, when `table` exists and took no
+/// reset as late yet, forgets every row's position (one statement, so the
+/// check and the update see the same resets row).
+pub fn forget_positions_sql(table: &DestinationTable, exists: bool, reset: i64) -> String {
+    let record = format!(
+        "INSERT INTO {r} AS r (destination, reset) VALUES ({d}, {reset}) ON CONFLICT (destination) \
+         DO UPDATE SET reset = EXCLUDED.reset WHERE r.reset < EXCLUDED.reset RETURNING 1",
+        r = resets_table(),
+        d = quote_literal(&table.to_string()),
+    );
+    if !exists {
+        return record;
+    }
+    let (commit, index) = FORGOTTEN_POSITION;
+    format!(
+        "WITH taken AS ({record}) UPDATE {t} SET {c} = {commit}, {i} = {index} WHERE EXISTS (SELECT 1 FROM taken)",
+        t = table.quoted(),
+        c = quote_ident(COMMIT_COLUMN),
+        i = quote_ident(INDEX_COLUMN),
+    )
 }
 
 /// The offsets table's quoted name.
