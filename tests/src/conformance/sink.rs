@@ -356,10 +356,11 @@ pub async fn reset_then_copy(fx: &dyn SinkFixture) {
         }
     };
     let reset = |id: u64| SinkRecord::Reset(s.id.clone(), id);
-    let read = |id: i32, name: &str| {
-        SinkRecord::Change(event(&s, Op::Read, None, Some(row(id, name, id, "1.00")), 10, 0))
-    };
-    sink.apply(&records(vec![(0, 0, reset(1))])).await.expect("a reset before the table exists");
+    let read =
+        |id: i32, name: &str| SinkRecord::Change(event(&s, Op::Read, None, Some(row(id, name, id, "1.00")), 10, 0));
+    sink.apply(&records(vec![(0, 0, reset(1))]))
+        .await
+        .expect("a reset before the table exists");
     // The old domain's rows, at positions above the new domain's.
     let old: Vec<ChangeEvent> = (1..=5)
         .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("old {i}"), i, "9.00")), 1_000_000, 0))
@@ -376,7 +377,13 @@ pub async fn reset_then_copy(fx: &dyn SinkFixture) {
     sink.apply(&second).await.expect("partition 1's batch again");
     assert_eq!(
         fx.rows().await,
-        vec!["1|copy 1|1|1.00", "2|copy 2|2|1.00", "3|copy 3|3|1.00", "4|copy 4|4|1.00", "5|old 5|5|9.00"],
+        vec![
+            "1|copy 1|1|1.00",
+            "2|copy 2|2|1.00",
+            "3|copy 3|3|1.00",
+            "4|copy 4|4|1.00",
+            "5|old 5|5|9.00"
+        ],
         "the copy's rows are written, the later reset records forget nothing"
     );
     let at = tributary_schemas::Position { commit: 10, index: 0 };
