@@ -87,10 +87,35 @@ pub struct BinlogPosition {
 
 impl BinlogPosition {
     /// The model's ordered position: file number in the high 32 bits, the
-    /// offset in the low 32 (binlog files are at most 1 GiB, offsets fit).
+    /// offset in the low 32. Offsets fit: a file grows past
+    /// `max_binlog_size` (1 GiB at most) only by one large transaction, and
+    /// the servers cannot go past 4 GiB (an event header's next position is
+    /// 32 bits; MySQL's manual on `max_binlog_cache_size`: it "cannot work
+    /// with binary log positions greater than 4GB"). Streamed positions come
+    /// from those headers; a snapshot's, read as text, is checked by
+    /// [`BinlogPosition::checked`].
     pub fn ordered(&self) -> u64 {
         let seq: u64 = self.file.rsplit('.').next().and_then(|n| n.parse().ok()).unwrap_or(0);
         seq << 32 | (self.pos & 0xffff_ffff)
+    }
+}
+
+impl BinlogPosition {
+    /// The position, refused when its offset does not fit the 32 bits
+    /// [`BinlogPosition::ordered`] keeps (it would wrap, and every change
+    /// after it would look older than the rows written before).
+    pub fn checked(self) -> Result<Self> {
+        if self.pos > u64::from(u32::MAX) {
+            return Err(Error::needs_operator(format!(
+                "binlog position {self} is beyond 4 GiB in its file: positions there do not fit Tributary's ordering"
+            ))
+            .with_class("tributary.binlog_offset")
+            .with_hint(
+                "FLUSH BINARY LOGS on the server (a new file starts at offset 4), then start the runner again; \
+                 keep transactions well under 4 GiB",
+            ));
+        }
+        Ok(self)
     }
 }
 
@@ -742,6 +767,14 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
     use crate::sources::mysql::history::ColumnDef;
+
+    #[test]
+    fn binlog_offsets_beyond_4_gib_are_refused_not_wrapped() {
+        let at = |pos: u64| BinlogPosition { file: "mysql-bin.000002".into(), pos };
+        assert!(at(u64::from(u32::MAX)).checked().is_ok());
+        let e = at(u64::from(u32::MAX) + 5).checked().expect_err("beyond 4 GiB");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+    }
 
     #[test]
     fn binlog_positions_order_by_file_then_offset() {
