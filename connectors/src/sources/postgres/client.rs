@@ -45,7 +45,8 @@ pub fn lost_slot_error(slot: &str) -> Error {
     .with_hint(format!(
         "copy everything again: source-runner --config <source.toml> reset, then start the runner: the slot {slot} \
          is dropped and made again, every table copied again, and the destination rows the new copy does not see \
-         are removed (see docs/operations.md, Reset); raise max_slot_wal_keep_size (or set it to -1) so a stopped \
+         are removed (see docs/operations.md, Reset; by hand, SELECT pg_drop_replication_slot('{slot}'); before the \
+         reset does the same); raise max_slot_wal_keep_size (or set it to -1) so a stopped \
          or slow runner keeps its WAL"
     ))
 }
