@@ -106,9 +106,9 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
         };
         let table = match &record {
             tributary_connectors::SinkRecord::Change(ev) => ev.schema.id.clone(),
-            tributary_connectors::SinkRecord::TableDropped(t) | tributary_connectors::SinkRecord::Copied(t, _) => {
-                t.clone()
-            }
+            tributary_connectors::SinkRecord::TableDropped(t)
+            | tributary_connectors::SinkRecord::Copied(t, _)
+            | tributary_connectors::SinkRecord::Reset(t, _) => t.clone(),
         };
         let position = original.clone().unwrap_or_else(|| dlq_pos.clone());
         // No offsets: a replay never moves the copy's stored offsets.

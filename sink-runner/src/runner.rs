@@ -82,8 +82,8 @@ const STARTUP_METADATA_PROBE_FOR: Duration = Duration::from_secs(60);
 const DRAIN_MAX_RECORDS: usize = 1000;
 
 pub use tributary_schemas::topic::{
-    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED,
-    CONTROL_TABLE_NAME_HEADER,
+    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_RESET_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_COPIED,
+    CONTROL_TABLE_DROPPED, CONTROL_TABLE_NAME_HEADER, CONTROL_TABLE_RESET,
 };
 
 /// Why the runner stopped.
@@ -627,7 +627,7 @@ fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
         .iter()
         .filter_map(|(_, r)| match r {
             SinkRecord::Change(ev) => Some(ev.source.ts_ms),
-            SinkRecord::TableDropped(_) | SinkRecord::Copied(..) => None,
+            SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) => None,
         })
         .max()
 }
@@ -1288,7 +1288,9 @@ impl<S: Sink + 'static> Loop<S> {
                     if table.is_none() {
                         match &record {
                             SinkRecord::Change(ev) => table = Some(ev.schema.id.clone()),
-                            SinkRecord::TableDropped(id) | SinkRecord::Copied(id, _) => table = Some(id.clone()),
+                            SinkRecord::TableDropped(id) | SinkRecord::Copied(id, _) | SinkRecord::Reset(id, _) => {
+                                table = Some(id.clone())
+                            }
                         }
                     }
                     let pos = KafkaPosition {
@@ -1650,6 +1652,13 @@ pub async fn decode_record(
                 })?;
             return Ok(Some(SinkRecord::Copied(table.clone(), at)));
         }
+        if control.as_deref() == Some(CONTROL_TABLE_RESET) {
+            let reset = raw.header(CONTROL_RESET_HEADER).and_then(|r| r.parse().ok()).ok_or_else(|| {
+                Error::permanent(format!("a {CONTROL_TABLE_RESET} control record without a readable reset id"))
+                    .with_table(table.clone())
+            })?;
+            return Ok(Some(SinkRecord::Reset(table.clone(), reset)));
+        }
         return Ok(None);
     }
     match decoder.decode(&raw.topic, raw.key.as_deref(), raw.value.as_deref()).await {
@@ -1788,7 +1797,7 @@ async fn tables_of_topics(
             if let Ok(Some(record)) = decode_record(&mut decoder, &m, &fallback).await {
                 let table = match record {
                     SinkRecord::Change(ev) => ev.schema.id.clone(),
-                    SinkRecord::TableDropped(t) | SinkRecord::Copied(t, _) => t,
+                    SinkRecord::TableDropped(t) | SinkRecord::Copied(t, _) | SinkRecord::Reset(t, _) => t,
                 };
                 remaining.retain(|(t, _), _| *t != m.topic);
                 found.insert(m.topic.clone(), table);

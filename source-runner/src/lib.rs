@@ -64,6 +64,55 @@ pub async fn check(config: SourceRunnerConfig, fix: bool) -> ExitCode {
     }
 }
 
+/// `reset [--table schema.table]...`: records a reset of those tables (or
+/// of every table) in the offsets topic; the runner carries it out at its
+/// next start (a running one is fenced and starts again at once): each
+/// table is copied again, and the destination rows the new copy does not
+/// see are removed (see docs/operations.md, Reset).
+pub async fn reset(config: SourceRunnerConfig, tables: Vec<String>) -> ExitCode {
+    let mut ids = Vec::new();
+    for t in &tables {
+        match t.split_once('.') {
+            Some((schema, table)) if !schema.is_empty() && !table.is_empty() => {
+                ids.push(tributary_schemas::TableId::new(schema, table))
+            }
+            _ => {
+                eprintln!("error: --table {t}: expected schema.table (a MySQL table: database.table)");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let recorded = async {
+        let mut kafka = runner::KafkaSide::connect(&config).await?;
+        kafka.last_checkpoint().await?;
+        kafka.record_reset(&ids).await
+    }
+    .await;
+    match recorded {
+        Ok(reset) => {
+            let what = if ids.is_empty() {
+                "every table".to_string()
+            } else {
+                tables.join(", ")
+            };
+            println!(
+                "reset {reset} of {what} recorded for runner {name:?}: at its next start (a running runner stops \
+                 its current transaction and starts again by itself) each table is copied again, and the rows of \
+                 the destination the new copy does not see are removed",
+                name = config.name
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            if let Some(h) = e.hint() {
+                eprintln!("hint: {h}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `delete`: removes everything this copy owns on the source, in Kafka and
 /// in the schema registry. Destination tables belong to sinks
 /// (`sink-runner delete --drop-destination`).

@@ -47,6 +47,16 @@ enum Command {
     Pause,
     /// Resume a paused runner.
     Resume,
+    /// Copy tables again and remove the destination rows the new copy does
+    /// not see (a re-snapshot). Recorded now, carried out at the runner's
+    /// next start; a running runner starts again by itself.
+    Reset {
+        /// A table to copy again (`schema.table`, repeatable); without it,
+        /// every table (and the source starts over from its current
+        /// position: the way back from a lost checkpoint, slot or binlog).
+        #[arg(long = "table", value_name = "SCHEMA.TABLE")]
+        tables: Vec<String>,
+    },
     /// Delete this copy: the replication slot, the publication, the change
     /// topics, the offsets topic and the schema subjects.
     Delete {
@@ -76,6 +86,7 @@ fn main() -> ExitCode {
             Command::Status { json } => client::command(&config.admin, Request::Status { json }).await,
             Command::Pause => client::command(&config.admin, Request::Pause(None)).await,
             Command::Resume => client::command(&config.admin, Request::Resume(None)).await,
+            Command::Reset { tables } => source_runner::reset(config, tables).await,
             Command::Delete { yes } => source_runner::delete(config, yes).await,
         }
     })

@@ -48,8 +48,8 @@ use tributary_schemas::{Op, Position, SchemaError, SnapshotMarker, TableId, Tabl
 use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
 
 use tributary_schemas::topic::{
-    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_COPIED, CONTROL_TABLE_DROPPED,
-    CONTROL_TABLE_NAME_HEADER,
+    CONTROL_HEADER, CONTROL_POSITION_HEADER, CONTROL_RESET_HEADER, CONTROL_SCHEMA_HEADER, CONTROL_TABLE_COPIED,
+    CONTROL_TABLE_DROPPED, CONTROL_TABLE_NAME_HEADER, CONTROL_TABLE_RESET,
 };
 
 /// How long to wait for Kafka's answer to a transaction step.
@@ -319,11 +319,36 @@ pub struct KafkaSide {
     pub held: BTreeMap<TableId, Held>,
     /// Whether `held` changed since it was last committed.
     held_changed: bool,
+    /// A reset of every table asked by `source-runner reset` (its id), not
+    /// carried out yet: kept in the offsets topic until the commit that
+    /// holds the tables' resets in `held`.
+    pub reset_all: Option<u64>,
+    /// Whether the next commit clears the `reset_all` request.
+    reset_all_done: bool,
 }
 
 /// The offsets-topic record of a runner's held tables: its key is the
 /// runner's name and this suffix.
 const HELD_KEY_SUFFIX: &str = "/held-tables";
+/// The offsets-topic record of a reset of every table asked by
+/// `source-runner reset` (`{"reset": <id>}`; a null value once carried
+/// out): its key is the runner's name and this suffix.
+const RESET_ALL_KEY_SUFFIX: &str = "/reset-all";
+
+/// The reset-all record's value.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ResetAll {
+    reset: u64,
+}
+
+/// A new reset's id: the clock in milliseconds, so that a later reset of a
+/// table has a greater id than an earlier one (see
+/// [`tributary_schemas::topic::CONTROL_RESET_HEADER`]).
+pub fn new_reset_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// A table whose changes are held back, and how far its new copy is.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -332,6 +357,13 @@ pub struct Held {
     pub reason: String,
     /// Where its new copy is.
     pub copy: Copy,
+    /// A reset (its id) due before the copy's rows: a table-reset record
+    /// on every partition of the table's topic makes sinks forget the
+    /// positions their rows hold, so that the copy's rows, from another
+    /// position domain or not, pass the position guard. Sent once the
+    /// source has taken the copy on (not while `Paused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<u64>,
 }
 
 /// How far the new copy of a held table is.
@@ -432,6 +464,8 @@ impl KafkaSide {
             open: false,
             held: BTreeMap::new(),
             held_changed: false,
+            reset_all: None,
+            reset_all_done: false,
         };
         let offsets_topic = config.offsets_topic();
         let (fenced, offsets) = tokio::join!(fencing, side.ensure_topic(&offsets_topic, true));
@@ -467,13 +501,16 @@ impl KafkaSide {
         let topic = self.config.offsets_topic();
         let name = self.config.name.clone();
         let held_key = format!("{name}{HELD_KEY_SUFFIX}");
-        let (checkpoint, paused) = blocking(move || -> Result<(Option<Checkpoint>, Option<Vec<u8>>), Error> {
+        let reset_key = format!("{name}{RESET_ALL_KEY_SUFFIX}");
+        type Read = (Option<Checkpoint>, Option<Vec<u8>>, Option<Vec<u8>>);
+        let (checkpoint, paused, reset_all) = blocking(move || -> Result<Read, Error> {
             let mut paused: Option<Vec<u8>> = None;
+            let mut reset_all: Option<Vec<u8>> = None;
             let (low, high) = consumer
                 .fetch_watermarks(&topic, 0, Duration::from_secs(10))
                 .map_err(|e| kafka_error("offsets topic watermarks", e))?;
             if high <= low {
-                return Ok((None, None));
+                return Ok((None, None, None));
             }
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&topic, 0, Offset::Beginning)
@@ -488,7 +525,7 @@ impl KafkaSide {
                     .and_then(|p| p.find_partition(&topic, 0).and_then(|e| e.offset().to_raw()))
                     .unwrap_or(-1);
                 if position >= high {
-                    return Ok((last, paused));
+                    return Ok((last, paused, reset_all));
                 }
                 if Instant::now() > deadline {
                     return Err(Error::retryable(format!(
@@ -501,6 +538,8 @@ impl KafkaSide {
                             last = m.payload().map(|p| Checkpoint(String::from_utf8_lossy(p).into_owned()));
                         } else if m.key() == Some(held_key.as_bytes()) {
                             paused = m.payload().map(<[u8]>::to_vec);
+                        } else if m.key() == Some(reset_key.as_bytes()) {
+                            reset_all = m.payload().map(<[u8]>::to_vec);
                         }
                     }
                     Some(Err(KafkaError::PartitionEOF(_))) | None => {}
@@ -518,7 +557,165 @@ impl KafkaSide {
                 .collect(),
         };
         self.held_changed = false;
+        self.reset_all = match reset_all {
+            None => None,
+            Some(bytes) => Some(
+                serde_json::from_slice::<ResetAll>(&bytes)
+                    .map_err(|e| {
+                        Error::needs_operator(format!("the record of a reset of every table is unreadable: {e}"))
+                    })?
+                    .reset,
+            ),
+        };
+        self.reset_all_done = false;
         Ok(checkpoint)
+    }
+
+    /// Takes on the resets the source starts with: after a change of its
+    /// position domain (or a reset of every table, which the source
+    /// reports as one) every table it captures is copied again, with a
+    /// reset first. Tables it no longer captures are no longer held.
+    pub fn reset_all_tables(&mut self, why: &str, tables: Vec<TableId>) {
+        let reset = self.reset_all.unwrap_or_else(new_reset_id);
+        warn!(
+            reason = why,
+            tables = tables.len(),
+            reset,
+            "copying every table again; destination rows the new copy does not see are removed"
+        );
+        self.held.retain(|t, _| tables.contains(t));
+        for table in tables {
+            self.held.insert(
+                table,
+                Held {
+                    reason: why.to_string(),
+                    copy: Copy::Asked,
+                    reset: Some(reset),
+                },
+            );
+        }
+        self.held_changed = true;
+        self.reset_all_done = self.reset_all.is_some();
+    }
+
+    /// Records a reset asked by `source-runner reset`, to be carried out at
+    /// the runner's next start: of `tables`, or of every table when there
+    /// is none. Commits it alone (no checkpoint) in the runner's own
+    /// transactional id: [`KafkaSide::connect`] fenced a running runner,
+    /// which fails its next commit and starts again, finding the request.
+    pub async fn record_reset(&mut self, tables: &[TableId]) -> Result<u64, Error> {
+        let reset = new_reset_id();
+        if tables.is_empty() {
+            self.reset_all = Some(reset);
+        }
+        for table in tables {
+            self.held.insert(
+                table.clone(),
+                Held {
+                    reason: "copied again, as asked (source-runner reset)".to_string(),
+                    copy: Copy::Paused,
+                    reset: Some(reset),
+                },
+            );
+            self.held_changed = true;
+        }
+        self.begin().await?;
+        let topic = self.config.offsets_topic();
+        let name = self.config.name.clone();
+        let sent = async {
+            if self.held_changed {
+                let value = self.held_record();
+                self.send(&topic, Some(0), Some(format!("{name}{HELD_KEY_SUFFIX}").as_bytes()), Some(&value), None)
+                    .await?;
+            }
+            if tables.is_empty() {
+                let value = serde_json::to_vec(&ResetAll { reset }).unwrap_or_default();
+                let key = format!("{name}{RESET_ALL_KEY_SUFFIX}");
+                self.send(&topic, Some(0), Some(key.as_bytes()), Some(&value), None).await?;
+            }
+            Ok::<(), Error>(())
+        }
+        .await;
+        if let Err(e) = sent {
+            self.abort().await;
+            return Err(e);
+        }
+        self.wait_delivered().await;
+        let p = self.producer.clone();
+        match blocking(move || p.commit_transaction(KAFKA_TXN_STEP_TIMEOUT)).await? {
+            Ok(()) => {
+                self.open = false;
+                self.held_changed = false;
+                Ok(reset)
+            }
+            Err(e) => {
+                self.abort().await;
+                Err(kafka_error("commit_transaction", e))
+            }
+        }
+    }
+
+    /// The held-tables record's value.
+    fn held_record(&self) -> Vec<u8> {
+        let held: Vec<HeldRecord> = self
+            .held
+            .iter()
+            .map(|(id, held)| HeldRecord {
+                schema: id.schema.clone(),
+                table: id.table.clone(),
+                held: held.clone(),
+            })
+            .collect();
+        serde_json::to_vec(&held).unwrap_or_default()
+    }
+
+    /// Produces the table-reset record of each held table whose reset is
+    /// due (see [`Held::reset`]) on every partition of its topic, into the
+    /// open transaction (before any row of its copy).
+    async fn send_resets(&mut self) -> Result<(), Error> {
+        let due: Vec<(TableId, u64)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.copy != Copy::Paused)
+            .filter_map(|(t, h)| h.reset.map(|r| (t.clone(), r)))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.begin().await?;
+        for (table, reset) in due {
+            let topic = self.naming.topic(self.config.prefix(), &table);
+            let partitions = self.ensure_topic(&topic, false).await.map_err(|e| e.or_table(&table))?;
+            let id = reset.to_string();
+            for p in 0..partitions {
+                let headers = OwnedHeaders::new()
+                    .insert(Header {
+                        key: CONTROL_HEADER,
+                        value: Some(CONTROL_TABLE_RESET),
+                    })
+                    .insert(Header {
+                        key: CONTROL_RESET_HEADER,
+                        value: Some(id.as_str()),
+                    })
+                    .insert(Header {
+                        key: CONTROL_SCHEMA_HEADER,
+                        value: Some(table.schema.as_str()),
+                    })
+                    .insert(Header {
+                        key: CONTROL_TABLE_NAME_HEADER,
+                        value: Some(table.table.as_str()),
+                    });
+                self.send(&topic, Some(p), None, None, Some(headers))
+                    .await
+                    .map_err(|e| e.or_table(&table))?;
+            }
+            info!(table = %table, reset, "reset sent: sinks forget the positions of its rows before its copy");
+            if let Some(h) = self.held.get_mut(&table) {
+                h.reset = None;
+            }
+            self.held_changed = true;
+        }
+        Ok(())
     }
 
     /// Which of `batch`'s messages are held back (see [`Held`]), moving
@@ -587,6 +784,10 @@ impl KafkaSide {
         // transaction) before any event of it is produced.
         // The schema of the message before: a batch is mostly one table's
         // rows sharing one Arc, so most messages need no lookup at all.
+        if let Err(e) = self.send_resets().await {
+            self.abort().await;
+            return Err(e);
+        }
         let skip = self.hold(batch);
         let mut previous: Option<&Arc<TableSchema>> = None;
         for (i, msg) in batch.messages.iter().enumerate() {
@@ -637,8 +838,14 @@ impl KafkaSide {
                     );
                     warn!(table = %schema.id, error = %e, hint = e.hint().unwrap_or(""),
                         "table paused: its changes are held back, the other tables go on");
-                    self.held
-                        .insert(schema.id.clone(), Held { reason: e.to_string(), copy: Copy::Paused });
+                    self.held.insert(
+                        schema.id.clone(),
+                        Held {
+                            reason: e.to_string(),
+                            copy: Copy::Paused,
+                            reset: None,
+                        },
+                    );
                     self.held_changed = true;
                     continue;
                 }
@@ -680,7 +887,12 @@ impl KafkaSide {
             }
             match held.copy {
                 Copy::From { commit, index, swept: false } => done.push((table.clone(), Position { commit, index })),
-                Copy::Asked => done.push((table.clone(), Position { commit: u64::MAX, index: u64::MAX })),
+                // The greatest position destinations can store (as signed
+                // 64-bit integers): every row is older.
+                Copy::Asked => {
+                    let newest = i64::MAX.unsigned_abs();
+                    done.push((table.clone(), Position { commit: newest, index: newest }))
+                }
                 _ => {}
             }
         }
@@ -747,21 +959,19 @@ impl KafkaSide {
         let topic = self.config.offsets_topic();
         let key = self.config.name.clone();
         if self.held_changed {
-            let held: Vec<HeldRecord> = self
-                .held
-                .iter()
-                .map(|(id, held)| HeldRecord {
-                    schema: id.schema.clone(),
-                    table: id.table.clone(),
-                    held: held.clone(),
-                })
-                .collect();
-            let value = serde_json::to_vec(&held).unwrap_or_default();
+            let value = self.held_record();
             let paused_key = format!("{key}{HELD_KEY_SUFFIX}");
             if let Err(e) = self
                 .send(&topic, Some(0), Some(paused_key.as_bytes()), Some(&value), None)
                 .await
             {
+                self.abort().await;
+                return Err(e);
+            }
+        }
+        if self.reset_all_done {
+            let reset_key = format!("{key}{RESET_ALL_KEY_SUFFIX}");
+            if let Err(e) = self.send(&topic, Some(0), Some(reset_key.as_bytes()), None, None).await {
                 self.abort().await;
                 return Err(e);
             }
@@ -780,6 +990,10 @@ impl KafkaSide {
             Ok(()) => {
                 self.open = false;
                 self.held_changed = false;
+                if self.reset_all_done {
+                    self.reset_all = None;
+                    self.reset_all_done = false;
+                }
                 Ok(())
             }
             Err(e) => {
@@ -1047,7 +1261,18 @@ async fn run_once(
     let mut kafka = KafkaSide::connect(config).await?;
     let checkpoint = kafka.last_checkpoint().await?;
     info!(resuming = checkpoint.is_some(), "connected to Kafka");
+    if kafka.reset_all.is_some() && !source.start_over() {
+        return Err(Error::needs_operator(format!(
+            "a reset of every table was asked, and the {} source cannot copy every table again",
+            config.connector()
+        ))
+        .with_class("tributary.reset")
+        .with_hint("name the tables instead: source-runner --config <source.toml> reset --table <schema.table> ..."));
+    }
     source.start(checkpoint).await?;
+    if let Some(why) = source.domain_change() {
+        kafka.reset_all_tables(&why, source.tables());
+    }
     if !kafka.held.is_empty() {
         // Their changes were held back: each is copied again, and flows if
         // its schema can now be carried (else it is paused again). Asked
@@ -1059,12 +1284,27 @@ async fn run_once(
             .filter(|(_, h)| matches!(h.copy, Copy::Paused | Copy::Asked))
             .map(|(t, _)| t.clone())
             .collect();
-        for table in source.resync(&paused).await? {
+        let copying = source.resync(&paused).await?;
+        for table in &copying {
             info!(table = %table, "copying a paused table again");
-            if let Some(h) = kafka.held.get_mut(&table) {
+            if let Some(h) = kafka.held.get_mut(table) {
                 h.copy = Copy::Asked;
                 kafka.held_changed = true;
             }
+        }
+        // A reset the source cannot carry out (a table it does not
+        // capture, or no snapshots): said once, and dropped.
+        let refused: Vec<TableId> = kafka
+            .held
+            .iter()
+            .filter(|(t, h)| h.reset.is_some() && h.copy == Copy::Paused && !copying.contains(t))
+            .map(|(t, _)| t.clone())
+            .collect();
+        for table in refused {
+            warn!(table = %table, "reset not carried out: the source does not capture this table, or cannot copy \
+                tables again (snapshot_mode = \"never\")");
+            kafka.held.remove(&table);
+            kafka.held_changed = true;
         }
         kafka.show_paused(telemetry);
     }

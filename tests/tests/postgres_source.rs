@@ -1301,6 +1301,7 @@ async fn faults_are_classified() {
         tables: Default::default(),
         snapshot: None,
         txn: None,
+        epoch: None,
     }
     .to_checkpoint();
     let e = source.start(Some(cp)).await.expect_err("slot is missing");

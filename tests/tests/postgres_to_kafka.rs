@@ -242,7 +242,8 @@ mod checkpoint {
 
     /// The offsets topic is deleted while the slot stays: the next start is
     /// a needs-operator error with both choices, and the slot is kept (no
-    /// silent new snapshot).
+    /// silent new snapshot). The second choice, `source-runner reset`, then
+    /// copies the table again from the slot.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_lost_checkpoint_with_the_slot_still_there_needs_an_operator() {
         let s = setup("lostckpt").await;
@@ -271,7 +272,7 @@ mod checkpoint {
         .await;
         assert!(reason.contains(&format!("replication slot {} exists", s.fx.slot)), "{reason}");
         assert!(reason.contains("restore the runner's offsets topic"), "{reason}");
-        assert!(reason.contains(&format!("SELECT pg_drop_replication_slot('{}')", s.fx.slot)), "{reason}");
+        assert!(reason.contains("source-runner --config <source.toml> reset"), "{reason}");
         // The slot is still there, and no second snapshot was written.
         let slots =
             s.fx.admin
@@ -280,6 +281,20 @@ mod checkpoint {
                 .expect("slots");
         assert_eq!(slots.len(), 1, "the slot was dropped");
         assert_eq!(telemetry.table(&label).map_or(0, |t| t.events), 0, "a snapshot was taken again");
+        stop(running).await;
+
+        // source-runner reset (of every table), then a start: copied again.
+        let mut kafka = source_runner::runner::KafkaSide::connect(&s.config).await.expect("kafka");
+        kafka.last_checkpoint().await.expect("offsets topic");
+        kafka.record_reset(&[]).await.expect("reset recorded");
+        drop(kafka);
+        let telemetry = Telemetry::new(&s.name, "source");
+        let running = run(&s, &telemetry);
+        wait_for("the table copied again after the reset", Duration::from_secs(120), || async {
+            (telemetry.table(&label).is_some_and(|t| t.events >= 3)).then_some(())
+        })
+        .await;
+        assert_eq!(paused(&telemetry), None, "not paused after the reset");
         stop(running).await;
         cleanup(&s).await;
     }

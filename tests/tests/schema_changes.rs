@@ -265,6 +265,226 @@ async fn incompatible_change(kind: SourceKind) {
     source.cleanup().await;
 }
 
+// ---------------------------------------------------------------- re-copies
+
+/// A source in another position domain (PostgreSQL restored from a dump
+/// into a new cluster, a MySQL failover with `resume_by = "gtid"`, `RESET
+/// MASTER`) writes positions lower than those the destination holds: the
+/// position guard would skip every update and delete until the numbers
+/// caught up. Faked honestly without a second server: the destination's
+/// rows get positions far above the source's (the old domain's), and the
+/// runner's checkpoint an epoch of another server. At start the runner sees
+/// the change, resets every table (a table-reset record on each of the
+/// topic's three partitions) and copies it again: the changes made while
+/// it was stopped and after it started are right in the destination, and
+/// rows the copy did not see are gone.
+#[tokio::test]
+async fn a_changed_source_epoch_copies_every_table_again() {
+    epoch_change(SourceKind::Postgres, "7000000000000000001").await;
+}
+
+#[tokio::test]
+async fn a_changed_mariadb_epoch_copies_every_table_again() {
+    epoch_change(SourceKind::MariaDb, "server_id:4242").await;
+}
+
+async fn epoch_change(kind: SourceKind, other_epoch: &str) {
+    let mut source = Source::new(kind).await;
+    let sink = Sink::new(SinkKind::Postgres).await;
+    for table in ["items", "other"] {
+        let t = source.qualified(table);
+        source
+            .sql(&format!(
+                "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
+                 INSERT INTO {t} (id, a, b, n, v) VALUES {}",
+                (1..=40)
+                    .map(|g| format!("({g}, {g}, 'b', 1.5, 'v')"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .await;
+    }
+    // Three partitions: every one of them must see the reset before the
+    // copy's rows.
+    create_topic(&format!("{}.{}", source.name(), source.qualified("items")), 3).await;
+    let mut runners = Runners::new(&source, &sink);
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+    converge(&mut source, &sink, &mut runners, "other", "snapshot").await;
+    runners.source.kill9();
+
+    // The old domain: positions above anything the source writes next, and
+    // a row the source no longer has (its delete was never read).
+    let Sink::Postgres(d) = &sink else {
+        unreachable!("a PostgreSQL destination")
+    };
+    for table in ["items", "other"] {
+        d.exec(&format!(
+            "UPDATE \"{s}\".\"{table}\" SET __tributary_commit = __tributary_commit + {OLD_DOMAIN}; \
+             INSERT INTO \"{s}\".\"{table}\" (id, a, b, n, v, __tributary_commit, __tributary_index) \
+             VALUES (900, 9, 'gone', 1, 'v', {OLD_DOMAIN}, 0)",
+            s = d.schema
+        ))
+        .await;
+    }
+    rewrite_checkpoint(source.name(), |cp| cp["epoch"] = serde_json::Value::from(other_epoch)).await;
+
+    let t = source.qualified("items");
+    source
+        .sql(&format!("UPDATE {t} SET a = 1000 WHERE id = 3; DELETE FROM {t} WHERE id = 4"))
+        .await;
+    runners.source.start();
+    source
+        .sql(&format!(
+            "UPDATE {t} SET a = 2000 WHERE id = 5; DELETE FROM {t} WHERE id = 6; \
+             INSERT INTO {t} (id, a) VALUES (500, 5)"
+        ))
+        .await;
+    converge(&mut source, &sink, &mut runners, "items", "changes after the epoch change").await;
+    converge(&mut source, &sink, &mut runners, "other", "after the epoch change").await;
+    // The stream goes on in the new domain.
+    writes(&mut source, "items", 1).await;
+    converge(&mut source, &sink, &mut runners, "items", "streaming after the re-copy").await;
+    runners.assert_alive("after the epoch change");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+/// `source-runner reset --table` with the runner stopped: rows the
+/// destination holds that the source no longer has (their deletes never
+/// reached the topics: made here by writing them into the destination) are
+/// removed, the others kept, the changes made meanwhile applied, and the
+/// other table is untouched. Then, with the runner running, a reset of the
+/// other table: the runner is fenced, starts again by itself and carries
+/// it out.
+#[tokio::test]
+async fn source_runner_reset_copies_a_table_again_and_removes_rows_it_did_not_see() {
+    let mut source = Source::new(SourceKind::Postgres).await;
+    let sink = Sink::new(SinkKind::Postgres).await;
+    for table in ["items", "other"] {
+        let t = source.qualified(table);
+        source
+            .sql(&format!(
+                "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
+                 INSERT INTO {t} (id, a, b, n, v) VALUES {}",
+                (1..=40)
+                    .map(|g| format!("({g}, {g}, 'b', 1.5, 'v')"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .await;
+    }
+    let mut runners = Runners::new(&source, &sink);
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+    converge(&mut source, &sink, &mut runners, "other", "snapshot").await;
+    runners.source.kill9();
+    let Sink::Postgres(d) = &sink else {
+        unreachable!("a PostgreSQL destination")
+    };
+    for table in ["items", "other"] {
+        d.exec(&format!(
+            "INSERT INTO \"{s}\".\"{table}\" (id, a, b, n, v, __tributary_commit, __tributary_index) \
+             VALUES (900, 9, 'gone', 1, 'v', 1, 0), (901, 9, 'gone', 1, 'v', 1, 0)",
+            s = d.schema
+        ))
+        .await;
+    }
+    let t = source.qualified("items");
+    source
+        .sql(&format!("UPDATE {t} SET a = 1000 WHERE id = 3; DELETE FROM {t} WHERE id = 4"))
+        .await;
+    runners.reset(&[&t]);
+    runners.source.start();
+    converge(&mut source, &sink, &mut runners, "items", "after reset --table").await;
+    let ghosts = |table: &'static str| {
+        let sql = format!("SELECT count(*)::text FROM \"{}\".\"{table}\" WHERE id >= 900", d.schema);
+        async move { d.texts(&sql).await.first().cloned().flatten() }
+    };
+    assert_eq!(ghosts("other").await.as_deref(), Some("2"), "the other table is untouched");
+    writes(&mut source, "items", 1).await;
+    converge(&mut source, &sink, &mut runners, "items", "streaming after the reset").await;
+
+    // While the runner runs.
+    runners.reset(&[&source.qualified("other")]);
+    converge(&mut source, &sink, &mut runners, "other", "after reset --table while running").await;
+    runners.assert_alive("after the resets");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+/// Positions of a domain the source has left: far above what the stack's
+/// servers write (the sink stores them as signed 64-bit integers).
+const OLD_DOMAIN: i64 = 1 << 60;
+
+/// Creates `topic` with `partitions` partitions before the runner does.
+async fn create_topic(topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()
+        .expect("admin client");
+    let results = admin
+        .create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .expect("create topic");
+    for r in results {
+        r.expect("topic created");
+    }
+}
+
+/// Rewrites the last checkpoint of the source runner `name` in its offsets
+/// topic (the runner stopped) with `edit`.
+async fn rewrite_checkpoint(name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::Message;
+    let topic = format!("{name}.tributary.offsets");
+    let consumer: BaseConsumer = tributary_tests::committed_reader("checkpoint").create().expect("consumer");
+    let (_, high) = consumer
+        .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+        .expect("watermarks");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    loop {
+        let at = consumer
+            .position()
+            .ok()
+            .and_then(|p| p.find_partition(&topic, 0)?.offset().to_raw())
+            .unwrap_or(-1);
+        if at >= high {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "could not read the offsets topic {topic}");
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            if m.key() == Some(name.as_bytes()) {
+                last = m.payload().map(<[u8]>::to_vec);
+            }
+        }
+    }
+    let mut checkpoint: serde_json::Value =
+        serde_json::from_slice(&last.expect("a checkpoint in the offsets topic")).expect("checkpoint JSON");
+    edit(&mut checkpoint);
+    let value = serde_json::to_vec(&checkpoint).expect("JSON");
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()
+        .expect("producer");
+    producer
+        .send(BaseRecord::to(&topic).partition(0).key(name).payload(&value))
+        .map_err(|(e, _)| e)
+        .expect("produce");
+    producer.flush(Duration::from_secs(10)).expect("flush");
+}
+
 // ---------------------------------------------------------------- source
 
 enum Source {
@@ -577,6 +797,22 @@ impl Runners {
     fn assert_alive(&mut self, when: &str) {
         self.source.assert_alive(when);
         self.sink.assert_alive(when);
+    }
+
+    /// `source-runner reset --table` of `tables`; must succeed.
+    fn reset(&self, tables: &[&str]) {
+        let mut command = std::process::Command::new(&self.source.bin);
+        command.arg("--config").arg(&self.source.config).arg("reset");
+        for t in tables {
+            command.args(["--table", t]);
+        }
+        let out = command.output().expect("source-runner reset");
+        assert!(
+            out.status.success(),
+            "source-runner reset failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Kills both and deletes the source's topics and subjects.

@@ -50,6 +50,9 @@ pub enum Segment<'a> {
     Dropped(&'a TableId),
     /// The source table was copied again at a position: older rows are gone.
     Copied(&'a TableId, tributary_schemas::Position),
+    /// The source table is copied again in another position domain: its
+    /// rows' positions are forgotten (once per reset id).
+    Reset(&'a TableId, u64),
     /// Change records with no drop in between; `start` is the index of the
     /// first one in the batch.
     Changes {
@@ -73,6 +76,10 @@ pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
             }
             SinkRecord::Copied(id, at) => {
                 out.push(Segment::Copied(id, *at));
+                i += 1;
+            }
+            SinkRecord::Reset(id, reset) => {
+                out.push(Segment::Reset(id, *reset));
                 i += 1;
             }
             SinkRecord::Change(_) => {

@@ -34,6 +34,20 @@ pub const KEY_COLUMN: &str = "__tributary_key";
 pub const DEFAULT_DELETED_ROWS_RETENTION_HOURS: u64 = 168;
 /// How often a sink removes expired deleted-row entries.
 pub const DELETED_ROWS_PRUNE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+/// The resets table: `destination table -> the last reset applied to it`
+/// (see `Warehouse::forget_positions`), written in the same unit.
+pub const RESETS_TABLE: &str = "resets";
+/// The stored position of a row whose position was forgotten: older than
+/// any change (sources' positions are unsigned).
+pub const FORGOTTEN_POSITION: (i64, i64) = (-1, -1);
+/// A reset's id as destinations store it (a signed 64-bit integer); an id
+/// beyond it is a permanent error of its record.
+pub fn reset_i64(reset: u64) -> Result<i64> {
+    i64::try_from(reset).map_err(|_| {
+        Error::permanent(format!("a table-reset record's id {reset} does not fit a signed 64-bit integer"))
+            .with_class("tributary.reset")
+    })
+}
 /// Column holding `Position::commit` of the event that last wrote a row.
 pub const COMMIT_COLUMN: &str = "__tributary_commit";
 /// Column holding `Position::index` of the event that last wrote a row.

@@ -29,8 +29,10 @@ use crate::problem::Problem;
 pub struct StoredRow {
     /// Values by column name.
     pub values: BTreeMap<String, Value>,
-    /// The position guard's column pair.
-    pub position: Position,
+    /// The position guard's column pair; `None` once forgotten (older
+    /// than any change: see [`Warehouse::forget_positions`]; a real
+    /// destination stores `(-1, -1)`).
+    pub position: Option<Position>,
 }
 
 /// A table in memory.
@@ -54,6 +56,9 @@ pub struct MemoryState {
     pub tables: BTreeMap<String, MemoryTable>,
     /// `(consumer group, topic, partition) -> next offset`.
     pub offsets: BTreeMap<(String, String, i32), i64>,
+    /// The last reset applied to each table (see
+    /// [`Warehouse::forget_positions`]).
+    pub resets: BTreeMap<String, u64>,
     /// While set, every call fails as a destination that is down would
     /// (retryable).
     pub unreachable: bool,
@@ -316,9 +321,27 @@ impl Warehouse for MemorySink {
 
     async fn truncate(&mut self, table: &String, at: Position) -> Result<()> {
         let t = self.unit()?.tables.entry(table.clone()).or_default();
-        t.rows.retain(|_, row| row.position >= at);
+        t.rows.retain(|_, row| row.position >= Some(at));
         t.deleted.retain(|_, p| *p >= at);
         t.removed_before = t.removed_before.max(Some(at));
+        Ok(())
+    }
+
+    async fn forget_positions(&mut self, table: &String, reset: u64) -> Result<()> {
+        let unit = self.unit()?;
+        if unit.resets.get(table).is_some_and(|done| *done >= reset) {
+            return Ok(());
+        }
+        unit.resets.insert(table.clone(), reset);
+        if let Some(t) = unit.tables.get_mut(table) {
+            for row in t.rows.values_mut() {
+                row.position = None;
+            }
+            // Positions of another domain: a delete's or truncate's entry
+            // would keep the copy's rows out.
+            t.deleted.clear();
+            t.removed_before = None;
+        }
         Ok(())
     }
 
@@ -331,8 +354,8 @@ impl Warehouse for MemorySink {
             .ok_or_else(|| Error::retryable(format!("table {table} is missing")))?;
         for (group, line) in changes.live() {
             let key = key_bytes(&group.schema, line.row, &group.key)?;
-            let older = stored.rows.get(&key).is_none_or(|row| row.position < line.position);
-            let or_same = stored.rows.get(&key).is_none_or(|row| row.position <= line.position);
+            let older = stored.rows.get(&key).is_none_or(|row| row.position < Some(line.position));
+            let or_same = stored.rows.get(&key).is_none_or(|row| row.position <= Some(line.position));
             if line.delete {
                 if or_same {
                     stored.rows.remove(&key);
@@ -379,7 +402,7 @@ impl Warehouse for MemorySink {
             }
             stored.deleted.remove(&key);
             if older {
-                stored.rows.insert(key, StoredRow { values, position: line.position });
+                stored.rows.insert(key, StoredRow { values, position: Some(line.position) });
             }
         }
         Ok(())

@@ -59,6 +59,11 @@ pub enum SinkRecord {
     /// every row older than the position is gone, the rows that exist were
     /// rewritten by the copy at or after it.
     Copied(TableId, tributary_schemas::Position),
+    /// The source table is about to be copied again in another position
+    /// domain (a source epoch change, or `source-runner reset`): every
+    /// existing row's position is forgotten, once per reset id (the same
+    /// reset arrives on every partition of the table's topic).
+    Reset(TableId, u64),
 }
 
 /// A batch of records of one destination table, with the Kafka offsets it

@@ -110,6 +110,16 @@ pub trait Warehouse: Send {
     /// writes a row again; the table's older key entries go.
     async fn truncate(&mut self, table: &Self::Table, at: Position) -> Result<()>;
 
+    /// Forgets the position of every row of `table` (each becomes `(-1,
+    /// -1)`, older than any change), in the open unit, unless reset `reset`
+    /// (or a later one) of the table was already applied here: the table is
+    /// copied again from a source whose positions do not compare with the
+    /// stored ones, and the same reset arrives once per partition, the later
+    /// ones after rows the copy already wrote. Remembers `reset` in the same
+    /// unit. The rows stay (readers keep seeing the table) until the copy
+    /// rewrites them or its table-copied record removes them.
+    async fn forget_positions(&mut self, table: &Self::Table, reset: u64) -> Result<()>;
+
     /// Whether [`Warehouse::load_new`] is worth trying.
     fn loads_new_rows(&self) -> bool {
         false
@@ -274,6 +284,7 @@ async fn apply_records<W: Warehouse>(
         match segment {
             Segment::Dropped(id) => table_dropped(w, id).await?,
             Segment::Copied(id, at) => table_copied(w, id, at).await?,
+            Segment::Reset(id, reset) => table_reset(w, id, reset).await?,
             Segment::Changes { start, records: run } => {
                 for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
                     let span = info_span!("table", table = %table, events = events.len());
@@ -299,6 +310,14 @@ async fn table_copied<W: Warehouse>(w: &mut W, id: &TableId, at: Position) -> Re
     let table = w.destination(id);
     debug!(table = %table, "table copied again; removing the rows the copy did not rewrite");
     w.truncate(&table, at).await.map_err(|e| e.or_table(id))
+}
+
+/// A table about to be copied again in another position domain: its
+/// rows' positions are forgotten, so that the copy's rows pass the guard.
+async fn table_reset<W: Warehouse>(w: &mut W, id: &TableId, reset: u64) -> Result<()> {
+    let table = w.destination(id);
+    debug!(table = %table, reset, "table reset; forgetting the positions of its rows");
+    w.forget_positions(&table, reset).await.map_err(|e| e.or_table(id))
 }
 
 async fn table_dropped<W: Warehouse>(w: &mut W, id: &TableId) -> Result<()> {
@@ -393,6 +412,7 @@ async fn reconcile_all<W: Warehouse>(w: &mut W, records: &[(KafkaPosition, SinkR
             }
             SinkRecord::TableDropped(id) => table_dropped(w, id).await?,
             SinkRecord::Copied(id, at) => table_copied(w, id, *at).await?,
+            SinkRecord::Reset(id, reset) => table_reset(w, id, *reset).await?,
         }
     }
     Ok(())

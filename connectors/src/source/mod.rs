@@ -139,6 +139,37 @@ pub trait Source: Send {
     async fn resync(&mut self, _tables: &[TableId]) -> Result<Vec<TableId>> {
         Ok(Vec::new())
     }
+
+    /// The tables the source captures, after [`Source::start`]: what
+    /// `source-runner reset` without `--table` copies again. A source that
+    /// cannot say returns none (the default).
+    fn tables(&self) -> Vec<TableId> {
+        Vec::new()
+    }
+
+    /// After [`Source::start`]: why the checkpoint's positions belong to
+    /// another domain than the source's next ones (another server or
+    /// cluster, binlog numbering restarted), or `None`. Positions of two
+    /// domains do not compare: the source's next ones may be lower than
+    /// those every destination row holds, and the position guard would
+    /// skip them. So on a change the source does not resume: it copies
+    /// every table of [`Source::tables`] again from a new start in its
+    /// current domain (recorded in its next checkpoint with the new
+    /// epoch), and the runner resets those tables downstream (a
+    /// table-reset record before the copy's rows, a table-copied one after
+    /// them). The default: a source without epochs never changes domain.
+    fn domain_change(&self) -> Option<String> {
+        None
+    }
+
+    /// Asks the next [`Source::start`] to start over as after a change of
+    /// domain (see [`Source::domain_change`], which then says so), whatever
+    /// the checkpoint holds: `source-runner reset` without `--table`, the
+    /// way back from a lost checkpoint, slot or binlog. Returns whether the
+    /// source can (the default: it cannot).
+    fn start_over(&mut self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
@@ -157,6 +188,15 @@ impl<S: Source + ?Sized> Source for Box<S> {
     }
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
         (**self).snapshot_progress()
+    }
+    fn tables(&self) -> Vec<TableId> {
+        (**self).tables()
+    }
+    fn domain_change(&self) -> Option<String> {
+        (**self).domain_change()
+    }
+    fn start_over(&mut self) -> bool {
+        (**self).start_over()
     }
 }
 

@@ -478,6 +478,82 @@ pub async fn table_drop_when_configured(fx: &dyn SinkFixture) {
     assert!(!fx.exists().await, "dropped (drop_tables = true)");
 }
 
+/// A copy from another position domain (a source epoch change, or
+/// `source-runner reset`): the table-reset record, on every partition,
+/// forgets the stored positions once per reset id, so the copy's rows,
+/// older by number than the stored ones, are written; the later
+/// partition's copy of the same reset (after rows of the copy, and applied
+/// again) forgets nothing more; the table-copied record then removes the
+/// rows the copy did not read; the stream goes on. A reset of a table that
+/// does not exist yet is only recorded.
+pub async fn reset_then_copy(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    let records = |records: Vec<(i32, i64, SinkRecord)>| {
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        let records = records
+            .into_iter()
+            .map(|(partition, offset, r)| {
+                next.insert(partition, offset + 1);
+                (tributary_connectors::KafkaPosition { topic: TOPIC.into(), partition, offset }, r)
+            })
+            .collect();
+        SinkBatch {
+            table: s.id.clone(),
+            records,
+            next_offsets: next.into_iter().map(|(p, o)| (TOPIC.to_string(), p, o)).collect(),
+            expected_offsets: Vec::new(),
+        }
+    };
+    let reset = |id: u64| SinkRecord::Reset(s.id.clone(), id);
+    let read =
+        |id: i32, name: &str| SinkRecord::Change(event(&s, Op::Read, None, Some(row(id, name, id, "1.00")), 10, 0));
+    sink.apply(&records(vec![(0, 0, reset(1))]))
+        .await
+        .expect("a reset before the table exists");
+    // The old domain's rows, at positions above the new domain's.
+    let mut old: Vec<ChangeEvent> = (1..=5)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("old {i}"), i, "9.00")), 1_000_000, 0))
+        .collect();
+    // A delete's entry of the old domain must not keep the copy's row out.
+    old.push(event(&s, Op::Delete, Some(key_row(4)), None, 1_000_001, 0));
+    let mut first = batch(TOPIC, 1, old);
+    first.next_offsets = vec![(TOPIC.into(), 0, 6)];
+    sink.apply(&first).await.expect("the old domain's rows");
+    // Partition 0's reset and copy rows, then partition 1's (the same reset).
+    sink.apply(&records(vec![(0, 6, reset(7)), (0, 7, read(1, "copy 1")), (0, 8, read(2, "copy 2"))]))
+        .await
+        .expect("reset and copy on partition 0");
+    let second = records(vec![(1, 0, reset(7)), (1, 1, read(3, "copy 3")), (1, 2, read(4, "copy 4"))]);
+    sink.apply(&second).await.expect("the same reset and copy on partition 1");
+    sink.apply(&second).await.expect("partition 1's batch again");
+    assert_eq!(
+        fx.rows().await,
+        vec![
+            "1|copy 1|1|1.00",
+            "2|copy 2|2|1.00",
+            "3|copy 3|3|1.00",
+            "4|copy 4|4|1.00",
+            "5|old 5|5|9.00"
+        ],
+        "the copy's rows are written, the later reset records forget nothing"
+    );
+    let at = tributary_schemas::Position { commit: 10, index: 0 };
+    sink.apply(&records(vec![
+        (0, 9, SinkRecord::Change(event(&s, Op::Update, None, Some(row(2, "streamed", 2, "2.00")), 20, 0))),
+        (1, 3, SinkRecord::Change(event(&s, Op::Delete, Some(key_row(3)), None, 21, 0))),
+        (0, 10, SinkRecord::Copied(s.id.clone(), at)),
+        (1, 4, SinkRecord::Copied(s.id.clone(), at)),
+    ]))
+    .await
+    .expect("the stream and the table-copied records");
+    assert_eq!(
+        fx.rows().await,
+        vec!["1|copy 1|1|1.00", "2|streamed|2|2.00", "4|copy 4|4|1.00"],
+        "the row the copy did not read is gone, the stream's changes are applied"
+    );
+}
+
 /// Schema changes reach the destination before the first row that needs
 /// them: a column added, a type widened (int -> bigint), NOT NULL relaxed.
 pub async fn schema_changes_evolve_the_table(fx: &dyn SinkFixture) {

@@ -8,8 +8,8 @@ use super::config::DestinationTable;
 use super::types::{bigquery_type, fit, to_json, BqType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
-    position_before, Fence, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FENCED_CLASS, INDEX_COLUMN,
-    KEY_COLUMN, TABLE_ROW_KEY,
+    position_before, Fence, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FENCED_CLASS,
+    FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -169,6 +169,37 @@ pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> 
     let (c, i) = positions("");
     let (ac, ai) = (commit.to_string(), index.to_string());
     format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false))
+}
+
+/// Forgets every row's position of `table` unless the resets table
+/// `resets` already holds reset `reset` (or a later one) of it, then
+/// records `reset`: statements of the batch's transaction, in this
+/// order (the first reads the resets row as it was).
+pub fn forget_positions_sql(
+    table: &DestinationTable,
+    exists: bool,
+    resets: &str,
+    deleted: &str,
+    reset: i64,
+) -> Vec<String> {
+    let d = quote_string(&table.to_string());
+    let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
+    let mut out = Vec::new();
+    if exists {
+        let (c, i) = positions("");
+        let (commit, index) = FORGOTTEN_POSITION;
+        out.push(format!("UPDATE {} SET {c} = {commit}, {i} = {index} WHERE NOT {taken}", table.quoted()));
+    }
+    // Deleted rows' entries hold positions of the old domain: they would
+    // keep the copy's rows out.
+    out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
+    // (Not a MERGE: the sink counts its MERGEs as row writes.)
+    out.push(format!("DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"));
+    out.push(format!(
+        "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} FROM (SELECT 1) \
+         WHERE NOT EXISTS (SELECT 1 FROM {resets} WHERE destination = {d})"
+    ));
+    out
 }
 
 /// The one `MERGE` of a staged batch: deletes, updates and inserts, each

@@ -60,16 +60,16 @@ use tributary_schemas::{Position, TableId, TableSchema};
 use self::client::{redact, BqClient, Ctx};
 pub use self::config::{BigQuerySinkConfig, DestinationTable};
 use self::dialect::{
-    change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, merge_sql, not_deleted_sql,
-    offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql, truncate_older_sql,
-    undeleted_sql, BigQueryDialect, BATCH_COLUMN,
+    change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, forget_positions_sql, merge_sql,
+    not_deleted_sql, offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql,
+    truncate_older_sql, undeleted_sql, BigQueryDialect, BATCH_COLUMN,
 };
 use self::types::{bigquery_type, from_metadata, to_json, BqType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
     key_text, staging_name, OffsetMove, COMMIT_COLUMN, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, DELETE_COLUMN,
-    INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE,
+    INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
@@ -100,6 +100,8 @@ pub struct BigQuerySink {
     consumer_group: String,
     client: BqClient,
     bookkeeping_ready: bool,
+    /// Whether the resets table is known to exist.
+    resets_ready: bool,
     tables: HashMap<DestinationTable, TableState>,
     /// Staging tables known to exist.
     stages: HashSet<String>,
@@ -139,6 +141,7 @@ impl BigQuerySink {
             config,
             consumer_group,
             bookkeeping_ready: false,
+            resets_ready: false,
             tables: HashMap::new(),
             stages: HashSet::new(),
             merges: 0,
@@ -172,6 +175,10 @@ impl BigQuerySink {
 
     fn deleted_table(&self) -> String {
         format!("`{}.{}.{DELETED_TABLE}`", self.config.project, self.config.bookkeeping_dataset)
+    }
+
+    fn resets_table(&self) -> String {
+        format!("`{}.{}.{RESETS_TABLE}`", self.config.project, self.config.bookkeeping_dataset)
     }
 
     fn staging_table(&self, stage: &str) -> String {
@@ -222,6 +229,7 @@ impl BigQuerySink {
     fn reset(&mut self) {
         self.client.reset();
         self.bookkeeping_ready = false;
+        self.resets_ready = false;
         self.tables.clear();
         self.stages.clear();
     }
@@ -537,6 +545,29 @@ impl Warehouse for BigQuerySink {
         let (commit, index) = crate::sink::bookkeeping::position_i64(at)?;
         self.script.push(truncate_older_sql(dest, commit, index));
         self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
+        Ok(())
+    }
+
+    async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {
+        let reset = crate::sink::bookkeeping::reset_i64(reset)?;
+        if !self.resets_ready {
+            // DDL cannot run inside the batch's transaction; made once,
+            // idempotent, and harmless if the batch then fails.
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS {} (destination STRING NOT NULL, reset INT64 NOT NULL)",
+                self.resets_table()
+            );
+            self.client
+                .query(&sql, &Ctx::table(format!("{}.{RESETS_TABLE}", self.config.bookkeeping_dataset)))
+                .await?;
+            self.resets_ready = true;
+        }
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        let exists = self.tables.get(dest).is_some_and(|s| s.shape.exists);
+        let resets = self.resets_table();
+        self.script.extend(forget_positions_sql(dest, exists, &resets, &self.deleted_table(), reset));
         Ok(())
     }
 

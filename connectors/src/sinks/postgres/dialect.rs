@@ -12,7 +12,8 @@ use crate::error::Error;
 use crate::pgwire::{quote_ident, quote_literal};
 use crate::sink::bookkeeping::{
     position_before, Fence, OffsetMove, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETED_TABLE,
-    DELETE_COLUMN, FENCED_CLASS, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, TABLE_ROW_KEY,
+    DELETE_COLUMN, FENCED_CLASS, FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
+    TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -350,6 +351,51 @@ pub fn offsets_sql(group: &str, offsets: &[OffsetMove<'_>]) -> String {
          FROM (SELECT {moved} AS n) AS fence",
         ctes.join(", "),
         quote_literal(FENCED_CLASS),
+    )
+}
+
+/// The resets table's quoted name.
+pub fn resets_table() -> String {
+    format!("{}.{}", quote_ident(BOOKKEEPING_SCHEMA), quote_ident(RESETS_TABLE))
+}
+
+/// Creates the resets table (under the lock the offsets table is created
+/// under, so two sinks do not race).
+pub fn create_resets_sql() -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock(hashtext({})); CREATE TABLE IF NOT EXISTS {} \
+         (destination text PRIMARY KEY, reset bigint NOT NULL); ",
+        quote_literal("tributary bookkeeping"),
+        resets_table()
+    )
+}
+
+/// Records reset `reset` of `table` and, when `table` exists and took no
+/// reset as late yet, forgets every row's position (one statement, so the
+/// check and the update see the same resets row).
+pub fn forget_positions_sql(table: &DestinationTable, exists: bool, reset: i64) -> String {
+    let record = format!(
+        "INSERT INTO {r} AS r (destination, reset) VALUES ({d}, {reset}) ON CONFLICT (destination) \
+         DO UPDATE SET reset = EXCLUDED.reset WHERE r.reset < EXCLUDED.reset RETURNING 1",
+        r = resets_table(),
+        d = quote_literal(&table.to_string()),
+    );
+    // Deleted rows' entries hold positions of the old domain: they would
+    // keep the copy's rows out.
+    let gone = format!(
+        "gone AS (DELETE FROM {} WHERE dest_table = {} AND EXISTS (SELECT 1 FROM taken) RETURNING 1)",
+        deleted_table(),
+        quote_literal(&table.to_string())
+    );
+    if !exists {
+        return format!("WITH taken AS ({record}), {gone} SELECT count(*) FROM gone");
+    }
+    let (commit, index) = FORGOTTEN_POSITION;
+    format!(
+        "WITH taken AS ({record}), {gone} UPDATE {t} SET {c} = {commit}, {i} = {index} WHERE EXISTS (SELECT 1 FROM taken)",
+        t = table.quoted(),
+        c = quote_ident(COMMIT_COLUMN),
+        i = quote_ident(INDEX_COLUMN),
     )
 }
 

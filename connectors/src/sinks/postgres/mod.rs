@@ -66,9 +66,9 @@ pub use self::config::{
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 use self::dialect::{
-    change_sql, copy_sql, deleted_table, deleted_table_ddl, forget_deleted_sql, has_deleted_sql, has_newer_sql,
-    merge_sql, offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, staging_table_sql,
-    truncate_older_sql,
+    change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
+    has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql,
+    resets_table, staging_table_sql, truncate_older_sql,
 };
 pub use self::types::render_copy;
 use self::types::{binary_fields, binary_type, render_binary_line, render_line};
@@ -76,7 +76,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::{quote_ident, quote_literal, BinaryType, BINARY_COPY_SIGNATURE};
 use crate::problem::Problem;
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
-use crate::sink::bookkeeping::{position_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE};
+use crate::sink::bookkeeping::{
+    position_i64, reset_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
+};
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
@@ -672,6 +674,36 @@ impl Warehouse for PostgresSink {
         };
         let sql = format!("{sql}; {}", removed_before_sql(dest, commit, index));
         self.session.execute(&sql, &ctx).await
+    }
+
+    async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let reset = reset_i64(reset)?;
+        let resets = resets_table();
+        let row = self
+            .session
+            .client()
+            .await?
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
+                &[&resets, &dest.quoted()],
+            )
+            .await
+            .map_err(|e| classify(&e, &ctx))?;
+        let (has_resets, exists): (bool, bool) = (row.get(0), row.get(1));
+        let mut sql = if has_resets { String::new() } else { create_resets_sql() };
+        sql.push_str(&forget_positions_sql(dest, exists, reset));
+        self.session.execute(&sql, &ctx).await.map_err(|e| {
+            if e.kind() == ErrorKind::NeedsOperator {
+                e.with_hint_if_none(format!(
+                    "create the resets table for the sink's user: CREATE TABLE {resets} (destination text PRIMARY KEY, \
+                     reset bigint NOT NULL); GRANT SELECT, INSERT, UPDATE ON {resets} TO {}",
+                    quote_ident(&ctx.user)
+                ))
+            } else {
+                e
+            }
+        })
     }
 
     fn loads_new_rows(&self) -> bool {

@@ -31,8 +31,10 @@ pub fn classify_my(err: mysql_async::Error, context: &str) -> Error {
                 1044 | 1142 | 1227 | 1370 => Some("grant the privileges `source-runner check` lists"),
                 1049 => Some("check the database name in mysql.url"),
                 1236 => Some(
-                    "the binlog at the checkpoint is gone (purged, or server_id clash): reset the runner's \
-                     checkpoint to take a new snapshot, and keep binlogs longer (binlog_expire_logs_seconds)",
+                    "the binlog at the checkpoint is gone (purged, or server_id clash): copy everything again with \
+                     source-runner --config <source.toml> reset, then start the runner (every table is copied again \
+                     and the destination rows the new copy does not see are removed; see docs/operations.md, \
+                     Reset), and keep binlogs longer (binlog_expire_logs_seconds)",
                 ),
                 _ => None,
             };

@@ -87,10 +87,35 @@ pub struct BinlogPosition {
 
 impl BinlogPosition {
     /// The model's ordered position: file number in the high 32 bits, the
-    /// offset in the low 32 (binlog files are at most 1 GiB, offsets fit).
+    /// offset in the low 32. Offsets fit: a file grows past
+    /// `max_binlog_size` (1 GiB at most) only by one large transaction, and
+    /// the servers cannot go past 4 GiB (an event header's next position is
+    /// 32 bits; MySQL's manual on `max_binlog_cache_size`: it "cannot work
+    /// with binary log positions greater than 4GB"). Streamed positions come
+    /// from those headers; a snapshot's, read as text, is checked by
+    /// [`BinlogPosition::checked`].
     pub fn ordered(&self) -> u64 {
         let seq: u64 = self.file.rsplit('.').next().and_then(|n| n.parse().ok()).unwrap_or(0);
         seq << 32 | (self.pos & 0xffff_ffff)
+    }
+}
+
+impl BinlogPosition {
+    /// The position, refused when its offset does not fit the 32 bits
+    /// [`BinlogPosition::ordered`] keeps (it would wrap, and every change
+    /// after it would look older than the rows written before).
+    pub fn checked(self) -> Result<Self> {
+        if self.pos > u64::from(u32::MAX) {
+            return Err(Error::needs_operator(format!(
+                "binlog position {self} is beyond 4 GiB in its file: positions there do not fit Tributary's ordering"
+            ))
+            .with_class("tributary.binlog_offset")
+            .with_hint(
+                "FLUSH BINARY LOGS on the server (a new file starts at offset 4), then start the runner again; \
+                 keep transactions well under 4 GiB",
+            ));
+        }
+        Ok(self)
     }
 }
 
@@ -118,6 +143,14 @@ pub struct SourceState {
     /// Snapshot work not done yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotState>,
+    /// The epoch of the positions: the server's identity
+    /// (`server_uuid:...` on MySQL, `server_id:...` on MariaDB, which has
+    /// no UUID). Another one at start means another server (a failover,
+    /// with `resume_by = "gtid"`), whose binlog numbering does not compare
+    /// with the checkpoint's. Absent in checkpoints written before epochs:
+    /// the first start adopts the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
 }
 
 impl SourceState {
@@ -259,6 +292,11 @@ pub struct MySqlSource {
     /// State and announced schemas as of the last batch returned: what
     /// `next_batch` rolls back to after an error.
     emitted: Option<(SourceState, BTreeMap<TableId, Arc<TableSchema>>)>,
+    /// Why the last start found the checkpoint in another position domain
+    /// (see [`Source::domain_change`]).
+    domain_change: Option<String>,
+    /// The next start starts over (see [`Source::start_over`]).
+    start_over: bool,
 }
 
 impl std::fmt::Debug for MySqlSource {
@@ -293,6 +331,8 @@ impl MySqlSource {
             streamer: None,
             progress: BTreeMap::new(),
             emitted: None,
+            domain_change: None,
+            start_over: false,
         })
     }
 
@@ -506,14 +546,59 @@ impl Source for MySqlSource {
             .await
             .map_err(|e| classify_my(e, "reading the server version"))?;
         let kind = ServerKind::from_version(version.as_deref().unwrap_or(""));
-        let state = match resumed {
+        let epoch = server_epoch(&mut conn, kind).await?;
+        self.domain_change = None;
+        if std::mem::take(&mut self.start_over) {
+            self.domain_change = Some("every table is copied again, as asked (source-runner reset)".to_string());
+        } else if let Some(state) = &resumed {
+            self.domain_change = match &state.epoch {
+                Some(theirs) if *theirs != epoch => Some(format!(
+                    "the server is {epoch}, the checkpoint's {theirs}: another server (a failover), whose binlog \
+                     positions do not compare with those the copy holds"
+                )),
+                _ => {
+                    let logs = binary_logs(&mut conn).await?;
+                    binlog_restarted(&state.binlog, &logs).then(|| {
+                        format!(
+                            "the server's binlog numbering restarted below the checkpoint's {} (RESET MASTER, or \
+                             another server's binlogs): its positions do not compare with those the copy holds",
+                            state.binlog
+                        )
+                    })
+                }
+            };
+        }
+        let resumed = if self.domain_change.is_some() {
+            if self.config.snapshot_mode == SnapshotMode::Never {
+                return Err(Error::needs_operator(format!(
+                    "{}; with mysql.snapshot_mode = \"never\" the tables cannot be copied again",
+                    self.domain_change.as_deref().unwrap_or("the source changed domain")
+                ))
+                .with_class("tributary.epoch_changed")
+                .with_hint(
+                    "set mysql.snapshot_mode = \"initial\" and start again: every table is copied again and the \
+                     rows the copy does not see are removed downstream (see docs/operations.md, Reset)",
+                ));
+            }
+            tracing::warn!(
+                reason = self.domain_change.as_deref().unwrap_or(""),
+                "the source changed position domain: every table is copied again"
+            );
+            None
+        } else {
+            resumed
+        };
+        let mut state = match resumed {
             Some(state) => {
                 if state.server != kind {
                     return Err(Error::needs_operator(format!(
                         "the checkpoint was written against {:?}, the server is {kind:?}",
                         state.server
                     ))
-                    .with_hint("reset the runner's checkpoint to start a new copy"));
+                    .with_hint(
+                        "copy everything again: source-runner --config <source.toml> reset, then start the runner \
+                         (see docs/operations.md, Reset)",
+                    ));
                 }
                 // Announce every captured table as the history has it at
                 // the checkpoint: the runner registers before producing.
@@ -542,6 +627,7 @@ impl Source for MySqlSource {
                                 position: None,
                                 tables: tables.iter().map(TablePlan::new).collect(),
                             }),
+                            epoch: None,
                         }
                     }
                     SnapshotMode::Never => {
@@ -561,11 +647,13 @@ impl Source for MySqlSource {
                             gtid,
                             history,
                             snapshot: None,
+                            epoch: None,
                         }
                     }
                 }
             }
         };
+        state.epoch = Some(epoch);
         if let Err(e) = conn.disconnect().await {
             tracing::debug!(error = %e, "closing the start-up connection");
         }
@@ -642,6 +730,79 @@ impl Source for MySqlSource {
         }
         Ok(out)
     }
+
+    fn tables(&self) -> Vec<TableId> {
+        let Some(state) = &self.state else {
+            return Vec::new();
+        };
+        let mut out: Vec<TableId> = state.history.tables().collect();
+        for t in state.snapshot.iter().flat_map(|s| s.tables.iter()) {
+            if !out.contains(&t.id()) {
+                out.push(t.id());
+            }
+        }
+        out
+    }
+
+    fn domain_change(&self) -> Option<String> {
+        self.domain_change.clone()
+    }
+
+    fn start_over(&mut self) -> bool {
+        self.start_over = true;
+        true
+    }
+}
+
+/// The server's identity, the epoch of its binlog positions: MySQL's
+/// `server_uuid`; MariaDB has none, and its `server_id` (unique among the
+/// servers that replicate from each other) stands in. A MariaDB restored
+/// onto a new server under the same `server_id` starts its binlog
+/// numbering over, which [`binlog_restarted`] sees.
+async fn server_epoch(conn: &mut mysql_async::Conn, kind: ServerKind) -> Result<String> {
+    let (sql, name) = match kind {
+        ServerKind::MySql => ("SELECT CAST(@@server_uuid AS CHAR)", "server_uuid"),
+        ServerKind::MariaDb => ("SELECT CAST(@@server_id AS CHAR)", "server_id"),
+    };
+    let value: Option<Option<String>> =
+        conn.query_first(sql).await.map_err(|e| classify_my(e, &format!("reading the server's {name}")))?;
+    let value = value.flatten().ok_or_else(|| Error::retryable(format!("the server has no {name}")))?;
+    Ok(format!("{name}:{value}"))
+}
+
+/// The server's binlog files with their sizes (`SHOW BINARY LOGS`).
+async fn binary_logs(conn: &mut mysql_async::Conn) -> Result<Vec<(String, u64)>> {
+    let rows: Vec<mysql_async::Row> =
+        conn.query("SHOW BINARY LOGS").await.map_err(|e| classify_my(e, "listing the binlogs (SHOW BINARY LOGS)"))?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
+        .collect())
+}
+
+/// The number of a binlog file (`mysql-bin.000042` -> 42).
+fn binlog_number(file: &str) -> Option<u64> {
+    file.rsplit('.').next()?.parse().ok()
+}
+
+/// Whether the server's binlog numbering restarted below `stored` (`RESET
+/// MASTER`, or another server's binlogs under the same name), given the
+/// server's binlogs and their sizes: the stored file is gone and every
+/// file there has a lower number, or the stored file is there but shorter
+/// than the stored offset. A stored file gone while higher numbers exist
+/// was purged (the stream's error says so); an empty list (binlog off)
+/// decides nothing.
+pub fn binlog_restarted(stored: &BinlogPosition, logs: &[(String, u64)]) -> bool {
+    let Some(number) = binlog_number(&stored.file) else {
+        return false;
+    };
+    if logs.is_empty() {
+        return false;
+    }
+    match logs.iter().find(|(f, _)| *f == stored.file) {
+        Some((_, size)) => *size < stored.pos,
+        None => logs.iter().filter_map(|(f, _)| binlog_number(f)).all(|n| n < number),
+    }
 }
 
 #[cfg(test)]
@@ -649,6 +810,14 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
     use crate::sources::mysql::history::ColumnDef;
+
+    #[test]
+    fn binlog_offsets_beyond_4_gib_are_refused_not_wrapped() {
+        let at = |pos: u64| BinlogPosition { file: "mysql-bin.000002".into(), pos };
+        assert!(at(u64::from(u32::MAX)).checked().is_ok());
+        let e = at(u64::from(u32::MAX) + 5).checked().expect_err("beyond 4 GiB");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+    }
 
     #[test]
     fn binlog_positions_order_by_file_then_offset() {
@@ -675,6 +844,26 @@ mod tests {
         );
         assert_eq!(default("date", true, AddedDefault::Literal("0000-00-00".into())), None);
         assert_eq!(default("date", false, AddedDefault::Literal("1970-01-02".into())), Some(Value::Date(1)));
+    }
+
+    #[test]
+    fn binlog_numbering_restarted_is_told_from_purged_binlogs() {
+        let at = |file: &str, pos: u64| BinlogPosition { file: file.into(), pos };
+        let logs = |list: &[(&str, u64)]| list.iter().map(|(f, s)| (f.to_string(), *s)).collect::<Vec<_>>();
+        // RESET MASTER: numbering starts over at 1, below the stored file.
+        assert!(binlog_restarted(&at("mysql-bin.000042", 900), &logs(&[("mysql-bin.000001", 4000)])));
+        // ... while the stored file was the first: it is there again, shorter.
+        assert!(binlog_restarted(&at("mysql-bin.000001", 90_000), &logs(&[("mysql-bin.000001", 400)])));
+        // Still there and long enough: the same numbering.
+        assert!(!binlog_restarted(
+            &at("mysql-bin.000007", 900),
+            &logs(&[("mysql-bin.000006", 4000), ("mysql-bin.000007", 900)])
+        ));
+        // Purged: higher numbers exist (the stream's error says so).
+        assert!(!binlog_restarted(&at("mysql-bin.000003", 900), &logs(&[("mysql-bin.000009", 4000)])));
+        // Nothing to tell by: no binlogs listed, or no stored file yet.
+        assert!(!binlog_restarted(&at("mysql-bin.000003", 900), &[]));
+        assert!(!binlog_restarted(&at("", 0), &logs(&[("mysql-bin.000001", 4000)])));
     }
 
     #[test]
@@ -706,6 +895,7 @@ mod tests {
             gtid: Some("0-1-5".into()),
             history,
             snapshot: None,
+            epoch: Some("server_id:1".into()),
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).expect("parses"), s);
         let other = Checkpoint(s.to_checkpoint().0.replace("\"version\":1", "\"version\":9"));

@@ -107,7 +107,7 @@ pub async fn current_position(
     let pos: u64 = row
         .get(1)
         .ok_or_else(|| Error::retryable("SHOW MASTER STATUS has no position"))?;
-    let position = BinlogPosition { file, pos };
+    let position = BinlogPosition { file, pos }.checked()?;
     let gtid = match kind {
         ServerKind::MariaDb => mariadb_gtid_at(conn, &position).await?,
         ServerKind::MySql => row.get::<Option<String>, _>(4).flatten().filter(|s| !s.is_empty()),
@@ -183,7 +183,7 @@ impl SnapshotRun {
                 let pos = get("binlog_snapshot_position")
                     .and_then(|p| p.parse().ok())
                     .ok_or_else(|| Error::retryable("the server reports no binlog_snapshot_position"))?;
-                let position = BinlogPosition { file, pos };
+                let position = BinlogPosition { file, pos }.checked()?;
                 let gtid = mariadb_gtid_at(&mut conn, &position).await?;
                 (position, gtid)
             }

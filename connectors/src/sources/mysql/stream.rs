@@ -546,7 +546,10 @@ impl Streamer {
                 built.source_columns.len()
             ))
             .with_table(table)
-            .with_hint("a DDL statement was missed; reset the runner's checkpoint to take a new snapshot"));
+            .with_hint(
+                "a DDL statement was missed; copy everything again: source-runner --config <source.toml> reset, \
+                 then start the runner (see docs/operations.md, Reset)",
+            ));
         }
         let tme = self
             .stream

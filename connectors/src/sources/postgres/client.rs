@@ -43,10 +43,11 @@ pub fn lost_slot_error(slot: &str) -> Error {
     ))
     .with_class("tributary.slot_lost")
     .with_hint(format!(
-        "copy everything again: stop the runners, drop the copy in the destination (sink-runner --config \
-         <sink.toml> delete --drop-destination), remove the source's checkpoint and slot (source-runner --config \
-         <source.toml> delete, or SELECT pg_drop_replication_slot('{slot}'); and delete the offsets topic), then \
-         start both; raise max_slot_wal_keep_size (or set it to -1) so a stopped or slow runner keeps its WAL"
+        "copy everything again: source-runner --config <source.toml> reset, then start the runner: the slot {slot} \
+         is dropped and made again, every table copied again, and the destination rows the new copy does not see \
+         are removed (see docs/operations.md, Reset; by hand, SELECT pg_drop_replication_slot('{slot}'); before the \
+         reset does the same); raise max_slot_wal_keep_size (or set it to -1) so a stopped \
+         or slow runner keeps its WAL"
     ))
 }
 
@@ -70,8 +71,9 @@ pub fn classify_wire(err: PgWireError, context: &str) -> Error {
             }
             if code == "42704" && msg.contains("replication slot") {
                 e = e.with_hint(
-                    "the replication slot is gone, so changes since the checkpoint are lost: \
-                     reset the runner's checkpoint to take a new snapshot",
+                    "the replication slot is gone, so changes since the checkpoint are lost: copy everything \
+                     again with source-runner --config <source.toml> reset, then start the runner (see \
+                     docs/operations.md, Reset)",
                 );
             } else if let Some(h) = sqlstate::hint(&code) {
                 e = e.with_hint(h);

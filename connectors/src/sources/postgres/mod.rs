@@ -77,6 +77,15 @@ pub struct SourceState {
     /// batch ended inside a transaction larger than a batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txn: Option<PartialTxn>,
+    /// The epoch of the positions: the cluster's system identifier
+    /// (`pg_control_system()`). Another one at start means another
+    /// cluster (restored from a dump, a new server): its LSNs do not
+    /// compare with the checkpoint's. A slot dropped and made again on the
+    /// same cluster is no change (LSNs only grow there). Absent in
+    /// checkpoints written before epochs: the first start adopts the
+    /// cluster's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
 }
 
 impl SourceState {
@@ -149,6 +158,11 @@ pub struct PostgresSource {
     /// `next_batch` rolls back to after an error, so that a retried call
     /// continues exactly after what the runner has seen.
     emitted: Option<Emitted>,
+    /// Why the last start found the checkpoint in another position domain
+    /// (see [`Source::domain_change`]).
+    domain_change: Option<String>,
+    /// The next start starts over (see [`Source::start_over`]).
+    start_over: bool,
 }
 
 impl std::fmt::Debug for PostgresSource {
@@ -191,6 +205,8 @@ impl PostgresSource {
             acked_lsn: 0,
             slot_created_here: false,
             emitted: None,
+            domain_change: None,
+            start_over: false,
         })
     }
 
@@ -243,6 +259,7 @@ impl PostgresSource {
         self.announced.clear();
         self.prelude.clear();
         self.emitted = None;
+        self.domain_change = None;
     }
 
     /// Announces the schema of `table` (a `SchemaChanged` before its first
@@ -581,6 +598,18 @@ impl PostgresSource {
     }
 }
 
+/// The cluster's system identifier: the epoch of its LSNs.
+async fn system_identifier(client: &tokio_postgres::Client) -> Result<String> {
+    let row = client
+        .query_one("SELECT system_identifier::text FROM pg_control_system()", &[])
+        .await
+        .map_err(|e| classify_pg(e, "reading the cluster's system identifier"))?;
+    row.try_get::<_, Option<String>>(0)
+        .ok()
+        .flatten()
+        .ok_or_else(|| Error::retryable("pg_control_system() returned no system identifier"))
+}
+
 /// The needs-operator error of a start without a checkpoint while the slot
 /// exists: the runner's checkpoint is lost.
 pub fn checkpoint_lost_error(slot: &str) -> Error {
@@ -592,11 +621,9 @@ pub fn checkpoint_lost_error(slot: &str) -> Error {
     .with_class("tributary.checkpoint_lost")
     .with_hint(format!(
         "either (1) restore the runner's offsets topic (<prefix>.tributary.offsets, compacted) with its last \
-         checkpoint and start again: the copy resumes from it; or (2) copy everything again knowingly: stop the \
-         runner, drop the copy in the destination (sink-runner --config <sink.toml> delete --drop-destination), \
-         SELECT pg_drop_replication_slot('{slot}'); then start both runners: a new snapshot is taken. A runner \
-         stopped before it committed its first checkpoint also ends here: then nothing was published from the \
-         slot and (2) needs no destination drop (see docs/operations.md)"
+         checkpoint and start again: the copy resumes from it; or (2) copy everything again: source-runner \
+         --config <source.toml> reset, then start the runner: every table is copied again from slot {slot} and \
+         the destination rows the new copy does not see are removed (see docs/operations.md, Reset)"
     ))
 }
 
@@ -620,14 +647,35 @@ impl Source for PostgresSource {
         if let Some(r) = renames {
             catalog.set_renames(r);
         }
+        let epoch = system_identifier(catalog.client()).await?;
         self.catalog = Some(catalog);
-        let slot_exists = self.slot_exists().await?;
-        if resumed.is_some() && !slot_exists {
+        if std::mem::take(&mut self.start_over) {
+            self.domain_change = Some("every table is copied again, as asked (source-runner reset)".to_string());
+        } else if let Some(theirs) = resumed.as_ref().and_then(|s| s.epoch.as_ref()).filter(|e| **e != epoch) {
+            self.domain_change = Some(format!(
+                "the source database's system identifier is {epoch}, the checkpoint's {theirs}: another cluster \
+                 (restored from a dump, or a new server), whose LSNs do not compare with those the copy holds"
+            ));
+        }
+        let slot_exists = match self.slot_exists().await {
+            // Starting over: a slot PostgreSQL invalidated is of no use.
+            Err(e) if self.domain_change.is_some() && e.class() == "tributary.slot_lost" => {
+                tracing::warn!(slot = %self.config.slot_name, "dropping the invalidated slot to start over");
+                self.drop_slot().await?;
+                false
+            }
+            other => other?,
+        };
+        if resumed.is_some() && !slot_exists && self.domain_change.is_none() {
             return Err(Error::needs_operator(format!(
                 "replication slot {} does not exist, so the changes since the checkpoint are lost",
                 self.config.slot_name
             ))
-            .with_hint("reset the runner's checkpoint to take a new snapshot (the slot is created again)"));
+            .with_hint(
+                "copy everything again: source-runner --config <source.toml> reset, then start the runner: the slot \
+                 is made again, every table copied again, and the destination rows the new copy does not see are \
+                 removed (see docs/operations.md, Reset)",
+            ));
         }
         let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
         let selected: Vec<TableId> = catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
@@ -639,6 +687,9 @@ impl Source for PostgresSource {
         }
 
         match resumed {
+            _ if self.domain_change.is_some() => {
+                self.start_in_new_domain(slot_exists, &selected, epoch).await?;
+            }
             None => {
                 if slot_exists && self.slot_created_here {
                     // Made by this process, nothing of it durable yet (the
@@ -675,6 +726,7 @@ impl Source for PostgresSource {
                                 tables: selected.iter().map(TablePlan::new).collect(),
                             }),
                             txn: None,
+                            epoch: Some(epoch),
                         });
                         self.acked_lsn = lsn;
                         let started = self.start_snapshot_run(Some(ExportedSnapshot { name, lsn })).await;
@@ -694,6 +746,7 @@ impl Source for PostgresSource {
                             tables,
                             snapshot: None,
                             txn: None,
+                            epoch: Some(epoch),
                         });
                         self.acked_lsn = lsn;
                     }
@@ -747,6 +800,7 @@ impl Source for PostgresSource {
                     }
                 }
                 self.acked_lsn = state.lsn;
+                state.epoch = Some(epoch);
                 self.state = Some(state);
             }
         }
@@ -836,9 +890,97 @@ impl Source for PostgresSource {
         }
         Ok(out)
     }
+
+    fn tables(&self) -> Vec<TableId> {
+        let Some(state) = &self.state else {
+            return Vec::new();
+        };
+        state
+            .tables
+            .iter()
+            .filter_map(|t| match self.announced.keys().find(|id| id.to_string() == *t) {
+                Some(id) => Some(id.clone()),
+                None => t.split_once('.').map(|(s, n)| TableId::new(s, n)),
+            })
+            .collect()
+    }
+
+    fn domain_change(&self) -> Option<String> {
+        self.domain_change.clone()
+    }
+
+    fn start_over(&mut self) -> bool {
+        self.start_over = true;
+        true
+    }
 }
 
 impl PostgresSource {
+    /// Starts over in the cluster's own position domain after
+    /// [`Source::start`] found the checkpoint's to be another's: streaming
+    /// from the slot (made now when this cluster has none; else from where
+    /// it stands), every selected table copied again in a snapshot the
+    /// stream first catches up to. Nothing of the checkpoint is kept but
+    /// its slot name.
+    async fn start_in_new_domain(&mut self, slot_exists: bool, selected: &[TableId], epoch: String) -> Result<()> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Err(Error::needs_operator(format!(
+                "{}; with postgres.snapshot_mode = \"never\" the tables cannot be copied again",
+                self.domain_change.as_deref().unwrap_or("the source changed domain")
+            ))
+            .with_class("tributary.epoch_changed")
+            .with_hint(
+                "set postgres.snapshot_mode = \"initial\" and start again: every table is copied again and the \
+                 rows the copy does not see are removed downstream (see docs/operations.md, Reset)",
+            ));
+        }
+        let lsn = if slot_exists {
+            let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+            let row = catalog
+                .client()
+                .query_one(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&self.config.slot_name],
+                )
+                .await
+                .map_err(|e| classify_pg(e, "reading the slot's position"))?;
+            let text: Option<String> = row.get(0);
+            text.as_deref()
+                .and_then(parse_lsn)
+                .ok_or_else(|| Error::retryable("the slot has no confirmed position yet"))?
+        } else {
+            let (gated, lsn, _) = self.create_slot(&self.config.slot_name, false, false).await?;
+            self.slot_created_here = true;
+            drop(gated);
+            lsn
+        };
+        tracing::warn!(
+            reason = self.domain_change.as_deref().unwrap_or(""),
+            slot = %self.config.slot_name,
+            lsn = %format_lsn(lsn),
+            "the source changed position domain: every table is copied again"
+        );
+        let mut tables = BTreeSet::new();
+        for id in selected {
+            if self.announce(id).await?.is_some() {
+                tables.insert(id.to_string());
+            }
+        }
+        let plan: Vec<TablePlan> =
+            selected.iter().filter(|id| tables.contains(&id.to_string())).map(TablePlan::new).collect();
+        self.state = Some(SourceState {
+            version: CHECKPOINT_VERSION,
+            slot: self.config.slot_name.clone(),
+            lsn,
+            tables,
+            snapshot: Some(SnapshotState { initial: false, tables: plan }),
+            txn: None,
+            epoch: Some(epoch),
+        });
+        self.acked_lsn = lsn;
+        Ok(())
+    }
+
     async fn next_batch_inner(&mut self) -> Result<SourceBatch> {
         if self.state.is_none() {
             return Err(Error::retryable("the source is not started"));
@@ -934,6 +1076,7 @@ mod tests {
             tables: ["public.a".to_string()].into_iter().collect(),
             snapshot: None,
             txn: Some(PartialTxn { commit_lsn: 50, changes: 10_000 }),
+            epoch: Some("7714691749413639436".into()),
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).unwrap(), s);
         // Checkpoints written before transactions could be split still read.
