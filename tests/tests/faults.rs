@@ -710,7 +710,8 @@ impl Destination {
                 let role = format!("{}_role", fx.schema);
                 fx.exec(&format!(
                     "CREATE ROLE {role} LOGIN PASSWORD 'pw'; CREATE SCHEMA {} AUTHORIZATION {role};
-                     GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.offsets TO {role};",
+                     GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.offsets TO {role};
+                     GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.deleted_rows TO {role};",
                     fx.schema
                 ))
                 .await;
