@@ -697,6 +697,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn offsets_move_only_from_their_fence() {
+        use crate::sink::bookkeeping::offset_moves;
+        let next = vec![("t".to_string(), 0, 10), ("t".to_string(), 1, 5)];
+        // Unfenced (replay, tests of one sink): one plain upsert.
+        let plain = offsets_sql("g", &offset_moves(&next, &[]));
+        assert!(plain.starts_with("INSERT INTO") && plain.contains("DO UPDATE SET next_offset"), "{plain}");
+        assert!(!plain.contains(FENCED_CLASS));
+        let fenced = offsets_sql("g", &offset_moves(&next, &[("t".into(), 0, Some(7)), ("t".into(), 1, None)]));
+        assert!(fenced.contains("o.next_offset = v.expected"), "{fenced}");
+        assert!(fenced.contains("('t', 0, 10::bigint, 7::bigint)"), "{fenced}");
+        assert!(fenced.contains("ON CONFLICT (consumer_group, topic, partition) DO NOTHING"), "{fenced}");
+        assert!(fenced.contains("WHEN n = 2 THEN 0"), "{fenced}");
+        assert!(fenced.contains(FENCED_CLASS), "{fenced}");
+    }
+
+    #[test]
     fn parses_and_renders_types() {
         let t = PgType::parse("character varying(40)");
         assert_eq!(t.base, "character varying");
