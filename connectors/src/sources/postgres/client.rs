@@ -103,6 +103,17 @@ pub struct BuiltSchema {
     pub source_columns: Vec<Option<usize>>,
 }
 
+/// The partitioned table a partition's changes belong to.
+#[derive(Debug, Clone)]
+pub struct PartitionRoot {
+    /// Its oid.
+    pub relid: u32,
+    /// Its name.
+    pub id: TableId,
+    /// Its live columns in attnum order.
+    pub columns: Vec<String>,
+}
+
 /// Where in the WAL something was learned: `(commit LSN, LSN)` of a
 /// message, or `(LSN, MAX)` of a catalog read (which sees every transaction
 /// committed before that LSN). Later knowledge wins; earlier is a replay.
@@ -254,6 +265,42 @@ impl Catalog {
     /// The underlying client.
     pub fn client(&self) -> &tokio_postgres::Client {
         &self.client
+    }
+
+    /// The root of the partition tree `relid` is a partition of, or `None`
+    /// when it is no partition. A publication without
+    /// `publish_via_partition_root` sends partitions' changes under the
+    /// partitions' own relations; the source captures the root.
+    pub async fn partition_root(&self, relid: u32) -> Result<Option<PartitionRoot>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT r.oid, n.nspname::text, r.relname::text, \
+                        ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                              WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) \
+                 FROM pg_class c \
+                 JOIN pg_class r ON r.oid = pg_partition_root(c.oid) \
+                 JOIN pg_namespace n ON n.oid = r.relnamespace \
+                 WHERE c.oid = $1 AND c.relispartition",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the root of a partition"))?;
+        Ok(row.map(|r| PartitionRoot {
+            relid: r.get(0),
+            id: TableId::new(r.get::<_, String>(1), r.get::<_, String>(2)),
+            columns: r.get(3),
+        }))
+    }
+
+    /// The leaf partitions of the partitioned table `root` now.
+    pub async fn partition_leaves(&self, root: u32) -> Result<Vec<u32>> {
+        let rows = self
+            .client
+            .query("SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf", &[&root])
+            .await
+            .map_err(|e| classify_pg(e, "reading the partitions of a table"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Every ordinary or partitioned table outside the system schemas that
