@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use mysql_async::binlog::events::{Event, EventData, QueryEvent, RowsEventData};
+use mysql_async::binlog::events::{Event, EventData, QueryEvent, RowsEventData, TableMapEvent};
+use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::EventType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
@@ -568,10 +569,10 @@ impl Streamer {
             Ok(Some(values))
         };
         let txn = self.txn.get_or_insert_with(OpenTxn::default);
-        for r in rows.rows(tme) {
-            let (before, after) = r.map_err(|e| {
-                Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}")).with_table(table.clone())
-            })?;
+        let decoded = decode_rows(rows, tme).map_err(|e| {
+            Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}")).with_table(table.clone())
+        })?;
+        for (before, after) in decoded {
             let (before, after) = (decode(before)?, decode(after)?);
             txn.messages
                 .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx)));
@@ -579,6 +580,40 @@ impl Streamer {
         Ok(())
     }
 }
+
+/// A rows event's (before, after) row images, decoded by mysql_common.
+///
+/// mysql_common 0.37 can panic on bytes a server does not send (its DECIMAL
+/// decoder multiplies and subtracts unchecked: decimal/mod.rs:261 and :424
+/// under debug assertions): such an event becomes an error the caller
+/// names the table in, never an unwinding runner. Its row iterator never
+/// ends on an event whose rows take no bytes (no columns): every real row
+/// image takes at least its NULL bitmap's byte, so more rows than the
+/// event has bytes is an error, not a loop that fills memory.
+pub fn decode_rows(rows: &RowsEventData<'_>, tme: &TableMapEvent<'_>) -> std::result::Result<Vec<RowImages>, String> {
+    let most = rows.rows_data().len();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut out = Vec::new();
+        for row in rows.rows(tme) {
+            if out.len() >= most {
+                return Err(format!("the rows event holds more rows than its {most} bytes can"));
+            }
+            out.push(row.map_err(|e| e.to_string())?);
+        }
+        Ok(out)
+    }))
+    .map_err(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        format!("the row decoder failed: {text}")
+    })?
+}
+
+/// A binlog row's before and after images.
+pub type RowImages = (Option<BinlogRow>, Option<BinlogRow>);
 
 fn change(
     schema: Arc<TableSchema>,

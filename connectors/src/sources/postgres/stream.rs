@@ -189,13 +189,20 @@ impl Reader {
         self.0.advance(1);
         Ok(s)
     }
+    /// A capacity for `n` items of at least `min_size` bytes each: never
+    /// more than the rest of the message can hold, so a forged count
+    /// cannot make the decoder allocate without bound.
+    fn capacity(&self, n: i64, min_size: usize) -> usize {
+        usize::try_from(n.max(0)).unwrap_or(0).min(self.0.remaining() / min_size.max(1))
+    }
     fn bytes(&mut self, n: usize) -> Result<Bytes> {
         self.need(n)?;
         Ok(self.0.split_to(n))
     }
     fn tuple(&mut self) -> Result<Vec<TupleValue>> {
         let n = self.i16()?;
-        let mut out = Vec::with_capacity(n.max(0) as usize);
+        // Each value takes at least its kind byte.
+        let mut out = Vec::with_capacity(self.capacity(n.into(), 1));
         for _ in 0..n {
             out.push(match self.u8()? {
                 b'n' => TupleValue::Null,
@@ -226,7 +233,8 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
             let name = r.cstr()?;
             let replica_identity = r.u8()?;
             let n = r.i16()?;
-            let mut columns = Vec::with_capacity(n.max(0) as usize);
+            // flags, an empty name's terminator, type oid, typmod.
+            let mut columns = Vec::with_capacity(r.capacity(n.into(), 10));
             for _ in 0..n {
                 let flags = r.u8()?;
                 let name = r.cstr()?;
@@ -284,7 +292,7 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
         b'T' => {
             let n = r.u32()?;
             let _options = r.u8()?;
-            let mut relids = Vec::with_capacity(n as usize);
+            let mut relids = Vec::with_capacity(r.capacity(n.into(), 4));
             for _ in 0..n {
                 relids.push(r.u32()?);
             }
