@@ -1011,6 +1011,42 @@ async fn premade_publication_without_partition_root_still_captures_partitions() 
     fx.cleanup().await;
 }
 
+/// Errors PostgreSQL words with row values (a data error's quoted input,
+/// DETAIL's `Key (id)=(...)` and `Failing row contains (...)`), provoked on
+/// the real server: what the source's classifier makes of them (the text
+/// `/status` and the logs show) and the log form of a raw error hold none
+/// of the values, while the driver's error chain does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_errors_never_quote_row_values() {
+    use tributary_connectors::pgwire::redact::redacted;
+    use tributary_connectors::pgwire::sqlstate::classify;
+    let fx = Fixture::new("redact").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.r (id text PRIMARY KEY, v text CHECK (v <> 'secret-row'));
+         INSERT INTO {s}.r VALUES ('secret-pk', 'a');"
+    ))
+    .await;
+    let statements = [
+        ("SELECT 'secret-42'::int".to_string(), "secret-42"),
+        (format!("INSERT INTO {s}.r VALUES ('secret-pk', 'b')"), "secret-pk"),
+        (format!("INSERT INTO {s}.r VALUES ('x', 'secret-row')"), "secret-row"),
+    ];
+    for (sql, value) in statements {
+        let err = fx.admin.batch_execute(&sql).await.expect_err("the statement fails");
+        // The driver's error chain (what `{e:#}`-style reports print).
+        let chain = format!("{err}: {}", std::error::Error::source(&err).map(|c| c.to_string()).unwrap_or_default());
+        assert!(chain.contains(value), "the server quotes the value: {chain}");
+        let classified = classify(err, "reading a row");
+        let status = format!("{classified} {}", classified.hint().unwrap_or(""));
+        assert!(!status.contains(value), "status text quotes a value: {status}");
+        let err = fx.admin.batch_execute(&sql).await.expect_err("the statement fails");
+        let log = redacted(&err);
+        assert!(!log.contains(value) && log.contains("SQLSTATE"), "log text: {log}");
+    }
+    fx.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unchanged_toast_values_get_their_real_value() {
     let fx = Fixture::new("toast").await;

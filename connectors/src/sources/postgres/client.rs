@@ -11,13 +11,14 @@ use tributary_schemas::{Column, TableId, TableSchema};
 use super::config::{ConnectionParams, PostgresSourceConfig, TableFilter};
 use super::types::{decode_text, map_type, parse_array, ArrayItem, ColumnRef, PgType};
 pub(crate) use crate::pgwire::sqlstate::classify as classify_pg;
+use crate::pgwire::redact::redact_server_text;
 use crate::pgwire::sqlstate;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Opens an ordinary connection (catalog, snapshot).
 pub async fn connect(params: &ConnectionParams) -> Result<tokio_postgres::Client> {
     fn closed(e: &tokio_postgres::Error) {
-        tracing::debug!(error = %e, "PostgreSQL connection ended");
+        tracing::debug!(error = %crate::pgwire::redact::redacted(e), "PostgreSQL connection ended");
     }
     crate::pgwire::connect(&params.pg, params.tls, params.tls_ca_file.as_deref(), closed)
         .await?
@@ -64,10 +65,11 @@ pub fn classify_wire(err: PgWireError, context: &str) -> Error {
             } else {
                 sqlstate::kind(&code)
             };
-            let mut e = Error::new(kind, format!("{context}: {msg}")).with_class(format!("sqlstate.{code}"));
+            let text = redact_server_text(msg);
+            let mut e = Error::new(kind, format!("{context}: {text}")).with_class(format!("sqlstate.{code}"));
             if code == "55000" && is_lost_slot_message(msg) {
                 let name = msg.split('"').nth(1).unwrap_or("?");
-                return lost_slot_error(name).in_context(&format!("{context}: {msg}"));
+                return lost_slot_error(name).in_context(&format!("{context}: {text}"));
             }
             if code == "42704" && msg.contains("replication slot") {
                 e = e.with_hint(
