@@ -990,7 +990,8 @@ async fn premade_publication_without_partition_root_still_captures_partitions() 
     let mut mirror = Mirror::default();
     sync(&mut source, &mut mirror, &fx, &["parted"]).await;
     fx.exec(&format!(
-        "INSERT INTO {s}.parted VALUES (1000, 'us', 1), (1001, 'eu', 2);
+        "CREATE TABLE {s}.parted_ap PARTITION OF {s}.parted FOR VALUES IN ('ap');
+         INSERT INTO {s}.parted VALUES (1000, 'us', 1), (1001, 'eu', 2), (1002, 'ap', 3);
          UPDATE {s}.parted SET v = -v WHERE id <= 10;
          UPDATE {s}.parted SET region = 'us' WHERE id = 30;
          DELETE FROM {s}.parted WHERE id BETWEEN 20 AND 25;"
