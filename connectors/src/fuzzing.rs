@@ -1,6 +1,6 @@
 //! Fuzzing entry points of the two change-stream decoders, shared by the
-//! cargo-fuzz targets (`fuzz/fuzz_targets/pgoutput.rs` and
-//! `fuzz/fuzz_targets/binlog_rows.rs`, nightly) and the always-on test
+//! cargo-fuzz targets (`fuzz/sources/fuzz_targets/pgoutput.rs` and
+//! `fuzz/sources/fuzz_targets/binlog_rows.rs`, nightly) and the always-on test
 //! `connectors/tests/decoder_inputs.rs`, which feeds them random and mutated
 //! valid inputs on stable. Both decoders read bytes a server sent: they must
 //! return an error, never panic, and never size an allocation from a length

@@ -2,7 +2,7 @@
 //! message). It must return an error, never panic, hang or size a buffer
 //! from a count the message cannot hold.
 //!
-//! Run: `cd fuzz && cargo +nightly fuzz run pgoutput -- -max_total_time=60`
+//! Run: `cargo +nightly fuzz run --fuzz-dir fuzz/sources pgoutput -- -max_total_time=60`
 
 #![no_main]
 

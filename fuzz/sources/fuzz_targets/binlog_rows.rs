@@ -3,7 +3,7 @@
 //! map and each value by every column codec of the source. It must return
 //! an error, never panic, hang or allocate without bound.
 //!
-//! Run: `cd fuzz && cargo +nightly fuzz run binlog_rows -- -max_total_time=60`
+//! Run: `cargo +nightly fuzz run --fuzz-dir fuzz/sources binlog_rows -- -max_total_time=60`
 
 #![no_main]
 
