@@ -86,6 +86,35 @@ fn pgoutput_forged_counts_do_not_allocate_from_the_wire() {
     }
 }
 
+/// Found by the `binlog_rows` fuzz target: a table map giving a DECIMAL
+/// column scale 14 over precision 10 made mysql_common size a buffer from
+/// `10 - 14`, which wraps in a release build (an allocation of 8 EB: the
+/// process aborts) and panics in a debug one. `decode_rows` refuses the
+/// table map with an error naming the column instead.
+#[test]
+fn a_decimal_with_scale_above_precision_is_an_error_naming_the_column() {
+    use mysql_common::binlog::consts::BinlogVersion;
+    use mysql_common::binlog::events::EventData;
+    use mysql_common::binlog::EventStreamReader;
+    use tributary_connectors::sources::mysql::stream::decode_rows;
+
+    let mut data = binlog_seed();
+    // The DECIMAL's scale in the table map's metadata (after the VARCHAR's
+    // two bytes and the DECIMAL's precision).
+    let at = data.windows(4).position(|w| w == [255, 0, 10, 2]).expect("the seed's metadata") + 3;
+    data[at] = 14;
+    let mut reader = EventStreamReader::new(BinlogVersion::Version4);
+    let mut input = &data[..];
+    reader.read(&mut input).expect("table map").expect("an event");
+    let event = reader.read(&mut input).expect("rows").expect("an event");
+    let Ok(Some(EventData::RowsEvent(rows))) = event.read_data() else {
+        panic!("a rows event")
+    };
+    let tme = reader.get_tme(rows.table_id()).expect("the table map");
+    let err = decode_rows(&rows, tme).err().expect("an error");
+    assert!(err.contains("column 3 DECIMAL(10,14)"), "{err}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 4000, failure_persistence: None, ..ProptestConfig::default() })]
 

@@ -23,6 +23,7 @@ use futures::StreamExt;
 use mysql_async::binlog::events::{Event, EventData, QueryEvent, RowsEventData, TableMapEvent};
 use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::EventType;
+use mysql_async::consts::ColumnType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
@@ -590,7 +591,27 @@ impl Streamer {
 /// ends on an event whose rows take no bytes (no columns): every real row
 /// image takes at least its NULL bitmap's byte, so more rows than the
 /// event has bytes is an error, not a loop that fills memory.
+///
+/// A DECIMAL column whose table map gives a scale above its precision (or
+/// a precision above MySQL's 65) is refused first: mysql_common sizes a
+/// buffer from `precision - scale`, which wraps to exabytes in a release
+/// build, and an allocation failure aborts the process (found by the
+/// `binlog_rows` fuzz target).
 pub fn decode_rows(rows: &RowsEventData<'_>, tme: &TableMapEvent<'_>) -> std::result::Result<Vec<RowImages>, String> {
+    for i in 0..usize::try_from(tme.columns_count()).unwrap_or(usize::MAX) {
+        if let Ok(Some(ColumnType::MYSQL_TYPE_NEWDECIMAL)) = tme.get_column_type(i) {
+            let (precision, scale) = match tme.get_column_metadata(i) {
+                Some([p, s, ..]) => (*p, *s),
+                _ => (0, 1),
+            };
+            if scale > precision || precision > MAX_DECIMAL_PRECISION {
+                return Err(format!(
+                    "the table map gives column {} DECIMAL({precision},{scale}), which MySQL never writes",
+                    i + 1
+                ));
+            }
+        }
+    }
     let most = rows.rows_data().len();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut out = Vec::new();
@@ -611,6 +632,9 @@ pub fn decode_rows(rows: &RowsEventData<'_>, tme: &TableMapEvent<'_>) -> std::re
         format!("the row decoder failed: {text}")
     })?
 }
+
+/// MySQL's and MariaDB's largest DECIMAL precision.
+const MAX_DECIMAL_PRECISION: u8 = 65;
 
 /// A binlog row's before and after images.
 pub type RowImages = (Option<BinlogRow>, Option<BinlogRow>);
