@@ -153,6 +153,9 @@ pub fn binlog_rows(data: &[u8]) -> usize {
             Ok(Some(e)) => e,
             _ => break,
         };
+        if !crate::sources::mysql::stream::parsed_event(event.header().event_type_raw()) {
+            continue;
+        }
         let Ok(Some(EventData::RowsEvent(rows))) = event.read_data() else {
             continue;
         };
