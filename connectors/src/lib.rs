@@ -15,6 +15,9 @@ pub mod sinks;
 pub mod source;
 pub mod sources;
 
+#[cfg(any(feature = "source-postgres", feature = "source-mysql"))]
+pub mod fuzzing;
+
 #[cfg(feature = "pgwire")]
 pub mod pgwire;
 

@@ -959,6 +959,95 @@ async fn partitioned_tables_are_captured_through_their_root() {
     fx.cleanup().await;
 }
 
+/// A publication made by hand without `publish_via_partition_root`: the
+/// server publishes the partitions' changes under the partitions' own
+/// relations. `check` names the missing option with the exact fix, and the
+/// stream still maps every partition onto its root table, so nothing is
+/// dropped while the snapshot read the parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn premade_publication_without_partition_root_still_captures_partitions() {
+    let fx = Fixture::new("prepub").await;
+    let s = &fx.schema;
+    let p = &fx.publication;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.parted (id int, region text, v int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE {s}.parted_eu PARTITION OF {s}.parted FOR VALUES IN ('eu');
+         CREATE TABLE {s}.parted_us PARTITION OF {s}.parted FOR VALUES IN ('us');
+         INSERT INTO {s}.parted SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 100) g;
+         CREATE PUBLICATION {p} FOR TABLE {s}.parted;"
+    ))
+    .await;
+    let problems = check::check(&fx.config()).await;
+    let fix = format!("ALTER PUBLICATION \"{p}\" SET (publish_via_partition_root = true);");
+    let text: Vec<String> = problems.iter().map(|x| x.to_string()).collect();
+    assert!(
+        problems.iter().any(|x| x.fix.as_deref() == Some(fix.as_str())),
+        "check names the missing option: {text:#?}"
+    );
+    assert!(!text.iter().any(|t| t.contains("not in publication")), "the table is in the publication: {text:#?}");
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["parted"]).await;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.parted_ap PARTITION OF {s}.parted FOR VALUES IN ('ap');
+         INSERT INTO {s}.parted VALUES (1000, 'us', 1), (1001, 'eu', 2), (1002, 'ap', 3);
+         UPDATE {s}.parted SET v = -v WHERE id <= 10;
+         UPDATE {s}.parted SET region = 'us' WHERE id = 30;
+         DELETE FROM {s}.parted WHERE id BETWEEN 20 AND 25;"
+    ))
+    .await;
+    sync(&mut source, &mut mirror, &fx, &["parted"]).await;
+    // A TRUNCATE of the root reaches the server's output as one of every
+    // partition: the copy empties as the table did.
+    fx.exec(&format!("TRUNCATE {s}.parted; INSERT INTO {s}.parted VALUES (7, 'eu', 7);"))
+        .await;
+    sync(&mut source, &mut mirror, &fx, &["parted"]).await;
+    let tables: HashSet<_> = mirror.events.iter().map(|e| e.schema.id.clone()).collect();
+    assert_eq!(tables, [fx.table("parted")].into_iter().collect(), "only the root table has events");
+    for op in [Op::Create, Op::Update, Op::Delete, Op::Truncate] {
+        assert!(mirror.events.iter().any(|e| e.op == op), "a {op:?} event of the root");
+    }
+    drop(source);
+    fx.cleanup().await;
+}
+
+/// Errors PostgreSQL words with row values (a data error's quoted input,
+/// DETAIL's `Key (id)=(...)` and `Failing row contains (...)`), provoked on
+/// the real server: what the source's classifier makes of them (the text
+/// `/status` and the logs show) and the log form of a raw error hold none
+/// of the values, while the driver's error chain does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_errors_never_quote_row_values() {
+    use tributary_connectors::pgwire::redact::redacted;
+    use tributary_connectors::pgwire::sqlstate::classify;
+    let fx = Fixture::new("redact").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.r (id text PRIMARY KEY, v text CHECK (v <> 'secret-row'));
+         INSERT INTO {s}.r VALUES ('secret-pk', 'a');"
+    ))
+    .await;
+    let statements = [
+        ("SELECT 'secret-42'::int".to_string(), "secret-42"),
+        (format!("INSERT INTO {s}.r VALUES ('secret-pk', 'b')"), "secret-pk"),
+        (format!("INSERT INTO {s}.r VALUES ('x', 'secret-row')"), "secret-row"),
+    ];
+    for (sql, value) in statements {
+        let err = fx.admin.batch_execute(&sql).await.expect_err("the statement fails");
+        // The driver's error chain (what `{e:#}`-style reports print).
+        let chain = format!("{err}: {}", std::error::Error::source(&err).map(|c| c.to_string()).unwrap_or_default());
+        assert!(chain.contains(value), "the server quotes the value: {chain}");
+        let classified = classify(err, "reading a row");
+        let status = format!("{classified} {}", classified.hint().unwrap_or(""));
+        assert!(!status.contains(value), "status text quotes a value: {status}");
+        let err = fx.admin.batch_execute(&sql).await.expect_err("the statement fails");
+        let log = redacted(&err);
+        assert!(!log.contains(value) && log.contains("SQLSTATE"), "log text: {log}");
+    }
+    fx.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unchanged_toast_values_get_their_real_value() {
     let fx = Fixture::new("toast").await;

@@ -1,6 +1,7 @@
 //! What PostgreSQL's source and sink share: connections (plain or TLS),
 //! the one SQLSTATE table, quoting, and the binary `COPY` format's types.
 
+pub mod redact;
 pub mod sqlstate;
 pub mod tls;
 

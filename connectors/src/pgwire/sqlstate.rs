@@ -66,19 +66,20 @@ pub fn client_error_kind(err: &tokio_postgres::Error) -> ErrorKind {
 }
 
 /// Classifies a `tokio_postgres` error of a source's session; `context`
-/// says what was being done. (The sink classifies its own, to redact the
-/// row values that data errors quote.)
+/// says what was being done. The message goes through the one redaction
+/// ([`redact`](super::redact)): values quoted by data errors and DETAIL
+/// lines never reach it. (The sink classifies its own, with its hints.)
 pub fn classify(err: tokio_postgres::Error, context: &str) -> Error {
     if let Some(db) = err.as_db_error() {
         let code = db.code().code().to_string();
-        let mut e =
-            Error::new(kind(&code), format!("{context}: {}", db.message())).with_class(format!("sqlstate.{code}"));
+        let message = super::redact::redact_message(db.message(), super::redact::is_data_error(&code));
+        let mut e = Error::new(kind(&code), format!("{context}: {message}")).with_class(format!("sqlstate.{code}"));
         if let Some(h) = hint(&code) {
             e = e.with_hint(h);
         }
         return e;
     }
-    let text = err.to_string();
+    let text = super::redact::redacted(&err);
     Error::new(client_error_kind(&err), format!("{context}: {text}")).with_class("tokio_postgres")
 }
 

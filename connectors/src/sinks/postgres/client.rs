@@ -12,13 +12,13 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Statement};
 use tracing::warn;
 use tributary_operations::config::{resolve_secret, ConfigError};
 
 use super::config::PostgresSinkConfig;
 use crate::error::{Error, Result};
+use crate::pgwire::redact::{is_data_error, redact_message, redacted};
 use crate::pgwire::{quote_ident, quote_literal, sqlstate};
 
 /// Prepared `COPY` statements kept per session (one per table, schema
@@ -242,7 +242,7 @@ pub(super) fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
     }
     let code = db.code().code();
     let class = format!("postgres.sqlstate.{code}");
-    let data_error = code.starts_with("22") || code.starts_with("23") || *db.code() == SqlState::DATATYPE_MISMATCH;
+    let data_error = is_data_error(code);
     let mut message = format!("{} (SQLSTATE {code})", redact_message(db.message(), data_error));
     if let Some(c) = db.constraint() {
         let _ = write!(message, ", constraint {c}");
@@ -285,71 +285,18 @@ pub(super) fn copy_column(where_: &str) -> Option<String> {
     (!c.is_empty()).then(|| c.to_string())
 }
 
-/// PostgreSQL's message, with quoted text (which may be a row value)
-/// replaced for data errors.
-pub(super) fn redact_message(message: &str, data_error: bool) -> String {
-    if !data_error {
-        return message.to_string();
-    }
-    let mut out = String::with_capacity(message.len());
-    let mut in_quote = false;
-    for ch in message.chars() {
-        if ch == '"' {
-            if in_quote {
-                out.push_str("…\"");
-            } else {
-                out.push('"');
-            }
-            in_quote = !in_quote;
-        } else if !in_quote {
-            out.push(ch);
-        }
-    }
-    // `value too long for type character varying(3)` keeps its type; an
-    // unquoted trailing `: <value>` is cut.
-    if let Some(i) = out.find(": ") {
-        out.truncate(i);
-    }
-    out
-}
-
 /// The value behind `mutex`; a panic elsewhere while it was held leaves
 /// it usable (it holds only text and prepared statements).
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A tokio-postgres error without anything a server might echo of our data.
-pub(super) fn redacted(err: &tokio_postgres::Error) -> String {
-    match err.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", redact_message(db.message(), true), db.code().code()),
-        None => {
-            let mut s = err.to_string();
-            let mut source = std::error::Error::source(err);
-            while let Some(inner) = source {
-                let _ = write!(s, ": {inner}");
-                source = inner.source();
-            }
-            s
-        }
-    }
-}
-
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn redacts_values_from_data_errors() {
-        assert_eq!(
-            redact_message("invalid input syntax for type integer: \"abc\"", true),
-            "invalid input syntax for type integer"
-        );
-        assert_eq!(
-            redact_message("new row for relation \"t\" violates check constraint \"c\"", true),
-            "new row for relation \"…\" violates check constraint \"…\""
-        );
+    fn copy_column_names_the_column() {
         assert_eq!(copy_column("COPY s, line 1, column qty: \"x\""), Some("qty".into()));
     }
 }

@@ -20,8 +20,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use mysql_async::binlog::events::{Event, EventData, QueryEvent, RowsEventData};
+use mysql_async::binlog::events::{Event, EventData, QueryEvent, RowsEventData, TableMapEvent};
+use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::EventType;
+use mysql_async::consts::ColumnType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
@@ -308,6 +310,10 @@ impl Streamer {
                 _ => {}
             }
         }
+        if !parsed_event(raw_type) {
+            self.idle_advance(&end, artificial, sc);
+            return Ok(None);
+        }
         let data = event
             .read_data()
             .map_err(|e| Error::retryable(format!("a binlog event at {end} cannot be decoded: {e}")))?;
@@ -568,10 +574,10 @@ impl Streamer {
             Ok(Some(values))
         };
         let txn = self.txn.get_or_insert_with(OpenTxn::default);
-        for r in rows.rows(tme) {
-            let (before, after) = r.map_err(|e| {
-                Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}")).with_table(table.clone())
-            })?;
+        let decoded = decode_rows(rows, tme).map_err(|e| {
+            Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}")).with_table(table.clone())
+        })?;
+        for (before, after) in decoded {
             let (before, after) = (decode(before)?, decode(after)?);
             txn.messages
                 .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx)));
@@ -579,6 +585,88 @@ impl Streamer {
         Ok(())
     }
 }
+
+/// A rows event's (before, after) row images, decoded by mysql_common.
+///
+/// mysql_common 0.37 can panic on bytes a server does not send (its DECIMAL
+/// decoder multiplies and subtracts unchecked: decimal/mod.rs:261 and :424
+/// under debug assertions): such an event becomes an error the caller
+/// names the table in, never an unwinding runner. Its row iterator never
+/// ends on an event whose rows take no bytes (no columns): every real row
+/// image takes at least its NULL bitmap's byte, so more rows than the
+/// event has bytes is an error, not a loop that fills memory.
+///
+/// A DECIMAL column whose table map gives a scale above its precision (or
+/// a precision above MySQL's 65) is refused first: mysql_common sizes a
+/// buffer from `precision - scale`, which wraps to exabytes in a release
+/// build, and an allocation failure aborts the process (found by the
+/// `binlog_rows` fuzz target).
+pub fn decode_rows(rows: &RowsEventData<'_>, tme: &TableMapEvent<'_>) -> std::result::Result<Vec<RowImages>, String> {
+    for i in 0..usize::try_from(tme.columns_count()).unwrap_or(usize::MAX) {
+        if let Ok(Some(ColumnType::MYSQL_TYPE_NEWDECIMAL)) = tme.get_column_type(i) {
+            let (precision, scale) = match tme.get_column_metadata(i) {
+                Some([p, s, ..]) => (*p, *s),
+                _ => (0, 1),
+            };
+            if scale > precision || precision > MAX_DECIMAL_PRECISION {
+                return Err(format!(
+                    "the table map gives column {} DECIMAL({precision},{scale}), which MySQL never writes",
+                    i + 1
+                ));
+            }
+        }
+    }
+    let most = rows.rows_data().len();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut out = Vec::new();
+        for row in rows.rows(tme) {
+            if out.len() >= most {
+                return Err(format!("the rows event holds more rows than its {most} bytes can"));
+            }
+            out.push(row.map_err(|e| e.to_string())?);
+        }
+        Ok(out)
+    }))
+    .map_err(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        format!("the row decoder failed: {text}")
+    })?
+}
+
+/// Whether the reader parses events of this type (the others only move the
+/// position). mysql_common sizes some buffers of events this reader has no
+/// use for from counts inside them (PREVIOUS_GTIDS: found by the
+/// `binlog_rows` fuzz target), and an allocation failure aborts the process:
+/// they are never parsed.
+pub fn parsed_event(raw_type: u8) -> bool {
+    [
+        EventType::ROTATE_EVENT,
+        EventType::FORMAT_DESCRIPTION_EVENT,
+        EventType::QUERY_EVENT,
+        EventType::XID_EVENT,
+        EventType::TABLE_MAP_EVENT,
+        EventType::GTID_EVENT,
+        EventType::WRITE_ROWS_EVENT_V1,
+        EventType::UPDATE_ROWS_EVENT_V1,
+        EventType::DELETE_ROWS_EVENT_V1,
+        EventType::WRITE_ROWS_EVENT,
+        EventType::UPDATE_ROWS_EVENT,
+        EventType::DELETE_ROWS_EVENT,
+        EventType::PARTIAL_UPDATE_ROWS_EVENT,
+    ]
+    .iter()
+    .any(|t| *t as u8 == raw_type)
+}
+
+/// MySQL's and MariaDB's largest DECIMAL precision.
+const MAX_DECIMAL_PRECISION: u8 = 65;
+
+/// A binlog row's before and after images.
+pub type RowImages = (Option<BinlogRow>, Option<BinlogRow>);
 
 fn change(
     schema: Arc<TableSchema>,

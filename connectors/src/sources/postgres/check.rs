@@ -184,30 +184,76 @@ pub fn add_table_sql(publication: &str, table: &TableId) -> String {
     format!("ALTER PUBLICATION {} ADD TABLE {};", quote_ident(publication), quote_table(table))
 }
 
-async fn publication_tables(
-    client: &tokio_postgres::Client,
-    publication: &str,
-) -> Result<Option<(bool, Vec<TableId>)>> {
+/// A publication as the source sees it.
+struct PublicationTables {
+    /// `FOR ALL TABLES`.
+    all: bool,
+    /// `publish_via_partition_root`.
+    via_root: bool,
+    /// The tables it publishes; a partition published under its own name
+    /// counts as its root table (the stream maps it there).
+    tables: Vec<TableId>,
+}
+
+async fn publication_tables(client: &tokio_postgres::Client, publication: &str) -> Result<Option<PublicationTables>> {
     let row = client
-        .query_opt("SELECT puballtables FROM pg_publication WHERE pubname = $1", &[&publication])
+        .query_opt("SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1", &[&publication])
         .await
         .map_err(|e| classify_pg(e, "reading publications"))?;
     let Some(row) = row else { return Ok(None) };
-    let all: bool = row.get(0);
     let rows = client
         .query(
-            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+            "SELECT DISTINCT n.nspname::text, r.relname::text \
+             FROM pg_publication_tables t \
+             JOIN pg_namespace tn ON tn.nspname = t.schemaname \
+             JOIN pg_class tc ON tc.relnamespace = tn.oid AND tc.relname = t.tablename \
+             JOIN pg_class r ON r.oid = COALESCE(pg_partition_root(tc.oid), tc.oid) \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             WHERE t.pubname = $1",
             &[&publication],
         )
         .await
         .map_err(|e| classify_pg(e, "reading publication tables"))?;
-    Ok(Some((
-        all,
-        rows.iter()
+    Ok(Some(PublicationTables {
+        all: row.get(0),
+        via_root: row.get(1),
+        tables: rows
+            .iter()
             .map(|r| TableId::new(r.get::<_, String>(0), r.get::<_, String>(1)))
             .collect(),
-    )))
+    }))
 }
+
+/// `ALTER PUBLICATION ... SET (publish_via_partition_root = true)`.
+pub fn via_root_sql(publication: &str) -> String {
+    format!("ALTER PUBLICATION {} SET (publish_via_partition_root = true);", quote_ident(publication))
+}
+
+/// The partitioned tables among `tables`.
+async fn partitioned_tables(client: &tokio_postgres::Client, tables: &[TableId]) -> Result<Vec<TableId>> {
+    let mut out = Vec::new();
+    for id in tables {
+        let partitioned = client
+            .query_opt(
+                "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'p'",
+                &[&id.schema, &id.table],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the table kind").with_table(id.clone()))?
+            .is_some();
+        if partitioned {
+            out.push(id.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// What a publication without `publish_via_partition_root` costs a
+/// partitioned table.
+const VIA_ROOT_MISSING: &str = "the publication lacks publish_via_partition_root: its partitions' changes arrive \
+     under the partitions' names (the source maps them to the table), and a TRUNCATE of some partitions only \
+     cannot be carried";
 
 /// Gives full before-images to the tables that need them: with replica
 /// identity DEFAULT (or USING INDEX) a DELETE's old row holds only the key,
@@ -271,9 +317,16 @@ pub async fn ensure_publication(
             }
             tracing::info!(publication = %publication, tables = tables.len(), "publication created");
         }
-        Some((true, _)) => {}
-        Some((false, present)) => {
-            for t in tables.iter().filter(|t| !present.contains(t)) {
+        Some(p) => {
+            if !p.via_root {
+                for t in partitioned_tables(client, tables).await? {
+                    tracing::warn!(table = %t, fix = %via_root_sql(publication), "{VIA_ROOT_MISSING}");
+                }
+            }
+            if p.all {
+                return Ok(());
+            }
+            for t in tables.iter().filter(|t| !p.tables.contains(t)) {
                 let sql = add_table_sql(publication, t);
                 if let Err(e) = client.batch_execute(&sql).await {
                     let err = classify_pg(e, "adding a table to the publication");
@@ -480,17 +533,23 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
                 Problem { severity: Severity::Error, ..p }
             });
         }
-        Some((true, _)) => {}
-        Some((false, present)) => {
+        Some(p) => {
+            let owner: bool = client
+                .query_one(
+                    "SELECT pg_has_role(current_user, p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = $1",
+                    &[&config.publication_name],
+                )
+                .await
+                .map_err(|e| classify_pg(e, "reading the publication owner"))?
+                .get(0);
+            if !p.via_root {
+                for id in partitioned_tables(client, &ids).await? {
+                    let fix = Problem::warning(VIA_ROOT_MISSING, Some(via_root_sql(&config.publication_name))).on(&id);
+                    problems.push(if owner || superuser { fix.auto() } else { fix });
+                }
+            }
+            let present = if p.all { ids.clone() } else { p.tables };
             for id in ids.iter().filter(|t| !present.contains(t)) {
-                let owner: bool = client
-                    .query_one(
-                        "SELECT pg_has_role(current_user, p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = $1",
-                        &[&config.publication_name],
-                    )
-                    .await
-                    .map_err(|e| classify_pg(e, "reading the publication owner"))?
-                    .get(0);
                 let p = Problem::warning(
                     format!("the table is not in publication {}", config.publication_name),
                     Some(add_table_sql(&config.publication_name, id)),

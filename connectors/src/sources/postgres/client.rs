@@ -11,13 +11,14 @@ use tributary_schemas::{Column, TableId, TableSchema};
 use super::config::{ConnectionParams, PostgresSourceConfig, TableFilter};
 use super::types::{decode_text, map_type, parse_array, ArrayItem, ColumnRef, PgType};
 pub(crate) use crate::pgwire::sqlstate::classify as classify_pg;
+use crate::pgwire::redact::redact_server_text;
 use crate::pgwire::sqlstate;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Opens an ordinary connection (catalog, snapshot).
 pub async fn connect(params: &ConnectionParams) -> Result<tokio_postgres::Client> {
     fn closed(e: &tokio_postgres::Error) {
-        tracing::debug!(error = %e, "PostgreSQL connection ended");
+        tracing::debug!(error = %crate::pgwire::redact::redacted(e), "PostgreSQL connection ended");
     }
     crate::pgwire::connect(&params.pg, params.tls, params.tls_ca_file.as_deref(), closed)
         .await?
@@ -64,10 +65,11 @@ pub fn classify_wire(err: PgWireError, context: &str) -> Error {
             } else {
                 sqlstate::kind(&code)
             };
-            let mut e = Error::new(kind, format!("{context}: {msg}")).with_class(format!("sqlstate.{code}"));
+            let text = redact_server_text(msg);
+            let mut e = Error::new(kind, format!("{context}: {text}")).with_class(format!("sqlstate.{code}"));
             if code == "55000" && is_lost_slot_message(msg) {
                 let name = msg.split('"').nth(1).unwrap_or("?");
-                return lost_slot_error(name).in_context(&format!("{context}: {msg}"));
+                return lost_slot_error(name).in_context(&format!("{context}: {text}"));
             }
             if code == "42704" && msg.contains("replication slot") {
                 e = e.with_hint(
@@ -101,6 +103,17 @@ pub struct BuiltSchema {
     /// For each source column (pgoutput / catalog order), its index in
     /// `schema.columns`, or `None` when excluded.
     pub source_columns: Vec<Option<usize>>,
+}
+
+/// The partitioned table a partition's changes belong to.
+#[derive(Debug, Clone)]
+pub struct PartitionRoot {
+    /// Its oid.
+    pub relid: u32,
+    /// Its name.
+    pub id: TableId,
+    /// Its live columns in attnum order.
+    pub columns: Vec<String>,
 }
 
 /// Where in the WAL something was learned: `(commit LSN, LSN)` of a
@@ -254,6 +267,42 @@ impl Catalog {
     /// The underlying client.
     pub fn client(&self) -> &tokio_postgres::Client {
         &self.client
+    }
+
+    /// The root of the partition tree `relid` is a partition of, or `None`
+    /// when it is no partition. A publication without
+    /// `publish_via_partition_root` sends partitions' changes under the
+    /// partitions' own relations; the source captures the root.
+    pub async fn partition_root(&self, relid: u32) -> Result<Option<PartitionRoot>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT r.oid, n.nspname::text, r.relname::text, \
+                        ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                              WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) \
+                 FROM pg_class c \
+                 JOIN pg_class r ON r.oid = pg_partition_root(c.oid) \
+                 JOIN pg_namespace n ON n.oid = r.relnamespace \
+                 WHERE c.oid = $1 AND c.relispartition",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the root of a partition"))?;
+        Ok(row.map(|r| PartitionRoot {
+            relid: r.get(0),
+            id: TableId::new(r.get::<_, String>(1), r.get::<_, String>(2)),
+            columns: r.get(3),
+        }))
+    }
+
+    /// The leaf partitions of the partitioned table `root` now.
+    pub async fn partition_leaves(&self, root: u32) -> Result<Vec<u32>> {
+        let rows = self
+            .client
+            .query("SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf", &[&root])
+            .await
+            .map_err(|e| classify_pg(e, "reading the partitions of a table"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Every ordinary or partitioned table outside the system schemas that

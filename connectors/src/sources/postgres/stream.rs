@@ -34,7 +34,7 @@ use tributary_schemas::{
 };
 
 use super::config::{NewTables, PostgresSourceConfig, TableFilter};
-use super::client::{classify_wire, BuiltSchema, Catalog};
+use super::client::{classify_wire, BuiltSchema, Catalog, PartitionRoot};
 use super::types::{decode_text, value_size, ColumnRef};
 use super::{format_lsn, EventContext};
 use crate::pgwire::{quote_ident, quote_literal, quote_table};
@@ -189,13 +189,20 @@ impl Reader {
         self.0.advance(1);
         Ok(s)
     }
+    /// A capacity for `n` items of at least `min_size` bytes each: never
+    /// more than the rest of the message can hold, so a forged count
+    /// cannot make the decoder allocate without bound.
+    fn capacity(&self, n: i64, min_size: usize) -> usize {
+        usize::try_from(n.max(0)).unwrap_or(0).min(self.0.remaining() / min_size.max(1))
+    }
     fn bytes(&mut self, n: usize) -> Result<Bytes> {
         self.need(n)?;
         Ok(self.0.split_to(n))
     }
     fn tuple(&mut self) -> Result<Vec<TupleValue>> {
         let n = self.i16()?;
-        let mut out = Vec::with_capacity(n.max(0) as usize);
+        // Each value takes at least its kind byte.
+        let mut out = Vec::with_capacity(self.capacity(n.into(), 1));
         for _ in 0..n {
             out.push(match self.u8()? {
                 b'n' => TupleValue::Null,
@@ -226,7 +233,8 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
             let name = r.cstr()?;
             let replica_identity = r.u8()?;
             let n = r.i16()?;
-            let mut columns = Vec::with_capacity(n.max(0) as usize);
+            // flags, an empty name's terminator, type oid, typmod.
+            let mut columns = Vec::with_capacity(r.capacity(n.into(), 10));
             for _ in 0..n {
                 let flags = r.u8()?;
                 let name = r.cstr()?;
@@ -284,7 +292,7 @@ pub fn parse_pgoutput(data: Bytes) -> Result<PgOutput> {
         b'T' => {
             let n = r.u32()?;
             let _options = r.u8()?;
-            let mut relids = Vec::with_capacity(n as usize);
+            let mut relids = Vec::with_capacity(r.capacity(n.into(), 4));
             for _ in 0..n {
                 relids.push(r.u32()?);
             }
@@ -303,6 +311,9 @@ struct Relation {
     /// Whether `built` was announced with `SchemaChanged` (or equals the
     /// schema announced last).
     announced: bool,
+    /// The partitioned table's oid when this is a partition published
+    /// under its own name (its changes are the root's).
+    root: Option<u32>,
 }
 
 /// The transaction being decoded.
@@ -645,10 +656,25 @@ impl Streamer {
                         self.table_renamed(old, id.clone(), false, sc);
                     }
                 }
+                let cols: Vec<(String, u32, i32)> =
+                    columns.iter().map(|c| (c.name.clone(), c.type_oid, c.typmod)).collect();
+                let mut id = id;
+                let mut root = None;
                 let built = if sc.announced.contains_key(&id) {
-                    let cols: Vec<(String, u32, i32)> =
-                        columns.iter().map(|c| (c.name.clone(), c.type_oid, c.typmod)).collect();
                     Some(sc.catalog.build_schema(sc.config, sc.filter, &id, relid, Some(&cols)).await?)
+                } else if let Some(r) = sc.catalog.partition_root(relid).await? {
+                    // A publication without publish_via_partition_root
+                    // (made by hand) sends a partition's changes under the
+                    // partition: they belong to the captured root table,
+                    // whose snapshot read them.
+                    if sc.announced.contains_key(&r.id) {
+                        let built = partition_schema(sc, &r, &cols).await?;
+                        id = r.id.clone();
+                        root = Some(r.relid);
+                        Some(built)
+                    } else {
+                        None
+                    }
                 } else {
                     None
                 };
@@ -657,7 +683,7 @@ impl Streamer {
                     _ => false,
                 };
                 self.relations
-                    .insert(relid, Relation { id, replica_identity, built, announced });
+                    .insert(relid, Relation { id, replica_identity, built, announced, root });
             }
             PgOutput::Insert { relid, new } => {
                 let Some((rel, txn)) = self.target(relid)? else {
@@ -689,7 +715,30 @@ impl Streamer {
                 push_change(rel, txn, sc, Op::Delete, Some(before), None);
             }
             PgOutput::Truncate { relids } => {
-                for relid in relids {
+                let mut roots_done: Vec<u32> = Vec::new();
+                for &relid in &relids {
+                    if let Some(root) = self.relations.get(&relid).and_then(|r| r.root) {
+                        // A TRUNCATE of the root reaches a publication without
+                        // publish_via_partition_root as one of every leaf
+                        // partition: one truncate of the root. A partition
+                        // truncated alone cannot be told in the root's topic
+                        // (PostgreSQL itself does not publish it with the
+                        // option set either).
+                        if roots_done.contains(&root) {
+                            continue;
+                        }
+                        roots_done.push(root);
+                        let leaves = sc.catalog.partition_leaves(root).await?;
+                        if !leaves.iter().all(|l| relids.contains(l)) {
+                            let table = self.relations.get(&relid).map(|r| r.id.to_string()).unwrap_or_default();
+                            tracing::warn!(
+                                table = %table,
+                                "a TRUNCATE of some partitions only is not carried: the copy keeps their rows \
+                                 until the table is copied again"
+                            );
+                            continue;
+                        }
+                    }
                     let Some((rel, txn)) = self.target(relid)? else {
                         continue;
                     };
@@ -714,6 +763,35 @@ impl Streamer {
         let txn = self.txn.as_mut().ok_or_else(|| protocol("row change outside a transaction"))?;
         Ok(Some((rel, txn)))
     }
+}
+
+/// The root table's schema for a partition's Relation message: the
+/// partition's columns (with their types from the message) in the root's
+/// column order, so that it equals the schema the root announced, and the
+/// partition's column positions (its own attnum order, which a table
+/// attached as a partition need not share) mapped onto it.
+async fn partition_schema(
+    sc: &mut StreamContext<'_>,
+    root: &PartitionRoot,
+    cols: &[(String, u32, i32)],
+) -> Result<BuiltSchema> {
+    let ordered: Vec<(String, u32, i32)> = root
+        .columns
+        .iter()
+        .filter_map(|name| cols.iter().find(|c| c.0 == *name).cloned())
+        .collect();
+    let mut built = sc
+        .catalog
+        .build_schema(sc.config, sc.filter, &root.id, root.relid, Some(&ordered))
+        .await?;
+    built.source_columns = cols
+        .iter()
+        .map(|c| {
+            let at = ordered.iter().position(|o| o.0 == c.0)?;
+            built.source_columns.get(at).copied().flatten()
+        })
+        .collect();
+    Ok(built)
 }
 
 /// Where unchanged TOAST values of a new tuple come from.
