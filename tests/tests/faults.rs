@@ -9,12 +9,16 @@
 //!
 //! A mixed workload (inserts, updates, deletes; transactions across three
 //! tables) runs against the source while the harness, one fault at a time:
-//! kills the source runner or the sink runner with SIGKILL at random moments
-//! (the first of each during the snapshot), restarts the Kafka broker or the
-//! schema registry, takes the destination away (connections refused and
-//! cut, or the emulator stopped), stops the PostgreSQL server (whatever of
-//! the pipeline lives there) or the MariaDB server, revokes the sink's
-//! privileges, and writes rows the destination refuses. Each pipeline
+//! kills the source runner or one of the sink's two members (one consumer
+//! group) with SIGKILL at random moments (the first of each during the
+//! snapshot), freezes a sink member (SIGSTOP) past its session, restarts the
+//! Kafka broker or the schema registry, takes the destination away
+//! (connections refused and cut, or the emulator stopped), stops the
+//! PostgreSQL server (whatever of the pipeline lives there) or the MariaDB
+//! server, revokes the sink's privileges, writes rows the destination
+//! refuses, adds a partition to a change topic, deletes the source's offsets
+//! topic (then `source-runner reset`), and replays dead letters whose rows
+//! changed since. The workload also changes primary keys. Each pipeline
 //! leaves out the faults that do not exist for it, with the reason
 //! ([`Pipeline::left_out`]): there is no privilege to revoke on the
 //! emulator, and no MariaDB behind a PostgreSQL source.
@@ -729,9 +733,17 @@ impl Destination {
                 let fx = PgDestination::new("faults").await;
                 fx.sink().connect().await.expect("the bookkeeping tables");
                 let role = format!("{}_role", fx.schema);
+                // The bookkeeping the docs have an operator make for a sink
+                // without CREATE on the database (docs/destinations/postgresql.md):
+                // offsets, deleted rows (every delete), resets (a reset).
                 fx.exec(&format!(
                     "CREATE ROLE {role} LOGIN PASSWORD 'pw'; CREATE SCHEMA {} AUTHORIZATION {role};
-                     GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.offsets TO {role};",
+                     SELECT pg_advisory_lock(hashtext('tributary bookkeeping'));
+                     CREATE TABLE IF NOT EXISTS tributary.resets (destination text PRIMARY KEY, reset bigint NOT NULL);
+                     SELECT pg_advisory_unlock(hashtext('tributary bookkeeping'));
+                     GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.offsets TO {role};
+                     GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.deleted_rows TO {role};
+                     GRANT SELECT, INSERT, UPDATE ON tributary.resets TO {role};",
                     fx.schema
                 ))
                 .await;
@@ -1948,6 +1960,8 @@ async fn run(pipeline: &Pipeline) {
             Fault::OffsetsTopicLoss => {
                 // The checkpoint is gone while the slot remains: the source
                 // must stop for an operator, who runs `source-runner reset`.
+                let failed_before =
+                    wait_for("the sink's metrics", RECOVERY, || failed_records(&p.sinks, "notes")).await;
                 p.source.kill9();
                 kafka.delete(&format!("{name}.tributary.offsets")).await;
                 p.source.start();
@@ -1985,6 +1999,12 @@ async fn run(pipeline: &Pipeline) {
                     let status: serde_json::Value = serde_json::from_str(&p.source.get("/status").await?).ok()?;
                     status.get("paused")?.is_null().then_some(())?;
                     p.source.all_streaming().await
+                })
+                .await;
+                // (Before the next fault counts failed records.)
+                let want = failed_before + bad_rows.len() as u64;
+                wait_for(&format!("the {} bad rows refused again", bad_rows.len()), RECOVERY, || async {
+                    failed_records(&p.sinks, "notes").await.filter(|now| *now >= want)
                 })
                 .await;
             }
@@ -2077,8 +2097,7 @@ async fn run(pipeline: &Pipeline) {
     stop_reader.store(true, Ordering::Relaxed);
     let (by_generation, moved) = {
         let (seen, m) = (seen.lock().unwrap(), model.lock().unwrap());
-        let by_generation: HashMap<(String, i64), Vec<Vec<(Op, i64)>>> =
-            seen.iter().map(|(k, evs)| (k.clone(), ordered(evs, m.resets))).collect();
+        let by_generation: ByGeneration = seen.iter().map(|(k, evs)| (k.clone(), ordered(evs, m.resets))).collect();
         // Keys whose events are on more than one partition (moved by a
         // partition increase; an old key's end is on the new key's).
         let moved = seen
@@ -2167,6 +2186,9 @@ struct Ev {
 }
 
 type Seen = Arc<Mutex<HashMap<(String, i64), Vec<Ev>>>>;
+
+/// Each key's (op, version) in source order, per generation ([`ordered`]).
+type ByGeneration = HashMap<(String, i64), Vec<Vec<(Op, i64)>>>;
 
 /// Per (topic, partition) added by partition-increase: the resets carried
 /// out before it existed (they never put a record on it).
@@ -2347,11 +2369,7 @@ fn caught_up(want: &[(Op, i64)], got: &[(Op, i64)]) -> bool {
 ///
 /// `seen` holds each key's events per generation ([`ordered`]). Returns the
 /// keys that differ.
-fn check_topics(
-    model: &Model,
-    seen: &HashMap<(String, i64), Vec<Vec<(Op, i64)>>>,
-    resumed: bool,
-) -> Result<(), Vec<String>> {
+fn check_topics(model: &Model, seen: &ByGeneration, resumed: bool) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     let none: Vec<Vec<(Op, i64)>> = Vec::new();
     for (key, want) in &model.changes {
