@@ -378,7 +378,8 @@ async fn own_role(fx: &Fixture) -> (String, String) {
     fx.sink().connect().await.expect("bookkeeping tables");
     fx.exec(&format!(
         "CREATE ROLE {role} LOGIN PASSWORD 'pw'; CREATE SCHEMA \"{s}\" AUTHORIZATION {role}; \
-         GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE ON tributary.offsets TO {role}",
+         GRANT USAGE ON SCHEMA tributary TO {role}; GRANT SELECT, INSERT, UPDATE ON tributary.offsets TO {role}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.deleted_rows TO {role}",
         s = fx.schema
     ))
     .await;

@@ -288,7 +288,10 @@ impl BigQuerySink {
             sql.push_str(";\n");
         }
         sql.push_str(if commit { "COMMIT TRANSACTION;" } else { "ROLLBACK TRANSACTION;" });
-        let merges = self.script.iter().filter(|s| s.starts_with("MERGE")).count() as u64;
+        // Row writes: the MERGEs into destination tables, not those that
+        // keep deleted rows' positions.
+        let bookkeeping = format!("MERGE {}", self.deleted_table());
+        let merges = self.script.iter().filter(|s| s.starts_with("MERGE") && !s.starts_with(&bookkeeping)).count() as u64;
         self.client.query(&sql, &Ctx::default()).await?;
         if commit {
             self.merges += merges;

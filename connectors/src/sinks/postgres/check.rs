@@ -69,6 +69,31 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
         problems.push(Problem::error("the bookkeeping table tributary.offsets does not exist and the sink user cannot create it",
                 Some(format!("GRANT CREATE ON DATABASE {db} TO {user}"))));
     }
+    // The deleted rows' positions (made with the offsets table; a sink
+    // upgraded from before it makes it at its first connect).
+    let deleted = client
+        .query_one(
+            "SELECT to_regclass('tributary.deleted_rows') IS NOT NULL, \
+             CASE WHEN to_regclass('tributary.deleted_rows') IS NOT NULL \
+             THEN has_table_privilege('tributary.deleted_rows', 'SELECT, INSERT, UPDATE, DELETE') \
+             ELSE has_schema_privilege('tributary', 'CREATE') OR (to_regnamespace('tributary') IS NULL AND $1) END",
+            &[&can_create],
+        )
+        .await
+        .map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1)));
+    if let Ok((exists, ok)) = deleted {
+        if !ok {
+            let fix = if exists {
+                format!("GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.deleted_rows TO {user}")
+            } else {
+                format!(
+                    "{}; GRANT SELECT, INSERT, UPDATE, DELETE ON tributary.deleted_rows TO {user}",
+                    super::dialect::deleted_table_ddl()
+                )
+            };
+            problems.push(Problem::error("the sink user cannot write tributary.deleted_rows (the positions of deleted rows)", Some(fix)));
+        }
+    }
     if let Some(schema) = &sink.config.schema {
         let r = client
             .query_one(
