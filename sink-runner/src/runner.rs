@@ -1495,6 +1495,27 @@ impl<S: Sink + 'static> Loop<S> {
                         if blamed.is_empty() {
                             return Err((buf, revoked, error));
                         }
+                        // A control record (table-reset, table-copied,
+                        // table-dropped) is never dead-lettered: skipping
+                        // it loses what it does to every row of the table,
+                        // and a replay would apply it out of order (a reset
+                        // replayed later forgets the positions of newer
+                        // rows). The table waits for an operator instead.
+                        if let Some(&b) = blamed.iter().find(|&&b| !matches!(batch.records[b].1, SinkRecord::Change(_)))
+                        {
+                            let at = &batch.records[b].0;
+                            let error = Error::needs_operator(format!(
+                                "a control record ({} partition {} offset {}) cannot be applied: {error}",
+                                at.topic, at.partition, at.offset
+                            ))
+                            .with_class("tributary.control_refused")
+                            .with_hint(
+                                "control records are never dead-lettered: fix what the destination refuses (the \
+                                 error above; a table-reset rewrites every row's position, so a row that breaks a \
+                                 constraint added later refuses it); the table goes on by itself",
+                            );
+                            return Err((buf, revoked, error));
+                        }
                         for &b in blamed.iter().rev() {
                             let ri = raw_index[b];
                             let raw = buf.records[ri].clone();

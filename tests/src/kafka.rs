@@ -88,6 +88,20 @@ impl EventTopic {
         self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
     }
 
+    /// Produces a control record (null key and value, `headers`) on
+    /// partition `partition`, in one transaction.
+    pub fn produce_control(&self, partition: i32, headers: &[(&str, &str)]) {
+        use rdkafka::message::Header;
+        let mut h = OwnedHeaders::new();
+        for (key, value) in headers {
+            h = h.insert(Header { key, value: Some(*value) });
+        }
+        self.producer.begin_transaction().expect("begin");
+        let r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic).partition(partition).headers(h);
+        self.producer.send(r).map_err(|(e, _)| e).expect("send a control record");
+        self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
+    }
+
     fn send(&self, key: Option<&[u8]>, value: Option<&[u8]>, headers: Option<OwnedHeaders>) {
         let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic);
         if let Some(k) = key {

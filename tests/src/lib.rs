@@ -151,6 +151,11 @@ impl Runner {
         self.child.try_wait().ok().flatten()
     }
 
+    /// The process id (to send it other signals, e.g. SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no shutdown code runs.
     pub fn kill9(mut self) {
         let _ = self.child.kill();

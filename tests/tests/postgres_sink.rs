@@ -1006,6 +1006,63 @@ mod e2e {
         }
     }
 
+    /// A table-reset record the destination refuses (it rewrites every
+    /// row's position, and a row breaks a CHECK added later, NOT VALID) is
+    /// not dead-lettered: the table waits for an operator, says why, and
+    /// goes on by itself once the cause is gone (the reset applied, then the
+    /// changes after it). Dead-lettered, it was lost, and `replay` applied it
+    /// later, forgetting the positions of newer rows (the fault suite's
+    /// replay-dead-letter brought deleted rows back that way).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_refused_table_reset_waits_for_an_operator() {
+        let mut p = Pipeline::new("resetrefused", 1).await;
+        let s = items();
+        let snapshot: Vec<ChangeEvent> = (1..=3)
+            .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), 10, 0))
+            .collect();
+        p.produce(&snapshot).await;
+        let config = p.config();
+        let status = Telemetry::new("test", "sink");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(config.clone(), status.clone(), Control::new(), stop_rx));
+        let fx = &p.fx;
+        wait_for("the rows", Duration::from_secs(90), || async { fx.rows().await.len() == 3 }).await;
+        // Rows 2 and 3 break a rule added later.
+        p.fx.exec(&format!("ALTER TABLE \"{}\".items ADD CONSTRAINT no_big CHECK (qty < 2) NOT VALID", p.fx.schema))
+            .await;
+        p.produce_control(
+            0,
+            &[
+                ("tributary.control", "table-reset"),
+                ("tributary.reset", "7"),
+                ("tributary.source.schema", &s.id.schema),
+                ("tributary.source.table", &s.id.table),
+            ],
+        );
+        p.produce(&[event(&s, Op::Update, None, Some(row(1, "after", 1, "1.00")), 11, 0)])
+            .await;
+        let label = format!("{}.items", p.fx.schema);
+        let reason = |status: &Telemetry| {
+            let json = serde_json::to_value(status.status()).expect("status");
+            json["tables"][&label]["reason"].as_str().map(str::to_string)
+        };
+        wait_for("the table paused for an operator", Duration::from_secs(60), || async {
+            reason(&status).is_some_and(|r| r.contains("control record") && r.contains("no_big"))
+        })
+        .await;
+        assert_eq!(status.failed_records(&label), 0, "nothing dead-lettered");
+        p.fx.exec(&format!("ALTER TABLE \"{}\".items DROP CONSTRAINT no_big", p.fx.schema))
+            .await;
+        let fx = &p.fx;
+        wait_for("the reset and the update after it", Duration::from_secs(60), || async {
+            fx.rows().await.contains(&"1|after|1|1.00".to_string())
+        })
+        .await;
+        assert_eq!(status.failed_records(&label), 0, "nothing dead-lettered");
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("runner task").expect("runner");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn runner_copies_dead_letters_and_replays() {
         tributary_operations::logging::init(tributary_operations::logging::LogFormat::Text);

@@ -364,10 +364,13 @@ impl Warehouse for MemorySink {
                 *entry = (*entry).max(line.position);
                 continue;
             }
-            // Deleted (or truncated away) at or after this change: it must
-            // not bring the row back.
-            let removed = stored.deleted.get(&key).copied().max(stored.removed_before);
-            if removed.is_some_and(|p| p >= line.position) {
+            // Deleted at or after this change, or truncated (copied) away
+            // after it: it must not bring the row back. A change at the
+            // table-wide entry's own position is a row of that copy (every
+            // row of a snapshot has its position), read on a partition
+            // applied after another partition's table-copied record.
+            let deleted = stored.deleted.get(&key).is_some_and(|p| *p >= line.position);
+            if deleted || stored.removed_before.is_some_and(|p| p > line.position) {
                 continue;
             }
             let mut values = BTreeMap::new();

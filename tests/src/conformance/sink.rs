@@ -554,6 +554,62 @@ pub async fn reset_then_copy(fx: &dyn SinkFixture) {
     );
 }
 
+/// A copy over two partitions whose partitions are applied at different
+/// speeds (two sink members, or one partition behind): partition 0's
+/// table-copied record (at the copy's position) is applied before partition
+/// 1's reads, which carry that same position (every row of a snapshot does).
+/// They are the copy's rows, not older than it: they are written. Until
+/// 2026-12-02 the table-wide entry refused a change at its own position,
+/// and the fault suite's offsets-topic-loss lost about half of each table.
+pub async fn copy_rows_after_another_partitions_sweep(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    let records = |records: Vec<(i32, i64, SinkRecord)>| {
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        let records = records
+            .into_iter()
+            .map(|(partition, offset, r)| {
+                next.insert(partition, offset + 1);
+                (tributary_connectors::KafkaPosition { topic: TOPIC.into(), partition, offset }, r)
+            })
+            .collect();
+        SinkBatch {
+            table: s.id.clone(),
+            records,
+            next_offsets: next.into_iter().map(|(p, o)| (TOPIC.to_string(), p, o)).collect(),
+            expected_offsets: Vec::new(),
+        }
+    };
+    let reset = |id: u64| SinkRecord::Reset(s.id.clone(), id);
+    let read =
+        |id: i32, name: &str| SinkRecord::Change(event(&s, Op::Read, None, Some(row(id, name, id, "1.00")), 10, 0));
+    let old: Vec<ChangeEvent> = (1..=4)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("old {i}"), i, "9.00")), 5, 0))
+        .collect();
+    sink.apply(&batch(TOPIC, 0, old)).await.expect("the rows before the reset");
+    let at = tributary_schemas::Position { commit: 10, index: 0 };
+    sink.apply(&records(vec![
+        (0, 4, reset(7)),
+        (0, 5, read(1, "copy 1")),
+        (0, 6, read(2, "copy 2")),
+        (0, 7, SinkRecord::Copied(s.id.clone(), at)),
+    ]))
+    .await
+    .expect("partition 0: reset, copy, table-copied");
+    sink.apply(&records(vec![
+        (1, 0, reset(7)),
+        (1, 1, read(3, "copy 3")),
+        (1, 2, SinkRecord::Copied(s.id.clone(), at)),
+    ]))
+    .await
+    .expect("partition 1: the same reset, its copy rows, table-copied");
+    assert_eq!(
+        fx.rows().await,
+        vec!["1|copy 1|1|1.00", "2|copy 2|2|1.00", "3|copy 3|3|1.00"],
+        "the copy's rows of the later partition are written; the row it did not read is gone"
+    );
+}
+
 /// Schema changes reach the destination before the first row that needs
 /// them: a column added, a type widened (int -> bigint), NOT NULL relaxed.
 pub async fn schema_changes_evolve_the_table(fx: &dyn SinkFixture) {

@@ -293,18 +293,21 @@ pub fn deleted_merge_sql(deleted: &str, dest: &DestinationTable, source: &str) -
 }
 
 /// A staged batch (`source`) without the upserts that are not newer than
-/// their key's deleted-rows entry or the table-wide one.
+/// their key's deleted-rows entry, or older than the table-wide one.
 pub fn not_deleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
     let (dc, di) = positions("d.");
     let (sc, si) = positions("s.");
     format!(
         "(SELECT s.* FROM {source} AS s WHERE s.{del} OR NOT EXISTS (SELECT 1 FROM {deleted} AS d \
-         WHERE d.dest_table = {name} AND d.row_key IN (s.{k}, {whole}) AND {removed}))",
+         WHERE d.dest_table = {name} AND (d.row_key = s.{k} AND {removed} OR d.row_key = {whole} AND {removed_table})))",
         del = quote_ident(DELETE_COLUMN),
         k = quote_ident(KEY_COLUMN),
         name = quote_string(&dest.to_string()),
         whole = quote_string(TABLE_ROW_KEY),
         removed = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), true),
+        // A row at the table-wide entry's own position is the copy's (see
+        // `sink::memory`): only older ones stay out.
+        removed_table = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), false),
     )
 }
 

@@ -163,8 +163,8 @@ pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
 /// The merge of a filled staging table into `table`: deletes and upserts,
 /// each only where the stored row is older (a delete also at the same
 /// position). Deletes keep their position in the deleted-rows table; an
-/// upsert not newer than its key's entry (or the table-wide one) is left
-/// out, a newer one removes its key's entry. `names` are the quoted
+/// upsert not newer than its key's entry (or older than the table-wide
+/// one) is left out, a newer one removes its key's entry. `names` are the quoted
 /// columns, `keys` the quoted key.
 pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: &[String], deletes: bool, upserts: bool) -> String {
     let (tc, ti) = positions("t.");
@@ -211,7 +211,7 @@ pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: 
             merge,
             "INSERT INTO {t} AS t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} AS s WHERE NOT {d} \
              AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} \
-             AND d.row_key IN (s.{k}, {whole}) AND {removed}) \
+             AND (d.row_key = s.{k} AND {removed} OR d.row_key = {whole} AND {removed_table})) \
              ORDER BY {keys}, {c} DESC, {i} DESC \
              ON CONFLICT ({keys}) DO UPDATE SET {set} WHERE {guard}; \
              DELETE FROM {deleted} AS d USING {s} AS s WHERE d.dest_table = {name} AND d.row_key = s.{k} \
@@ -221,6 +221,9 @@ pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: 
             keys = keys.join(", "),
             whole = quote_literal(TABLE_ROW_KEY),
             removed = position_before(PositionSyntax::RowValue, (&sc, &si), (&dc, &di), true),
+            // A row at the table-wide entry's own position is the copy's
+            // (see `sink::memory`): only older ones stay out.
+            removed_table = position_before(PositionSyntax::RowValue, (&sc, &si), (&dc, &di), false),
             older = position_before(PositionSyntax::RowValue, (&dc, &di), (&sc, &si), false),
             guard = position_before(PositionSyntax::RowValue, (&tc, &ti), (&ec, &ei), false),
         );

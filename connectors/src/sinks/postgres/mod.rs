@@ -715,6 +715,17 @@ impl Warehouse for PostgresSink {
     }
 
     async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, after_load: bool) -> Result<(), ApplyError> {
+        // Two runners of one group can write one table at once (after a key
+        // change the old key's partition and the new key's may belong to
+        // different members). An upsert's check of the deleted-rows entry
+        // and a delete's check of the row must not run side by side: each
+        // would miss what the other has not committed yet (write skew under
+        // READ COMMITTED), and a row older than its key's delete stayed. One
+        // writer per destination table until commit.
+        self.session.defer(&format!(
+            "SELECT pg_advisory_xact_lock(hashtext({}))",
+            quote_literal(&format!("tributary rows {dest}"))
+        ));
         for group in &changes.groups {
             if group.upserts == 0 && group.deletes == 0 {
                 continue;
