@@ -75,6 +75,15 @@ pub fn position_i64(p: Position) -> Result<(i64, i64)> {
     Ok((commit, index))
 }
 
+/// Whether a truncate or copy at `at` keeps a table-wide deleted-rows
+/// entry. An empty copy's `table-copied` record carries the greatest
+/// position (every row is older); the source may send it before the last
+/// rows of a copy it took for empty reach the topic, and an entry there
+/// would keep those rows out for good, so none is kept.
+pub fn keeps_removal(at: Position) -> bool {
+    at.commit < i64::MAX.unsigned_abs()
+}
+
 /// A row key as the deleted-rows table stores it: the core's key bytes
 /// ([`super::reduce::key_bytes`]: every key value's text, length-prefixed)
 /// in hex. Never empty, and the same for a key column widened by a schema

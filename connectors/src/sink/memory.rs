@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value};
 
-use super::bookkeeping::{fenced, is_bookkeeping, Fence, OffsetMove};
+use super::bookkeeping::{fenced, is_bookkeeping, keeps_removal, Fence, OffsetMove};
 use super::reduce::{key_bytes, Reduction};
 use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape};
 use super::warehouse::{self, Mode, Warehouse};
@@ -323,7 +323,9 @@ impl Warehouse for MemorySink {
         let t = self.unit()?.tables.entry(table.clone()).or_default();
         t.rows.retain(|_, row| row.position >= Some(at));
         t.deleted.retain(|_, p| *p >= at);
-        t.removed_before = t.removed_before.max(Some(at));
+        if keeps_removal(at) {
+            t.removed_before = t.removed_before.max(Some(at));
+        }
         Ok(())
     }
 

@@ -547,7 +547,9 @@ impl Warehouse for BigQuerySink {
     async fn truncate(&mut self, dest: &DestinationTable, at: Position) -> Result<()> {
         let (commit, index) = crate::sink::bookkeeping::position_i64(at)?;
         self.script.push(truncate_older_sql(dest, commit, index));
-        self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
+        if crate::sink::bookkeeping::keeps_removal(at) {
+            self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
+        }
         Ok(())
     }
 

@@ -672,7 +672,11 @@ impl Warehouse for PostgresSink {
         } else {
             format!("TRUNCATE {}", dest.quoted())
         };
-        let sql = format!("{sql}; {}", removed_before_sql(dest, commit, index));
+        let sql = if crate::sink::bookkeeping::keeps_removal(at) {
+            format!("{sql}; {}", removed_before_sql(dest, commit, index))
+        } else {
+            sql
+        };
         self.session.execute(&sql, &ctx).await
     }
 
