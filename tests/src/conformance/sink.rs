@@ -63,6 +63,30 @@ async fn stored(sink: &mut Box<dyn Sink>) -> Vec<Option<i64>> {
         .expect("committed offsets")
 }
 
+/// A batch of `records` of `table`, each at its (partition, offset), with
+/// the next offset of every partition it covers.
+fn on_partitions(table: &tributary_schemas::TableId, records: Vec<(i32, i64, SinkRecord)>) -> SinkBatch {
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    let records = records
+        .into_iter()
+        .map(|(partition, offset, r)| {
+            next.insert(partition, offset + 1);
+            (tributary_connectors::KafkaPosition { topic: TOPIC.into(), partition, offset }, r)
+        })
+        .collect();
+    SinkBatch {
+        table: table.clone(),
+        records,
+        next_offsets: next.into_iter().map(|(p, o)| (TOPIC.to_string(), p, o)).collect(),
+        expected_offsets: Vec::new(),
+    }
+}
+
+/// A change event alone on partition 1 at `offset`.
+fn on_partition_1(ev: ChangeEvent, offset: i64) -> SinkBatch {
+    on_partitions(&ev.schema.id.clone(), vec![(1, offset, SinkRecord::Change(ev))])
+}
+
 fn snapshot_events(s: &std::sync::Arc<TableSchema>, n: i32) -> Vec<ChangeEvent> {
     (1..=n)
         .map(|i| event(s, Op::Read, None, Some(row(i, &format!("item {i}"), i, "1.50")), 10, 0))
@@ -192,10 +216,7 @@ pub async fn older_change_after_delete_stays_deleted(fx: &dyn SinkFixture) {
     .into_iter()
     .enumerate()
     {
-        let mut b = batch(TOPIC, 0, vec![ev]);
-        b.next_offsets = vec![(TOPIC.into(), 1, n as i64 + 1)];
-        b.records[0].0.partition = 1;
-        sink.apply(&b).await.expect("older change");
+        sink.apply(&on_partition_1(ev, n as i64)).await.expect("older change");
         let rows = fx.rows().await;
         assert!(!rows.iter().any(|r| r.starts_with("1|")), "an older change brought row 1 back: {rows:?}");
     }
@@ -203,20 +224,18 @@ pub async fn older_change_after_delete_stays_deleted(fx: &dyn SinkFixture) {
     sink.apply(&batch(TOPIC, 4, vec![event(&s, Op::Create, None, Some(row(1, "again", 5, "5.00")), 50, 0)]))
         .await
         .expect("newer insert");
-    let mut b = batch(TOPIC, 3, vec![event(&s, Op::Update, None, Some(row(1, "stale", 9, "9.00")), 45, 0)]);
-    b.next_offsets = vec![(TOPIC.into(), 1, 4)];
-    b.records[0].0.partition = 1;
-    sink.apply(&b).await.expect("older update");
+    sink.apply(&on_partition_1(event(&s, Op::Update, None, Some(row(1, "stale", 9, "9.00")), 45, 0), 3))
+        .await
+        .expect("older update");
     let rows = fx.rows().await;
     assert!(rows.contains(&"1|again|5|5.00".to_string()), "{rows:?}");
     // Deleted again; an older change after it still cannot bring it back.
     sink.apply(&batch(TOPIC, 5, vec![event(&s, Op::Delete, Some(key_row(1)), None, 60, 0)]))
         .await
         .expect("second delete");
-    let mut b = batch(TOPIC, 4, vec![event(&s, Op::Update, None, Some(row(1, "stale", 9, "9.00")), 55, 0)]);
-    b.next_offsets = vec![(TOPIC.into(), 1, 5)];
-    b.records[0].0.partition = 1;
-    sink.apply(&b).await.expect("older update again");
+    sink.apply(&on_partition_1(event(&s, Op::Update, None, Some(row(1, "stale", 9, "9.00")), 55, 0), 4))
+        .await
+        .expect("older update again");
     let rows = fx.rows().await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(!rows.iter().any(|r| r.starts_with("1|")), "{rows:?}");
@@ -245,10 +264,9 @@ pub async fn key_change_across_partitions(fx: &dyn SinkFixture) {
     .await
     .expect("key change");
     // Partition 1 still held an older update of key 2.
-    let mut b = batch(TOPIC, 0, vec![event(&s, Op::Update, None, Some(row(2, "older", 7, "1.50")), 25, 0)]);
-    b.next_offsets = vec![(TOPIC.into(), 1, 1)];
-    b.records[0].0.partition = 1;
-    sink.apply(&b).await.expect("older update of the old key");
+    sink.apply(&on_partition_1(event(&s, Op::Update, None, Some(row(2, "older", 7, "1.50")), 25, 0), 0))
+        .await
+        .expect("older update of the old key");
     let rows = fx.rows().await;
     assert!(!rows.iter().any(|r| r.starts_with("2|")), "the old key came back: {rows:?}");
     assert!(rows.contains(&"20|moved|2|1.50".to_string()), "{rows:?}");
@@ -263,10 +281,9 @@ pub async fn older_change_after_truncate_stays_removed(fx: &dyn SinkFixture) {
     sink.apply(&batch(TOPIC, 3, vec![event(&s, Op::Truncate, None, None, 40, 0)]))
         .await
         .expect("truncate");
-    let mut b = batch(TOPIC, 0, vec![event(&s, Op::Update, None, Some(row(2, "older", 7, "1.50")), 35, 0)]);
-    b.next_offsets = vec![(TOPIC.into(), 1, 1)];
-    b.records[0].0.partition = 1;
-    sink.apply(&b).await.expect("older update");
+    sink.apply(&on_partition_1(event(&s, Op::Update, None, Some(row(2, "older", 7, "1.50")), 35, 0), 0))
+        .await
+        .expect("older update");
     assert_eq!(fx.rows().await, Vec::<String>::new(), "an older change came back after the truncate");
     sink.apply(&batch(TOPIC, 4, vec![event(&s, Op::Create, None, Some(row(2, "newer", 7, "1.50")), 41, 0)]))
         .await
@@ -489,22 +506,7 @@ pub async fn table_drop_when_configured(fx: &dyn SinkFixture) {
 pub async fn reset_then_copy(fx: &dyn SinkFixture) {
     let mut sink = fx.sink(&unique("g"), false);
     let s = items();
-    let records = |records: Vec<(i32, i64, SinkRecord)>| {
-        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-        let records = records
-            .into_iter()
-            .map(|(partition, offset, r)| {
-                next.insert(partition, offset + 1);
-                (tributary_connectors::KafkaPosition { topic: TOPIC.into(), partition, offset }, r)
-            })
-            .collect();
-        SinkBatch {
-            table: s.id.clone(),
-            records,
-            next_offsets: next.into_iter().map(|(p, o)| (TOPIC.to_string(), p, o)).collect(),
-            expected_offsets: Vec::new(),
-        }
-    };
+    let records = |records: Vec<(i32, i64, SinkRecord)>| on_partitions(&s.id, records);
     let reset = |id: u64| SinkRecord::Reset(s.id.clone(), id);
     let read =
         |id: i32, name: &str| SinkRecord::Change(event(&s, Op::Read, None, Some(row(id, name, id, "1.00")), 10, 0));
@@ -564,22 +566,7 @@ pub async fn reset_then_copy(fx: &dyn SinkFixture) {
 pub async fn copy_rows_after_another_partitions_sweep(fx: &dyn SinkFixture) {
     let mut sink = fx.sink(&unique("g"), false);
     let s = items();
-    let records = |records: Vec<(i32, i64, SinkRecord)>| {
-        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-        let records = records
-            .into_iter()
-            .map(|(partition, offset, r)| {
-                next.insert(partition, offset + 1);
-                (tributary_connectors::KafkaPosition { topic: TOPIC.into(), partition, offset }, r)
-            })
-            .collect();
-        SinkBatch {
-            table: s.id.clone(),
-            records,
-            next_offsets: next.into_iter().map(|(p, o)| (TOPIC.to_string(), p, o)).collect(),
-            expected_offsets: Vec::new(),
-        }
-    };
+    let records = |records: Vec<(i32, i64, SinkRecord)>| on_partitions(&s.id, records);
     let reset = |id: u64| SinkRecord::Reset(s.id.clone(), id);
     let read =
         |id: i32, name: &str| SinkRecord::Change(event(&s, Op::Read, None, Some(row(id, name, id, "1.00")), 10, 0));
