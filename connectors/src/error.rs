@@ -203,9 +203,10 @@ impl From<tributary_schemas::SchemaError> for Error {
             } else {
                 ErrorKind::NeedsOperator
             };
-            return Error::new(kind, err.to_string())
-                .with_class("tributary.registry")
-                .with_hint("check schema_registry_url and that the registry is up and readable");
+            return Error::new(kind, err.to_string()).with_class("tributary.registry").with_hint(
+                "check schema_registry_url, the [schema_registry] credentials and CA, and that the registry is up \
+                     and readable",
+            );
         }
         // A schema change the topic cannot carry: the source pauses (it
         // cannot skip the change) until the operator lets it be registered

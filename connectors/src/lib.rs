@@ -14,6 +14,7 @@ pub mod sink;
 pub mod sinks;
 pub mod source;
 pub mod sources;
+pub mod tls;
 
 #[cfg(any(feature = "source-postgres", feature = "source-mysql"))]
 pub mod fuzzing;

@@ -8,4 +8,5 @@ pub mod kafka;
 pub mod logging;
 pub mod memory;
 pub mod process;
+pub mod registry;
 pub mod telemetry;

@@ -32,6 +32,74 @@ const VERSION_NOT_FOUND: u32 = 40402;
 
 type Result<T> = std::result::Result<T, SchemaError>;
 
+/// What a registry that wants credentials or a private CA is reached with.
+/// Secrets never reach `Debug`, logs or errors.
+#[derive(Clone, Default)]
+pub struct RegistryAccess {
+    /// Basic authentication: user and password (Confluent Cloud: the API key
+    /// and secret).
+    pub basic: Option<(String, secrecy::SecretString)>,
+    /// A bearer token (`Authorization: Bearer ...`).
+    pub token: Option<secrecy::SecretString>,
+    /// PEM certificates the registry's certificate may chain to, besides
+    /// the usual roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RegistryAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAccess")
+            .field("basic", &self.basic.as_ref().map(|(user, _)| (user, "[redacted]")))
+            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+impl RegistryAccess {
+    /// The `Authorization` header value, marked sensitive (kept out of
+    /// reqwest's own Debug output).
+    fn authorization(&self) -> Result<Option<reqwest::header::HeaderValue>> {
+        use base64::Engine as _;
+        use secrecy::ExposeSecret;
+        let text = match (&self.basic, &self.token) {
+            (Some((user, password)), _) => format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{}", password.expose_secret()))
+            ),
+            (None, Some(token)) => format!("Bearer {}", token.expose_secret()),
+            (None, None) => return Ok(None),
+        };
+        let mut value = reqwest::header::HeaderValue::from_str(&text).map_err(|_| SchemaError::Registry {
+            reason: "the registry credentials hold characters an HTTP header cannot carry".into(),
+            retryable: false,
+        })?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
+
+    /// A client builder with the timeout and the extra CA.
+    fn client_builder(&self) -> Result<reqwest::ClientBuilder> {
+        let mut builder = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+        if let Some(pem) = &self.ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| SchemaError::Registry {
+                reason: format!("the registry CA file is not a PEM certificate file: {e}"),
+                retryable: false,
+            })?;
+            if certs.is_empty() {
+                return Err(SchemaError::Registry {
+                    reason: "the registry CA file holds no certificate".into(),
+                    retryable: false,
+                });
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(builder)
+    }
+}
+
 /// A registered schema: its text as the registry returns it, and parsed.
 #[derive(Debug)]
 struct Stored {
@@ -132,19 +200,40 @@ impl Registry {
     /// A client of the registry at `url` (e.g.
     /// `http://127.0.0.1:8081/apis/ccompat/v7`). Does not connect yet.
     pub fn new(url: impl Into<String>) -> Result<Self> {
+        Self::with_access(url, &RegistryAccess::default())
+    }
+
+    /// A client of the registry at `url` that authenticates and trusts an
+    /// extra CA as `access` says. Does not connect yet.
+    pub fn with_access(url: impl Into<String>, access: &RegistryAccess) -> Result<Self> {
+        use secrecy::ExposeSecret;
         let base = url.into().trim_end_matches('/').to_string();
-        let settings = SrSettings::new_builder(base.clone())
-            .set_timeout(REQUEST_TIMEOUT)
-            .build()
+        let mut settings = SrSettings::new_builder(base.clone());
+        settings.set_timeout(REQUEST_TIMEOUT);
+        match (&access.basic, &access.token) {
+            (Some((user, password)), _) => {
+                settings.set_basic_authorization(user, Some(password.expose_secret()));
+            }
+            (None, Some(token)) => {
+                settings.set_token_authorization(token.expose_secret());
+            }
+            (None, None) => {}
+        }
+        let settings = settings
+            .build_with(access.client_builder()?)
             .map_err(|e| from_src("cannot build registry client", e))?;
-        let client =
-            reqwest::Client::builder()
-                .timeout(REQUEST_TIMEOUT)
-                .build()
-                .map_err(|e| SchemaError::Registry {
-                    reason: format!("cannot build HTTP client: {e}"),
-                    retryable: false,
-                })?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(value) = access.authorization()? {
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let client = access
+            .client_builder()?
+            .default_headers(headers)
+            .build()
+            .map_err(|e| SchemaError::Registry {
+                reason: format!("cannot build HTTP client: {e}"),
+                retryable: false,
+            })?;
         Ok(Self::with_backend(Backend::Http { settings, client, base }))
     }
 

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use tributary_schemas::Registry;
 
 use crate::config::SinkRunnerConfig;
 use crate::runner::{consumer_config, RunError};
@@ -100,9 +99,9 @@ async fn check_kafka(config: &SinkRunnerConfig) -> Result<Vec<Finding>, RunError
 }
 
 async fn check_registry(config: &SinkRunnerConfig) -> Finding {
-    let registry = match Registry::new(config.schema_registry_url.clone()) {
+    let registry = match config.schema_registry.registry(&config.schema_registry_url) {
         Ok(r) => r,
-        Err(e) => return problem("registry", e.to_string(), "fix schema_registry_url".into()),
+        Err(e) => return problem("registry", e.to_string(), "fix schema_registry_url and [schema_registry]".into()),
     };
     match registry.latest("__tributary_check-value").await {
         Ok(_) => ok("registry", format!("{} answers", config.schema_registry_url)),

@@ -5,6 +5,7 @@ use tributary_connectors::sources::Sources;
 use tributary_connectors::SourceConfig;
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_operations::kafka::KafkaConfig;
+use tributary_operations::registry::SchemaRegistryConfig;
 
 /// Default schema registry: the local stack's Apicurio, Confluent API.
 pub const DEFAULT_SCHEMA_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
@@ -43,6 +44,9 @@ pub struct SourceRunnerConfig {
     /// Confluent-compatible schema registry URL.
     #[serde(default = "default_registry")]
     pub schema_registry_url: String,
+    /// Credentials and CA of the registry (`[schema_registry]`).
+    #[serde(default)]
+    pub schema_registry: SchemaRegistryConfig,
     /// Kafka connection.
     pub kafka: KafkaConfig,
     /// Kafka transaction timeout in milliseconds.
@@ -166,6 +170,7 @@ impl Validate for SourceRunnerConfig {
         if !(self.schema_registry_url.starts_with("http://") || self.schema_registry_url.starts_with("https://")) {
             return Err(ConfigError::invalid("schema_registry_url", "must be an http:// or https:// URL"));
         }
+        self.schema_registry.validate()?;
         if self.transaction_timeout_ms < 1_000 {
             return Err(ConfigError::invalid("transaction_timeout_ms", "must be at least 1000"));
         }
@@ -211,7 +216,8 @@ mod tests {
             "name = \"n\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\nsecurity_protocol = \"SASL_SSL\"\n\
              sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"u\"\nsasl_password = \"{MARKER}\"\n\
              properties = {{ \"ssl.key.password\" = \"{MARKER}\", \"ssl.keystore.password\" = \"{MARKER}\" }}\n\
-             [admin]\nlisten = \"0.0.0.0:8090\"\ntoken = \"{MARKER}\"\n"
+             [admin]\nlisten = \"0.0.0.0:8090\"\ntoken = \"{MARKER}\"\n\
+             [schema_registry]\nusername = \"u\"\npassword = \"{MARKER}\"\n"
         );
         for source in [
             format!("[postgres]\nurl = \"postgres://u:{MARKER}@h/db?password={MARKER}\"\npassword = \"{MARKER}\"\n"),
@@ -225,6 +231,7 @@ mod tests {
                 format!("{:?}", c.kafka),
                 format!("{:?}", c.admin),
                 format!("{:?}", c.source),
+                format!("{:?}", c.schema_registry.access().expect("access")),
             ] {
                 assert!(!shown.contains(MARKER), "a secret in Debug output: {shown}");
             }

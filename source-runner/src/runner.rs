@@ -41,7 +41,6 @@ use tributary_operations::admin::Control;
 use tributary_operations::telemetry::{TableState, Telemetry};
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
-use tributary_schemas::registry::Registry;
 use tributary_schemas::topic::TopicNaming;
 use tributary_schemas::{Op, Position, SchemaError, SnapshotMarker, TableId, TableSchema};
 
@@ -442,7 +441,10 @@ impl KafkaSide {
         let fencing = tokio::task::spawn_blocking(move || p.init_transactions(KAFKA_TXN_STEP_TIMEOUT));
         let admin: AdminClient<DefaultClientContext> =
             client.create().map_err(|e| kafka_error("cannot create the admin client", e))?;
-        let registry = Registry::new(&config.schema_registry_url)?;
+        let registry = config
+            .schema_registry
+            .registry(&config.schema_registry_url)
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
         let encoder = EventEncoder::new(
             registry,
             EnvelopeOptions {
@@ -1522,7 +1524,10 @@ pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, E
             Err((t, code)) => return Err(Error::retryable(format!("cannot delete topic {t}: {code}"))),
         }
     }
-    let registry = Registry::new(&config.schema_registry_url)?;
+    let registry = config
+        .schema_registry
+        .registry(&config.schema_registry_url)
+        .map_err(|e| Error::needs_operator(e.to_string()))?;
     for t in &topics {
         for suffix in ["key", "value"] {
             registry.delete_subject(&format!("{t}-{suffix}")).await?;

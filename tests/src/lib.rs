@@ -206,6 +206,14 @@ pub fn pg_tls_ca() -> String {
         .unwrap_or_else(|_| workspace_dir().join(".stack/postgres-ca.crt").to_string_lossy().into_owned())
 }
 
+/// The CA of the local stack's MariaDB server certificate (which names
+/// `localhost`, not `127.0.0.1`): `MYSQL_TLS_CA`, or where `scripts/stack
+/// up` puts it.
+pub fn mysql_tls_ca() -> String {
+    std::env::var("MYSQL_TLS_CA")
+        .unwrap_or_else(|_| workspace_dir().join(".stack/mariadb-ca.crt").to_string_lossy().into_owned())
+}
+
 /// A consumer configuration that reads topics from their beginning and only
 /// what committed transactions wrote (`read_committed`), as every check of
 /// exactly-once delivery must; a group of its own per reader.

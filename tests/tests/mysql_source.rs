@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
+use secrecy::ExposeSecret;
 use tributary_connectors::sources::mysql::config::MySqlSourceConfig;
 use tributary_connectors::sources::mysql::{check, MySqlSource, SourceState};
 use tributary_connectors::{Checkpoint, Source, SourceBatch, SourceMessage};
@@ -175,6 +176,91 @@ async fn snapshot_then_streaming_equals_source() {
     let state = SourceState::from_checkpoint(mirror.checkpoint.as_ref().expect("checkpoint")).expect("state");
     assert!(state.gtid.is_some() && state.snapshot.is_none());
     fx.drop().await;
+}
+
+/// TLS on every connection (catalog, snapshot, binlog) in each mode,
+/// against the stack's MariaDB (`--ssl-cert`: a certificate that names
+/// `localhost` but not `127.0.0.1`, so that verify-full fails on the address
+/// and passes on the name; its CA in `MYSQL_TLS_CA`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_modes_connect_and_verify() {
+    use tributary_connectors::tls::TlsMode;
+    use tributary_connectors::ErrorKind;
+    let ca = tributary_tests::mysql_tls_ca();
+    let mut fx = Fixture::new("mytls").await;
+    let have_ssl: Option<(String, String)> =
+        fx.conn.query_first("SHOW VARIABLES LIKE 'have_ssl'").await.expect("have_ssl");
+    assert_eq!(
+        have_ssl.map(|(_, v)| v).as_deref(),
+        Some("YES"),
+        "scripts/stack up turns TLS on; is this an older stack? (scripts/stack restart mariadb)"
+    );
+    fx.sql("CREATE TABLE sec (id INT PRIMARY KEY, v VARCHAR(20))").await;
+    fx.sql("INSERT INTO sec VALUES (1, 'a'), (2, 'b')").await;
+    let sec = fx.table("sec");
+    let base = fx.config();
+    let with = |mode: TlsMode, host: &str| {
+        let mut c = base.clone();
+        c.url = c.url.expose_secret().replace("127.0.0.1", host).into();
+        c.tls = mode;
+        c.tls_ca_file = (mode == TlsMode::VerifyCa || mode == TlsMode::VerifyFull).then(|| ca.clone());
+        c
+    };
+    // verify-full against an address the certificate does not name: an
+    // operator's error, not a retry.
+    let mut source = MySqlSource::new(with(TlsMode::VerifyFull, "127.0.0.1"), "t").expect("config");
+    let e = source.start(None).await.expect_err("the certificate does not name 127.0.0.1");
+    assert_eq!(e.kind(), ErrorKind::NeedsOperator, "{e}");
+    assert!(e.to_string().contains("TLS") || e.hint().is_some_and(|h| h.contains("TLS")), "{e}");
+    drop(source);
+    // A CA that did not sign the certificate: refused in verify-ca too.
+    let mut wrong = with(TlsMode::VerifyCa, "127.0.0.1");
+    wrong.tls_ca_file = Some(tributary_tests::pg_tls_ca());
+    let mut source = MySqlSource::new(wrong, "t").expect("config");
+    let e = source.start(None).await.expect_err("another CA's certificate");
+    assert_eq!(e.kind(), ErrorKind::NeedsOperator, "{e}");
+    drop(source);
+    // verify-ca checks the name too with this driver (mysql_async 0.37
+    // skips the name check only on an error text rustls 0.23 no longer
+    // writes): stricter than asked, documented in docs/sources/mysql.md.
+    // This assertion fails once that is fixed upstream: then verify-ca
+    // with 127.0.0.1 belongs in the list below.
+    let mut source = MySqlSource::new(with(TlsMode::VerifyCa, "127.0.0.1"), "t").expect("config");
+    let e = source.start(None).await.expect_err("the name is checked in verify-ca too");
+    assert_eq!(e.kind(), ErrorKind::NeedsOperator, "{e}");
+    drop(source);
+    for (mode, host) in [
+        (TlsMode::Require, "127.0.0.1"),
+        (TlsMode::VerifyCa, "localhost"),
+        (TlsMode::VerifyFull, "localhost"),
+    ] {
+        let accepted = ssl_accepts(&mut fx.conn).await;
+        let mut source = MySqlSource::new(with(mode, host), "t").expect("config");
+        source.start(None).await.unwrap_or_else(|e| panic!("{mode:?} {host}: {e}"));
+        let mut mirror = Mirror::default();
+        let expected = source_ids(&mut fx.conn, &sec).await;
+        sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&sec) == expected).await;
+        // The binlog connection too: a change streams through it.
+        fx.sql(&format!("INSERT INTO sec VALUES ({}, 'streamed')", 10 + mirror.ids(&sec).len()))
+            .await;
+        let expected = source_ids(&mut fx.conn, &sec).await;
+        sync(&mut source, &mut mirror, "the streamed insert", |m| m.ids(&sec) == expected).await;
+        // No other test connects with TLS: the server's count of TLS
+        // handshakes grew by this source's connections (catalog, snapshot,
+        // binlog).
+        let grown = ssl_accepts(&mut fx.conn).await - accepted;
+        assert!(grown >= 2, "{mode:?}: {grown} TLS connections accepted");
+        drop(source);
+    }
+    fx.drop().await;
+}
+
+async fn ssl_accepts(conn: &mut mysql_async::Conn) -> u64 {
+    let row: Option<(String, String)> = conn
+        .query_first("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'")
+        .await
+        .expect("Ssl_accepts");
+    row.and_then(|(_, v)| v.parse().ok()).expect("a count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,3 +379,91 @@ async fn web_pages_cannot_pause_or_resume_a_runner() {
     assert_eq!(status(r), 200);
     assert!(control.paused().all);
 }
+
+/// A registry that wants credentials: the stack's Apicurio behind a proxy
+/// that refuses any request without the expected `Authorization` header
+/// (as Confluent Cloud does with its API key, or a secured Apicurio with
+/// basic auth or a bearer token) and forwards the others unchanged.
+async fn guarded_registry(accepted: Vec<String>) -> String {
+    use axum::http::{HeaderMap, Method, StatusCode, Uri};
+    let upstream = schema_registry_url();
+    let origin = upstream[..upstream.find("/apis").expect("a ccompat URL")].to_string();
+    let client = reqwest::Client::new();
+    let app =
+        axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: axum::body::Bytes| {
+            let (client, origin, accepted) = (client.clone(), origin.clone(), accepted.clone());
+            async move {
+                let given = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+                if !accepted.iter().any(|a| a == given) {
+                    let body = r#"{"error_code":40101,"message":"Unauthorized"}"#.to_string();
+                    return (StatusCode::UNAUTHORIZED, body);
+                }
+                let mut forward = client.request(method, format!("{origin}{uri}")).body(body);
+                for name in ["content-type", "accept"] {
+                    if let Some(v) = headers.get(name) {
+                        forward = forward.header(name, v.clone());
+                    }
+                }
+                match forward.send().await {
+                    Ok(resp) => {
+                        let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+                        (status, resp.text().await.unwrap_or_default())
+                    }
+                    Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()),
+                }
+            }
+        });
+    format!("{}{}", serve(app).await, &upstream[upstream.find("/apis").expect("a ccompat URL")..])
+}
+
+/// `[schema_registry]` credentials reach the registry on every call
+/// (registration through schema_registry_converter, the compatibility and
+/// look-up calls through our own client); without them, or with wrong ones,
+/// the refusal is an operator's error, never a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_wants_credentials_gets_them_from_the_config() {
+    use tributary_operations::registry::SchemaRegistryConfig;
+    let basic = format!("Basic {}", {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode("api-key:api-secret")
+    });
+    let url = guarded_registry(vec![basic, "Bearer the-token".to_string()]).await;
+    std::env::set_var("TRIBUTARY_TEST_REGISTRY_SECRET", "api-secret");
+    let section = |text: &str| -> SchemaRegistryConfig {
+        let c: SchemaRegistryConfig = toml::from_str(text).expect("section");
+        c.validate().expect("valid");
+        c
+    };
+    let subject = format!("{}-value", unique("guarded"));
+    let schema = r#"{"type":"record","name":"r","fields":[{"name":"a","type":"int"}]}"#;
+    for (what, text) in [
+        ("no credentials", ""),
+        ("a wrong password", "username = \"api-key\"\npassword = \"wrong\""),
+        ("a wrong token", "token = \"not-the-token\""),
+    ] {
+        let registry = section(text).registry(&url).expect("client");
+        let e = registry.register(&subject, schema).await.expect_err(what);
+        let e = tributary_connectors::Error::from(e);
+        assert_eq!(e.kind(), tributary_connectors::ErrorKind::NeedsOperator, "{what}: {e}");
+        let e = registry.lookup(&subject, schema).await.expect_err(what);
+        assert!(e.to_string().contains("401"), "{what}: {e}");
+    }
+    for (what, text) in [
+        (
+            "basic, the password from the environment",
+            "username = \"api-key\"\npassword = \"env:TRIBUTARY_TEST_REGISTRY_SECRET\"",
+        ),
+        ("a bearer token", "token = \"the-token\""),
+    ] {
+        let registry = section(text).registry(&url).expect("client");
+        let id = registry
+            .register(&subject, schema)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(registry.lookup(&subject, schema).await.expect(what), Some(id), "{what}");
+        assert!(registry.check_compatible(&subject, schema).await.expect(what), "{what}");
+        assert_eq!(registry.latest(&subject).await.expect(what).map(|(i, _)| i), Some(id), "{what}");
+    }
+    let registry = section("token = \"the-token\"").registry(&url).expect("client");
+    registry.delete_subject(&subject).await.expect("cleanup");
+}

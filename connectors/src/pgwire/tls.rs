@@ -2,9 +2,9 @@
 //! `[postgres]` sections: the modes of libpq's `sslmode` and the rustls
 //! settings that implement them.
 
-use serde::Deserialize;
 use std::sync::Arc;
-use tributary_operations::config::ConfigError;
+
+pub use crate::tls::{validate_tls, TlsMode};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -14,37 +14,6 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::error::{Error, Result};
-
-/// TLS towards PostgreSQL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum TlsMode {
-    /// Plain TCP.
-    #[default]
-    Disable,
-    /// TLS without certificate verification.
-    Require,
-    /// TLS, the server certificate must chain to `tls_ca_file`.
-    VerifyCa,
-    /// As `verify-ca`, and the host name must match.
-    VerifyFull,
-}
-
-/// The TLS rules shared by the source's and the sink's `[postgres]`
-/// sections; `field` names a key under the section.
-pub fn validate_tls(mode: TlsMode, ca_file: Option<&str>, field: impl Fn(&str) -> String) -> Result<(), ConfigError> {
-    match mode {
-        TlsMode::VerifyCa | TlsMode::VerifyFull if ca_file.is_none() => Err(ConfigError::invalid(
-            field("tls_ca_file"),
-            "is required with tls = \"verify-ca\" or \"verify-full\"",
-        )),
-        TlsMode::Disable if ca_file.is_some() => Err(ConfigError::invalid(
-            field("tls_ca_file"),
-            "is set but tls = \"disable\"; set tls = \"verify-ca\" or \"verify-full\"",
-        )),
-        _ => Ok(()),
-    }
-}
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -40,7 +40,20 @@ pub fn classify_my(err: mysql_async::Error, context: &str) -> Error {
             };
             (kind, format!("mysql.{}", s.code), hint)
         }
+        E::Io(io) if tls_refused(io) => (
+            ErrorKind::NeedsOperator,
+            "mysql.tls".to_string(),
+            Some(
+                "the TLS handshake failed: check that mysql.tls_ca_file holds the CA that signed the server's \
+                 certificate and, with tls = \"verify-full\", that mysql.url names a host the certificate names",
+            ),
+        ),
         E::Io(_) => (ErrorKind::Retryable, "mysql.io".to_string(), None),
+        E::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => (
+            ErrorKind::NeedsOperator,
+            "mysql.tls".to_string(),
+            Some("the server does not offer TLS: configure its certificate (ssl_cert, ssl_key) or set mysql.tls"),
+        ),
         E::Driver(_) => (ErrorKind::Retryable, "mysql.driver".to_string(), None),
         E::Url(_) => (ErrorKind::NeedsOperator, "mysql.url".to_string(), Some("fix mysql.url")),
         _ => (ErrorKind::Retryable, "mysql".to_string(), None),
@@ -50,6 +63,17 @@ pub fn classify_my(err: mysql_async::Error, context: &str) -> Error {
         e = e.with_hint(h);
     }
     e
+}
+
+/// Whether an I/O error is a TLS handshake that failed on something only an
+/// operator can change (a certificate refused, an unreadable CA file);
+/// rustls reaches us either as mysql_async's own TLS error or inside the
+/// stream's `io::Error`.
+fn tls_refused(err: &mysql_async::IoError) -> bool {
+    match err {
+        mysql_async::IoError::Tls(_) => true,
+        mysql_async::IoError::Io(e) => e.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+    }
 }
 
 /// Opens a connection (catalog, snapshot or binlog), bounded by the

@@ -13,6 +13,7 @@ use tributary_operations::config::{redact_url, resolve_secret, ConfigError, Vali
 use tributary_schemas::TableId;
 
 use crate::error::{Error, Result};
+use crate::tls::{validate_tls, TlsMode};
 pub use crate::selection::{TableFilter, TablePattern};
 
 /// Server id the runner registers with when it reads the binlog. It must
@@ -121,6 +122,14 @@ pub struct MySqlSourceConfig {
     /// `position` or `gtid` (MariaDB).
     #[serde(default)]
     pub resume_by: ResumeBy,
+    /// TLS on every connection (snapshot, catalog, binlog): `disable`,
+    /// `require` (encrypted, the certificate not checked), `verify-ca` (it
+    /// must chain to `tls_ca_file`), `verify-full` (and name the URL's host).
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// PEM file of the CA the server certificate must chain to.
+    #[serde(default)]
+    pub tls_ca_file: Option<String>,
 }
 
 impl std::fmt::Debug for MySqlSourceConfig {
@@ -140,6 +149,8 @@ impl std::fmt::Debug for MySqlSourceConfig {
             .field("max_batch_events", &self.max_batch_events)
             .field("batch_linger_ms", &self.batch_linger_ms)
             .field("resume_by", &self.resume_by)
+            .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish_non_exhaustive()
     }
 }
@@ -182,6 +193,8 @@ impl MySqlSourceConfig {
             batch_linger_ms: DEFAULT_BATCH_LINGER_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             resume_by: ResumeBy::default(),
+            tls: TlsMode::default(),
+            tls_ca_file: None,
         }
     }
 
@@ -232,7 +245,7 @@ impl MySqlSourceConfig {
         if self.batch_linger_ms >= self.heartbeat_interval_ms {
             return Err(ConfigError::invalid(field("batch_linger_ms"), "must be shorter than heartbeat_interval_ms"));
         }
-        Ok(())
+        validate_tls(self.tls, self.tls_ca_file.as_deref(), field)
     }
 
     /// Resolves the password and builds the connection parameters.
@@ -264,7 +277,8 @@ impl MySqlSourceConfig {
             // snapshot then means the same instant as the binlog's seconds.
             .init(vec!["SET time_zone = '+00:00'", "SET NAMES utf8mb4"])
             .wait_timeout(Some(28_800))
-            .prefer_socket(false);
+            .prefer_socket(false)
+            .ssl_opts(self.ssl_opts()?);
         Ok(ConnectionParams {
             opts: builder.into(),
             host,
@@ -273,6 +287,37 @@ impl MySqlSourceConfig {
             database,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
         })
+    }
+
+    /// mysql_async's TLS settings for `tls` (`None`: plain TCP).
+    fn ssl_opts(&self) -> Result<Option<mysql_async::SslOpts>> {
+        if self.tls == TlsMode::Disable {
+            return Ok(None);
+        }
+        // mysql_async builds its rustls configuration with the process-wide
+        // crypto provider, which rustls refuses to pick when more than one
+        // is compiled in: name ring, the provider of every other TLS
+        // connection here. (Already installed: fine.)
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let opts = mysql_async::SslOpts::default();
+        Ok(Some(match self.tls {
+            TlsMode::Disable | TlsMode::Require => {
+                opts.with_danger_accept_invalid_certs(true).with_danger_skip_domain_validation(true)
+            }
+            TlsMode::VerifyCa | TlsMode::VerifyFull => {
+                let path = self
+                    .tls_ca_file
+                    .as_deref()
+                    .ok_or_else(|| Error::needs_operator("mysql.tls_ca_file is required to verify the server certificate"))?;
+                // Read now, so that a missing file is named at start rather
+                // than as a handshake failure.
+                let pem = std::fs::read(path)
+                    .map_err(|e| Error::needs_operator(format!("cannot read mysql.tls_ca_file {path}: {e}")))?;
+                opts.with_root_certs(vec![pem.into()])
+                    .with_disable_built_in_roots(true)
+                    .with_danger_skip_domain_validation(self.tls == TlsMode::VerifyCa)
+            }
+        }))
     }
 
     /// The table filter; without `include`, every table of the URL's database.
