@@ -34,6 +34,9 @@ pub mod names {
     pub const BATCH_SECONDS: &str = "tributary_batch_duration_seconds";
     /// 1 while paused (gauge).
     pub const PAUSED: &str = "tributary_paused";
+    /// 1 while a sink runner's consumer is a settled member of its group
+    /// (gauge; sinks only).
+    pub const CONSUMER_GROUP_JOINED: &str = "tributary_consumer_group_joined";
 }
 
 /// The `table` label.
@@ -126,6 +129,30 @@ pub struct RunnerStatus {
     pub paused: Option<String>,
     /// Per table, by `schema.table`.
     pub tables: BTreeMap<String, TableStatus>,
+    /// A sink runner's membership of its consumer group (sinks only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumer_group: Option<ConsumerGroupStatus>,
+}
+
+/// A sink runner's consumer group membership, as librdkafka's statistics
+/// last reported it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ConsumerGroupStatus {
+    /// librdkafka's group state (`up` once a coordinator is known).
+    pub state: String,
+    /// librdkafka's join state (`steady` between rebalances).
+    pub join_state: String,
+    /// Partitions assigned to this member.
+    pub assigned_partitions: i32,
+    /// Seconds since the membership last was `up`/`steady`; `null` while it is.
+    pub unsettled_seconds: Option<u64>,
+}
+
+impl ConsumerGroupStatus {
+    /// A settled member: a coordinator and no rebalance under way.
+    pub fn settled(state: &str, join_state: &str) -> bool {
+        state == "up" && join_state == "steady"
+    }
 }
 
 /// How often the events/s figure is recomputed.
@@ -147,6 +174,7 @@ struct Metrics {
     snapshot_estimated: Family<TableLabel, Gauge>,
     batch: Histogram,
     paused: Gauge,
+    group_joined: Gauge,
 }
 
 /// Status and metrics of one runner. Cheap to clone and share.
@@ -176,6 +204,7 @@ impl Telemetry {
             // large snapshot chunk.
             batch: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             paused: Gauge::default(),
+            group_joined: Gauge::default(),
         };
         registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
         registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
@@ -189,6 +218,13 @@ impl Telemetry {
         );
         registry.register(names::BATCH_SECONDS, "Batch latency", metrics.batch.clone());
         registry.register(names::PAUSED, "1 while the runner is paused", metrics.paused.clone());
+        if kind == "sink" {
+            registry.register(
+                names::CONSUMER_GROUP_JOINED,
+                "1 while the consumer is a settled member of its group",
+                metrics.group_joined.clone(),
+            );
+        }
         Self {
             inner: Arc::new(Inner {
                 status: Mutex::new(RunnerStatus {
@@ -196,6 +232,7 @@ impl Telemetry {
                     kind,
                     paused: None,
                     tables: BTreeMap::new(),
+                    consumer_group: None,
                 }),
                 registry,
                 metrics,
@@ -307,6 +344,14 @@ impl Telemetry {
         self.inner.metrics.paused.set(i64::from(reason.is_some()));
         let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
         status.paused = reason;
+    }
+
+    /// Records the consumer group membership (sink runners).
+    pub fn set_consumer_group(&self, group: ConsumerGroupStatus) {
+        let settled = ConsumerGroupStatus::settled(&group.state, &group.join_state);
+        self.inner.metrics.group_joined.set(i64::from(settled));
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.consumer_group = Some(group);
     }
 
     /// A snapshot of the status.

@@ -146,11 +146,13 @@ async fn replay(config: SinkRunnerConfig, dlq: &str, dry_run: bool) -> ExitCode 
         Ok(report) => {
             let verb = if dry_run { "would apply" } else { "applied" };
             println!(
-                "read {} record(s) from {dlq}: {verb} {}, skipped {}, duplicates {}, still failing {}",
+                "read {} record(s) from {dlq}: {verb} {}, skipped {}, duplicates {}, control records not replayed {}, \
+                 still failing {}",
                 report.read,
                 report.applied,
                 report.skipped,
                 report.duplicates,
+                report.control,
                 report.failing.len()
             );
             for f in &report.failing {

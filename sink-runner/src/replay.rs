@@ -23,7 +23,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 use tributary_connectors::{policy, Decision, Error, KafkaPosition, Sink, SinkBatch};
-use tributary_schemas::{EventDecoder, Registry};
+use tributary_schemas::EventDecoder;
 
 use crate::config::SinkRunnerConfig;
 use crate::dlq::{RawRecord, HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC};
@@ -59,6 +59,11 @@ pub struct ReplayReport {
     /// Dead letters of an origin already read in this replay (the same
     /// record dead-lettered twice): not applied again.
     pub duplicates: usize,
+    /// Control records (a table dropped, copied again or reset) an older
+    /// runner dead-lettered: never replayed, since applied out of their
+    /// place in the stream they could drop or empty a table that has been
+    /// written since. Runners now pause the table instead.
+    pub control: usize,
     /// Records that still fail (left in the topic).
     pub failing: Vec<StillFailing>,
 }
@@ -66,8 +71,7 @@ pub struct ReplayReport {
 /// Replays `dlq_topic` into the configured destination.
 pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -> Result<ReplayReport, RunError> {
     let mut sink = config.sink()?;
-    let registry = Registry::new(config.schema_registry_url.clone())
-        .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
+    let registry = config.schema_registry.registry(&config.schema_registry_url)?;
     let mut decoder = EventDecoder::new(registry);
     let records = read_all(config, dlq_topic).await?;
     let mut report = ReplayReport { read: records.len(), ..Default::default() };
@@ -108,7 +112,18 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
             tributary_connectors::SinkRecord::Change(ev) => ev.schema.id.clone(),
             tributary_connectors::SinkRecord::TableDropped(t)
             | tributary_connectors::SinkRecord::Copied(t, _)
-            | tributary_connectors::SinkRecord::Reset(t, _) => t.clone(),
+            | tributary_connectors::SinkRecord::Reset(t, _) => {
+                warn!(
+                    table = %t,
+                    dlq_partition = dlq_pos.partition,
+                    dlq_offset = dlq_pos.offset,
+                    "a control record in the dead-letter topic is not replayed (out of its place in the stream it \
+                     could drop or empty a table written since); copy the table again if it is wanted \
+                     (source-runner reset --table)"
+                );
+                report.control += 1;
+                continue;
+            }
         };
         let position = original.clone().unwrap_or_else(|| dlq_pos.clone());
         // No offsets: a replay never moves the copy's stored offsets.
@@ -146,6 +161,7 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
         applied = report.applied,
         skipped = report.skipped,
         duplicates = report.duplicates,
+        control = report.control,
         failing = report.failing.len(),
         dry_run,
         "replay finished"

@@ -56,14 +56,15 @@ use tributary_connectors::{
     policy, ApplyError, Decision, Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord,
 };
 use tributary_schemas::hashing::FxHashMap;
-use tributary_schemas::{Decoded, EventDecoder, Registry, TableId};
+use tributary_schemas::{Decoded, EventDecoder, TableId};
 
 use crate::config::{
-    SinkRunnerConfig, DEFAULT_FETCH_QUEUE_BACKOFF_MS, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_TOPIC_REFRESH_MS,
+    SinkRunnerConfig, DEFAULT_FETCH_QUEUE_BACKOFF_MS, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_STATISTICS_INTERVAL_MS,
+    DEFAULT_TOPIC_REFRESH_MS,
 };
 use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
-use tributary_operations::telemetry::{TableState, Telemetry};
+use tributary_operations::telemetry::{ConsumerGroupStatus, TableState, Telemetry};
 
 /// How often topics are looked for while no partition is assigned yet. The
 /// pattern subscription only sees a new topic at librdkafka's periodic
@@ -76,6 +77,8 @@ const STARTUP_METADATA_PROBE: Duration = Duration::from_millis(200);
 /// partitions (more runners than partitions) must not ask for the metadata
 /// of every topic five times a second for ever.
 const STARTUP_METADATA_PROBE_FOR: Duration = Duration::from_secs(60);
+/// How often the loop looks at the consumer group's state.
+const GROUP_CHECK: Duration = Duration::from_secs(5);
 
 /// Records taken from librdkafka's queue in one go once one arrived. Bounds
 /// how far a batch can overshoot `batch_max_records` before it is flushed.
@@ -135,6 +138,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
         let sink = Arc::new(Mutex::new(sink));
         let events = Arc::new(std::sync::Mutex::new(Vec::new()));
         let excluded_config = config.clone();
+        let group = Arc::new(std::sync::Mutex::new(GroupHealth::default()));
         let ctx = RebalanceCtx {
             sink: sink.clone(),
             handle,
@@ -143,6 +147,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             stop: stop.clone(),
             telemetry: telemetry.clone(),
             control: control.clone(),
+            group: group.clone(),
         };
         let consumer: StreamConsumer<RebalanceCtx<S>> = consumer_config(&config)?
             .create_with_context(ctx)
@@ -154,8 +159,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
         info!(pattern = %pattern, "subscribed");
         let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group)
             .map_err(|e| RunError::Kafka(e.to_string()))?;
-        let registry = Registry::new(config.schema_registry_url.clone())
-            .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
+        let registry = config.schema_registry.registry(&config.schema_registry_url)?;
         let mut state = Loop {
             config,
             sink,
@@ -180,6 +184,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
             ready: None,
             stopped: BTreeMap::new(),
             stopped_probe: None,
+            group,
+            next_group_check: Instant::now() + GROUP_CHECK,
         };
         state.run(stop).await
     }
@@ -207,6 +213,7 @@ pub fn consumer_config(config: &SinkRunnerConfig) -> Result<ClientConfig, RunErr
         ("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES.to_string()),
         ("fetch.queue.backoff.ms", DEFAULT_FETCH_QUEUE_BACKOFF_MS.to_string()),
         ("client.id", format!("tributary-sink-{}", config.consumer_group)),
+        ("statistics.interval.ms", DEFAULT_STATISTICS_INTERVAL_MS.to_string()),
     ];
     for (k, v) in defaults {
         if c.get(k).is_none() {
@@ -299,9 +306,69 @@ pub struct RebalanceCtx<S: Sink + 'static> {
     /// While the lookup waits for the destination, the status says so.
     telemetry: Telemetry,
     control: Control,
+    group: Arc<std::sync::Mutex<GroupHealth>>,
 }
 
-impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {}
+/// The consumer's group membership, from librdkafka's statistics.
+#[derive(Debug, Default)]
+struct GroupHealth {
+    state: String,
+    join_state: String,
+    assignment_size: i32,
+    /// When the membership stopped being settled (`None` while it is, and
+    /// before the first report).
+    unsettled_since: Option<Instant>,
+}
+
+impl GroupHealth {
+    fn update(&mut self, state: String, join_state: String, assignment_size: i32, now: Instant) {
+        if ConsumerGroupStatus::settled(&state, &join_state) {
+            self.unsettled_since = None;
+        } else if self.unsettled_since.is_none() {
+            self.unsettled_since = Some(now);
+        }
+        self.state = state;
+        self.join_state = join_state;
+        self.assignment_size = assignment_size;
+    }
+
+    fn status(&self, now: Instant) -> ConsumerGroupStatus {
+        ConsumerGroupStatus {
+            state: self.state.clone(),
+            join_state: self.join_state.clone(),
+            assigned_partitions: self.assignment_size,
+            unsettled_seconds: self.unsettled_since.map(|t| now.saturating_duration_since(t).as_secs()),
+        }
+    }
+}
+
+impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {
+    /// Reads only the consumer group's part of the statistics (the rest, per
+    /// broker and partition, is not wanted and not kept).
+    fn stats_raw(&self, statistics: &[u8]) {
+        #[derive(serde::Deserialize)]
+        struct Stats {
+            cgrp: Option<Cgrp>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Cgrp {
+            state: String,
+            join_state: String,
+            assignment_size: i32,
+        }
+        match serde_json::from_slice::<Stats>(statistics) {
+            Ok(Stats { cgrp: Some(c) }) => {
+                if let Ok(mut g) = self.group.lock() {
+                    let now = Instant::now();
+                    g.update(c.state, c.join_state, c.assignment_size, now);
+                    self.telemetry.set_consumer_group(g.status(now));
+                }
+            }
+            Ok(Stats { cgrp: None }) => {}
+            Err(e) => debug!(error = %e, "cannot read librdkafka's statistics"),
+        }
+    }
+}
 
 impl<S: Sink + 'static> RebalanceCtx<S> {
     /// The destination's offsets of `parts`, retrying per [`policy`] until
@@ -570,6 +637,10 @@ struct Loop<S: Sink + 'static> {
     stopped: BTreeMap<(String, i32), OutOfRange>,
     /// When the stored offsets of `stopped` are looked at again.
     stopped_probe: Option<Instant>,
+    /// The consumer's group membership, as the statistics report it.
+    group: Arc<std::sync::Mutex<GroupHealth>>,
+    /// When [`Loop::check_group`] runs next.
+    next_group_check: Instant,
 }
 
 /// A batch taken out of its topic's buffer and decoded: what the loop
@@ -675,6 +746,11 @@ impl<S: Sink + 'static> Loop<S> {
                 _ = sleep_until(deadline) => None,
                 _ = sleep_until(self.stopped_probe) => {
                     self.probe_stopped().await;
+                    None
+                }
+                _ = sleep_until(Some(self.next_group_check)) => {
+                    self.next_group_check = Instant::now() + GROUP_CHECK;
+                    self.check_group();
                     None
                 }
                 _ = sleep_until(probe) => {
@@ -785,6 +861,40 @@ impl<S: Sink + 'static> Loop<S> {
                 None => b.first_at.map(|t| t + linger),
             })
             .min()
+    }
+
+    /// Subscribes again when the consumer has been out of a settled group
+    /// membership for `group_rejoin_after_secs`: leaving the group
+    /// (revoking whatever is still assigned, after the batch being applied)
+    /// and joining it afresh, which is what a member that lost its
+    /// partitions and never joined again needs.
+    fn check_group(&mut self) {
+        let unsettled = match self.group.lock() {
+            Ok(g) => g.unsettled_since.map(|t| (t, g.state.clone(), g.join_state.clone())),
+            Err(_) => return,
+        };
+        let Some((since, state, join_state)) = unsettled else {
+            return;
+        };
+        let waited = since.elapsed();
+        if waited < Duration::from_secs(self.config.group_rejoin_after_secs) {
+            return;
+        }
+        let pattern = self.config.topic_pattern();
+        warn!(
+            state = %state,
+            join_state = %join_state,
+            unsettled_s = waited.as_secs(),
+            "the consumer has not been a settled member of its group for too long: subscribing again"
+        );
+        self.consumer.unsubscribe();
+        if let Err(e) = self.consumer.subscribe(&[pattern.as_str()]) {
+            error!(pattern = %pattern, error = %e, "cannot subscribe again");
+        }
+        // Another full wait before the next attempt.
+        if let Ok(mut g) = self.group.lock() {
+            g.unsettled_since = Some(Instant::now());
+        }
     }
 
     fn drain_rebalance(&mut self) {
@@ -1793,8 +1903,7 @@ async fn tables_of_topics(
         consumer
             .assign(&tpl)
             .map_err(|e| RunError::Kafka(format!("cannot assign the copy's topics: {e}")))?;
-        let registry = Registry::new(config.schema_registry_url.clone())
-            .map_err(|e| RunError::Other(format!("schema registry: {e}")))?;
+        let registry = config.schema_registry.registry(&config.schema_registry_url)?;
         let mut decoder = EventDecoder::new(registry);
         let mut last_progress = Instant::now();
         while !remaining.is_empty() && last_progress.elapsed() < STALL {
@@ -1865,6 +1974,26 @@ pub fn table_from_topic(topic: &str, prefix: Option<&str>) -> TableId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_health_counts_from_the_first_unsettled_report_until_settled_again() {
+        let t0 = Instant::now();
+        let mut g = GroupHealth::default();
+        g.update("up".into(), "steady".into(), 4, t0);
+        assert_eq!(g.unsettled_since, None);
+        assert_eq!(g.status(t0).unsettled_seconds, None);
+        // A broker restart: the coordinator is lost, then the member waits
+        // to join; the clock runs from the first report.
+        g.update("query-coord".into(), "init".into(), 0, t0 + Duration::from_secs(5));
+        g.update("up".into(), "wait-join".into(), 0, t0 + Duration::from_secs(10));
+        assert_eq!(g.unsettled_since, Some(t0 + Duration::from_secs(5)));
+        let s = g.status(t0 + Duration::from_secs(35));
+        assert_eq!((s.state.as_str(), s.join_state.as_str(), s.assigned_partitions), ("up", "wait-join", 0));
+        assert_eq!(s.unsettled_seconds, Some(30));
+        g.update("up".into(), "steady".into(), 4, t0 + Duration::from_secs(40));
+        assert_eq!(g.unsettled_since, None);
+        assert_eq!(g.status(t0 + Duration::from_secs(40)).assigned_partitions, 4);
+    }
 
     #[test]
     fn an_offset_out_of_range_names_partition_offset_range_and_both_fixes() {

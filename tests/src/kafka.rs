@@ -91,13 +91,19 @@ impl EventTopic {
     /// Produces a control record (null key and value, `headers`) on
     /// partition `partition`, in one transaction.
     pub fn produce_control(&self, partition: i32, headers: &[(&str, &str)]) {
+        self.produce_control_to(&self.topic, partition, headers);
+    }
+
+    /// A record without key and value, with `headers`, into `topic` (a
+    /// control record as it would sit in a dead-letter topic).
+    pub fn produce_control_to(&self, topic: &str, partition: i32, headers: &[(&str, &str)]) {
         use rdkafka::message::Header;
         let mut h = OwnedHeaders::new();
         for (key, value) in headers {
             h = h.insert(Header { key, value: Some(*value) });
         }
         self.producer.begin_transaction().expect("begin");
-        let r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic).partition(partition).headers(h);
+        let r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition).headers(h);
         self.producer.send(r).map_err(|(e, _)| e).expect("send a control record");
         self.producer.commit_transaction(Duration::from_secs(30)).expect("commit");
     }

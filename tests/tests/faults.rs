@@ -1188,6 +1188,10 @@ const MAX_PARTITIONS: i32 = 8;
 /// The sink's consumer session: a killed or frozen member leaves its group
 /// after this long.
 const SESSION_TIMEOUT_MS: u64 = 6000;
+/// A member out of a settled group membership this long leaves and joins
+/// again: shorter than the checks' waits (60 s), longer than a broker
+/// restart.
+const GROUP_REJOIN_AFTER_SECS: u64 = 30;
 
 /// The source runner and the sink's members, their configs and logs in
 /// `dir`.
@@ -1217,7 +1221,8 @@ impl Runners {
             .map(|member| {
                 let kp = free_port();
                 let sink_config = format!(
-                    "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_max_records = 2000\n{}\n\
+                    "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_max_records = 2000\n\
+                     group_rejoin_after_secs = {GROUP_REJOIN_AFTER_SECS}\n{}\n\
                      [kafka]\nbootstrap_servers = \"{kafka}\"\n\n\
                      [kafka.properties]\n\"session.timeout.ms\" = \"{SESSION_TIMEOUT_MS}\"\n\"heartbeat.interval.ms\" = \"1000\"\n\n\
                      [admin]\nlisten = \"127.0.0.1:{kp}\"\n\n{}",

@@ -151,6 +151,16 @@ async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resu
     assert_eq!(dead.len(), 1);
     assert_eq!(header(&dead[0], sink_runner::dlq::HEADER_TABLE).as_deref(), Some("public.items"));
     assert!(header(&dead[0], sink_runner::dlq::HEADER_REASON).is_some_and(|r| r.starts_with("permanent")));
+    // The status tells the group membership (from librdkafka's statistics).
+    wait_for("the consumer group in the status", Duration::from_secs(30), || async {
+        telemetry
+            .status()
+            .consumer_group
+            .filter(|g| g.state == "up" && g.join_state == "steady" && g.assigned_partitions >= 2)
+            .map(|g| assert_eq!(g.unsettled_seconds, None))
+    })
+    .await;
+    assert!(telemetry.metrics_text().contains("tributary_consumer_group_joined 1"));
     stop.send(true).expect("stop");
     runner.await.expect("join").expect("runner");
 

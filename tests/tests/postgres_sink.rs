@@ -1169,6 +1169,25 @@ mod e2e {
             .await
             .expect("replay again");
         assert_eq!(p.fx.versions().await, versions);
+        // A control record an older runner dead-lettered (a copy's sweep,
+        // which would remove every row older than it): never replayed.
+        let topic = p.topic.clone();
+        p.produce_control_to(
+            &dlq_topic,
+            0,
+            &[
+                ("tributary.control", "table-copied"),
+                ("tributary.position", "9223372036854775806:0"),
+                ("tributary.source.schema", &s.id.schema),
+                ("tributary.source.table", &s.id.table),
+                (dlq::HEADER_TOPIC, &topic),
+                (dlq::HEADER_PARTITION, "0"),
+                (dlq::HEADER_OFFSET, "999999"),
+            ],
+        );
+        let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
+        assert_eq!((report.read, report.control, report.applied), (3, 1, 1), "the control record is not applied");
+        assert_eq!(p.fx.versions().await, versions, "no row removed");
         p.fx.cleanup().await;
     }
 
