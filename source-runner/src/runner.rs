@@ -1319,6 +1319,7 @@ async fn run_once(
     // Events the open snapshot transaction may reach before it is
     // committed: one batch first, then four times the last one.
     let mut txn_limit = 0usize;
+    let keep_alive_after = Duration::from_millis(u64::from(config.transaction_timeout_ms) / 2);
     loop {
         // A paused source stops reading: its slot keeps the position, and
         // nothing after the last commit is lost.
@@ -1335,7 +1336,40 @@ async fn run_once(
         }
         telemetry.set_paused(None);
         let asked = Instant::now();
-        let batch = source.next_batch().await?;
+        let batch = {
+            // A snapshot's transaction stays open while the source reads
+            // its next chunk. A chunk slower than the transaction timeout
+            // would make Kafka abort it, and the runner start over only to
+            // fail the same way: it is committed at half the timeout
+            // instead, while the read goes on (its checkpoint, the last
+            // batch's, is a place to resume from).
+            let mut keep_alive = open
+                .as_ref()
+                .filter(|t| !t.kafka_committed)
+                .map(|t| t.started + keep_alive_after);
+            let next = source.next_batch();
+            tokio::pin!(next);
+            loop {
+                tokio::select! {
+                    batch = &mut next => break batch?,
+                    _ = sleep_until(keep_alive) => {
+                        keep_alive = None;
+                        if let Some(txn) = open.as_mut() {
+                            info!(
+                                open_ms = txn.started.elapsed().as_millis() as u64,
+                                "the source is slow to give its next batch: committing what is open"
+                            );
+                            txn.commit_kafka(&mut kafka).await?;
+                        }
+                    }
+                }
+            }
+        };
+        if open.as_ref().is_some_and(|t| t.kafka_committed) {
+            if let Some(txn) = open.take() {
+                txn.commit(&mut kafka, source, telemetry).await?;
+            }
+        }
         batch_no += 1;
         let events = batch.messages.len();
         let span = info_span!("batch", batch = batch_no, events);
@@ -1427,11 +1461,15 @@ struct OpenTxn {
     /// handing them to librdkafka (logged at debug with the commit's).
     waited_for_source: Duration,
     producing: Duration,
+    /// Committed to Kafka already (kept alive while the source was slow);
+    /// the source's acknowledgement and the status follow.
+    kafka_committed: bool,
 }
 
 impl OpenTxn {
     fn new() -> Self {
         Self {
+            kafka_committed: false,
             waited_for_source: Duration::ZERO,
             producing: Duration::ZERO,
             started: Instant::now(),
@@ -1448,11 +1486,25 @@ impl OpenTxn {
         }
     }
 
+    /// Commits the Kafka side with the last checkpoint (once).
+    async fn commit_kafka(&mut self, kafka: &mut KafkaSide) -> Result<(), Error> {
+        if !self.kafka_committed {
+            kafka.commit(&self.checkpoint).await?;
+            self.kafka_committed = true;
+        }
+        Ok(())
+    }
+
     /// Commits the transaction with the last checkpoint, acknowledges it to
     /// the source, and feeds status and metrics.
-    async fn commit(self, kafka: &mut KafkaSide, source: &mut dyn Source, telemetry: &Telemetry) -> Result<(), Error> {
+    async fn commit(
+        mut self,
+        kafka: &mut KafkaSide,
+        source: &mut dyn Source,
+        telemetry: &Telemetry,
+    ) -> Result<(), Error> {
         let committing = Instant::now();
-        kafka.commit(&self.checkpoint).await?;
+        self.commit_kafka(kafka).await?;
         debug!(
             events = self.events,
             waited_for_source_ms = self.waited_for_source.as_millis() as u64,
@@ -1477,6 +1529,13 @@ impl OpenTxn {
         }
         kafka.show_paused(telemetry);
         Ok(())
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending::<()>().await,
     }
 }
 

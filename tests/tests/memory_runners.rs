@@ -99,6 +99,113 @@ async fn the_source_runner_copies_a_memory_database_exactly_once_across_a_restar
     counters::assert_exactly_once(&seen.lock().unwrap(), 500, 42);
 }
 
+/// A source that is slow to give its third batch after every start: a
+/// snapshot chunk read from a busy database.
+struct SlowThirdBatch {
+    inner: MemorySource,
+    calls: u32,
+    delay: Duration,
+    starts: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+#[async_trait::async_trait]
+impl tributary_connectors::Source for SlowThirdBatch {
+    async fn resync(&mut self, tables: &[TableId]) -> tributary_connectors::Result<Vec<TableId>> {
+        self.inner.resync(tables).await
+    }
+    async fn start(
+        &mut self,
+        checkpoint: Option<tributary_connectors::Checkpoint>,
+    ) -> tributary_connectors::Result<()> {
+        self.calls = 0;
+        self.starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.start(checkpoint).await
+    }
+    async fn next_batch(&mut self) -> tributary_connectors::Result<tributary_connectors::SourceBatch> {
+        self.calls += 1;
+        if self.calls == 3 {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.next_batch().await
+    }
+    async fn acknowledge(&mut self, checkpoint: &tributary_connectors::Checkpoint) -> tributary_connectors::Result<()> {
+        self.inner.acknowledge(checkpoint).await
+    }
+    fn snapshot_progress(&self) -> Vec<tributary_connectors::SnapshotTableProgress> {
+        self.inner.snapshot_progress()
+    }
+    fn tables(&self) -> Vec<TableId> {
+        self.inner.tables()
+    }
+}
+
+/// A snapshot chunk the source gives later than the Kafka transaction
+/// timeout: the open transaction (the chunks before it) is committed while
+/// the source reads, instead of being aborted by the broker, which made the
+/// runner start over and stall the same way each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
+    let db = MemoryDatabase::new();
+    let t = TableId::new("memory", "slow");
+    db.create_table(TableSchema {
+        id: t.clone(),
+        columns: vec![
+            Column::new("id", DataType::Int32, false),
+            Column::new("name", DataType::Text, true),
+            Column::new("qty", DataType::Int32, true),
+        ],
+        key: vec!["id".into()],
+        dropped: Vec::new(),
+    });
+    db.insert(
+        &t,
+        (1..=500)
+            .map(|i| vec![Value::Int32(i), Value::Text(format!("n{i}")), Value::Int32(0)])
+            .collect(),
+    );
+    let name = unique("memslow");
+    // 2 s: the broker aborts a transaction open longer than that at its
+    // next check (every 10 s), within the 13 s the source takes.
+    let config: source_runner::config::SourceRunnerConfig = tributary_operations::config::parse(
+        &format!(
+            "name = \"{name}\"\nschema_registry_url = \"{}\"\ntransaction_timeout_ms = 2000\n[admin]\nlisten = \"off\"\n\
+             [kafka]\nbootstrap_servers = \"{}\"\n{UNUSED_POSTGRES}",
+            schema_registry_url(),
+            kafka_bootstrap()
+        ),
+        "test",
+    )
+    .expect("config");
+    let seen = counters::collect(format!("{name}.memory.slow"), "qty");
+    let starts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let source = Box::new(SlowThirdBatch {
+        inner: MemorySource::new(db.clone(), &name).with_chunk_rows(100),
+        calls: 0,
+        delay: Duration::from_secs(13),
+        starts: starts.clone(),
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(source_runner::runner::run(
+        config,
+        source,
+        Telemetry::new(&name, "source"),
+        Control::new(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    wait_for("the snapshot in Kafka", Duration::from_secs(60), || async {
+        (seen.lock().unwrap().iter().filter(|s| s.op == Op::Read).count() >= 500).then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    runner.await.expect("join").expect("run");
+    counters::assert_exactly_once(&seen.lock().unwrap(), 500, 0);
+    // Before: the broker aborted the open transaction, the runner's next
+    // produce failed and it started over (and could stall so again).
+    assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 1, "the runner never started over");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resumes() {
     let store = MemoryStore::new();
