@@ -53,8 +53,14 @@ use tributary_schemas::topic::{
 
 /// How long to wait for Kafka's answer to a transaction step.
 const KAFKA_TXN_STEP_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long to look for the last checkpoint in the offsets topic.
-const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long reading the offsets topic at start may make no progress before
+/// it is given up (and retried): a bound on a stall, not on the topic's size.
+const CHECKPOINT_READ_STALL: Duration = Duration::from_secs(60);
+/// The offsets topic's `segment.ms`. Compaction never touches a topic's
+/// active segment, which rolls after 7 days by default: every checkpoint of
+/// that week (one per transaction: millions) would be read at each start.
+/// An hour bounds the uncompacted tail to an hour of checkpoints.
+pub const OFFSETS_SEGMENT_MS: u64 = 3_600_000;
 /// How long to wait before offering a record again while librdkafka's
 /// queue is full.
 const DELIVERY_CHECK: Duration = Duration::from_millis(1);
@@ -209,8 +215,9 @@ async fn ensure_topic(
         return Ok(*p);
     }
     let new = NewTopic::new(topic, if compacted { 1 } else { -1 }, TopicReplication::Fixed(-1));
+    let segment_ms = OFFSETS_SEGMENT_MS.to_string();
     let new = if compacted {
-        new.set("cleanup.policy", "compact")
+        new.set("cleanup.policy", "compact").set("segment.ms", &segment_ms)
     } else {
         new
     };
@@ -266,13 +273,30 @@ async fn check_offsets_topic(
         .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
         .await
         .map_err(|e| kafka_error("describe the offsets topic's config", e))?;
-    let policy = match results.into_iter().next() {
-        Some(Ok(resource)) => resource.get("cleanup.policy").and_then(|e| e.value.clone()),
+    let (policy, segment_ms) = match results.into_iter().next() {
+        Some(Ok(resource)) => (
+            resource.get("cleanup.policy").and_then(|e| e.value.clone()),
+            resource
+                .get("segment.ms")
+                .and_then(|e| e.value.as_deref())
+                .and_then(|v| v.parse::<u64>().ok()),
+        ),
         Some(Err(code)) => {
             return Err(Error::retryable(format!("cannot describe the config of topic {topic}: {code}")));
         }
-        None => None,
+        None => (None, None),
     };
+    if segment_ms.is_some_and(|ms| ms > OFFSETS_SEGMENT_MS) {
+        // Made by an older runner or by hand: it works, but each start
+        // reads every checkpoint since the segment last rolled.
+        warn!(
+            topic,
+            segment_ms,
+            "the offsets topic keeps its newest records uncompacted until its segment rolls, and each start reads \
+             them all: kafka-configs.sh --bootstrap-server {bootstrap_servers} --alter --entity-type topics \
+             --entity-name {topic} --add-config segment.ms={OFFSETS_SEGMENT_MS}"
+        );
+    }
     offsets_topic_policy_error(topic, policy.as_deref(), bootstrap_servers).map_or(Ok(()), Err)
 }
 
@@ -518,8 +542,9 @@ impl KafkaSide {
             tpl.add_partition_offset(&topic, 0, Offset::Beginning)
                 .map_err(|e| kafka_error("assign offsets topic", e))?;
             consumer.assign(&tpl).map_err(|e| kafka_error("assign offsets topic", e))?;
-            let deadline = Instant::now() + CHECKPOINT_READ_TIMEOUT;
+            let mut deadline = Instant::now() + CHECKPOINT_READ_STALL;
             let mut last = None;
+            let mut read_to = -1;
             loop {
                 let position = consumer
                     .position()
@@ -529,9 +554,15 @@ impl KafkaSide {
                 if position >= high {
                     return Ok((last, paused, reset_all));
                 }
+                if position > read_to {
+                    read_to = position;
+                    deadline = Instant::now() + CHECKPOINT_READ_STALL;
+                }
                 if Instant::now() > deadline {
                     return Err(Error::retryable(format!(
-                        "could not read the offsets topic {topic} to its end ({position} of {high}) in time"
+                        "could not read the offsets topic {topic} to its end: no progress for {}s at {position} \
+                         of {high}",
+                        CHECKPOINT_READ_STALL.as_secs()
                     )));
                 }
                 match consumer.poll(Duration::from_millis(200)) {

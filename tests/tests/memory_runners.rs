@@ -176,6 +176,7 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
         "test",
     )
     .expect("config");
+    let offsets_topic = config.offsets_topic();
     let seen = counters::collect(format!("{name}.memory.slow"), "qty");
     let starts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let source = Box::new(SlowThirdBatch {
@@ -204,6 +205,23 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     // Before: the broker aborted the open transaction, the runner's next
     // produce failed and it started over (and could stall so again).
     assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 1, "the runner never started over");
+    // The offsets topic it made rolls its segment hourly, so that
+    // compaction bounds what a start reads.
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()
+        .expect("admin");
+    let described = admin
+        .describe_configs(
+            &[rdkafka::admin::ResourceSpecifier::Topic(&offsets_topic)],
+            &rdkafka::admin::AdminOptions::new(),
+        )
+        .await
+        .expect("describe");
+    let resource = described.into_iter().next().expect("one").expect("described");
+    let value = |k: &str| resource.get(k).and_then(|e| e.value.clone());
+    assert_eq!(value("cleanup.policy").as_deref(), Some("compact"));
+    assert_eq!(value("segment.ms"), Some(source_runner::runner::OFFSETS_SEGMENT_MS.to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
