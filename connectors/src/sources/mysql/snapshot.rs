@@ -11,7 +11,8 @@
 //! the extra row says whether the table has more, so the last row of the
 //! whole snapshot is marked without holding a chunk back. Tables without a
 //! primary key are read with `LIMIT n OFFSET rows_done` (stable inside the
-//! transaction). After a crash the snapshot resumes after the last key
+//! transaction; after a crash such a table is read again from its start).
+//! After a crash the snapshot resumes after the last key
 //! committed to Kafka, in a new transaction, once the stream has caught up
 //! to that transaction's position (see `MySqlSource`'s `catch_up`).
 
@@ -152,6 +153,19 @@ impl SnapshotRun {
     /// Opens the consistent snapshot and reads the definitions of the
     /// tables still to copy. The first run of a plan fixes its position.
     pub async fn open(params: &ConnectionParams, mut plan: SnapshotState, chunk_rows: u64) -> Result<Self> {
+        // A table without a primary key is read by `LIMIT ... OFFSET`, which
+        // is stable inside one transaction only: resumed in a new one, rows
+        // changed meanwhile shift the offset and rows are skipped or read
+        // twice. Such a table is read again from its start, as PostgreSQL's
+        // source does (its rows are emitted again as reads).
+        for table in plan.tables.iter_mut().filter(|t| !t.done && t.last_key.is_none() && t.rows_done > 0) {
+            tracing::info!(
+                table = %table.id(),
+                rows_done = table.rows_done,
+                "a table without a primary key cannot resume its copy by key: copying it again from its start"
+            );
+            table.rows_done = 0;
+        }
         let mut conn = connect(params).await?;
         let version: Option<String> = conn
             .query_first("SELECT @@version")
