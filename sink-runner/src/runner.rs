@@ -318,14 +318,34 @@ struct GroupHealth {
     /// When the membership stopped being settled (`None` while it is, and
     /// before the first report).
     unsettled_since: Option<Instant>,
+    /// When it started waiting on the group rather than on this runner
+    /// (`None` while settled, or while librdkafka waits for the loop to
+    /// serve an assignment: leaving the group would not help then).
+    stuck_since: Option<Instant>,
 }
 
 impl GroupHealth {
     fn update(&mut self, state: String, join_state: String, assignment_size: i32, now: Instant) {
         if ConsumerGroupStatus::settled(&state, &join_state) {
             self.unsettled_since = None;
-        } else if self.unsettled_since.is_none() {
-            self.unsettled_since = Some(now);
+            self.stuck_since = None;
+        } else {
+            self.unsettled_since.get_or_insert(now);
+            // librdkafka's join states that wait for the application (an
+            // assignment or unassignment to serve or complete): the loop is
+            // busy (a long apply), not the group stuck.
+            let ours = matches!(
+                join_state.as_str(),
+                "wait-assign-call"
+                    | "wait-unassign-call"
+                    | "wait-unassign-to-complete"
+                    | "wait-incr-unassign-to-complete"
+            );
+            if ours {
+                self.stuck_since = None;
+            } else {
+                self.stuck_since.get_or_insert(now);
+            }
         }
         self.state = state;
         self.join_state = join_state;
@@ -870,7 +890,7 @@ impl<S: Sink + 'static> Loop<S> {
     /// partitions and never joined again needs.
     fn check_group(&mut self) {
         let unsettled = match self.group.lock() {
-            Ok(g) => g.unsettled_since.map(|t| (t, g.state.clone(), g.join_state.clone())),
+            Ok(g) => g.stuck_since.map(|t| (t, g.state.clone(), g.join_state.clone())),
             Err(_) => return,
         };
         let Some((since, state, join_state)) = unsettled else {
@@ -893,7 +913,7 @@ impl<S: Sink + 'static> Loop<S> {
         }
         // Another full wait before the next attempt.
         if let Ok(mut g) = self.group.lock() {
-            g.unsettled_since = Some(Instant::now());
+            g.stuck_since = Some(Instant::now());
         }
     }
 
@@ -1990,6 +2010,11 @@ mod tests {
         let s = g.status(t0 + Duration::from_secs(35));
         assert_eq!((s.state.as_str(), s.join_state.as_str(), s.assigned_partitions), ("up", "wait-join", 0));
         assert_eq!(s.unsettled_seconds, Some(30));
+        assert_eq!(g.stuck_since, Some(t0 + Duration::from_secs(5)));
+        // Waiting for the loop to serve the assignment: not stuck (the
+        // status still counts it as unsettled).
+        g.update("up".into(), "wait-assign-call".into(), 0, t0 + Duration::from_secs(36));
+        assert_eq!((g.stuck_since, g.unsettled_since), (None, Some(t0 + Duration::from_secs(5))));
         g.update("up".into(), "steady".into(), 4, t0 + Duration::from_secs(40));
         assert_eq!(g.unsettled_since, None);
         assert_eq!(g.status(t0 + Duration::from_secs(40)).assigned_partitions, 4);
