@@ -21,6 +21,47 @@ pub async fn connect(url: &str) -> Client {
     client
 }
 
+/// `id|name|qty|price` per row of the `items` table `table` (quoted),
+/// ordered by id.
+pub async fn items_rows(client: &Client, table: &str) -> Vec<String> {
+    let q = format!(
+        "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
+         FROM {table} ORDER BY id"
+    );
+    client
+        .query(q.as_str(), &[])
+        .await
+        .unwrap_or_else(|e| panic!("{q}: {e}"))
+        .iter()
+        .filter_map(|r| r.get::<_, Option<String>>(0))
+        .collect()
+}
+
+/// One column of `table` (quoted) as text, ordered by id.
+pub async fn column_texts(client: &Client, table: &str, column: &str) -> Vec<Option<String>> {
+    let sql = format!("SELECT \"{column}\"::text FROM {table} ORDER BY id");
+    client
+        .query(sql.as_str(), &[])
+        .await
+        .expect("read column")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Whether `schema`'s table `items` has `column`.
+pub async fn items_has_column(client: &Client, schema: &str, column: &str) -> bool {
+    client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = 'items' AND column_name = $2)",
+            &[&schema, &column],
+        )
+        .await
+        .expect("look up the column")
+        .get(0)
+}
+
 /// A schema of its own for one test, dropped at the end.
 pub struct Destination {
     /// The schema.
@@ -87,12 +128,7 @@ impl Destination {
         if !self.exists().await {
             return Vec::new();
         }
-        let q = format!(
-            "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
-             FROM {} ORDER BY id",
-            self.table()
-        );
-        self.texts(&q).await.into_iter().flatten().collect()
+        items_rows(&self.admin, &self.table()).await
     }
 
     /// Row versions (`xmin`) and positions, to prove a replay wrote nothing.
