@@ -118,9 +118,10 @@ impl Warehouse {
     /// The `[redshift]` section of a sink runner's file for this schema.
     pub fn runner_section(&self) -> String {
         format!(
+            // `s3` inline: callers append keys of `[redshift]` after it.
             "[redshift]\nurl = \"{}\"\niam_role = \"{IAM_ROLE}\"\nschema = \"{}\"\nloader = \"test_stdin_from_s3\"\n\
-             [redshift.s3]\nbucket = \"{BUCKET}\"\nendpoint = \"{}\"\nallow_http = true\n\
-             access_key_id = \"test\"\nsecret_access_key = \"test\"\n",
+             s3 = {{ bucket = \"{BUCKET}\", endpoint = \"{}\", allow_http = true, \
+             access_key_id = \"test\", secret_access_key = \"test\" }}\n",
             redshift_url(),
             self.schema,
             s3_endpoint()
