@@ -194,16 +194,8 @@ fn statement_violations(statement: &Statement, out: &mut Vec<String>) {
                 no("WITH on INSERT");
             }
         }
-        Statement::Update(u) => {
-            if u.returning.is_some() {
-                no("RETURNING");
-            }
-        }
-        Statement::Delete(d) => {
-            if d.returning.is_some() {
-                no("RETURNING");
-            }
-        }
+        Statement::Update(u) if u.returning.is_some() => no("RETURNING"),
+        Statement::Delete(d) if d.returning.is_some() => no("RETURNING"),
         Statement::Merge(m) => {
             let matched: Vec<_> = m.clauses.iter().filter(|c| c.clause_kind == MergeClauseKind::Matched).collect();
             if matched.len() > 1 {
@@ -257,9 +249,9 @@ fn statement_violations(statement: &Statement, out: &mut Vec<String>) {
         Statement::Copy {
             source: CopySource::Table { .. },
             to: false,
-            target,
+            target: sqlparser::ast::CopyTarget::Stdin,
             ..
-        } if matches!(target, sqlparser::ast::CopyTarget::Stdin) => no("COPY FROM STDIN"),
+        } => no("COPY FROM STDIN"),
         _ => {}
     }
 }
