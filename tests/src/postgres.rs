@@ -51,14 +51,28 @@ pub async fn column_texts(client: &Client, table: &str, column: &str) -> Vec<Opt
 
 /// Whether `schema`'s table `items` has `column`.
 pub async fn items_has_column(client: &Client, schema: &str, column: &str) -> bool {
+    has_column(client, schema, "items", column).await
+}
+
+/// Whether `schema`'s table `table` has `column`.
+pub async fn has_column(client: &Client, schema: &str, table: &str, column: &str) -> bool {
     client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
-             WHERE table_schema = $1 AND table_name = 'items' AND column_name = $2)",
-            &[&schema, &column],
+             WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)",
+            &[&schema, &table, &column],
         )
         .await
         .expect("look up the column")
+        .get(0)
+}
+
+/// Whether the table `table` (quoted) exists.
+pub async fn table_exists(client: &Client, table: &str) -> bool {
+    client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .expect("look up the table")
         .get(0)
 }
 
@@ -104,11 +118,7 @@ impl Destination {
 
     /// Whether the `items` table exists.
     pub async fn exists(&self) -> bool {
-        self.admin
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table()])
-            .await
-            .expect("look up the table")
-            .get(0)
+        table_exists(&self.admin, &self.table()).await
     }
 
     /// The first column of `sql`'s rows, as text.

@@ -100,11 +100,7 @@ impl Warehouse {
 
     /// Whether the `items` table exists.
     pub async fn exists(&self) -> bool {
-        self.admin
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table()])
-            .await
-            .expect("look up the table")
-            .get(0)
+        crate::postgres::table_exists(&self.admin, &self.table()).await
     }
 
     /// `id|name|qty|price` per row, ordered by id.

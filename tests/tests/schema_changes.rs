@@ -15,7 +15,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use tributary_tests::bigquery::{query as bigquery, Datasets};
 use tributary_tests::mysql::Database as MariaDb;
-use tributary_tests::postgres::{connect, Destination as PgDestination, SourceSchema};
+use tributary_tests::postgres::{connect, has_column, Destination as PgDestination, SourceSchema};
 use tributary_tests::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
 use tributary_tests::{kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, Runner};
 
@@ -656,26 +656,8 @@ impl Sink {
     /// Whether the destination's `table` has `column`.
     async fn has_column(&self, table: &str, column: &str) -> bool {
         match self {
-            Sink::Postgres(d) => connect(&pg_destination_url())
-                .await
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
-                     WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)",
-                    &[&d.schema, &table, &column],
-                )
-                .await
-                .expect("destination columns")
-                .get(0),
-            Sink::Redshift(w, _) => w
-                .admin
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
-                     WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)",
-                    &[&w.schema, &table, &column],
-                )
-                .await
-                .expect("destination columns")
-                .get(0),
+            Sink::Postgres(d) => has_column(&connect(&pg_destination_url()).await, &d.schema, table, column).await,
+            Sink::Redshift(w, _) => has_column(&w.admin, &w.schema, table, column).await,
             // A query naming a column the table lacks fails.
             Sink::BigQuery(d) => bigquery(&format!("SELECT `{column}` FROM {} LIMIT 1", d.table(table)))
                 .await
