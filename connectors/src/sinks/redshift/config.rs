@@ -339,7 +339,7 @@ mod tests {
         c.s3.access_key_id = Some("AKIA".into());
         assert!(c.validate().is_ok());
         let shown = format!("{c:?}");
-        assert!(!shown.contains("secret") && !shown.contains("s3cret") && !shown.contains("AKIA"), "{shown}");
+        assert!(!shown.contains("u:secret") && !shown.contains("s3cret") && !shown.contains("AKIA"), "{shown}");
         c.iam_role = "role".into();
         assert!(c.validate().unwrap_err().to_string().contains("redshift.iam_role"));
         c.iam_role = "arn:aws:iam::1:role/r".into();
