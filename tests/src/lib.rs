@@ -11,6 +11,7 @@ pub mod kafka;
 pub mod mysql;
 pub mod postgres;
 pub mod proxy;
+pub mod redshift;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -21,6 +21,61 @@ pub async fn connect(url: &str) -> Client {
     client
 }
 
+/// `id|name|qty|price` per row of the `items` table `table` (quoted),
+/// ordered by id.
+pub async fn items_rows(client: &Client, table: &str) -> Vec<String> {
+    let q = format!(
+        "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
+         FROM {table} ORDER BY id"
+    );
+    client
+        .query(q.as_str(), &[])
+        .await
+        .unwrap_or_else(|e| panic!("{q}: {e}"))
+        .iter()
+        .filter_map(|r| r.get::<_, Option<String>>(0))
+        .collect()
+}
+
+/// One column of `table` (quoted) as text, ordered by id.
+pub async fn column_texts(client: &Client, table: &str, column: &str) -> Vec<Option<String>> {
+    let sql = format!("SELECT \"{column}\"::text FROM {table} ORDER BY id");
+    client
+        .query(sql.as_str(), &[])
+        .await
+        .expect("read column")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Whether `schema`'s table `items` has `column`.
+pub async fn items_has_column(client: &Client, schema: &str, column: &str) -> bool {
+    has_column(client, schema, "items", column).await
+}
+
+/// Whether `schema`'s table `table` has `column`.
+pub async fn has_column(client: &Client, schema: &str, table: &str, column: &str) -> bool {
+    client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)",
+            &[&schema, &table, &column],
+        )
+        .await
+        .expect("look up the column")
+        .get(0)
+}
+
+/// Whether the table `table` (quoted) exists.
+pub async fn table_exists(client: &Client, table: &str) -> bool {
+    client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .expect("look up the table")
+        .get(0)
+}
+
 /// A schema of its own for one test, dropped at the end.
 pub struct Destination {
     /// The schema.
@@ -63,11 +118,7 @@ impl Destination {
 
     /// Whether the `items` table exists.
     pub async fn exists(&self) -> bool {
-        self.admin
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table()])
-            .await
-            .expect("look up the table")
-            .get(0)
+        table_exists(&self.admin, &self.table()).await
     }
 
     /// The first column of `sql`'s rows, as text.
@@ -87,12 +138,7 @@ impl Destination {
         if !self.exists().await {
             return Vec::new();
         }
-        let q = format!(
-            "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
-             FROM {} ORDER BY id",
-            self.table()
-        );
-        self.texts(&q).await.into_iter().flatten().collect()
+        items_rows(&self.admin, &self.table()).await
     }
 
     /// Row versions (`xmin`) and positions, to prove a replay wrote nothing.

@@ -15,7 +15,8 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use tributary_tests::bigquery::{query as bigquery, Datasets};
 use tributary_tests::mysql::Database as MariaDb;
-use tributary_tests::postgres::{connect, Destination as PgDestination, SourceSchema};
+use tributary_tests::postgres::{connect, has_column, Destination as PgDestination, SourceSchema};
+use tributary_tests::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
 use tributary_tests::{kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, Runner};
 
 /// How long one step may take to reach the destination.
@@ -31,6 +32,8 @@ enum SourceKind {
 enum SinkKind {
     Postgres,
     BigQuery,
+    /// PostgreSQL 15 in the Redshift sink's test mode, staging in moto.
+    Redshift,
 }
 
 /// One migration, in each source's SQL (`{t}` is the table); `None` where
@@ -128,6 +131,11 @@ async fn postgres_to_postgres() {
 #[tokio::test]
 async fn postgres_to_bigquery() {
     matrix(SourceKind::Postgres, SinkKind::BigQuery).await;
+}
+
+#[tokio::test]
+async fn postgres_to_redshift() {
+    matrix(SourceKind::Postgres, SinkKind::Redshift).await;
 }
 
 #[tokio::test]
@@ -615,6 +623,7 @@ impl Source {
 enum Sink {
     Postgres(PgDestination),
     BigQuery(Datasets),
+    Redshift(RedshiftWarehouse, String),
 }
 
 impl Sink {
@@ -622,6 +631,7 @@ impl Sink {
         match kind {
             SinkKind::Postgres => Sink::Postgres(PgDestination::new("ddl").await),
             SinkKind::BigQuery => Sink::BigQuery(Datasets::new("ddl")),
+            SinkKind::Redshift => Sink::Redshift(RedshiftWarehouse::new("ddl").await, tributary_tests::unique("ddl")),
         }
     }
 
@@ -629,6 +639,7 @@ impl Sink {
         match self {
             Sink::Postgres(d) => &d.group,
             Sink::BigQuery(d) => &d.group,
+            Sink::Redshift(_, group) => group,
         }
     }
 
@@ -637,6 +648,7 @@ impl Sink {
         let section = match self {
             Sink::Postgres(d) => format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), d.schema),
             Sink::BigQuery(d) => d.runner_section(),
+            Sink::Redshift(w, _) => w.runner_section(),
         };
         format!("{}\ndrop_columns = true\n", section.trim_end())
     }
@@ -644,16 +656,8 @@ impl Sink {
     /// Whether the destination's `table` has `column`.
     async fn has_column(&self, table: &str, column: &str) -> bool {
         match self {
-            Sink::Postgres(d) => connect(&pg_destination_url())
-                .await
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
-                     WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)",
-                    &[&d.schema, &table, &column],
-                )
-                .await
-                .expect("destination columns")
-                .get(0),
+            Sink::Postgres(d) => has_column(&connect(&pg_destination_url()).await, &d.schema, table, column).await,
+            Sink::Redshift(w, _) => has_column(&w.admin, &w.schema, table, column).await,
             // A query naming a column the table lacks fails.
             Sink::BigQuery(d) => bigquery(&format!("SELECT `{column}` FROM {} LIMIT 1", d.table(table)))
                 .await
@@ -665,10 +669,15 @@ impl Sink {
     /// one of the columns is not there yet.
     async fn rows(&self, table: &str, columns: &[String]) -> Option<Vec<String>> {
         match self {
-            Sink::Postgres(d) => {
+            Sink::Postgres(_) | Sink::Redshift(..) => {
+                let (url, schema) = match self {
+                    Sink::Redshift(w, _) => (redshift_url(), w.schema.clone()),
+                    Sink::Postgres(d) => (pg_destination_url(), d.schema.clone()),
+                    Sink::BigQuery(_) => return None,
+                };
                 let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
-                let sql = format!("SELECT {} FROM \"{}\".\"{table}\" ORDER BY id", cols.join(", "), d.schema);
-                let client = connect(&pg_destination_url()).await;
+                let sql = format!("SELECT {} FROM \"{schema}\".\"{table}\" ORDER BY id", cols.join(", "));
+                let client = connect(&url).await;
                 let rows = client.query(sql.as_str(), &[]).await.ok()?;
                 Some(
                     rows.iter()
@@ -689,6 +698,7 @@ impl Sink {
         match self {
             Sink::Postgres(d) => d.cleanup().await,
             Sink::BigQuery(d) => d.cleanup().await,
+            Sink::Redshift(w, group) => w.cleanup(&[group]).await,
         }
     }
 }

@@ -28,7 +28,7 @@ const MAX_COPY_STATEMENTS: usize = 1024;
 const APPLICATION_NAME: &str = "tributary-sink";
 
 /// Why a `COPY` failed.
-pub(super) enum CopyFailure {
+pub(crate) enum CopyFailure {
     /// A row could not be rendered (the `COPY` was aborted).
     Render(crate::sink::ApplyError),
     /// PostgreSQL refused the `COPY` or the connection broke.
@@ -38,7 +38,7 @@ pub(super) enum CopyFailure {
 }
 
 /// The sink's connection to the destination.
-pub(super) struct Session {
+pub(crate) struct Session {
     pg: tokio_postgres::Config,
     config: PostgresSinkConfig,
     client: Option<Client>,
@@ -53,10 +53,17 @@ pub(super) struct Session {
 
 impl Session {
     /// A session for `config` (not connected).
-    pub(super) fn new(config: &PostgresSinkConfig) -> Result<Self, ConfigError> {
-        let secret: SecretString = resolve_secret("postgres.url", &config.url)?;
+    pub(crate) fn new(config: &PostgresSinkConfig) -> Result<Self, ConfigError> {
+        Self::new_in(config, "postgres")
+    }
+
+    /// A session for `config`, whose URL is `<section>.url` in errors (the
+    /// Redshift sink shares this session).
+    pub(crate) fn new_in(config: &PostgresSinkConfig, section: &str) -> Result<Self, ConfigError> {
+        let field = format!("{section}.url");
+        let secret: SecretString = resolve_secret(&field, &config.url)?;
         let mut pg = tokio_postgres::Config::from_str(secret.expose_secret())
-            .map_err(|e| ConfigError::invalid("postgres.url", format!("is not a PostgreSQL URL ({e})")))?;
+            .map_err(|e| ConfigError::invalid(field.clone(), format!("is not a PostgreSQL URL ({e})")))?;
         pg.connect_timeout(Duration::from_millis(config.connect_timeout_ms));
         pg.application_name(APPLICATION_NAME);
         Ok(Self {
@@ -68,26 +75,26 @@ impl Session {
         })
     }
 
-    pub(super) fn user(&self) -> String {
+    pub(crate) fn user(&self) -> String {
         self.pg.get_user().unwrap_or("<sink user>").to_string()
     }
 
-    pub(super) fn database(&self) -> String {
+    pub(crate) fn database(&self) -> String {
         self.pg.get_dbname().map(str::to_string).unwrap_or_else(|| self.user())
     }
 
-    pub(super) fn ctx(&self) -> Ctx {
+    pub(crate) fn ctx(&self) -> Ctx {
         Ctx { user: self.user(), database: self.database(), table: None }
     }
 
     /// Whether a live connection is open.
-    pub(super) fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.client.as_ref().is_some_and(|c| !c.is_closed())
     }
 
     /// Opens a connection with the configured TLS mode; its task runs in
     /// the background and only records why it ended.
-    pub(super) async fn open(&self) -> Result<Client> {
+    pub(crate) async fn open(&self) -> Result<Client> {
         fn closed(e: &tokio_postgres::Error) {
             // A broken connection is reported by the next statement; this
             // only records why, without any statement text.
@@ -102,10 +109,7 @@ impl Session {
     /// Opens a connection and sets the session up (time zone, date and
     /// interval styles, float digits: the text forms the sink renders; the
     /// lock wait limit).
-    pub(super) async fn connect(&mut self) -> Result<()> {
-        self.reset();
-        let ctx = self.ctx();
-        let client = self.open().await.map_err(|e| e.with_hint_if_none(connect_hint()))?;
+    pub(crate) async fn connect(&mut self) -> Result<()> {
         let lock_timeout = format!("{}ms", self.config.lock_timeout_ms);
         let setup = format!(
             "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; \
@@ -113,33 +117,42 @@ impl Session {
              SET lock_timeout = {}",
             quote_literal(&lock_timeout)
         );
-        client.batch_execute(&setup).await.map_err(|e| classify(&e, &ctx))?;
+        self.connect_with(&setup).await
+    }
+
+    /// Opens a connection and runs `setup` in it (the Redshift sink's
+    /// settings differ: Redshift has no `IntervalStyle` nor `lock_timeout`).
+    pub(crate) async fn connect_with(&mut self, setup: &str) -> Result<()> {
+        self.reset();
+        let ctx = self.ctx();
+        let client = self.open().await.map_err(|e| e.with_hint_if_none(connect_hint()))?;
+        client.batch_execute(setup).await.map_err(|e| classify(&e, &ctx))?;
         self.client = Some(client);
         Ok(())
     }
 
     /// Uses `client` (opened by [`Session::open`]) as it is, without the
     /// setup: for the read-only setup check.
-    pub(super) fn adopt(&mut self, client: Client) {
+    pub(crate) fn adopt(&mut self, client: Client) {
         self.reset();
         self.client = Some(client);
     }
 
     /// Forgets the connection and what was prepared or deferred in it.
-    pub(super) fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.client = None;
         self.take_deferred();
         lock(&self.copy_statements).clear();
     }
 
-    pub(super) fn connected(&self) -> Result<&Client> {
+    pub(crate) fn connected(&self) -> Result<&Client> {
         self.client.as_ref().ok_or_else(|| Error::retryable("not connected to the destination"))
     }
 
     /// The session, once what was deferred has been sent: every statement
     /// goes through here or [`Session::execute`], so none can run ahead of a
     /// deferred `BEGIN`.
-    pub(super) async fn client(&self) -> Result<&Client> {
+    pub(crate) async fn client(&self) -> Result<&Client> {
         let client = self.connected()?;
         let deferred = self.take_deferred();
         if !deferred.is_empty() {
@@ -152,7 +165,7 @@ impl Session {
     /// one round trip. A deferred statement that fails reports through this
     /// one: they are `BEGIN`, `RELEASE SAVEPOINT` and the offsets, which
     /// fail only with the session or the offsets table.
-    pub(super) async fn execute(&self, sql: &str, ctx: &Ctx) -> Result<()> {
+    pub(crate) async fn execute(&self, sql: &str, ctx: &Ctx) -> Result<()> {
         let client = self.connected()?;
         let mut text = self.take_deferred();
         text.push_str(sql);
@@ -160,20 +173,20 @@ impl Session {
     }
 
     /// Sends `sql` with the next statement; see [`Session::execute`].
-    pub(super) fn defer(&self, sql: &str) {
+    pub(crate) fn defer(&self, sql: &str) {
         let mut deferred = lock(&self.deferred);
         deferred.push_str(sql);
         deferred.push_str("; ");
     }
 
-    pub(super) fn take_deferred(&self) -> String {
+    pub(crate) fn take_deferred(&self) -> String {
         std::mem::take(&mut *lock(&self.deferred))
     }
 
     /// The session and the `COPY ... FROM STDIN` statement `sql`, prepared
     /// on first use in this session (a utility statement is analysed again
     /// at each execution, so a table changed since is no problem).
-    pub(super) async fn copy_statement(&self, sql: &str) -> std::result::Result<(&Client, Statement), CopyFailure> {
+    pub(crate) async fn copy_statement(&self, sql: &str) -> std::result::Result<(&Client, Statement), CopyFailure> {
         let client = self.client().await.map_err(CopyFailure::Session)?;
         if let Some(statement) = lock(&self.copy_statements).get(sql) {
             return Ok((client, statement.clone()));
@@ -194,20 +207,20 @@ impl Session {
 
 /// Context for classifying an error: who we are and what we touched.
 #[derive(Debug, Clone)]
-pub(super) struct Ctx {
-    pub(super) user: String,
-    pub(super) database: String,
-    pub(super) table: Option<String>,
+pub(crate) struct Ctx {
+    pub(crate) user: String,
+    pub(crate) database: String,
+    pub(crate) table: Option<String>,
 }
 
 impl Ctx {
-    pub(super) fn in_table(mut self, table: String) -> Self {
+    pub(crate) fn in_table(mut self, table: String) -> Self {
         self.table = Some(table);
         self
     }
 }
 
-pub(super) trait HintIfNone {
+pub(crate) trait HintIfNone {
     fn with_hint_if_none(self, hint: String) -> Self;
 }
 
@@ -221,7 +234,7 @@ impl HintIfNone for Error {
     }
 }
 
-pub(super) fn connect_hint() -> String {
+pub(crate) fn connect_hint() -> String {
     "check that the destination is running and that postgres.url points at it".to_string()
 }
 
@@ -229,7 +242,7 @@ pub(super) fn connect_hint() -> String {
 /// from the one SQLSTATE table ([`sqlstate::kind`]: a failure without a
 /// SQLSTATE is the connection's), the column from the server's report, row
 /// values cut from data errors' messages, and the sink's own hints.
-pub(super) fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
+pub(crate) fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
     let Some(db) = err.as_db_error() else {
         return Error::new(
             sqlstate::client_error_kind(err),
@@ -277,7 +290,7 @@ pub(super) fn classify(err: &tokio_postgres::Error, ctx: &Ctx) -> Error {
 }
 
 /// `COPY stage, line 3, column qty: "abc"` -> `qty`.
-pub(super) fn copy_column(where_: &str) -> Option<String> {
+pub(crate) fn copy_column(where_: &str) -> Option<String> {
     let start = where_.find(", column ")? + ", column ".len();
     let rest = &where_[start..];
     let end = rest.find(':').unwrap_or(rest.len());
@@ -287,7 +300,7 @@ pub(super) fn copy_column(where_: &str) -> Option<String> {
 
 /// The value behind `mutex`; a panic elsewhere while it was held leaves
 /// it usable (it holds only text and prepared statements).
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -1,0 +1,841 @@
+//! The Redshift sink: keeps a copy of each source table in Amazon Redshift,
+//! with exactly-once effect, staging each batch's rows as CSV files in S3.
+//! A [`Warehouse`] of the core (`crate::sink::warehouse`), which decides
+//! the order of everything; this module says how Redshift does each step.
+//!
+//! # How a batch is applied
+//!
+//! One transaction per [`SinkBatch`] on the main session:
+//!
+//! 1. Schema changes run first, on a second session outside the batch's
+//!    transaction (Redshift runs `ALTER TABLE ... ADD COLUMN` and a VARCHAR
+//!    lengthening only outside a transaction block). They are additive, so
+//!    a batch that then fails leaves nothing wrong behind. A change needed
+//!    for a table this transaction already wrote (a later schema version in
+//!    the same batch) would wait for this transaction's own lock: the batch
+//!    fails retryably and the change is made before the retry's first
+//!    statement.
+//! 2. A truncate removes the older rows (`DELETE`: Redshift's `TRUNCATE`
+//!    commits the transaction).
+//! 3. The batch is reduced to the last change per key; the survivors of each
+//!    schema version are written as CSV files and a manifest to S3 and
+//!    loaded with `COPY ... IAM_ROLE ... MANIFEST` into a temporary staging
+//!    table; the files are removed after the load.
+//! 4. The position guard runs on the staging rows first, then DELETE and
+//!    INSERT replace the rows (see [`dialect::apply_sql`]): Redshift's
+//!    `MERGE` takes no extra condition on its one `WHEN MATCHED`.
+//! 5. The offsets table is locked, the stored offsets are read and checked
+//!    against the batch's fence, then replaced; `COMMIT`.
+//!
+//! Each destination table is locked (`LOCK`) before the transaction first
+//! writes it, so two runners writing one table take turns; Redshift runs
+//! every transaction serializable and still aborts one of two conflicting
+//! ones with error 1023 (retried). The test mode's PostgreSQL runs the
+//! same statements at READ COMMITTED, where the locks alone serialize.
+//!
+//! Redshift has no savepoints: the core's bisection probes each run in a
+//! transaction of their own (`savepoint` rolls back and begins again).
+//!
+//! # Test mode
+//!
+//! `loader = "test_stdin_from_s3"` replaces only the `COPY` from S3 with a
+//! `COPY FROM STDIN` of the same staged files, read back from S3, so that
+//! everything else runs unchanged against PostgreSQL 15 (see
+//! `docs/destinations/redshift.md` for what that does and does not show).
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod dialect;
+pub mod types;
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::SinkExt;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+use tracing::{debug, info, info_span, Instrument};
+use tributary_operations::config::{ConfigError, Validate};
+use tributary_schemas::{Position, TableId, TableSchema};
+
+use self::client::{classify, CopyFailure, Ctx, HintIfNone, Session, Stager};
+pub use self::config::{DestinationTable, Loader, RedshiftSinkConfig, S3Config};
+use self::dialect::{
+    apply_sql, bookkeeping_ddl, change_sql, lock_sql, offsets_table, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
+    delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, offsets_sql, prune_deleted_sql,
+    removed_before_sql, reset_of_sql, staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal,
+    truncate_older_sql, COLUMNS_SQL, PRIMARY_KEY_SQL, SCHEMA_EXISTS_SQL,
+};
+pub use self::dialect::{PgType, RedshiftDialect, BEGIN};
+use self::types::{render_record, CsvKind};
+use crate::error::{Error, ErrorKind, Result};
+use crate::pgwire::quote_ident;
+use crate::problem::Problem;
+use crate::sink::bookkeeping::{
+    fenced, keeps_removal, position_i64, reset_i64, staging_name, Fence, OffsetMove, BOOKKEEPING_SCHEMA,
+    DELETED_ROWS_PRUNE_INTERVAL, OFFSETS_TABLE,
+};
+use crate::sink::reduce::{Group, Reduction};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::warehouse::{self, Mode, Warehouse};
+use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+
+/// Prefix of the session-local staging tables.
+const STAGING_PREFIX: &str = "__tributary_stage_";
+/// Settings of both sessions: the text forms the staged files use.
+/// Redshift has no `IntervalStyle`, `lock_timeout` or
+/// `standard_conforming_strings` (its literals always read backslash
+/// escapes).
+const SETUP: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET extra_float_digits = 3";
+/// TEST MODE ONLY, added to [`SETUP`] on PostgreSQL: literals read
+/// backslashes as Redshift's do.
+const TEST_SETUP: &str = "SET standard_conforming_strings = off; SET escape_string_warning = off";
+/// Added for the schema session: a schema change that waits for another
+/// runner's table lock while that runner waits for one this runner's
+/// batch holds is a cycle the database cannot see (this runner's two
+/// sessions wait through the client); it ends here, as a retryable error.
+/// Redshift's schema changes are metadata changes: this is far above them.
+const SCHEMA_SETUP: &str = "SET statement_timeout = 300000";
+/// TEST MODE ONLY: Redshift's SUPER and VARBYTE as PostgreSQL domains
+/// (over text: the staged JSON and hex as they are), so the same DDL runs.
+const TEST_TYPES: [(&str, &str); 2] = [("super", "text"), ("varbyte", "text")];
+
+/// What the sink knows about one destination table (from the catalog).
+#[derive(Debug, Clone, Default)]
+struct TableState {
+    shape: TableShape<PgType>,
+    /// Each column's `format_type` spelling, in `shape.columns` order.
+    raw: Vec<String>,
+    /// Fingerprints of the source schemas already reconciled with it.
+    reconciled: HashSet<u64>,
+}
+
+impl TableState {
+    fn raw_type(&self, name: &str) -> Option<&str> {
+        self.shape.columns.iter().position(|c| c.name == name).map(|i| self.raw[i].as_str())
+    }
+}
+
+/// A schema change postponed to the next transaction's start (see the
+/// module docs, step 1).
+type PendingChange = (DestinationTable, Arc<TableSchema>, String);
+
+/// The Redshift [`Sink`].
+pub struct RedshiftSink {
+    config: RedshiftSinkConfig,
+    consumer_group: String,
+    /// The batches' transactions.
+    session: Session,
+    /// Catalog reads and DDL, outside the batches' transactions.
+    schema_session: Session,
+    stager: Stager,
+    tables: HashMap<DestinationTable, TableState>,
+    /// Staging tables known to exist in the main session.
+    staging: HashSet<String>,
+    /// Staging tables created in the open transaction.
+    staging_in_txn: HashSet<String>,
+    /// Tables the open transaction wrote (and so holds locks on).
+    touched: HashSet<DestinationTable>,
+    /// Tables the open transaction dropped: made again in it, if needed.
+    dropped: HashSet<DestinationTable>,
+    /// Whether the open transaction changed a table's shape (cached shapes
+    /// are then forgotten if it rolls back).
+    ddl_in_txn: bool,
+    pending: Vec<PendingChange>,
+    mode: Mode,
+    prune_at: std::time::Instant,
+    /// The batch's time as a literal (`deleted_at`).
+    now: String,
+    /// Every statement sent (the dialect check's input), when asked for.
+    recorder: Option<Arc<Mutex<Vec<String>>>>,
+}
+
+impl fmt::Debug for RedshiftSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedshiftSink")
+            .field("config", &self.config)
+            .field("connected", &self.session.is_open())
+            .finish()
+    }
+}
+
+impl RedshiftSink {
+    /// A sink for `config`; it connects on first use.
+    pub fn new(config: RedshiftSinkConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let consumer_group = config
+            .consumer_group
+            .clone()
+            .ok_or_else(|| ConfigError::invalid("redshift.consumer_group", "is required"))?;
+        let connection = config.connection();
+        Ok(Self {
+            session: Session::new_in(&connection, "redshift")?,
+            schema_session: Session::new_in(&connection, "redshift")?,
+            stager: Stager::new(&config.s3, "redshift")?,
+            config,
+            consumer_group,
+            tables: HashMap::new(),
+            staging: HashSet::new(),
+            staging_in_txn: HashSet::new(),
+            touched: HashSet::new(),
+            dropped: HashSet::new(),
+            ddl_in_txn: false,
+            pending: Vec::new(),
+            mode: Mode::Commit,
+            prune_at: std::time::Instant::now(),
+            now: timestamp_literal(chrono::Utc::now()),
+            recorder: None,
+        })
+    }
+
+    /// Records every statement sent to the destination into `to` (the
+    /// dialect check; the test mode's own `COPY FROM STDIN` and type
+    /// stand-ins are not recorded, the `COPY` from S3 it replaces is).
+    pub fn record_statements(&mut self, to: Arc<Mutex<Vec<String>>>) {
+        self.recorder = Some(to);
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedshiftSinkConfig {
+        &self.config
+    }
+
+    fn record(&self, sql: &str) {
+        if let Some(r) = &self.recorder {
+            r.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(sql.to_string());
+        }
+    }
+
+    fn ctx(&self) -> Ctx {
+        self.session.ctx()
+    }
+
+    fn test_mode(&self) -> bool {
+        self.config.loader == Loader::TestStdinFromS3
+    }
+
+    fn setup(&self) -> String {
+        if self.test_mode() {
+            format!("{SETUP}; {TEST_SETUP}")
+        } else {
+            SETUP.to_string()
+        }
+    }
+
+    /// Runs `statements` on the main session, after what is deferred, in
+    /// one round trip.
+    async fn exec(&self, statements: &[String], ctx: &Ctx) -> Result<()> {
+        for s in statements {
+            self.record(s);
+        }
+        let client = self.session.connected()?;
+        let mut text = self.session.take_deferred();
+        text.push_str(&statements.join("; "));
+        client.batch_execute(&text).await.map_err(|e| classify(&e, ctx))
+    }
+
+    /// A query on the main session (after what is deferred).
+    async fn query(&self, sql: &str, ctx: &Ctx) -> Result<Vec<Row>> {
+        self.record(sql);
+        let client = self.session.connected()?;
+        let deferred = self.session.take_deferred();
+        if !deferred.is_empty() {
+            client.batch_execute(&deferred).await.map_err(|e| classify(&e, ctx))?;
+        }
+        client.query(sql, &[]).await.map_err(|e| classify(&e, ctx))
+    }
+
+    /// One statement on the schema session (autocommit).
+    async fn ddl(&self, sql: &str, ctx: &Ctx) -> Result<()> {
+        self.record(sql);
+        let client = self.schema_session.connected()?;
+        client.batch_execute(sql).await.map_err(|e| classify(&e, ctx))
+    }
+
+    /// A catalog query on the schema session (sees every committed change).
+    async fn catalog(&self, sql: &str, params: &[&(dyn ToSql + Sync)], ctx: &Ctx) -> Result<Vec<Row>> {
+        self.record(sql);
+        let client = self.schema_session.connected()?;
+        client.query(sql, params).await.map_err(|e| classify(&e, ctx))
+    }
+
+    /// Connects both sessions (if not connected) and makes sure the
+    /// bookkeeping tables exist.
+    pub async fn connect(&mut self) -> Result<()> {
+        if self.session.is_open() && self.schema_session.is_open() {
+            return Ok(());
+        }
+        self.reset();
+        let setup = self.setup();
+        let connected = async {
+            self.session.connect_with(&setup).await?;
+            self.schema_session.connect_with(&format!("{setup}; {SCHEMA_SETUP}")).await?;
+            if self.test_mode() {
+                self.test_types().await?;
+            }
+            self.ensure_bookkeeping().await
+        }
+        .await;
+        if let Err(e) = connected {
+            self.reset();
+            return Err(e);
+        }
+        info!(database = %self.session.database(), user = %self.session.user(), "connected to Redshift");
+        Ok(())
+    }
+
+    /// Forgets the connections and everything cached about them.
+    fn reset(&mut self) {
+        self.session.reset();
+        self.schema_session.reset();
+        self.tables.clear();
+        self.staging.clear();
+        self.staging_in_txn.clear();
+        self.touched.clear();
+    }
+
+    /// TEST MODE ONLY: creates the stand-ins of Redshift's types.
+    async fn test_types(&self) -> Result<()> {
+        let ctx = self.ctx();
+        let client = self.schema_session.connected()?;
+        for (name, over) in TEST_TYPES {
+            let exists = !client
+                .query("SELECT 1 FROM pg_type WHERE typname = $1", &[&name])
+                .await
+                .map_err(|e| classify(&e, &ctx))?
+                .is_empty();
+            if !exists {
+                // Two sinks starting at once: the loser's error is harmless.
+                let _ = client.batch_execute(&format!("CREATE DOMAIN public.{name} AS {over}")).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn ensure_bookkeeping(&self) -> Result<()> {
+        let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
+        for sql in bookkeeping_ddl() {
+            // `IF NOT EXISTS` races with another runner's create: once more.
+            if self.ddl(&sql, &ctx).await.is_err() {
+                self.ddl(&sql, &ctx).await.map_err(|e| {
+                    if e.kind() == ErrorKind::NeedsOperator {
+                        e.with_hint_if_none(format!(
+                            "GRANT CREATE ON DATABASE {} TO {u}; or create the bookkeeping tables yourself ({}) and \
+                             GRANT USAGE ON SCHEMA {BOOKKEEPING_SCHEMA} TO {u}; GRANT SELECT, INSERT, UPDATE, DELETE \
+                             ON ALL TABLES IN SCHEMA {BOOKKEEPING_SCHEMA} TO {u}",
+                            quote_ident(&ctx.database),
+                            bookkeeping_ddl().join("; "),
+                            u = quote_ident(&ctx.user),
+                        ))
+                    } else {
+                        e
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes this copy: its stored offsets and the tables of `drop`.
+    pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        self.connect().await?;
+        let ctx = self.ctx();
+        let group = self.consumer_group.clone();
+        self.ddl(&delete_offsets_sql(&group), &ctx).await?;
+        let mut done = vec![format!("the stored offsets of consumer group {group}")];
+        for source in drop {
+            let dest = self.config.destination(source);
+            self.ddl(&drop_table_sql(&dest), &ctx).await?;
+            self.ddl(&forget_deleted_sql(&dest), &ctx).await?;
+            done.push(format!("destination table {dest}"));
+        }
+        self.tables.clear();
+        Ok(done)
+    }
+
+    async fn rollback(&mut self) {
+        // A transaction whose `BEGIN` is still deferred was never opened.
+        let opened = !self.session.take_deferred().starts_with(BEGIN);
+        let ok = match self.session.connected() {
+            Ok(c) if opened => {
+                self.record("ROLLBACK");
+                c.batch_execute("ROLLBACK").await.is_ok()
+            }
+            _ => true,
+        };
+        self.forget_transaction();
+        if !ok {
+            self.reset();
+        }
+    }
+
+    /// Forgets what a rolled-back transaction created or touched. The
+    /// table shapes stay: DDL ran outside it and is committed.
+    fn forget_transaction(&mut self) {
+        for name in self.staging_in_txn.drain() {
+            self.staging.remove(&name);
+        }
+        if std::mem::take(&mut self.ddl_in_txn) {
+            self.tables.clear();
+        }
+        self.touched.clear();
+        self.dropped.clear();
+    }
+
+    /// Rolls the open transaction back and opens another (what a savepoint
+    /// does elsewhere).
+    async fn restart_transaction(&mut self) -> Result<()> {
+        self.rollback().await;
+        self.session.connected()?;
+        self.record(BEGIN);
+        self.session.defer(BEGIN);
+        Ok(())
+    }
+
+    /// Locks `dest` for the rest of the transaction, the first time the
+    /// transaction is about to write it (sent with the next statement):
+    /// two runners writing one table (after a key change, the old key's
+    /// partition and the new key's may belong to different members) take
+    /// turns, so neither misses the other's deleted-row entries or rows.
+    /// In Redshift it also spares most serializable-isolation aborts.
+    fn lock_for_write(&mut self, dest: &DestinationTable) {
+        if self.touched.insert(dest.clone()) {
+            let sql = lock_sql(&dest.quoted());
+            self.record(&sql);
+            self.session.defer(&sql);
+        }
+    }
+
+    /// Creates `dest` again inside the open transaction, which dropped it
+    /// (a source table dropped and made again within one batch): Redshift
+    /// runs `CREATE TABLE` in a transaction block, and outside it the old
+    /// table would still be there.
+    async fn recreate_in_transaction(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let empty = TableShape::default();
+        let changes = plan(&RedshiftDialect, &dest.quoted(), schema, origin, &empty, self.evolution())?;
+        let statements =
+            changes.iter().map(|c| change_sql(dest, c).map_err(|e| e.with_table(schema.id.clone()))).collect::<Result<Vec<_>>>()?;
+        self.ddl_in_txn = true;
+        self.exec(&statements, &ctx).await?;
+        let mut state = TableState::default();
+        state.shape.apply(&changes);
+        state.raw = state.shape.columns.iter().map(|c| c.ty.render()).collect();
+        state.reconciled.insert(schema_fingerprint(schema));
+        self.tables.insert(dest.clone(), state);
+        self.dropped.remove(dest);
+        Ok(())
+    }
+
+    /// Reads a table's columns and primary key from the catalog.
+    async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let rows = self.catalog(COLUMNS_SQL, &[&dest.schema, &dest.table], &ctx).await?;
+        let mut state = TableState::default();
+        state.shape.exists = !rows.is_empty();
+        for row in rows {
+            let raw: String = row.get(1);
+            state.shape.columns.push(ShapeColumn { name: row.get(0), ty: PgType::parse(&raw), not_null: row.get(2) });
+            state.raw.push(raw);
+        }
+        if state.shape.exists {
+            let keys = self.catalog(PRIMARY_KEY_SQL, &[&dest.schema, &dest.table], &ctx).await?;
+            state.shape.primary_key = keys.iter().map(|r| r.get(0)).collect();
+        }
+        if let Some(old) = self.tables.get(dest) {
+            if old.shape.exists && state.shape.exists {
+                state.reconciled = old.reconciled.clone();
+            }
+        }
+        self.tables.insert(dest.clone(), state);
+        Ok(())
+    }
+
+    fn state(&self, dest: &DestinationTable) -> Result<&TableState> {
+        self.tables.get(dest).ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))
+    }
+
+    fn plan_for(&self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<Vec<String>> {
+        let changes = plan(&RedshiftDialect, &dest.quoted(), schema, origin, &self.state(dest)?.shape, self.evolution())?;
+        changes
+            .iter()
+            .map(|c| change_sql(dest, c).map_err(|e| e.with_table(schema.id.clone())))
+            .collect()
+    }
+
+    /// Makes `dest` fit `schema` on the schema session, one statement at a
+    /// time, outside any transaction block.
+    async fn change_table(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let statements = self.plan_for(dest, schema, origin)?;
+        if statements.is_empty() {
+            return Ok(());
+        }
+        if !self.state(dest)?.shape.exists {
+            let n: i64 = self.catalog(SCHEMA_EXISTS_SQL, &[&dest.schema], &ctx).await?.first().map_or(0, |r| r.get(0));
+            if n == 0 {
+                self.ddl(&create_schema_sql(&dest.schema), &ctx).await?;
+            }
+        }
+        for statement in &statements {
+            info!(table = %dest, ddl = %statement, "changing destination table");
+            if let Err(e) = self.ddl(statement, &ctx).await {
+                // Another runner may have made the same change meanwhile.
+                self.load_table(dest).await?;
+                if self.plan_for(dest, schema, origin)?.is_empty() {
+                    return Ok(());
+                }
+                return Err(e);
+            }
+        }
+        self.load_table(dest).await
+    }
+
+    /// Stages the surviving rows of one schema version and applies them.
+    async fn stage_and_apply(&mut self, dest: &DestinationTable, group: &Group<'_>) -> Result<(), ApplyError> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let state = self.state(dest)?;
+        let mut columns: Vec<(&str, String)> = Vec::with_capacity(group.schema.columns.len());
+        for c in &group.schema.columns {
+            let raw = state.raw_type(&c.name).ok_or_else(|| {
+                Error::retryable(format!("column {} is missing in {dest}", c.name)).with_column(c.name.clone())
+            })?;
+            columns.push((c.name.as_str(), raw.to_string()));
+        }
+        let keys: Vec<String> = state.shape.primary_key.iter().map(|k| quote_ident(k)).collect();
+        if keys.is_empty() {
+            return Err(Error::needs_operator(format!(
+                "destination table {dest} has no primary key, so rows cannot be matched"
+            ))
+            .with_table(group.schema.id.clone())
+            .with_class("tributary.no_primary_key")
+            .with_hint(format!(
+                "ALTER TABLE {} ADD PRIMARY KEY ({})",
+                dest.quoted(),
+                group.schema.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ")
+            ))
+            .into());
+        }
+        let kinds: Vec<CsvKind> = columns.iter().map(|(_, raw)| CsvKind::of(raw)).collect();
+        let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
+        let typed: Vec<(&str, &str)> = columns.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let stage = staging_name(STAGING_PREFIX, dest, &typed);
+        let prepare = if self.staging.contains(&stage) {
+            clear_stage_sql(&stage)
+        } else {
+            self.staging.insert(stage.clone());
+            self.staging_in_txn.insert(stage.clone());
+            staging_table_sql(&stage, &typed)
+        };
+        self.exec(&[prepare], &ctx).await?;
+
+        // The files: `rows_per_file` records each.
+        let mut files = Vec::new();
+        let mut file = Vec::new();
+        let mut rows = 0;
+        let mut scratch = String::new();
+        for line in group.live() {
+            render_record(group, &kinds, &mut file, &mut scratch, line)?;
+            rows += 1;
+            if rows == self.config.rows_per_file {
+                files.push(std::mem::take(&mut file));
+                rows = 0;
+            }
+        }
+        if !file.is_empty() {
+            files.push(file);
+        }
+        let staged = self.stager.put(&self.consumer_group, files).await?;
+        let copy = copy_s3_sql(&stage, &names, &staged.manifest_url, &self.config.iam_role);
+        let loaded = match self.config.loader {
+            Loader::S3Copy => self.exec(&[copy], &ctx).await,
+            Loader::TestStdinFromS3 => {
+                self.record(&copy);
+                self.copy_from_s3_test(&stage, &names, &staged.manifest_url, &ctx).await
+            }
+        };
+        self.stager.remove(&staged).await;
+        loaded?;
+        let statements = apply_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0, &self.now);
+        self.exec(&statements, &ctx).await?;
+        debug!(table = %dest, upserts = group.upserts, deletes = group.deletes, "applied");
+        Ok(())
+    }
+
+    /// TEST MODE ONLY: what `COPY ... FROM 's3://...' MANIFEST` does,
+    /// against PostgreSQL: the manifest's files read back from S3 and sent
+    /// with `COPY FROM STDIN`.
+    async fn copy_from_s3_test(&self, stage: &str, names: &[String], manifest: &str, ctx: &Ctx) -> Result<()> {
+        let files = self.stager.read(manifest).await?;
+        let sql = copy_stdin_test_sql(stage, names);
+        let copy = async {
+            let (client, statement) = self.session.copy_statement(&sql).await?;
+            let sink = client.copy_in::<_, bytes::Bytes>(&statement).await.map_err(CopyFailure::Db)?;
+            futures::pin_mut!(sink);
+            for f in files {
+                sink.send(f).await.map_err(CopyFailure::Db)?;
+            }
+            sink.as_mut().finish().await.map_err(CopyFailure::Db)?;
+            Ok::<(), CopyFailure>(())
+        };
+        match copy.await {
+            Ok(()) => Ok(()),
+            Err(CopyFailure::Db(e)) => Err(classify(&e, ctx)),
+            Err(CopyFailure::Session(e)) => Err(e),
+            Err(CopyFailure::Render(e)) => Err(e.error),
+        }
+    }
+}
+
+#[async_trait]
+impl Warehouse for RedshiftSink {
+    type Table = DestinationTable;
+
+    fn destination(&self, source: &TableId) -> DestinationTable {
+        self.config.destination(source)
+    }
+
+    fn drops_tables(&self) -> bool {
+        self.config.drop_tables
+    }
+
+    fn evolution(&self) -> Evolution {
+        Evolution { drop_columns: self.config.drop_columns }
+    }
+
+    async fn connect(&mut self) -> Result<()> {
+        RedshiftSink::connect(self).await
+    }
+
+    async fn begin(&mut self, mode: Mode) -> Result<()> {
+        self.session.connected()?;
+        self.session.take_deferred();
+        // Schema changes a failed attempt found it could not make inside
+        // its transaction: made now, before this one opens.
+        for (dest, schema, origin) in std::mem::take(&mut self.pending) {
+            self.load_table(&dest).await?;
+            self.change_table(&dest, &schema, &origin).await?;
+        }
+        self.record(BEGIN);
+        self.session.defer(BEGIN);
+        self.staging_in_txn.clear();
+        self.touched.clear();
+        self.dropped.clear();
+        self.ddl_in_txn = false;
+        self.mode = mode;
+        self.now = timestamp_literal(chrono::Utc::now());
+        Ok(())
+    }
+
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
+        let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
+        let mut statements = Vec::new();
+        if self.mode == Mode::Commit && std::time::Instant::now() >= self.prune_at {
+            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+            let hours = i64::try_from(self.config.deleted_rows_retention_hours).unwrap_or(i64::MAX / 3_600_000);
+            let before = chrono::Utc::now() - chrono::Duration::hours(hours.min(24 * 365 * 100));
+            statements.push(prune_deleted_sql(&timestamp_literal(before)));
+        }
+        if !offsets.is_empty() {
+            // Runners commit their offsets one at a time: the fence check
+            // and the replacement see no other runner's move in between.
+            let sql = lock_sql(&offsets_table());
+            self.record(&sql);
+            self.session.defer(&sql);
+        }
+        if offsets.iter().any(|m| m.fence != Fence::Unchecked) {
+            let rows = self.query(&stored_offsets_sql(&self.consumer_group), &ctx).await?;
+            let stored: HashMap<(String, i32), i64> = rows
+                .iter()
+                .map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2)))
+                .collect();
+            let fenced_moves = offsets
+                .iter()
+                .filter(|m| {
+                    let now = stored.get(&(m.topic.to_string(), m.partition)).copied();
+                    match m.fence {
+                        Fence::Unchecked => false,
+                        Fence::Absent => now.is_some(),
+                        Fence::At(at) => now != Some(at),
+                    }
+                })
+                .count();
+            if fenced_moves > 0 {
+                return Err(fenced(&format!(
+                    "{fenced_moves} of {} partitions not at their expected offset",
+                    offsets.iter().filter(|m| m.fence != Fence::Unchecked).count()
+                )));
+            }
+        }
+        statements.extend(offsets_sql(&self.consumer_group, offsets));
+        if !statements.is_empty() {
+            self.exec(&statements, &ctx).await?;
+        }
+        if self.mode == Mode::Trial {
+            self.rollback().await;
+            return Ok(());
+        }
+        self.exec(&["COMMIT".to_string()], &ctx).await?;
+        self.staging_in_txn.clear();
+        self.touched.clear();
+        self.dropped.clear();
+        self.ddl_in_txn = false;
+        Ok(())
+    }
+
+    async fn abort(&mut self) {
+        self.rollback().await;
+    }
+
+    fn failed(&mut self, error: Error) -> Error {
+        if error.kind() != ErrorKind::Permanent {
+            self.reset();
+        }
+        error
+    }
+
+    async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
+        let fingerprint = schema_fingerprint(schema);
+        if self.dropped.contains(dest) {
+            return self.recreate_in_transaction(dest, schema, origin).await;
+        }
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        if self.tables.get(dest).is_some_and(|s| s.reconciled.contains(&fingerprint)) {
+            return Ok(());
+        }
+        if !self.plan_for(dest, schema, origin)?.is_empty() {
+            if self.touched.contains(dest) {
+                self.pending.push((dest.clone(), Arc::new(schema.clone()), origin.to_string()));
+                return Err(Error::retryable(format!(
+                    "destination table {dest} needs a schema change after this batch already wrote to it; \
+                     the change is made before the batch is applied again"
+                ))
+                .with_class("redshift.schema_change_mid_batch"));
+            }
+            self.change_table(dest, schema, origin).await?;
+        }
+        if let Some(state) = self.tables.get_mut(dest) {
+            state.reconciled.insert(fingerprint);
+        }
+        Ok(())
+    }
+
+    async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        self.touched.insert(dest.clone());
+        self.exec(&[drop_table_sql(dest), forget_deleted_sql(dest)], &ctx).await?;
+        self.tables.remove(dest);
+        self.dropped.insert(dest.clone());
+        self.ddl_in_txn = true;
+        info!(table = %dest, "dropped destination table (the source table was dropped)");
+        Ok(())
+    }
+
+    async fn truncate(&mut self, dest: &DestinationTable, at: Position) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let (commit, index) = position_i64(at)?;
+        self.lock_for_write(dest);
+        let mut statements = vec![truncate_older_sql(dest, commit, index)];
+        if keeps_removal(at) {
+            let entry = self.query(&table_entry_sql(dest), &ctx).await?;
+            let stored = entry.first().map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)));
+            match stored {
+                Some(p) if p >= (commit, index) => {
+                    // A newer removal is kept; older key entries still go.
+                    let all = removed_before_sql(dest, commit, index, false, &self.now);
+                    statements.extend(all.into_iter().skip(1));
+                }
+                _ => statements.extend(removed_before_sql(dest, commit, index, stored.is_some(), &self.now)),
+            }
+        }
+        self.exec(&statements, &ctx).await
+    }
+
+    async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let reset = reset_i64(reset)?;
+        let done = self.query(&reset_of_sql(dest), &ctx).await?;
+        if done.first().is_some_and(|r| r.get::<_, i64>(0) >= reset) {
+            return Ok(());
+        }
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        let exists = self.state(dest)?.shape.exists && !self.dropped.contains(dest);
+        if exists {
+            self.lock_for_write(dest);
+        }
+        self.exec(&forget_positions_sql(dest, exists, reset), &ctx).await
+    }
+
+    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+        self.lock_for_write(dest);
+        for group in &changes.groups {
+            if group.upserts == 0 && group.deletes == 0 {
+                continue;
+            }
+            self.stage_and_apply(dest, group).await?;
+        }
+        Ok(())
+    }
+
+    /// Redshift has no savepoints: a probe runs in a transaction of its own.
+    async fn savepoint(&mut self) -> Result<()> {
+        self.restart_transaction().await
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        self.restart_transaction().await
+    }
+}
+
+#[async_trait]
+impl Sink for RedshiftSink {
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+        self.connect().await?;
+        let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
+        let sql = stored_offsets_sql(&self.consumer_group);
+        let rows = match self.catalog(&sql, &[], &ctx).await {
+            Ok(rows) => rows,
+            Err(e) => return Err(self.failed(e)),
+        };
+        let stored: HashMap<(String, i32), i64> =
+            rows.into_iter().map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2))).collect();
+        Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
+    }
+
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        let span = info_span!("redshift_apply", table = %batch.table, records = batch.records.len());
+        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
+    }
+
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        warehouse::apply(self, batch, Mode::Trial).await
+    }
+
+    async fn check(&mut self) -> Vec<Problem> {
+        check::check(self).await
+    }
+
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        RedshiftSink::delete_copy(self, drop).await
+    }
+
+    fn labeler(&self) -> Labeler {
+        let config = self.config.clone();
+        Arc::new(move |t: &TableId| config.destination(t).to_string())
+    }
+}
+
+fn schema_fingerprint(schema: &TableSchema) -> u64 {
+    let mut h = DefaultHasher::new();
+    schema.hash(&mut h);
+    h.finish()
+}

@@ -1,0 +1,154 @@
+//! Values as the staged CSV files carry them: the SQL text form of
+//! [`crate::sink::text`] (what Redshift's `COPY` reads with `TIMEFORMAT
+//! 'auto'`), quoted; VARBYTE as bare hex and SUPER as JSON, the forms
+//! Redshift's `COPY` reads for them from CSV.
+
+use tributary_schemas::Value;
+
+use super::dialect::CSV_NULL;
+use crate::error::Error;
+use crate::sink::bookkeeping::key_text;
+use crate::sink::reduce::{key_bytes, Group, Line};
+use crate::sink::text::render_text;
+use crate::sink::ApplyError;
+
+/// How a staging column's values are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CsvKind {
+    /// The SQL text form.
+    Text,
+    /// `varbyte`: bare lowercase hex.
+    Hex,
+    /// `super`: JSON (an array as a JSON array, a JSON value as it is).
+    Json,
+}
+
+impl CsvKind {
+    /// The kind of a destination column type (`format_type` spelling).
+    pub fn of(raw: &str) -> Self {
+        let base = raw.split('(').next().unwrap_or(raw).trim();
+        match base {
+            "varbyte" | "varbinary" | "binary varying" => Self::Hex,
+            "super" => Self::Json,
+            _ => Self::Text,
+        }
+    }
+}
+
+/// Appends `value` as one CSV field (`\N` unquoted for NULL, anything else
+/// quoted). The error names the value's kind, never the value.
+pub fn render_field(out: &mut Vec<u8>, scratch: &mut String, value: &Value, kind: CsvKind) -> Result<(), String> {
+    if matches!(value, Value::Null) {
+        out.extend_from_slice(CSV_NULL.as_bytes());
+        return Ok(());
+    }
+    scratch.clear();
+    match (kind, value) {
+        (CsvKind::Hex, Value::Bytes(b) | Value::Geometry(b)) => {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.reserve(b.len() * 2);
+            for byte in b {
+                out.push(HEX[usize::from(byte >> 4)]);
+                out.push(HEX[usize::from(byte & 15)]);
+            }
+            return Ok(());
+        }
+        (CsvKind::Json, Value::Array(_)) => scratch.push_str(&to_json(value)?.to_string()),
+        _ => render_text(scratch, value)?,
+    }
+    out.push(b'"');
+    for &b in scratch.as_bytes() {
+        if b == b'"' {
+            out.push(b'"');
+        }
+        out.push(b);
+    }
+    out.push(b'"');
+    Ok(())
+}
+
+/// A value as JSON (for SUPER): numbers and booleans as themselves, the
+/// rest as their text.
+fn to_json(value: &Value) -> Result<serde_json::Value, String> {
+    use serde_json::Value as J;
+    Ok(match value {
+        Value::Null => J::Null,
+        Value::Boolean(b) => J::Bool(*b),
+        Value::Int16(v) => J::from(*v),
+        Value::Int32(v) => J::from(*v),
+        Value::Int64(v) => J::from(*v),
+        Value::Float32(v) => serde_json::Number::from_f64(f64::from(*v)).map_or(J::Null, J::Number),
+        Value::Float64(v) => serde_json::Number::from_f64(*v).map_or(J::Null, J::Number),
+        Value::Json(s) => serde_json::from_str(s).map_err(|_| "a json value that is not valid JSON".to_string())?,
+        Value::Array(items) => J::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        other => {
+            let mut text = String::new();
+            render_text(&mut text, other)?;
+            J::String(text)
+        }
+    })
+}
+
+/// Appends `line` of `group` as one CSV record: delete flag, key text, the
+/// columns (a delete carries only its key), the position. `kinds` has one
+/// entry per schema column.
+pub fn render_record(
+    group: &Group<'_>,
+    kinds: &[CsvKind],
+    out: &mut Vec<u8>,
+    scratch: &mut String,
+    line: &Line<'_>,
+) -> Result<(), ApplyError> {
+    let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+        error: error.with_table(group.schema.id.clone()),
+        record: Some(line.record),
+    })?;
+    out.extend_from_slice(if line.delete { b"t," } else { b"f," });
+    out.extend_from_slice(key_text(&key).as_bytes());
+    for (i, ((col, value), kind)) in group.schema.columns.iter().zip(line.row).zip(kinds).enumerate() {
+        out.push(b',');
+        if group.writes(line, i) {
+            render_field(out, scratch, value, *kind).map_err(|reason| ApplyError {
+                error: Error::permanent(format!("column {}: {reason}", col.name))
+                    .with_column(col.name.clone())
+                    .with_table(group.schema.id.clone()),
+                record: Some(line.record),
+            })?;
+        } else {
+            out.extend_from_slice(CSV_NULL.as_bytes());
+        }
+    }
+    let mut digits = itoa::Buffer::new();
+    out.push(b',');
+    out.extend_from_slice(digits.format(line.commit).as_bytes());
+    out.push(b',');
+    out.extend_from_slice(digits.format(line.index).as_bytes());
+    out.push(b'\n');
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(v: &Value, kind: CsvKind) -> String {
+        let mut out = Vec::new();
+        render_field(&mut out, &mut String::new(), v, kind).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn fields_are_quoted_csv() {
+        assert_eq!(field(&Value::Null, CsvKind::Text), "\\N");
+        assert_eq!(field(&Value::Text("\\N".into()), CsvKind::Text), "\"\\N\"");
+        assert_eq!(field(&Value::Text("a \"b\",\nc".into()), CsvKind::Text), "\"a \"\"b\"\",\nc\"");
+        assert_eq!(field(&Value::Int32(-7), CsvKind::Text), "\"-7\"");
+        assert_eq!(field(&Value::Bytes(vec![0, 0xab]), CsvKind::Hex), "00ab");
+        assert_eq!(
+            field(&Value::Array(vec![Value::Int32(1), Value::Null, Value::Text("x".into())]), CsvKind::Json),
+            "\"[1,null,\"\"x\"\"]\""
+        );
+        assert_eq!(CsvKind::of("varbyte(64000)"), CsvKind::Hex);
+        assert_eq!(CsvKind::of("super"), CsvKind::Json);
+    }
+}
