@@ -1,7 +1,7 @@
 //! The sink conformance suite (`tributary_tests::conformance::sink`) run
-//! against every sink: PostgreSQL (the stack's), BigQuery (the stack's
-//! emulator; nothing here ran against real BigQuery) and the reference
-//! sink in memory. One line per sink lists its cases; a case a destination
+//! against every sink: PostgreSQL (the stack's), BigQuery and Snowflake
+//! (the stack's emulators, bqemulator and fakesnow; nothing here ran
+//! against real BigQuery or Snowflake) and the reference sink in memory. One line per sink lists its cases; a case a destination
 //! cannot run is left out of its list with the reason, never reported as
 //! passed.
 
@@ -9,12 +9,14 @@ use async_trait::async_trait;
 use tributary_connectors::sink::memory::MemoryStore;
 use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
 use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
+use tributary_connectors::sinks::snowflake::{SnowflakeSink, SnowflakeSinkConfig};
 use tributary_connectors::Sink;
 use tributary_schemas::Value;
 use tributary_tests::bigquery::{query, Datasets};
 use tributary_tests::conformance::sink::SinkFixture;
 use tributary_tests::pg_destination_url;
 use tributary_tests::postgres::Destination;
+use tributary_tests::snowflake::Schemas;
 
 use tributary_tests::conformance;
 
@@ -45,6 +47,32 @@ conformance!(sink, postgres: Postgres {
 });
 
 conformance!(sink, bigquery: BigQuery {
+    snapshot,
+    upserts_and_deletes,
+    truncate,
+    replayed_batch,
+    older_event,
+    deleted_row_stays_deleted,
+    older_change_after_delete_stays_deleted,
+    key_change_across_partitions,
+    older_change_after_truncate_stays_removed,
+    fenced_member_writes_nothing,
+    atomic_offsets,
+    permanent_error_names_the_record,
+    refused_row_is_named,
+    unreachable_is_retryable,
+    trial_apply_changes_nothing,
+    check_and_delete_copy,
+    table_drop_when_configured,
+    reset_then_copy,
+    copy_rows_after_another_partitions_sweep,
+    schema_changes_evolve_the_table,
+    renamed_column_keeps_its_values,
+    dropped_column_when_configured,
+    kill_9_mid_apply,
+});
+
+conformance!(sink, snowflake: Snowflake {
     snapshot,
     upserts_and_deletes,
     truncate,
@@ -261,6 +289,77 @@ impl SinkFixture for BigQuery {
 
     async fn cleanup(&self) {
         self.datasets.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------- Snowflake
+
+/// Schemas of their own in the stack's Snowflake emulator (fakesnow).
+struct Snowflake {
+    schemas: Schemas,
+}
+
+impl Snowflake {
+    async fn new(case: &str) -> Self {
+        Self { schemas: Schemas::new(case) }
+    }
+
+    fn config(&self, group: &str) -> SnowflakeSinkConfig {
+        let mut c = self.schemas.config();
+        c.consumer_group = Some(group.to_string());
+        c
+    }
+}
+
+#[async_trait]
+impl SinkFixture for Snowflake {
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.drop_tables = drops;
+        c.drop_columns = drops;
+        Box::new(SnowflakeSink::new(c).expect("sink config"))
+    }
+
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.url = "http://127.0.0.1:1".into();
+        c.request_timeout_ms = 2_000;
+        c.query_timeout_ms = 5_000;
+        Box::new(SnowflakeSink::new(c).expect("sink config"))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        self.schemas.rows().await
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        let sql = format!("SELECT CAST(\"{column}\" AS VARCHAR) FROM {} ORDER BY \"id\"", self.schemas.table("items"));
+        self.schemas
+            .query(&sql)
+            .await
+            .expect("read column")
+            .into_iter()
+            .map(|mut r| r.remove(0))
+            .collect()
+    }
+
+    async fn exists(&self) -> bool {
+        let sql = format!("SELECT COUNT(*) FROM {}", self.schemas.table("items"));
+        self.schemas.query(&sql).await.is_ok()
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        // A query naming a column the table lacks fails.
+        let sql = format!("SELECT \"{column}\" FROM {} LIMIT 1", self.schemas.table("items"));
+        self.schemas.query(&sql).await.is_ok()
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        Some(self.schemas.runner_section())
+    }
+
+    async fn cleanup(&self) {
+        self.schemas.cleanup().await;
     }
 }
 
