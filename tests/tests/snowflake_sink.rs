@@ -169,10 +169,14 @@ async fn postgres_to_kafka_to_snowflake_equals_the_source_across_kill_9() {
         let pg = &pg;
         let name = name.clone();
         async move {
-            let note = if extra { ", coalesce(note, 'NULL')" } else { "" };
+            let note = if extra { ", coalesce(note, 'NULL') AS n" } else { "" };
             let rows = pg
                 .query(
-                    &format!("SELECT id::text, v::text, coalesce(due::text, 'NULL'){note} FROM {name}.items WHERE id <> 5001 ORDER BY id"),
+                    // (Aliases: `ORDER BY id` would sort the text column.)
+                    &format!(
+                        "SELECT id::text AS i, v::text AS w, coalesce(due::text, 'NULL') AS d{note} FROM {name}.items \
+                         WHERE id <> 5001 ORDER BY id"
+                    ),
                     &[],
                 )
                 .await
@@ -210,6 +214,19 @@ async fn postgres_to_kafka_to_snowflake_equals_the_source_across_kill_9() {
     })
     .await;
 
+    let stored = || async {
+        query(format!(
+            "SELECT CAST(SUM(next_offset) AS VARCHAR) FROM \"{DATABASE}\".\"{bookkeeping}\".\"offsets\""
+        ))
+        .await
+        .ok()
+        .and_then(|r| r.first().and_then(|c| c.first().cloned().flatten()))
+        // SUM's text may carry a fraction (fakesnow: `1722.0`).
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as i64)
+        .unwrap_or(0)
+    };
+    let before = stored().await;
     // Streaming, and a kill -9 of the sink runner while it applies.
     pg.batch_execute(&format!(
         "INSERT INTO {name}.items SELECT i, i, NULL FROM generate_series(1001, 1300) i;
@@ -218,15 +235,6 @@ async fn postgres_to_kafka_to_snowflake_equals_the_source_across_kill_9() {
     ))
     .await
     .expect("changes");
-    let stored = || async {
-        query(format!("SELECT CAST(SUM(next_offset) AS VARCHAR) FROM \"{DATABASE}\".\"{bookkeeping}\".offsets"))
-            .await
-            .ok()
-            .and_then(|r| r.first().and_then(|c| c.first().cloned().flatten()))
-            .and_then(|v| v.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
-    let before = stored().await;
     wait_for("progress after the changes", Duration::from_secs(60), || async {
         (stored().await > before).then_some(())
     })

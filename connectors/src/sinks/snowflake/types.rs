@@ -150,7 +150,7 @@ pub fn from_staged(cell: &str, ty: &SfType) -> String {
     match ty {
         SfType::Varchar(_) => cell.to_string(),
         SfType::Variant => format!("PARSE_JSON({cell})"),
-        SfType::Array => format!("TO_ARRAY(PARSE_JSON({cell}))"),
+        SfType::Array => format!("CAST(PARSE_JSON({cell}) AS ARRAY)"),
         SfType::Binary => format!("TO_BINARY({cell}, 'HEX')"),
         t => format!("CAST({cell} AS {t})"),
     }
