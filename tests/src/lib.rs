@@ -12,6 +12,7 @@ pub mod mysql;
 pub mod postgres;
 pub mod proxy;
 pub mod redshift;
+pub mod snowflake;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -50,6 +51,11 @@ pub fn bigquery_emulator_url() -> String {
 /// The emulator's project.
 pub fn bigquery_project() -> String {
     env_or("BIGQUERY_PROJECT", "tributary-local")
+}
+
+/// The Snowflake emulator of the local stack (`scripts/stack start snowflake`).
+pub fn snowflake_emulator_url() -> String {
+    env_or("SNOWFLAKE_EMULATOR_URL", "http://127.0.0.1:9070")
 }
 
 /// The stack's MariaDB (ROW binlog, FULL row image), the MySQL source's database.

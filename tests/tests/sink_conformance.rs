@@ -4,6 +4,9 @@
 //! mode: PostgreSQL 15 with the staged files in the stack's S3 emulator;
 //! nothing here ran against real Redshift) and the reference sink in
 //! memory. One line per sink lists its cases; a case a destination
+//! against every sink: PostgreSQL (the stack's), BigQuery and Snowflake
+//! (the stack's emulators, bqemulator and fakesnow; nothing here ran
+//! against real BigQuery or Snowflake) and the reference sink in memory. One line per sink lists its cases; a case a destination
 //! cannot run is left out of its list with the reason, never reported as
 //! passed.
 
@@ -12,12 +15,15 @@ use tributary_connectors::sink::memory::MemoryStore;
 use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
 use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::sinks::redshift::RedshiftSink;
+use tributary_connectors::sinks::snowflake::{SnowflakeSink, SnowflakeSinkConfig};
 use tributary_connectors::Sink;
 use tributary_schemas::Value;
 use tributary_tests::bigquery::{query, Datasets};
 use tributary_tests::conformance::sink::SinkFixture;
 use tributary_tests::pg_destination_url;
 use tributary_tests::postgres::{column_texts, items_has_column, Destination};
+use tributary_tests::postgres::Destination;
+use tributary_tests::snowflake::Schemas;
 
 use tributary_tests::conformance;
 
@@ -79,6 +85,7 @@ conformance!(sink, bigquery: BigQuery {
 // case sends is taken, not refused. A refused value's bisection is in
 // `tests/tests/redshift_sink.rs`.
 conformance!(sink, redshift: Redshift {
+conformance!(sink, snowflake: Snowflake {
     snapshot,
     upserts_and_deletes,
     truncate,
@@ -91,6 +98,7 @@ conformance!(sink, redshift: Redshift {
     fenced_member_writes_nothing,
     atomic_offsets,
     permanent_error_names_the_record,
+    refused_row_is_named,
     unreachable_is_retryable,
     trial_apply_changes_nothing,
     check_and_delete_copy,
@@ -299,16 +307,34 @@ impl Redshift {
     fn config(&self, group: &str) -> tributary_connectors::sinks::redshift::RedshiftSinkConfig {
         self.groups.lock().unwrap().push(group.to_string());
         self.warehouse.config(group)
+// ---------------------------------------------------------------- Snowflake
+
+/// Schemas of their own in the stack's Snowflake emulator (fakesnow).
+struct Snowflake {
+    schemas: Schemas,
+}
+
+impl Snowflake {
+    async fn new(case: &str) -> Self {
+        Self { schemas: Schemas::new(case) }
+    }
+
+    fn config(&self, group: &str) -> SnowflakeSinkConfig {
+        let mut c = self.schemas.config();
+        c.consumer_group = Some(group.to_string());
+        c
     }
 }
 
 #[async_trait]
 impl SinkFixture for Redshift {
+impl SinkFixture for Snowflake {
     fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
         let mut c = self.config(group);
         c.drop_tables = drops;
         c.drop_columns = drops;
         Box::new(RedshiftSink::new(c).expect("sink config"))
+        Box::new(SnowflakeSink::new(c).expect("sink config"))
     }
 
     fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
@@ -341,6 +367,44 @@ impl SinkFixture for Redshift {
     async fn cleanup(&self) {
         let groups: Vec<String> = self.groups.lock().unwrap().clone();
         self.warehouse.cleanup(&groups).await;
+        c.url = "http://127.0.0.1:1".into();
+        c.request_timeout_ms = 2_000;
+        c.query_timeout_ms = 5_000;
+        Box::new(SnowflakeSink::new(c).expect("sink config"))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        self.schemas.rows().await
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        let sql = format!("SELECT CAST(\"{column}\" AS VARCHAR) FROM {} ORDER BY \"id\"", self.schemas.table("items"));
+        self.schemas
+            .query(&sql)
+            .await
+            .expect("read column")
+            .into_iter()
+            .map(|mut r| r.remove(0))
+            .collect()
+    }
+
+    async fn exists(&self) -> bool {
+        let sql = format!("SELECT COUNT(*) FROM {}", self.schemas.table("items"));
+        self.schemas.query(&sql).await.is_ok()
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        // A query naming a column the table lacks fails.
+        let sql = format!("SELECT \"{column}\" FROM {} LIMIT 1", self.schemas.table("items"));
+        self.schemas.query(&sql).await.is_ok()
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        Some(self.schemas.runner_section())
+    }
+
+    async fn cleanup(&self) {
+        self.schemas.cleanup().await;
     }
 }
 

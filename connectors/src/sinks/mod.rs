@@ -9,6 +9,7 @@ crate::connectors! {
         postgres: "sink-postgres" => postgres::PostgresSinkConfig,
         bigquery: "sink-bigquery" => bigquery::BigQuerySinkConfig,
         redshift: "sink-redshift" => redshift::RedshiftSinkConfig,
+        snowflake: "sink-snowflake" => snowflake::SnowflakeSinkConfig,
     }
 }
 

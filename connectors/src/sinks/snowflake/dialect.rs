@@ -1,0 +1,455 @@
+//! Snowflake's spelling of what the sink does: the [`Dialect`] the core
+//! plans schema changes over, and the statements the sink runs (DDL, the
+//! staging tables, the position-guarded DELETE + INSERT, the deleted-rows
+//! bookkeeping, the offsets).
+//!
+//! No `MERGE`: Snowflake runs MERGE inside a transaction, but the emulator
+//! the tests run on (fakesnow) answers a MERGE in an explicit transaction
+//! with HTTP 500. A DELETE of every stored row the batch replaces, then an
+//! INSERT of every upsert whose key is then free, in the same transaction,
+//! is valid on both and has the same effect as the guarded MERGE (see
+//! `docs/destinations/snowflake.md`).
+
+use tributary_schemas::{Column, Value};
+
+use super::config::DestinationTable;
+use super::types::{fit, from_staged, snowflake_type, staged_text, SfType};
+use crate::error::Error;
+use crate::sink::bookkeeping::{
+    position_before, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FORGOTTEN_POSITION, INDEX_COLUMN,
+    KEY_COLUMN, TABLE_ROW_KEY,
+};
+use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+
+/// Staging column naming the write that staged a row: the statements read
+/// only their own write's rows.
+pub const BATCH_COLUMN: &str = "__tributary_batch";
+
+/// Snowflake as the core's [`Dialect`].
+#[derive(Debug, Clone, Copy)]
+pub struct SnowflakeDialect;
+
+impl Dialect for SnowflakeDialect {
+    type Type = SfType;
+
+    fn column_type(&self, column: &Column, _origin: &str) -> SfType {
+        snowflake_type(&column.data_type)
+    }
+
+    fn position_type(&self) -> SfType {
+        SfType::Number(19, 0)
+    }
+
+    fn fit(&self, have: &SfType, want: &SfType) -> Fit<SfType> {
+        fit(have, want)
+    }
+
+    /// Snowflake's primary key is not enforced: nothing demands NOT NULL.
+    fn key_refuses_null(&self) -> bool {
+        false
+    }
+
+    fn adds_position_columns(&self) -> bool {
+        true
+    }
+
+    fn incompatible(&self, table: &str, column: &Column, have: &SfType, want: &SfType) -> Error {
+        Error::permanent(format!(
+            "the source column is now {} ({want}); Snowflake cannot change the destination column of type {have} \
+             into it (it only lengthens VARCHARs and adds NUMBER precision at the same scale)",
+            column.data_type
+        ))
+        .with_hint(format!(
+            "recreate {table} with the new type, e.g. CREATE TABLE ... AS SELECT with a cast, or drop it and let \
+             the sink create it again, then replay the dead-letter topic"
+        ))
+    }
+}
+
+/// A double-quoted identifier: names keep their case.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A single-quoted string literal (Snowflake reads a backslash as an
+/// escape in string literals).
+pub fn quote_string(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// The statements of one table change; `declare_key` adds the (unenforced)
+/// `PRIMARY KEY` to a new table.
+pub fn change_sql(table: &DestinationTable, change: &TableChange<SfType>, declare_key: bool) -> Vec<String> {
+    let t = table.quoted();
+    let column = |c: &ShapeColumn<SfType>| {
+        format!("{} {}{}", quote_ident(&c.name), c.ty, if c.not_null { " NOT NULL" } else { "" })
+    };
+    match change {
+        TableChange::CreateTable { columns, key } => {
+            let mut defs: Vec<String> = columns.iter().map(column).collect();
+            if declare_key && !key.is_empty() {
+                defs.push(format!("PRIMARY KEY ({})", key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ")));
+            }
+            vec![format!("CREATE TABLE IF NOT EXISTS {t} ({})", defs.join(", "))]
+        }
+        // The rows already there get the source's default: Snowflake fills
+        // them from a constant DEFAULT; the types without a plain literal
+        // get it by an UPDATE of the rows still NULL (a rerun after a crash
+        // between the two leaves written values alone).
+        TableChange::AddColumn { column: c, backfill: Some(v) } => match literal(v, &c.ty) {
+            Some(Literal::Plain(lit)) => vec![format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT {lit}", column(c))],
+            Some(Literal::Converted(expr)) => {
+                let q = quote_ident(&c.name);
+                vec![
+                    format!("ALTER TABLE {t} ADD COLUMN {}", column(c)),
+                    format!("UPDATE {t} SET {q} = {expr} WHERE {q} IS NULL"),
+                ]
+            }
+            None => vec![format!("ALTER TABLE {t} ADD COLUMN {}", column(c))],
+        },
+        TableChange::AddColumn { column: c, backfill: None } => vec![format!("ALTER TABLE {t} ADD COLUMN {}", column(c))],
+        // -1 sorts before every real position.
+        TableChange::AddBookkeeping(c) => vec![format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT -1", column(c))],
+        TableChange::Widen { column, to, .. } => {
+            vec![format!("ALTER TABLE {t} ALTER COLUMN {} SET DATA TYPE {to}", quote_ident(column))]
+        }
+        TableChange::DropNotNull { column } => {
+            vec![format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column))]
+        }
+        TableChange::RenameColumn { from, to } => {
+            vec![format!("ALTER TABLE {t} RENAME COLUMN {} TO {}", quote_ident(from), quote_ident(to))]
+        }
+        // The plan drops only a column the table has (its shape is read
+        // from information_schema).
+        TableChange::DropColumn { column } => vec![format!("ALTER TABLE {t} DROP COLUMN {}", quote_ident(column))],
+    }
+}
+
+/// A default as SQL.
+enum Literal {
+    /// A constant Snowflake takes as a column DEFAULT.
+    Plain(String),
+    /// An expression (PARSE_JSON, TO_BINARY) for an UPDATE.
+    Converted(String),
+}
+
+fn literal(value: &Value, ty: &SfType) -> Option<Literal> {
+    let text = staged_text(value).ok()??;
+    Some(match ty {
+        SfType::Boolean => Literal::Plain(if text == "true" { "TRUE" } else { "FALSE" }.into()),
+        SfType::Number(..) if text.parse::<f64>().is_ok() => Literal::Plain(text),
+        SfType::Variant | SfType::Array | SfType::Binary => Literal::Converted(from_staged(&quote_string(&text), ty)),
+        _ => Literal::Plain(quote_string(&text)),
+    })
+}
+
+fn positions(alias: &str) -> (String, String) {
+    (format!("{alias}{}", quote_ident(COMMIT_COLUMN)), format!("{alias}{}", quote_ident(INDEX_COLUMN)))
+}
+
+/// The session's temporary staging table of a column set: every data
+/// column as VARCHAR (the values are bound as text and converted by the
+/// statements that read them, so a value the column refuses fails there,
+/// with Snowflake's reason), then the delete flag, key, position and write.
+pub fn staging_table_sql(stage: &str, names: &[&str]) -> String {
+    let mut defs: Vec<String> = names.iter().map(|n| format!("{} VARCHAR", quote_ident(n))).collect();
+    defs.push(format!("{} BOOLEAN", quote_ident(DELETE_COLUMN)));
+    defs.push(format!("{} VARCHAR", quote_ident(KEY_COLUMN)));
+    defs.push(format!("{} NUMBER(19, 0)", quote_ident(COMMIT_COLUMN)));
+    defs.push(format!("{} NUMBER(19, 0)", quote_ident(INDEX_COLUMN)));
+    defs.push(format!("{} VARCHAR", quote_ident(BATCH_COLUMN)));
+    format!("CREATE TEMPORARY TABLE IF NOT EXISTS {} ({})", quote_ident(stage), defs.join(", "))
+}
+
+/// The array-bound INSERT into a staging table: one `?` per column of
+/// [`staging_table_sql`].
+pub fn staging_insert_sql(stage: &str, names: &[&str]) -> String {
+    let all: Vec<String> = names
+        .iter()
+        .copied()
+        .chain([DELETE_COLUMN, KEY_COLUMN, COMMIT_COLUMN, INDEX_COLUMN, BATCH_COLUMN])
+        .map(quote_ident)
+        .collect();
+    let marks = vec!["?"; all.len()].join(", ");
+    format!("INSERT INTO {} ({}) VALUES ({marks})", quote_ident(stage), all.join(", "))
+}
+
+/// One write's staged rows.
+pub fn staged_source(stage: &str, batch: &str) -> String {
+    format!("(SELECT * FROM {} WHERE {} = {})", quote_ident(stage), quote_ident(BATCH_COLUMN), quote_string(batch))
+}
+
+/// A staged batch (`source`) without the upserts that are not newer than
+/// their key's deleted-rows entry, or older than the table-wide one.
+pub fn not_deleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
+    let (dc, di) = positions("d.");
+    let (sc, si) = positions("s.");
+    format!(
+        "(SELECT s.* FROM {source} AS s WHERE s.{del} OR NOT EXISTS (SELECT 1 FROM {deleted} AS d \
+         WHERE d.dest_table = {name} AND (d.row_key = s.{k} AND {removed} OR d.row_key = {whole} AND {removed_table})))",
+        del = quote_ident(DELETE_COLUMN),
+        k = quote_ident(KEY_COLUMN),
+        name = quote_string(&dest.to_string()),
+        whole = quote_string(TABLE_ROW_KEY),
+        removed = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), true),
+        // A row at the table-wide entry's own position is the copy's (see
+        // `sink::memory`): only older ones stay out.
+        removed_table = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), false),
+    )
+}
+
+/// `t.k = <staged s.k as its type>` for every key column.
+fn key_match(key: &[ShapeColumn<SfType>]) -> String {
+    key.iter()
+        .map(|c| {
+            let q = quote_ident(&c.name);
+            format!("t.{q} = {}", from_staged(&format!("s.{q}"), &c.ty))
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// Removes every stored row a staged change (`source`, already without the
+/// upserts the deleted rows keep out) replaces: a delete's row if it is not
+/// newer than the delete, an upsert's row if it is older than the upsert.
+pub fn replaced_rows_sql(table: &DestinationTable, source: &str, key: &[ShapeColumn<SfType>]) -> String {
+    let (tc, ti) = positions("t.");
+    let (sc, si) = positions("s.");
+    format!(
+        "DELETE FROM {t} AS t WHERE EXISTS (SELECT 1 FROM {source} AS s WHERE {on} AND \
+         (s.{d} AND {deleted} OR NOT s.{d} AND {updated}))",
+        t = table.quoted(),
+        on = key_match(key),
+        d = quote_ident(DELETE_COLUMN),
+        deleted = position_before(PositionSyntax::Expanded, (&tc, &ti), (&sc, &si), true),
+        updated = position_before(PositionSyntax::Expanded, (&tc, &ti), (&sc, &si), false),
+    )
+}
+
+/// Inserts every staged upsert whose key has no row (after
+/// [`replaced_rows_sql`]: a row still there is at least as new).
+pub fn insert_rows_sql(
+    table: &DestinationTable,
+    source: &str,
+    columns: &[ShapeColumn<SfType>],
+    key: &[ShapeColumn<SfType>],
+) -> String {
+    let (c, i) = positions("");
+    let names: Vec<String> = columns.iter().map(|col| quote_ident(&col.name)).chain([c.clone(), i.clone()]).collect();
+    let values: Vec<String> = columns
+        .iter()
+        .map(|col| from_staged(&format!("s.{}", quote_ident(&col.name)), &col.ty))
+        .chain([format!("s.{c}"), format!("s.{i}")])
+        .collect();
+    format!(
+        "INSERT INTO {t} ({names}) SELECT {values} FROM {source} AS s WHERE NOT s.{d} AND \
+         NOT EXISTS (SELECT 1 FROM {t} AS t WHERE {on})",
+        t = table.quoted(),
+        names = names.join(", "),
+        values = values.join(", "),
+        d = quote_ident(DELETE_COLUMN),
+        on = key_match(key),
+    )
+}
+
+/// The deleted-rows table.
+pub fn deleted_table_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (dest_table VARCHAR NOT NULL, row_key VARCHAR NOT NULL, \
+         {} NUMBER(19, 0) NOT NULL, {} NUMBER(19, 0) NOT NULL, deleted_at TIMESTAMP_TZ NOT NULL)",
+        quote_ident(COMMIT_COLUMN),
+        quote_ident(INDEX_COLUMN)
+    )
+}
+
+/// Keeps the deletes of a staged batch (`source`) in the deleted-rows
+/// table: each key's newest position (an older entry goes, then an entry is
+/// added where the key has none).
+pub fn deleted_keep_sql(deleted: &str, dest: &DestinationTable, source: &str) -> [String; 2] {
+    let (c, i) = positions("");
+    let (dc, di) = positions("d.");
+    let (sc, si) = positions("s.");
+    let k = quote_ident(KEY_COLUMN);
+    let del = quote_ident(DELETE_COLUMN);
+    let name = quote_string(&dest.to_string());
+    [
+        format!(
+            "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND EXISTS (SELECT 1 FROM {source} AS s \
+             WHERE s.{del} AND s.{k} = d.row_key AND {older})",
+            older = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
+        ),
+        format!(
+            "INSERT INTO {deleted} (dest_table, row_key, {c}, {i}, deleted_at) \
+             SELECT {name}, s.{k}, s.{c}, s.{i}, CURRENT_TIMESTAMP() FROM {source} AS s WHERE s.{del} AND \
+             NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key = s.{k})"
+        ),
+    ]
+}
+
+/// Removes the deleted-rows entries of keys a staged upsert (`source`)
+/// wrote again, newer.
+pub fn undeleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
+    let (dc, di) = positions("d.");
+    let (sc, si) = positions("s.");
+    format!(
+        "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND EXISTS (SELECT 1 FROM {source} AS s \
+         WHERE NOT s.{del} AND s.{k} = d.row_key AND {older})",
+        del = quote_ident(DELETE_COLUMN),
+        k = quote_ident(KEY_COLUMN),
+        name = quote_string(&dest.to_string()),
+        older = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
+    )
+}
+
+/// Removes the rows written before `(commit, index)`.
+pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
+    let (c, i) = positions("");
+    let (ac, ai) = (commit.to_string(), index.to_string());
+    format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false))
+}
+
+/// Keeps `(commit, index)` as the table-wide deleted-rows entry of `dest`
+/// (unless a newer one is there) and drops its older key entries.
+pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, index: i64) -> [String; 3] {
+    let (c, i) = positions("");
+    let name = quote_string(&dest.to_string());
+    let whole = quote_string(TABLE_ROW_KEY);
+    let at = (commit.to_string(), index.to_string());
+    let older = position_before(PositionSyntax::Expanded, (&c, &i), (&at.0, &at.1), false);
+    [
+        format!("DELETE FROM {deleted} WHERE dest_table = {name} AND row_key = {whole} AND {older}"),
+        format!(
+            "INSERT INTO {deleted} (dest_table, row_key, {c}, {i}, deleted_at) \
+             SELECT {name}, {whole}, {commit}, {index}, CURRENT_TIMESTAMP() WHERE NOT EXISTS \
+             (SELECT 1 FROM {deleted} WHERE dest_table = {name} AND row_key = {whole})"
+        ),
+        format!("DELETE FROM {deleted} WHERE dest_table = {name} AND row_key <> {whole} AND {older}"),
+    ]
+}
+
+/// Removes every deleted-rows entry of `dest`.
+pub fn forget_deleted_sql(deleted: &str, dest: &DestinationTable) -> String {
+    format!("DELETE FROM {deleted} WHERE dest_table = {}", quote_string(&dest.to_string()))
+}
+
+/// Removes the deleted-rows entries older than `hours`.
+pub fn prune_deleted_sql(deleted: &str, hours: u64) -> String {
+    format!("DELETE FROM {deleted} WHERE deleted_at < DATEADD(hour, -{hours}, CURRENT_TIMESTAMP())")
+}
+
+/// The resets table.
+pub fn resets_table_ddl(resets: &str) -> String {
+    format!("CREATE TABLE IF NOT EXISTS {resets} (destination VARCHAR NOT NULL, reset NUMBER(19, 0) NOT NULL)")
+}
+
+/// Forgets every row's position of `table` unless the resets table
+/// `resets` already holds reset `reset` (or a later one) of it, then
+/// records `reset`: statements of the batch's transaction, in this order
+/// (the first reads the resets row as it was).
+pub fn forget_positions_sql(table: &DestinationTable, exists: bool, resets: &str, deleted: &str, reset: i64) -> Vec<String> {
+    let d = quote_string(&table.to_string());
+    let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
+    let mut out = Vec::new();
+    if exists {
+        let (c, i) = positions("");
+        let (commit, index) = FORGOTTEN_POSITION;
+        out.push(format!("UPDATE {} SET {c} = {commit}, {i} = {index} WHERE NOT {taken}", table.quoted()));
+    }
+    // Deleted rows' entries hold positions of the old domain: they would
+    // keep the copy's rows out.
+    out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
+    out.push(format!("DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"));
+    out.push(format!(
+        "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} \
+         WHERE NOT EXISTS (SELECT 1 FROM {resets} WHERE destination = {d})"
+    ));
+    out
+}
+
+/// The offsets table.
+pub fn offsets_table_ddl(offsets: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {offsets} (consumer_group VARCHAR NOT NULL, topic VARCHAR NOT NULL, \
+         {} NUMBER(10, 0) NOT NULL, next_offset NUMBER(19, 0) NOT NULL)",
+        quote_ident("partition")
+    )
+}
+
+/// The stored offsets of `group`: `topic, partition, next_offset` rows.
+pub fn read_offsets_sql(offsets: &str, group: &str) -> String {
+    format!(
+        "SELECT topic, {}, next_offset FROM {offsets} WHERE consumer_group = {}",
+        quote_ident("partition"),
+        quote_string(group)
+    )
+}
+
+/// Locks the group's offsets rows for the open transaction (a no-op
+/// UPDATE: Snowflake's DML locks make a second runner's fence check wait
+/// until the first one's transaction ends, and then read what it wrote).
+pub fn lock_offsets_sql(offsets: &str, group: &str) -> String {
+    format!("UPDATE {offsets} SET next_offset = next_offset WHERE consumer_group = {}", quote_string(group))
+}
+
+/// Replaces the stored offsets of the moved partitions: a DELETE of their
+/// rows, then one INSERT of every move.
+pub fn write_offsets_sql(offsets: &str, group: &str, moves: &[OffsetMove<'_>]) -> [String; 2] {
+    let p = quote_ident("partition");
+    let g = quote_string(group);
+    let which = moves
+        .iter()
+        .map(|m| format!("topic = {} AND {p} = {}", quote_string(m.topic), m.partition))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let rows = moves
+        .iter()
+        .map(|m| format!("({g}, {}, {}, {})", quote_string(m.topic), m.partition, m.next))
+        .collect::<Vec<_>>()
+        .join(", ");
+    [
+        format!("DELETE FROM {offsets} WHERE consumer_group = {g} AND ({which})"),
+        format!("INSERT INTO {offsets} (consumer_group, topic, {p}, next_offset) VALUES {rows}"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::bookkeeping::Fence;
+
+    fn dest() -> DestinationTable {
+        DestinationTable { database: "DB".into(), schema: "public".into(), table: "items".into() }
+    }
+
+    #[test]
+    fn literals_and_identifiers_are_escaped() {
+        assert_eq!(quote_string("it's\\"), "'it''s\\\\'");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn rows_are_replaced_under_the_position_guard() {
+        let key = vec![ShapeColumn { name: "id".into(), ty: SfType::Number(10, 0), not_null: true }];
+        let sql = replaced_rows_sql(&dest(), "(S)", &key);
+        assert!(sql.starts_with("DELETE FROM \"DB\".\"public\".\"items\" AS t WHERE EXISTS"), "{sql}");
+        assert!(sql.contains("t.\"id\" = CAST(s.\"id\" AS NUMBER(10, 0))"), "{sql}");
+        assert!(sql.contains("t.\"__tributary_index\" <= s.\"__tributary_index\""), "deletes at the same position: {sql}");
+        let sql = insert_rows_sql(&dest(), "(S)", &key, &key);
+        assert!(sql.contains("NOT EXISTS (SELECT 1 FROM \"DB\".\"public\".\"items\" AS t WHERE"), "{sql}");
+        assert!(!sql.contains("MERGE"));
+    }
+
+    #[test]
+    fn offsets_are_replaced_per_partition() {
+        let moves = [
+            OffsetMove { topic: "t", partition: 0, fence: Fence::At(3), next: 7 },
+            OffsetMove { topic: "t", partition: 1, fence: Fence::Absent, next: 2 },
+        ];
+        let [delete, insert] = write_offsets_sql("O", "g", &moves);
+        assert_eq!(
+            delete,
+            "DELETE FROM O WHERE consumer_group = 'g' AND (topic = 't' AND \"partition\" = 0 OR topic = 't' AND \"partition\" = 1)"
+        );
+        assert!(insert.ends_with("VALUES ('g', 't', 0, 7), ('g', 't', 1, 2)"), "{insert}");
+    }
+}

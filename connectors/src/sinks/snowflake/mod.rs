@@ -1,0 +1,667 @@
+//! The Snowflake sink: keeps a copy of each source table in Snowflake, with
+//! updates and deletes and exactly-once effect. A [`Warehouse`] of the core
+//! (`crate::sink::warehouse`), which decides the order of everything; this
+//! module says how Snowflake does each step.
+//!
+//! # How a batch is applied
+//!
+//! 1. The destination table is created or evolved for every schema version
+//!    in the batch (`CREATE TABLE`, `ADD COLUMN` with the source's default,
+//!    `DROP NOT NULL`, `SET DATA TYPE` to lengthen a VARCHAR or add NUMBER
+//!    precision). Snowflake commits any open transaction at a DDL
+//!    statement, so DDL runs first, on its own; every statement is
+//!    idempotent (`IF NOT EXISTS`, relaxing twice), so a crash after it and
+//!    a replay are harmless.
+//! 2. The batch is reduced to the last change per key.
+//! 3. The survivors are staged: an array-bound `INSERT` (every value as
+//!    text) into a temporary table of the session, tagged with the write's
+//!    id.
+//! 4. One transaction: `BEGIN`; the fence (the group's offsets rows locked
+//!    and read: a member that lost its partitions writes nothing); a
+//!    truncate's guarded `DELETE`; per table, the deletes kept in the
+//!    deleted-rows table, a `DELETE` of every stored row a change replaces
+//!    and an `INSERT` of every upsert, both guarded by the row's stored
+//!    source position so that a replay never moves a row backwards; the
+//!    offsets rows replaced; `COMMIT`. Rows and offsets become visible
+//!    together or not at all. No `MERGE`: see [`dialect`].
+//! 5. The staged rows are deleted.
+//!
+//! Talks to Snowflake's HTTP protocol through a client of our own
+//! ([`client`]), password authentication. Key-pair (JWT) authentication,
+//! PUT + `COPY INTO` staging for large batches and Snowpipe Streaming are
+//! not provided: see `docs/destinations/snowflake.md`.
+//!
+//! # Errors
+//!
+//! [`client::classify`] maps Snowflake's error codes and SQLSTATEs (and
+//! [`client::classify_http`] the HTTP statuses) to an error kind; nothing
+//! else decides. A value Snowflake refuses fails the transaction without
+//! naming its row: the core finds the record by bisection.
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod dialect;
+pub mod types;
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Value as Json};
+use tracing::{debug, info, info_span, Instrument};
+use tributary_operations::config::{resolve_secret, ConfigError, Validate};
+use tributary_schemas::{Position, TableId, TableSchema};
+
+pub use self::client::Rows;
+use self::client::{SfClient, SESSION_CLASS};
+pub use self::config::{DestinationTable, SnowflakeSinkConfig};
+use self::dialect::{
+    change_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql, insert_rows_sql,
+    lock_offsets_sql, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
+    read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl, staged_source, staging_insert_sql,
+    staging_table_sql, truncate_older_sql, undeleted_sql, write_offsets_sql, SnowflakeDialect,
+};
+use self::types::{from_metadata, staged_text, SfType};
+use crate::error::{Error, ErrorKind, Result};
+use crate::problem::Problem;
+use crate::sink::bookkeeping::{
+    fenced, key_text, keeps_removal, position_i64, reset_i64, staging_name, Fence, OffsetMove,
+    DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, OFFSETS_TABLE, RESETS_TABLE,
+};
+use crate::sink::reduce::{key_bytes, Reduction};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::warehouse::{self, Mode, Warehouse};
+use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+
+/// Prefix of the temporary staging tables' names.
+const STAGING_PREFIX: &str = "tributary_stage_";
+
+/// What the sink knows about one destination table.
+#[derive(Debug, Clone, Default)]
+struct TableState {
+    shape: TableShape<SfType>,
+    /// Fingerprints of the source schemas already reconciled with it.
+    reconciled: HashSet<u64>,
+}
+
+/// The Snowflake [`Sink`].
+pub struct SnowflakeSink {
+    config: SnowflakeSinkConfig,
+    consumer_group: String,
+    client: SfClient,
+    /// Whether the session's bookkeeping schema and tables are known to exist.
+    bookkeeping_ready: bool,
+    /// Whether the resets table is known to exist.
+    resets_ready: bool,
+    tables: HashMap<DestinationTable, TableState>,
+    /// Destination schemas known to exist.
+    schemas: HashSet<String>,
+    /// Temporary staging tables of the session.
+    stages: HashSet<String>,
+    /// Statements committed (a cost proxy for the benchmark).
+    statements: u64,
+    /// When expired deleted-rows entries are removed next.
+    prune_at: std::time::Instant,
+    /// How the open attempt ends.
+    mode: Mode,
+    /// The open attempt's statements, run as one transaction at its end.
+    script: Vec<String>,
+    /// Staging tables the open attempt wrote to.
+    staged: Vec<String>,
+}
+
+impl std::fmt::Debug for SnowflakeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnowflakeSink")
+            .field("config", &self.config)
+            .field("connected", &self.client.is_open())
+            .finish()
+    }
+}
+
+impl SnowflakeSink {
+    /// A sink for `config`; it logs in on first use, so that a destination
+    /// that cannot be reached pauses the runner instead of failing its start.
+    pub fn new(config: SnowflakeSinkConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let consumer_group = config
+            .consumer_group
+            .clone()
+            .ok_or_else(|| ConfigError::invalid("snowflake.consumer_group", "is required"))?;
+        let password = resolve_secret("snowflake.password", &config.password)?;
+        let client = SfClient::new(&config, password)
+            .map_err(|e| ConfigError::invalid("snowflake.url", e.message().to_string()))?;
+        Ok(Self {
+            client,
+            config,
+            consumer_group,
+            bookkeeping_ready: false,
+            resets_ready: false,
+            tables: HashMap::new(),
+            schemas: HashSet::new(),
+            stages: HashSet::new(),
+            statements: 0,
+            prune_at: std::time::Instant::now(),
+            mode: Mode::Commit,
+            script: Vec::new(),
+            staged: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SnowflakeSinkConfig {
+        &self.config
+    }
+
+    /// Statements committed so far in batch transactions (the benchmark's
+    /// statements per change).
+    pub fn statements(&self) -> u64 {
+        self.statements
+    }
+
+    fn bookkeeping(&self, table: &str) -> String {
+        format!("{}.{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema), quote_ident(table))
+    }
+
+    fn offsets_table(&self) -> String {
+        self.bookkeeping(OFFSETS_TABLE)
+    }
+
+    fn deleted_table(&self) -> String {
+        self.bookkeeping(DELETED_TABLE)
+    }
+
+    fn resets_table(&self) -> String {
+        self.bookkeeping(RESETS_TABLE)
+    }
+
+    /// Logs in (if no session is open) and makes sure the bookkeeping
+    /// schema, the session's schema (where its temporary tables live) and
+    /// the bookkeeping tables exist.
+    pub async fn connect(&mut self) -> Result<()> {
+        if !self.client.is_open() {
+            self.client.login().await?;
+            self.bookkeeping_ready = false;
+            self.stages.clear();
+            info!(database = %self.config.database, "Snowflake session open");
+        }
+        if !self.bookkeeping_ready {
+            let hint = |e: Error| {
+                if e.kind() == ErrorKind::NeedsOperator {
+                    e.with_hint(
+                        "GRANT USAGE ON DATABASE ... and CREATE SCHEMA ON DATABASE ... (or OWNERSHIP of the bookkeeping \
+                         schema) TO ROLE ... (see docs/destinations/snowflake.md)",
+                    )
+                } else {
+                    e
+                }
+            };
+            let schema = format!("{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema));
+            self.client.query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await.map_err(hint)?;
+            self.client.query(&format!("USE SCHEMA {schema}")).await.map_err(hint)?;
+            self.client.query(&offsets_table_ddl(&self.offsets_table())).await.map_err(hint)?;
+            self.client.query(&deleted_table_ddl(&self.deleted_table())).await.map_err(hint)?;
+            self.bookkeeping_ready = true;
+        }
+        Ok(())
+    }
+
+    /// Forgets the session and everything cached.
+    fn reset(&mut self) {
+        self.client.reset();
+        self.bookkeeping_ready = false;
+        self.resets_ready = false;
+        self.tables.clear();
+        self.schemas.clear();
+        self.stages.clear();
+    }
+
+    /// Removes this copy from Snowflake: its stored offsets and, when
+    /// `drop` lists them, the destination tables of those source tables.
+    pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        self.connect().await?;
+        let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.offsets_table(), quote_string(&self.consumer_group));
+        self.client.query(&sql).await?;
+        let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
+        for source in drop {
+            let dest = self.config.destination(source);
+            self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted())).await?;
+            self.client.query(&forget_deleted_sql(&self.deleted_table(), &dest)).await?;
+            done.push(format!("destination table {dest}"));
+        }
+        self.tables.clear();
+        Ok(done)
+    }
+
+    /// Runs one statement in the sink's session (logging in first) and
+    /// returns its rows as text: for the setup check, tools and tests.
+    pub async fn query(&mut self, sql: &str) -> Result<Rows> {
+        let result = self.probe_query(sql).await;
+        result.map_err(|e| self.failed(e))
+    }
+
+    /// Runs a statement for the setup check (logging in first).
+    pub(super) async fn probe_query(&mut self, sql: &str) -> Result<Rows> {
+        self.connect().await?;
+        self.client.query(sql).await
+    }
+
+    /// The stored offsets of the consumer group.
+    async fn stored_offsets(&mut self) -> Result<HashMap<(String, i32), i64>> {
+        let rows = self.client.query(&read_offsets_sql(&self.offsets_table(), &self.consumer_group)).await?;
+        let mut stored = HashMap::new();
+        for row in rows {
+            let cell = |i: usize| row.get(i).cloned().flatten();
+            let bad = || Error::retryable("unreadable offsets row");
+            let topic = cell(0).ok_or_else(bad)?;
+            let partition = cell(1).and_then(|p| p.parse::<i32>().ok()).ok_or_else(bad)?;
+            let next = cell(2).and_then(|n| n.parse::<i64>().ok()).ok_or_else(bad)?;
+            stored.insert((topic, partition), next);
+        }
+        Ok(stored)
+    }
+
+    /// Runs the attempt's statements and, when there are some, the offsets,
+    /// as one transaction: committed or rolled back.
+    async fn run_script(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
+        if self.script.is_empty() && offsets.is_empty() {
+            return Ok(());
+        }
+        self.client.query("BEGIN").await?;
+        let result = self.in_transaction(offsets, commit).await;
+        if result.is_err() {
+            // Nothing of the batch stays; a session that cannot even roll
+            // back is dropped (Snowflake aborts its transaction with it).
+            if self.client.query("ROLLBACK").await.is_err() {
+                self.client.reset();
+            }
+        }
+        result
+    }
+
+    async fn in_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
+        // First: a member that lost its partitions writes nothing.
+        if offsets.iter().any(|m| m.fence != Fence::Unchecked) {
+            self.client.query(&lock_offsets_sql(&self.offsets_table(), &self.consumer_group)).await?;
+            let stored = self.stored_offsets().await?;
+            for m in offsets {
+                let have = stored.get(&(m.topic.to_string(), m.partition)).copied();
+                let holds = match m.fence {
+                    Fence::Unchecked => true,
+                    Fence::Absent => have.is_none(),
+                    Fence::At(at) => have == Some(at),
+                };
+                if !holds {
+                    return Err(fenced(&format!(
+                        "{}[{}] is at {}, expected {:?}",
+                        m.topic,
+                        m.partition,
+                        have.map_or_else(|| "nothing".to_string(), |h| h.to_string()),
+                        m.fence
+                    )));
+                }
+            }
+        }
+        if commit && !self.script.is_empty() && std::time::Instant::now() >= self.prune_at {
+            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+            let sql = prune_deleted_sql(&self.deleted_table(), self.config.deleted_rows_retention_hours);
+            self.client.query(&sql).await?;
+        }
+        let script = self.script.clone();
+        for sql in &script {
+            self.client.query(sql).await?;
+        }
+        if !offsets.is_empty() {
+            for sql in write_offsets_sql(&self.offsets_table(), &self.consumer_group, offsets) {
+                self.client.query(&sql).await?;
+            }
+        }
+        self.client.query(if commit { "COMMIT" } else { "ROLLBACK" }).await?;
+        if commit {
+            self.statements += script.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// A fresh attempt: no statements.
+    fn new_attempt(&mut self) {
+        self.script.clear();
+    }
+
+    /// Deletes the staged rows of the attempt, whatever happened to it
+    /// (each write reads only its own rows: what a failure leaves is never
+    /// read again, and goes with the session).
+    async fn clean_staging(&mut self) {
+        for stage in std::mem::take(&mut self.staged) {
+            if let Err(e) = self.client.query(&format!("DELETE FROM {}", quote_ident(&stage))).await {
+                debug!(staging = %stage, error = %e, "staged rows left in place");
+            }
+        }
+    }
+
+    /// Reads a table's columns from information_schema.
+    async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
+        let sql = format!(
+            "SELECT column_name, data_type, numeric_precision, numeric_scale, character_maximum_length, is_nullable \
+             FROM {}.information_schema.columns WHERE table_schema = {} AND table_name = {} ORDER BY ordinal_position",
+            quote_ident(&dest.database),
+            quote_string(&dest.schema),
+            quote_string(&dest.table)
+        );
+        let mut state = TableState::default();
+        for row in self.client.query(&sql).await? {
+            let cell = |i: usize| row.get(i).cloned().flatten();
+            let number = |i: usize| cell(i).and_then(|v| v.parse::<u32>().ok());
+            let name = cell(0).unwrap_or_default();
+            let type_name = cell(1).unwrap_or_default();
+            let ty = from_metadata(&type_name, number(2), number(3), number(4)).ok_or_else(|| {
+                Error::needs_operator(format!("column {name} of {dest} has type {type_name}, which the sink does not write"))
+                    .with_column(name.clone())
+            })?;
+            state.shape.exists = true;
+            state.shape.columns.push(ShapeColumn { name, ty, not_null: cell(5).as_deref() == Some("NO") });
+        }
+        self.tables.insert(dest.clone(), state);
+        Ok(())
+    }
+
+    /// Stages the rows of `changes` for `dest` (array-bound INSERTs into the
+    /// session's temporary table of the column set) under the write id
+    /// `batch`; returns the staging table.
+    async fn stage(
+        &mut self,
+        dest: &DestinationTable,
+        changes: &Reduction<'_>,
+        names: &[&str],
+        batch: &str,
+    ) -> Result<String, ApplyError> {
+        let stage = staging_name(STAGING_PREFIX, dest, &names);
+        if !self.stages.contains(&stage) {
+            self.client.query(&staging_table_sql(&stage, names)).await?;
+            self.stages.insert(stage.clone());
+        }
+        self.staged.push(stage.clone());
+        // Column-wise text cells: one bound array per staging column.
+        let width = names.len() + 5;
+        let mut columns: Vec<Vec<Json>> = vec![Vec::new(); width];
+        let mut rows = 0usize;
+        let insert = staging_insert_sql(&stage, names);
+        let lines: Vec<_> = changes.live().collect();
+        for chunk in lines.chunks(self.config.insert_chunk_rows) {
+            for column in &mut columns {
+                column.clear();
+            }
+            for (group, line) in chunk {
+                for (n, name) in names.iter().enumerate() {
+                    let at = group.schema.columns.iter().position(|c| c.name == *name);
+                    let cell = match at {
+                        Some(i) if group.writes(line, i) => {
+                            let value = &line.row[i];
+                            staged_text(value).map_err(|reason| ApplyError {
+                                error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
+                                    .with_column((*name).to_string())
+                                    .with_class("tributary.value")
+                                    .with_table(group.schema.id.clone()),
+                                record: Some(line.record),
+                            })?
+                        }
+                        _ => None,
+                    };
+                    columns[n].push(cell.map_or(Json::Null, Json::String));
+                }
+                let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+                    error: error.with_table(group.schema.id.clone()),
+                    record: Some(line.record),
+                })?;
+                let tail = names.len();
+                columns[tail].push(Json::String(line.delete.to_string()));
+                columns[tail + 1].push(Json::String(key_text(&key)));
+                columns[tail + 2].push(Json::String(line.commit.to_string()));
+                columns[tail + 3].push(Json::String(line.index.to_string()));
+                columns[tail + 4].push(Json::String(batch.to_string()));
+            }
+            let mut bindings = serde_json::Map::new();
+            for (n, values) in columns.iter_mut().enumerate() {
+                let ty = match n.checked_sub(names.len()) {
+                    Some(0) => "BOOLEAN",
+                    Some(2 | 3) => "FIXED",
+                    _ => "TEXT",
+                };
+                bindings.insert((n + 1).to_string(), json!({"type": ty, "value": std::mem::take(values)}));
+            }
+            self.client.query_bound(&insert, Json::Object(bindings)).await?;
+            rows += chunk.len();
+        }
+        debug!(table = %dest, rows, "staged");
+        Ok(stage)
+    }
+}
+
+#[async_trait]
+impl Warehouse for SnowflakeSink {
+    type Table = DestinationTable;
+
+    fn destination(&self, source: &TableId) -> DestinationTable {
+        self.config.destination(source)
+    }
+
+    fn drops_tables(&self) -> bool {
+        self.config.drop_tables
+    }
+
+    fn evolution(&self) -> Evolution {
+        Evolution { drop_columns: self.config.drop_columns }
+    }
+
+    async fn connect(&mut self) -> Result<()> {
+        SnowflakeSink::connect(self).await
+    }
+
+    async fn begin(&mut self, mode: Mode) -> Result<()> {
+        self.mode = mode;
+        self.new_attempt();
+        Ok(())
+    }
+
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
+        let result = self.run_script(offsets, self.mode == Mode::Commit).await;
+        self.clean_staging().await;
+        self.script.clear();
+        result
+    }
+
+    async fn abort(&mut self) {
+        self.clean_staging().await;
+        self.script.clear();
+    }
+
+    /// Forgets cached state after an error that is not about the data, and
+    /// the session with it: the retry starts from a new session (no
+    /// transaction of the failed attempt can be left open in it) and from
+    /// Snowflake's own view of the tables.
+    fn failed(&mut self, error: Error) -> Error {
+        if error.kind() != ErrorKind::Permanent || error.class() == SESSION_CLASS {
+            self.reset();
+        }
+        error
+    }
+
+    /// Makes the destination table fit `schema`: creates it, adds columns,
+    /// widens types, relaxes NOT NULL.
+    async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
+        let fingerprint = {
+            let mut h = DefaultHasher::new();
+            schema.hash(&mut h);
+            h.finish()
+        };
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        if self.tables.get(dest).is_some_and(|s| s.reconciled.contains(&fingerprint)) {
+            return Ok(());
+        }
+        let mut state = self.tables.get(dest).cloned().unwrap_or_default();
+        let changes = plan(&SnowflakeDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution())?;
+        if !state.shape.exists && !self.schemas.contains(&dest.schema) {
+            let sql = format!("CREATE SCHEMA IF NOT EXISTS {}.{}", quote_ident(&dest.database), quote_ident(&dest.schema));
+            self.client.query(&sql).await?;
+            self.schemas.insert(dest.schema.clone());
+        }
+        for change in &changes {
+            for statement in change_sql(dest, change, self.config.declare_primary_key) {
+                info!(table = %dest, ddl = %statement, "changing destination table");
+                self.client.query(&statement).await?;
+            }
+        }
+        state.shape.apply(&changes);
+        state.reconciled.insert(fingerprint);
+        self.tables.insert(dest.clone(), state);
+        Ok(())
+    }
+
+    async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
+        if self.mode == Mode::Commit {
+            // DDL commits any open transaction: what came before the drop
+            // is committed first (without offsets: a replay of it is
+            // harmless, guarded by position).
+            self.run_script(&[], true).await?;
+            self.script.clear();
+            self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted())).await?;
+            self.client.query(&forget_deleted_sql(&self.deleted_table(), dest)).await?;
+            self.tables.remove(dest);
+            info!(table = %dest, "dropped destination table (the source table was dropped)");
+        } else {
+            // A trial cannot undo a drop: it makes none (nor what came
+            // before it).
+            self.script.clear();
+        }
+        Ok(())
+    }
+
+    async fn truncate(&mut self, dest: &DestinationTable, at: Position) -> Result<()> {
+        let (commit, index) = position_i64(at)?;
+        self.script.push(truncate_older_sql(dest, commit, index));
+        if keeps_removal(at) {
+            self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
+        }
+        Ok(())
+    }
+
+    async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {
+        let reset = reset_i64(reset)?;
+        if !self.resets_ready {
+            // DDL cannot run inside the batch's transaction; made once,
+            // idempotent, and harmless if the batch then fails.
+            self.client.query(&resets_table_ddl(&self.resets_table())).await?;
+            self.resets_ready = true;
+        }
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        let exists = self.tables.get(dest).is_some_and(|s| s.shape.exists);
+        let statements = forget_positions_sql(dest, exists, &self.resets_table(), &self.deleted_table(), reset);
+        self.script.extend(statements);
+        Ok(())
+    }
+
+    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+        let state = self
+            .tables
+            .get(dest)
+            .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
+        // The destination's columns that some schema of the batch has.
+        let columns: Vec<ShapeColumn<SfType>> =
+            changes.column_names().into_iter().filter_map(|n| state.shape.column(n).cloned()).collect();
+        let key_names: Vec<String> = changes.groups.first().map(|g| g.schema.key.clone()).unwrap_or_default();
+        let key: Vec<ShapeColumn<SfType>> = key_names.iter().filter_map(|k| state.shape.column(k).cloned()).collect();
+        if key.len() != key_names.len() || key.is_empty() {
+            return Err(Error::needs_operator(format!("{dest} lacks a key column of the source table")).into());
+        }
+        let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let batch = uuid::Uuid::new_v4().simple().to_string();
+        let stage = self.stage(dest, changes, &names, &batch).await?;
+        let source = staged_source(&stage, &batch);
+        let deleted = self.deleted_table();
+        if changes.groups.iter().any(|g| g.deletes > 0) {
+            self.script.extend(deleted_keep_sql(&deleted, dest, &source));
+        }
+        let live = not_deleted_sql(&deleted, dest, &source);
+        self.script.push(replaced_rows_sql(dest, &live, &key));
+        if changes.groups.iter().any(|g| g.upserts > 0) {
+            self.script.push(insert_rows_sql(dest, &live, &columns, &key));
+            self.script.push(undeleted_sql(&deleted, dest, &source));
+        }
+        Ok(())
+    }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        self.new_attempt();
+        Ok(())
+    }
+
+    /// A probe's statements run now, in a transaction rolled back, so that
+    /// Snowflake itself tries every value.
+    async fn verify(&mut self) -> Result<(), ApplyError> {
+        self.run_script(&[], false).await.map_err(ApplyError::from)
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        self.clean_staging().await;
+        self.script.clear();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Sink for SnowflakeSink {
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+        let stored = match self.connect().await {
+            Ok(()) => self.stored_offsets().await,
+            Err(e) => Err(e),
+        };
+        let stored = stored.map_err(|e| self.failed(e))?;
+        Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
+    }
+
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        let span = info_span!("snowflake_apply", table = %batch.table, records = batch.records.len());
+        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
+    }
+
+    /// Schema changes it needs are made (they are additive and would be made
+    /// by the real apply anyway).
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        warehouse::apply(self, batch, Mode::Trial).await
+    }
+
+    async fn check(&mut self) -> Vec<Problem> {
+        check::run(self).await
+    }
+
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        SnowflakeSink::delete_copy(self, drop).await
+    }
+
+    fn labeler(&self) -> Labeler {
+        let config = self.config.clone();
+        Arc::new(move |t: &TableId| config.destination(t).to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_tables_follow_the_column_set() {
+        let d = DestinationTable { database: "DB".into(), schema: "s".into(), table: "t".into() };
+        let a = staging_name(STAGING_PREFIX, &d, &["id", "name"]);
+        let b = staging_name(STAGING_PREFIX, &d, &["id", "name", "note"]);
+        assert_ne!(a, b);
+        assert!(a.starts_with(STAGING_PREFIX));
+    }
+}

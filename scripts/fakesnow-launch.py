@@ -1,0 +1,169 @@
+"""Starts the fakesnow Snowflake emulator for the local stack (scripts/stack).
+
+EMULATOR ADAPTATION (test stack only; the Snowflake sink never sees this
+file). fakesnow 0.12.1's server answers SELECT and DDL results as Arrow
+only (`queryResultFormat: arrow`), while Snowflake answers a session that
+asks for JSON (the sink sets `JDBC_QUERY_RESULT_FORMAT=JSON` at login)
+with `rowset`: rows of text cells. This launcher makes fakesnow do the
+same: each result table is encoded as Snowflake's JSON rowset (every cell
+text, NULL as null; see `_cell`), so that the sink's one JSON reader serves
+both. Everything else is fakesnow's own server:
+`python fakesnow-launch.py --host 127.0.0.1 --port 9070`.
+
+Third adaptation: a session whose client dies in the middle of a
+transaction (the tests kill -9 sink runners) leaves it open, and DuckDB then
+refuses every later update of the rows it touched. Snowflake aborts such a
+detached transaction once it blocks another one and has been idle for five
+minutes; here a session idle for DETACHED_AFTER_S seconds is rolled back
+(the sink never idles inside a transaction: its statements follow each
+other).
+
+Second adaptation: fakesnow lets DuckDB's constraint and invalid-input
+errors escape as HTTP 500 ("Unhandled exception"), where Snowflake answers
+a statement error: NULL into a NOT NULL column is Snowflake's 100072
+(22000), malformed JSON its 100069 (22P02). They are mapped to those, so
+that the sink classifies them as Snowflake's own (a refused row), not as a
+server fault to retry.
+"""
+
+import argparse
+import base64
+import datetime
+import decimal
+import json
+import os
+import threading
+import time
+
+import importlib
+
+import uvicorn
+
+# `fakesnow.server` is also a function of the package: take the module.
+server = importlib.import_module("fakesnow.server")
+
+import duckdb
+import snowflake.connector.errors
+from fakesnow.cursor import FakeSnowflakeCursor
+
+_execute = FakeSnowflakeCursor.execute
+
+
+def _execute_mapping_errors(self, *args, **kwargs):
+    try:
+        return _execute(self, *args, **kwargs)
+    except duckdb.ConstraintException as e:
+        msg = f"NULL result in a non-nullable column ({str(e.args[0]).splitlines()[0]})"
+        raise snowflake.connector.errors.ProgrammingError(msg=msg, errno=100072, sqlstate="22000") from e
+    except duckdb.InvalidInputException as e:
+        msg = str(e.args[0]).splitlines()[0]
+        raise snowflake.connector.errors.ProgrammingError(msg=msg, errno=100069, sqlstate="22P02") from e
+
+
+FakeSnowflakeCursor.execute = _execute_mapping_errors
+
+# Marks a payload of this launcher inside `rowsetBase64`.
+_MARK = b"tributary-json:"
+
+
+def _cell(value):
+    """A value as Snowflake's JSON result format writes it: text."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    return str(value)
+
+
+def _to_json_rows(table, _rowtype=None):
+    columns = [c.to_pylist() for c in table.columns]
+    rows = [[_cell(v) for v in row] for row in zip(*columns)] if columns else []
+    return _MARK + json.dumps(rows).encode()
+
+
+_original = server.query_request
+
+# Idle time after which a session's open transaction counts as detached.
+DETACHED_AFTER_S = 3.0
+# Per session: a lock held while one of its requests runs, and when its
+# last answer left.
+_locks: dict = {}
+_last: dict = {}
+
+
+def _session_token(request):
+    return (request.headers.get("Authorization") or "")[17:-1]
+
+
+def _reap_detached():
+    while True:
+        time.sleep(1.0)
+        now = time.monotonic()
+        for token, last in list(_last.items()):
+            lock = _locks.get(token)
+            if now - last < DETACHED_AFTER_S or lock is None or not lock.acquire(blocking=False):
+                continue
+            try:
+                conn = server.sessions.get(token)
+                if conn is not None:
+                    try:
+                        conn._duck_conn.execute("ROLLBACK")
+                    except Exception:  # noqa: BLE001 - no transaction open: nothing to do
+                        pass
+                _last.pop(token, None)
+            finally:
+                lock.release()
+
+
+async def _query_request(request):
+    token = _session_token(request)
+    lock = _locks.setdefault(token, threading.Lock())
+    await server.run_in_threadpool(lock.acquire)
+    try:
+        response = await _original(request)
+    finally:
+        _last[token] = time.monotonic()
+        lock.release()
+    body = json.loads(response.body)
+    data = body.get("data") or {}
+    if data.get("queryResultFormat") == "arrow":
+        payload = base64.b64decode(data.pop("rowsetBase64", "") or "")
+        data["rowset"] = json.loads(payload[len(_MARK):]) if payload.startswith(_MARK) else []
+        data["queryResultFormat"] = "json"
+        data["returned"] = len(data["rowset"])
+        return server.JSONResponse(body, status_code=response.status_code)
+    return response
+
+
+# The server module imported these names; replacing them there is enough.
+server.to_sf = lambda table, rowtype: table
+server.to_ipc = _to_json_rows
+server.app = server.Starlette(
+    routes=[
+        server.Route(r.path, _query_request, methods=["POST"]) if r.path == "/queries/v1/query-request" else r
+        for r in server.routes
+    ]
+)
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    # The stack's directory of this service (scripts/stack finds its
+    # process by it); fakesnow keeps its databases in memory.
+    parser.add_argument("--home", default=".")
+    args = parser.parse_args()
+    os.chdir(args.home)
+    threading.Thread(target=_reap_detached, name="detached transactions", daemon=True).start()
+    # What fakesnow.server() runs, in the foreground (uvicorn handles SIGTERM).
+    uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning")
