@@ -8,6 +8,7 @@ crate::connectors! {
     "destination" => pub struct Sinks: dyn crate::SinkConfig {
         postgres: "sink-postgres" => postgres::PostgresSinkConfig,
         bigquery: "sink-bigquery" => bigquery::BigQuerySinkConfig,
+        spanner: "sink-spanner" => spanner::SpannerSinkConfig,
     }
 }
 
