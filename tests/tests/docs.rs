@@ -259,7 +259,7 @@ fn runner_config_parses(block: &str) -> Result<(), String> {
         if !has("[kafka]") {
             t.push_str(kafka);
         }
-        if !has("[postgres]") && !has("[mysql]") && !has("[bigquery]") {
+        if !has("[postgres]") && !has("[mysql]") && !has("[bigquery]") && !has("[spanner]") {
             t.push_str(section);
         }
         t

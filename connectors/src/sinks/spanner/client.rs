@@ -140,9 +140,10 @@ impl SpClient {
         let client = self.data().await?;
         let mut tx = client.single().await.map_err(classify_client)?;
         let mut rows = tx.query(Statement::new(sql)).await.map_err(classify)?;
-        let width = rows.columns_metadata().len();
         let mut out = Vec::new();
         while let Some(row) = rows.next().await.map_err(classify)? {
+            // Known once the first rows arrived.
+            let width = rows.columns_metadata().len();
             let cells = (0..width).map(|i| row.column::<Raw>(i)).collect::<std::result::Result<Vec<_>, _>>();
             out.push(cells.map_err(|e| Error::retryable(format!("unreadable row: {e}")))?);
         }

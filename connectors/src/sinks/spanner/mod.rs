@@ -284,7 +284,7 @@ impl Names {
         let rows = read_rows(tx, &self.deleted, &["row_key", COMMIT_COLUMN, INDEX_COLUMN], keys).await?;
         Ok(rows
             .iter()
-            .filter_map(|r| Some((cell_text(&r[0])?.to_string(), (cell_i64(&r[1])?, cell_i64(&r[2])?))))
+            .filter_map(|r| Some((r.first().and_then(cell_text)?.to_string(), (r.get(1).and_then(cell_i64)?, r.get(2).and_then(cell_i64)?))))
             .collect())
     }
 
@@ -359,8 +359,8 @@ impl Names {
             .await?
             .iter()
             .filter_map(|r| {
-                let form = r[..n].iter().zip(key_types).map(|(v, t)| key_form(&v.0, t)).collect::<Vec<_>>().join("\u{1}");
-                Some((form, (cell_i64(&r[n])?, cell_i64(&r[n + 1])?)))
+                let form = r.get(..n)?.iter().zip(key_types).map(|(v, t)| key_form(&v.0, t)).collect::<Vec<_>>().join("\u{1}");
+                Some((form, (r.get(n).and_then(cell_i64)?, r.get(n + 1).and_then(cell_i64)?)))
             })
             .collect();
         let wanted = changes
@@ -391,7 +391,9 @@ impl Names {
                 }
             } else if row.is_none_or(|r| r < c.position)
                 && deleted.is_none_or(|d| d < c.position)
-                && wide.is_none_or(|w| w < c.position)
+                // A change at the table-wide entry's own position is a row
+                // of that copy (every row of a snapshot has its position).
+                && wide.is_none_or(|w| w <= c.position)
             {
                 a.push(upsert_mutation(table, c.columns.clone(), c.values.clone()), c.columns.len());
                 a.rows.insert(
@@ -464,7 +466,7 @@ impl Names {
             None => read_rows(tx, &self.resets, &["reset"], vec![key_of(&[text(table)])])
                 .await?
                 .first()
-                .and_then(|r| cell_i64(&r[0])),
+                .and_then(|r| r.first().and_then(cell_i64)),
         };
         if applied.is_some_and(|r| r >= reset) {
             return Ok(());
@@ -514,7 +516,7 @@ impl Names {
             read_rows(tx, &self.offsets, &["topic", "partition", "next_offset"], keys)
                 .await?
                 .iter()
-                .filter_map(|r| Some(((cell_text(&r[0])?.to_string(), cell_i64(&r[1])?), cell_i64(&r[2])?)))
+                .filter_map(|r| Some(((r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?), r.get(2).and_then(cell_i64)?)))
                 .collect();
         for m in checked {
             let now = stored.get(&(m.topic.to_string(), i64::from(m.partition))).copied();
@@ -985,7 +987,7 @@ impl Sink for SpannerSink {
         };
         let stored: HashMap<(String, i64), i64> = rows
             .iter()
-            .filter_map(|r| Some(((cell_text(&r[0])?.to_string(), cell_i64(&r[1])?), cell_i64(&r[2])?)))
+            .filter_map(|r| Some(((r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?), r.get(2).and_then(cell_i64)?)))
             .collect();
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), i64::from(*p))).copied()).collect())
     }
