@@ -157,3 +157,46 @@ pub fn truncate_changes(s: &Arc<TableSchema>) -> Vec<ChangeEvent> {
         event(s, Op::Create, None, Some(row(501, "stale", 1, "1.00")), 19, 0),
     ]
 }
+
+/// The sink benchmarks' workload (`BENCH_ROWS` changes, default 20,000):
+/// half snapshot reads of `items`, half updates and deletes (one in five)
+/// of them; and the rows the copy holds afterwards.
+pub fn bench_changes() -> (Vec<ChangeEvent>, usize) {
+    let rows: usize = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let s = items();
+    let half = (rows / 2) as i32;
+    let mut events = Vec::with_capacity(rows);
+    for i in 0..half {
+        events.push(event(&s, Op::Read, None, Some(row(i, &format!("product {i}"), i, "19.99")), 10, 0));
+    }
+    for (n, i) in (0..half).enumerate() {
+        let ev = if i % 5 == 0 {
+            event(&s, Op::Delete, Some(key_row(i)), None, 11, n as u64)
+        } else {
+            event(&s, Op::Update, None, Some(row(i, "changed", i + 1, "20.00")), 11, n as u64)
+        };
+        events.push(ev);
+    }
+    (events, (half - (half + 4) / 5) as usize)
+}
+
+/// The benchmarks' batch sizes (`BENCH_BATCHES`, default 100,1000,5000).
+pub fn bench_batch_sizes() -> Vec<usize> {
+    std::env::var("BENCH_BATCHES")
+        .unwrap_or_else(|_| "100,1000,5000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+/// Applies `events` to `sink` in batches of `size` on topic `bench`;
+/// returns the seconds it took.
+pub async fn apply_in_batches(sink: &mut dyn tributary_connectors::Sink, events: Vec<ChangeEvent>, size: usize) -> f64 {
+    let started = std::time::Instant::now();
+    let mut offset = 0i64;
+    for chunk in events.chunks(size) {
+        sink.apply(&batch("bench", offset, chunk.to_vec())).await.expect("apply");
+        offset += chunk.len() as i64;
+    }
+    started.elapsed().as_secs_f64()
+}

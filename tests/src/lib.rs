@@ -13,6 +13,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod redshift;
 pub mod snowflake;
+pub mod spanner;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -252,4 +253,31 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
+}
+
+/// A source runner's config reading the stack's PostgreSQL tables of schema
+/// `name` (slot and publication `name`), for end-to-end tests.
+pub fn pg_source_runner_config(name: &str) -> String {
+    format!(
+        "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\
+         [admin]\nlisten = \"off\"\n[postgres]\nurl = \"{url}\"\nslot_name = \"{name}\"\npublication_name = \"{name}\"\n\
+         include = [\"{name}.*\"]\nheartbeat_interval_ms = 1000\n",
+        registry = schema_registry_url(),
+        kafka = kafka_bootstrap(),
+        url = pg_source_url(),
+    )
+}
+
+/// A sink runner's config reading the topics of source runner `prefix` as
+/// `group` (short Kafka sessions, so a killed runner's partitions move on
+/// quickly) into the destination `section`.
+pub fn sink_runner_config(prefix: &str, group: &str, section: &str) -> String {
+    format!(
+        "prefix = \"{prefix}\"\nconsumer_group = \"{group}\"\nschema_registry_url = \"{registry}\"\n\
+         batch_max_records = 500\nbatch_linger_ms = 200\n\
+         [kafka]\nbootstrap_servers = \"{kafka}\"\n[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"\n[admin]\nlisten = \"off\"\n{section}",
+        registry = schema_registry_url(),
+        kafka = kafka_bootstrap(),
+    )
 }

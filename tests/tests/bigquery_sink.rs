@@ -19,11 +19,12 @@ use tributary_connectors::sinks::bigquery::BigQuerySink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Value};
 use tributary_tests::items::{
-    assert_after_mixed_changes, batch, event, items, key_row, mixed_changes, row, truncate_changes,
+    apply_in_batches, assert_after_mixed_changes, batch, bench_batch_sizes, bench_changes, event, items, key_row,
+    mixed_changes, row, truncate_changes,
 };
 use tributary_tests::{
-    bigquery_emulator_url, bigquery_project, header, kafka_bootstrap, pg_source_url, runner_binary,
-    schema_registry_url, unique, wait_for, Runner,
+    bigquery_emulator_url, bigquery_project, header, kafka_bootstrap, pg_source_runner_config, pg_source_url,
+    runner_binary, sink_runner_config, unique, wait_for, Runner,
 };
 
 use tributary_tests::bigquery::{query, Datasets as Fixture};
@@ -249,38 +250,18 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).expect("temp dir");
     let source_config = dir.join("source.toml");
-    std::fs::write(
-        &source_config,
-        format!(
-            "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\
-             [admin]\nlisten = \"off\"\n[postgres]\nurl = \"{url}\"\nslot_name = \"{name}\"\npublication_name = \"{name}\"\n\
-             include = [\"{name}.*\"]\nheartbeat_interval_ms = 1000\n",
-            registry = schema_registry_url(),
-            kafka = kafka_bootstrap(),
-            url = pg_source_url(),
-        ),
-    )
-    .expect("source config");
+    std::fs::write(&source_config, pg_source_runner_config(&name)).expect("source config");
     let dataset = format!("{name}_dst");
     let bookkeeping = format!("{name}_bk");
     let group = format!("{name}-bq");
     let sink_config = dir.join("sink.toml");
-    std::fs::write(
-        &sink_config,
-        format!(
-            "prefix = \"{name}\"\nconsumer_group = \"{group}\"\nschema_registry_url = \"{registry}\"\n\
-             batch_max_records = 500\nbatch_linger_ms = 200\n\
-             [kafka]\nbootstrap_servers = \"{kafka}\"\n[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\
-             \"heartbeat.interval.ms\" = \"1000\"\n[admin]\nlisten = \"off\"\n\
-             [bigquery]\nproject = \"{project}\"\nemulator_url = \"{emulator}\"\ndataset = \"{dataset}\"\n\
-             bookkeeping_dataset = \"{bookkeeping}\"\ndeclare_primary_key = false\n",
-            registry = schema_registry_url(),
-            kafka = kafka_bootstrap(),
-            project = bigquery_project(),
-            emulator = bigquery_emulator_url(),
-        ),
-    )
-    .expect("sink config");
+    let section = format!(
+        "[bigquery]\nproject = \"{project}\"\nemulator_url = \"{emulator}\"\ndataset = \"{dataset}\"\n\
+         bookkeeping_dataset = \"{bookkeeping}\"\ndeclare_primary_key = false\n",
+        project = bigquery_project(),
+        emulator = bigquery_emulator_url(),
+    );
+    std::fs::write(&sink_config, sink_runner_config(&name, &group, &section)).expect("sink config");
     let source_log = dir.join("source.log");
     let sink_log = dir.join("sink.log");
     eprintln!("logs: {}", dir.display());
@@ -457,50 +438,14 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
 #[tokio::test]
 #[ignore = "benchmark; run explicitly"]
 async fn bench_apply_rates_per_batch_size() {
-    let rows: usize = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
-    let sizes: Vec<usize> = std::env::var("BENCH_BATCHES")
-        .unwrap_or_else(|_| "100,1000,5000".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    let s = items();
     println!("| batch size | changes | seconds | changes/s | MERGE statements | MERGEs per 1M changes |");
     println!("|---:|---:|---:|---:|---:|---:|");
-    for size in sizes {
+    for size in bench_batch_sizes() {
         let fx = Fixture::new("bench");
         let mut sink = fx.sink();
-        let half = (rows / 2) as i32;
-        let mut events = Vec::with_capacity(rows);
-        for i in 0..half {
-            events.push(event(&s, Op::Read, None, Some(row(i, &format!("product {i}"), i, "19.99")), 10, 0));
-        }
-        for (n, i) in (0..half).enumerate() {
-            let ev = if i % 5 == 0 {
-                event(&s, Op::Delete, Some(key_row(i)), None, 11, n as u64)
-            } else {
-                event(&s, Op::Update, None, Some(row(i, "changed", i + 1, "20.00")), 11, n as u64)
-            };
-            events.push(ev);
-        }
+        let (events, expected) = bench_changes();
         let total = events.len();
-        let started = std::time::Instant::now();
-        let mut offset = 0i64;
-        let mut chunk = Vec::with_capacity(size);
-        for ev in events {
-            chunk.push(ev);
-            if chunk.len() == size {
-                let n = chunk.len() as i64;
-                sink.apply(&batch("bench", offset, std::mem::take(&mut chunk)))
-                    .await
-                    .expect("apply");
-                offset += n;
-            }
-        }
-        if !chunk.is_empty() {
-            sink.apply(&batch("bench", offset, chunk)).await.expect("apply");
-        }
-        let took = started.elapsed().as_secs_f64();
-        let expected = (half - (half + 4) / 5) as usize;
+        let took = apply_in_batches(&mut sink, events, size).await;
         assert_eq!(fx.rows().await.len(), expected, "the copy holds what the changes leave");
         println!(
             "| {size} | {total} | {took:.1} | {:.0} | {} | {:.0} |",

@@ -259,7 +259,17 @@ fn runner_config_parses(block: &str) -> Result<(), String> {
         if !has("[kafka]") {
             t.push_str(kafka);
         }
-        if !has("[postgres]") && !has("[mysql]") && !has("[bigquery]") && !has("[snowflake]") {
+        if [
+            "[postgres]",
+            "[mysql]",
+            "[bigquery]",
+            "[redshift]",
+            "[snowflake]",
+            "[spanner]",
+        ]
+        .iter()
+        .all(|s| !has(s))
+        {
             t.push_str(section);
         }
         t

@@ -1,12 +1,10 @@
 //! The sink conformance suite (`tributary_tests::conformance::sink`) run
-//! against every sink: PostgreSQL (the stack's), BigQuery (the stack's
-//! emulator; nothing here ran against real BigQuery), Redshift (its test
-//! mode: PostgreSQL 15 with the staged files in the stack's S3 emulator;
-//! nothing here ran against real Redshift) and the reference sink in
-//! memory. One line per sink lists its cases; a case a destination
-//! against every sink: PostgreSQL (the stack's), BigQuery and Snowflake
-//! (the stack's emulators, bqemulator and fakesnow; nothing here ran
-//! against real BigQuery or Snowflake) and the reference sink in memory. One line per sink lists its cases; a case a destination
+//! against every sink: PostgreSQL (the stack's), BigQuery, Snowflake and
+//! Spanner (the stack's emulators: bqemulator, fakesnow and Google's Cloud
+//! Spanner emulator; nothing here ran against the real services), Redshift
+//! (its test mode: PostgreSQL 15 with the staged files in the stack's S3
+//! emulator; nothing here ran against real Redshift) and the reference sink
+//! in memory. One line per sink lists its cases; a case a destination
 //! cannot run is left out of its list with the reason, never reported as
 //! passed.
 
@@ -16,14 +14,15 @@ use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
 use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::sinks::redshift::RedshiftSink;
 use tributary_connectors::sinks::snowflake::{SnowflakeSink, SnowflakeSinkConfig};
+use tributary_connectors::sinks::spanner::SpannerSink;
 use tributary_connectors::Sink;
 use tributary_schemas::Value;
 use tributary_tests::bigquery::{query, Datasets};
 use tributary_tests::conformance::sink::SinkFixture;
 use tributary_tests::pg_destination_url;
 use tributary_tests::postgres::{column_texts, items_has_column, Destination};
-use tributary_tests::postgres::Destination;
 use tributary_tests::snowflake::Schemas;
+use tributary_tests::spanner::Database;
 
 use tributary_tests::conformance;
 
@@ -85,6 +84,30 @@ conformance!(sink, bigquery: BigQuery {
 // case sends is taken, not refused. A refused value's bisection is in
 // `tests/tests/redshift_sink.rs`.
 conformance!(sink, redshift: Redshift {
+    snapshot,
+    upserts_and_deletes,
+    truncate,
+    replayed_batch,
+    older_event,
+    deleted_row_stays_deleted,
+    older_change_after_delete_stays_deleted,
+    key_change_across_partitions,
+    older_change_after_truncate_stays_removed,
+    fenced_member_writes_nothing,
+    atomic_offsets,
+    permanent_error_names_the_record,
+    unreachable_is_retryable,
+    trial_apply_changes_nothing,
+    check_and_delete_copy,
+    table_drop_when_configured,
+    reset_then_copy,
+    copy_rows_after_another_partitions_sweep,
+    schema_changes_evolve_the_table,
+    renamed_column_keeps_its_values,
+    dropped_column_when_configured,
+    kill_9_mid_apply,
+});
+
 conformance!(sink, snowflake: Snowflake {
     snapshot,
     upserts_and_deletes,
@@ -107,6 +130,33 @@ conformance!(sink, snowflake: Snowflake {
     copy_rows_after_another_partitions_sweep,
     schema_changes_evolve_the_table,
     renamed_column_keeps_its_values,
+    dropped_column_when_configured,
+    kill_9_mid_apply,
+});
+
+// Not `renamed_column_keeps_its_values`: GoogleSQL has no RENAME COLUMN
+// (the renaming record is dead-lettered with the fix in its hint).
+conformance!(sink, spanner: Spanner {
+    snapshot,
+    upserts_and_deletes,
+    truncate,
+    replayed_batch,
+    older_event,
+    deleted_row_stays_deleted,
+    older_change_after_delete_stays_deleted,
+    key_change_across_partitions,
+    older_change_after_truncate_stays_removed,
+    fenced_member_writes_nothing,
+    atomic_offsets,
+    permanent_error_names_the_record,
+    refused_row_is_named,
+    unreachable_is_retryable,
+    trial_apply_changes_nothing,
+    check_and_delete_copy,
+    table_drop_when_configured,
+    reset_then_copy,
+    copy_rows_after_another_partitions_sweep,
+    schema_changes_evolve_the_table,
     dropped_column_when_configured,
     kill_9_mid_apply,
 });
@@ -288,25 +338,6 @@ impl SinkFixture for BigQuery {
     }
 }
 
-// ---------------------------------------------------------------- Redshift
-
-/// A schema of its own in the emulated cluster (the sink's test mode).
-struct Redshift {
-    warehouse: tributary_tests::redshift::Warehouse,
-    groups: std::sync::Mutex<Vec<String>>,
-}
-
-impl Redshift {
-    async fn new(case: &str) -> Self {
-        Self {
-            warehouse: tributary_tests::redshift::Warehouse::new(case).await,
-            groups: Default::default(),
-        }
-    }
-
-    fn config(&self, group: &str) -> tributary_connectors::sinks::redshift::RedshiftSinkConfig {
-        self.groups.lock().unwrap().push(group.to_string());
-        self.warehouse.config(group)
 // ---------------------------------------------------------------- Snowflake
 
 /// Schemas of their own in the stack's Snowflake emulator (fakesnow).
@@ -327,46 +358,16 @@ impl Snowflake {
 }
 
 #[async_trait]
-impl SinkFixture for Redshift {
 impl SinkFixture for Snowflake {
     fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
         let mut c = self.config(group);
         c.drop_tables = drops;
         c.drop_columns = drops;
-        Box::new(RedshiftSink::new(c).expect("sink config"))
         Box::new(SnowflakeSink::new(c).expect("sink config"))
     }
 
     fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
         let mut c = self.config(group);
-        c.url = "postgres://tributary:tributary@127.0.0.1:1/redshift_emulated".into();
-        c.connect_timeout_ms = 2_000;
-        Box::new(RedshiftSink::new(c).expect("sink config"))
-    }
-
-    async fn rows(&self) -> Vec<String> {
-        self.warehouse.rows().await
-    }
-
-    async fn column(&self, column: &str) -> Vec<Option<String>> {
-        column_texts(&self.warehouse.admin, &self.warehouse.table(), column).await
-    }
-
-    async fn exists(&self) -> bool {
-        self.warehouse.exists().await
-    }
-
-    async fn has_column(&self, column: &str) -> bool {
-        items_has_column(&self.warehouse.admin, &self.warehouse.schema, column).await
-    }
-
-    fn runner_section(&self) -> Option<String> {
-        Some(self.warehouse.runner_section())
-    }
-
-    async fn cleanup(&self) {
-        let groups: Vec<String> = self.groups.lock().unwrap().clone();
-        self.warehouse.cleanup(&groups).await;
         c.url = "http://127.0.0.1:1".into();
         c.request_timeout_ms = 2_000;
         c.query_timeout_ms = 5_000;
@@ -405,6 +406,144 @@ impl SinkFixture for Snowflake {
 
     async fn cleanup(&self) {
         self.schemas.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------- Spanner
+
+/// A database of its own in the stack's Spanner emulator.
+struct Spanner {
+    db: Database,
+}
+
+impl Spanner {
+    async fn new(case: &str) -> Self {
+        Self { db: Database::new(case).await }
+    }
+}
+
+/// The destination table of `public.items`.
+const SPANNER_ITEMS: &str = "public_items";
+
+#[async_trait]
+impl SinkFixture for Spanner {
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
+        let mut c = self.db.config();
+        c.consumer_group = Some(group.to_string());
+        c.drop_tables = drops;
+        c.drop_columns = drops;
+        Box::new(SpannerSink::new(c).expect("sink config"))
+    }
+
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
+        let mut c = self.db.config();
+        c.consumer_group = Some(group.to_string());
+        c.emulator_host = Some("127.0.0.1:1".into());
+        c.request_timeout_ms = 5_000;
+        Box::new(SpannerSink::new(c).expect("sink config"))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        self.db.rows(SPANNER_ITEMS).await
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        let sql = format!("SELECT CAST(`{column}` AS STRING) FROM {SPANNER_ITEMS} ORDER BY id");
+        self.db
+            .query(&sql)
+            .await
+            .expect("read column")
+            .into_iter()
+            // Spanner's NUMERIC keeps no scale (`1.50` reads `1.5`): price,
+            // the suite's decimal(10, 2), with its two decimals.
+            .map(|mut r| match r.remove(0) {
+                Some(v) if column == "price" => v.parse::<f64>().map(|f| format!("{f:.2}")).ok().or(Some(v)),
+                v => v,
+            })
+            .collect()
+    }
+
+    async fn exists(&self) -> bool {
+        self.db.query(&format!("SELECT COUNT(*) FROM {SPANNER_ITEMS}")).await.is_ok()
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        self.db
+            .query(&format!("SELECT `{column}` FROM {SPANNER_ITEMS} LIMIT 1"))
+            .await
+            .is_ok()
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        Some(self.db.runner_section())
+    }
+
+    async fn cleanup(&self) {
+        self.db.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------- Redshift
+
+/// A schema of its own in the emulated cluster (the sink's test mode).
+struct Redshift {
+    warehouse: tributary_tests::redshift::Warehouse,
+    groups: std::sync::Mutex<Vec<String>>,
+}
+
+impl Redshift {
+    async fn new(case: &str) -> Self {
+        Self {
+            warehouse: tributary_tests::redshift::Warehouse::new(case).await,
+            groups: Default::default(),
+        }
+    }
+
+    fn config(&self, group: &str) -> tributary_connectors::sinks::redshift::RedshiftSinkConfig {
+        self.groups.lock().unwrap().push(group.to_string());
+        self.warehouse.config(group)
+    }
+}
+
+#[async_trait]
+impl SinkFixture for Redshift {
+    fn sink(&self, group: &str, drops: bool) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.drop_tables = drops;
+        c.drop_columns = drops;
+        Box::new(RedshiftSink::new(c).expect("sink config"))
+    }
+
+    fn unreachable_sink(&self, group: &str) -> Box<dyn Sink> {
+        let mut c = self.config(group);
+        c.url = "postgres://tributary:tributary@127.0.0.1:1/redshift_emulated".into();
+        c.connect_timeout_ms = 2_000;
+        Box::new(RedshiftSink::new(c).expect("sink config"))
+    }
+
+    async fn rows(&self) -> Vec<String> {
+        self.warehouse.rows().await
+    }
+
+    async fn column(&self, column: &str) -> Vec<Option<String>> {
+        column_texts(&self.warehouse.admin, &self.warehouse.table(), column).await
+    }
+
+    async fn exists(&self) -> bool {
+        self.warehouse.exists().await
+    }
+
+    async fn has_column(&self, column: &str) -> bool {
+        items_has_column(&self.warehouse.admin, &self.warehouse.schema, column).await
+    }
+
+    fn runner_section(&self) -> Option<String> {
+        Some(self.warehouse.runner_section())
+    }
+
+    async fn cleanup(&self) {
+        let groups: Vec<String> = self.groups.lock().unwrap().clone();
+        self.warehouse.cleanup(&groups).await;
     }
 }
 

@@ -3,7 +3,7 @@
 
 use tributary_schemas::{ChangeEvent, TableId};
 
-use super::{KafkaPosition, SinkRecord};
+use super::{KafkaPosition, SinkBatch, SinkRecord};
 
 /// Expands a destination table name template: `{schema}` and `{table}`
 /// stand for the source table's schema and name. One pass, so a
@@ -128,4 +128,106 @@ pub fn group_by_destination<'a, D: PartialEq>(
         }
     }
     groups
+}
+
+/// `batch` cut into consecutive parts whose records weigh at most `limit`
+/// together (a record heavier than `limit` is a part of its own), for a
+/// destination that bounds what one commit holds (Spanner's mutations per
+/// commit); `None` when the whole batch fits. Each part carries the offsets
+/// of its prefix: the next offset after its last record of each partition
+/// it holds, and the batch's own next offsets for the last part (which
+/// also cover tombstones and dead letters after the last record). Each
+/// part's fence is what the part before it stores, so a crash between two
+/// commits resumes after the last one, neither losing nor repeating.
+pub fn split_by_weight(
+    batch: &SinkBatch,
+    limit: usize,
+    weight: impl Fn(&SinkRecord) -> usize,
+) -> Option<Vec<SinkBatch>> {
+    let total: usize = batch.records.iter().map(|(_, r)| weight(r)).sum();
+    if total <= limit || batch.records.len() < 2 {
+        return None;
+    }
+    let mut parts: Vec<SinkBatch> = Vec::new();
+    let mut expected = batch.expected_offsets.clone();
+    let mut start = 0;
+    while start < batch.records.len() {
+        let mut end = start;
+        let mut sum = 0;
+        while end < batch.records.len() {
+            let w = weight(&batch.records[end].1);
+            if end > start && sum + w > limit {
+                break;
+            }
+            sum += w;
+            end += 1;
+        }
+        let records = batch.records[start..end].to_vec();
+        let next_offsets = if end == batch.records.len() {
+            batch.next_offsets.clone()
+        } else {
+            let mut next: Vec<(String, i32, i64)> = Vec::new();
+            for (at, _) in &records {
+                match next.iter_mut().find(|(t, p, _)| *t == at.topic && *p == at.partition) {
+                    Some(n) => n.2 = n.2.max(at.offset + 1),
+                    None => next.push((at.topic.clone(), at.partition, at.offset + 1)),
+                }
+            }
+            next
+        };
+        let part_expected = expected
+            .iter()
+            .filter(|(t, p, _)| next_offsets.iter().any(|(nt, np, _)| nt == t && np == p))
+            .cloned()
+            .collect();
+        for (t, p, n) in &next_offsets {
+            // Partitions the runner checks stay checked, from what this
+            // part stores.
+            if let Some(e) = expected.iter_mut().find(|(et, ep, _)| et == t && ep == p) {
+                e.2 = Some(*n);
+            }
+        }
+        parts.push(SinkBatch {
+            table: batch.table.clone(),
+            records,
+            next_offsets,
+            expected_offsets: part_expected,
+        });
+        start = end;
+    }
+    Some(parts)
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::*;
+
+    fn at(partition: i32, offset: i64) -> KafkaPosition {
+        KafkaPosition { topic: "t".into(), partition, offset }
+    }
+
+    #[test]
+    fn parts_carry_the_offsets_of_their_prefix() {
+        let id = TableId::new("s", "t");
+        let records: Vec<(KafkaPosition, SinkRecord)> = [(0, 10), (1, 5), (0, 11), (1, 6), (0, 12)]
+            .into_iter()
+            .map(|(p, o)| (at(p, o), SinkRecord::TableDropped(id.clone())))
+            .collect();
+        let batch = SinkBatch {
+            table: id.clone(),
+            records,
+            next_offsets: vec![("t".into(), 0, 20), ("t".into(), 1, 7)],
+            expected_offsets: vec![("t".into(), 0, Some(10)), ("t".into(), 1, None)],
+        };
+        assert!(split_by_weight(&batch, 5, |_| 1).is_none());
+        let parts = split_by_weight(&batch, 2, |_| 1).expect("split");
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[0].next_offsets, vec![("t".to_string(), 0, 11), ("t".to_string(), 1, 6)]);
+        assert_eq!(parts[0].expected_offsets, vec![("t".to_string(), 0, Some(10)), ("t".to_string(), 1, None)]);
+        assert_eq!(parts[1].next_offsets, vec![("t".to_string(), 0, 12), ("t".to_string(), 1, 7)]);
+        assert_eq!(parts[1].expected_offsets, vec![("t".to_string(), 0, Some(11)), ("t".to_string(), 1, Some(6))]);
+        // The last part stores the batch's own next offsets.
+        assert_eq!(parts[2].next_offsets, batch.next_offsets);
+        assert_eq!(parts[2].expected_offsets, vec![("t".to_string(), 0, Some(12)), ("t".to_string(), 1, Some(7))]);
+    }
 }

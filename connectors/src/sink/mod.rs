@@ -32,7 +32,9 @@ use async_trait::async_trait;
 use tributary_operations::config::ConfigError;
 use tributary_schemas::{ChangeEvent, TableId};
 
-pub use self::batch::{check_table_template, expand_table_template, group_by_destination, segments, Segment};
+pub use self::batch::{
+    check_table_template, expand_table_template, group_by_destination, segments, split_by_weight, Segment,
+};
 pub use self::bisect::{locate_failed_record, PrefixProbe};
 use crate::error::{Error, Result};
 use crate::problem::Problem;

@@ -10,6 +10,7 @@ crate::connectors! {
         bigquery: "sink-bigquery" => bigquery::BigQuerySinkConfig,
         redshift: "sink-redshift" => redshift::RedshiftSinkConfig,
         snowflake: "sink-snowflake" => snowflake::SnowflakeSinkConfig,
+        spanner: "sink-spanner" => spanner::SpannerSinkConfig,
     }
 }
 

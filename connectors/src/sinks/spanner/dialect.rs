@@ -1,0 +1,274 @@
+//! Spanner's [`Dialect`] (its types and what `ALTER TABLE` can change) and
+//! the statements the sink runs: DDL for destination and bookkeeping
+//! tables, and the few DML statements of table-wide steps (a truncate, a
+//! reset). Row writes are mutations, not SQL (see `mod.rs`).
+
+use tributary_schemas::{Column, Value};
+
+use super::types::{spanner_type, SpType};
+use crate::error::{Error, Result};
+use crate::sink::bookkeeping::{position_before, PositionSyntax, COMMIT_COLUMN, FORGOTTEN_POSITION, INDEX_COLUMN};
+use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+
+/// Spanner's types and rules.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpannerDialect;
+
+impl Dialect for SpannerDialect {
+    type Type = SpType;
+
+    fn column_type(&self, column: &Column, _origin: &str) -> SpType {
+        spanner_type(&column.data_type)
+    }
+
+    fn position_type(&self) -> SpType {
+        SpType::Int64
+    }
+
+    fn fit(&self, have: &SpType, want: &SpType) -> Fit<SpType> {
+        match (have, want) {
+            (h, w) if h == w => Fit::Keep,
+            // STRING(n) -> STRING(MAX) (and BYTES) is an in-place change.
+            (SpType::String(Some(_)), SpType::String(None)) | (SpType::Bytes(Some(_)), SpType::Bytes(None)) => {
+                Fit::Widen(want.clone())
+            }
+            // STRING(MAX) holds every scalar value as its text.
+            (SpType::String(None), w) if !matches!(w, SpType::Array(_)) => Fit::Keep,
+            // Integers fit NUMERIC (29 digits before the point).
+            (SpType::Numeric, SpType::Int64) => Fit::Keep,
+            _ => Fit::Incompatible,
+        }
+    }
+
+    fn key_refuses_null(&self) -> bool {
+        true
+    }
+
+    fn adds_position_columns(&self) -> bool {
+        true
+    }
+
+    fn incompatible(&self, table: &str, column: &Column, have: &SpType, want: &SpType) -> Error {
+        Error::permanent(format!(
+            "column {} of {table} is {have}; the source now sends {want}, which Spanner cannot change it to in place",
+            column.name
+        ))
+        .with_hint(format!(
+            "add a column of type {want} by hand and copy the values, or drop the table to let the sink create it \
+             again (ALTER TABLE {t} DROP COLUMN {c}; then replay)",
+            t = quote_ident(table),
+            c = quote_ident(&column.name)
+        ))
+    }
+}
+
+/// `name` quoted as a Spanner identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("`{}`", name.replace('`', ""))
+}
+
+/// `s` as a GoogleSQL string literal.
+pub fn quote_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("\\'"),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+fn column_ddl(c: &ShapeColumn<SpType>) -> String {
+    format!("{} {}{}", quote_ident(&c.name), c.ty, if c.not_null { " NOT NULL" } else { "" })
+}
+
+/// A simple source default as a DDL literal (`ADD COLUMN ... DEFAULT (7)`
+/// fills the rows already there); `None` for anything else, which leaves
+/// them NULL.
+fn default_literal(v: &Value, ty: &SpType) -> Option<String> {
+    match (v, ty) {
+        (Value::Boolean(b), SpType::Bool) => Some(if *b { "TRUE" } else { "FALSE" }.into()),
+        (Value::Int16(i), SpType::Int64) => Some(i.to_string()),
+        (Value::Int32(i), SpType::Int64) => Some(i.to_string()),
+        (Value::Int64(i), SpType::Int64) => Some(i.to_string()),
+        (Value::Text(s) | Value::Enum(s), SpType::String(_)) => Some(quote_string(s)),
+        (Value::Decimal(s), SpType::Numeric) if s.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-') => {
+            Some(format!("NUMERIC {}", quote_string(s)))
+        }
+        _ => None,
+    }
+}
+
+/// The DDL statements of one change to `table`, whose columns are
+/// `shape_columns` before it (ALTER COLUMN restates the whole type).
+pub fn change_ddl(table: &str, change: &TableChange<SpType>, shape: &[ShapeColumn<SpType>]) -> Result<Vec<String>> {
+    let t = quote_ident(table);
+    let typed = |name: &str| shape.iter().find(|c| c.name == name);
+    Ok(match change {
+        TableChange::CreateTable { columns, key } => {
+            let cols = columns.iter().map(column_ddl).collect::<Vec<_>>().join(", ");
+            let key = key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+            vec![format!("CREATE TABLE IF NOT EXISTS {t} ({cols}) PRIMARY KEY ({key})")]
+        }
+        TableChange::AddColumn { column, backfill } => {
+            let default = backfill
+                .as_ref()
+                .and_then(|v| default_literal(v, &column.ty))
+                .map(|l| format!(" DEFAULT ({l})"))
+                .unwrap_or_default();
+            vec![format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {}{default}", column_ddl(column))]
+        }
+        TableChange::AddBookkeeping(column) => vec![format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {} INT64 NOT NULL DEFAULT (-1)",
+            quote_ident(&column.name)
+        )],
+        TableChange::Widen { column, to, .. } => {
+            let not_null = typed(column).is_some_and(|c| c.not_null);
+            let c = ShapeColumn { name: column.clone(), ty: to.clone(), not_null };
+            vec![format!("ALTER TABLE {t} ALTER COLUMN {}", column_ddl(&c))]
+        }
+        TableChange::DropNotNull { column } => match typed(column) {
+            Some(c) => {
+                let c = ShapeColumn { name: c.name.clone(), ty: c.ty.clone(), not_null: false };
+                vec![format!("ALTER TABLE {t} ALTER COLUMN {}", column_ddl(&c))]
+            }
+            None => Vec::new(),
+        },
+        // GoogleSQL has no RENAME COLUMN (the emulator's parser refuses it
+        // too): the record that needs it is dead-lettered with the fix.
+        TableChange::RenameColumn { from, to } => {
+            return Err(Error::permanent(format!(
+                "the source renamed column {from} of {table} to {to}; Spanner cannot rename a column"
+            ))
+            .with_column(to.clone())
+            .with_class("spanner.rename_column")
+            .with_hint(format!(
+                "ALTER TABLE {t} ADD COLUMN {n} <type>; UPDATE {t} SET {n} = {o} WHERE TRUE; then replay the dead \
+                 letters (the old column stays, NULL in new rows)",
+                n = quote_ident(to),
+                o = quote_ident(from)
+            )))
+        }
+        TableChange::DropColumn { column } => vec![format!("ALTER TABLE {t} DROP COLUMN {}", quote_ident(column))],
+    })
+}
+
+/// The offsets table.
+pub fn offsets_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (consumer_group STRING(MAX) NOT NULL, topic STRING(MAX) NOT NULL, \
+         `partition` INT64 NOT NULL, next_offset INT64 NOT NULL) PRIMARY KEY (consumer_group, topic, `partition`)",
+        quote_ident(table)
+    )
+}
+
+/// The deleted-rows table: `(dest_table, row_key) -> position`, with the
+/// commit time for the retention.
+pub fn deleted_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (dest_table STRING(MAX) NOT NULL, row_key STRING(MAX) NOT NULL, \
+         {COMMIT_COLUMN} INT64 NOT NULL, {INDEX_COLUMN} INT64 NOT NULL, \
+         deleted_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true)) PRIMARY KEY (dest_table, row_key)",
+        quote_ident(table)
+    )
+}
+
+/// The resets table: `destination -> the last reset applied`.
+pub fn resets_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (destination STRING(MAX) NOT NULL, reset INT64 NOT NULL) PRIMARY KEY (destination)",
+        quote_ident(table)
+    )
+}
+
+fn older_than(commit: i64, index: i64) -> String {
+    let (ac, ai) = (commit.to_string(), index.to_string());
+    position_before(PositionSyntax::Expanded, (COMMIT_COLUMN, INDEX_COLUMN), (&ac, &ai), false)
+}
+
+/// Removes the rows of `table` older than a truncate at `(commit, index)`.
+pub fn truncate_older_sql(table: &str, commit: i64, index: i64) -> String {
+    format!("DELETE FROM {} WHERE {}", quote_ident(table), older_than(commit, index))
+}
+
+/// Removes `dest`'s key entries of the deleted-rows table older than a
+/// truncate at `(commit, index)` (the table-wide entry replaces them).
+pub fn deleted_keys_older_sql(deleted: &str, dest: &str, commit: i64, index: i64) -> String {
+    format!(
+        "DELETE FROM {} WHERE dest_table = {} AND row_key <> '' AND {}",
+        quote_ident(deleted),
+        quote_string(dest),
+        older_than(commit, index)
+    )
+}
+
+/// Forgets the position of every row of `table`.
+pub fn forget_positions_sql(table: &str) -> String {
+    let (c, i) = FORGOTTEN_POSITION;
+    format!("UPDATE {} SET {COMMIT_COLUMN} = {c}, {INDEX_COLUMN} = {i} WHERE TRUE", quote_ident(table))
+}
+
+/// Removes every deleted-rows entry of `dest`.
+pub fn forget_deleted_sql(deleted: &str, dest: &str) -> String {
+    format!("DELETE FROM {} WHERE dest_table = {}", quote_ident(deleted), quote_string(dest))
+}
+
+/// Removes deleted-rows entries older than the retention (a partitioned
+/// DML statement, outside the batches' transactions).
+pub fn prune_deleted_sql(deleted: &str, hours: u64) -> String {
+    format!(
+        "DELETE FROM {} WHERE deleted_at < TIMESTAMP_SUB(CURRENT_TIMESTAMP(), INTERVAL {hours} HOUR)",
+        quote_ident(deleted)
+    )
+}
+
+/// The columns of `table`, in table order (`COLUMN_NAME`, `SPANNER_TYPE`,
+/// `IS_NULLABLE`).
+pub fn columns_sql(table: &str) -> String {
+    format!(
+        "SELECT COLUMN_NAME, SPANNER_TYPE, IS_NULLABLE FROM INFORMATION_SCHEMA.COLUMNS \
+         WHERE TABLE_SCHEMA = '' AND TABLE_NAME = {} ORDER BY ORDINAL_POSITION",
+        quote_string(table)
+    )
+}
+
+/// The primary key columns of `table`, in key order.
+pub fn key_sql(table: &str) -> String {
+    format!(
+        "SELECT COLUMN_NAME FROM INFORMATION_SCHEMA.INDEX_COLUMNS WHERE TABLE_SCHEMA = '' AND TABLE_NAME = {} \
+         AND INDEX_NAME = 'PRIMARY_KEY' ORDER BY ORDINAL_POSITION",
+        quote_string(table)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ddl_restates_types() {
+        let shape = vec![ShapeColumn { name: "n".into(), ty: SpType::String(Some(10)), not_null: true }];
+        let widen = TableChange::Widen { column: "n".into(), from: SpType::String(Some(10)), to: SpType::String(None) };
+        assert_eq!(change_ddl("t", &widen, &shape).unwrap(), vec!["ALTER TABLE `t` ALTER COLUMN `n` STRING(MAX) NOT NULL"]);
+        let relax = TableChange::DropNotNull { column: "n".into() };
+        assert_eq!(change_ddl("t", &relax, &shape).unwrap(), vec!["ALTER TABLE `t` ALTER COLUMN `n` STRING(10)"]);
+        assert_eq!(
+            truncate_older_sql("t", 5, 2),
+            "DELETE FROM `t` WHERE (__tributary_commit < 5 OR (__tributary_commit = 5 AND __tributary_index < 2))"
+        );
+        assert_eq!(quote_string("a'b"), "'a\\'b'");
+    }
+
+    #[test]
+    fn fits() {
+        let d = SpannerDialect;
+        assert_eq!(d.fit(&SpType::String(None), &SpType::Int64), Fit::Keep);
+        assert_eq!(d.fit(&SpType::String(Some(3)), &SpType::String(None)), Fit::Widen(SpType::String(None)));
+        assert_eq!(d.fit(&SpType::Int64, &SpType::Numeric), Fit::Incompatible);
+    }
+}

@@ -1,0 +1,1016 @@
+//! The Spanner sink: keeps a copy of each source table in a Cloud Spanner
+//! database, with exactly-once effect. A [`Warehouse`] of the core
+//! (`crate::sink::warehouse`), which decides the order of everything; this
+//! module says how Spanner does each step.
+//!
+//! # How a batch is applied
+//!
+//! 1. The destination table is created or evolved for every schema version
+//!    in the batch (`UpdateDatabaseDdl`, waited for; every statement is
+//!    idempotent: `IF NOT EXISTS`, restating a column's type).
+//! 2. The batch is reduced to the last change per key and encoded (a value
+//!    Spanner would refuse fails here, naming its record).
+//! 3. At the end of the batch, **one read-write transaction**: it reads the
+//!    stored position of every key the batch touches, its deleted-rows
+//!    entry and the table-wide one, and buffers an `insert_or_update` or
+//!    `delete` mutation only where the change is newer (the position guard);
+//!    deletes keep their position in the deleted-rows table; a truncate or a
+//!    reset is a DML statement of the same transaction; then it reads the
+//!    stored offsets, checks the fence and buffers the new ones. Commit
+//!    makes rows and offsets visible together. Mutations buffered earlier in
+//!    the transaction are invisible to its later reads and DML, so the
+//!    transaction keeps what it buffered (the overlay) and applies each
+//!    table-wide step to it as well.
+//! 4. Spanner aborts read-write transactions under contention (ABORTED):
+//!    the transaction is run again from its first read, up to
+//!    `abort_retries` times. Nothing is read before the transaction, so a
+//!    retry decides again on fresh data.
+//!
+//! A batch whose mutations (estimated per record, an upper bound) exceed
+//! `mutation_limit` is split into several commits, each carrying the
+//! offsets of its prefix ([`split_by_weight`]).
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod dialect;
+pub mod types;
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use gcloud_gax::grpc::Status;
+use gcloud_gax::retry::TryAs;
+use gcloud_googleapis::spanner::v1::mutation::{Delete, Operation, Write};
+use gcloud_googleapis::spanner::v1::{KeySet as PbKeySet, Mutation};
+use gcloud_spanner::key::{Key, KeySet};
+use gcloud_spanner::statement::{Statement, ToKind};
+use gcloud_spanner::transaction_rw::ReadWriteTransaction;
+use prost_types::value::Kind;
+use prost_types::ListValue;
+use tracing::{debug, info, info_span, warn, Instrument};
+use tributary_operations::config::{ConfigError, Validate};
+use tributary_schemas::{Position, TableId, TableSchema, Value};
+
+use self::client::{cell_text, classify, classify_client, is_aborted, Raw, SpClient, ROLES_HINT};
+pub use self::config::{DestinationTable, SpannerSinkConfig};
+use self::dialect::{
+    change_ddl, columns_sql, deleted_ddl, deleted_keys_older_sql, forget_deleted_sql, forget_positions_sql, key_sql,
+    offsets_ddl, prune_deleted_sql, quote_ident, quote_string, resets_ddl, truncate_older_sql, SpannerDialect,
+};
+use self::types::{encode, from_spanner_type, key_form, SpType};
+use crate::error::{Error, ErrorKind, Result};
+use crate::problem::Problem;
+use crate::sink::bookkeeping::{
+    fenced, keeps_removal, key_text, position_i64, reset_i64, Fence, OffsetMove, COMMIT_COLUMN,
+    DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, FORGOTTEN_POSITION, INDEX_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
+    TABLE_ROW_KEY,
+};
+use crate::sink::reduce::{key_bytes, Reduction};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::warehouse::{self, Mode, Warehouse};
+use crate::sink::{split_by_weight, ApplyError, Labeler, Sink, SinkBatch, SinkRecord};
+
+/// Mutations of a deleted-rows entry (its five columns).
+const DELETED_ENTRY_MUTATIONS: usize = 5;
+/// Mutations of one partition's offsets row (its four columns).
+const OFFSETS_ROW_MUTATIONS: usize = 4;
+/// What Spanner stores for a column written with the commit timestamp.
+const COMMIT_TIMESTAMP: &str = "spanner.commit_timestamp()";
+
+type Pos = (i64, i64);
+
+/// What the sink knows about one destination table.
+#[derive(Debug, Clone, Default)]
+struct TableState {
+    shape: TableShape<SpType>,
+    /// Fingerprints of the source schemas already reconciled with it.
+    reconciled: HashSet<u64>,
+}
+
+/// One reduced change, encoded.
+#[derive(Debug, Clone)]
+struct Change {
+    /// Key values in key order.
+    key: Vec<Kind>,
+    /// The key as matched against rows read back ([`key_form`]).
+    form: String,
+    /// The key as the deleted-rows table keeps it ([`key_text`]).
+    text: String,
+    position: Pos,
+    delete: bool,
+    /// An upsert's columns (the position columns last) and values.
+    columns: Vec<String>,
+    values: Vec<Kind>,
+}
+
+/// One step of a batch, run in its transaction at the end.
+#[derive(Debug, Clone)]
+enum Op {
+    Write { table: String, key_columns: Vec<String>, key_types: Vec<SpType>, changes: Vec<Change> },
+    Truncate { table: String, at: Pos, exists: bool, keep: bool },
+    Forget { table: String, reset: i64, exists: bool },
+}
+
+/// A row the open transaction buffered a mutation for.
+#[derive(Debug, Clone)]
+struct Buffered {
+    key: Vec<Kind>,
+    key_columns: Vec<String>,
+    /// Its position after the mutation; `None`: deleted.
+    position: Option<Pos>,
+}
+
+/// What one attempt of a batch's transaction buffered, and the state its
+/// mutations will leave (reads and DML of the same transaction do not see
+/// mutations).
+#[derive(Default)]
+struct Attempt {
+    mutations: Vec<Mutation>,
+    count: usize,
+    rows: HashMap<(String, String), Buffered>,
+    deleted: HashMap<(String, String), Option<Pos>>,
+    resets: HashMap<String, i64>,
+}
+
+impl Attempt {
+    fn push(&mut self, m: Mutation, count: usize) {
+        self.mutations.push(m);
+        self.count += count;
+    }
+}
+
+/// The error of a transaction attempt: Spanner's own (ABORTED is retried),
+/// or the sink's.
+#[derive(Debug)]
+enum TxError {
+    Spanner(Status),
+    Sink(Error),
+}
+
+impl From<Status> for TxError {
+    fn from(s: Status) -> Self {
+        TxError::Spanner(s)
+    }
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Sink(e)
+    }
+}
+
+impl TryAs<Status> for TxError {
+    fn try_as(&self) -> Option<&Status> {
+        match self {
+            TxError::Spanner(s) => Some(s),
+            TxError::Sink(_) => None,
+        }
+    }
+}
+
+impl TxError {
+    fn into_error(self) -> Error {
+        match self {
+            TxError::Spanner(s) => classify(s),
+            TxError::Sink(e) => e,
+        }
+    }
+}
+
+/// The Spanner [`Sink`].
+pub struct SpannerSink {
+    config: SpannerSinkConfig,
+    consumer_group: String,
+    client: SpClient,
+    bookkeeping_ready: bool,
+    tables: HashMap<DestinationTable, TableState>,
+    /// When expired deleted-rows entries are removed next.
+    prune_at: std::time::Instant,
+    mode: Mode,
+    /// The open batch's steps.
+    ops: Vec<Op>,
+    commits: u64,
+    aborts: u64,
+}
+
+impl std::fmt::Debug for SpannerSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpannerSink")
+            .field("config", &self.config)
+            .field("connected", &self.client.is_built())
+            .finish()
+    }
+}
+
+fn list(kinds: Vec<Kind>) -> ListValue {
+    ListValue { values: kinds.into_iter().map(|k| prost_types::Value { kind: Some(k) }).collect() }
+}
+
+fn upsert_mutation(table: &str, columns: Vec<String>, values: Vec<Kind>) -> Mutation {
+    Mutation {
+        operation: Some(Operation::InsertOrUpdate(Write { table: table.to_string(), columns, values: vec![list(values)] })),
+    }
+}
+
+fn delete_mutation(table: &str, key: Vec<Kind>) -> Mutation {
+    Mutation {
+        operation: Some(Operation::Delete(Delete {
+            table: table.to_string(),
+            key_set: Some(PbKeySet { keys: vec![list(key)], ranges: Vec::new(), all: false }),
+        })),
+    }
+}
+
+fn int(v: i64) -> Kind {
+    Kind::StringValue(v.to_string())
+}
+
+fn text(s: &str) -> Kind {
+    Kind::StringValue(s.to_string())
+}
+
+fn key_of(kinds: &[Kind]) -> Key {
+    let raws: Vec<Raw> = kinds.iter().cloned().map(Raw).collect();
+    let refs: Vec<&dyn ToKind> = raws.iter().map(|r| r as &dyn ToKind).collect();
+    Key::composite(&refs)
+}
+
+fn cell_i64(raw: &Raw) -> Option<i64> {
+    cell_text(raw).and_then(|s| s.parse().ok())
+}
+
+/// Reads `columns` of the rows of `table` under `keys`; each row's cells.
+async fn read_rows(
+    tx: &mut ReadWriteTransaction,
+    table: &str,
+    columns: &[&str],
+    keys: Vec<Key>,
+) -> std::result::Result<Vec<Vec<Raw>>, TxError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = tx.read(table, columns, KeySet::from(keys)).await?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().await? {
+        let cells = (0..columns.len()).map(|i| row.column::<Raw>(i)).collect::<std::result::Result<Vec<_>, _>>();
+        out.push(cells.map_err(|e| Error::retryable(format!("unreadable row of {table}: {e}")))?);
+    }
+    Ok(out)
+}
+
+/// The names of the sink's own tables.
+#[derive(Debug, Clone)]
+struct Names {
+    offsets: String,
+    deleted: String,
+    resets: String,
+    group: String,
+}
+
+impl Names {
+    /// The deleted-rows entries of `table` under `keys` (row keys), as
+    /// stored.
+    async fn deleted_entries(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        table: &str,
+        keys: impl Iterator<Item = String>,
+    ) -> std::result::Result<HashMap<String, Pos>, TxError> {
+        let keys: Vec<Key> = keys.map(|k| key_of(&[text(table), Kind::StringValue(k)])).collect();
+        let rows = read_rows(tx, &self.deleted, &["row_key", COMMIT_COLUMN, INDEX_COLUMN], keys).await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| Some((r.first().and_then(cell_text)?.to_string(), (r.get(1).and_then(cell_i64)?, r.get(2).and_then(cell_i64)?))))
+            .collect())
+    }
+
+    /// A deleted-rows entry as the attempt will leave it.
+    async fn entry(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        a: &Attempt,
+        table: &str,
+        row_key: &str,
+    ) -> std::result::Result<Option<Pos>, TxError> {
+        if let Some(p) = a.deleted.get(&(table.to_string(), row_key.to_string())) {
+            return Ok(*p);
+        }
+        Ok(self.deleted_entries(tx, table, std::iter::once(row_key.to_string())).await?.remove(row_key))
+    }
+
+    fn set_entry(&self, a: &mut Attempt, table: &str, row_key: &str, at: Option<Pos>) {
+        let key = vec![text(table), text(row_key)];
+        match at {
+            Some((c, i)) => a.push(
+                upsert_mutation(
+                    &self.deleted,
+                    vec!["dest_table".into(), "row_key".into(), COMMIT_COLUMN.into(), INDEX_COLUMN.into(), "deleted_at".into()],
+                    vec![text(table), text(row_key), int(c), int(i), text(COMMIT_TIMESTAMP)],
+                ),
+                DELETED_ENTRY_MUTATIONS,
+            ),
+            None => a.push(delete_mutation(&self.deleted, key), 1),
+        }
+        a.deleted.insert((table.to_string(), row_key.to_string()), at);
+    }
+
+    /// Runs the batch's steps and offsets in `tx`.
+    async fn run(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        ops: &[Op],
+        offsets: &[OffsetMove<'_>],
+    ) -> std::result::Result<Attempt, TxError> {
+        let mut a = Attempt::default();
+        for op in ops {
+            match op {
+                Op::Write { table, key_columns, key_types, changes } => {
+                    self.write(tx, &mut a, table, key_columns, key_types, changes).await?
+                }
+                Op::Truncate { table, at, exists, keep } => self.truncate(tx, &mut a, table, *at, *exists, *keep).await?,
+                Op::Forget { table, reset, exists } => self.forget(tx, &mut a, table, *reset, *exists).await?,
+            }
+        }
+        self.offsets(tx, &mut a, offsets).await?;
+        Ok(a)
+    }
+
+    async fn write(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        a: &mut Attempt,
+        table: &str,
+        key_columns: &[String],
+        key_types: &[SpType],
+        changes: &[Change],
+    ) -> std::result::Result<(), TxError> {
+        // The stored positions of the keys the attempt has not written yet.
+        let unread: Vec<&Change> =
+            changes.iter().filter(|c| !a.rows.contains_key(&(table.to_string(), c.form.clone()))).collect();
+        let mut columns: Vec<&str> = key_columns.iter().map(String::as_str).collect();
+        columns.extend([COMMIT_COLUMN, INDEX_COLUMN]);
+        let keys = unread.iter().map(|c| key_of(&c.key)).collect();
+        let n = key_columns.len();
+        let stored: HashMap<String, Pos> = read_rows(tx, table, &columns, keys)
+            .await?
+            .iter()
+            .filter_map(|r| {
+                let form = r.get(..n)?.iter().zip(key_types).map(|(v, t)| key_form(&v.0, t)).collect::<Vec<_>>().join("\u{1}");
+                Some((form, (r.get(n).and_then(cell_i64)?, r.get(n + 1).and_then(cell_i64)?)))
+            })
+            .collect();
+        let wanted = changes
+            .iter()
+            .map(|c| c.text.clone())
+            .chain(std::iter::once(TABLE_ROW_KEY.to_string()))
+            .filter(|k| !a.deleted.contains_key(&(table.to_string(), k.clone())));
+        let entries = self.deleted_entries(tx, table, wanted).await?;
+        let entry = |a: &Attempt, k: &str| match a.deleted.get(&(table.to_string(), k.to_string())) {
+            Some(p) => *p,
+            None => entries.get(k).copied(),
+        };
+        for c in changes {
+            let slot = (table.to_string(), c.form.clone());
+            let row = match a.rows.get(&slot) {
+                Some(b) => b.position,
+                None => stored.get(&c.form).copied(),
+            };
+            let deleted = entry(a, &c.text);
+            let wide = entry(a, TABLE_ROW_KEY);
+            if c.delete {
+                if row.is_some_and(|r| r <= c.position) {
+                    a.push(delete_mutation(table, c.key.clone()), 1);
+                    a.rows.insert(slot, Buffered { key: c.key.clone(), key_columns: key_columns.to_vec(), position: None });
+                }
+                if deleted.is_none_or(|d| d < c.position) {
+                    self.set_entry(a, table, &c.text, Some(c.position));
+                }
+            } else if row.is_none_or(|r| r < c.position)
+                && deleted.is_none_or(|d| d < c.position)
+                // A change at the table-wide entry's own position is a row
+                // of that copy (every row of a snapshot has its position).
+                && wide.is_none_or(|w| w <= c.position)
+            {
+                a.push(upsert_mutation(table, c.columns.clone(), c.values.clone()), c.columns.len());
+                a.rows.insert(
+                    slot,
+                    Buffered { key: c.key.clone(), key_columns: key_columns.to_vec(), position: Some(c.position) },
+                );
+                if deleted.is_some() {
+                    self.set_entry(a, table, &c.text, None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn truncate(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        a: &mut Attempt,
+        table: &str,
+        at: Pos,
+        exists: bool,
+        keep: bool,
+    ) -> std::result::Result<(), TxError> {
+        if exists {
+            tx.update(Statement::new(truncate_older_sql(table, at.0, at.1))).await?;
+        }
+        // Rows the attempt buffered are the DML's to remove too.
+        let older: Vec<(String, String)> = a
+            .rows
+            .iter()
+            .filter(|((t, _), b)| t == table && b.position.is_some_and(|p| p < at))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for slot in older {
+            if let Some(b) = a.rows.get_mut(&slot) {
+                b.position = None;
+                let key = b.key.clone();
+                a.push(delete_mutation(table, key), 1);
+            }
+        }
+        if !keep {
+            return Ok(());
+        }
+        if self.entry(tx, a, table, TABLE_ROW_KEY).await?.is_none_or(|w| w < at) {
+            self.set_entry(a, table, TABLE_ROW_KEY, Some(at));
+        }
+        tx.update(Statement::new(deleted_keys_older_sql(&self.deleted, table, at.0, at.1))).await?;
+        let older: Vec<String> = a
+            .deleted
+            .iter()
+            .filter(|((t, k), p)| t == table && k != TABLE_ROW_KEY && p.is_some_and(|p| p < at))
+            .map(|((_, k), _)| k.clone())
+            .collect();
+        for k in older {
+            self.set_entry(a, table, &k, None);
+        }
+        Ok(())
+    }
+
+    async fn forget(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        a: &mut Attempt,
+        table: &str,
+        reset: i64,
+        exists: bool,
+    ) -> std::result::Result<(), TxError> {
+        let applied = match a.resets.get(table) {
+            Some(r) => Some(*r),
+            None => read_rows(tx, &self.resets, &["reset"], vec![key_of(&[text(table)])])
+                .await?
+                .first()
+                .and_then(|r| r.first().and_then(cell_i64)),
+        };
+        if applied.is_some_and(|r| r >= reset) {
+            return Ok(());
+        }
+        if exists {
+            tx.update(Statement::new(forget_positions_sql(table))).await?;
+        }
+        let (c, i) = FORGOTTEN_POSITION;
+        for ((t, _), b) in a.rows.iter_mut() {
+            if t == table && b.position.is_some() {
+                b.position = Some(FORGOTTEN_POSITION);
+                let mut columns = b.key_columns.clone();
+                columns.extend([COMMIT_COLUMN.to_string(), INDEX_COLUMN.to_string()]);
+                let mut values = b.key.clone();
+                values.extend([int(c), int(i)]);
+                let n = columns.len();
+                a.mutations.push(upsert_mutation(table, columns, values));
+                a.count += n;
+            }
+        }
+        tx.update(Statement::new(forget_deleted_sql(&self.deleted, table))).await?;
+        let buffered: Vec<String> =
+            a.deleted.iter().filter(|((t, _), p)| t == table && p.is_some()).map(|((_, k), _)| k.clone()).collect();
+        for k in buffered {
+            self.set_entry(a, table, &k, None);
+        }
+        a.push(
+            upsert_mutation(&self.resets, vec!["destination".into(), "reset".into()], vec![text(table), int(reset)]),
+            2,
+        );
+        a.resets.insert(table.to_string(), reset);
+        Ok(())
+    }
+
+    /// Checks every fence against the stored offsets and buffers the new
+    /// ones.
+    async fn offsets(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        a: &mut Attempt,
+        offsets: &[OffsetMove<'_>],
+    ) -> std::result::Result<(), TxError> {
+        let key = |m: &OffsetMove<'_>| vec![text(&self.group), text(m.topic), int(i64::from(m.partition))];
+        let checked: Vec<&OffsetMove<'_>> = offsets.iter().filter(|m| m.fence != Fence::Unchecked).collect();
+        let keys = checked.iter().map(|m| key_of(&key(m))).collect();
+        let stored: HashMap<(String, i64), i64> =
+            read_rows(tx, &self.offsets, &["topic", "partition", "next_offset"], keys)
+                .await?
+                .iter()
+                .filter_map(|r| Some(((r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?), r.get(2).and_then(cell_i64)?)))
+                .collect();
+        for m in checked {
+            let now = stored.get(&(m.topic.to_string(), i64::from(m.partition))).copied();
+            let holds = match m.fence {
+                Fence::Unchecked => true,
+                Fence::Absent => now.is_none(),
+                Fence::At(o) => now == Some(o),
+            };
+            if !holds {
+                return Err(fenced(&format!(
+                    "{}[{}]: expected {:?}, stored {:?}",
+                    m.topic, m.partition, m.fence, now
+                ))
+                .into());
+            }
+        }
+        for m in offsets {
+            let mut values = key(m);
+            values.push(int(m.next));
+            a.push(
+                upsert_mutation(
+                    &self.offsets,
+                    vec!["consumer_group".into(), "topic".into(), "partition".into(), "next_offset".into()],
+                    values,
+                ),
+                OFFSETS_ROW_MUTATIONS,
+            );
+        }
+        Ok(())
+    }
+}
+
+impl SpannerSink {
+    /// A sink for `config`; it connects on first use, so that a destination
+    /// that cannot be reached pauses the runner instead of failing its start.
+    pub fn new(config: SpannerSinkConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let consumer_group = config
+            .consumer_group
+            .clone()
+            .ok_or_else(|| ConfigError::invalid("spanner.consumer_group", "is required"))?;
+        Ok(Self {
+            client: SpClient::new(&config),
+            config,
+            consumer_group,
+            bookkeeping_ready: false,
+            tables: HashMap::new(),
+            prune_at: std::time::Instant::now(),
+            mode: Mode::Commit,
+            ops: Vec::new(),
+            commits: 0,
+            aborts: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SpannerSinkConfig {
+        &self.config
+    }
+
+    /// Read-write transactions committed so far (rows and offsets).
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
+    /// Transactions Spanner aborted that were run again.
+    pub fn aborts_retried(&self) -> u64 {
+        self.aborts
+    }
+
+    fn names(&self) -> Names {
+        Names {
+            offsets: self.config.bookkeeping(OFFSETS_TABLE),
+            deleted: self.config.bookkeeping(DELETED_TABLE),
+            resets: self.config.bookkeeping(RESETS_TABLE),
+            group: self.consumer_group.clone(),
+        }
+    }
+
+    /// Builds the clients (if not built) and makes sure the bookkeeping
+    /// tables exist; removes expired deleted-rows entries when due.
+    pub async fn connect(&mut self) -> Result<()> {
+        if !self.bookkeeping_ready {
+            let names = self.names();
+            self.client
+                .ddl(vec![offsets_ddl(&names.offsets), deleted_ddl(&names.deleted), resets_ddl(&names.resets)])
+                .await
+                .map_err(|e| if e.kind() == ErrorKind::NeedsOperator { e.with_hint(ROLES_HINT) } else { e })?;
+            self.bookkeeping_ready = true;
+        }
+        if std::time::Instant::now() >= self.prune_at {
+            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+            let sql = prune_deleted_sql(&self.names().deleted, self.config.deleted_rows_retention_hours);
+            let removed = self.client.partitioned_update(&sql).await?;
+            debug!(removed, "expired deleted-rows entries removed");
+        }
+        Ok(())
+    }
+
+    /// Runs `ops` and `offsets` in one read-write transaction, committed or
+    /// (a trial) rolled back; an aborted attempt is run again.
+    async fn run_transaction(&mut self, ops: &[Op], offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
+        if ops.is_empty() && offsets.is_empty() {
+            return Ok(());
+        }
+        let names = self.names();
+        let retries = self.config.abort_retries;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let client = self.client.data().await?;
+            let mut tx = client.begin_read_write_transaction().await.map_err(classify_client)?;
+            let result = names.run(&mut tx, ops, offsets).await;
+            let outcome = if commit {
+                let mutations = result.map(|a| {
+                    debug!(mutations = a.count, "committing");
+                    a.mutations
+                });
+                match mutations {
+                    Ok(ms) => {
+                        tx.buffer_write(ms);
+                        tx.end(Ok::<(), TxError>(()), None).await.map(|_| ())
+                    }
+                    Err(e) => tx.end(Err::<(), TxError>(e), None).await.map(|_| ()),
+                }
+            } else {
+                // A trial: everything read and checked, nothing committed.
+                let checked = result.map(|_| ());
+                let _ = tx.end(Err::<(), TxError>(TxError::Sink(Error::retryable("trial"))), None).await;
+                checked
+            };
+            match outcome.map_err(TxError::into_error) {
+                Ok(()) => {
+                    if commit {
+                        self.commits += 1;
+                    }
+                    return Ok(());
+                }
+                Err(e) if is_aborted(&e) && attempt < retries => {
+                    self.aborts += 1;
+                    warn!(attempt, "Spanner aborted the transaction; running it again");
+                    // Spanner's advice: back off before retrying an abort.
+                    tokio::time::sleep(std::time::Duration::from_millis(10 << attempt.min(6))).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads a table's columns and key from `INFORMATION_SCHEMA`.
+    async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
+        let mut state = TableState::default();
+        for row in self.client.query(&columns_sql(&dest.0)).await? {
+            let name = row.first().and_then(cell_text).unwrap_or_default().to_string();
+            let type_text = row.get(1).and_then(cell_text).unwrap_or_default();
+            let ty = from_spanner_type(type_text).ok_or_else(|| {
+                Error::needs_operator(format!("column {name} of {dest} has type {type_text}, which the sink does not write"))
+                    .with_column(name.clone())
+            })?;
+            let nullable = row.get(2).and_then(cell_text) == Some("YES");
+            state.shape.exists = true;
+            state.shape.columns.push(ShapeColumn { name, ty, not_null: !nullable });
+        }
+        if state.shape.exists {
+            for row in self.client.query(&key_sql(&dest.0)).await? {
+                if let Some(name) = row.first().and_then(cell_text) {
+                    state.shape.primary_key.push(name.to_string());
+                }
+            }
+        }
+        self.tables.insert(dest.clone(), state);
+        Ok(())
+    }
+
+    async fn table_exists(&mut self, dest: &DestinationTable) -> Result<bool> {
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        Ok(self.tables.get(dest).is_some_and(|s| s.shape.exists))
+    }
+
+    /// Removes this copy from Spanner: its stored offsets and, when `drop`
+    /// lists them, the destination tables of those source tables.
+    pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        self.connect().await?;
+        let names = self.names();
+        let sql = format!(
+            "DELETE FROM {} WHERE consumer_group = {}",
+            quote_ident(&names.offsets),
+            quote_string(&self.consumer_group)
+        );
+        self.client.partitioned_update(&sql).await?;
+        let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
+        for source in drop {
+            let dest = self.config.destination(source);
+            self.client.ddl(vec![format!("DROP TABLE IF EXISTS {}", dest.quoted())]).await?;
+            self.client.partitioned_update(&forget_deleted_sql(&names.deleted, &dest.0)).await?;
+            done.push(format!("destination table {dest}"));
+        }
+        self.tables.clear();
+        Ok(done)
+    }
+
+    /// Runs a read-only query for the setup check.
+    pub(super) async fn probe_query(&mut self, sql: &str) -> Result<usize> {
+        self.client.query(sql).await.map(|rows| rows.len())
+    }
+
+    /// The mutations a record may cost at most (before reduction).
+    fn weight(record: &SinkRecord) -> usize {
+        match record {
+            SinkRecord::Change(ev) => {
+                // An upsert: its columns and positions, and the removal of
+                // its key's deleted-rows entry; a delete: the row and the
+                // entry.
+                let upsert = ev.schema.columns.len() + 2 + 1;
+                upsert.max(1 + DELETED_ENTRY_MUTATIONS)
+            }
+            // Table-wide steps: their bookkeeping rows (their DML's row
+            // effects cannot be known before it runs).
+            _ => DELETED_ENTRY_MUTATIONS + 2,
+        }
+    }
+
+    /// The core's apply over `batch`, split into commits under the
+    /// mutation limit.
+    async fn apply_split(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        let limit = self
+            .config
+            .mutation_limit
+            .saturating_sub(OFFSETS_ROW_MUTATIONS * batch.next_offsets.len())
+            .max(1);
+        let Some(parts) = split_by_weight(batch, limit, Self::weight) else {
+            return warehouse::apply(self, batch, Mode::Commit).await;
+        };
+        info!(parts = parts.len(), records = batch.records.len(), "batch split under the mutation limit");
+        let mut start = 0;
+        for part in &parts {
+            warehouse::apply(self, part, Mode::Commit).await.map_err(|mut f| {
+                // The record's index in the whole batch.
+                f.record = f.record.map(|i| i + start);
+                f
+            })?;
+            start += part.records.len();
+        }
+        Ok(())
+    }
+}
+
+/// The encoded changes of `changes` for a table of shape `shape`.
+fn encode_changes(changes: &Reduction<'_>, shape: &TableShape<SpType>) -> Result<Vec<Change>, ApplyError> {
+    let mut out = Vec::new();
+    for (group, line) in changes.live() {
+        let schema = &group.schema;
+        let fail = |error: Error| ApplyError { error: error.with_table(schema.id.clone()), record: Some(line.record) };
+        let value_error = |column: &str, reason: String, value: &Value| {
+            fail(
+                Error::permanent(format!("column {column}: {reason} (value type {})", value.kind()))
+                    .with_column(column.to_string())
+                    .with_class("tributary.value"),
+            )
+        };
+        let column_type = |name: &str| -> Result<SpType, ApplyError> {
+            shape.column(name).map(|c| c.ty.clone()).ok_or_else(|| {
+                fail(Error::retryable(format!("column {name} is not in the destination table's cached shape")))
+            })
+        };
+        let mut key = Vec::with_capacity(group.key.len());
+        let mut forms = Vec::with_capacity(group.key.len());
+        for &k in &group.key {
+            let (col, value) = (&schema.columns[k], &line.row[k]);
+            let ty = column_type(&col.name)?;
+            let kind = encode(value, &ty).map_err(|r| value_error(&col.name, r, value))?;
+            forms.push(key_form(&kind, &ty));
+            key.push(kind);
+        }
+        let bytes = key_bytes(schema, line.row, &group.key).map_err(fail)?;
+        let mut change = Change {
+            key,
+            form: forms.join("\u{1}"),
+            text: key_text(&bytes),
+            position: (line.commit, line.index),
+            delete: line.delete,
+            columns: Vec::new(),
+            values: Vec::new(),
+        };
+        if !line.delete {
+            for (col, value) in schema.columns.iter().zip(line.row) {
+                // Not sent (an unchanged TOAST value): insert_or_update keeps
+                // what the row has.
+                if matches!(value, Value::Unchanged) {
+                    continue;
+                }
+                let ty = column_type(&col.name)?;
+                if matches!(value, Value::Null) && shape.column(&col.name).is_some_and(|c| c.not_null) {
+                    return Err(fail(
+                        Error::permanent(format!("column {} is NOT NULL in Spanner and the change has NULL", col.name))
+                            .with_column(col.name.clone())
+                            .with_class("tributary.value"),
+                    ));
+                }
+                change.values.push(encode(value, &ty).map_err(|r| value_error(&col.name, r, value))?);
+                change.columns.push(col.name.clone());
+            }
+            change.columns.extend([COMMIT_COLUMN.to_string(), INDEX_COLUMN.to_string()]);
+            change.values.extend([int(line.commit), int(line.index)]);
+        }
+        out.push(change);
+    }
+    Ok(out)
+}
+
+#[async_trait]
+impl Warehouse for SpannerSink {
+    type Table = DestinationTable;
+
+    fn destination(&self, source: &TableId) -> DestinationTable {
+        self.config.destination(source)
+    }
+
+    fn drops_tables(&self) -> bool {
+        self.config.drop_tables
+    }
+
+    fn evolution(&self) -> Evolution {
+        Evolution { drop_columns: self.config.drop_columns }
+    }
+
+    async fn connect(&mut self) -> Result<()> {
+        SpannerSink::connect(self).await
+    }
+
+    async fn begin(&mut self, mode: Mode) -> Result<()> {
+        self.mode = mode;
+        self.ops.clear();
+        Ok(())
+    }
+
+    async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
+        let ops = std::mem::take(&mut self.ops);
+        self.run_transaction(&ops, offsets, self.mode == Mode::Commit).await
+    }
+
+    async fn abort(&mut self) {
+        self.ops.clear();
+    }
+
+    /// Forgets cached shapes after an error that is not about the data; the
+    /// clients too when an operator must act (credentials may change).
+    fn failed(&mut self, error: Error) -> Error {
+        if error.kind() != ErrorKind::Permanent {
+            self.tables.clear();
+            if error.kind() == ErrorKind::NeedsOperator {
+                self.bookkeeping_ready = false;
+                self.client.reset();
+            }
+        }
+        error
+    }
+
+    async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
+        let fingerprint = {
+            let mut h = DefaultHasher::new();
+            schema.hash(&mut h);
+            h.finish()
+        };
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        if self.tables.get(dest).is_some_and(|s| s.reconciled.contains(&fingerprint)) {
+            return Ok(());
+        }
+        let mut state = self.tables.get(dest).cloned().unwrap_or_default();
+        let changes = plan(&SpannerDialect, &dest.0, schema, origin, &state.shape, self.evolution())?;
+        // Each statement restates a column as the one before left it.
+        let mut statements = Vec::new();
+        for change in &changes {
+            statements.extend(change_ddl(&dest.0, change, &state.shape.columns)?);
+            state.shape.apply(std::slice::from_ref(change));
+        }
+        if !statements.is_empty() {
+            info!(table = %dest, ddl = ?statements, "changing destination table");
+            self.client.ddl(statements).await?;
+        }
+        state.reconciled.insert(fingerprint);
+        self.tables.insert(dest.clone(), state);
+        Ok(())
+    }
+
+    async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
+        if self.mode == Mode::Commit {
+            // DDL is not transactional: what came before the drop is
+            // committed first (without offsets: a replay of it is harmless,
+            // guarded by position).
+            let ops = std::mem::take(&mut self.ops);
+            self.run_transaction(&ops, &[], true).await?;
+            self.client.ddl(vec![format!("DROP TABLE IF EXISTS {}", dest.quoted())]).await?;
+            let deleted = self.names().deleted;
+            self.client.partitioned_update(&forget_deleted_sql(&deleted, &dest.0)).await?;
+            self.tables.remove(dest);
+            info!(table = %dest, "dropped destination table (the source table was dropped)");
+        } else {
+            // A trial cannot undo a drop: it makes none (nor what came
+            // before it).
+            self.ops.clear();
+        }
+        Ok(())
+    }
+
+    async fn truncate(&mut self, dest: &DestinationTable, at: Position) -> Result<()> {
+        let at_i64 = position_i64(at)?;
+        let exists = self.table_exists(dest).await?;
+        self.ops.push(Op::Truncate { table: dest.0.clone(), at: at_i64, exists, keep: keeps_removal(at) });
+        Ok(())
+    }
+
+    async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {
+        let reset = reset_i64(reset)?;
+        let exists = self.table_exists(dest).await?;
+        self.ops.push(Op::Forget { table: dest.0.clone(), reset, exists });
+        Ok(())
+    }
+
+    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+        let state = self
+            .tables
+            .get(dest)
+            .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
+        let encoded = encode_changes(changes, &state.shape)?;
+        if encoded.is_empty() {
+            return Ok(());
+        }
+        let Some(group) = changes.groups.first() else { return Ok(()) };
+        let key_columns = group.schema.key.clone();
+        let key_types = key_columns
+            .iter()
+            .map(|k| state.shape.column(k).map(|c| c.ty.clone()).unwrap_or(SpType::String(None)))
+            .collect();
+        self.ops.push(Op::Write { table: dest.0.clone(), key_columns, key_types, changes: encoded });
+        Ok(())
+    }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        self.ops.clear();
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        self.ops.clear();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Sink for SpannerSink {
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+        if let Err(e) = self.connect().await {
+            return Err(self.failed(e));
+        }
+        let sql = format!(
+            "SELECT topic, `partition`, next_offset FROM {} WHERE consumer_group = {}",
+            quote_ident(&self.names().offsets),
+            quote_string(&self.consumer_group)
+        );
+        let rows = match self.client.query(&sql).await {
+            Ok(r) => r,
+            Err(e) => return Err(self.failed(e)),
+        };
+        let stored: HashMap<(String, i64), i64> = rows
+            .iter()
+            .filter_map(|r| Some(((r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?), r.get(2).and_then(cell_i64)?)))
+            .collect();
+        Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), i64::from(*p))).copied()).collect())
+    }
+
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        let span = info_span!("spanner_apply", table = %batch.table, records = batch.records.len());
+        self.apply_split(batch).instrument(span).await
+    }
+
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        warehouse::apply(self, batch, Mode::Trial).await
+    }
+
+    async fn check(&mut self) -> Vec<Problem> {
+        check::run(self).await
+    }
+
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        SpannerSink::delete_copy(self, drop).await
+    }
+
+    fn labeler(&self) -> Labeler {
+        let config = self.config.clone();
+        Arc::new(move |t: &TableId| config.destination(t).to_string())
+    }
+}
