@@ -297,14 +297,19 @@ impl ColumnCodec {
                     // 0000-00-00 00:00:00, MySQL's zero timestamp.
                     self.zero_date()
                 } else {
-                    Value::TimestampTz(secs * 1_000_000 + micros)
+                    // A corrupt or hostile binlog can hold any number.
+                    Value::TimestampTz(
+                        secs.checked_mul(1_000_000)
+                            .and_then(|s| s.checked_add(micros))
+                            .ok_or_else(|| mismatch(&raw))?,
+                    )
                 }
             }
             (DataType::TimestampTz, MyValue::Int(secs)) => {
                 if *secs == 0 {
                     self.zero_date()
                 } else {
-                    Value::TimestampTz(secs * 1_000_000)
+                    Value::TimestampTz(secs.checked_mul(1_000_000).ok_or_else(|| mismatch(&raw))?)
                 }
             }
             _ if self.year => {
