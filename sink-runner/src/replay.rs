@@ -9,30 +9,24 @@
 //! superseded, changes nothing. Kafka cannot delete single records: what
 //! still fails stays in the topic, is reported, and can be replayed again.
 //!
-//! Writes to a dead-letter topic are at least once: a sink that crashed
-//! between sending a dead letter and storing its offsets sends it again
-//! after its restart. Each dead letter names its origin (headers
+//! A sink that crashed between sending a dead letter and storing its
+//! offsets does not send it again (it reads what it sent, see
+//! `DlqReader::dead_lettered_since`), but a member frozen past its session
+//! can still repeat one. Each dead letter names its origin (headers
 //! `__connect.errors.topic`, `.partition`, `.offset`), so a replay applies
 //! each origin once, the first of its dead letters, and counts the others
 //! as duplicates.
 
-use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 use tributary_connectors::{policy, Decision, Error, KafkaPosition, Sink, SinkBatch};
 use tributary_schemas::EventDecoder;
 
 use crate::config::SinkRunnerConfig;
-use crate::dlq::{RawRecord, HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC};
+use crate::dlq::{DlqReader, RawRecord};
 use crate::runner::{decode_record, table_from_topic, RunError};
 
-/// Kafka metadata and watermark timeout.
-const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest wait for the next record of a partition known to have more.
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts per record on errors that may clear by themselves.
 const RETRYABLE_ATTEMPTS: u32 = 5;
 
@@ -76,8 +70,13 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
     let records = read_all(config, dlq_topic).await?;
     let mut report = ReplayReport { read: records.len(), ..Default::default() };
     let mut origins: HashSet<(String, i32, i64)> = HashSet::new();
-    for (dlq_pos, mut raw) in records {
-        let original = original_position(&raw);
+    for mut raw in records {
+        let dlq_pos = KafkaPosition {
+            topic: raw.topic.clone(),
+            partition: raw.partition,
+            offset: raw.offset,
+        };
+        let original = raw.origin();
         if let Some(o) = &original {
             if !origins.insert((o.topic.clone(), o.partition, o.offset)) {
                 report.duplicates += 1;
@@ -169,98 +168,13 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
     Ok(report)
 }
 
-fn original_position(raw: &RawRecord) -> Option<KafkaPosition> {
-    Some(KafkaPosition {
-        topic: raw.header(HEADER_TOPIC)?,
-        partition: raw.header(HEADER_PARTITION)?.parse().ok()?,
-        offset: raw.header(HEADER_OFFSET)?.parse().ok()?,
-    })
-}
-
 /// Every record of `topic` up to its end at the time of the call.
-async fn read_all(config: &SinkRunnerConfig, topic: &str) -> Result<Vec<(KafkaPosition, RawRecord)>, RunError> {
-    let mut c = config.kafka.client_config()?;
-    c.set("group.id", format!("{}.replay", config.consumer_group));
-    c.set("enable.auto.commit", "false");
-    c.set("isolation.level", "read_committed");
-    let consumer: StreamConsumer = c
-        .create()
-        .map_err(|e| RunError::Kafka(format!("cannot create the consumer: {e}")))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .map_err(|e| RunError::Kafka(format!("cannot read metadata of {topic}: {e}")))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    if partitions.is_empty() {
-        return Err(RunError::Kafka(format!("topic {topic} does not exist")));
-    }
-    let mut remaining: HashMap<i32, i64> = HashMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, METADATA_TIMEOUT)
-            .map_err(|e| RunError::Kafka(format!("cannot read the offsets of {topic}/{p}: {e}")))?;
-        if high > low {
-            remaining.insert(p, high);
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))
-                .map_err(|e| RunError::Kafka(e.to_string()))?;
-        }
-    }
-    let mut out = Vec::new();
-    if remaining.is_empty() {
-        return Ok(out);
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| RunError::Kafka(format!("cannot assign {topic}: {e}")))?;
-    let mut last_progress = Instant::now();
-    while !remaining.is_empty() {
-        // With read_committed, transaction markers take offsets too: a
-        // partition is done once its position reaches the end seen above.
-        if let Ok(position) = consumer.position() {
-            for e in position.elements() {
-                if let Offset::Offset(o) = e.offset() {
-                    if remaining.get(&e.partition()).is_some_and(|end| o >= *end) {
-                        remaining.remove(&e.partition());
-                    }
-                }
-            }
-        }
-        if remaining.is_empty() {
-            break;
-        }
-        match tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await {
-            Ok(Ok(m)) => {
-                let raw = RawRecord::from_message(&m);
-                last_progress = Instant::now();
-                if let Some(end) = remaining.get(&raw.partition) {
-                    if raw.offset + 1 >= *end {
-                        remaining.remove(&raw.partition);
-                    }
-                }
-                out.push((
-                    KafkaPosition {
-                        topic: raw.topic.clone(),
-                        partition: raw.partition,
-                        offset: raw.offset,
-                    },
-                    raw,
-                ));
-            }
-            Ok(Err(e)) => warn!(error = %e, "consumer error while reading the dead-letter topic"),
-            Err(_) => {}
-        }
-        if last_progress.elapsed() > RECEIVE_TIMEOUT {
-            return Err(RunError::Kafka(format!(
-                "no progress reading {topic} for {} s; partitions left: {:?}",
-                RECEIVE_TIMEOUT.as_secs(),
-                remaining.keys().collect::<Vec<_>>()
-            )));
-        }
-    }
-    Ok(out)
+async fn read_all(config: &SinkRunnerConfig, topic: &str) -> Result<Vec<RawRecord>, RunError> {
+    let reader = DlqReader::new(&config.kafka.client_config()?, &format!("{}.replay", config.consumer_group))
+        .map_err(|e| RunError::Kafka(e.to_string()))?;
+    let ranges = reader
+        .ranges(topic)
+        .map_err(|e| RunError::Kafka(e.to_string()))?
+        .ok_or_else(|| RunError::Kafka(format!("topic {topic} does not exist")))?;
+    reader.read(topic, &ranges).await.map_err(|e| RunError::Kafka(e.to_string()))
 }

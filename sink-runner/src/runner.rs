@@ -62,7 +62,7 @@ use crate::config::{
     SinkRunnerConfig, DEFAULT_FETCH_QUEUE_BACKOFF_MS, DEFAULT_QUEUED_MAX_KBYTES, DEFAULT_STATISTICS_INTERVAL_MS,
     DEFAULT_TOPIC_REFRESH_MS,
 };
-use crate::dlq::{DeadLetters, Failure, RawRecord, Stage};
+use crate::dlq::{DeadLetters, DlqReader, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
 use tributary_operations::telemetry::{ConsumerGroupStatus, TableState, Telemetry};
 
@@ -172,6 +172,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
             decoder: EventDecoder::new(registry),
             dead_letters,
             dead_lettered: BTreeSet::new(),
+            dlq_unscanned: BTreeSet::new(),
+            dlq_reader: None,
             consumer,
             events,
             buffers: BTreeMap::new(),
@@ -624,13 +626,19 @@ struct Loop<S: Sink + 'static> {
     runner_paused: bool,
     decoder: EventDecoder,
     dead_letters: DeadLetters,
-    /// Records this process dead-lettered whose offsets are not stored yet
-    /// (topic, partition, offset): consumed again (its partition revoked
-    /// and assigned back before the commit), such a record is not sent or
-    /// counted again. Across processes a crash between the send and the
-    /// commit still sends it twice; readers of dead-letter topics
-    /// (`sink-runner replay`) go by origin (see `dlq`).
+    /// Records dead-lettered whose offsets are not stored yet (topic,
+    /// partition, offset): consumed again, such a record is not sent or
+    /// counted again. This process's own, and those a predecessor sent
+    /// before it crashed or lost the partition (read from the dead-letter
+    /// topic before the partition's first dead letter, see
+    /// `dlq_unscanned`).
     dead_lettered: BTreeSet<(String, i32, i64)>,
+    /// Partitions assigned whose dead-letter topic has not been read for
+    /// what a predecessor sent: read once, before the partition's first
+    /// dead letter (a rare path, so never at assignment).
+    dlq_unscanned: BTreeSet<(String, i32)>,
+    /// Reads dead-letter topics for `dlq_unscanned`, once needed.
+    dlq_reader: Option<DlqReader>,
     consumer: StreamConsumer<RebalanceCtx<S>>,
     events: Arc<std::sync::Mutex<Vec<RebalanceEvent>>>,
     buffers: BTreeMap<String, Buffer>,
@@ -937,6 +945,7 @@ impl<S: Sink + 'static> Loop<S> {
                                 self.expected.remove(&(topic.clone(), partition));
                             }
                         }
+                        self.dlq_unscanned.insert((topic.clone(), partition));
                         self.assigned.insert((topic, partition));
                     }
                 }
@@ -962,6 +971,7 @@ impl<S: Sink + 'static> Loop<S> {
                         self.expected.remove(&(topic.clone(), partition));
                         self.stored.remove(&(topic.clone(), partition));
                         self.rereading.remove(&(topic.clone(), partition));
+                        self.dlq_unscanned.remove(&(topic.clone(), partition));
                         if !self.assigned.iter().any(|(t, _)| *t == topic) {
                             // Paused again (if still wanted) once reassigned.
                             self.operator_paused.remove(&topic);
@@ -1722,6 +1732,7 @@ impl<S: Sink + 'static> Loop<S> {
         let label = (self.labeler)(table);
         let dlq = self.config.dlq_topic(&raw.topic);
         let origin = (raw.topic.clone(), raw.partition, raw.offset);
+        self.read_predecessors_dead_letters(&dlq, &raw.topic, raw.partition).await?;
         if self.dead_lettered.contains(&origin) {
             debug!(table = %label, topic = %raw.topic, partition = raw.partition, offset = raw.offset,
                 "already dead-lettered by this runner: not sent or counted again");
@@ -1742,6 +1753,47 @@ impl<S: Sink + 'static> Loop<S> {
             error = %error,
             "record dead-lettered"
         );
+        Ok(())
+    }
+}
+
+impl<S: Sink + 'static> Loop<S> {
+    /// Once per assignment of `topic` / `partition`, before its first dead
+    /// letter: what a predecessor (this runner before a crash, another
+    /// member before a rebalance) dead-lettered from the stored offset on
+    /// and could not store offsets past, so that it is not sent twice.
+    async fn read_predecessors_dead_letters(&mut self, dlq: &str, topic: &str, partition: i32) -> Result<(), Error> {
+        let part = (topic.to_string(), partition);
+        if !self.dlq_unscanned.contains(&part) {
+            return Ok(());
+        }
+        let from = self.stored.get(&part).copied().flatten().unwrap_or(0);
+        if self.dlq_reader.is_none() {
+            let base = self
+                .config
+                .kafka
+                .client_config()
+                .map_err(|e| Error::needs_operator(e.to_string()))?;
+            self.dlq_reader = Some(DlqReader::new(&base, &format!("{}.dlq-check", self.config.consumer_group))?);
+        }
+        let Some(reader) = &self.dlq_reader else {
+            return Ok(());
+        };
+        let found = reader.dead_lettered_since(dlq, topic, partition, from).await?;
+        if !found.is_empty() {
+            info!(
+                topic,
+                partition,
+                from,
+                records = found.len(),
+                dlq,
+                "dead letters a predecessor sent and could not store offsets past: not sent again"
+            );
+        }
+        for offset in found {
+            self.dead_lettered.insert((topic.to_string(), partition, offset));
+        }
+        self.dlq_unscanned.remove(&part);
         Ok(())
     }
 }

@@ -2151,9 +2151,9 @@ async fn run(pipeline: &Pipeline) {
         )
     });
 
-    // Dead letters: exactly the bad rows (a crash between the DLQ write and
-    // the offset commit may repeat one; its source offset tells), and once
-    // more each bad row a reset copied again.
+    // Dead letters: exactly the bad rows (a member frozen past its session
+    // may still repeat one; its source offset tells), and once more each
+    // bad row a reset copied again.
     let mut dead: BTreeMap<(String, String), usize> = BTreeMap::new();
     for t in &TABLES {
         for m in read_all(&format!("{name}.{name}.{}.dlq", t.name)) {

@@ -224,15 +224,33 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     assert_eq!(value("segment.ms"), Some(source_runner::runner::OFFSETS_SEGMENT_MS.to_string()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resumes() {
+/// A sink runner over `sink`, until `stop`.
+fn spawn_sink(
+    config: &SinkRunnerConfig,
+    sink: Box<dyn Sink>,
+    telemetry: Telemetry,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), sink_runner::RunError>> {
+    let labeler = sink.labeler();
+    tokio::spawn(sink_runner::run_with_sink(config.clone(), sink, labeler, telemetry, Control::new(), stop))
+}
+
+/// A memory destination that refuses the text `REFUSED`, a change topic of
+/// `partitions` partitions, a consumer group and a sink runner config.
+async fn refusing(name: &str, partitions: i32) -> (MemoryStore, EventTopic, String, SinkRunnerConfig) {
     let store = MemoryStore::new();
     store.state().refused = Some(Value::Text("REFUSED".into()));
-    let mut topic = EventTopic::new("memsink", 2).await;
-    let group = unique("memsink");
+    let topic = EventTopic::new(name, partitions).await;
+    let group = unique(name);
     let config: SinkRunnerConfig =
         tributary_operations::config::parse(&topic.sink_runner_config(&group, UNUSED_POSTGRES), "test")
             .expect("config");
+    (store, topic, group, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resumes() {
+    let (store, mut topic, group, config) = refusing("memsink", 2).await;
     let s = items();
     topic
         .produce(
@@ -250,11 +268,7 @@ async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resu
         ])
         .await;
     let telemetry = Telemetry::new("test", "sink");
-    let run = |stop: watch::Receiver<bool>| {
-        let sink: Box<dyn Sink> = Box::new(store.sink(&group));
-        let labeler = sink.labeler();
-        tokio::spawn(sink_runner::run_with_sink(config.clone(), sink, labeler, telemetry.clone(), Control::new(), stop))
-    };
+    let run = |stop: watch::Receiver<bool>| spawn_sink(&config, Box::new(store.sink(&group)), telemetry.clone(), stop);
     let (stop, stopped) = watch::channel(false);
     let runner = run(stopped);
     let names = || {
@@ -306,19 +320,84 @@ async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resu
     runner.await.expect("join").expect("runner");
 }
 
-/// A memory sink whose first apply waits until the test opens its gate: a
-/// member stalled inside its write (a long GC pause, a frozen VM, a
-/// destination that hangs) while the group moves its partitions on.
-struct Gated {
+/// A sink that dead-lettered a record and stopped before it stored the
+/// offsets past it: the next one consumes the record again and does not
+/// dead-letter it a second time (it reads what its predecessor sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_dead_lettered_before_a_crash_is_not_dead_lettered_again() {
+    let (store, mut topic, group, config) = refusing("dlqonce", 1).await;
+    let s = items();
+    let mut events: Vec<_> = (1..=20)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("n{i}"), i, "1.00")), 10, 0))
+        .collect();
+    events.push(event(&s, Op::Update, None, Some(row(3, "REFUSED", 3, "1.00")), 12, 0));
+    events.push(event(&s, Op::Create, None, Some(row(300, "new", 3, "3.00")), 13, 0));
+    topic.produce(&events).await;
+    let dlq = format!("{}.dlq", topic.topic);
+    let has = |id: i32| {
+        store
+            .rows("public.items")
+            .iter()
+            .any(|r| r.get("id") == Some(&Value::Int32(id)))
+    };
+
+    let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stop, stopped) = watch::channel(false);
+    let first = spawn_sink(
+        &config,
+        Box::new(Hooked {
+            sink: store.sink(&group),
+            hook: Hook::DownAfterRefusal(down.clone()),
+        }),
+        Telemetry::new("first", "sink"),
+        stopped,
+    );
+    assert_eq!(topic.read_topic(&dlq, 1, Duration::from_secs(90)).len(), 1, "the first runner's dead letter");
+    assert!(down.load(std::sync::atomic::Ordering::SeqCst));
+    stop.send(true).expect("stop");
+    first.await.expect("join").expect("first runner");
+    assert!(!has(300), "the change after the refused one is not applied: its offsets were not stored");
+
+    let telemetry = Telemetry::new("second", "sink");
+    let (stop, stopped) = watch::channel(false);
+    let second = spawn_sink(&config, Box::new(store.sink(&group)), telemetry.clone(), stopped);
+    wait_for("the changes after the refused one", Duration::from_secs(90), || async {
+        (has(300) && store.rows("public.items").len() == 21).then_some(())
+    })
+    .await;
+    stop.send(true).expect("stop");
+    second.await.expect("join").expect("second runner");
+    let dead = topic.read_topic(&dlq, 2, Duration::from_secs(10));
+    assert_eq!(dead.len(), 1, "dead-lettered once");
+    assert_eq!(header(&dead[0], sink_runner::dlq::HEADER_OFFSET).as_deref(), Some("20"));
+    assert_eq!(telemetry.failed_records("public.items"), 0, "not counted again either");
+}
+
+/// A memory sink with something in the way of its applies.
+struct Hooked {
     sink: tributary_connectors::sink::memory::MemorySink,
-    gate: std::sync::Arc<tokio::sync::Semaphore>,
-    first: bool,
-    /// Outcomes of every apply, for the test.
-    outcomes: std::sync::Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
+    hook: Hook,
+}
+
+enum Hook {
+    /// The first apply waits until the test opens its gate: a member
+    /// stalled inside its write (a long GC pause, a frozen VM, a destination
+    /// that hangs) while the group moves its partitions on.
+    Gate {
+        gate: std::sync::Arc<tokio::sync::Semaphore>,
+        first: bool,
+        /// Outcomes of every apply, for the test.
+        outcomes: std::sync::Arc<std::sync::Mutex<Vec<Result<(), String>>>>,
+    },
+    /// The destination goes away right after it refused a record: the
+    /// runner has dead-lettered the record, and the rest of the batch and
+    /// its offsets are never stored (a crash between the dead letter and the
+    /// commit).
+    DownAfterRefusal(std::sync::Arc<std::sync::atomic::AtomicBool>),
 }
 
 #[async_trait::async_trait]
-impl Sink for Gated {
+impl Sink for Hooked {
     async fn committed_offsets(
         &mut self,
         partitions: &[(String, i32)],
@@ -326,15 +405,30 @@ impl Sink for Gated {
         self.sink.committed_offsets(partitions).await
     }
     async fn apply(&mut self, batch: &tributary_connectors::SinkBatch) -> Result<(), tributary_connectors::ApplyError> {
-        if std::mem::take(&mut self.first) {
-            let _ = self.gate.acquire().await;
+        use std::sync::atomic::Ordering;
+        match &mut self.hook {
+            Hook::Gate { gate, first, outcomes } => {
+                if std::mem::take(first) {
+                    let _ = gate.acquire().await;
+                }
+                let r = self.sink.apply(batch).await;
+                outcomes
+                    .lock()
+                    .unwrap()
+                    .push(r.as_ref().map(|_| ()).map_err(|e| format!("{} [{}]", e.error, e.error.class())));
+                r
+            }
+            Hook::DownAfterRefusal(down) => {
+                if down.load(Ordering::SeqCst) {
+                    return Err(tributary_connectors::Error::retryable("the destination went away").into());
+                }
+                let r = self.sink.apply(batch).await;
+                if r.as_ref().is_err_and(|e| e.record.is_some()) {
+                    down.store(true, Ordering::SeqCst);
+                }
+                r
+            }
         }
-        let r = self.sink.apply(batch).await;
-        self.outcomes
-            .lock()
-            .unwrap()
-            .push(r.as_ref().map(|_| ()).map_err(|e| format!("{} [{}]", e.error, e.error.class())));
-        r
     }
     async fn trial_apply(
         &mut self,
@@ -378,23 +472,19 @@ async fn a_stalled_sink_member_cannot_write_after_the_group_moved_on() {
     let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let (stop, stopped) = watch::channel(false);
     let stalled_telemetry = Telemetry::new("stalled", "sink");
-    let stalled = {
-        let sink = Box::new(Gated {
+    let stalled = spawn_sink(
+        &config,
+        Box::new(Hooked {
             sink: store.sink(&group),
-            gate: gate.clone(),
-            first: true,
-            outcomes: outcomes.clone(),
-        });
-        let labeler = sink.labeler();
-        tokio::spawn(sink_runner::run_with_sink(
-            config.clone(),
-            sink,
-            labeler,
-            stalled_telemetry.clone(),
-            Control::new(),
-            stopped.clone(),
-        ))
-    };
+            hook: Hook::Gate {
+                gate: gate.clone(),
+                first: true,
+                outcomes: outcomes.clone(),
+            },
+        }),
+        stalled_telemetry.clone(),
+        stopped.clone(),
+    );
     // The first member is inside its first write (the gate holds it).
     wait_for("the first member's stalled write", Duration::from_secs(60), || async {
         (gate.available_permits() == 0 && store.state().commits == 0 && outcomes.lock().unwrap().is_empty())
@@ -403,18 +493,7 @@ async fn a_stalled_sink_member_cannot_write_after_the_group_moved_on() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let other_telemetry = Telemetry::new("other", "sink");
-    let other = {
-        let sink: Box<dyn Sink> = Box::new(store.sink(&group));
-        let labeler = sink.labeler();
-        tokio::spawn(sink_runner::run_with_sink(
-            config.clone(),
-            sink,
-            labeler,
-            other_telemetry.clone(),
-            Control::new(),
-            stopped,
-        ))
-    };
+    let other = spawn_sink(&config, Box::new(store.sink(&group)), other_telemetry.clone(), stopped);
     wait_for("the second member to copy the snapshot", Duration::from_secs(90), || async {
         (store.rows("public.items").len() == 10).then_some(())
     })

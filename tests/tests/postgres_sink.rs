@@ -1192,9 +1192,10 @@ mod e2e {
     }
 
     /// A sink that crashed after sending a dead letter and before storing
-    /// its offsets sends it again after its restart (simulated: the second
-    /// run starts from the offsets the first run had before that batch).
-    /// The replay applies the record once; each run counts it once.
+    /// its offsets does not send it again after its restart (simulated: the
+    /// second run starts from the offsets the first run had before that
+    /// batch). A member frozen past its session still can (simulated: a
+    /// copy of the dead letter); the replay applies the record once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_record_dead_lettered_twice_is_replayed_once() {
         let mut p = Pipeline::new("dlqtwice", 1).await;
@@ -1227,20 +1228,39 @@ mod e2e {
             wait_for("the good row, the dead letter and the offsets", Duration::from_secs(90), || async {
                 let stored = fx.offsets().await;
                 fx.rows().await.len() == 1
-                    && status.failed_records(&label) == 1
+                    && status.failed_records(&label) == if run == 1 { 1 } else { 0 }
                     && end.iter().all(|(k, v)| stored.get(k).is_some_and(|s| *s >= v - 1))
             })
             .await;
             stop_tx.send(true).expect("stop");
             runner.await.expect("join").expect("runner result");
-            assert_eq!(status.failed_records(&label), 1, "run {run} counts its dead letter once");
         }
         let dlq_topic = format!("{}.dlq", p.topic);
-        let dead = p.read_topic(&dlq_topic, 2, Duration::from_secs(30));
-        assert_eq!(dead.len(), 2, "the crash made the sink send the dead letter twice");
-        let origin =
-            |m: &rdkafka::message::OwnedMessage| (header(m, dlq::HEADER_PARTITION), header(m, dlq::HEADER_OFFSET));
-        assert_eq!(origin(&dead[0]), origin(&dead[1]), "both name the same origin");
+        let dead = p.read_topic(&dlq_topic, 2, Duration::from_secs(10));
+        assert_eq!(dead.len(), 1, "the restarted sink did not send the dead letter again");
+        // A frozen member's repeat.
+        {
+            use rdkafka::message::Headers;
+            let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", tributary_tests::kafka_bootstrap())
+                .create()
+                .expect("producer");
+            let mut headers = rdkafka::message::OwnedHeaders::new();
+            for h in dead[0].headers().expect("headers").iter() {
+                headers = headers.insert(h);
+            }
+            let mut record = rdkafka::producer::FutureRecord::<[u8], [u8]>::to(&dlq_topic).headers(headers);
+            if let Some(k) = dead[0].key() {
+                record = record.key(k);
+            }
+            if let Some(v) = dead[0].payload() {
+                record = record.payload(v);
+            }
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .expect("repeat the dead letter");
+        }
 
         p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table()))
             .await;
