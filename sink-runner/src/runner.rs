@@ -64,6 +64,7 @@ use crate::config::{
 };
 use crate::dlq::{DeadLetters, DlqReader, Failure, RawRecord, Stage};
 use tributary_operations::admin::Control;
+use tributary_operations::process::sleep_until;
 use tributary_operations::telemetry::{ConsumerGroupStatus, TableState, Telemetry};
 
 /// How often topics are looked for while no partition is assigned yet. The
@@ -1813,13 +1814,6 @@ async fn wait_applied(in_flight: &mut Option<InFlight>) -> Result<Applied, onesh
     match in_flight {
         Some(f) => (&mut f.done).await,
         None => futures::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
-        None => futures::future::pending::<()>().await,
     }
 }
 

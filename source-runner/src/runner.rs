@@ -38,6 +38,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_connectors::{policy, Checkpoint, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_operations::admin::Control;
+use tributary_operations::process::sleep_until;
 use tributary_operations::telemetry::{TableState, Telemetry};
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
@@ -1560,13 +1561,6 @@ impl OpenTxn {
         }
         kafka.show_paused(telemetry);
         Ok(())
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending::<()>().await,
     }
 }
 
