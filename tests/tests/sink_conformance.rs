@@ -134,8 +134,6 @@ conformance!(sink, snowflake: Snowflake {
     kill_9_mid_apply,
 });
 
-// Not `renamed_column_keeps_its_values`: GoogleSQL has no RENAME COLUMN
-// (the renaming record is dead-lettered with the fix in its hint).
 conformance!(sink, spanner: Spanner {
     snapshot,
     upserts_and_deletes,
@@ -157,6 +155,7 @@ conformance!(sink, spanner: Spanner {
     reset_then_copy,
     copy_rows_after_another_partitions_sweep,
     schema_changes_evolve_the_table,
+    renamed_column_keeps_its_values,
     dropped_column_when_configured,
     kill_9_mid_apply,
 });

@@ -139,22 +139,81 @@ pub fn change_ddl(table: &str, change: &TableChange<SpType>, shape: &[ShapeColum
             }
             None => Vec::new(),
         },
-        // GoogleSQL has no RENAME COLUMN (the emulator's parser refuses it
-        // too): the record that needs it is dead-lettered with the fix.
+        // GoogleSQL has no RENAME COLUMN: the sink runs `rename_steps`
+        // (DDL and DML mixed) instead of a statement list.
         TableChange::RenameColumn { from, to } => {
             return Err(Error::permanent(format!(
-                "the source renamed column {from} of {table} to {to}; Spanner cannot rename a column"
+                "renaming column {from} of {table} to {to} is not one DDL statement in Spanner"
             ))
-            .with_column(to.clone())
-            .with_class("spanner.rename_column")
-            .with_hint(format!(
-                "ALTER TABLE {t} ADD COLUMN {n} <type>; UPDATE {t} SET {n} = {o} WHERE TRUE; then replay the dead \
-                 letters (the old column stays, NULL in new rows)",
-                n = quote_ident(to),
-                o = quote_ident(from)
-            )))
+            .with_column(to.clone()))
         }
         TableChange::DropColumn { column } => vec![format!("ALTER TABLE {t} DROP COLUMN {}", quote_ident(column))],
+    })
+}
+
+/// What renaming `from` to `to` takes in Spanner, which has no `RENAME
+/// COLUMN`: a new column of the same type, the values copied in one
+/// partitioned UPDATE, NOT NULL restated, the old column dropped. Each step
+/// may run again (a crash between steps leaves both columns, and
+/// [`unfinished_rename`] finds them before anything is written with the
+/// new name). A key column cannot be renamed this way (Spanner cannot add
+/// a key column).
+pub struct RenameSteps {
+    /// `ADD COLUMN IF NOT EXISTS to ...` (nullable).
+    pub add: String,
+    /// `UPDATE ... SET to = from WHERE TRUE` (partitioned DML).
+    pub copy: String,
+    /// `ALTER COLUMN to ... NOT NULL`, when `from` was NOT NULL.
+    pub not_null: Option<String>,
+    /// `DROP COLUMN from`.
+    pub drop: String,
+}
+
+/// The steps of renaming `from` (as the table has it) to `to` in `table`.
+pub fn rename_steps(table: &str, from: &ShapeColumn<SpType>, to: &str, key: &[String]) -> Result<RenameSteps> {
+    let t = quote_ident(table);
+    if key.contains(&from.name) {
+        return Err(Error::permanent(format!(
+            "the source renamed key column {} of {table} to {to}; Spanner cannot add or rename a key column",
+            from.name
+        ))
+        .with_column(to.to_string())
+        .with_class("spanner.rename_key_column")
+        .with_hint(format!(
+            "copy the table again under the new key: drop {t} in Spanner and run `source-runner reset --table` \
+             for its source table"
+        )));
+    }
+    let added = ShapeColumn { name: to.to_string(), ty: from.ty.clone(), not_null: false };
+    Ok(RenameSteps {
+        add: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {}", column_ddl(&added)),
+        copy: format!("UPDATE {t} SET {} = {} WHERE TRUE", quote_ident(to), quote_ident(&from.name)),
+        not_null: from.not_null.then(|| {
+            let c = ShapeColumn { not_null: true, ..added.clone() };
+            format!("ALTER TABLE {t} ALTER COLUMN {}", column_ddl(&c))
+        }),
+        drop: format!("ALTER TABLE {t} DROP COLUMN {}", quote_ident(&from.name)),
+    })
+}
+
+/// A rename a crash left half done: a column of `schema` that the table has
+/// beside one of its earlier names (not a column of `schema` any more, nor
+/// a key or bookkeeping column). Returns (earlier name, column).
+pub fn unfinished_rename<'a>(
+    schema: &'a tributary_schemas::TableSchema,
+    shape: &crate::sink::schema::TableShape<SpType>,
+) -> Option<(&'a str, &'a str)> {
+    schema.columns.iter().find_map(|c| {
+        shape.column(&c.name)?;
+        c.aliases
+            .iter()
+            .find(|a| {
+                schema.column_index(a).is_none()
+                    && shape.column(a).is_some()
+                    && !shape.primary_key.contains(a)
+                    && !crate::sink::bookkeeping::is_bookkeeping(a)
+            })
+            .map(|a| (a.as_str(), c.name.as_str()))
     })
 }
 
@@ -249,6 +308,43 @@ pub fn key_sql(table: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rename_is_add_copy_drop_and_a_half_done_one_is_found() {
+        use crate::sink::schema::TableShape;
+        use tributary_schemas::{Column, DataType, TableId, TableSchema};
+        let col = |n: &str, not_null| ShapeColumn { name: n.into(), ty: SpType::Int64, not_null };
+        let steps = rename_steps("t", &col("d", true), "d2", &["id".into()]).unwrap();
+        assert_eq!(steps.add, "ALTER TABLE `t` ADD COLUMN IF NOT EXISTS `d2` INT64");
+        assert_eq!(steps.copy, "UPDATE `t` SET `d2` = `d` WHERE TRUE");
+        assert_eq!(steps.not_null.as_deref(), Some("ALTER TABLE `t` ALTER COLUMN `d2` INT64 NOT NULL"));
+        assert_eq!(steps.drop, "ALTER TABLE `t` DROP COLUMN `d`");
+        let key = rename_steps("t", &col("id", true), "id2", &["id".into()]).err().unwrap();
+        assert_eq!(key.class(), "spanner.rename_key_column");
+
+        let mut d2 = Column::new("d2", DataType::Int64, true);
+        d2.aliases = vec!["d".into()];
+        let schema = TableSchema {
+            id: TableId::new("s", "t"),
+            columns: vec![Column::new("id", DataType::Int64, false), d2],
+            key: vec!["id".into()],
+            dropped: Vec::new(),
+        };
+        let shape = |names: &[&str]| TableShape {
+            exists: true,
+            columns: names.iter().map(|n| col(n, false)).collect(),
+            primary_key: vec!["id".into()],
+        };
+        // Both columns: a crash between adding d2 and dropping d.
+        assert_eq!(unfinished_rename(&schema, &shape(&["id", "d", "d2"])), Some(("d", "d2")));
+        // Not started (the plan renames) or done.
+        assert_eq!(unfinished_rename(&schema, &shape(&["id", "d"])), None);
+        assert_eq!(unfinished_rename(&schema, &shape(&["id", "d2"])), None);
+        // d is a column of the source again (added after the rename).
+        let mut again = schema.clone();
+        again.columns.push(Column::new("d", DataType::Int64, true));
+        assert_eq!(unfinished_rename(&again, &shape(&["id", "d", "d2"])), None);
+    }
 
     #[test]
     fn ddl_restates_types() {

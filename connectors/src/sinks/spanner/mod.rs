@@ -59,7 +59,8 @@ use self::client::{cell_text, classify, classify_client, is_aborted, Raw, SpClie
 pub use self::config::{DestinationTable, SpannerSinkConfig};
 use self::dialect::{
     change_ddl, columns_sql, deleted_ddl, deleted_keys_older_sql, forget_deleted_sql, forget_positions_sql, key_sql,
-    offsets_ddl, prune_deleted_sql, quote_ident, quote_string, resets_ddl, truncate_older_sql, SpannerDialect,
+    offsets_ddl, prune_deleted_sql, quote_ident, quote_string, rename_steps, resets_ddl, truncate_older_sql,
+    unfinished_rename, SpannerDialect,
 };
 use self::types::{encode, from_spanner_type, key_form, SpType};
 use crate::error::{Error, ErrorKind, Result};
@@ -70,7 +71,7 @@ use crate::sink::bookkeeping::{
     TABLE_ROW_KEY,
 };
 use crate::sink::reduce::{key_bytes, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
 use crate::sink::{split_by_weight, ApplyError, Labeler, Sink, SinkBatch, SinkRecord};
 
@@ -698,6 +699,34 @@ impl SpannerSink {
         Ok(self.tables.get(dest).is_some_and(|s| s.shape.exists))
     }
 
+    /// Runs `statements` (DDL, waited for) on `dest`'s table.
+    async fn change_table(&mut self, dest: &DestinationTable, statements: Vec<String>) -> Result<()> {
+        if !statements.is_empty() {
+            info!(table = %dest, ddl = ?statements, "changing destination table");
+            self.client.ddl(statements).await?;
+        }
+        Ok(())
+    }
+
+    /// Renames `from` to `to` the way Spanner can ([`rename_steps`]): the
+    /// values go with the column, never split between two columns.
+    async fn rename_column(
+        &mut self,
+        dest: &DestinationTable,
+        shape: &TableShape<SpType>,
+        from: &str,
+        to: &str,
+    ) -> Result<()> {
+        let Some(column) = shape.column(from) else {
+            return Ok(());
+        };
+        let steps = rename_steps(&dest.0, column, to, &shape.primary_key)?;
+        info!(table = %dest, from, to, "renaming a column: new column, values copied, old column dropped");
+        self.client.ddl(vec![steps.add]).await?;
+        self.client.partitioned_update(&steps.copy).await?;
+        self.client.ddl(steps.not_null.into_iter().chain([steps.drop]).collect()).await
+    }
+
     /// Removes this copy from Spanner: its stored offsets and, when `drop`
     /// lists them, the destination tables of those source tables.
     pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
@@ -890,17 +919,26 @@ impl Warehouse for SpannerSink {
             return Ok(());
         }
         let mut state = self.tables.get(dest).cloned().unwrap_or_default();
+        while let Some((from, to)) = unfinished_rename(schema, &state.shape) {
+            info!(table = %dest, from, to, "finishing a rename a crash interrupted");
+            let (from, to) = (from.to_string(), to.to_string());
+            self.rename_column(dest, &state.shape, &from, &to).await?;
+            state.shape.columns.retain(|c| c.name != from);
+        }
         let changes = plan(&SpannerDialect, &dest.0, schema, origin, &state.shape, self.evolution())?;
         // Each statement restates a column as the one before left it.
         let mut statements = Vec::new();
         for change in &changes {
-            statements.extend(change_ddl(&dest.0, change, &state.shape.columns)?);
+            if let TableChange::RenameColumn { from, to } = change {
+                // Not one statement in Spanner: what comes before it first.
+                self.change_table(dest, std::mem::take(&mut statements)).await?;
+                self.rename_column(dest, &state.shape, from, to).await?;
+            } else {
+                statements.extend(change_ddl(&dest.0, change, &state.shape.columns)?);
+            }
             state.shape.apply(std::slice::from_ref(change));
         }
-        if !statements.is_empty() {
-            info!(table = %dest, ddl = ?statements, "changing destination table");
-            self.client.ddl(statements).await?;
-        }
+        self.change_table(dest, statements).await?;
         state.reconciled.insert(fingerprint);
         self.tables.insert(dest.clone(), state);
         Ok(())
