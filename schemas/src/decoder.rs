@@ -468,6 +468,12 @@ impl CompiledEnvelope {
         &self.columns
     }
 
+    /// Columns the previous version had and this one has not
+    /// (`tributary.dropped`).
+    pub fn dropped(&self) -> &[String] {
+        &self.dropped
+    }
+
     /// The key columns' names, from the key schema.
     pub fn key(&self) -> &[String] {
         &self.key

@@ -186,6 +186,9 @@ impl EventEncoder {
             }
         }
 
+        // What the registry's latest version says was dropped, when it is
+        // the previous shape.
+        let mut latest_dropped: Vec<String> = Vec::new();
         // The previous shape: ours if this process prepared the topic, else
         // the registry's latest version. `fresh`: the registry was just
         // asked for the subjects' latest versions, so `*_is_new` says that
@@ -201,6 +204,7 @@ impl EventEncoder {
                             .iter()
                             .filter_map(|k| plan.columns().iter().find(|c| &c.name == k).cloned())
                             .collect::<Vec<_>>();
+                        latest_dropped = plan.dropped().to_vec();
                         Some((plan.columns().to_vec(), key_cols))
                     }
                     None => None,
@@ -213,7 +217,18 @@ impl EventEncoder {
         let (written, schemas) = match &previous {
             None => ((**table).clone(), plain),
             Some((old_columns, old_key)) => {
-                let (written, mut violations) = compat::relax(old_columns, table);
+                let (mut written, mut violations) = compat::relax(old_columns, table);
+                // After a restart, a replay of the events of the registry's
+                // latest version (written after a DROP COLUMN, then not
+                // committed before a crash) has its columns exactly: it is
+                // that version, which says what was dropped. Registering it
+                // again without would leave the dropped column in sinks
+                // that drop dropped columns (found by the schema-change
+                // matrix, PostgreSQL to Spanner, a kill right after DROP
+                // COLUMN b).
+                if written.dropped.is_empty() && !latest_dropped.is_empty() && written.columns == *old_columns {
+                    written.dropped = latest_dropped.clone();
+                }
                 let new_key_columns: Vec<Column> =
                     written.key_indexes().into_iter().map(|i| written.columns[i].clone()).collect();
                 if plain.key.is_some() && !old_key.is_empty() {

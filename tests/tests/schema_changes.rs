@@ -17,6 +17,8 @@ use tributary_tests::bigquery::{query as bigquery, Datasets};
 use tributary_tests::mysql::Database as MariaDb;
 use tributary_tests::postgres::{connect, has_column, Destination as PgDestination, SourceSchema};
 use tributary_tests::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
+use tributary_tests::snowflake::Schemas as SnowflakeSchemas;
+use tributary_tests::spanner::Database as SpannerDatabase;
 use tributary_tests::{kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, Runner};
 
 /// How long one step may take to reach the destination.
@@ -34,6 +36,10 @@ enum SinkKind {
     BigQuery,
     /// PostgreSQL 15 in the Redshift sink's test mode, staging in moto.
     Redshift,
+    /// Google's Cloud Spanner emulator.
+    Spanner,
+    /// fakesnow (Snowflake's protocol over DuckDB).
+    Snowflake,
 }
 
 /// One migration, in each source's SQL (`{t}` is the table); `None` where
@@ -136,6 +142,16 @@ async fn postgres_to_bigquery() {
 #[tokio::test]
 async fn postgres_to_redshift() {
     matrix(SourceKind::Postgres, SinkKind::Redshift).await;
+}
+
+#[tokio::test]
+async fn postgres_to_spanner() {
+    matrix(SourceKind::Postgres, SinkKind::Spanner).await;
+}
+
+#[tokio::test]
+async fn postgres_to_snowflake() {
+    matrix(SourceKind::Postgres, SinkKind::Snowflake).await;
 }
 
 #[tokio::test]
@@ -624,6 +640,8 @@ enum Sink {
     Postgres(PgDestination),
     BigQuery(Datasets),
     Redshift(RedshiftWarehouse, String),
+    Spanner(SpannerDatabase),
+    Snowflake(Box<SnowflakeSchemas>),
 }
 
 impl Sink {
@@ -632,6 +650,8 @@ impl Sink {
             SinkKind::Postgres => Sink::Postgres(PgDestination::new("ddl").await),
             SinkKind::BigQuery => Sink::BigQuery(Datasets::new("ddl")),
             SinkKind::Redshift => Sink::Redshift(RedshiftWarehouse::new("ddl").await, tributary_tests::unique("ddl")),
+            SinkKind::Spanner => Sink::Spanner(SpannerDatabase::new("ddl").await),
+            SinkKind::Snowflake => Sink::Snowflake(Box::new(SnowflakeSchemas::new("ddl"))),
         }
     }
 
@@ -640,6 +660,8 @@ impl Sink {
             Sink::Postgres(d) => &d.group,
             Sink::BigQuery(d) => &d.group,
             Sink::Redshift(_, group) => group,
+            Sink::Spanner(d) => &d.group,
+            Sink::Snowflake(d) => &d.group,
         }
     }
 
@@ -649,6 +671,9 @@ impl Sink {
             Sink::Postgres(d) => format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), d.schema),
             Sink::BigQuery(d) => d.runner_section(),
             Sink::Redshift(w, _) => w.runner_section(),
+            // Tables named as in the source (not `<schema>_<table>`).
+            Sink::Spanner(d) => format!("{}table = \"{{table}}\"\n", d.runner_section()),
+            Sink::Snowflake(d) => d.runner_section(),
         };
         format!("{}\ndrop_columns = true\n", section.trim_end())
     }
@@ -662,6 +687,11 @@ impl Sink {
             Sink::BigQuery(d) => bigquery(&format!("SELECT `{column}` FROM {} LIMIT 1", d.table(table)))
                 .await
                 .is_ok(),
+            Sink::Spanner(d) => d.query(&format!("SELECT `{column}` FROM `{table}` LIMIT 1")).await.is_ok(),
+            Sink::Snowflake(d) => d
+                .query(&format!("SELECT \"{column}\" FROM {} LIMIT 1", d.table(table)))
+                .await
+                .is_ok(),
         }
     }
 
@@ -673,7 +703,7 @@ impl Sink {
                 let (url, schema) = match self {
                     Sink::Redshift(w, _) => (redshift_url(), w.schema.clone()),
                     Sink::Postgres(d) => (pg_destination_url(), d.schema.clone()),
-                    Sink::BigQuery(_) => return None,
+                    _ => return None,
                 };
                 let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
                 let sql = format!("SELECT {} FROM \"{schema}\".\"{table}\" ORDER BY id", cols.join(", "));
@@ -691,6 +721,18 @@ impl Sink {
                 let rows = bigquery(&sql).await.ok()?;
                 Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
             }
+            Sink::Spanner(d) => {
+                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(`{c}` AS STRING)")).collect();
+                let sql = format!("SELECT {} FROM `{table}` ORDER BY id", cols.join(", "));
+                let rows = d.query(&sql).await.ok()?;
+                Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
+            }
+            Sink::Snowflake(d) => {
+                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(\"{c}\" AS VARCHAR)")).collect();
+                let sql = format!("SELECT {} FROM {} ORDER BY \"id\"", cols.join(", "), d.table(table));
+                let rows = d.query(&sql).await.ok()?;
+                Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
+            }
         }
     }
 
@@ -699,6 +741,8 @@ impl Sink {
             Sink::Postgres(d) => d.cleanup().await,
             Sink::BigQuery(d) => d.cleanup().await,
             Sink::Redshift(w, group) => w.cleanup(&[group]).await,
+            Sink::Spanner(d) => d.cleanup().await,
+            Sink::Snowflake(d) => d.cleanup().await,
         }
     }
 }
