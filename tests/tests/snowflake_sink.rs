@@ -83,6 +83,28 @@ async fn refused_values_carry_snowflakes_reason_and_other_types_round_trip() {
 
 /// A wrong base URL (nothing listening) is retryable; a login the server
 /// refuses is not the data's fault either.
+/// A key-pair login (`private_key` instead of `password`) opens a session
+/// and applies a batch. fakesnow does not check the JWT (the login's shape
+/// and the JWT itself are checked by the client's unit tests against a key
+/// made with openssl); real Snowflake verifies it with the user's
+/// `RSA_PUBLIC_KEY`, which this test cannot show.
+#[tokio::test]
+async fn a_key_pair_login_applies_batches() {
+    let fx = Schemas::new("keypair");
+    let key =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../connectors/src/sinks/snowflake/testdata/rsa_key.p8");
+    let mut config = fx.config();
+    config.password = None;
+    config.private_key = Some(format!("file:{}", key.display()));
+    let mut sink = SnowflakeSink::new(config).expect("config");
+    let s = items();
+    sink.apply(&batch("t", 0, vec![event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 10, 0)]))
+        .await
+        .expect("applied after a key-pair login");
+    assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string()]);
+    fx.cleanup().await;
+}
+
 #[tokio::test]
 async fn an_unreachable_emulator_is_retryable() {
     let fx = Schemas::new("down");

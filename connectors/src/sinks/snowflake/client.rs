@@ -38,10 +38,93 @@ const CLIENT_APP_ID: &str = "tributary";
 /// `None`.
 pub type Rows = Vec<Vec<Option<String>>>;
 
+/// How long a key-pair login's JWT is valid (Snowflake accepts at most an
+/// hour; it is made for each login and used once).
+pub const JWT_LIFETIME_SECS: u64 = 59 * 60;
+
+/// How the sink logs in.
+pub(super) enum Credentials {
+    /// User and password.
+    Password(SecretString),
+    /// Key-pair authentication: a JWT signed with the user's private key,
+    /// made at each login.
+    KeyPair(KeyPair),
+}
+
+/// The user's RSA private key and its public key's fingerprint, for
+/// Snowflake's key-pair login
+/// (<https://docs.snowflake.com/en/developer-guide/sql-api/authenticating>).
+pub(super) struct KeyPair {
+    key: jsonwebtoken::EncodingKey,
+    /// `SHA256:` and the base64 SHA-256 of the public key's DER
+    /// (SubjectPublicKeyInfo): what `DESC USER` shows as
+    /// `RSA_PUBLIC_KEY_FP`.
+    fingerprint: String,
+}
+
+impl KeyPair {
+    /// From a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`) or PKCS#1
+    /// (`BEGIN RSA PRIVATE KEY`), unencrypted. The error says what is wrong
+    /// (never the key).
+    pub(super) fn from_pem(pem: &str) -> std::result::Result<Self, String> {
+        use base64::Engine as _;
+        use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey};
+        use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey};
+        use sha2::Digest as _;
+        if pem.contains("ENCRYPTED PRIVATE KEY") {
+            return Err("is an encrypted key, which the sink does not decrypt: give it the key decrypted \
+                        (`openssl pkcs8 -in rsa_key.p8 -out rsa_key_plain.p8`, kept readable by the runner only)"
+                .into());
+        }
+        let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
+            .or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem))
+            .map_err(|e| {
+                format!("is not an RSA private key in PEM (BEGIN PRIVATE KEY or BEGIN RSA PRIVATE KEY): {e}")
+            })?;
+        let public = key
+            .to_public_key()
+            .to_public_key_der()
+            .map_err(|e| format!("its public key cannot be encoded: {e}"))?;
+        let fingerprint = format!(
+            "SHA256:{}",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(public.as_bytes()))
+        );
+        let der = key.to_pkcs1_der().map_err(|e| format!("cannot be encoded for signing: {e}"))?;
+        Ok(Self { key: jsonwebtoken::EncodingKey::from_rsa_der(der.as_bytes()), fingerprint })
+    }
+
+    /// The public key's fingerprint (`SHA256:...`).
+    pub(super) fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The login JWT of `user` in `account`, issued at `now` (seconds since
+    /// the epoch): `iss` = `ACCOUNT.USER.SHA256:<fingerprint>`, `sub` =
+    /// `ACCOUNT.USER`, RS256.
+    pub(super) fn token(&self, account: &str, user: &str, now: u64) -> Result<String> {
+        let subject = format!("{}.{}", jwt_account(account), user.to_ascii_uppercase());
+        let claims = json!({
+            "iss": format!("{subject}.{}", self.fingerprint),
+            "sub": subject,
+            "iat": now,
+            "exp": now + JWT_LIFETIME_SECS,
+        });
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &self.key)
+            .map_err(|e| Error::needs_operator(format!("cannot sign the key-pair login's JWT: {e}")))
+    }
+}
+
+/// The account as the JWT's claims name it: upper case, and for an account
+/// locator with a region or cloud (`xy12345.us-east-2.aws`) only the
+/// locator (Snowflake's documentation).
+fn jwt_account(account: &str) -> String {
+    account.split('.').next().unwrap_or(account).to_ascii_uppercase()
+}
+
 /// One session.
 pub(super) struct SfClient {
     config: SnowflakeSinkConfig,
-    password: SecretString,
+    credentials: Credentials,
     http: reqwest::Client,
     token: Option<SecretString>,
     sequence: u64,
@@ -49,13 +132,13 @@ pub(super) struct SfClient {
 
 impl SfClient {
     /// A client; it logs in on first use.
-    pub(super) fn new(config: &SnowflakeSinkConfig, password: SecretString) -> Result<Self> {
+    pub(super) fn new(config: &SnowflakeSinkConfig, credentials: Credentials) -> Result<Self> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(config.request_timeout_ms))
             .connect_timeout(Duration::from_millis(config.request_timeout_ms.min(10_000)))
             .build()
             .map_err(|e| Error::needs_operator(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Self { config: config.clone(), password, http, token: None, sequence: 0 })
+        Ok(Self { config: config.clone(), credentials, http, token: None, sequence: 0 })
     }
 
     /// Whether a session is open.
@@ -86,25 +169,26 @@ impl SfClient {
                 q.append_pair("roleName", r);
             }
         }
-        let body = json!({"data": {
-            "CLIENT_APP_ID": CLIENT_APP_ID,
-            "CLIENT_APP_VERSION": env!("CARGO_PKG_VERSION"),
-            "ACCOUNT_NAME": self.config.account,
-            "LOGIN_NAME": self.config.user,
-            "PASSWORD": self.password.expose_secret(),
-            "SESSION_PARAMETERS": {
-                // Results as rows of text (the sink reads no Arrow).
-                "JDBC_QUERY_RESULT_FORMAT": "JSON",
-                "AUTOCOMMIT": true,
-                "QUERY_TAG": "tributary-sink",
-            },
-        }});
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let body = login_body(&self.config, &self.credentials, now)?;
         let answer = self.send(self.http.post(url).json(&body)).await.map_err(|e| {
             if e.kind() == ErrorKind::NeedsOperator {
-                e.with_hint(
-                    "check snowflake.user and snowflake.password, that the user is not locked or disabled, \
-                     and that snowflake.account matches snowflake.url",
-                )
+                e.with_hint(match &self.credentials {
+                    Credentials::Password(_) => {
+                        "check snowflake.user and snowflake.password, that the user is not locked or disabled, \
+                         and that snowflake.account matches snowflake.url"
+                            .to_string()
+                    }
+                    Credentials::KeyPair(k) => format!(
+                        "check that the user's RSA_PUBLIC_KEY (or RSA_PUBLIC_KEY_2) is the public key of \
+                         snowflake.private_key (DESC USER shows RSA_PUBLIC_KEY_FP = {}), that the user is not \
+                         locked or disabled, and that snowflake.account matches snowflake.url",
+                        k.fingerprint()
+                    ),
+                })
             } else {
                 e
             }
@@ -271,6 +355,31 @@ pub(super) fn classify_http(status: u16, code: &str, message: &str) -> Error {
     error.with_class(format!("snowflake.http.{status}"))
 }
 
+/// The login request's body: the password, or for a key-pair login
+/// `AUTHENTICATOR = SNOWFLAKE_JWT` and a JWT issued at `now`.
+fn login_body(config: &SnowflakeSinkConfig, credentials: &Credentials, now: u64) -> Result<Json> {
+    let mut data = json!({
+        "CLIENT_APP_ID": CLIENT_APP_ID,
+        "CLIENT_APP_VERSION": env!("CARGO_PKG_VERSION"),
+        "ACCOUNT_NAME": config.account,
+        "LOGIN_NAME": config.user,
+        "SESSION_PARAMETERS": {
+            // Results as rows of text (the sink reads no Arrow).
+            "JDBC_QUERY_RESULT_FORMAT": "JSON",
+            "AUTOCOMMIT": true,
+            "QUERY_TAG": "tributary-sink",
+        },
+    });
+    match credentials {
+        Credentials::Password(p) => data["PASSWORD"] = json!(p.expose_secret()),
+        Credentials::KeyPair(k) => {
+            data["AUTHENTICATOR"] = json!("SNOWFLAKE_JWT");
+            data["TOKEN"] = json!(k.token(&config.account, &config.user, now)?);
+        }
+    }
+    Ok(json!({ "data": data }))
+}
+
 /// A statement's or login's error code (and SQLSTATE) to a kind.
 pub(super) fn classify(code: &str, sql_state: Option<&str>, message: &str) -> Error {
     let class = format!("snowflake.{}", if code.is_empty() { "unknown" } else { code });
@@ -320,6 +429,65 @@ pub(super) fn redact(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const KEY_PKCS8: &str = include_str!("testdata/rsa_key.p8");
+    const KEY_PKCS1: &str = include_str!("testdata/rsa_key_pkcs1.pem");
+    const PUBLIC_KEY: &str = include_str!("testdata/rsa_key.pub");
+    /// What Snowflake's documented `openssl ... | openssl dgst -sha256
+    /// -binary | openssl enc -base64` printed for the key.
+    const FINGERPRINT: &str = include_str!("testdata/rsa_key.fingerprint");
+
+    #[test]
+    fn a_key_pair_login_sends_a_jwt_snowflake_can_verify() {
+        let pair = KeyPair::from_pem(KEY_PKCS8).expect("PKCS#8");
+        assert_eq!(pair.fingerprint(), format!("SHA256:{}", FINGERPRINT.trim()));
+        assert_eq!(KeyPair::from_pem(KEY_PKCS1).expect("PKCS#1").fingerprint(), pair.fingerprint());
+
+        let now = 1_767_225_600;
+        let token = pair.token("myorg-myaccount", "tributary_svc", now).expect("token");
+        // Verified with the public key alone, as Snowflake does.
+        let public = {
+            use rsa::pkcs1::EncodeRsaPublicKey;
+            use rsa::pkcs8::DecodePublicKey;
+            rsa::RsaPublicKey::from_public_key_pem(PUBLIC_KEY).expect("public key").to_pkcs1_der().expect("der")
+        };
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+        validation.validate_exp = false;
+        let verified = |token: &str| {
+            jsonwebtoken::decode::<Json>(token, &jsonwebtoken::DecodingKey::from_rsa_der(public.as_bytes()), &validation)
+                .expect("a valid RS256 signature")
+                .claims
+        };
+        let claims = verified(&token);
+        assert_eq!(claims["sub"], "MYORG-MYACCOUNT.TRIBUTARY_SVC");
+        assert_eq!(claims["iss"], format!("MYORG-MYACCOUNT.TRIBUTARY_SVC.SHA256:{}", FINGERPRINT.trim()));
+        assert_eq!(claims["iat"], now);
+        assert_eq!(claims["exp"], now + JWT_LIFETIME_SECS);
+        // An account locator with its region: the locator alone.
+        let token = pair.token("xy12345.us-east-2.aws", "u", now).expect("token");
+        assert_eq!(verified(&token)["sub"], "XY12345.U");
+
+        let mut config =
+            SnowflakeSinkConfig::new("https://x.snowflakecomputing.com", "myorg-myaccount", "u", "p", "DB", "g");
+        let body = login_body(&config, &Credentials::KeyPair(pair), now).expect("body");
+        assert_eq!(body["data"]["AUTHENTICATOR"], "SNOWFLAKE_JWT");
+        assert!(body["data"]["TOKEN"].as_str().is_some_and(|t| t.split('.').count() == 3));
+        assert!(body["data"].get("PASSWORD").is_none());
+        config.password = Some("secret".into());
+        let body = login_body(&config, &Credentials::Password(SecretString::from("secret")), now).expect("body");
+        assert_eq!(body["data"]["PASSWORD"], "secret");
+        assert!(body["data"].get("AUTHENTICATOR").is_none());
+    }
+
+    #[test]
+    fn a_key_that_cannot_be_used_is_named_without_its_content() {
+        let encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHzBJBgkqhkiG9w0BBQ0wPDAbBgkqhkiG9w0BBQwwDgQI\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let e = KeyPair::from_pem(encrypted).err().expect("refused");
+        assert!(e.contains("encrypted") && e.contains("openssl pkcs8"), "{e}");
+        let e = KeyPair::from_pem("not a key").err().expect("refused");
+        assert!(e.contains("not an RSA private key"), "{e}");
+        assert!(!e.contains("not a key"), "the message never repeats the value: {e}");
+    }
 
     #[test]
     fn classifies_by_code_and_state() {

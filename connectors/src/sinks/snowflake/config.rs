@@ -45,8 +45,16 @@ pub struct SnowflakeSinkConfig {
     pub account: String,
     /// Login name.
     pub user: String,
-    /// Password: inline, `env:NAME` or `file:/path`. Never logged.
-    pub password: String,
+    /// Password: inline, `env:NAME` or `file:/path`. Never logged. One of
+    /// `password` and `private_key`.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Key-pair (JWT) login: the user's RSA private key in PEM (PKCS#8
+    /// `BEGIN PRIVATE KEY` or PKCS#1 `BEGIN RSA PRIVATE KEY`, unencrypted):
+    /// inline, `env:NAME` or, usually, `file:/path`. Never logged. The
+    /// public key is the user's `RSA_PUBLIC_KEY`.
+    #[serde(default)]
+    pub private_key: Option<String>,
     /// Role of the session. Default: the user's default role.
     #[serde(default)]
     pub role: Option<String>,
@@ -124,7 +132,8 @@ impl fmt::Debug for SnowflakeSinkConfig {
             .field("url", &self.url)
             .field("account", &self.account)
             .field("user", &self.user)
-            .field("password", &"***")
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("private_key", &self.private_key.as_ref().map(|_| "***"))
             .field("role", &self.role)
             .field("warehouse", &self.warehouse)
             .field("database", &self.database)
@@ -157,7 +166,8 @@ impl SnowflakeSinkConfig {
             url: url.into(),
             account: account.into(),
             user: user.into(),
-            password: password.into(),
+            password: Some(password.into()),
+            private_key: None,
             role: None,
             warehouse: None,
             database: database.into(),
@@ -186,8 +196,26 @@ impl SnowflakeSinkConfig {
                 return Err(ConfigError::invalid(field(name), "must not be empty"));
             }
         }
-        if self.password.is_empty() {
-            return Err(ConfigError::invalid(field("password"), "must not be empty (inline, env:NAME or file:/path)"));
+        match (&self.password, &self.private_key) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    field("private_key"),
+                    "give either password or private_key (key-pair login), not both",
+                ))
+            }
+            (None, None) => {
+                return Err(ConfigError::invalid(
+                    field("password"),
+                    "is required, or private_key for a key-pair login (inline, env:NAME or file:/path)",
+                ))
+            }
+            (Some(p), None) if p.is_empty() => {
+                return Err(ConfigError::invalid(field("password"), "must not be empty (inline, env:NAME or file:/path)"))
+            }
+            (None, Some(k)) if k.is_empty() => {
+                return Err(ConfigError::invalid(field("private_key"), "must not be empty (inline, env:NAME or file:/path)"))
+            }
+            _ => {}
         }
         if self.bookkeeping_schema.trim().is_empty() {
             return Err(ConfigError::invalid(field("bookkeeping_schema"), "must not be empty"));
@@ -298,8 +326,25 @@ mod tests {
     #[test]
     fn the_password_is_never_printed() {
         let mut c = config();
-        c.password = "hunter2".into();
+        c.password = Some("hunter2".into());
         assert!(!format!("{c:?}").contains("hunter2"));
+        c.password = None;
+        c.private_key = Some("-----BEGIN PRIVATE KEY-----secret".into());
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+
+    #[test]
+    fn a_password_or_a_private_key() {
+        let mut c = config();
+        c.validate_at("snowflake").expect("a password");
+        c.private_key = Some("file:/etc/key.p8".into());
+        let e = c.validate_at("snowflake").expect_err("both").to_string();
+        assert!(e.contains("snowflake.private_key") && e.contains("not both"), "{e}");
+        c.password = None;
+        c.validate_at("snowflake").expect("a key");
+        c.private_key = None;
+        let e = c.validate_at("snowflake").expect_err("neither").to_string();
+        assert!(e.contains("snowflake.password") && e.contains("private_key"), "{e}");
     }
 
     #[test]

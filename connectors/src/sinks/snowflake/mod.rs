@@ -56,7 +56,9 @@ use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
 pub use self::client::Rows;
-use self::client::{SfClient, SESSION_CLASS};
+use secrecy::ExposeSecret;
+
+use self::client::{Credentials, KeyPair, SfClient, SESSION_CLASS};
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql, insert_rows_sql,
@@ -131,8 +133,18 @@ impl SnowflakeSink {
             .consumer_group
             .clone()
             .ok_or_else(|| ConfigError::invalid("snowflake.consumer_group", "is required"))?;
-        let password = resolve_secret("snowflake.password", &config.password)?;
-        let client = SfClient::new(&config, password)
+        let credentials = match (&config.password, &config.private_key) {
+            (_, Some(key)) => {
+                let pem = resolve_secret("snowflake.private_key", key)?;
+                Credentials::KeyPair(
+                    KeyPair::from_pem(pem.expose_secret())
+                        .map_err(|e| ConfigError::invalid("snowflake.private_key", e))?,
+                )
+            }
+            (Some(password), None) => Credentials::Password(resolve_secret("snowflake.password", password)?),
+            (None, None) => return Err(ConfigError::invalid("snowflake.password", "is required")),
+        };
+        let client = SfClient::new(&config, credentials)
             .map_err(|e| ConfigError::invalid("snowflake.url", e.message().to_string()))?;
         Ok(Self {
             client,
