@@ -173,3 +173,36 @@ impl Datasets {
         }
     }
 }
+
+#[async_trait::async_trait]
+impl crate::e2e::Destination for Datasets {
+    fn section(&self) -> String {
+        self.runner_section()
+    }
+
+    fn group(&self) -> String {
+        self.group.clone()
+    }
+
+    async fn rows(&self, columns: &[&str]) -> Vec<String> {
+        let cells: Vec<String> = columns.iter().map(|c| format!("IFNULL(CAST({c} AS STRING), 'NULL')")).collect();
+        let sql = format!("SELECT {} FROM {} ORDER BY id", cells.join(", "), self.table("items"));
+        query(&sql).await.map(crate::e2e::joined).unwrap_or_default()
+    }
+
+    async fn stored(&self) -> i64 {
+        self.offsets().await.values().sum()
+    }
+
+    async fn exists(&self) -> bool {
+        query(&format!("SELECT 1 FROM {}", self.table("items"))).await.is_ok()
+    }
+
+    fn refuses_infinity(&self) -> bool {
+        true
+    }
+
+    async fn cleanup(&self) {
+        Datasets::cleanup(self).await
+    }
+}

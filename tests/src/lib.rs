@@ -6,6 +6,7 @@
 pub mod bigquery;
 pub mod conformance;
 pub mod counters;
+pub mod e2e;
 pub mod items;
 pub mod kafka;
 pub mod mysql;

@@ -114,3 +114,49 @@ impl Schemas {
         }
     }
 }
+
+#[async_trait::async_trait]
+impl crate::e2e::Destination for Schemas {
+    fn section(&self) -> String {
+        self.runner_section()
+    }
+
+    fn group(&self) -> String {
+        self.group.clone()
+    }
+
+    async fn rows(&self, columns: &[&str]) -> Vec<String> {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|c| format!("COALESCE(CAST(\"{c}\" AS VARCHAR), 'NULL')"))
+            .collect();
+        let sql = format!("SELECT {} FROM {} ORDER BY \"id\"", cells.join(", "), self.table("items"));
+        self.query(&sql).await.map(crate::e2e::joined).unwrap_or_default()
+    }
+
+    async fn stored(&self) -> i64 {
+        let sql = format!(
+            "SELECT CAST(SUM(next_offset) AS VARCHAR) FROM \"{DATABASE}\".\"{}\".\"offsets\" WHERE consumer_group = '{}'",
+            self.bookkeeping, self.group
+        );
+        self.query(&sql)
+            .await
+            .ok()
+            .and_then(|r| r.first().and_then(|c| c.first().cloned().flatten()))
+            // SUM's text may carry a fraction (fakesnow: `1722.0`).
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as i64)
+    }
+
+    async fn exists(&self) -> bool {
+        self.query(&format!("SELECT 1 FROM {}", self.table("items"))).await.is_ok()
+    }
+
+    fn refuses_infinity(&self) -> bool {
+        true
+    }
+
+    async fn cleanup(&self) {
+        Schemas::cleanup(self).await
+    }
+}

@@ -197,3 +197,46 @@ impl Database {
         let _ = self.client.delete(self.url()).send().await;
     }
 }
+
+#[async_trait::async_trait]
+impl crate::e2e::Destination for Database {
+    /// Tables named as in the source (`items`).
+    fn section(&self) -> String {
+        format!("{}table = \"{{table}}\"\n", self.runner_section())
+    }
+
+    fn group(&self) -> String {
+        self.group.clone()
+    }
+
+    async fn rows(&self, columns: &[&str]) -> Vec<String> {
+        let cells: Vec<String> = columns.iter().map(|c| format!("IFNULL(CAST({c} AS STRING), 'NULL')")).collect();
+        let sql = format!("SELECT {} FROM items ORDER BY id", cells.join(", "));
+        self.query(&sql).await.map(crate::e2e::joined).unwrap_or_default()
+    }
+
+    async fn stored(&self) -> i64 {
+        let sql = format!(
+            "SELECT IFNULL(SUM(next_offset), 0) FROM tributary_offsets WHERE consumer_group = '{}'",
+            self.group
+        );
+        self.query(&sql)
+            .await
+            .ok()
+            .and_then(|r| r.first().and_then(|c| c.first().cloned().flatten()))
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    }
+
+    async fn exists(&self) -> bool {
+        self.query("SELECT 1 FROM items").await.is_ok()
+    }
+
+    fn refuses_infinity(&self) -> bool {
+        true
+    }
+
+    async fn cleanup(&self) {
+        Database::cleanup(self).await
+    }
+}

@@ -9,23 +9,17 @@
 //! bqemulator cannot parse `PRIMARY KEY ... NOT ENFORCED`, so these tests
 //! turn `declare_primary_key` off; nothing here ran against real BigQuery.
 
-use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
 use tributary_connectors::sinks::bigquery::BigQuerySink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Value};
+use tributary_tests::e2e::kill_9_across_the_pipeline;
 use tributary_tests::items::{
     apply_in_batches, assert_after_mixed_changes, batch, bench_batch_sizes, bench_changes, event, items, key_row,
     mixed_changes, row, truncate_changes,
 };
-use tributary_tests::{
-    bigquery_emulator_url, bigquery_project, header, kafka_bootstrap, pg_source_runner_config, pg_source_url,
-    runner_binary, sink_runner_config, unique, wait_for, Runner,
-};
+use tributary_tests::{header, unique};
 
 use tributary_tests::bigquery::{query, Datasets as Fixture};
 
@@ -227,206 +221,16 @@ async fn an_unreachable_emulator_is_retryable() {
 
 // ---------------------------------------------------------------- end to end
 
-/// PostgreSQL -> source-runner -> Kafka -> sink-runner -> emulator: the
-/// snapshot, streamed inserts, updates and deletes, an added column, a row
-/// BigQuery cannot hold (to the dead-letter topic with its reason), and a
-/// kill -9 of the sink runner; the copy must equal the source, no row lost
-/// or doubled.
+/// PostgreSQL -> source-runner -> Kafka -> sink-runner -> emulator
+/// ([`tributary_tests::e2e`]): the copy equals the source after the
+/// snapshot, streaming, a kill -9 of the sink runner and an added column;
+/// PostgreSQL's infinity date is dead-lettered with BigQuery's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
-    let name = unique("bqe2e");
-    let (pg, conn) = tokio_postgres::connect(&pg_source_url(), tokio_postgres::NoTls)
-        .await
-        .expect("connect to source");
-    tokio::spawn(conn);
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.items (id bigint PRIMARY KEY, v bigint NOT NULL, due date);
-         INSERT INTO {name}.items SELECT i, i, DATE '2024-01-01' + (i % 365) FROM generate_series(1, 2000) i;"
-    ))
-    .await
-    .expect("source table");
-
-    let dir = std::env::temp_dir().join(&name);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let source_config = dir.join("source.toml");
-    std::fs::write(&source_config, pg_source_runner_config(&name)).expect("source config");
-    let dataset = format!("{name}_dst");
-    let bookkeeping = format!("{name}_bk");
-    let group = format!("{name}-bq");
-    let sink_config = dir.join("sink.toml");
-    let section = format!(
-        "[bigquery]\nproject = \"{project}\"\nemulator_url = \"{emulator}\"\ndataset = \"{dataset}\"\n\
-         bookkeeping_dataset = \"{bookkeeping}\"\ndeclare_primary_key = false\n",
-        project = bigquery_project(),
-        emulator = bigquery_emulator_url(),
-    );
-    std::fs::write(&sink_config, sink_runner_config(&name, &group, &section)).expect("sink config");
-    let source_log = dir.join("source.log");
-    let sink_log = dir.join("sink.log");
-    eprintln!("logs: {}", dir.display());
-
-    let source_rows = || async {
-        let rows = pg
-            .query(&format!("SELECT id, v, due::text FROM {name}.items ORDER BY id"), &[])
-            .await
-            .expect("source rows");
-        rows.iter()
-            .map(|r| {
-                let due: Option<String> = r.get(2);
-                format!("{}|{}|{}", r.get::<_, i64>(0), r.get::<_, i64>(1), due.unwrap_or_else(|| "NULL".into()))
-            })
-            .collect::<Vec<_>>()
-    };
-    let table = format!("`{}.{dataset}.items`", bigquery_project());
-    let copy_rows = |extra: bool| {
-        let table = table.clone();
-        async move {
-            let note = if extra { ", IFNULL(note, 'NULL')" } else { "" };
-            let sql = format!("SELECT CAST(id AS STRING), CAST(v AS STRING), IFNULL(CAST(due AS STRING), 'NULL'){note} FROM {table} ORDER BY id");
-            query(&sql)
-                .await
-                .map(|rows| {
-                    rows.into_iter()
-                        .map(|r| r.into_iter().map(|c| c.unwrap_or_default()).collect::<Vec<_>>().join("|"))
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default()
-        }
-    };
-
-    let source = Runner::start("source-runner", &source_config, &source_log);
-    let sink = Runner::start("sink-runner", &sink_config, &sink_log);
-    let want = source_rows().await;
-    wait_for("the snapshot in BigQuery", Duration::from_secs(180), || async {
-        (copy_rows(false).await == want).then_some(())
-    })
-    .await;
-
-    // Streaming while the sink runner is killed and restarted.
-    pg.batch_execute(&format!(
-        "INSERT INTO {name}.items SELECT i, i, NULL FROM generate_series(2001, 2300) i;
-         UPDATE {name}.items SET v = v + 1000 WHERE id % 7 = 0;
-         DELETE FROM {name}.items WHERE id % 11 = 0;"
-    ))
-    .await
-    .expect("changes");
-    let bk_offsets = format!("`{}.{bookkeeping}.offsets`", bigquery_project());
-    let stored = || async {
-        query(&format!("SELECT SUM(next_offset) FROM {bk_offsets}"))
-            .await
-            .ok()
-            .and_then(|r| r.first().and_then(|c| c.first().cloned().flatten()))
-            .and_then(|v| v.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
-    let before = stored().await;
-    wait_for("progress after the changes", Duration::from_secs(60), || async {
-        (stored().await > before).then_some(())
-    })
-    .await;
-    sink.kill9();
-    pg.batch_execute(&format!(
-        "UPDATE {name}.items SET v = v + 1 WHERE id % 5 = 0;
-         DELETE FROM {name}.items WHERE id BETWEEN 100 AND 150;"
-    ))
-    .await
-    .expect("changes while the sink is down");
-    let sink = Runner::start("sink-runner", &sink_config, &sink_log);
-    let want = source_rows().await;
-    wait_for("the copy to equal the source after kill -9", Duration::from_secs(180), || async {
-        (copy_rows(false).await == want).then_some(())
-    })
-    .await;
-
-    // DDL: a new column, then rows that use it, and a date BigQuery cannot
-    // hold (PostgreSQL's infinity) that goes to the dead-letter topic.
-    pg.batch_execute(&format!(
-        "ALTER TABLE {name}.items ADD COLUMN note text;
-         INSERT INTO {name}.items VALUES (5000, 1, NULL, 'hello');
-         UPDATE {name}.items SET note = 'updated' WHERE id = 1;
-         INSERT INTO {name}.items VALUES (5001, 1, 'infinity', 'bad');
-         INSERT INTO {name}.items VALUES (5002, 2, NULL, 'after');"
-    ))
-    .await
-    .expect("ddl");
-    let expect_extra = || async {
-        let rows = pg
-            .query(&format!("SELECT id, v, due::text, note FROM {name}.items WHERE id <> 5001 ORDER BY id"), &[])
-            .await
-            .expect("source rows");
-        rows.iter()
-            .map(|r| {
-                let due: Option<String> = r.get(2);
-                let note: Option<String> = r.get(3);
-                format!(
-                    "{}|{}|{}|{}",
-                    r.get::<_, i64>(0),
-                    r.get::<_, i64>(1),
-                    due.unwrap_or_else(|| "NULL".into()),
-                    note.unwrap_or_else(|| "NULL".into())
-                )
-            })
-            .collect::<Vec<_>>()
-    };
-    let want = expect_extra().await;
-    wait_for("the new column and its rows", Duration::from_secs(120), || async {
-        (copy_rows(true).await == want).then_some(())
-    })
-    .await;
-    drop(sink);
-
-    let dlq = format!("{name}.{name}.items.dlq");
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("group.id", unique("dlq-reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[&dlq]).expect("subscribe");
-    let dead = wait_for("the dead letter", Duration::from_secs(30), || async {
-        consumer
-            .poll(Duration::from_millis(200))
-            .and_then(|m| m.ok())
-            .map(|m| m.detach())
-    })
-    .await;
+    let fx = Fixture::new("e2e");
+    let dead = kill_9_across_the_pipeline(&unique("bqe2e"), &fx).await.expect("a dead letter");
     let message = header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
-    assert!(message.contains("date outside BigQuery's range"), "{message}");
-    assert!(message.contains("due"), "{message}");
-    assert_eq!(header(&dead, sink_runner::dlq::HEADER_TABLE).as_deref(), Some(format!("{name}.items").as_str()));
-
-    drop(source);
-    // The killed sink runner stays a member of its consumer group until its
-    // session times out (6 s); `delete` refuses a group with members.
-    let sink_bin = runner_binary("sink-runner");
-    wait_for("sink-runner delete --drop-destination to succeed", Duration::from_secs(60), || async {
-        let out = Command::new(&sink_bin)
-            .arg("--config")
-            .arg(&sink_config)
-            .args(["delete", "--yes", "--drop-destination"])
-            .output()
-            .expect("sink-runner delete");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success() || err.contains("NonEmptyGroup"), "{err}");
-        out.status.success().then_some(())
-    })
-    .await;
-    assert!(query(&format!("SELECT 1 FROM {table}")).await.is_err(), "the destination table was dropped");
-    // After the sink's delete: it finds the tables to drop by their topics.
-    let _ = Command::new(runner_binary("source-runner"))
-        .arg("--config")
-        .arg(&source_config)
-        .args(["delete", "--yes"])
-        .status();
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
-        .await
-        .expect("drop schema");
-    for d in [&dataset, &bookkeeping] {
-        let _ = query(&format!("DROP SCHEMA IF EXISTS `{}.{d}` CASCADE", bigquery_project())).await;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    assert!(message.contains("date outside BigQuery's range") && message.contains("due"), "{message}");
 }
 
 /// Rows/s applied into the emulator per batch size, and MERGE statements

@@ -14,12 +14,9 @@
 //! itself, or its deletes could not be encoded.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::Duration;
 
-use tributary_tests::{
-    counters, kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Rng, Runner,
-};
+use tributary_tests::{counters, kafka_bootstrap, pg_source_url, schema_registry_url, unique, wait_for, Rng, Runner};
 
 /// Rows in the table before the runner starts: enough snapshot chunks that a
 /// kill lands mid-snapshot.
@@ -143,15 +140,7 @@ heartbeat_interval_ms = 1000
         .get(0);
     assert_eq!(identity, "f", "the runner sets REPLICA IDENTITY FULL where deletes need it");
 
-    // Tidy up: the slot would otherwise hold WAL for ever.
-    let _ = Command::new(runner_binary("source-runner"))
-        .arg("--config")
-        .arg(&config)
-        .args(["delete", "--yes"])
-        .status();
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
-        .await
-        .expect("drop schema");
+    tributary_tests::e2e::delete_source_copy(&pg, &config, &name).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

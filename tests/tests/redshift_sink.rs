@@ -224,3 +224,20 @@ fn the_check_refuses_postgres_only_sql() {
               WHEN NOT MATCHED THEN INSERT (id, v) VALUES (s.id, s.v)";
     assert!(dialect_violations(ok).is_empty(), "{:?}", dialect_violations(ok));
 }
+
+/// PostgreSQL -> source-runner -> Kafka -> sink-runner -> PostgreSQL as
+/// Redshift, staging in moto ([`tributary_tests::e2e`]): the copy equals the
+/// source after the snapshot, streaming, a kill -9 of the sink runner and an
+/// added column; PostgreSQL's infinity date is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_to_kafka_to_redshift_equals_the_source_across_kill_9() {
+    let copy = tributary_tests::redshift::Copy {
+        warehouse: Warehouse::new("e2e").await,
+        group: tributary_tests::unique("rse2e"),
+    };
+    let dead = tributary_tests::e2e::kill_9_across_the_pipeline(&tributary_tests::unique("rse2e"), &copy)
+        .await
+        .expect("a dead letter");
+    let message = tributary_tests::header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
+    assert!(message.contains("date out of range") && message.contains("due"), "{message}");
+}

@@ -9,16 +9,14 @@
 //! a database of its own. Nothing here ran against real Spanner.
 
 use std::process::Command;
-use std::time::Duration;
 
 use tributary_connectors::sinks::spanner::SpannerSink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Op, Value};
+use tributary_tests::e2e::kill_9_across_the_pipeline;
 use tributary_tests::items::{apply_in_batches, batch, bench_batch_sizes, bench_changes, event, items, row};
 use tributary_tests::spanner::Database;
-use tributary_tests::{
-    pg_source_runner_config, pg_source_url, runner_binary, sink_runner_config, unique, wait_for, Runner,
-};
+use tributary_tests::{header, unique};
 
 const TOPIC: &str = "spanner.items";
 const ITEMS: &str = "public_items";
@@ -151,134 +149,16 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// PostgreSQL -> source-runner -> Kafka -> sink-runner -> emulator: the
-/// snapshot, streamed inserts, updates and deletes, and a kill -9 of the
-/// sink runner mid-apply; the copy must equal the source, no row lost or
-/// doubled.
+/// PostgreSQL -> source-runner -> Kafka -> sink-runner -> emulator
+/// ([`tributary_tests::e2e`]): the copy equals the source after the
+/// snapshot, streaming, a kill -9 of the sink runner and an added column;
+/// PostgreSQL's infinity date is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_to_kafka_to_spanner_equals_the_source_across_kill_9() {
-    let name = unique("spe2e");
     let db = Database::new("e2e").await;
-    let (pg, conn) = tokio_postgres::connect(&pg_source_url(), tokio_postgres::NoTls)
-        .await
-        .expect("connect to source");
-    tokio::spawn(conn);
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.items (id bigint PRIMARY KEY, v bigint NOT NULL, due date, amount numeric(12,2));
-         INSERT INTO {name}.items SELECT i, i, DATE '2024-01-01' + (i % 365), i / 4.0 FROM generate_series(1, 2000) i;"
-    ))
-    .await
-    .expect("source table");
-    let dir = std::env::temp_dir().join(&name);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let source_config = dir.join("source.toml");
-    std::fs::write(&source_config, pg_source_runner_config(&name)).expect("source config");
-    let group = format!("{name}-sp");
-    let sink_config = dir.join("sink.toml");
-    std::fs::write(&sink_config, sink_runner_config(&name, &group, &db.runner_section())).expect("sink config");
-    let source_log = dir.join("source.log");
-    let sink_log = dir.join("sink.log");
-    eprintln!("logs: {}", dir.display());
-
-    let source_rows = || async {
-        let rows = pg
-            .query(&format!("SELECT id, v, due::text, amount::float8 FROM {name}.items ORDER BY id"), &[])
-            .await
-            .expect("source rows");
-        rows.iter()
-            .map(|r| {
-                let due: Option<String> = r.get(2);
-                let amount: Option<f64> = r.get(3);
-                format!(
-                    "{}|{}|{}|{}",
-                    r.get::<_, i64>(0),
-                    r.get::<_, i64>(1),
-                    due.unwrap_or_else(|| "NULL".into()),
-                    amount.map_or_else(|| "NULL".into(), |a| format!("{a:.2}"))
-                )
-            })
-            .collect::<Vec<_>>()
-    };
-    let table = format!("{name}_items");
-    let copy_rows = || async {
-        let sql = format!(
-            "SELECT CAST(id AS STRING), CAST(v AS STRING), IFNULL(CAST(due AS STRING), 'NULL'), \
-             IFNULL(CAST(amount AS STRING), 'NULL') FROM `{table}` ORDER BY id"
-        );
-        db.query(&sql)
-            .await
-            .map(|rows| {
-                rows.into_iter()
-                    .map(|r| {
-                        let mut cells: Vec<String> = r.into_iter().map(|c| c.unwrap_or_default()).collect();
-                        if let Some(a) = cells.get_mut(3) {
-                            if let Ok(f) = a.parse::<f64>() {
-                                *a = format!("{f:.2}");
-                            }
-                        }
-                        cells.join("|")
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default()
-    };
-
-    let source = Runner::start("source-runner", &source_config, &source_log);
-    let sink = Runner::start("sink-runner", &sink_config, &sink_log);
-    let want = source_rows().await;
-    wait_for("the snapshot in Spanner", Duration::from_secs(120), || async {
-        (copy_rows().await == want).then_some(())
-    })
-    .await;
-
-    // Streaming, and the sink runner killed mid-apply.
-    pg.batch_execute(&format!(
-        "INSERT INTO {name}.items SELECT i, i, NULL, NULL FROM generate_series(2001, 2300) i;
-         UPDATE {name}.items SET v = v + 1000 WHERE id % 7 = 0;
-         DELETE FROM {name}.items WHERE id % 11 = 0;"
-    ))
-    .await
-    .expect("changes");
-    let offsets = format!("SELECT IFNULL(SUM(next_offset), 0) FROM tributary_offsets WHERE consumer_group = '{group}'");
-    let stored = || async {
-        db.query(&offsets)
-            .await
-            .ok()
-            .and_then(|r| r.first().and_then(|c| c.first().cloned().flatten()))
-            .and_then(|v| v.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
-    let before = stored().await;
-    wait_for("progress after the changes", Duration::from_secs(60), || async {
-        (stored().await > before).then_some(())
-    })
-    .await;
-    sink.kill9();
-    pg.batch_execute(&format!(
-        "UPDATE {name}.items SET v = v + 1 WHERE id % 5 = 0;
-         DELETE FROM {name}.items WHERE id BETWEEN 100 AND 150;"
-    ))
-    .await
-    .expect("changes while the sink is down");
-    let sink = Runner::start("sink-runner", &sink_config, &sink_log);
-    let want = source_rows().await;
-    wait_for("the copy to equal the source after kill -9", Duration::from_secs(120), || async {
-        (copy_rows().await == want).then_some(())
-    })
-    .await;
-    drop(sink);
-    drop(source);
-    let _ = Command::new(runner_binary("source-runner"))
-        .arg("--config")
-        .arg(&source_config)
-        .args(["delete", "--yes"])
-        .status();
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
-        .await
-        .expect("drop schema");
-    db.cleanup().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    let dead = kill_9_across_the_pipeline(&unique("spe2e"), &db).await.expect("a dead letter");
+    let message = header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
+    assert!(message.contains("due"), "{message}");
 }
 
 /// Changes/s applied into the emulator per batch size, and commits per
