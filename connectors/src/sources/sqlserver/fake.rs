@@ -246,9 +246,9 @@ impl FakeServer {
         self.lock().tables.get(id).map(|t| t.rows.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// The last LSN handed out.
-    pub fn last_lsn(&self) -> Lsn {
-        self.lock().last
+    /// The last commit's LSN (what `sys.fn_cdc_get_max_lsn()` returns).
+    pub fn max_lsn(&self) -> Lsn {
+        self.lock().max
     }
 
     /// Commits `ops` as one transaction; returns its commit LSN.

@@ -246,7 +246,8 @@ mod tests {
     use super::*;
     use std::borrow::Cow;
     use tiberius::time::{Date, DateTime, DateTime2, DateTimeOffset, SmallDateTime, Time};
-    use tiberius::{ColumnData as C, Numeric};
+    use tiberius::numeric::Numeric;
+    use tiberius::ColumnData as C;
 
     fn t() -> TableId {
         TableId::new("dbo", "t")
