@@ -288,6 +288,14 @@ impl TiberiusClient {
         Ok(Self { client, database: p.database.clone() })
     }
 
+    /// Runs a batch of statements, discarding any rows (tests and tools:
+    /// the env-gated suite sets its database up with it).
+    pub async fn execute(&mut self, sql: &str) -> Result<()> {
+        let stream = self.client.simple_query(sql).await.map_err(|e| classify(e, "running a batch"))?;
+        stream.into_results().await.map_err(|e| classify(e, "running a batch"))?;
+        Ok(())
+    }
+
     async fn rows(&mut self, sql: &str, context: &str) -> Result<Vec<tiberius::Row>> {
         let stream = self.client.simple_query(sql).await.map_err(|e| classify(e, context))?;
         stream.into_first_result().await.map_err(|e| classify(e, context))
