@@ -74,6 +74,15 @@ pub struct ChangeRow {
     pub row: Row,
 }
 
+impl ChangeRow {
+    /// The order of change rows: (commit LSN, `__$seqval`, `__$operation`),
+    /// which puts a key update's delete (1) before its insert (2) and an
+    /// update's before image (3) before its after image (4).
+    pub fn order_key(&self) -> (Lsn, Lsn, u8) {
+        (self.start_lsn, self.seqval, self.operation)
+    }
+}
+
 /// A table as `check` sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableFacts {

@@ -407,7 +407,7 @@ impl CdcClient for FakeClient {
                 ChangeRow { row, ..c.clone() }
             })
             .collect();
-        rows.sort_by(|a, b| (a.start_lsn, a.seqval, a.operation).cmp(&(b.start_lsn, b.seqval, b.operation)));
+        rows.sort_by_key(ChangeRow::order_key);
         Ok(rows)
     }
 

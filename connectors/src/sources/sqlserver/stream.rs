@@ -61,7 +61,7 @@ pub fn merge(reads: Vec<(usize, Vec<ChangeRow>)>, tables: &[TableId]) -> Result<
         reads.into_iter().flat_map(|(i, rows)| rows.into_iter().map(move |r| (i, r))).collect();
     // Stable: equal keys keep their read order (they cannot be equal across
     // tables: one seqval is one log record of one table).
-    all.sort_by(|a, b| (a.1.start_lsn, a.1.seqval, a.1.operation).cmp(&(b.1.start_lsn, b.1.seqval, b.1.operation)));
+    all.sort_by_key(|(_, r)| r.order_key());
     let mut out: Vec<Txn> = Vec::new();
     let mut it = all.into_iter().peekable();
     while let Some((read, row)) = it.next() {

@@ -281,7 +281,7 @@ mod tests {
         assert_eq!(decimal_text(-5, 3), "-0.005");
         // money arrives through its cast to decimal(19,4): exact beyond 2^53.
         assert_eq!(
-            dec("money", C::Numeric(Some(Numeric::new_with_scale(922_337_203_685_477_5807, 4)))).unwrap(),
+            dec("money", C::Numeric(Some(Numeric::new_with_scale(i128::from(i64::MAX), 4)))).unwrap(),
             Value::Decimal("922337203685477.5807".into())
         );
         // ... and as tiberius's own f64 it is refused, not rounded.
