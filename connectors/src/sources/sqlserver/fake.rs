@@ -79,23 +79,12 @@ struct Instance {
     changes: Vec<ChangeRow>,
 }
 
-/// What `check` reads besides tables and instances; tests set it.
+/// What `check` reads besides tables and instances (the `tables` of the
+/// facts are the fake's own); tests change it.
 #[derive(Debug, Clone)]
 pub struct FakeSettings {
-    /// `sys.databases.is_cdc_enabled`.
-    pub cdc_enabled: bool,
-    /// ALLOW_SNAPSHOT_ISOLATION.
-    pub snapshot_isolation: bool,
-    /// SQL Server Agent running (`None`: not visible to the login).
-    pub agent_running: Option<bool>,
-    /// The capture job exists.
-    pub capture_job: Option<bool>,
-    /// The cleanup job exists.
-    pub cleanup_job: Option<bool>,
-    /// SELECT on the cdc schema.
-    pub select_on_cdc: bool,
-    /// VIEW DATABASE STATE.
-    pub view_database_state: bool,
+    /// The database's facts as `check` reads them.
+    pub facts: DatabaseFacts,
     /// Tables the login may not SELECT.
     pub no_select: Vec<TableId>,
 }
@@ -103,13 +92,18 @@ pub struct FakeSettings {
 impl Default for FakeSettings {
     fn default() -> Self {
         Self {
-            cdc_enabled: true,
-            snapshot_isolation: true,
-            agent_running: Some(true),
-            capture_job: Some(true),
-            cleanup_job: Some(true),
-            select_on_cdc: true,
-            view_database_state: true,
+            facts: DatabaseFacts {
+                database: "fake".into(),
+                user: "tributary".into(),
+                cdc_enabled: true,
+                snapshot_isolation: true,
+                agent_running: Some(true),
+                capture_job: Some(true),
+                cleanup_job: Some(true),
+                select_on_cdc: true,
+                view_database_state: true,
+                tables: Vec::new(),
+            },
             no_select: Vec::new(),
         }
     }
@@ -335,15 +329,6 @@ impl CdcClient for FakeClient {
         let s = self.server.lock();
         let st = &s.settings;
         Ok(DatabaseFacts {
-            database: "fake".into(),
-            user: "tributary".into(),
-            cdc_enabled: st.cdc_enabled,
-            snapshot_isolation: st.snapshot_isolation,
-            agent_running: st.agent_running,
-            capture_job: st.capture_job,
-            cleanup_job: st.cleanup_job,
-            select_on_cdc: st.select_on_cdc,
-            view_database_state: st.view_database_state,
             tables: s
                 .tables
                 .iter()
@@ -354,6 +339,7 @@ impl CdcClient for FakeClient {
                     select: !st.no_select.contains(id),
                 })
                 .collect(),
+            ..st.facts.clone()
         })
     }
 
@@ -363,7 +349,7 @@ impl CdcClient for FakeClient {
 
     async fn capture_instances(&mut self) -> Result<Vec<CaptureInstance>> {
         let s = self.server.lock();
-        if !s.settings.cdc_enabled {
+        if !s.settings.facts.cdc_enabled {
             // cdc.change_tables does not exist before sp_cdc_enable_db.
             return Err(Error::needs_operator("Invalid object name 'cdc.change_tables'").with_class("sqlserver.208"));
         }
@@ -413,7 +399,7 @@ impl CdcClient for FakeClient {
 
     async fn begin_snapshot(&mut self) -> Result<Lsn> {
         let s = self.server.lock();
-        if !s.settings.snapshot_isolation {
+        if !s.settings.facts.snapshot_isolation {
             return Err(Error::needs_operator(
                 "Snapshot isolation transaction failed accessing database 'fake' because snapshot isolation is not allowed",
             )

@@ -80,6 +80,15 @@ fn caught_up(db: &FakeServer, checkpoint: &Checkpoint) -> bool {
     state.snapshot.is_none() && state.lsn >= db.max_lsn()
 }
 
+/// A source over `db` started from scratch and caught up.
+async fn caught_up_source(db: &FakeServer) -> (SqlServerSource, Mirror, Checkpoint) {
+    let mut s = source(db, 10, 100);
+    s.start(None).await.expect("start");
+    let mut m = Mirror::default();
+    let c = drain(db, &mut s, &mut m).await;
+    (s, m, c)
+}
+
 async fn drain(db: &FakeServer, s: &mut SqlServerSource, m: &mut Mirror) -> Checkpoint {
     loop {
         let b = s.next_batch().await.expect("batch");
@@ -94,10 +103,7 @@ async fn drain(db: &FakeServer, s: &mut SqlServerSource, m: &mut Mirror) -> Chec
 async fn key_updates_are_a_delete_then_an_insert_with_serial_numbers() {
     let db = server();
     db.commit(vec![FakeOp::Insert(t("a"), row(1, 1))]).expect("insert");
-    let mut s = source(&db, 10, 100);
-    s.start(None).await.expect("start");
-    let mut m = Mirror::default();
-    drain(&db, &mut s, &mut m).await;
+    let (mut s, mut m, _) = caught_up_source(&db).await;
     db.commit(vec![
         FakeOp::Update(t("a"), row(1, 1), row(2, 1)),
         FakeOp::Update(t("a"), row(2, 1), row(2, 5)),
@@ -124,10 +130,7 @@ async fn key_updates_are_a_delete_then_an_insert_with_serial_numbers() {
 #[tokio::test]
 async fn a_cleanup_past_the_checkpoint_stops_the_table_with_the_resnapshot_choice() {
     let db = server();
-    let mut s = source(&db, 10, 100);
-    s.start(None).await.expect("start");
-    let mut m = Mirror::default();
-    let checkpoint = drain(&db, &mut s, &mut m).await;
+    let (s, _, checkpoint) = caught_up_source(&db).await;
     drop(s);
     db.commit(vec![FakeOp::Insert(t("b"), row(1, 1))]).expect("insert");
     let last = db.commit(vec![FakeOp::Insert(t("b"), row(2, 1))]).expect("insert");
@@ -147,10 +150,7 @@ async fn a_cleanup_past_the_checkpoint_stops_the_table_with_the_resnapshot_choic
 async fn a_cleanup_below_the_checkpoint_is_no_gap() {
     let db = server();
     db.commit(vec![FakeOp::Insert(t("a"), row(1, 1))]).expect("insert");
-    let mut s = source(&db, 10, 100);
-    s.start(None).await.expect("start");
-    let mut m = Mirror::default();
-    drain(&db, &mut s, &mut m).await;
+    let (mut s, mut m, _) = caught_up_source(&db).await;
     let l = db.commit(vec![FakeOp::Insert(t("a"), row(2, 1))]).expect("insert");
     drain(&db, &mut s, &mut m).await;
     db.cleanup(l);
@@ -167,11 +167,11 @@ async fn check_names_every_problem_with_its_fix() {
     db.create_table(&t("plain"), vec![ColumnDef::new("v", "int", true)], &[]);
     db.add_column(&t("a"), ColumnDef::new("note", "nvarchar(10)", true), Value::Null);
     db.settings(|s| {
-        s.snapshot_isolation = false;
-        s.agent_running = Some(false);
-        s.select_on_cdc = false;
-        s.view_database_state = false;
-        s.cleanup_job = Some(false);
+        s.facts.snapshot_isolation = false;
+        s.facts.agent_running = Some(false);
+        s.facts.select_on_cdc = false;
+        s.facts.view_database_state = false;
+        s.facts.cleanup_job = Some(false);
         s.no_select = vec![t("b")];
     });
     let problems = check::check(&config, &db).await;
@@ -182,6 +182,12 @@ async fn check_names_every_problem_with_its_fix() {
             .unwrap_or_else(|| panic!("no fix with {needle}: {problems:#?}"))
     };
     assert_eq!(fix("ALLOW_SNAPSHOT_ISOLATION ON").severity, Severity::Error);
+    // What `source-runner check` prints for it.
+    assert_eq!(
+        fix("ALLOW_SNAPSHOT_ISOLATION ON").to_string(),
+        "error: snapshot isolation is not allowed: the snapshot cannot be consistent with the change tables\n  \
+         fix: ALTER DATABASE [fake] SET ALLOW_SNAPSHOT_ISOLATION ON;"
+    );
     assert!(problems.iter().any(|p| p.message.contains("SQL Server Agent is not running")));
     fix("GRANT SELECT ON SCHEMA::cdc TO [tributary];");
     fix("GRANT VIEW DATABASE STATE TO [tributary];");
@@ -189,7 +195,7 @@ async fn check_names_every_problem_with_its_fix() {
     assert_eq!(fix("GRANT SELECT ON [dbo].[b]").table, Some(t("b")));
     assert_eq!(fix("@source_name = N'plain'").table, Some(t("plain")));
     assert_eq!(fix("@capture_instance = N'dbo_a_v2'").severity, Severity::Warning);
-    db.settings(|s| s.cdc_enabled = false);
+    db.settings(|s| s.facts.cdc_enabled = false);
     let problems = check::check(&config, &db).await;
     assert!(problems.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.contains("EXEC sys.sp_cdc_enable_db"))));
 }
@@ -197,10 +203,7 @@ async fn check_names_every_problem_with_its_fix() {
 #[tokio::test]
 async fn a_disabled_capture_instance_without_a_successor_needs_the_operator() {
     let db = server();
-    let mut s = source(&db, 10, 100);
-    s.start(None).await.expect("start");
-    let mut m = Mirror::default();
-    drain(&db, &mut s, &mut m).await;
+    let (mut s, _, _) = caught_up_source(&db).await;
     db.disable_instance("dbo_a");
     db.commit(vec![FakeOp::Insert(t("b"), row(1, 1))]).expect("insert");
     let e = s.next_batch().await.expect_err("disabled");
