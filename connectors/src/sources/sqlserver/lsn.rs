@@ -22,7 +22,9 @@
 //!   pairing update rows: `ordinal < 2^40`.
 //!
 //! `(commit, index)` compares as (vlf, block, slot, ordinal): the LSN order,
-//! then the order inside the transaction. A VLF sequence number reaches 2^31
+//! then the order inside the transaction. Snapshot rows read at LSN `L`
+//! take `L` with [`MAX_ORDINAL`]: they are the state after every change of
+//! the transaction at `L`. A VLF sequence number reaches 2^31
 //! only after two billion log files; an LSN beyond it is refused
 //! ([`Lsn::position`]) rather than wrapped, since a wrapped position would
 //! look older than every row already written and the sinks would skip it.

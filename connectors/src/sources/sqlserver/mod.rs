@@ -293,7 +293,11 @@ impl SqlServerSource {
         let mut state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
         let mut plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
         let (mut snap, at) = self.snap.take().ok_or_else(|| Error::retryable("no snapshot transaction"))?;
-        let position = at.position(0)?;
+        // The rows are the state after every change of the transaction at
+        // `at`: they sort after all of them (a resumed snapshot's stream
+        // catches up to `at`, that transaction included) and before every
+        // later one.
+        let position = at.position(lsn::MAX_ORDINAL)?;
         let ts_ms = crate::now_ms();
         let mut emitted = 0usize;
         for p in plan.tables.iter_mut().filter(|p| !p.done) {
@@ -572,7 +576,9 @@ impl SqlServerSource {
                 continue;
             }
             if self.read_window().await? {
-                continue;
+                // Its first batch; a window without captured changes (commits
+                // to other tables only) still moves the checkpoint to its end.
+                return self.pending_batch();
             }
             if let Some(c) = self.catch_up {
                 // The server's max LSN cannot be below a snapshot's.

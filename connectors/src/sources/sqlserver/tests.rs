@@ -45,6 +45,9 @@ fn source(db: &FakeServer, chunk: u64, max_events: usize) -> SqlServerSource {
 struct Mirror {
     rows: BTreeMap<TableId, BTreeMap<i32, (Position, Option<i32>)>>,
     seen: Vec<(TableId, i32, Position, Op)>,
+    /// Events that came after a newer one of their key (a row older than
+    /// a change already emitted): must stay empty.
+    backwards: Vec<(TableId, i32, Position)>,
 }
 
 impl Mirror {
@@ -59,6 +62,9 @@ impl Mirror {
             });
             self.seen.push((ev.schema.id.clone(), id, ev.source.position, ev.op));
             let e = self.rows.entry(ev.schema.id.clone()).or_default();
+            if e.get(&id).is_some_and(|(p, _)| *p > ev.source.position) {
+                self.backwards.push((ev.schema.id.clone(), id, ev.source.position));
+            }
             if e.get(&id).is_none_or(|(p, _)| *p <= ev.source.position) {
                 e.insert(id, (ev.source.position, if ev.op == Op::Delete { None } else { qty }));
             }
@@ -125,6 +131,20 @@ async fn key_updates_are_a_delete_then_an_insert_with_serial_numbers() {
     assert_eq!(changes[2].before, Some(row(2, 1)));
     m.apply(&b);
     assert_eq!(m.live(&t("a")), vec![row(2, 5)]);
+}
+
+#[tokio::test]
+async fn commits_to_uncaptured_tables_move_the_checkpoint() {
+    let db = server();
+    db.create_table(&t("plain"), vec![ColumnDef::new("id", "int", false)], &["id"]);
+    let (mut s, _, _) = caught_up_source(&db).await;
+    let at = db.commit(vec![FakeOp::Insert(t("plain"), vec![Value::Int32(1)])]).expect("insert");
+    let b = tokio::time::timeout(std::time::Duration::from_secs(10), s.next_batch())
+        .await
+        .expect("a batch, not a busy loop")
+        .expect("batch");
+    assert!(b.messages.is_empty());
+    assert_eq!(SourceState::from_checkpoint(&b.checkpoint).expect("state").lsn, at);
 }
 
 #[tokio::test]
@@ -320,6 +340,7 @@ proptest! {
                 let want: Vec<Vec<Value>> = db.rows(&t(name)).into_iter().map(|r| r[..2].to_vec()).collect();
                 prop_assert_eq!(acked.live(&t(name)), want, "table {}", name);
             }
+            prop_assert!(acked.backwards.is_empty(), "events older than their key's last: {:?}", acked.backwards);
             let mut seen = std::collections::HashSet::new();
             for (table, id, p, op) in &acked.seen {
                 // A snapshot row shares its position with the table's other
