@@ -356,15 +356,29 @@ pub fn key_literal(v: &Value) -> Result<String> {
     })
 }
 
-/// `(k1 > v1) OR (k1 = v1 AND k2 > v2) ...`: the rows after `after` in key order.
-pub fn keyset_after(key: &[String], after: &[Value]) -> Result<String> {
+/// A key value as a literal of its column's type: a `char` / `varchar`
+/// column compares under its own collation only against non-Unicode text
+/// (against `N'...'` the column is converted to nvarchar, whose order can
+/// differ from the `ORDER BY` of the column under a SQL collation).
+fn key_operand(column: Option<&ColumnDef>, v: &Value) -> Result<String> {
+    let literal = key_literal(v)?;
+    Ok(match column.map(ColumnDef::base).as_deref() {
+        Some("char" | "varchar") if matches!(v, Value::Text(_)) => format!("CAST({literal} AS varchar(max))"),
+        _ => literal,
+    })
+}
+
+/// `(k1 > v1) OR (k1 = v1 AND k2 > v2) ...`: the rows after `after` in key
+/// order; `columns` give the key columns' types.
+pub fn keyset_after(columns: &[ColumnDef], key: &[String], after: &[Value]) -> Result<String> {
+    let col = |name: &str| columns.iter().find(|c| c.name == name);
     let mut ors = Vec::new();
     for i in 0..key.len().min(after.len()) {
         let mut ands = Vec::new();
         for j in 0..i {
-            ands.push(format!("{} = {}", quote_ident(&key[j]), key_literal(&after[j])?));
+            ands.push(format!("{} = {}", quote_ident(&key[j]), key_operand(col(&key[j]), &after[j])?));
         }
-        ands.push(format!("{} > {}", quote_ident(&key[i]), key_literal(&after[i])?));
+        ands.push(format!("{} > {}", quote_ident(&key[i]), key_operand(col(&key[i]), &after[i])?));
         ors.push(format!("({})", ands.join(" AND ")));
     }
     Ok(ors.join(" OR "))
@@ -589,7 +603,7 @@ impl CdcClient for TiberiusClient {
             instance.key.clone()
         };
         let filter = match after {
-            Some(after) => format!("WHERE {}", keyset_after(&key, after)?),
+            Some(after) => format!("WHERE {}", keyset_after(&instance.columns, &key, after)?),
             None => String::new(),
         };
         let sql = format!(
@@ -622,9 +636,15 @@ mod tests {
 
     #[test]
     fn keyset_paging_after_a_composite_key() {
-        let key = vec!["a".to_string(), "b".to_string()];
-        let sql = keyset_after(&key, &[Value::Int32(3), Value::Text("o'k".into())]).expect("renders");
-        assert_eq!(sql, "([a] > 3) OR ([a] = 3 AND [b] > N'o''k')");
+        let key = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        let cols = [ColumnDef::new("a", "int", false), ColumnDef::new("b", "nvarchar", false), ColumnDef::new("c", "varchar", false)];
+        let after = [Value::Int32(3), Value::Text("o'k".into()), Value::Text("x".into())];
+        let sql = keyset_after(&cols, &key, &after).expect("renders");
+        assert_eq!(
+            sql,
+            "([a] > 3) OR ([a] = 3 AND [b] > N'o''k') OR \
+             ([a] = 3 AND [b] = N'o''k' AND [c] > CAST(N'x' AS varchar(max)))"
+        );
         assert_eq!(key_literal(&Value::Bytes(vec![0, 0xab])).expect("bytes"), "0x00AB");
     }
 }
