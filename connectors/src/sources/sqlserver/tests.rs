@@ -134,6 +134,51 @@ async fn key_updates_are_a_delete_then_an_insert_with_serial_numbers() {
 }
 
 #[tokio::test]
+async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() {
+    let db = server();
+    let (mut s, _, _) = caught_up_source(&db).await;
+    db.commit(vec![FakeOp::Insert(t("a"), row(1, 1))]).expect("insert");
+    // ALTER TABLE: the old instance still captures two columns.
+    db.add_column(&t("a"), ColumnDef::new("note", "nvarchar(10)", true), Value::Null);
+    db.commit(vec![FakeOp::Insert(t("a"), vec![Value::Int32(3), Value::Int32(3), Value::Text("lost".into())])])
+        .expect("insert");
+    db.enable_table(&t("a"), "dbo_a_v2").expect("second instance");
+    db.commit(vec![FakeOp::Insert(t("a"), vec![Value::Int32(2), Value::Int32(2), Value::Text("n".into())])])
+        .expect("insert");
+    let mut out = Vec::new();
+    let mut checkpoint = None;
+    while checkpoint.as_ref().is_none_or(|c| !caught_up(&db, c)) {
+        let b = s.next_batch().await.expect("batch");
+        for m in &b.messages {
+            out.push(match m {
+                SourceMessage::SchemaChanged(sc) => format!("schema {}", sc.columns.len()),
+                SourceMessage::Change(ev) => format!("{:?} {:?}", ev.schema.columns.len(), ev.after),
+                SourceMessage::TableDropped(_) => "dropped".into(),
+            });
+        }
+        checkpoint = Some(b.checkpoint);
+    }
+    assert_eq!(
+        out,
+        vec![
+            "2 Some([Int32(1), Int32(1)])".to_string(),
+            // Before the new instance's start: read from the old one, without the note.
+            "2 Some([Int32(3), Int32(3)])".to_string(),
+            "schema 3".to_string(),
+            "3 Some([Int32(2), Int32(2), Text(\"n\")])".to_string(),
+        ]
+    );
+    let state = SourceState::from_checkpoint(&checkpoint.expect("checkpoint")).expect("state");
+    assert_eq!(state.instances.get("dbo.a").map(|i| i.name.as_str()), Some("dbo_a_v2"));
+    // The operator disables the old instance: the stream goes on.
+    db.disable_instance("dbo_a");
+    db.commit(vec![FakeOp::Delete(t("a"), vec![Value::Int32(1), Value::Int32(1), Value::Null])]).expect("delete");
+    let mut m = Mirror::default();
+    drain(&db, &mut s, &mut m).await;
+    assert_eq!(m.seen.last().map(|e| e.3), Some(Op::Delete));
+}
+
+#[tokio::test]
 async fn commits_to_uncaptured_tables_move_the_checkpoint() {
     let db = server();
     db.create_table(&t("plain"), vec![ColumnDef::new("id", "int", false)], &["id"]);
