@@ -87,6 +87,9 @@ pub struct FakeSettings {
     pub facts: DatabaseFacts,
     /// Tables the login may not SELECT.
     pub no_select: Vec<TableId>,
+    /// How many of the next change and snapshot reads fail (a dropped
+    /// connection: retryable).
+    pub failing_reads: u32,
 }
 
 impl Default for FakeSettings {
@@ -105,8 +108,18 @@ impl Default for FakeSettings {
                 tables: Vec::new(),
             },
             no_select: Vec::new(),
+            failing_reads: 0,
         }
     }
+}
+
+/// Fails the read when `failing_reads` says so.
+fn injected_failure(settings: &mut FakeSettings) -> Result<()> {
+    if settings.failing_reads > 0 {
+        settings.failing_reads -= 1;
+        return Err(Error::retryable("connection reset by peer (injected)").with_class("sqlserver.io"));
+    }
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -365,7 +378,8 @@ impl CdcClient for FakeClient {
     }
 
     async fn changes(&mut self, instance: &CaptureInstance, from: Lsn, to: Lsn) -> Result<Vec<ChangeRow>> {
-        let s = self.server.lock();
+        let mut s = self.server.lock();
+        injected_failure(&mut s.settings)?;
         let inst = s.instances.iter().find(|i| i.ci.name == instance.name).ok_or_else(|| {
             Error::needs_operator(format!("Invalid object name 'cdc.fn_cdc_get_all_changes_{}'", instance.name))
                 .with_class("sqlserver.208")
@@ -415,6 +429,7 @@ impl CdcClient for FakeClient {
         after: Option<&[Value]>,
         limit: usize,
     ) -> Result<Vec<Row>> {
+        injected_failure(&mut self.server.lock().settings)?;
         let tables = self.snapshot.as_ref().ok_or_else(|| Error::retryable("no snapshot transaction"))?;
         let Some(t) = tables.get(&instance.table) else {
             return Ok(Vec::new());

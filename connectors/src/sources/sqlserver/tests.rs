@@ -288,6 +288,8 @@ enum Step {
     Restart,
     /// ALTER TABLE a ADD note, and a second capture instance.
     Ddl,
+    /// The next read of the server fails; the source goes on after it.
+    Fault,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -296,6 +298,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => any::<bool>().prop_map(Step::Read),
         1 => Just(Step::Restart),
         1 => Just(Step::Ddl),
+        1 => Just(Step::Fault),
     ]
 }
 
@@ -349,8 +352,16 @@ proptest! {
                         }
                         db.commit(ops).unwrap();
                     }
+                    Step::Fault => db.settings(|s| s.failing_reads = 1),
                     Step::Read(ack) => {
-                        let b = s.next_batch().await.unwrap();
+                        let b = match s.next_batch().await {
+                            Ok(b) => b,
+                            Err(e) => {
+                                // The runner retries the same source.
+                                prop_assert_eq!(e.kind(), ErrorKind::Retryable);
+                                continue;
+                            }
+                        };
                         if ack {
                             acked.apply(&b);
                             checkpoint = Some(b.checkpoint);
@@ -374,6 +385,7 @@ proptest! {
                 }
             }
             // Catch up, acknowledging everything.
+            db.settings(|s| s.failing_reads = 0);
             loop {
                 let b = s.next_batch().await.unwrap();
                 acked.apply(&b);
