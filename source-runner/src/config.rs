@@ -199,6 +199,8 @@ mod tests {
         let c = parse(&format!("{BASE}{my}")).expect("mysql alone");
         assert_eq!(c.connector(), "mysql");
         assert_eq!(parse(&format!("{BASE}{pg}")).expect("postgres alone").connector(), "postgresql");
+        let ms = "[sqlserver]\nurl = \"sqlserver://u@h/db\"\n";
+        assert_eq!(parse(&format!("{BASE}{ms}")).expect("sqlserver alone").connector(), "sqlserver");
         let both = parse(&format!("{BASE}{pg}{my}")).expect_err("both");
         assert!(both.to_string().contains("mysql"), "{both}");
         let none = parse(BASE).expect_err("none");

@@ -262,6 +262,7 @@ fn runner_config_parses(block: &str) -> Result<(), String> {
         if [
             "[postgres]",
             "[mysql]",
+            "[sqlserver]",
             "[bigquery]",
             "[redshift]",
             "[snowflake]",

@@ -26,6 +26,10 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
         "money" => DataType::Decimal { precision: 19, scale: 4 },
         "smallmoney" => DataType::Decimal { precision: 10, scale: 4 },
         "char" | "varchar" | "text" | "nchar" | "nvarchar" | "ntext" | "xml" | "sysname" => DataType::Text,
+        // hierarchyid as its path text (`/1/3/`, `ToString()`); sql_variant
+        // as its value's text (`CAST(... AS nvarchar(4000))`): one column
+        // type for values of many base types.
+        "hierarchyid" | "sql_variant" => DataType::Text,
         "binary" | "varbinary" | "image" | "rowversion" | "timestamp" => DataType::Bytes,
         "uniqueidentifier" => DataType::Uuid,
         "date" => DataType::Date,
@@ -55,6 +59,10 @@ mod tests {
         assert_eq!(map("datetime2(7)", None, None), Some(DataType::Timestamp));
         assert_eq!(map("nvarchar(max)", None, None), Some(DataType::Text));
         assert_eq!(map("float", Some(24), None), Some(DataType::Float32));
-        assert!(map("sql_variant", None, None).is_none());
+        assert_eq!(map("sql_variant", None, None), Some(DataType::Text));
+        assert_eq!(map("hierarchyid", None, None), Some(DataType::Text));
+        assert_eq!(map("rowversion", None, None), Some(DataType::Bytes));
+        assert_eq!(map("decimal(38,0)", None, None), Some(DataType::Decimal { precision: 38, scale: 0 }));
+        assert!(map("cursor", None, None).is_none());
     }
 }
