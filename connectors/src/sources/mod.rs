@@ -8,6 +8,7 @@ crate::connectors! {
     "source" => pub struct Sources: dyn crate::SourceConfig {
         postgres: "source-postgres" => postgres::PostgresSourceConfig,
         mysql: "source-mysql" => mysql::MySqlSourceConfig,
+        oracle: "source-oracle" => oracle::OracleSourceConfig,
     }
 }
 

@@ -1,0 +1,132 @@
+//! `source-runner check` for an Oracle source: ARCHIVELOG mode,
+//! supplemental logging (database minimal, and all columns per captured
+//! table), the grants LogMiner and the flashback snapshot need, each
+//! problem with the exact SQL that fixes it (Oracle Database Utilities,
+//! "Supplemental Logging"; Database Administrator's Guide, "Changing the
+//! Database Archiving Mode").
+
+use super::client::LogMinerClient;
+use super::config::OracleSourceConfig;
+use super::redo_sql::{quote_ident, quote_table};
+pub use crate::problem::{Problem, Severity};
+
+/// System privileges (or roles) the source's user needs: `CREATE SESSION`
+/// to connect, `LOGMINING` (12c+) for `DBMS_LOGMNR`, `SELECT ANY
+/// TRANSACTION` for `V$LOGMNR_CONTENTS`, `SELECT_CATALOG_ROLE` for the V$
+/// views and the dictionary, `EXECUTE_CATALOG_ROLE` for `DBMS_LOGMNR`,
+/// `FLASHBACK ANY TABLE` for the snapshot's `AS OF SCN` reads.
+pub const REQUIRED_PRIVILEGES: [&str; 6] = [
+    "CREATE SESSION",
+    "LOGMINING",
+    "SELECT ANY TRANSACTION",
+    "SELECT_CATALOG_ROLE",
+    "EXECUTE_CATALOG_ROLE",
+    "FLASHBACK ANY TABLE",
+];
+
+/// Every problem found (empty: ready).
+pub async fn check(config: &OracleSourceConfig, client: &dyn LogMinerClient) -> Vec<Problem> {
+    match check_inner(config, client).await {
+        Ok(p) => p,
+        Err(e) => vec![Problem::error(format!("cannot check the source: {e}"), e.hint().map(str::to_string))],
+    }
+}
+
+async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -> crate::Result<Vec<Problem>> {
+    let info = client.database_info().await?;
+    let mut problems = Vec::new();
+    if info.log_mode != "ARCHIVELOG" {
+        problems.push(Problem::error(
+            format!("the database is in {} mode: redo is overwritten before it can be mined", info.log_mode),
+            Some(
+                "as SYSDBA: SHUTDOWN IMMEDIATE; STARTUP MOUNT; ALTER DATABASE ARCHIVELOG; ALTER DATABASE OPEN; \
+                 (in the CDB root for a multitenant database)"
+                    .into(),
+            ),
+        ));
+    }
+    if info.supplemental_min == "NO" {
+        problems.push(Problem::error(
+            "minimal supplemental logging is off: LogMiner cannot reassemble row changes",
+            Some("ALTER DATABASE ADD SUPPLEMENTAL LOG DATA; (in the CDB root for a multitenant database)".into()),
+        ));
+    }
+    let privileges = client.privileges().await?;
+    let user = quote_ident(&info.user);
+    let missing: Vec<&str> = REQUIRED_PRIVILEGES
+        .iter()
+        .copied()
+        .filter(|p| !privileges.iter().any(|g| g.eq_ignore_ascii_case(p)))
+        .collect();
+    if !missing.is_empty() {
+        let container = if info.cdb { " CONTAINER=ALL" } else { "" };
+        problems.push(Problem::error(
+            format!("user {} lacks {}", info.user, missing.join(", ")),
+            Some(format!("GRANT {} TO {user}{container};", missing.join(", "))),
+        ));
+    }
+    let filter = config.filter();
+    for table in client.list_tables(&config.owners()).await? {
+        if !filter.captures(&table) {
+            continue;
+        }
+        if !client.can_read(&table).await? {
+            problems.push(
+                Problem::error(
+                    "the user cannot read the table (SELECT and FLASHBACK, for the snapshot)",
+                    Some(format!("GRANT SELECT, FLASHBACK ON {} TO {user};", quote_table(&table))),
+                )
+                .on(&table),
+            );
+        }
+        if !info.supplemental_all && client.table_supplemental_logging(&table).await? != Some(true) {
+            problems.push(
+                Problem::error(
+                    "no supplemental logging of all columns: updates and deletes would lack their before-images and \
+                     the columns they did not change",
+                    Some(format!("ALTER TABLE {} ADD SUPPLEMENTAL LOG DATA (ALL) COLUMNS;", quote_table(&table))),
+                )
+                .on(&table),
+            );
+        }
+    }
+    Ok(problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::oracle::fake::FakeOracle;
+    use tributary_schemas::TableId;
+
+    fn config() -> OracleSourceConfig {
+        OracleSourceConfig::with_url("oracle://c##tributary@h/FREEPDB1", &["APP.*"])
+    }
+
+    #[tokio::test]
+    async fn a_ready_database_has_no_problems_and_each_problem_has_its_fix() {
+        let db = FakeOracle::new();
+        let t = TableId::new("APP", "ORDERS");
+        db.create_table(&t, &[("ID", "NUMBER")], &["ID"]);
+        assert_eq!(check(&config(), &db).await, vec![]);
+
+        db.set_info(|i| {
+            i.log_mode = "NOARCHIVELOG".into();
+            i.supplemental_min = "NO".into();
+            i.supplemental_all = false;
+        });
+        db.set_privileges(&["CREATE SESSION", "SELECT_CATALOG_ROLE", "EXECUTE_CATALOG_ROLE"]);
+        db.set_table_logging(&t, Some(false));
+        db.revoke_select(&t);
+        let p = check(&config(), &db).await;
+        let fixes: Vec<&str> = p.iter().filter_map(|p| p.fix.as_deref()).collect();
+        assert_eq!(p.len(), 5, "{p:#?}");
+        assert!(fixes[0].contains("ALTER DATABASE ARCHIVELOG"));
+        assert_eq!(fixes[1], "ALTER DATABASE ADD SUPPLEMENTAL LOG DATA; (in the CDB root for a multitenant database)");
+        assert_eq!(fixes[2], "GRANT LOGMINING, SELECT ANY TRANSACTION, FLASHBACK ANY TABLE TO \"C##TRIBUTARY\" CONTAINER=ALL;");
+        assert_eq!(fixes[3], "GRANT SELECT, FLASHBACK ON \"APP\".\"ORDERS\" TO \"C##TRIBUTARY\";");
+        assert_eq!(fixes[4], "ALTER TABLE \"APP\".\"ORDERS\" ADD SUPPLEMENTAL LOG DATA (ALL) COLUMNS;");
+        assert!(p.iter().all(|p| p.severity == Severity::Error));
+        assert_eq!(p[4].table.as_ref(), Some(&t));
+    }
+}
