@@ -182,6 +182,14 @@ fn first_line(s: &str) -> &str {
 }
 
 fn classify(e: oracle::Error, what: &str) -> Error {
+    // ODPI-C could not load Oracle Instant Client (DPI-1047, reported as
+    // ORA-00000): nothing connects until an operator installs it.
+    if e.to_string().contains("DPI-1047") {
+        return Error::needs_operator(format!("{what}: {e}")).with_class("DPI-1047").with_hint(
+            "install Oracle Instant Client (Basic or Basic Light) and put its directory in LD_LIBRARY_PATH, see \
+             docs/sources/oracle.md",
+        );
+    }
     match e.db_error() {
         Some(db) => classify_code(db.code(), what, db.message()),
         None => Error::retryable(format!("{what}: {e}")).with_class("oracle.client"),
@@ -617,6 +625,23 @@ mod tests {
         assert_eq!(e.class(), "ORA-01555");
         assert!(e.to_string().contains("ORA-01555: snapshot too old"), "{e}");
         assert!(!e.to_string().contains("more"));
+    }
+
+    /// The real driver runs here without a server: without Instant Client
+    /// (the development machines) connecting needs an operator; with it, a
+    /// closed port is a retryable network error.
+    #[tokio::test]
+    async fn connecting_without_instant_client_or_server_is_classified() {
+        let e = OracleClient::connect("u", &SecretString::from("p".to_string()), "127.0.0.1:9/NOSUCH")
+            .await
+            .expect_err("nothing listens on port 9");
+        match e.kind() {
+            crate::error::ErrorKind::NeedsOperator => {
+                assert_eq!(e.class(), "DPI-1047", "{e}");
+                assert!(e.hint().is_some_and(|h| h.contains("Instant Client")), "{e}");
+            }
+            kind => assert_eq!(kind, crate::error::ErrorKind::Retryable, "{e}"),
+        }
     }
 
     #[test]

@@ -140,6 +140,17 @@ fn build_schema(filter: &TableFilter, table: &TableId, def: &TableDef) -> Result
     Ok((Arc::new(TableSchema { id: table.clone(), columns, key, dropped: Vec::new() }), kept, keyed))
 }
 
+/// A LOB being written by the rows after its `SEL_LOB_LOCATOR`.
+struct OpenLob {
+    /// The row's ROWID.
+    row_id: String,
+    table: TableId,
+    column: String,
+    value: LobValue,
+    /// The row's columns in the locator's where clause.
+    key: Vec<(String, Literal)>,
+}
+
 /// The Oracle source.
 pub struct OracleSource {
     config: OracleSourceConfig,
@@ -359,7 +370,7 @@ impl OracleSource {
     ) -> Result<()> {
         let mut events: Vec<(String, ChangeEvent)> = Vec::new();
         // The LOB being written: (row id, table, column, value, key).
-        let mut lob: Option<(String, TableId, String, LobValue, Vec<(String, Literal)>)> = None;
+        let mut lob: Option<OpenLob> = None;
         for e in &txn.events {
             if !matches!(e.op, 10 | 11 | 28) {
                 if let Some(done) = lob.take() {
@@ -410,11 +421,11 @@ impl OracleSource {
                                 if bytes { LobValue::Bytes(Vec::new()) } else { LobValue::Text(Vec::new()) }
                             }
                         };
-                        lob = Some((e.row_id.clone(), table, column, value, key));
+                        lob = Some(OpenLob { row_id: e.row_id.clone(), table, column, value, key });
                     }
                 }
                 _ => {
-                    if let Some((_, _, _, value, _)) = lob.as_mut() {
+                    if let Some(OpenLob { value, .. }) = lob.as_mut() {
                         value.apply(&lob::parse(e.op, &e.sql)?)?;
                     }
                 }
@@ -439,7 +450,7 @@ impl OracleSource {
         state: &OracleState,
         txn: &Committed,
         rank: u64,
-        (row_id, table, column, value, key): (String, TableId, String, LobValue, Vec<(String, Literal)>),
+        OpenLob { row_id, table, column, value, key }: OpenLob,
         events: &mut Vec<(String, ChangeEvent)>,
     ) -> Result<()> {
         let v = match value {
@@ -772,8 +783,7 @@ mod tests {
         // the first run emitted after it, in the same order: none lost,
         // none twice (snapshot rows and changes alike).
         for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
-            let mut replay = Mirror::default();
-            replay.schemas = mirror.schemas.clone();
+            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
             let mut resumed = source(&db, 2);
             resumed.start(Some(cp.clone())).await.expect("resume");
             drain(&mut resumed, &db, &mut replay).await;

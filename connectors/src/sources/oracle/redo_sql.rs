@@ -447,7 +447,7 @@ pub fn parse(sql: &str) -> Result<Redo> {
 
 /// Bytes of hexadecimal text.
 pub fn from_hex(hex: &str) -> Result<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(malformed("HEXTORAW of an odd number of digits"));
     }
     (0..hex.len())
@@ -470,7 +470,7 @@ pub fn unistr(text: &str) -> Result<String> {
         }
         let rest = chars.as_str();
         if let Some(after) = rest.strip_prefix('\\') {
-            units.push(u16::from('\\' as u8));
+            units.push(u16::from(b'\\'));
             chars = after.chars();
             continue;
         }
