@@ -262,7 +262,7 @@ pub fn contents_sql(owners: &[String]) -> String {
         "SELECT SCN, OPERATION_CODE, RAWTOHEX(XID), THREAD#, RS_ID, SSN, CSF, ROLLBACK, SEG_OWNER, TABLE_NAME, \
          ROW_ID, SQL_REDO, (CAST(TIMESTAMP AS DATE) - DATE '1970-01-01') * 86400000 \
          FROM V$LOGMNR_CONTENTS WHERE SCN > :1 AND SCN <= :2 AND (OPERATION_CODE IN (6, 7, 36) \
-         OR (SEG_OWNER IN ({}) AND OPERATION_CODE IN (1, 2, 3, 5, 9, 10, 11, 28, 255)))",
+         OR (SEG_OWNER IN ({}) AND OPERATION_CODE IN (1, 2, 3, 5, 9, 10, 11, 28, 68, 70, 71, 255)))",
         owners.join(", ")
     )
 }
@@ -449,6 +449,8 @@ impl LogMinerClient for OracleClient {
     ) -> Result<Vec<SnapshotRow>> {
         let columns = super::columns_of(table, def)?;
         let (sql, _) = snapshot_sql(table, &columns, &def.primary_key, after, limit);
+        // RAW and BLOB columns come as bytes, written as hex like the redo's HEXTORAW.
+        let bytes: Vec<bool> = columns.iter().map(|c| c.data_type == tributary_schemas::DataType::Bytes).collect();
         let after = after.cloned();
         self.with(move |c| {
             let scn = scn.to_string();
@@ -458,14 +460,25 @@ impl LogMinerClient for OracleClient {
                 Some(ChunkAfter::Key(k)) => binds.extend(k.iter().cloned()),
                 None => {}
             }
-            let refs: Vec<&dyn oracle::sql_type::ToSql> = binds.iter().map(|b| b as &dyn oracle::sql_type::ToSql).collect();
-            Ok(strings(c, &sql, &refs, "reading a snapshot chunk")?
-                .into_iter()
-                .map(|mut r| {
-                    let rowid = if r.is_empty() { None } else { r.remove(0) };
-                    (rowid.unwrap_or_default(), r)
-                })
-                .collect())
+            let refs: Vec<&dyn oracle::sql_type::ToSql> =
+                binds.iter().map(|b| b as &dyn oracle::sql_type::ToSql).collect();
+            let what = "reading a snapshot chunk";
+            let mut out = Vec::new();
+            for row in c.query(&sql, &refs).map_err(|e| classify(e, what))? {
+                let row = row.map_err(|e| classify(e, what))?;
+                let rowid: Option<String> = row.get(0).map_err(|e| classify(e, what))?;
+                let mut vals = Vec::with_capacity(bytes.len());
+                for (i, is_bytes) in bytes.iter().enumerate() {
+                    vals.push(if *is_bytes {
+                        let b: Option<Vec<u8>> = row.get(i + 1).map_err(|e| classify(e, what))?;
+                        b.map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
+                    } else {
+                        row.get::<usize, Option<String>>(i + 1).map_err(|e| classify(e, what))?
+                    });
+                }
+                out.push((rowid.unwrap_or_default(), vals));
+            }
+            Ok(out)
         })
         .await
     }

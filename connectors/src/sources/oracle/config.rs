@@ -282,6 +282,15 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../../../examples/source-oracle.toml");
+        let file: toml::Value = toml::from_str(text).expect("toml");
+        let section = toml::to_string(&file["oracle"]).expect("section");
+        let c = parse(&section).expect("the example's [oracle] section is valid");
+        assert_eq!(c.owners(), vec!["APP".to_string()]);
+    }
+
+    #[test]
     fn urls_owners_and_rules() {
         let c = parse("url = \"oracle://c##dbz:pw@db.example:1522/ORCLPDB1\"\ninclude = [\"APP.*\", \"HR.EMP\"]").expect("valid");
         let p = c.connection().expect("connection");

@@ -92,19 +92,24 @@ pub fn feed(buffer: &mut TxBuffer, rows: Vec<LogMinerRow>) -> Result<Vec<Committ
                 };
                 buffer.append(&row.xid, row.thread, event, row.rollback)?;
             }
-            255 => {
-                // UNSUPPORTED: LogMiner cannot render the change (a type it
-                // does not mine). Skipping it silently would lose a change.
+            255 | 68 | 70 | 71 => {
+                // UNSUPPORTED (255): LogMiner cannot render the change (a
+                // type it does not mine); XML_DOC_BEGIN / XML_DOC_WRITE /
+                // XML_DOC_END (68, 70, 71): an XMLTYPE value this source does
+                // not reassemble yet. Skipping either would lose a change.
                 return Err(crate::error::Error::needs_operator(format!(
-                    "LogMiner could not render a change of {}.{} at SCN {} (OPERATION_CODE 255, UNSUPPORTED)",
+                    "the source cannot decode a change of {}.{} at SCN {} (OPERATION_CODE {}: {})",
                     row.seg_owner.unwrap_or_default(),
                     row.table_name.unwrap_or_default(),
-                    row.scn
+                    row.scn,
+                    row.operation_code,
+                    if row.operation_code == 255 { "UNSUPPORTED" } else { "an XMLTYPE document" }
                 ))
                 .with_class("tributary.oracle_unsupported")
                 .with_hint(
                     "the table has a column type LogMiner does not support (Oracle Database Utilities, \
-                     \"Unsupported Data Types and Table Storage Attributes\"): exclude the table or the column",
+                     \"Unsupported Data Types and Table Storage Attributes\") or an XMLTYPE column: exclude the \
+                     table (oracle.exclude) and start again",
                 ));
             }
             _ => {}
@@ -188,5 +193,7 @@ mod tests {
         let mut buf = TxBuffer::new(1 << 20, None);
         let e = feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")]).expect_err("unsupported");
         assert_eq!(e.kind(), crate::error::ErrorKind::NeedsOperator);
+        let e = feed(&mut buf, vec![row(2, 68, "x", 1, "XML DOC BEGIN")]).expect_err("xmltype");
+        assert!(e.to_string().contains("XMLTYPE"), "{e}");
     }
 }

@@ -52,8 +52,9 @@ pub fn snapshot_expr(col: &Column) -> String {
         DataType::Timestamp => format!("TO_CHAR({q}, '{TIMESTAMP_MASK}')"),
         // Local time zone: the session's zone is UTC.
         DataType::TimestampTz => format!("TO_CHAR(SYS_EXTRACT_UTC(CAST({q} AS TIMESTAMP WITH TIME ZONE)), '{TIMESTAMP_MASK}')"),
-        DataType::Bytes if st == "BLOB" => format!("RAWTOHEX(DBMS_LOB.SUBSTR({q}))"),
-        DataType::Bytes => format!("RAWTOHEX({q})"),
+        // Fetched as bytes and written as hex by the client: RAWTOHEX in
+        // SQL stops at 4000 characters (2000 bytes) and a BLOB is longer.
+        DataType::Bytes => q,
         DataType::Text if st == "XMLTYPE" => format!("XMLSERIALIZE(DOCUMENT {q} AS CLOB)"),
         DataType::Interval | DataType::Float32 | DataType::Float64 => format!("TO_CHAR({q})"),
         _ => q,
