@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 use tributary_schemas::TableId;
 
-use super::logs::LogFile;
+use super::logs::{LogFile, RedoThread};
 use super::redo_sql::{quote_ident, quote_literal, quote_table};
 use super::types::{snapshot_expr, DATE_MASK, TIMESTAMP_MASK, TIMESTAMP_TZ_MASK};
 use crate::error::{Error, Result};
@@ -136,6 +136,8 @@ pub trait LogMinerClient: Send + Sync {
     ) -> Result<Vec<SnapshotRow>>;
     /// Archived and online redo logs (`V$ARCHIVED_LOG`, `V$LOG` + `V$LOGFILE`).
     async fn logs(&self) -> Result<Vec<LogFile>>;
+    /// Redo threads (`V$THREAD`).
+    async fn threads(&self) -> Result<Vec<RedoThread>>;
     /// One LogMiner session over `files`, rows with SCN in `(start, end]`
     /// of `owners`' tables plus every transaction-control row, in SCN order.
     async fn mine(&self, files: &[LogFile], start: u64, end: u64, owners: &[String]) -> Result<Vec<LogMinerRow>>;
@@ -524,6 +526,25 @@ impl LogMinerClient for OracleClient {
                 });
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn threads(&self) -> Result<Vec<RedoThread>> {
+        self.with(|c| {
+            Ok(strings(
+                c,
+                "SELECT THREAD#, STATUS, TO_CHAR(LAST_REDO_CHANGE#) FROM V$THREAD WHERE ENABLED != 'DISABLED'",
+                &[],
+                "reading V$THREAD",
+            )?
+            .into_iter()
+            .map(|r| RedoThread {
+                thread: num(&r[0]) as u16,
+                open: r[1].as_deref() == Some("OPEN"),
+                last_redo_scn: num(&r[2]),
+            })
+            .collect())
         })
         .await
     }

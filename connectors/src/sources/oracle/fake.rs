@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use tributary_schemas::TableId;
 
 use super::client::{ChunkAfter, ColumnDef, DatabaseInfo, LogMinerClient, LogMinerRow, SnapshotRow, TableDef};
-use super::logs::LogFile;
+use super::logs::{LogFile, RedoThread};
 use super::redo_sql::{quote_ident, quote_literal, quote_table};
 use crate::error::{Error, Result};
 
@@ -526,6 +526,13 @@ impl LogMinerClient for FakeOracle {
                 current: s == current,
             })
             .collect())
+    }
+
+    /// One open thread whose redo is flushed as it is written: every row
+    /// at or below the current SCN is there, so `LAST_REDO_CHANGE#` is one
+    /// past it.
+    async fn threads(&self) -> Result<Vec<RedoThread>> {
+        Ok(vec![RedoThread { thread: 1, open: true, last_redo_scn: self.lock().scn + 1 }])
     }
 
     async fn mine(&self, files: &[LogFile], start: u64, end: u64, owners: &[String]) -> Result<Vec<LogMinerRow>> {

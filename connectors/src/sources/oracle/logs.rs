@@ -7,17 +7,19 @@
 //! thread whose `NEXT_CHANGE#` is the largest SCN, `ARCHIVED = NO` until
 //! archived), Oracle Database Reference, "V$ARCHIVED_LOG" and "V$LOG".
 //!
-//! What goes wrong in practice (Debezium's issue tracker): at a log switch
-//! the archived copy of a sequence may not be listed yet while the online
-//! group is reused (DBZ-6942), a missing sequence mined around silently
-//! loses its changes; on RAC one thread's redo may lag the others', and a
-//! window mined past the slowest thread's last SCN misses that thread's
-//! changes below it (DBZ-6013); a window that jumps ahead to the current
-//! SCN when the source is behind skips redo (DBZ-9229). So here: every
-//! thread's sequences must be contiguous from the one holding the start
-//! SCN, a gap stops the source with [`ErrorKind::NeedsOperator`]
-//! (never skipped), the window ends at or below every open thread's
-//! highest SCN, and a window starts exactly where the last one ended.
+//! What goes wrong in practice (Debezium's LogMiner adapter and its
+//! tracker): at a log switch the archived copy of a sequence may not be
+//! listed in `V$ARCHIVED_LOG` yet while mining moves on, and LogMiner's own
+//! sequence check is skipped with the online catalog (DBZ-6942, pull
+//! request 4996); on RAC each thread numbers its sequences on its own
+//! (DBZ-7158), and each instance flushes its redo on its own, so a window
+//! must end below the lowest `V$THREAD.LAST_REDO_CHANGE#` of the open
+//! threads (DBZ-8055, DBZ-8503); a window must never jump ahead when the
+//! source is behind. So here: every thread's sequences must be contiguous
+//! from the one holding the start SCN, a gap stops the source with
+//! [`ErrorKind::NeedsOperator`] (never skipped), the window ends at the
+//! open threads' ceiling ([`thread_ceiling`]), and a window starts exactly
+//! where the last one ended ([`window`]).
 //!
 //! [`ErrorKind::NeedsOperator`]: crate::error::ErrorKind::NeedsOperator
 
@@ -45,13 +47,37 @@ pub struct LogFile {
     pub current: bool,
 }
 
+/// A redo thread (`V$THREAD`: one per RAC instance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedoThread {
+    /// `THREAD#`.
+    pub thread: u16,
+    /// `STATUS = 'OPEN'`.
+    pub open: bool,
+    /// `LAST_REDO_CHANGE#`: the last SCN the instance flushed to redo.
+    pub last_redo_scn: u64,
+}
+
+/// The highest SCN a window may end at: one below the lowest
+/// `LAST_REDO_CHANGE#` of the open threads (redo at that SCN may still be
+/// being flushed by the slowest instance), and the current SCN at most.
+/// Closed threads do not hold the window back.
+pub fn thread_ceiling(threads: &[RedoThread], current_scn: u64) -> u64 {
+    threads
+        .iter()
+        .filter(|t| t.open)
+        .map(|t| t.last_redo_scn.saturating_sub(1))
+        .min()
+        .map_or(current_scn, |c| c.min(current_scn))
+}
+
 /// The files of one mining session and the SCN it may mine up to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MiningPlan {
     /// Files to add, by thread and sequence.
     pub files: Vec<LogFile>,
-    /// The highest SCN every open thread's listed redo reaches: a window
-    /// must end at or below it.
+    /// The highest SCN the files of every thread reach: a window must end
+    /// at or below it.
     pub ceiling: u64,
 }
 
@@ -97,11 +123,10 @@ pub fn plan(logs: &[LogFile], from_scn: u64, current_scn: u64) -> Result<MiningP
             }
         }
         let last = needed[needed.len() - 1];
-        // An open thread (it has a current log) limits the window to what
-        // it has written; a closed thread's last log is complete.
-        if last.current {
-            ceiling = ceiling.min(current_scn);
-        } else if last.next_scn != u64::MAX && needed.iter().any(|l| l.online) {
+        // A thread whose newest listed log is not its current one (a log
+        // switch being recorded, DBZ-6942) has nothing listed beyond that
+        // log's end yet: the window stops there and takes the rest later.
+        if !last.current && last.online {
             ceiling = ceiling.min(last.next_scn.saturating_sub(1));
         }
         files.extend(needed.into_iter().cloned());
@@ -191,9 +216,8 @@ mod tests {
 
     #[test]
     fn rac_threads_bound_the_window_by_the_slowest_thread() {
-        // DBZ-6013: thread 2's last online log ends at 279 while thread 1
-        // is current: mining past 279 would miss thread 2's later redo
-        // once it is written below the window.
+        // Thread 2's newest listed log ended at 280 and its next one is
+        // not listed yet: mining past 279 would miss its redo there.
         let logs = vec![
             online(1, 5, 100, None),
             archived(2, 7, 100, 200),
@@ -202,6 +226,16 @@ mod tests {
         let p = plan(&logs, 150, 500).expect("plans");
         assert_eq!(p.ceiling, 279);
         assert_eq!(window(150, 500, p.ceiling, 10_000), Some((150, 279)));
+        // DBZ-8055 / DBZ-8503: instance 2 flushed its redo up to 390, so
+        // the window ends at 389; a closed thread does not count.
+        let threads = [
+            RedoThread { thread: 1, open: true, last_redo_scn: 480 },
+            RedoThread { thread: 2, open: true, last_redo_scn: 390 },
+            RedoThread { thread: 3, open: false, last_redo_scn: 100 },
+        ];
+        assert_eq!(thread_ceiling(&threads, 500), 389);
+        assert_eq!(thread_ceiling(&threads[2..], 500), 500);
+        assert_eq!(thread_ceiling(&threads[..1], 300), 300);
         // A closed thread whose redo is all below the start adds nothing.
         let logs = vec![online(1, 5, 100, None), archived(2, 3, 10, 90)];
         let p = plan(&logs, 150, 500).expect("plans");

@@ -301,7 +301,9 @@ impl OracleSource {
         let current = client.current_scn().await?;
         let logs = client.logs().await?;
         let plan = logs::plan(&logs, self.mined_to + 1, current)?;
-        let Some((lo, hi)) = logs::window(self.mined_to, current, plan.ceiling, self.config.max_window_scns) else {
+        let threads = client.threads().await?;
+        let ceiling = plan.ceiling.min(logs::thread_ceiling(&threads, current));
+        let Some((lo, hi)) = logs::window(self.mined_to, current, ceiling, self.config.max_window_scns) else {
             // Caught up: wait one poll interval (LogMiner has no push) and
             // return a heartbeat.
             tokio::time::sleep(Duration::from_millis(self.config.poll_interval_ms)).await;
