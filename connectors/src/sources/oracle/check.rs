@@ -59,7 +59,9 @@ async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -
         .filter(|p| !privileges.iter().any(|g| g.eq_ignore_ascii_case(p)))
         .collect();
     if !missing.is_empty() {
-        let container = if info.cdb { " CONTAINER=ALL" } else { "" };
+        // A common user of the root takes its grants in every container;
+        // a PDB's local user (per-PDB LogMiner) in its own.
+        let container = if info.cdb && info.con_name == "CDB$ROOT" { " CONTAINER=ALL" } else { "" };
         problems.push(Problem::error(
             format!("user {} lacks {}", info.user, missing.join(", ")),
             Some(format!("GRANT {} TO {user}{container};", missing.join(", "))),
@@ -123,10 +125,13 @@ mod tests {
         assert_eq!(p.len(), 5, "{p:#?}");
         assert!(fixes[0].contains("ALTER DATABASE ARCHIVELOG"));
         assert_eq!(fixes[1], "ALTER DATABASE ADD SUPPLEMENTAL LOG DATA; (in the CDB root for a multitenant database)");
-        assert_eq!(fixes[2], "GRANT LOGMINING, SELECT ANY TRANSACTION, FLASHBACK ANY TABLE TO \"C##TRIBUTARY\" CONTAINER=ALL;");
+        assert_eq!(fixes[2], "GRANT LOGMINING, SELECT ANY TRANSACTION, FLASHBACK ANY TABLE TO \"C##TRIBUTARY\";");
         assert_eq!(fixes[3], "GRANT SELECT, FLASHBACK ON \"APP\".\"ORDERS\" TO \"C##TRIBUTARY\";");
         assert_eq!(fixes[4], "ALTER TABLE \"APP\".\"ORDERS\" ADD SUPPLEMENTAL LOG DATA (ALL) COLUMNS;");
         assert!(p.iter().all(|p| p.severity == Severity::Error));
+        db.set_info(|i| i.con_name = "CDB$ROOT".into());
+        let p = check(&config(), &db).await;
+        assert!(p.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.ends_with("\"C##TRIBUTARY\" CONTAINER=ALL;"))));
         assert_eq!(p[4].table.as_ref(), Some(&t));
     }
 }
