@@ -19,6 +19,9 @@ pub const DEFAULT_MAX_WINDOW_SCNS: u64 = 100_000;
 /// Statement bytes the transaction buffer keeps in memory before spilling
 /// the largest open transaction to disk.
 pub const DEFAULT_BUFFER_MEMORY_BYTES: u64 = 256 * 1024 * 1024;
+/// Events per streamed batch (one Kafka transaction); batches end at
+/// transaction boundaries, so one large transaction can exceed it.
+pub const DEFAULT_MAX_BATCH_EVENTS: usize = 10_000;
 /// How long an idle source waits between mining windows (and returns a
 /// heartbeat): LogMiner has no push; each poll starts a session.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1000;
@@ -72,6 +75,9 @@ pub struct OracleSourceConfig {
     /// Milliseconds between mining windows when the source is caught up.
     #[serde(default = "default_poll")]
     pub poll_interval_ms: u64,
+    /// Most events per streamed batch (whole transactions).
+    #[serde(default = "default_max_events")]
+    pub max_batch_events: usize,
 }
 
 impl std::fmt::Debug for OracleSourceConfig {
@@ -98,6 +104,9 @@ fn default_buffer() -> u64 {
 }
 fn default_poll() -> u64 {
     DEFAULT_POLL_INTERVAL_MS
+}
+fn default_max_events() -> usize {
+    DEFAULT_MAX_BATCH_EVENTS
 }
 
 /// What the source connects with.
@@ -135,6 +144,7 @@ impl OracleSourceConfig {
             buffer_memory_bytes: DEFAULT_BUFFER_MEMORY_BYTES,
             spill_dir: None,
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
+            max_batch_events: DEFAULT_MAX_BATCH_EVENTS,
         }
     }
 
@@ -169,6 +179,9 @@ impl OracleSourceConfig {
         }
         if self.buffer_memory_bytes < 1024 * 1024 {
             return Err(ConfigError::invalid(field("buffer_memory_bytes"), "must be at least 1048576 (1 MiB)"));
+        }
+        if self.max_batch_events < 1 {
+            return Err(ConfigError::invalid(field("max_batch_events"), "must be at least 1"));
         }
         if self.poll_interval_ms < 100 {
             return Err(ConfigError::invalid(field("poll_interval_ms"), "must be at least 100"));

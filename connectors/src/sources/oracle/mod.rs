@@ -167,6 +167,9 @@ pub struct OracleSource {
     mined_to: u64,
     announced: BTreeMap<TableId, Arc<TableSchema>>,
     progress: BTreeMap<TableId, SnapshotTableProgress>,
+    /// Committed transactions of the last window not emitted yet, with
+    /// their rank among the commits of their SCN.
+    pending: std::collections::VecDeque<(u64, Committed)>,
     /// A window failed half-way: the buffer and window start are rebuilt
     /// from the last checkpoint returned.
     dirty: bool,
@@ -196,6 +199,7 @@ impl OracleSource {
             mined_to: 0,
             announced: BTreeMap::new(),
             progress: BTreeMap::new(),
+            pending: std::collections::VecDeque::new(),
             dirty: false,
             config,
         })
@@ -289,46 +293,62 @@ impl OracleSource {
         Ok(SourceBatch { messages, checkpoint: Checkpoint::encode(state) })
     }
 
-    /// Mines the next window and turns its commits into messages.
+    /// Emits the next committed transactions, mining the next window when
+    /// none is pending.
     async fn stream_batch(&mut self) -> Result<SourceBatch> {
         let client = self.client()?;
         if self.dirty {
+            // A batch failed half-way: start again from the last checkpoint
+            // returned (its restart SCN covers every transaction not emitted).
             let restart = self.state()?.restart_scn;
             self.buffer = TxBuffer::new(self.config.buffer_memory_bytes as usize, self.config.spill_dir.clone());
+            self.pending.clear();
             self.mined_to = restart.saturating_sub(1);
-            self.dirty = false;
         }
-        let current = client.current_scn().await?;
-        let logs = client.logs().await?;
-        let plan = logs::plan(&logs, self.mined_to + 1, current)?;
-        let threads = client.threads().await?;
-        let ceiling = plan.ceiling.min(logs::thread_ceiling(&threads, current));
-        let Some((lo, hi)) = logs::window(self.mined_to, current, ceiling, self.config.max_window_scns) else {
-            // Caught up: wait one poll interval (LogMiner has no push) and
-            // return a heartbeat.
-            tokio::time::sleep(Duration::from_millis(self.config.poll_interval_ms)).await;
-            let state = self.state()?;
-            return Ok(SourceBatch { messages: Vec::new(), checkpoint: Checkpoint::encode(state) });
-        };
         self.dirty = true;
-        let rows = client.mine(&plan.files, lo, hi, &self.owners).await?;
-        let committed = stream::feed(&mut self.buffer, rows)?;
+        if self.pending.is_empty() {
+            let current = client.current_scn().await?;
+            let logs = client.logs().await?;
+            let plan = logs::plan(&logs, self.mined_to + 1, current)?;
+            let threads = client.threads().await?;
+            let ceiling = plan.ceiling.min(logs::thread_ceiling(&threads, current));
+            let Some((lo, hi)) = logs::window(self.mined_to, current, ceiling, self.config.max_window_scns) else {
+                // Caught up: wait one poll interval (LogMiner has no push)
+                // and return a heartbeat.
+                self.dirty = false;
+                tokio::time::sleep(Duration::from_millis(self.config.poll_interval_ms)).await;
+                let state = self.state()?;
+                return Ok(SourceBatch { messages: Vec::new(), checkpoint: Checkpoint::encode(state) });
+            };
+            let rows = client.mine(&plan.files, lo, hi, &self.owners).await?;
+            let committed = stream::feed(&mut self.buffer, rows)?;
+            // Ranks among the commits of one SCN, over all of them (also
+            // those emitted before a restart): mined again, they get the
+            // same positions.
+            let mut rank = 0u64;
+            let mut last_scn = None;
+            let done = self.state()?.committed.clone();
+            for txn in committed {
+                rank = if last_scn == Some(txn.commit_scn) { rank + 1 } else { 0 };
+                last_scn = Some(txn.commit_scn);
+                if CommitPos::of(&txn) > done {
+                    self.pending.push_back((rank, txn));
+                }
+            }
+            self.mined_to = hi;
+        }
         let mut messages = Vec::new();
         let mut state = self.state()?.clone();
-        let mut rank = 0u64;
-        let mut last_scn = None;
-        for txn in committed {
+        // Whole transactions, until the batch holds max_batch_events.
+        while messages.len() < self.config.max_batch_events {
+            let Some((rank, txn)) = self.pending.pop_front() else { break };
             let pos = CommitPos::of(&txn);
-            if pos <= state.committed {
-                continue;
-            }
-            rank = if last_scn == Some(txn.commit_scn) { rank + 1 } else { 0 };
-            last_scn = Some(txn.commit_scn);
             self.emit(&client, &mut state, txn, rank, &mut messages).await?;
             state.committed = pos;
         }
-        self.mined_to = hi;
-        state.restart_scn = stream::restart_scn(&self.buffer, hi);
+        let pending_start = self.pending.iter().map(|(_, t)| t.start_scn).min();
+        let restart = stream::restart_scn(&self.buffer, self.mined_to);
+        state.restart_scn = pending_start.map_or(restart, |p| p.min(restart));
         self.dirty = false;
         let checkpoint = Checkpoint::encode(&state);
         self.state = Some(state);
@@ -584,6 +604,7 @@ impl Source for OracleSource {
         // Schemas are announced before the first event that uses them.
         self.mined_to = state.restart_scn.saturating_sub(1);
         self.buffer = TxBuffer::new(self.config.buffer_memory_bytes as usize, self.config.spill_dir.clone());
+        self.pending.clear();
         self.dirty = false;
         self.state = Some(state);
         Ok(())
@@ -591,10 +612,14 @@ impl Source for OracleSource {
 
     async fn next_batch(&mut self) -> Result<SourceBatch> {
         let snapshot = self.state()?.snapshot.is_some();
-        if snapshot {
-            return self.snapshot_batch().await;
+        // Schemas announced by a batch that then fails never reached the
+        // runner: the next batch announces them again.
+        let announced = self.announced.clone();
+        let result = if snapshot { self.snapshot_batch().await } else { self.stream_batch().await };
+        if result.is_err() {
+            self.announced = announced;
         }
-        self.stream_batch().await
+        result
     }
 
     async fn acknowledge(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
@@ -630,6 +655,7 @@ mod tests {
         c.snapshot_chunk_rows = chunk;
         c.poll_interval_ms = 100;
         c.max_window_scns = 1000;
+        c.max_batch_events = 3;
         OracleSource::new(c, "test", Some(Arc::new(db.clone()))).expect("valid")
     }
 
@@ -686,7 +712,7 @@ mod tests {
             mirror.apply(&b);
             checkpoints.push((b.checkpoint.clone(), mirror.seen.len()));
             let streaming = src.state.as_ref().is_some_and(|s| s.snapshot.is_none());
-            if streaming && b.messages.is_empty() && src.mined_to >= db.scn() {
+            if streaming && b.messages.is_empty() && src.pending.is_empty() && src.mined_to >= db.scn() {
                 return checkpoints;
             }
         }
@@ -777,10 +803,18 @@ mod tests {
         let mut tx = db.begin();
         tx.delete(&orders(), "10");
         tx.commit();
+        // Nothing open now: batches of three events leave committed
+        // transactions of the window pending, which the checkpoint's
+        // restart SCN must still cover.
+        for i in 60..70 {
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some(&i.to_string()), Some("y"), None, None]);
+            tx.commit();
+        }
         checkpoints.extend(drain(&mut src, &db, &mut mirror).await);
         let want = mirror.table(&orders());
         let want_seen = mirror.seen.len();
-        assert_eq!(want.len(), 5 + 10 - 1 + 1);
+        assert_eq!(want.len(), 5 + 10 - 1 + 1 + 10);
         // From every checkpoint returned, a new source emits exactly what
         // the first run emitted after it, in the same order: none lost,
         // none twice (snapshot rows and changes alike).
