@@ -67,6 +67,8 @@ pub enum Literal {
     /// `EMPTY_CLOB()` / `EMPTY_BLOB()`: a LOB whose content follows in
     /// LOB_WRITE rows.
     EmptyLob,
+    /// `Unsupported Type`: LogMiner cannot render this column's value.
+    Unsupported,
 }
 
 /// A parsed row change.
@@ -263,6 +265,25 @@ impl Cursor {
         false
     }
 
+    /// A column name, perhaps qualified by the table's alias (`a."COL"`).
+    pub(crate) fn column(&mut self) -> Result<String> {
+        if matches!(self.peek(), Some(Token::Word(_)))
+            && matches!(self.tokens.get(self.at + 1), Some(Token::Punct(".")))
+        {
+            self.at += 2;
+        }
+        self.identifier()
+    }
+
+    /// Skips a table alias (`update "S"."T" a set ...`).
+    pub(crate) fn skip_alias(&mut self) {
+        if let Some(Token::Word(w)) = self.peek() {
+            if !["set", "where", "values"].iter().any(|k| w.eq_ignore_ascii_case(k)) {
+                self.at += 1;
+            }
+        }
+    }
+
     pub(crate) fn identifier(&mut self) -> Result<String> {
         match self.next() {
             Some(Token::Quoted(name)) => Ok(name),
@@ -327,11 +348,18 @@ impl Cursor {
                     "UNISTR" => Ok(Literal::Str(unistr(&self.call1()?)?)),
                     "TO_YMINTERVAL" => Ok(Literal::YmInterval(self.call1()?)),
                     "TO_DSINTERVAL" => Ok(Literal::DsInterval(self.call1()?)),
+                    // `Unsupported Type`, two bare words where a value goes.
+                    "UNSUPPORTED" => {
+                        self.word("Type")?;
+                        Ok(Literal::Unsupported)
+                    }
                     "TO_DATE" | "TO_TIMESTAMP" | "TO_TIMESTAMP_TZ" => {
                         self.punct("(")?;
                         let text = self.string()?;
-                        self.punct(",")?;
-                        let mask = self.string()?;
+                        // LogMiner writes timestamps without a mask, in the
+                        // session's format (`TO_TIMESTAMP('2020-02-01
+                        // 00:00:00.')`): empty means that.
+                        let mask = if self.eat_punct(",") { self.string()? } else { String::new() };
                         self.punct(")")?;
                         Ok(match upper.as_str() {
                             "TO_DATE" => Literal::Date { text, mask },
@@ -367,10 +395,10 @@ impl Cursor {
                 self.punct("=")?;
                 self.string()?;
             } else {
-                let name = match self.next() {
-                    Some(Token::Quoted(n)) => n,
-                    _ => return Err(malformed("expected a column name in the where clause")),
-                };
+                if !matches!(self.peek(), Some(Token::Quoted(_)) | Some(Token::Word(_))) {
+                    return Err(malformed("expected a column name in the where clause"));
+                }
+                let name = self.column()?;
                 if self.eat_word("IS") {
                     self.word("NULL")?;
                     out.push((name, Literal::Null));
@@ -415,10 +443,11 @@ pub fn parse(sql: &str) -> Result<Redo> {
         Redo::Insert { table, values }
     } else if c.eat_word("update") {
         let table = c.table()?;
+        c.skip_alias();
         c.word("set")?;
         let mut set = Vec::new();
         loop {
-            let name = c.identifier()?;
+            let name = c.column()?;
             c.punct("=")?;
             set.push((name, c.literal()?));
             if !c.eat_punct(",") {
@@ -433,6 +462,7 @@ pub fn parse(sql: &str) -> Result<Redo> {
     } else if c.eat_word("delete") {
         c.word("from")?;
         let table = c.table()?;
+        c.skip_alias();
         let before = if c.eat_word("where") { c.conditions()? } else { Vec::new() };
         Redo::Delete { table, before }
     } else {
@@ -578,6 +608,35 @@ mod tests {
         assert_eq!(v[8], Literal::YmInterval("+02-03".into()));
         assert_eq!(v[9], Literal::DsInterval("+01 02:03:04.500000".into()));
         assert_eq!(v[10], Literal::Null);
+    }
+
+    /// Shapes real LogMiner output takes beyond the documentation's
+    /// examples, as Debezium's parser tests record them
+    /// (`LogMinerDmlParserTest`: DBZ-3078, DBZ-3235, DBZ-4194, DBZ-3892,
+    /// DBZ-5521): timestamps without a mask, `Unsupported Type`, `= NULL`
+    /// in a where clause, no where clause, table aliases, `||` inside
+    /// quotes, concatenated `UNISTR`.
+    #[test]
+    fn shapes_real_logminer_writes_parse() {
+        let r = parse(
+            r#"update "DEBEZIUM"."TEST" set "NAME" = 'Bob', "TS" = TO_TIMESTAMP('2020-02-02 00:00:00.'), "UT" = Unsupported Type, "C1" = NULL where "ID" = '1' and "UT" = Unsupported Type and "C1" = NULL and "IS" IS NULL;"#,
+        )
+        .expect("update");
+        let Redo::Update { set, before, .. } = r else { panic!("not an update") };
+        assert_eq!(set[1].1, Literal::Timestamp { text: "2020-02-02 00:00:00.".into(), mask: String::new() });
+        assert_eq!(set[2].1, Literal::Unsupported);
+        assert_eq!(set[3].1, Literal::Null);
+        assert_eq!(before.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(), vec![s("1"), Literal::Unsupported, Literal::Null, Literal::Null]);
+        let r = parse(r#"update "DEBEZIUM"."TEST" a set a."COL1" = '1', a."COL2" = NULL;"#).expect("alias, no where");
+        assert!(matches!(r, Redo::Update { ref set, ref before, .. } if set[0] == ("COL1".into(), s("1")) && before.is_empty()));
+        let r = parse(r#"delete from "DEBEZIUM"."TEST" a where a."COL1" = '1' and a."COL2" = '2';"#).expect("alias");
+        assert!(matches!(r, Redo::Delete { ref before, .. } if before[1] == ("COL2".into(), s("2"))));
+        let r = parse(r#"insert into "UNKNOWN"."TABLE" ("COL1","COL2") values ('I||am',UNISTR('\0412\044B') || UNISTR('\043F\043E'));"#)
+            .expect("insert");
+        let Redo::Insert { values, .. } = r else { panic!("not an insert") };
+        assert_eq!(values[0].1, s("I||am"));
+        assert_eq!(values[1].1, s("\u{412}\u{44b}\u{43f}\u{43e}"));
+        assert!(matches!(parse(r#"delete from "DEBEZIUM"."TEST";"#).expect("no where"), Redo::Delete { ref before, .. } if before.is_empty()));
     }
 
     #[test]

@@ -84,8 +84,17 @@ pub fn decode(col: &Column, lit: &Literal, snapshot: bool) -> Result<Value> {
                 _ => Err(bad(col, "HEXTORAW")),
             }
         }
+        Literal::Unsupported => {
+            return Err(Error::needs_operator(format!(
+                "LogMiner cannot render values of this {} column (`Unsupported Type` in SQL_REDO)",
+                col.source_type
+            ))
+            .with_column(col.name.clone())
+            .with_hint("leave the column out (oracle.exclude_columns) and start the runner again"))
+        }
         Literal::Date { text, mask } | Literal::Timestamp { text, mask } | Literal::TimestampTz { text, mask } => {
-            let (micros, offset) = parse_masked(text, mask).ok_or_else(|| bad(col, "a date not in its mask"))?;
+            let parsed = if mask.is_empty() { parse_session_timestamp(text) } else { parse_masked(text, mask) };
+            let (micros, offset) = parsed.ok_or_else(|| bad(col, "a date not in its mask"))?;
             return match col.data_type {
                 DataType::Timestamp => Ok(Value::Timestamp(micros)),
                 DataType::TimestampTz => Ok(Value::TimestampTz(micros - offset.unwrap_or(0) * 60_000_000)),
@@ -127,6 +136,25 @@ pub fn decode(col: &Column, lit: &Literal, snapshot: bool) -> Result<Value> {
         }
         _ => return Err(bad(col, "a type the Oracle source does not decode")),
     })
+}
+
+/// A timestamp LogMiner wrote without a mask, in the session's format
+/// (`YYYY-MM-DD HH24:MI:SS.FF`, perhaps `TZH:TZM`): the fraction may be
+/// empty (`'2020-02-01 00:00:00.'`) or absent.
+fn parse_session_timestamp(text: &str) -> Option<(i64, Option<i64>)> {
+    let t = text.trim();
+    let (main, zone) = match t.rfind([' ']) {
+        Some(i) if t[i + 1..].starts_with(['+', '-']) => (&t[..i], Some(&t[i + 1..])),
+        _ => (t, None),
+    };
+    let (secs, frac) = main.split_once('.').unwrap_or((main, ""));
+    let (wall, _) = parse_masked(secs, DATE_MASK)?;
+    let micros = wall.checked_add(fraction_micros(frac)?)?;
+    let offset = match zone {
+        None => None,
+        Some(z) => Some(parse_masked(&format!("1970-01-01 00:00:00 {z}"), "YYYY-MM-DD HH24:MI:SS TZH:TZM")?.1?),
+    };
+    Some((micros, offset))
 }
 
 /// `BINARY_FLOAT` / `BINARY_DOUBLE` text, with Oracle's `Inf`, `-Inf`, `Nan`.
@@ -388,6 +416,22 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_without_a_mask_read_in_the_session_format() {
+        let ts = col(DataType::Timestamp, "TIMESTAMP(6)");
+        let at = |t: &str| decode(&ts, &Literal::Timestamp { text: t.into(), mask: String::new() }, false);
+        let base = days_from_civil(2020, 2, 1) * 86_400_000_000;
+        assert_eq!(at("2020-02-01 00:00:00.").unwrap(), Value::Timestamp(base));
+        assert_eq!(at("2020-02-01 00:00:00").unwrap(), Value::Timestamp(base));
+        assert_eq!(at("2020-02-01 00:00:00.202590").unwrap(), Value::Timestamp(base + 202_590));
+        let tz = col(DataType::TimestampTz, "TIMESTAMP(6) WITH TIME ZONE");
+        let lit = Literal::TimestampTz { text: "2020-02-01 01:00:00.5 +01:00".into(), mask: String::new() };
+        assert_eq!(decode(&tz, &lit, false).unwrap(), Value::TimestampTz(base + 500_000));
+        assert!(at("2020-02-01").is_err());
+        let e = decode(&ts, &Literal::Unsupported, false).expect_err("unsupported");
+        assert_eq!(e.kind(), crate::error::ErrorKind::NeedsOperator);
+    }
+
+    #[test]
     fn raw_lobs_and_types_map() {
         let t = TableId::new("APP", "T");
         assert_eq!(map_type(&t, "C", "NUMBER", None, None).unwrap(), DataType::VariableDecimal);
@@ -418,6 +462,7 @@ mod tests {
             let _ = parse_masked(&text, &mask);
             let _ = normalize_number(&text);
             let _ = parse_interval(&text);
+            let _ = parse_session_timestamp(&text);
         }
 
         /// Decimal text survives normalization digit for digit.
