@@ -134,6 +134,15 @@ pub trait LogMinerClient: Send + Sync {
         after: Option<&ChunkAfter>,
         limit: usize,
     ) -> Result<Vec<SnapshotRow>>;
+    /// The row of `table` with primary key `key` (canonical texts) as of
+    /// `scn`, its columns as [`LogMinerClient::snapshot_chunk`] reads them.
+    async fn row_at(
+        &self,
+        table: &TableId,
+        def: &TableDef,
+        scn: u64,
+        key: &[Option<String>],
+    ) -> Result<Option<Vec<Option<String>>>>;
     /// Archived and online redo logs (`V$ARCHIVED_LOG`, `V$LOG` + `V$LOGFILE`).
     async fn logs(&self) -> Result<Vec<LogFile>>;
     /// Redo threads (`V$THREAD`).
@@ -338,6 +347,47 @@ fn strings(c: &oracle::Connection, sql: &str, binds: &[&dyn oracle::sql_type::To
     Ok(out)
 }
 
+/// Rows of a snapshot select (`ROWID`, then the columns): RAW and BLOB
+/// columns (`bytes`) fetched as bytes and written as hex, like the redo's
+/// `HEXTORAW`; the others as text.
+fn fetch_rows(
+    c: &oracle::Connection,
+    sql: &str,
+    binds: &[&dyn oracle::sql_type::ToSql],
+    bytes: &[bool],
+    what: &str,
+) -> Result<Vec<SnapshotRow>> {
+    let mut out = Vec::new();
+    for row in c.query(sql, binds).map_err(|e| classify(e, what))? {
+        let row = row.map_err(|e| classify(e, what))?;
+        let rowid: Option<String> = row.get(0).map_err(|e| classify(e, what))?;
+        let mut vals = Vec::with_capacity(bytes.len());
+        for (i, is_bytes) in bytes.iter().enumerate() {
+            vals.push(if *is_bytes {
+                let b: Option<Vec<u8>> = row.get(i + 1).map_err(|e| classify(e, what))?;
+                b.map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
+            } else {
+                row.get::<usize, Option<String>>(i + 1).map_err(|e| classify(e, what))?
+            });
+        }
+        out.push((rowid.unwrap_or_default(), vals));
+    }
+    Ok(out)
+}
+
+/// The flashback select of one row by its primary key.
+pub fn row_sql(table: &TableId, columns: &[tributary_schemas::Column], key: &[String]) -> String {
+    let exprs: Vec<String> = columns.iter().map(snapshot_expr).collect();
+    let conds: Vec<String> =
+        key.iter().enumerate().map(|(i, k)| format!("{} = {}", quote_ident(k), bind_expr(columns, k, i + 2))).collect();
+    format!(
+        "SELECT ROWIDTOCHAR(ROWID), {} FROM {} AS OF SCN :1 WHERE {}",
+        exprs.join(", "),
+        quote_table(table),
+        conds.join(" AND ")
+    )
+}
+
 fn num(v: &Option<String>) -> u64 {
     v.as_deref().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
@@ -464,23 +514,27 @@ impl LogMinerClient for OracleClient {
             }
             let refs: Vec<&dyn oracle::sql_type::ToSql> =
                 binds.iter().map(|b| b as &dyn oracle::sql_type::ToSql).collect();
-            let what = "reading a snapshot chunk";
-            let mut out = Vec::new();
-            for row in c.query(&sql, &refs).map_err(|e| classify(e, what))? {
-                let row = row.map_err(|e| classify(e, what))?;
-                let rowid: Option<String> = row.get(0).map_err(|e| classify(e, what))?;
-                let mut vals = Vec::with_capacity(bytes.len());
-                for (i, is_bytes) in bytes.iter().enumerate() {
-                    vals.push(if *is_bytes {
-                        let b: Option<Vec<u8>> = row.get(i + 1).map_err(|e| classify(e, what))?;
-                        b.map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
-                    } else {
-                        row.get::<usize, Option<String>>(i + 1).map_err(|e| classify(e, what))?
-                    });
-                }
-                out.push((rowid.unwrap_or_default(), vals));
-            }
-            Ok(out)
+            fetch_rows(c, &sql, &refs, &bytes, "reading a snapshot chunk")
+        })
+        .await
+    }
+
+    async fn row_at(
+        &self,
+        table: &TableId,
+        def: &TableDef,
+        scn: u64,
+        key: &[Option<String>],
+    ) -> Result<Option<Vec<Option<String>>>> {
+        let columns = super::columns_of(table, def)?;
+        let sql = row_sql(table, &columns, &def.primary_key);
+        let bytes: Vec<bool> = columns.iter().map(|c| c.data_type == tributary_schemas::DataType::Bytes).collect();
+        let mut binds: Vec<Option<String>> = vec![Some(scn.to_string())];
+        binds.extend(key.iter().cloned());
+        self.with(move |c| {
+            let refs: Vec<&dyn oracle::sql_type::ToSql> =
+                binds.iter().map(|b| b as &dyn oracle::sql_type::ToSql).collect();
+            Ok(fetch_rows(c, &sql, &refs, &bytes, "reading a row's LOB columns")?.into_iter().next().map(|(_, v)| v))
         })
         .await
     }
@@ -694,6 +748,11 @@ mod tests {
             "{sql}"
         );
         assert!(sql.ends_with("ORDER BY \"ID\", \"D\" FETCH FIRST 10 ROWS ONLY"), "{sql}");
+        let sql = row_sql(&t, &cols, &["ID".into(), "D".into()]);
+        assert!(
+            sql.ends_with("AS OF SCN :1 WHERE \"ID\" = TO_NUMBER(:2) AND \"D\" = TO_DATE(:3, 'YYYY-MM-DD HH24:MI:SS')"),
+            "{sql}"
+        );
         let (sql, _) = snapshot_sql(&t, &cols, &[], Some(&ChunkAfter::RowId("x".into())), 5);
         assert!(sql.contains("WHERE ROWID > CHARTOROWID(:2) ORDER BY ROWID"), "{sql}");
         assert!(contents_sql(&["APP".into()]).contains("SEG_OWNER IN ('APP')"));

@@ -511,6 +511,23 @@ impl LogMinerClient for FakeOracle {
             .collect())
     }
 
+    async fn row_at(
+        &self,
+        table: &TableId,
+        def: &TableDef,
+        scn: u64,
+        key: &[Option<String>],
+    ) -> Result<Option<Vec<Option<String>>>> {
+        let i = self.lock();
+        let Some(t) = i.tables.get(table) else { return Ok(None) };
+        let index = |name: &str| t.def.columns.iter().position(|c| c.name == name);
+        let key_idx: Vec<Option<usize>> = def.primary_key.iter().map(|k| index(k)).collect();
+        Ok(rows_at(t, scn)
+            .into_values()
+            .find(|v| key_idx.iter().zip(key).all(|(k, want)| k.and_then(|k| v.get(k).cloned().flatten()) == *want))
+            .map(|v| def.columns.iter().map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten())).collect()))
+    }
+
     async fn logs(&self) -> Result<Vec<LogFile>> {
         let i = self.lock();
         let current = i.scn / LOG_SCNS;

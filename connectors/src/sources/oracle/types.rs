@@ -343,6 +343,24 @@ pub fn parse_masked(text: &str, mask: &str) -> Option<(i64, Option<i64>)> {
     Some((wall.checked_mul(1_000_000)?.checked_add(micros)?, offset))
 }
 
+/// A key value as the canonical text [`super::client::snapshot_sql`]'s
+/// binds convert back (`TO_NUMBER`, `TO_DATE(.., DATE_MASK)`, ...); `None`
+/// for NULL or a type a key is not made of.
+pub fn canonical_text(col: &Column, value: &Value) -> Option<String> {
+    Some(match value {
+        Value::Int16(v) => v.to_string(),
+        Value::Int32(v) => v.to_string(),
+        Value::Int64(v) => v.to_string(),
+        Value::Decimal(t) | Value::Text(t) => t.clone(),
+        Value::Bytes(b) => b.iter().map(|x| format!("{x:02x}")).collect(),
+        Value::Timestamp(m) if col.source_type.eq_ignore_ascii_case("DATE") => {
+            render_timestamp(*m).get(..19)?.to_string()
+        }
+        Value::Timestamp(m) | Value::TimestampTz(m) => render_timestamp(*m),
+        _ => return None,
+    })
+}
+
 /// Renders wall-clock microseconds in [`TIMESTAMP_MASK`] (the fake and the
 /// tests write timestamps as Oracle would).
 pub fn render_timestamp(micros: i64) -> String {
