@@ -110,6 +110,19 @@ pub enum ChunkAfter {
     RowId(String),
 }
 
+/// One row of a table as of an SCN, by primary key.
+#[derive(Debug, Clone, Copy)]
+pub struct RowAt<'a> {
+    /// The table.
+    pub table: &'a TableId,
+    /// Its definition (captured columns, primary key).
+    pub def: &'a TableDef,
+    /// The SCN (flashback).
+    pub scn: u64,
+    /// The primary key's canonical texts, in key order.
+    pub key: &'a [Option<String>],
+}
+
 /// What the source needs of an Oracle database.
 #[async_trait]
 pub trait LogMinerClient: Send + Sync {
@@ -134,15 +147,9 @@ pub trait LogMinerClient: Send + Sync {
         after: Option<&ChunkAfter>,
         limit: usize,
     ) -> Result<Vec<SnapshotRow>>;
-    /// The row of `table` with primary key `key` (canonical texts) as of
-    /// `scn`, its columns as [`LogMinerClient::snapshot_chunk`] reads them.
-    async fn row_at(
-        &self,
-        table: &TableId,
-        def: &TableDef,
-        scn: u64,
-        key: &[Option<String>],
-    ) -> Result<Option<Vec<Option<String>>>>;
+    /// The row `at` names, its columns as [`LogMinerClient::snapshot_chunk`]
+    /// reads them; `None` when there is none.
+    async fn row_at(&self, at: RowAt<'_>) -> Result<Option<Vec<Option<String>>>>;
     /// Archived and online redo logs (`V$ARCHIVED_LOG`, `V$LOG` + `V$LOGFILE`).
     async fn logs(&self) -> Result<Vec<LogFile>>;
     /// Redo threads (`V$THREAD`).
@@ -375,6 +382,12 @@ fn fetch_rows(
     Ok(out)
 }
 
+/// Which columns come as bytes (RAW, BLOB), written as hex like the
+/// redo's `HEXTORAW`.
+fn bytes_columns(columns: &[tributary_schemas::Column]) -> Vec<bool> {
+    columns.iter().map(|c| c.data_type == tributary_schemas::DataType::Bytes).collect()
+}
+
 /// The flashback select of one row by its primary key.
 pub fn row_sql(table: &TableId, columns: &[tributary_schemas::Column], key: &[String]) -> String {
     let exprs: Vec<String> = columns.iter().map(snapshot_expr).collect();
@@ -501,8 +514,7 @@ impl LogMinerClient for OracleClient {
     ) -> Result<Vec<SnapshotRow>> {
         let columns = super::columns_of(table, def)?;
         let (sql, _) = snapshot_sql(table, &columns, &def.primary_key, after, limit);
-        // RAW and BLOB columns come as bytes, written as hex like the redo's HEXTORAW.
-        let bytes: Vec<bool> = columns.iter().map(|c| c.data_type == tributary_schemas::DataType::Bytes).collect();
+        let bytes = bytes_columns(&columns);
         let after = after.cloned();
         self.with(move |c| {
             let scn = scn.to_string();
@@ -519,18 +531,12 @@ impl LogMinerClient for OracleClient {
         .await
     }
 
-    async fn row_at(
-        &self,
-        table: &TableId,
-        def: &TableDef,
-        scn: u64,
-        key: &[Option<String>],
-    ) -> Result<Option<Vec<Option<String>>>> {
-        let columns = super::columns_of(table, def)?;
-        let sql = row_sql(table, &columns, &def.primary_key);
-        let bytes: Vec<bool> = columns.iter().map(|c| c.data_type == tributary_schemas::DataType::Bytes).collect();
-        let mut binds: Vec<Option<String>> = vec![Some(scn.to_string())];
-        binds.extend(key.iter().cloned());
+    async fn row_at(&self, at: RowAt<'_>) -> Result<Option<Vec<Option<String>>>> {
+        let columns = super::columns_of(at.table, at.def)?;
+        let sql = row_sql(at.table, &columns, &at.def.primary_key);
+        let bytes = bytes_columns(&columns);
+        let mut binds: Vec<Option<String>> = vec![Some(at.scn.to_string())];
+        binds.extend(at.key.iter().cloned());
         self.with(move |c| {
             let refs: Vec<&dyn oracle::sql_type::ToSql> =
                 binds.iter().map(|b| b as &dyn oracle::sql_type::ToSql).collect();

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use tributary_schemas::TableId;
 
-use super::client::{ChunkAfter, ColumnDef, DatabaseInfo, LogMinerClient, LogMinerRow, SnapshotRow, TableDef};
+use super::client::{ChunkAfter, ColumnDef, DatabaseInfo, LogMinerClient, LogMinerRow, RowAt, SnapshotRow, TableDef};
 use super::logs::{LogFile, RedoThread};
 use super::redo_sql::{quote_ident, quote_literal, quote_table};
 use crate::error::{Error, Result};
@@ -511,21 +511,15 @@ impl LogMinerClient for FakeOracle {
             .collect())
     }
 
-    async fn row_at(
-        &self,
-        table: &TableId,
-        def: &TableDef,
-        scn: u64,
-        key: &[Option<String>],
-    ) -> Result<Option<Vec<Option<String>>>> {
+    async fn row_at(&self, at: RowAt<'_>) -> Result<Option<Vec<Option<String>>>> {
         let i = self.lock();
-        let Some(t) = i.tables.get(table) else { return Ok(None) };
+        let Some(t) = i.tables.get(at.table) else { return Ok(None) };
         let index = |name: &str| t.def.columns.iter().position(|c| c.name == name);
-        let key_idx: Vec<Option<usize>> = def.primary_key.iter().map(|k| index(k)).collect();
-        Ok(rows_at(t, scn)
+        let key_idx: Vec<Option<usize>> = at.def.primary_key.iter().map(|k| index(k)).collect();
+        Ok(rows_at(t, at.scn)
             .into_values()
-            .find(|v| key_idx.iter().zip(key).all(|(k, want)| k.and_then(|k| v.get(k).cloned().flatten()) == *want))
-            .map(|v| def.columns.iter().map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten())).collect()))
+            .find(|v| key_idx.iter().zip(at.key).all(|(k, want)| k.and_then(|k| v.get(k).cloned().flatten()) == *want))
+            .map(|v| at.def.columns.iter().map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten())).collect()))
     }
 
     async fn logs(&self) -> Result<Vec<LogFile>> {

@@ -577,7 +577,8 @@ async fn fill_from_flashback(
         columns: def.columns.iter().filter(|c| schema.columns.iter().any(|s| s.name == c.name)).cloned().collect(),
         primary_key: def.primary_key.clone(),
     };
-    if let Some(texts) = client.row_at(&schema.id, &kept, scn, &key).await? {
+    let at = client::RowAt { table: &schema.id, def: &kept, scn, key: &key };
+    if let Some(texts) = client.row_at(at).await? {
         let row = snapshot::decode_row(schema, &(String::new(), texts))?;
         for &i in missing {
             after[i] = row[i].clone();
