@@ -24,6 +24,12 @@ pub const REQUIRED_PRIVILEGES: [&str; 6] = [
     "FLASHBACK ANY TABLE",
 ];
 
+/// Online redo log groups smaller than this switch often under load: each
+/// switch archives a log and the source then mines more, smaller files
+/// (Oracle's sizing advice is a switch every 15-20 minutes at peak; 500 MiB
+/// is where Debezium's documentation starts too).
+pub const MIN_REDO_LOG_BYTES: u64 = 500 * 1024 * 1024;
+
 /// Every problem found (empty: ready).
 pub async fn check(config: &OracleSourceConfig, client: &dyn LogMinerClient) -> Vec<Problem> {
     match check_inner(config, client).await {
@@ -51,6 +57,20 @@ async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -
             Some("ALTER DATABASE ADD SUPPLEMENTAL LOG DATA; (in the CDB root for a multitenant database)".into()),
         ));
     }
+    if info.smallest_redo_log_bytes > 0 && info.smallest_redo_log_bytes < MIN_REDO_LOG_BYTES {
+        problems.push(Problem::warning(
+            format!(
+                "the smallest online redo log group is {} MiB: logs switch often under load, and the source mines \
+                 many small archived files when it is behind",
+                info.smallest_redo_log_bytes / (1024 * 1024)
+            ),
+            Some(
+                "ALTER DATABASE ADD LOGFILE SIZE 1G; (once per group, with Oracle-managed files), then ALTER \
+                 DATABASE DROP LOGFILE GROUP <n>; for each small group once V$LOG shows it INACTIVE"
+                    .into(),
+            ),
+        ));
+    }
     let privileges = client.privileges().await?;
     let user = quote_ident(&info.user);
     let missing: Vec<&str> = REQUIRED_PRIVILEGES
@@ -68,10 +88,15 @@ async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -
         ));
     }
     let filter = config.filter();
-    for table in client.list_tables(&config.owners()).await? {
-        if !filter.captures(&table) {
-            continue;
-        }
+    let tables: Vec<_> =
+        client.list_tables(&config.owners()).await?.into_iter().filter(|t| filter.captures(t)).collect();
+    if tables.is_empty() {
+        problems.push(Problem::warning(
+            format!("no table of {} matches oracle.include (and not oracle.exclude)", config.owners().join(", ")),
+            Some("check oracle.include: OWNER.TABLE patterns as Oracle stores the names (upper case unless quoted)".into()),
+        ));
+    }
+    for table in tables {
         if !client.can_read(&table).await? {
             problems.push(
                 Problem::error(
@@ -129,7 +154,15 @@ mod tests {
         assert_eq!(fixes[3], "GRANT SELECT, FLASHBACK ON \"APP\".\"ORDERS\" TO \"C##TRIBUTARY\";");
         assert_eq!(fixes[4], "ALTER TABLE \"APP\".\"ORDERS\" ADD SUPPLEMENTAL LOG DATA (ALL) COLUMNS;");
         assert!(p.iter().all(|p| p.severity == Severity::Error));
-        db.set_info(|i| i.con_name = "CDB$ROOT".into());
+        db.set_info(|i| {
+            i.con_name = "CDB$ROOT".into();
+            i.log_mode = "ARCHIVELOG".into();
+            i.smallest_redo_log_bytes = 200 * 1024 * 1024;
+        });
+        let p = check(&config(), &db).await;
+        assert!(p.iter().any(|p| p.severity == Severity::Warning && p.message.contains("200 MiB")), "{p:#?}");
+        let p = check(&OracleSourceConfig::with_url("oracle://u@h/FREEPDB1", &["NOBODY.*"]), &db).await;
+        assert!(p.iter().any(|p| p.message.contains("no table of NOBODY matches")), "{p:#?}");
         let p = check(&config(), &db).await;
         assert!(p.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.ends_with("\"C##TRIBUTARY\" CONTAINER=ALL;"))));
         assert_eq!(p[4].table.as_ref(), Some(&t));

@@ -95,6 +95,8 @@ pub struct DatabaseInfo {
     pub cdb: bool,
     /// The session's user.
     pub user: String,
+    /// The smallest online redo log group (`V$LOG.BYTES`), bytes.
+    pub smallest_redo_log_bytes: u64,
 }
 
 /// A row of the snapshot: the `ROWID` and each column as canonical text.
@@ -412,7 +414,7 @@ impl LogMinerClient for OracleClient {
             let r = strings(
                 c,
                 "SELECT LOG_MODE, SUPPLEMENTAL_LOG_DATA_MIN, SUPPLEMENTAL_LOG_DATA_ALL, TO_CHAR(DBID), CDB, \
-                 SYS_CONTEXT('USERENV', 'CON_NAME'), USER FROM V$DATABASE",
+                 SYS_CONTEXT('USERENV', 'CON_NAME'), USER, (SELECT TO_CHAR(MIN(BYTES)) FROM V$LOG) FROM V$DATABASE",
                 &[],
                 "reading V$DATABASE",
             )?;
@@ -426,6 +428,7 @@ impl LogMinerClient for OracleClient {
                 cdb: s(4) == "YES",
                 con_name: s(5),
                 user: s(6),
+                smallest_redo_log_bytes: s(7).parse().unwrap_or(0),
             })
         })
         .await

@@ -104,6 +104,7 @@ impl FakeOracle {
                     con_name: "FREEPDB1".into(),
                     cdb: true,
                     user: "C##TRIBUTARY".into(),
+                    smallest_redo_log_bytes: 1 << 30,
                 },
                 privileges: super::check::REQUIRED_PRIVILEGES.iter().map(|s| s.to_string()).collect(),
                 logging: BTreeMap::new(),
