@@ -264,7 +264,9 @@ pub fn parse_masked(text: &str, mask: &str) -> Option<(i64, Option<i64>)> {
         std::str::from_utf8(&t[start..*i]).ok()?.parse().ok()
     };
     while j < m.len() {
-        let rest = mask[j..].to_ascii_uppercase();
+        // Bytes, not `str` slices: a mask from the redo may hold any
+        // character, and a separator is skipped one byte at a time.
+        let rest = String::from_utf8_lossy(&m[j..(j + 4).min(m.len())]).to_ascii_uppercase();
         let take = |n: usize, j: &mut usize| *j += n;
         if rest.starts_with("YYYY") {
             let neg = t.get(i) == Some(&b'-');
@@ -476,7 +478,7 @@ mod tests {
 
         /// Arbitrary text and masks never panic.
         #[test]
-        fn masks_never_panic(text in "\\PC{0,30}", mask in "[A-Z0-9: .-]{0,24}") {
+        fn masks_never_panic(text in "\\PC{0,30}", mask in "([A-Z0-9: .-]|\\PC){0,24}") {
             let _ = parse_masked(&text, &mask);
             let _ = normalize_number(&text);
             let _ = parse_interval(&text);
