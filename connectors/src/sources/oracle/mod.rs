@@ -321,7 +321,9 @@ impl OracleSource {
                 return Ok(SourceBatch { messages: Vec::new(), checkpoint: Checkpoint::encode(state) });
             };
             let rows = client.mine(&plan.files, lo, hi, &self.owners).await?;
-            let committed = stream::feed(&mut self.buffer, rows)?;
+            let filter = &self.filter;
+            let committed =
+                stream::feed(&mut self.buffer, rows, |owner, table| filter.captures(&TableId::new(owner, table)))?;
             // Ranks among the commits of one SCN, over all of them (also
             // those emitted before a restart): mined again, they get the
             // same positions.

@@ -67,11 +67,21 @@ pub fn join_continuations(rows: Vec<LogMinerRow>) -> Vec<LogMinerRow> {
     out
 }
 
-/// Feeds one window's rows to the buffer; returns the transactions that
-/// committed in it, in [`CommitPos`] order.
-pub fn feed(buffer: &mut TxBuffer, rows: Vec<LogMinerRow>) -> Result<Vec<Committed>> {
+/// Feeds one window's rows to the buffer, keeping the changes of tables
+/// `captured(owner, table)` says yes to (the mining query filters by owner
+/// only); returns the transactions that committed in it, in [`CommitPos`]
+/// order.
+pub fn feed(
+    buffer: &mut TxBuffer,
+    rows: Vec<LogMinerRow>,
+    captured: impl Fn(&str, &str) -> bool,
+) -> Result<Vec<Committed>> {
     let mut committed = Vec::new();
     for row in join_continuations(rows) {
+        let data = !matches!(row.operation_code, 6 | 7 | 36);
+        if data && !captured(row.seg_owner.as_deref().unwrap_or(""), row.table_name.as_deref().unwrap_or("")) {
+            continue;
+        }
         match row.operation_code {
             6 => buffer.begin(&row.xid, row.scn, row.thread),
             7 => {
@@ -177,7 +187,7 @@ mod tests {
             row(23, 36, "d", 1, ""),
         ];
         let mut buf = TxBuffer::new(1 << 20, None);
-        let out = feed(&mut buf, rows).unwrap();
+        let out = feed(&mut buf, rows, |_, _| true).unwrap();
         let order: Vec<(u64, u16, &str)> = out.iter().map(|c| (c.commit_scn, c.thread, c.xid.as_str())).collect();
         assert_eq!(order, vec![(20, 1, "a"), (20, 2, "b")]);
         // c is still open from SCN 14.
@@ -191,9 +201,11 @@ mod tests {
     #[test]
     fn unsupported_rows_stop_the_source() {
         let mut buf = TxBuffer::new(1 << 20, None);
-        let e = feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")]).expect_err("unsupported");
+        let e = feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")], |_, _| true).expect_err("unsupported");
+        // Another table's unsupported change is not this source's concern.
+        assert!(feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")], |_, t| t != "T").is_ok());
         assert_eq!(e.kind(), crate::error::ErrorKind::NeedsOperator);
-        let e = feed(&mut buf, vec![row(2, 68, "x", 1, "XML DOC BEGIN")]).expect_err("xmltype");
+        let e = feed(&mut buf, vec![row(2, 68, "x", 1, "XML DOC BEGIN")], |_, _| true).expect_err("xmltype");
         assert!(e.to_string().contains("XMLTYPE"), "{e}");
     }
 }
