@@ -9,6 +9,7 @@ crate::connectors! {
         postgres: "source-postgres" => postgres::PostgresSourceConfig,
         mysql: "source-mysql" => mysql::MySqlSourceConfig,
         sqlserver: "source-sqlserver" => sqlserver::SqlServerSourceConfig,
+        oracle: "source-oracle" => oracle::OracleSourceConfig,
     }
 }
 

@@ -25,6 +25,10 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
             let scale = st.scale.or_else(|| tt.num(1));
             match (precision, scale, tt.base.as_str()) {
                 (None, _, "integer" | "int" | "smallint") => DataType::Decimal { precision: 38, scale: 0 },
+                // `INTEGER` as the catalog reports it: `ALL_TAB_COLUMNS`
+                // has DATA_TYPE `NUMBER`, no precision and scale 0
+                // (`NUMBER(*,0)`): up to 38 integer digits.
+                (None, Some(0), _) => DataType::Decimal { precision: 38, scale: 0 },
                 (None, _, _) => DataType::VariableDecimal,
                 (Some(p), None | Some(0), _) if p < 5 => DataType::Int16,
                 (Some(p), None | Some(0), _) if p < 10 => DataType::Int32,
@@ -67,6 +71,14 @@ mod tests {
         assert_eq!(map("NUMBER", Some(9), Some(0)), Some(DataType::Int32));
         assert_eq!(map("NUMBER(4)", None, None), Some(DataType::Int16));
         assert_eq!(map("NUMBER", None, None), Some(DataType::VariableDecimal));
+        assert_eq!(map("NUMBER", None, Some(0)), Some(DataType::Decimal { precision: 38, scale: 0 }));
+        assert_eq!(map("NUMBER(*,0)", None, None), Some(DataType::Decimal { precision: 38, scale: 0 }));
+        assert_eq!(map("NUMBER", None, Some(2)), Some(DataType::VariableDecimal));
+        assert_eq!(map("BINARY_FLOAT", None, None), Some(DataType::Float32));
+        assert_eq!(map("TIMESTAMP(6) WITH LOCAL TIME ZONE", None, None), Some(DataType::TimestampTz));
+        assert_eq!(map("INTERVAL YEAR(2) TO MONTH", None, None), Some(DataType::Interval));
+        assert_eq!(map("NCLOB", None, None), Some(DataType::Text));
+        assert_eq!(map("LONG RAW", None, None), Some(DataType::Bytes));
         assert_eq!(map("NUMBER(25)", None, None), Some(DataType::Decimal { precision: 25, scale: 0 }));
         assert_eq!(map("TIMESTAMP(6) WITH TIME ZONE", None, None), Some(DataType::TimestampTz));
         assert_eq!(map("TIMESTAMP(6)", None, None), Some(DataType::Timestamp));

@@ -1,0 +1,947 @@
+//! Oracle: a source reading a flashback snapshot `AS OF SCN`, then the redo
+//! through LogMiner (`DBMS_LOGMNR` with `DICT_FROM_ONLINE_CATALOG`).
+//!
+//! [`OracleSource`] talks to the database only through
+//! [`client::LogMinerClient`]: [`client::OracleClient`] over the `oracle`
+//! crate in production, [`fake::FakeOracle`] (which follows the documented
+//! semantics of `V$LOGMNR_CONTENTS`) in the tests. Each poll mines one
+//! window of SCNs ([`logs`]) whose rows go through the transaction buffer
+//! ([`txbuffer`], [`stream`]); committed transactions are parsed
+//! ([`redo_sql`], [`lob`]) into change events. See
+//! `docs/sources/oracle.md` for the operator's view and what was verified.
+//!
+//! # Checkpoint
+//!
+//! An [`OracleState`] as JSON: `restart_scn`, where mining starts after a
+//! restart (the start SCN of the oldest transaction open at the
+//! checkpoint, so none of its rows is missed), and `committed`, the
+//! [`stream::CommitPos`] of the last transaction emitted (every commit at
+//! or below it is skipped when mined again); the captured tables'
+//! definitions; the snapshot's progress while unfinished. Nothing is held
+//! on the server: acknowledging releases nothing (redo retention is the
+//! operator's, `docs/sources/oracle.md`).
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod fake;
+pub mod lob;
+pub mod logs;
+pub mod redo_sql;
+pub mod snapshot;
+pub mod stream;
+pub mod txbuffer;
+pub mod types;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tributary_schemas::{
+    ChangeEvent, Column, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
+};
+
+use self::client::{LogMinerClient, OracleClient, TableDef};
+pub use self::config::OracleSourceConfig;
+use self::config::{SnapshotMode, TableFilter};
+use self::lob::{LobOp, LobValue};
+use self::redo_sql::{Literal, Redo};
+use self::snapshot::{SnapshotState, TablePlan};
+use self::stream::CommitPos;
+use self::txbuffer::{Committed, TxBuffer};
+use crate::error::{Error, Result};
+use crate::source::SnapshotTableProgress;
+use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
+
+/// The connector's name in every event (Debezium's `source.connector`).
+pub const CONNECTOR: &str = "oracle";
+/// Version of the checkpoint JSON.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// A captured table's definition, as stored in the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredTable {
+    /// Owner.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// Definition.
+    pub def: TableDef,
+}
+
+/// The source's resumable state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OracleState {
+    /// Format version.
+    pub version: u32,
+    /// `V$DATABASE.DBID`: SCNs of another database do not compare.
+    pub dbid: u64,
+    /// Mining starts here after a restart (inclusive).
+    pub restart_scn: u64,
+    /// The last transaction emitted.
+    pub committed: CommitPos,
+    /// Captured tables.
+    pub tables: Vec<StoredTable>,
+    /// Snapshot work not done yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotState>,
+}
+
+impl OracleState {
+    /// Parses a checkpoint written by this source.
+    pub fn from_checkpoint(c: &Checkpoint) -> Result<Self> {
+        c.decode("Oracle", |s: &OracleState| s.version, CHECKPOINT_VERSION)
+    }
+
+    fn def(&self, id: &TableId) -> Option<&TableDef> {
+        self.tables.iter().find(|t| t.schema == id.schema && t.table == id.table).map(|t| &t.def)
+    }
+
+    fn set_def(&mut self, id: &TableId, def: Option<TableDef>) {
+        self.tables.retain(|t| !(t.schema == id.schema && t.table == id.table));
+        if let Some(def) = def {
+            self.tables.push(StoredTable { schema: id.schema.clone(), table: id.table.clone(), def });
+        }
+    }
+}
+
+/// The model columns of a definition (excluded columns already left out).
+pub fn columns_of(table: &TableId, def: &TableDef) -> Result<Vec<Column>> {
+    def.columns
+        .iter()
+        .map(|c| {
+            let data_type = types::map_type(table, &c.name, &c.type_text, c.precision, c.scale)?;
+            let mut col = Column::new(c.name.clone(), data_type, c.nullable);
+            col.source_type = c.type_text.clone();
+            Ok(col)
+        })
+        .collect()
+}
+
+/// The captured shape of a table: excluded columns left out, the key the
+/// primary key (all columns without one).
+fn build_schema(filter: &TableFilter, table: &TableId, def: &TableDef) -> Result<(Arc<TableSchema>, TableDef, bool)> {
+    let kept = TableDef {
+        columns: def.columns.iter().filter(|c| !filter.excludes_column(table, &c.name)).cloned().collect(),
+        primary_key: def.primary_key.clone(),
+    };
+    let columns = columns_of(table, &kept)?;
+    for k in &kept.primary_key {
+        if !columns.iter().any(|c| &c.name == k) {
+            return Err(Error::needs_operator(format!("key column {k} is excluded by oracle.exclude_columns"))
+                .with_table(table.clone())
+                .with_column(k.clone()));
+        }
+    }
+    let keyed = !kept.primary_key.is_empty();
+    let key = if keyed { kept.primary_key.clone() } else { columns.iter().map(|c| c.name.clone()).collect() };
+    Ok((Arc::new(TableSchema { id: table.clone(), columns, key, dropped: Vec::new() }), kept, keyed))
+}
+
+/// A LOB being written by the rows after its `SEL_LOB_LOCATOR`.
+struct OpenLob {
+    /// The row's ROWID.
+    row_id: String,
+    table: TableId,
+    column: String,
+    value: LobValue,
+    /// The row's columns in the locator's where clause.
+    key: Vec<(String, Literal)>,
+}
+
+/// The Oracle source.
+pub struct OracleSource {
+    config: OracleSourceConfig,
+    filter: TableFilter,
+    owners: Vec<String>,
+    name: Arc<str>,
+    /// A client given at construction (the fake); else one is connected at start.
+    given: Option<Arc<dyn LogMinerClient>>,
+    client: Option<Arc<dyn LogMinerClient>>,
+    db: Arc<str>,
+    state: Option<OracleState>,
+    buffer: TxBuffer,
+    /// The last SCN mined (exclusive start of the next window).
+    mined_to: u64,
+    announced: BTreeMap<TableId, Arc<TableSchema>>,
+    progress: BTreeMap<TableId, SnapshotTableProgress>,
+    /// Committed transactions of the last window not emitted yet, with
+    /// their rank among the commits of their SCN.
+    pending: std::collections::VecDeque<(u64, Committed)>,
+    /// A window failed half-way: the buffer and window start are rebuilt
+    /// from the last checkpoint returned.
+    dirty: bool,
+}
+
+impl std::fmt::Debug for OracleSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OracleSource").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl OracleSource {
+    /// A source for `config`; with `client`, that client instead of a
+    /// connection of its own (the fake). Nothing connects before start.
+    pub fn new(config: OracleSourceConfig, runner_name: &str, client: Option<Arc<dyn LogMinerClient>>) -> Result<Self> {
+        config.validate_as("oracle").map_err(|e| Error::needs_operator(e.to_string()))?;
+        let buffer = TxBuffer::new(config.buffer_memory_bytes as usize, config.spill_dir.clone());
+        Ok(Self {
+            filter: config.filter(),
+            owners: config.owners(),
+            name: Arc::from(runner_name),
+            given: client,
+            client: None,
+            db: Arc::from(""),
+            state: None,
+            buffer,
+            mined_to: 0,
+            announced: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            pending: std::collections::VecDeque::new(),
+            dirty: false,
+            config,
+        })
+    }
+
+    fn client(&self) -> Result<Arc<dyn LogMinerClient>> {
+        self.client.clone().ok_or_else(|| Error::retryable("the source is not started"))
+    }
+
+    fn state(&mut self) -> Result<&mut OracleState> {
+        self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))
+    }
+
+    fn announce(&mut self, schema: &Arc<TableSchema>, out: &mut Vec<SourceMessage>) {
+        if self.announced.get(&schema.id).is_none_or(|a| **a != **schema) {
+            self.announced.insert(schema.id.clone(), schema.clone());
+            out.push(SourceMessage::SchemaChanged(schema.clone()));
+        }
+    }
+
+    fn info(&self, position: Position, ts_ms: i64, snapshot: SnapshotMarker, xid: Option<&str>) -> SourceInfo {
+        SourceInfo {
+            connector: Arc::from(CONNECTOR),
+            name: self.name.clone(),
+            db: self.db.clone(),
+            ts_ms,
+            snapshot,
+            tx_id: xid.map(str::to_string),
+            position,
+            native_position: Arc::from(format!("scn:{}", position.commit)),
+        }
+    }
+
+    async fn snapshot_batch(&mut self) -> Result<SourceBatch> {
+        let client = self.client()?;
+        let chunk_rows = self.config.snapshot_chunk_rows as usize;
+        let state = self.state()?.clone();
+        let Some(mut snap) = state.snapshot.clone() else {
+            return Err(Error::retryable("no snapshot to run"));
+        };
+        let mut messages = Vec::new();
+        let Some(i) = snap.tables.iter().position(|t| !t.done) else {
+            let state = self.state()?;
+            state.snapshot = None;
+            return Ok(SourceBatch { messages, checkpoint: Checkpoint::encode(state) });
+        };
+        let id = snap.tables[i].id();
+        let def = state.def(&id).cloned().ok_or_else(|| Error::permanent(format!("no definition of {id}")))?;
+        let (schema, kept, keyed) = build_schema(&self.filter, &id, &def)?;
+        self.announce(&schema, &mut messages);
+        let rows = client.snapshot_chunk(&id, &kept, snap.scn, snap.tables[i].after.as_ref(), chunk_rows).await?;
+        let position = Position { commit: snap.scn, index: 0 };
+        let ts_ms = crate::now_ms();
+        for r in &rows {
+            let after = snapshot::decode_row(&schema, r)?;
+            messages.push(SourceMessage::Change(ChangeEvent {
+                schema: schema.clone(),
+                op: Op::Read,
+                before: None,
+                after: Some(after),
+                source: self.info(position, ts_ms, SnapshotMarker::True, None),
+                ts_ms,
+                transaction: None,
+            }));
+        }
+        let progress = self.progress.entry(id.clone()).or_insert_with(|| SnapshotTableProgress {
+            table: id.clone(),
+            rows: 0,
+            estimated_rows: None,
+            done: false,
+        });
+        progress.rows += rows.len() as u64;
+        if rows.len() < chunk_rows {
+            snap.tables[i].done = true;
+            progress.done = true;
+        }
+        if let Some(after) = snapshot::next_after(&schema, keyed, &rows) {
+            snap.tables[i].after = Some(after);
+        }
+        let finished = snap.tables.iter().all(|t| t.done);
+        if finished {
+            if let Some(SourceMessage::Change(ev)) =
+                messages.iter_mut().rev().find(|m| matches!(m, SourceMessage::Change(_)))
+            {
+                ev.source.snapshot = SnapshotMarker::Last;
+            }
+            tracing::info!(scn = snap.scn, "snapshot finished");
+        }
+        let state = self.state()?;
+        state.snapshot = (!finished).then_some(snap);
+        Ok(SourceBatch { messages, checkpoint: Checkpoint::encode(state) })
+    }
+
+    /// Emits the next committed transactions, mining the next window when
+    /// none is pending.
+    async fn stream_batch(&mut self) -> Result<SourceBatch> {
+        let client = self.client()?;
+        if self.dirty {
+            // A batch failed half-way: start again from the last checkpoint
+            // returned (its restart SCN covers every transaction not emitted).
+            let restart = self.state()?.restart_scn;
+            self.buffer = TxBuffer::new(self.config.buffer_memory_bytes as usize, self.config.spill_dir.clone());
+            self.pending.clear();
+            self.mined_to = restart.saturating_sub(1);
+        }
+        self.dirty = true;
+        if self.pending.is_empty() {
+            let current = client.current_scn().await?;
+            let logs = client.logs().await?;
+            let plan = logs::plan(&logs, self.mined_to + 1, current)?;
+            let threads = client.threads().await?;
+            let ceiling = plan.ceiling.min(logs::thread_ceiling(&threads, current));
+            let Some((lo, hi)) = logs::window(self.mined_to, current, ceiling, self.config.max_window_scns) else {
+                // Caught up: wait one poll interval (LogMiner has no push)
+                // and return a heartbeat.
+                self.dirty = false;
+                tokio::time::sleep(Duration::from_millis(self.config.poll_interval_ms)).await;
+                let state = self.state()?;
+                return Ok(SourceBatch { messages: Vec::new(), checkpoint: Checkpoint::encode(state) });
+            };
+            let rows = client.mine(&plan.files, lo, hi, &self.owners).await?;
+            let filter = &self.filter;
+            let committed =
+                stream::feed(&mut self.buffer, rows, |owner, table| filter.captures(&TableId::new(owner, table)))?;
+            // Ranks among the commits of one SCN, over all of them (also
+            // those emitted before a restart): mined again, they get the
+            // same positions.
+            let mut rank = 0u64;
+            let mut last_scn = None;
+            let done = self.state()?.committed.clone();
+            for txn in committed {
+                rank = if last_scn == Some(txn.commit_scn) { rank + 1 } else { 0 };
+                last_scn = Some(txn.commit_scn);
+                if CommitPos::of(&txn) > done {
+                    self.pending.push_back((rank, txn));
+                }
+            }
+            self.mined_to = hi;
+        }
+        let mut messages = Vec::new();
+        let mut state = self.state()?.clone();
+        // Whole transactions, until the batch holds max_batch_events.
+        while messages.len() < self.config.max_batch_events {
+            let Some((rank, txn)) = self.pending.pop_front() else { break };
+            let pos = CommitPos::of(&txn);
+            self.emit(&client, &mut state, txn, rank, &mut messages).await?;
+            state.committed = pos;
+        }
+        let pending_start = self.pending.iter().map(|(_, t)| t.start_scn).min();
+        let restart = stream::restart_scn(&self.buffer, self.mined_to);
+        state.restart_scn = pending_start.map_or(restart, |p| p.min(restart));
+        self.dirty = false;
+        let checkpoint = Checkpoint::encode(&state);
+        self.state = Some(state);
+        Ok(SourceBatch { messages, checkpoint })
+    }
+
+    /// The schema of a table changed by a DDL (or first seen): re-read from
+    /// the catalog; a table gone is dropped.
+    async fn refresh(
+        &mut self,
+        client: &Arc<dyn LogMinerClient>,
+        state: &mut OracleState,
+        id: &TableId,
+        out: &mut Vec<SourceMessage>,
+    ) -> Result<()> {
+        let def = client.table_def(id).await?;
+        match def {
+            None => {
+                if state.def(id).is_some() {
+                    state.set_def(id, None);
+                    self.announced.remove(id);
+                    out.push(SourceMessage::TableDropped(id.clone()));
+                }
+            }
+            Some(def) => {
+                let (schema, _, _) = build_schema(&self.filter, id, &def)?;
+                state.set_def(id, Some(def));
+                self.announce(&schema, out);
+            }
+        }
+        Ok(())
+    }
+
+    async fn emit(
+        &mut self,
+        client: &Arc<dyn LogMinerClient>,
+        state: &mut OracleState,
+        txn: Committed,
+        rank: u64,
+        out: &mut Vec<SourceMessage>,
+    ) -> Result<()> {
+        let mut events: Vec<(String, ChangeEvent)> = Vec::new();
+        // The LOB being written: (row id, table, column, value, key).
+        let mut lob: Option<OpenLob> = None;
+        for e in &txn.events {
+            if !matches!(e.op, 10 | 11 | 28) {
+                if let Some(done) = lob.take() {
+                    self.finish_lob(state, &txn, rank, done, &mut events)?;
+                }
+            }
+            let id = TableId::new(&e.owner, &e.table);
+            if !self.filter.captures(&id) {
+                continue;
+            }
+            match e.op {
+                5 => {
+                    // Events before the DDL keep their shape: flush them first.
+                    out.extend(events.drain(..).map(|(_, ev)| SourceMessage::Change(ev)));
+                    self.refresh(client, state, &id, out).await?;
+                }
+                1..=3 => {
+                    if state.def(&id).is_none() {
+                        self.refresh(client, state, &id, out).await?;
+                    }
+                    let Some(def) = state.def(&id).cloned() else {
+                        // The online catalog no longer knows the table (dropped
+                        // later in the window): it is gone downstream too.
+                        tracing::warn!(table = %id, scn = e.scn, "a change of a table the catalog no longer has");
+                        continue;
+                    };
+                    let (schema, _, _) = build_schema(&self.filter, &id, &def)?;
+                    self.announce(&schema, out);
+                    let redo = redo_sql::parse(&e.sql).map_err(|err| err.with_table(id.clone()))?;
+                    let missing = missing_after(&schema, &redo);
+                    let mut ev = self.change(&schema, redo, &txn, rank, events.len())?;
+                    if !missing.is_empty() {
+                        fill_from_flashback(client, &schema, &def, txn.commit_scn, &missing, &mut ev).await?;
+                    }
+                    events.push((e.row_id.clone(), ev));
+                }
+                9 => {
+                    if let LobOp::Select { table, column, key } = lob::parse(9, &e.sql)? {
+                        let current = events
+                            .iter()
+                            .rev()
+                            .find(|(r, ev)| *r == e.row_id && ev.schema.id == table)
+                            .and_then(|(_, ev)| {
+                                let i = ev.schema.columns.iter().position(|c| c.name == column)?;
+                                ev.after.as_ref()?.get(i).cloned()
+                            });
+                        let value = match current {
+                            Some(Value::Bytes(b)) => LobValue::Bytes(b),
+                            Some(Value::Text(t)) => LobValue::Text(t.chars().collect()),
+                            _ => {
+                                let bytes = state.def(&table).and_then(|d| d.columns.iter().find(|c| c.name == column)).is_some_and(|c| c.type_text == "BLOB");
+                                if bytes { LobValue::Bytes(Vec::new()) } else { LobValue::Text(Vec::new()) }
+                            }
+                        };
+                        lob = Some(OpenLob { row_id: e.row_id.clone(), table, column, value, key });
+                    }
+                }
+                _ => {
+                    if let Some(OpenLob { value, .. }) = lob.as_mut() {
+                        value.apply(&lob::parse(e.op, &e.sql)?)?;
+                    }
+                }
+            }
+        }
+        if let Some(done) = lob.take() {
+            self.finish_lob(state, &txn, rank, done, &mut events)?;
+        }
+        let total = events.len() as i64;
+        for (i, (_, mut ev)) in events.into_iter().enumerate() {
+            ev.transaction = Some(TransactionInfo { id: txn.xid.clone(), total_order: i as i64 + 1, data_collection_order: total });
+            out.push(SourceMessage::Change(ev));
+        }
+        Ok(())
+    }
+
+    /// Puts a reassembled LOB into the row's latest change of the
+    /// transaction, or, when the transaction changed only the LOB, into an
+    /// update of the row built from the locator's where clause.
+    fn finish_lob(
+        &mut self,
+        state: &OracleState,
+        txn: &Committed,
+        rank: u64,
+        OpenLob { row_id, table, column, value, key }: OpenLob,
+        events: &mut Vec<(String, ChangeEvent)>,
+    ) -> Result<()> {
+        let v = match value {
+            LobValue::Bytes(b) => Value::Bytes(b),
+            LobValue::Text(t) => Value::Text(t.into_iter().collect()),
+        };
+        if let Some((_, ev)) = events.iter_mut().rev().find(|(r, ev)| *r == row_id && ev.schema.id == table) {
+            if let (Some(i), Some(after)) = (ev.schema.columns.iter().position(|c| c.name == column), ev.after.as_mut()) {
+                after[i] = v;
+            }
+            return Ok(());
+        }
+        let Some(def) = state.def(&table).cloned() else { return Ok(()) };
+        let (schema, _, _) = build_schema(&self.filter, &table, &def)?;
+        let before = row_of(&schema, &key)?;
+        let mut after = before.clone();
+        if let Some(i) = schema.columns.iter().position(|c| c.name == column) {
+            after[i] = v;
+        }
+        let ev = self.event(&schema, Op::Update, Some(before), Some(after), txn, rank, events.len());
+        events.push((row_id, ev));
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event(&self, schema: &Arc<TableSchema>, op: Op, before: Option<Row>, after: Option<Row>, txn: &Committed, rank: u64, index: usize) -> ChangeEvent {
+        let position = Position { commit: txn.commit_scn, index: rank << 32 | index as u64 };
+        ChangeEvent {
+            schema: schema.clone(),
+            op,
+            before,
+            after,
+            source: self.info(position, txn.commit_ts_ms, SnapshotMarker::False, Some(&txn.xid)),
+            ts_ms: crate::now_ms(),
+            transaction: None,
+        }
+    }
+
+    fn change(&self, schema: &Arc<TableSchema>, redo: Redo, txn: &Committed, rank: u64, index: usize) -> Result<ChangeEvent> {
+        let (op, before, after) = match redo {
+            Redo::Insert { values, .. } => (Op::Create, None, Some(row_of(schema, &values)?)),
+            Redo::Update { set, before, .. } => {
+                let b = row_of(schema, &before)?;
+                let mut a = b.clone();
+                for (name, lit) in &set {
+                    if let Some(i) = schema.columns.iter().position(|c| &c.name == name) {
+                        a[i] = types::decode(&schema.columns[i], lit, false).map_err(|e| e.or_table(&schema.id))?;
+                    }
+                }
+                (Op::Update, Some(b), Some(a))
+            }
+            Redo::Delete { before, .. } => (Op::Delete, Some(row_of(schema, &before)?), None),
+        };
+        Ok(self.event(schema, op, before, after, txn, rank, index))
+    }
+}
+
+/// The columns an update's after-image lacks: named neither in its `set`
+/// list nor in its where clause. LogMiner leaves LOB columns out of both
+/// (and every column without supplemental logging of all columns).
+fn missing_after(schema: &TableSchema, redo: &Redo) -> Vec<usize> {
+    let Redo::Update { set, before, .. } = redo else { return Vec::new() };
+    schema
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !set.iter().chain(before.iter()).any(|(n, _)| *n == c.name))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Reads the `missing` columns of an update's row as of its commit SCN
+/// (a flashback query by key, as PostgreSQL's source reads unchanged
+/// TOAST values): the value the row has once the transaction committed.
+/// A row gone by then keeps NULL there.
+async fn fill_from_flashback(
+    client: &Arc<dyn LogMinerClient>,
+    schema: &TableSchema,
+    def: &TableDef,
+    scn: u64,
+    missing: &[usize],
+    ev: &mut ChangeEvent,
+) -> Result<()> {
+    let Some(after) = ev.after.as_mut() else { return Ok(()) };
+    let key: Vec<Option<String>> = def
+        .primary_key
+        .iter()
+        .map(|k| {
+            let i = schema.columns.iter().position(|c| &c.name == k)?;
+            types::canonical_text(&schema.columns[i], &after[i])
+        })
+        .collect();
+    if key.is_empty() || key.iter().any(Option::is_none) {
+        // No primary key to find the row by: the columns stay NULL.
+        return Ok(());
+    }
+    let kept = TableDef {
+        columns: def.columns.iter().filter(|c| schema.columns.iter().any(|s| s.name == c.name)).cloned().collect(),
+        primary_key: def.primary_key.clone(),
+    };
+    let at = client::RowAt { table: &schema.id, def: &kept, scn, key: &key };
+    if let Some(texts) = client.row_at(at).await? {
+        let row = snapshot::decode_row(schema, &(String::new(), texts))?;
+        for &i in missing {
+            after[i] = row[i].clone();
+        }
+    }
+    Ok(())
+}
+
+/// A row of `schema` from named literals; columns not named are NULL
+/// (with supplemental logging of all columns, which `check` demands, every
+/// column is named).
+fn row_of(schema: &TableSchema, values: &[(String, Literal)]) -> Result<Row> {
+    schema
+        .columns
+        .iter()
+        .map(|c| match values.iter().find(|(n, _)| *n == c.name) {
+            Some((_, lit)) => types::decode(c, lit, false).map_err(|e| e.or_table(&schema.id)),
+            None => Ok(Value::Null),
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Source for OracleSource {
+    async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
+        self.announced.clear();
+        self.progress.clear();
+        let client: Arc<dyn LogMinerClient> = match &self.given {
+            Some(c) => c.clone(),
+            None => {
+                let p = self.config.connection()?;
+                Arc::new(OracleClient::connect(&p.user, &p.password, &p.connect).await?)
+            }
+        };
+        self.client = Some(client.clone());
+        let info = client.database_info().await?;
+        self.db = Arc::from(info.con_name.as_str());
+        let resumed = checkpoint.as_ref().map(OracleState::from_checkpoint).transpose()?;
+        let state = match resumed {
+            Some(s) => {
+                if s.dbid != info.dbid {
+                    return Err(Error::needs_operator(format!(
+                        "the checkpoint's database (DBID {}) is not this one (DBID {}): its SCNs do not compare",
+                        s.dbid, info.dbid
+                    ))
+                    .with_hint("copy everything again: source-runner --config <source.toml> reset"));
+                }
+                s
+            }
+            None => {
+                let scn = client.current_scn().await?;
+                // Changes of transactions open now, made before `scn`, are
+                // not in the flashback rows and are in the redo before
+                // `scn`: mining starts at the oldest one's start.
+                let oldest = client.oldest_open_transaction().await?;
+                let mut tables = Vec::new();
+                for id in client.list_tables(&self.owners).await? {
+                    if !self.filter.captures(&id) {
+                        continue;
+                    }
+                    if let Some(def) = client.table_def(&id).await? {
+                        tables.push(StoredTable { schema: id.schema.clone(), table: id.table.clone(), def });
+                    }
+                }
+                let snapshot = (self.config.snapshot_mode == SnapshotMode::Initial).then(|| SnapshotState {
+                    scn,
+                    tables: tables.iter().map(|t| TablePlan::new(&TableId::new(&t.schema, &t.table))).collect(),
+                });
+                tracing::info!(scn, tables = tables.len(), "starting at SCN");
+                OracleState {
+                    version: CHECKPOINT_VERSION,
+                    dbid: info.dbid,
+                    restart_scn: oldest.map_or(scn + 1, |o| o.min(scn + 1)),
+                    committed: CommitPos::through(scn),
+                    tables,
+                    snapshot,
+                }
+            }
+        };
+        // Schemas are announced before the first event that uses them.
+        self.mined_to = state.restart_scn.saturating_sub(1);
+        self.buffer = TxBuffer::new(self.config.buffer_memory_bytes as usize, self.config.spill_dir.clone());
+        self.pending.clear();
+        self.dirty = false;
+        self.state = Some(state);
+        Ok(())
+    }
+
+    async fn next_batch(&mut self) -> Result<SourceBatch> {
+        let snapshot = self.state()?.snapshot.is_some();
+        // Schemas announced by a batch that then fails never reached the
+        // runner: the next batch announces them again.
+        let announced = self.announced.clone();
+        let result = if snapshot { self.snapshot_batch().await } else { self.stream_batch().await };
+        if result.is_err() {
+            self.announced = announced;
+        }
+        result
+    }
+
+    async fn acknowledge(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+        // Nothing held on the server: no slot; redo retention is the
+        // operator's (the checkpoint's restart_scn says what is needed).
+        Ok(())
+    }
+
+    fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
+        self.progress.values().cloned().collect()
+    }
+
+    fn tables(&self) -> Vec<TableId> {
+        self.state
+            .as_ref()
+            .map(|s| s.tables.iter().map(|t| TableId::new(&t.schema, &t.table)).collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeOracle;
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn orders() -> TableId {
+        TableId::new("APP", "ORDERS")
+    }
+
+    fn source(db: &FakeOracle, chunk: u64) -> OracleSource {
+        let mut c = OracleSourceConfig::with_url("oracle://c##tributary@fake/FREEPDB1", &["APP.*"]);
+        c.snapshot_chunk_rows = chunk;
+        c.poll_interval_ms = 100;
+        c.max_window_scns = 1000;
+        c.max_batch_events = 3;
+        OracleSource::new(c, "test", Some(Arc::new(db.clone()))).expect("valid")
+    }
+
+    /// The rows a consumer holds after applying every event (by key text),
+    /// and every change seen with its position.
+    #[derive(Default, Debug)]
+    struct Mirror {
+        rows: BTreeMap<(TableId, String), Row>,
+        seen: Vec<(Op, Position)>,
+        dropped: Vec<TableId>,
+        schemas: BTreeMap<TableId, Arc<TableSchema>>,
+    }
+
+    impl Mirror {
+        fn apply(&mut self, batch: &SourceBatch) {
+            for m in &batch.messages {
+                match m {
+                    SourceMessage::SchemaChanged(s) => {
+                        self.schemas.insert(s.id.clone(), s.clone());
+                    }
+                    SourceMessage::TableDropped(t) => self.dropped.push(t.clone()),
+                    SourceMessage::Change(ev) => {
+                        assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
+                        self.seen.push((ev.op, ev.source.position));
+                        let row = ev.after.as_ref().or(ev.before.as_ref()).expect("a row");
+                        let key = format!("{:?}", row[0]);
+                        match ev.op {
+                            Op::Delete => {
+                                self.rows.remove(&(ev.schema.id.clone(), key));
+                            }
+                            _ => {
+                                if let Some(b) = &ev.before {
+                                    self.rows.remove(&(ev.schema.id.clone(), format!("{:?}", b[0])));
+                                }
+                                self.rows.insert((ev.schema.id.clone(), key), row.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        fn table(&self, t: &TableId) -> Vec<Row> {
+            self.rows.iter().filter(|((id, _), _)| id == t).map(|(_, r)| r.clone()).collect()
+        }
+    }
+
+    /// Batches until the source has mined everything the fake wrote and
+    /// returned a heartbeat; each batch's checkpoint is returned with it.
+    async fn drain(src: &mut OracleSource, db: &FakeOracle, mirror: &mut Mirror) -> Vec<(Checkpoint, usize)> {
+        let mut checkpoints = Vec::new();
+        for _ in 0..1000 {
+            let b = src.next_batch().await.expect("batch");
+            mirror.apply(&b);
+            checkpoints.push((b.checkpoint.clone(), mirror.seen.len()));
+            let streaming = src.state.as_ref().is_some_and(|s| s.snapshot.is_none());
+            if streaming && b.messages.is_empty() && src.pending.is_empty() && src.mined_to >= db.scn() {
+                return checkpoints;
+            }
+        }
+        panic!("the source never caught up");
+    }
+
+    fn seed(db: &FakeOracle) {
+        db.create_table(&orders(), &[("ID", "NUMBER"), ("NAME", "VARCHAR2"), ("AT", "DATE"), ("DOC", "CLOB")], &["ID"]);
+        let mut tx = db.begin();
+        for i in 1..=5 {
+            let id = i.to_string();
+            tx.insert(&orders(), &[Some(&id), Some("it's"), Some("2024-02-29 12:00:00"), Some("short")]);
+        }
+        tx.commit();
+    }
+
+    fn text(v: &str) -> Value {
+        Value::Text(v.into())
+    }
+
+    #[tokio::test]
+    async fn snapshot_then_streaming_with_savepoints_lobs_and_long_statements() {
+        let db = FakeOracle::new();
+        seed(&db);
+        // Open at snapshot time: its first change is before the snapshot SCN.
+        let mut open = db.begin();
+        open.insert(&orders(), &[Some("100"), Some("early"), None, None]);
+        let mut src = source(&db, 2);
+        src.start(None).await.expect("start");
+        db.set_csf_limit(40);
+        open.insert(&orders(), &[Some("101"), Some("late"), None, None]);
+        open.commit();
+        let mut tx = db.begin();
+        tx.insert(&orders(), &[Some("6"), Some("six"), None, Some("a CLOB written in many pieces, é")]);
+        tx.savepoint();
+        tx.update(&orders(), "1", &[("NAME", Some("undone"))]);
+        tx.insert(&orders(), &[Some("7"), Some("undone"), None, None]);
+        tx.rollback_to_savepoint();
+        tx.delete(&orders(), "2");
+        // LogMiner leaves the CLOB out of this update: read back by key.
+        tx.update(&orders(), "3", &[("NAME", Some("three"))]);
+        tx.commit();
+        let rolled = {
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some("8"), Some("never"), None, None]);
+            tx
+        };
+        rolled.rollback();
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        let rows = mirror.table(&orders());
+        let ids: Vec<Value> = rows.iter().map(|r| r[0].clone()).collect();
+        let d = |s: &str| Value::Decimal(s.into());
+        // 100 was inserted before the snapshot's SCN by a transaction that
+        // committed after it: mined from that transaction's start.
+        assert_eq!(ids, vec![d("1"), d("100"), d("101"), d("3"), d("4"), d("5"), d("6")]);
+        let by = |id: &str| rows.iter().find(|r| r[0] == d(id)).expect("row").clone();
+        assert_eq!(by("1")[1], text("it's"));
+        assert_eq!(by("100")[1], text("early"));
+        assert_eq!(by("6")[3], text("a CLOB written in many pieces, é"));
+        let at = types::parse_masked("2024-02-29 12:00:00", types::DATE_MASK).expect("date").0;
+        assert_eq!(by("3")[2], Value::Timestamp(at));
+        assert_eq!((by("3")[1].clone(), by("3")[3].clone()), (text("three"), text("short")));
+        // Snapshot rows (3 chunks of 2 for 5 rows), then streamed changes
+        // in position order.
+        let snapshot: Vec<&(Op, Position)> = mirror.seen.iter().filter(|(op, _)| *op == Op::Read).collect();
+        assert_eq!(snapshot.len(), 5);
+        let streamed: Vec<Position> = mirror.seen.iter().filter(|(op, _)| *op != Op::Read).map(|(_, p)| *p).collect();
+        assert!(streamed.windows(2).all(|w| w[0] < w[1]), "{streamed:?}");
+        assert!(streamed[0] > snapshot[0].1);
+    }
+
+    #[tokio::test]
+    async fn a_restart_from_any_checkpoint_loses_and_repeats_nothing() {
+        let db = FakeOracle::new();
+        seed(&db);
+        let mut src = source(&db, 2);
+        src.start(None).await.expect("start");
+        let long = db.begin();
+        let mut long = long;
+        long.insert(&orders(), &[Some("50"), Some("long"), None, None]);
+        for i in 10..20 {
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some(&i.to_string()), Some("x"), None, None]);
+            tx.commit();
+        }
+        let mut mirror = Mirror::default();
+        let mut checkpoints = drain(&mut src, &db, &mut mirror).await;
+        long.update(&orders(), "50", &[("NAME", Some("done"))]);
+        long.commit();
+        let mut tx = db.begin();
+        tx.delete(&orders(), "10");
+        tx.commit();
+        // Nothing open now: batches of three events leave committed
+        // transactions of the window pending, which the checkpoint's
+        // restart SCN must still cover.
+        for i in 60..70 {
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some(&i.to_string()), Some("y"), None, None]);
+            tx.commit();
+        }
+        checkpoints.extend(drain(&mut src, &db, &mut mirror).await);
+        let want = mirror.table(&orders());
+        let want_seen = mirror.seen.len();
+        assert_eq!(want.len(), 5 + 10 - 1 + 1 + 10);
+        // From every checkpoint returned, a new source emits exactly what
+        // the first run emitted after it, in the same order: none lost,
+        // none twice (snapshot rows and changes alike).
+        for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
+            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
+            let mut resumed = source(&db, 2);
+            resumed.start(Some(cp.clone())).await.expect("resume");
+            drain(&mut resumed, &db, &mut replay).await;
+            assert_eq!(replay.seen, mirror.seen[*emitted..], "checkpoint {n}");
+        }
+        assert_eq!(mirror.seen.len(), want_seen);
+    }
+
+    #[tokio::test]
+    async fn ddl_adds_columns_and_drops_tables_and_gaps_stop_the_source() {
+        let db = FakeOracle::new();
+        seed(&db);
+        let mut src = source(&db, 100);
+        src.start(None).await.expect("start");
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        db.add_column(&orders(), "NOTE", "VARCHAR2");
+        let mut tx = db.begin();
+        tx.insert(&orders(), &[Some("9"), Some("n"), None, None, Some("a note")]);
+        tx.commit();
+        let t2 = TableId::new("APP", "LATER");
+        db.create_table(&t2, &[("K", "NUMBER(9)"), ("R", "RAW(4)")], &["K"]);
+        let mut tx = db.begin();
+        tx.insert(&t2, &[Some("1"), Some("0A0B")]);
+        tx.commit();
+        drain(&mut src, &db, &mut mirror).await;
+        db.drop_table(&t2);
+        drain(&mut src, &db, &mut mirror).await;
+        let schema = mirror.schemas.get(&orders()).expect("schema");
+        assert_eq!(schema.columns.last().map(|c| c.name.as_str()), Some("NOTE"));
+        assert!(mirror.table(&orders()).iter().any(|r| r.get(4) == Some(&text("a note"))));
+        assert_eq!(mirror.table(&t2), vec![vec![Value::Int32(1), Value::Bytes(vec![10, 11])]]);
+        assert_eq!(mirror.dropped, vec![t2]);
+
+        // A sequence lost before it was mined: NeedsOperator, and nothing
+        // after it is emitted.
+        let at = db.scn();
+        for i in 0..(2 * fake::LOG_SCNS) {
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some(&(1000 + i).to_string()), None, None, None]);
+            tx.commit();
+        }
+        db.lose_sequence(at / fake::LOG_SCNS + 1);
+        let e = src.next_batch().await.expect_err("gap");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+        assert!(e.to_string().contains("sequence"), "{e}");
+        let e = src.next_batch().await.expect_err("still a gap");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_of_another_database_is_refused() {
+        let db = FakeOracle::new();
+        seed(&db);
+        let mut src = source(&db, 100);
+        src.start(None).await.expect("start");
+        let b = src.next_batch().await.expect("batch");
+        db.set_info(|i| i.dbid = 7);
+        let mut again = source(&db, 100);
+        let e = again.start(Some(b.checkpoint)).await.expect_err("other dbid");
+        assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+    }
+}
