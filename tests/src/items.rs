@@ -200,3 +200,20 @@ pub async fn apply_in_batches(sink: &mut dyn tributary_connectors::Sink, events:
     }
     started.elapsed().as_secs_f64()
 }
+
+/// The Markdown header of a sink benchmark's table; `unit` names what the
+/// destination is charged or limited by (commits, MERGE statements, ...).
+pub fn bench_header(unit: &str) {
+    println!("| batch size | changes | seconds | changes/s | {unit} | {unit} per 1M changes |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+}
+
+/// One row of a sink benchmark's table: `changes` applied in batches of
+/// `size` in `seconds`, costing `units`.
+pub fn bench_row(size: usize, changes: usize, seconds: f64, units: u64) {
+    println!(
+        "| {size} | {changes} | {seconds:.1} | {:.0} | {units} | {:.0} |",
+        changes as f64 / seconds,
+        units as f64 * 1_000_000.0 / changes as f64
+    );
+}

@@ -31,7 +31,8 @@ fn url() -> String {
 }
 
 use tributary_tests::items::{
-    assert_after_mixed_changes, batch, column, event, items, key_row, mixed_changes, row, truncate_changes,
+    apply_in_batches, assert_after_mixed_changes, batch, bench_batch_sizes, bench_changes, bench_header, bench_row,
+    column, event, items, key_row, mixed_changes, row, truncate_changes,
 };
 
 #[tokio::test]
@@ -1692,5 +1693,25 @@ mod e2e {
             .stderr(Stdio::from(log))
             .spawn()
             .expect("spawn sink-runner")
+    }
+}
+
+/// The same benchmark as the emulator sinks' (`bench/run --sink spanner`
+/// and the others print this table first, from the same run): changes/s
+/// into PostgreSQL per batch size, and transactions per million changes
+/// (each batch is one transaction).
+#[tokio::test]
+#[ignore = "benchmark; run explicitly"]
+async fn bench_apply_rates_per_batch_size() {
+    bench_header("transactions");
+    for size in bench_batch_sizes() {
+        let fx = Fixture::new("bench").await;
+        let mut sink = fx.sink();
+        let (events, expected) = bench_changes();
+        let total = events.len();
+        let took = apply_in_batches(&mut sink, events, size).await;
+        assert_eq!(fx.rows().await.len(), expected, "the copy holds what the changes leave");
+        bench_row(size, total, took, total.div_ceil(size) as u64);
+        fx.cleanup().await;
     }
 }

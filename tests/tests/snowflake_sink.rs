@@ -14,7 +14,9 @@ use tributary_connectors::sinks::snowflake::SnowflakeSink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{Column, DataType, Op, Value};
 use tributary_tests::e2e::kill_9_across_the_pipeline;
-use tributary_tests::items::{batch, event, items, row};
+use tributary_tests::items::{
+    apply_in_batches, batch, bench_batch_sizes, bench_changes, bench_header, bench_row, event, items, row,
+};
 use tributary_tests::snowflake::Schemas;
 use tributary_tests::{header, unique};
 
@@ -124,4 +126,27 @@ async fn postgres_to_kafka_to_snowflake_equals_the_source_across_kill_9() {
     let dead = kill_9_across_the_pipeline(&unique("sfe2e"), &fx).await.expect("a dead letter");
     let message = header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
     assert!(message.contains("Snowflake refused"), "{message}");
+}
+
+/// Changes/s applied into fakesnow per batch size, and statements per
+/// million changes (Snowflake bills warehouse time, which grows with
+/// statements). fakesnow runs an array-bound INSERT row by row on DuckDB:
+/// its rates say nothing of Snowflake's. Run by `bench/run --sink
+/// snowflake` (beside the PostgreSQL sink), or: `BENCH_ROWS=5000
+/// BENCH_BATCHES=100,1000,5000 cargo test -p tributary-tests --test
+/// snowflake_sink bench -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "benchmark; run explicitly"]
+async fn bench_apply_rates_per_batch_size() {
+    bench_header("statements");
+    for size in bench_batch_sizes() {
+        let fx = Schemas::new("bench");
+        let mut sink = SnowflakeSink::new(fx.config()).expect("config");
+        let (events, expected) = bench_changes();
+        let total = events.len();
+        let took = apply_in_batches(&mut sink, events, size).await;
+        assert_eq!(fx.rows().await.len(), expected, "the copy holds what the changes leave");
+        bench_row(size, total, took, sink.statements());
+        fx.cleanup().await;
+    }
 }
