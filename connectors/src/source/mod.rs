@@ -13,6 +13,19 @@ use tributary_schemas::{ChangeEvent, TableId, TableSchema};
 use crate::error::{Error, Result};
 use crate::problem::Problem;
 
+/// Whether a source starts by copying existing rows (`snapshot_mode`, the
+/// same setting in every source's section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotMode {
+    /// Copy every selected table, consistently with the position the
+    /// stream starts from, then stream.
+    #[default]
+    Initial,
+    /// Only stream changes made after the source first started.
+    Never,
+}
+
 /// A source's resumable state, serialized by the source itself (JSON) and
 /// stored by the runner in the offsets topic, in the same Kafka transaction as
 /// the events it covers.

@@ -36,16 +36,7 @@ pub const DEFAULT_BATCH_LINGER_MS: u64 = 50;
 /// Connect timeout: a down server is reported (as retryable) quickly.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
 
-/// Whether the source starts by copying existing rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SnapshotMode {
-    /// Copy every selected table (consistently with a binlog position), then stream.
-    #[default]
-    Initial,
-    /// Only stream changes made after the source first started.
-    Never,
-}
+pub use crate::source::SnapshotMode;
 
 /// Whether tables created after the start are captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

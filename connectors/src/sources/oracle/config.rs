@@ -26,16 +26,7 @@ pub const DEFAULT_MAX_BATCH_EVENTS: usize = 10_000;
 /// heartbeat): LogMiner has no push; each poll starts a session.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1000;
 
-/// Whether the source starts by copying existing rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SnapshotMode {
-    /// Copy every selected table `AS OF SCN`, then stream from that SCN.
-    #[default]
-    Initial,
-    /// Only stream changes after the first start.
-    Never,
-}
+pub use crate::source::SnapshotMode;
 
 /// The `[oracle]` section of a source runner.
 #[derive(Clone, Deserialize)]

@@ -62,16 +62,7 @@ pub enum NewTables {
     Ignore,
 }
 
-/// Whether the source starts by copying existing rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SnapshotMode {
-    /// Copy every selected table (consistently with the slot), then stream.
-    #[default]
-    Initial,
-    /// Only stream changes made after the slot was created.
-    Never,
-}
+pub use crate::source::SnapshotMode;
 
 /// The `[postgres]` section of a source runner.
 #[derive(Clone, Deserialize)]

@@ -30,16 +30,7 @@ pub const DEFAULT_MAX_BATCH_EVENTS: usize = 10_000;
 /// Connect timeout: a down server is reported (as retryable) quickly.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
 
-/// Whether the source starts by copying existing rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SnapshotMode {
-    /// Copy every selected table (consistently with an LSN), then stream.
-    #[default]
-    Initial,
-    /// Only stream changes committed after the first start.
-    Never,
-}
+pub use crate::source::SnapshotMode;
 
 /// The `[sqlserver]` section of a source runner.
 #[derive(Clone, Deserialize)]
