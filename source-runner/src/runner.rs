@@ -1351,7 +1351,9 @@ async fn run_once(
     // Events the open snapshot transaction may reach before it is
     // committed: one batch first, then four times the last one.
     let mut txn_limit = 0usize;
-    let keep_alive_after = Duration::from_millis(u64::from(config.transaction_timeout_ms) / 2);
+    // A third: the commit itself must reach the broker in time, on a
+    // loaded machine too.
+    let keep_alive_after = Duration::from_millis(u64::from(config.transaction_timeout_ms) / 3);
     loop {
         // A paused source stops reading: its slot keeps the position, and
         // nothing after the last commit is lost.
@@ -1372,7 +1374,7 @@ async fn run_once(
             // A snapshot's transaction stays open while the source reads
             // its next chunk. A chunk slower than the transaction timeout
             // would make Kafka abort it, and the runner start over only to
-            // fail the same way: it is committed at half the timeout
+            // fail the same way: it is committed at a third of the timeout
             // instead, while the read goes on (its checkpoint, the last
             // batch's, is a place to resume from).
             let mut keep_alive = open
@@ -1410,7 +1412,9 @@ async fn run_once(
         if !kafka.held.is_empty() {
             kafka.sweep_copied(&source.snapshot_progress()).await?;
         }
-        let txn = open.get_or_insert_with(OpenTxn::new);
+        // The broker times a transaction from its first produce, so its
+        // age counts from before this batch's, however long that took.
+        let txn = open.get_or_insert_with(|| OpenTxn::new(producing));
         txn.add(&batch, counts);
         txn.waited_for_source += producing - asked;
         txn.producing += producing.elapsed();
@@ -1499,12 +1503,12 @@ struct OpenTxn {
 }
 
 impl OpenTxn {
-    fn new() -> Self {
+    fn new(started: Instant) -> Self {
         Self {
             kafka_committed: false,
             waited_for_source: Duration::ZERO,
             producing: Duration::ZERO,
-            started: Instant::now(),
+            started,
             checkpoint: Checkpoint(String::new()),
             events: 0,
             per_table: HashMap::new(),

@@ -164,11 +164,13 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
             .collect(),
     );
     let name = unique("memslow");
-    // 2 s: the broker aborts a transaction open longer than that at its
-    // next check (every 10 s), within the 13 s the source takes.
+    // 3 s: the broker aborts a transaction open longer than that at its
+    // next check (every 10 s), which comes within the 14 s the source
+    // takes. (At 2 s, the runner's commit at half the timeout, counted
+    // from after the batch's produce, came too late once on a loaded CI.)
     let config: source_runner::config::SourceRunnerConfig = tributary_operations::config::parse(
         &format!(
-            "name = \"{name}\"\nschema_registry_url = \"{}\"\ntransaction_timeout_ms = 2000\n[admin]\nlisten = \"off\"\n\
+            "name = \"{name}\"\nschema_registry_url = \"{}\"\ntransaction_timeout_ms = 3000\n[admin]\nlisten = \"off\"\n\
              [kafka]\nbootstrap_servers = \"{}\"\n{UNUSED_POSTGRES}",
             schema_registry_url(),
             kafka_bootstrap()
@@ -182,7 +184,7 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     let source = Box::new(SlowThirdBatch {
         inner: MemorySource::new(db.clone(), &name).with_chunk_rows(100),
         calls: 0,
-        delay: Duration::from_secs(13),
+        delay: Duration::from_secs(14),
         starts: starts.clone(),
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
