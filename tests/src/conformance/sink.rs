@@ -556,6 +556,46 @@ pub async fn reset_then_copy(fx: &dyn SinkFixture) {
     );
 }
 
+/// One unit (one Kafka batch) holding a table's changes on both sides of
+/// its reset and table-copied records: each run of changes is written once,
+/// in its place. Before 2026-12-03 the BigQuery sink tagged every staged
+/// row of a unit alike, so each later `MERGE` read the earlier runs' rows
+/// again: the old domain's rows went back over the copy's, and a row the
+/// copy removed came back (the fault suite's offsets-topic-loss left rows
+/// twice in BigQuery).
+pub async fn changes_around_a_reset_in_one_unit(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    let records = |records: Vec<(i32, i64, SinkRecord)>| on_partitions(&s.id, records);
+    let change = |op: Op, id: i32, name: &str, commit: u64| {
+        SinkRecord::Change(event(&s, op, None, Some(row(id, name, id, "1.00")), commit, 0))
+    };
+    let old: Vec<ChangeEvent> = (1..=3)
+        .map(|i| event(&s, Op::Read, None, Some(row(i, &format!("old {i}"), i, "9.00")), 1_000_000, 0))
+        .collect();
+    sink.apply(&batch(TOPIC, 0, old)).await.expect("the rows before the reset");
+    let at = tributary_schemas::Position { commit: 10, index: 0 };
+    sink.apply(&records(vec![
+        // The old domain's last changes: a row updated, one inserted (then
+        // deleted at the source before the copy read the table).
+        (0, 3, change(Op::Update, 1, "old 1 updated", 1_000_001)),
+        (0, 4, change(Op::Create, 9, "gone before the copy", 1_000_002)),
+        (0, 5, SinkRecord::Reset(s.id.clone(), 7)),
+        (0, 6, change(Op::Read, 1, "copy 1", 10)),
+        (0, 7, change(Op::Read, 2, "copy 2", 10)),
+        (0, 8, SinkRecord::Copied(s.id.clone(), at)),
+        (0, 9, change(Op::Update, 2, "streamed", 20)),
+    ]))
+    .await
+    .expect("old changes, reset, copy, table-copied and the stream in one unit");
+    assert_eq!(
+        fx.rows().await,
+        vec!["1|copy 1|1|1.00", "2|streamed|2|1.00"],
+        "every run of changes is written once, in its place: the copy's rows over the old ones, \
+         the rows the copy did not read gone, the stream after it"
+    );
+}
+
 /// A copy over two partitions whose partitions are applied at different
 /// speeds (two sink members, or one partition behind): partition 0's
 /// table-copied record (at the copy's position) is applied before partition

@@ -13,8 +13,8 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
-/// Staging column naming the attempt that staged a row: the MERGE reads
-/// only its own attempt's rows.
+/// Staging column naming the write that staged a row: its MERGE reads
+/// only that write's rows.
 pub const BATCH_COLUMN: &str = "__tributary_batch";
 /// BigQuery clusters on at most four columns.
 const MAX_CLUSTER_COLUMNS: usize = 4;

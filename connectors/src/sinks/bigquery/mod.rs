@@ -14,7 +14,9 @@
 //! 2. The batch is reduced to the last event per key.
 //! 3. The survivors are streamed (`tabledata.insertAll`) into the staging
 //!    table of the destination table's column set (in the bookkeeping
-//!    dataset, reused across batches), tagged with the attempt's batch id.
+//!    dataset, reused across batches), tagged with the write's own id
+//!    (a batch writes a table once per run of changes between its reset,
+//!    truncate and table-copied records; each MERGE reads its run only).
 //! 4. One script: `BEGIN TRANSACTION`; a truncate's guarded `DELETE`; **one
 //!    `MERGE`** per destination table that inserts, updates and deletes,
 //!    guarded by the row's stored source position so that a replay never
@@ -110,12 +112,13 @@ pub struct BigQuerySink {
     prune_at: std::time::Instant,
     /// How the open attempt ends.
     mode: Mode,
-    /// The open attempt's id: the `MERGE` reads only the rows it staged.
-    batch_id: String,
     /// The open attempt's statements, run as one transaction at its end.
     script: Vec<String>,
-    /// Staging tables the open attempt wrote to.
-    staged: Vec<String>,
+    /// What the open attempt staged: each write's staging table and id.
+    /// Every write has its own id, and its `MERGE` reads only its rows: a
+    /// unit writes a table once per run of changes between its reset,
+    /// truncate and table-copied records.
+    staged: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for BigQuerySink {
@@ -147,7 +150,6 @@ impl BigQuerySink {
             merges: 0,
             prune_at: std::time::Instant::now(),
             mode: Mode::Commit,
-            batch_id: String::new(),
             script: Vec::new(),
             staged: Vec::new(),
         })
@@ -299,26 +301,32 @@ impl BigQuerySink {
         Ok(())
     }
 
-    /// A fresh attempt: a new batch id, no statements, nothing staged.
+    /// A fresh attempt: no statements (what was staged is deleted at its
+    /// end).
     fn new_attempt(&mut self) {
-        self.batch_id = uuid::Uuid::new_v4().simple().to_string();
         self.script.clear();
-        self.staged.clear();
     }
 
     /// Deletes the attempt's staged rows, whatever happened to it.
     async fn clean_staging(&mut self) {
-        for stage in std::mem::take(&mut self.staged) {
+        let mut by_stage: Vec<(String, Vec<String>)> = Vec::new();
+        for (stage, write) in std::mem::take(&mut self.staged) {
+            match by_stage.iter_mut().find(|(s, _)| *s == stage) {
+                Some((_, writes)) => writes.push(quote_string(&write)),
+                None => by_stage.push((stage, vec![quote_string(&write)])),
+            }
+        }
+        for (stage, writes) in by_stage {
             let sql = format!(
-                "DELETE FROM {} WHERE {} = {}",
+                "DELETE FROM {} WHERE {} IN ({})",
                 self.staging_table(&stage),
                 dialect::quote_ident(BATCH_COLUMN),
-                quote_string(&self.batch_id)
+                writes.join(", ")
             );
             if let Err(e) = self.client.query(&sql, &Ctx::table(&stage)).await {
                 // BigQuery refuses DML on rows still in the streaming
-                // buffer; they are never read again (the MERGE filters on
-                // its own batch id) and go with the partition expiry.
+                // buffer; they are never read again (each MERGE filters on
+                // its own write id) and go with the partition expiry.
                 debug!(staging = %stage, error = %e, "staged rows left in place");
             }
         }
@@ -349,7 +357,13 @@ impl BigQuerySink {
 
     /// Streams `rows` into the staging table `stage`. A refused row is a
     /// permanent error of its record, with BigQuery's reason.
-    async fn insert_staging(&self, dest: &DestinationTable, stage: &str, rows: &[StagedRow]) -> Result<(), ApplyError> {
+    async fn insert_staging(
+        &self,
+        dest: &DestinationTable,
+        stage: &str,
+        write: &str,
+        rows: &[StagedRow],
+    ) -> Result<(), ApplyError> {
         let ctx = Ctx::table(dest);
         for (chunk_no, chunk) in rows.chunks(self.config.insert_chunk_rows).enumerate() {
             let mut request = TableDataInsertAllRequest::new();
@@ -358,7 +372,7 @@ impl BigQuerySink {
             request.skip_invalid_rows();
             for row in chunk {
                 let mut json = row.json.clone();
-                json.insert(BATCH_COLUMN.into(), Json::String(self.batch_id.clone()));
+                json.insert(BATCH_COLUMN.into(), Json::String(write.to_string()));
                 request
                     .add_row(None, &json)
                     .map_err(|e| Error::permanent(format!("cannot serialise a staging row: {e}")))?;
@@ -603,13 +617,14 @@ impl Warehouse for BigQuerySink {
             self.client.query(&sql, &Ctx::table(&stage)).await?;
             self.stages.insert(stage.clone());
         }
-        self.staged.push(stage.clone());
-        self.insert_staging(dest, &stage, &rows).await?;
+        let write = uuid::Uuid::new_v4().simple().to_string();
+        self.staged.push((stage.clone(), write.clone()));
+        self.insert_staging(dest, &stage, &write, &rows).await?;
         let source = format!(
             "(SELECT * FROM {} WHERE {} = {})",
             self.staging_table(&stage),
             dialect::quote_ident(BATCH_COLUMN),
-            quote_string(&self.batch_id)
+            quote_string(&write)
         );
         let deleted = self.deleted_table();
         if changes.groups.iter().any(|g| g.deletes > 0) {
