@@ -244,6 +244,13 @@ async fn ensure_topic(
             }
         }
     }
+    let partitions = partition_count(producer, topic).await?;
+    topics.insert(topic.to_string(), partitions);
+    Ok(partitions)
+}
+
+/// The partition count of `topic` in the broker's metadata (asked now).
+async fn partition_count(producer: &Arc<SourceProducer>, topic: &str) -> Result<i32, Error> {
     let producer = producer.clone();
     let name = topic.to_string();
     let partitions = blocking(move || {
@@ -257,7 +264,6 @@ async fn ensure_topic(
     if partitions == 0 {
         return Err(Error::retryable(format!("topic {topic} has no partitions yet")));
     }
-    topics.insert(topic.to_string(), partitions);
     Ok(partitions)
 }
 
@@ -510,6 +516,18 @@ impl KafkaSide {
         ensure_topic(&self.admin, &self.producer, &mut self.topics, topic, compacted).await
     }
 
+    /// The partition count of `topic` as the broker has it now (the topic
+    /// is created first if need be), for a record that goes to every
+    /// partition: a count remembered from earlier would miss partitions
+    /// added since (`kafka-topics --alter --partitions`), and the sinks
+    /// reading those would never see the record.
+    async fn every_partition(&mut self, topic: &str) -> Result<i32, Error> {
+        self.ensure_topic(topic, false).await?;
+        let partitions = partition_count(&self.producer, topic).await?;
+        self.topics.insert(topic.to_string(), partitions);
+        Ok(partitions)
+    }
+
     /// Reads this runner's last committed checkpoint from the offsets topic.
     ///
     /// Must run after [`KafkaSide::connect`]: `init_transactions` has aborted
@@ -719,7 +737,7 @@ impl KafkaSide {
         self.begin().await?;
         for (table, reset) in due {
             let topic = self.naming.topic(self.config.prefix(), &table);
-            let partitions = self.ensure_topic(&topic, false).await.map_err(|e| e.or_table(&table))?;
+            let partitions = self.every_partition(&topic).await.map_err(|e| e.or_table(&table))?;
             let id = reset.to_string();
             for p in 0..partitions {
                 let headers = OwnedHeaders::new()
@@ -936,7 +954,7 @@ impl KafkaSide {
         self.begin().await?;
         for (table, at) in done {
             let topic = self.naming.topic(self.config.prefix(), &table);
-            let partitions = self.ensure_topic(&topic, false).await?;
+            let partitions = self.every_partition(&topic).await?;
             let position = format!("{}:{}", at.commit, at.index);
             for p in 0..partitions {
                 let headers = OwnedHeaders::new()
@@ -1130,7 +1148,7 @@ impl KafkaSide {
                     if event.op == Op::Truncate {
                         // A truncate concerns every key, so every partition
                         // gets it, in order with that partition's rows.
-                        let partitions = self.ensure_topic(topic, false).await.map_err(|e| e.or_table(table))?;
+                        let partitions = self.every_partition(topic).await.map_err(|e| e.or_table(table))?;
                         for p in 0..partitions {
                             self.send(topic, Some(p), encoded.key.as_deref(), encoded.value.as_deref(), None)
                                 .await
@@ -1149,7 +1167,7 @@ impl KafkaSide {
                 }
                 SourceMessage::TableDropped(table) => {
                     let topic = self.naming.topic(self.config.prefix(), table);
-                    let partitions = self.ensure_topic(&topic, false).await?;
+                    let partitions = self.every_partition(&topic).await?;
                     for p in 0..partitions {
                         let headers = OwnedHeaders::new()
                             .insert(Header {

@@ -327,4 +327,72 @@ mod checkpoint {
         stop(running).await;
         cleanup(&s).await;
     }
+
+    /// Truncates on every partition of `topic` (0..`total`), as a
+    /// `read_committed` consumer sees them.
+    async fn truncates_per_partition(topic: &str, total: i32) -> Vec<usize> {
+        use rdkafka::consumer::{Consumer, StreamConsumer};
+        use rdkafka::{Message, Offset, TopicPartitionList};
+        use tributary_schemas::{Decoded, EventDecoder, Op, Registry};
+        let consumer: StreamConsumer = tributary_tests::committed_reader("truncparts").create().expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..total {
+            tpl.add_partition_offset(topic, p, Offset::Beginning).expect("partition");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let mut decoder = EventDecoder::new(Registry::new(schema_registry_url()).expect("registry"));
+        let mut counts = vec![0usize; usize::try_from(total).expect("count")];
+        // Until the topic has been quiet for 3 s.
+        while let Ok(m) = tokio::time::timeout(Duration::from_secs(3), consumer.recv()).await {
+            let m = m.expect("record");
+            if let Decoded::Change(e) = decoder.decode(topic, m.key(), m.payload()).await.expect("decodes") {
+                if e.op == Op::Truncate {
+                    counts[usize::try_from(m.partition()).expect("partition")] += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    /// A truncate goes to every partition of the table's topic, also to
+    /// the partitions added while the runner runs. Before 2026-12-03 the
+    /// runner asked a topic's partition count once and kept it: a sink
+    /// member reading only a new partition never saw the truncate (nor a
+    /// table reset, table-copied or table-dropped record, which go the
+    /// same way).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_truncate_reaches_partitions_added_while_the_runner_runs() {
+        use rdkafka::admin::NewPartitions;
+        let s = setup("truncparts").await;
+        let label = format!("{}.items", s.fx.schema);
+        let topic = format!("{}.{}.items", s.name, s.fx.schema);
+        let telemetry = Telemetry::new(&s.name, "source");
+        let running = run(&s, &telemetry);
+        wait_for("the snapshot committed", Duration::from_secs(120), || async {
+            (telemetry.table(&label).is_some_and(|t| t.events >= 3)).then_some(())
+        })
+        .await;
+        let metadata = admin()
+            .inner()
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .expect("metadata");
+        let before = i32::try_from(metadata.topics()[0].partitions().len()).expect("count");
+        let total = before + 2;
+        for r in admin()
+            .create_partitions(&[NewPartitions::new(&topic, total as usize)], &AdminOptions::new())
+            .await
+            .expect("create partitions")
+        {
+            r.expect("partitions added");
+        }
+        s.fx.exec(&format!("TRUNCATE {}.items", s.fx.schema)).await;
+        wait_for("the truncate committed", Duration::from_secs(60), || async {
+            (telemetry.table(&label).is_some_and(|t| t.events >= 4)).then_some(())
+        })
+        .await;
+        let counts = truncates_per_partition(&topic, total).await;
+        assert_eq!(counts, vec![1; counts.len()], "one truncate on each of the {total} partitions ({before} at first)");
+        stop(running).await;
+        cleanup(&s).await;
+    }
 }
