@@ -394,6 +394,50 @@ async fn crash_mid_snapshot_resumes_from_checkpoint() {
     fx.cleanup().await;
 }
 
+/// A table's snapshot is done (the runner then sends its table-copied
+/// record) only once every row of its copy was given out. The chunk that
+/// ends a table waits as the pending one until the next chunk comes; the
+/// source used to mark the table done when it read that chunk, so with two
+/// workers the runner could see a table done before any of its rows (and
+/// sweep it as an empty copy, removing every row at the destination).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_is_done_only_once_its_rows_are_given_out() {
+    let fx = Fixture::new("donelast").await;
+    let s = &fx.schema;
+    let tables = ["a", "b", "c", "d"];
+    for t in tables {
+        fx.exec(&format!(
+            "CREATE TABLE {s}.{t} (id int PRIMARY KEY, v text);
+             INSERT INTO {s}.{t} SELECT g, 'v' || g FROM generate_series(1, 150) g;
+             ANALYZE {s}.{t};"
+        ))
+        .await;
+    }
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut reads: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + DEADLINE;
+    while reads.values().sum::<usize>() < 150 * tables.len() {
+        assert!(Instant::now() < deadline, "the snapshot did not end: {reads:?}");
+        let b = next(&mut source).await;
+        for m in &b.messages {
+            if let SourceMessage::Change(e) = m {
+                if e.op == Op::Read {
+                    *reads.entry(e.schema.id.table.clone()).or_default() += 1;
+                }
+            }
+        }
+        for p in source.snapshot_progress() {
+            let given = reads.get(&p.table.table).copied().unwrap_or(0);
+            assert!(!p.done || given == 150, "table {} is done with {given} of its 150 rows given out", p.table);
+        }
+        source.acknowledge(&b.checkpoint).await.expect("ack");
+    }
+    assert!(source.snapshot_progress().iter().all(|p| p.done), "every table done at the end");
+    drop(source);
+    fx.cleanup().await;
+}
+
 /// Crash while streaming: every change after the last acknowledged
 /// checkpoint is seen exactly once, none is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,9 +77,11 @@ pub fn position_i64(p: Position) -> Result<(i64, i64)> {
 
 /// Whether a truncate or copy at `at` keeps a table-wide deleted-rows
 /// entry. An empty copy's `table-copied` record carries the greatest
-/// position (every row is older); the source may send it before the last
-/// rows of a copy it took for empty reach the topic, and an entry there
-/// would keep those rows out for good, so none is kept.
+/// position (every row is older). An entry there would keep out for good
+/// any row of that copy that reached the topic after it: the PostgreSQL
+/// source sent it so until 2026-12-03 (it marked a table done before giving
+/// out its last chunk; `SnapshotTableProgress::done` now says otherwise).
+/// None is kept, in case a source gets that wrong again.
 pub fn keeps_removal(at: Position) -> bool {
     at.commit < i64::MAX.unsigned_abs()
 }

@@ -99,7 +99,9 @@ pub struct SnapshotTableProgress {
     pub rows: u64,
     /// The database's estimate of the table's rows, when it has one.
     pub estimated_rows: Option<u64>,
-    /// Whether the table's snapshot is complete.
+    /// Whether the table's snapshot is complete: every row of its copy is
+    /// in a batch already given out (the runner then sends the
+    /// table-copied record after them), not merely read.
     pub done: bool,
 }
 

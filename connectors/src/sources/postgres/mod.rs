@@ -547,10 +547,17 @@ impl PostgresSource {
                         seg.last = chunk.last.clone();
                     }
                     seg.done |= chunk.done;
-                    if snap.tables[chunk.table].segments.iter().all(|s| s.done) {
-                        snapshot::mark_table_done(&self.progress, &table_id);
-                    }
+                    // A table is done for the runner (which then sends its
+                    // table-copied record) once its last rows are given
+                    // out, not when they are read: the chunk that ends it
+                    // waits below as the pending one.
+                    let complete: Vec<bool> =
+                        snap.tables.iter().map(|t| t.segments.iter().all(|s| s.done)).collect();
                     if chunk.messages.is_empty() {
+                        let held = active.pending.as_ref().is_some_and(|(p, _)| p.table == chunk.table);
+                        if complete[chunk.table] && !held {
+                            snapshot::mark_table_done(&self.progress, &table_id);
+                        }
                         continue;
                     }
                     // Only a chunk that ends its key range can be the last:
@@ -572,10 +579,19 @@ impl PostgresSource {
                         }
                         None => current,
                     };
+                    let held = active.pending.as_ref().is_some_and(|(p, _)| p.table == chunk.table);
+                    if complete[chunk.table] && !held {
+                        let id = active.run.tables[chunk.table].schema.id.clone();
+                        snapshot::mark_table_done(&self.progress, &id);
+                    }
                     return Ok(Some(self.chunk_batch(chunk, checkpoint)));
                 }
                 None => {
                     let pending = active.pending.take();
+                    // The held chunk ends its table: done once given out.
+                    if let Some((chunk, _)) = &pending {
+                        snapshot::mark_table_done(&self.progress, &active.run.tables[chunk.table].schema.id);
+                    }
                     let initial = self.state.as_ref().and_then(|s| s.snapshot.as_ref()).is_some_and(|s| s.initial);
                     self.snapshot = None;
                     let state = self.state_mut()?;
