@@ -123,6 +123,19 @@ struct ActiveSnapshot {
     ready: Option<(Chunk, Checkpoint)>,
 }
 
+impl ActiveSnapshot {
+    /// Marks table `table` of the run done if every segment of it is read
+    /// (`complete`) and none of its rows waits as the pending chunk: a
+    /// table is done for the runner (which then sends its table-copied
+    /// record) once its last rows are given out, not when they are read.
+    fn mark_done_if_given_out(&self, progress: &SnapshotProgress, complete: &[bool], table: usize) {
+        let held = self.pending.as_ref().is_some_and(|(p, _)| p.table == table);
+        if complete[table] && !held {
+            snapshot::mark_table_done(progress, &self.run.tables[table].schema.id);
+        }
+    }
+}
+
 /// What the runner has seen: state, announced schemas and renames as of
 /// the last batch returned.
 #[derive(Clone)]
@@ -533,7 +546,6 @@ impl PostgresSource {
             }
             match active.run.next_chunk().await? {
                 Some(chunk) => {
-                    let table_id = active.run.tables[chunk.table].schema.id.clone();
                     let state = self
                         .state
                         .as_mut()
@@ -547,17 +559,12 @@ impl PostgresSource {
                         seg.last = chunk.last.clone();
                     }
                     seg.done |= chunk.done;
-                    // A table is done for the runner (which then sends its
-                    // table-copied record) once its last rows are given
-                    // out, not when they are read: the chunk that ends it
-                    // waits below as the pending one.
+                    // The chunk that ends a table waits below as the
+                    // pending one: the table is done once it is given out.
                     let complete: Vec<bool> =
                         snap.tables.iter().map(|t| t.segments.iter().all(|s| s.done)).collect();
                     if chunk.messages.is_empty() {
-                        let held = active.pending.as_ref().is_some_and(|(p, _)| p.table == chunk.table);
-                        if complete[chunk.table] && !held {
-                            snapshot::mark_table_done(&self.progress, &table_id);
-                        }
+                        active.mark_done_if_given_out(&self.progress, &complete, chunk.table);
                         continue;
                     }
                     // Only a chunk that ends its key range can be the last:
@@ -579,11 +586,7 @@ impl PostgresSource {
                         }
                         None => current,
                     };
-                    let held = active.pending.as_ref().is_some_and(|(p, _)| p.table == chunk.table);
-                    if complete[chunk.table] && !held {
-                        let id = active.run.tables[chunk.table].schema.id.clone();
-                        snapshot::mark_table_done(&self.progress, &id);
-                    }
+                    active.mark_done_if_given_out(&self.progress, &complete, chunk.table);
                     return Ok(Some(self.chunk_batch(chunk, checkpoint)));
                 }
                 None => {
