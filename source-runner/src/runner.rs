@@ -522,7 +522,10 @@ impl KafkaSide {
     /// added since (`kafka-topics --alter --partitions`), and the sinks
     /// reading those would never see the record.
     async fn every_partition(&mut self, topic: &str) -> Result<i32, Error> {
-        self.ensure_topic(topic, false).await?;
+        if !self.topics.contains_key(topic) {
+            // Made (or found) just now: its count was asked with it.
+            return self.ensure_topic(topic, false).await;
+        }
         let partitions = partition_count(&self.producer, topic).await?;
         self.topics.insert(topic.to_string(), partitions);
         Ok(partitions)
