@@ -4,11 +4,12 @@
 //! already use to inspect Connect's dead-letter topics work here too.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::warn;
 use tributary_connectors::{Error, ErrorKind, KafkaPosition};
@@ -35,8 +36,12 @@ pub const HEADER_COLUMN: &str = "tributary.errors.column";
 /// Header: the error kind and short reason.
 pub const HEADER_REASON: &str = "tributary.errors.reason";
 
-/// How long a dead-letter produce may take before the batch is retried.
+/// How long a dead-letter produce (and its transaction's start and commit)
+/// may take before the batch is retried.
 pub const DLQ_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The broker aborts a dead-letter transaction a crashed sender left open
+/// after this long (unless the partition's next owner claims it first).
+pub const DLQ_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Kafka metadata and watermark timeout when reading a dead-letter topic.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for the next record of a partition known to have more.
@@ -204,30 +209,93 @@ pub fn headers(record: &RawRecord, failure: &Failure, group: &str) -> OwnedHeade
     h
 }
 
-/// Produces dead-letter records and waits for each to be acknowledged.
+/// Produces dead-letter records, each in a Kafka transaction of its own,
+/// with one transactional producer per origin partition.
+///
+/// The fence: the transactional id is the consumer group's, the origin
+/// topic's and partition's (see [`transactional_id`]), so the member that
+/// owns a partition now fences every earlier owner when it claims the
+/// partition ([`DeadLetters::claim`], `init_transactions`), and only then
+/// reads what they sent (`read_committed`). A member frozen past its
+/// session that wakes up and dead-letters a record the new owner has
+/// already sent fails its commit (`PRODUCER_FENCED`): the record is in the
+/// dead-letter topic once. A zombie that claims again fences the owner in
+/// turn, reads the topic first and sends nothing twice; the owner's next
+/// send fails, and it claims and reads again (see the runner's
+/// `dead_letter`). The claim aborts a transaction a crashed owner left open.
 pub struct DeadLetters {
-    producer: FutureProducer,
+    base: ClientConfig,
     group: String,
+    /// Claimed partitions (origin topic, partition) and their producers.
+    producers: BTreeMap<(String, i32), Arc<FutureProducer>>,
+}
+
+/// The transactional id of the dead-letter producer of one origin
+/// partition: stable across members and restarts of one consumer group,
+/// which is what makes it a fence.
+pub fn transactional_id(group: &str, topic: &str, partition: i32) -> String {
+    format!("{group}.dlq.{topic}.{partition}")
 }
 
 impl DeadLetters {
-    /// A producer with Kafka settings from `base` (idempotent, acks=all: a
-    /// dead-lettered record must not be lost, it is the only copy that
-    /// survives once the offsets move past it).
-    pub fn new(base: &ClientConfig, group: &str) -> Result<Self, Error> {
-        let mut c = base.clone();
-        c.set("enable.idempotence", "true");
-        c.set("acks", "all");
-        c.set("linger.ms", "5");
-        c.set("message.timeout.ms", DLQ_DELIVERY_TIMEOUT.as_millis().to_string());
-        let producer: FutureProducer = c
-            .create()
-            .map_err(|e| Error::needs_operator(format!("cannot create the dead-letter producer: {e}")))?;
-        Ok(Self { producer, group: group.to_string() })
+    /// Kafka settings from `base`; producers are made per partition, when it
+    /// is claimed.
+    pub fn new(base: &ClientConfig, group: &str) -> Self {
+        Self {
+            base: base.clone(),
+            group: group.to_string(),
+            producers: BTreeMap::new(),
+        }
     }
 
-    /// Sends `record` to `topic` and waits for the acknowledgement.
-    pub async fn send(&self, topic: &str, record: &RawRecord, failure: &Failure) -> Result<(), Error> {
+    /// Fences every earlier sender of dead letters of `topic` / `partition`
+    /// (other members, this runner before a restart) and aborts what they
+    /// left open. Call before reading what they sent: a send committed
+    /// before the claim is in the topic, any later one fails.
+    pub async fn claim(&mut self, topic: &str, partition: i32) -> Result<(), Error> {
+        self.producers.remove(&(topic.to_string(), partition));
+        let mut c = self.base.clone();
+        c.set("transactional.id", transactional_id(&self.group, topic, partition));
+        c.set("enable.idempotence", "true");
+        c.set("acks", "all");
+        c.set("linger.ms", "0");
+        c.set("message.timeout.ms", DLQ_DELIVERY_TIMEOUT.as_millis().to_string());
+        // A crashed sender's open transaction holds back `read_committed`
+        // readers of the dead-letter partition until the broker aborts it.
+        c.set("transaction.timeout.ms", DLQ_TRANSACTION_TIMEOUT.as_millis().to_string());
+        let producer: FutureProducer = c
+            .create()
+            .map_err(|e| Error::needs_operator(format!("cannot create a dead-letter producer: {e}")))?;
+        let producer = Arc::new(producer);
+        let p = producer.clone();
+        tokio::task::spawn_blocking(move || p.init_transactions(DLQ_DELIVERY_TIMEOUT))
+            .await
+            .map_err(|e| Error::retryable(format!("dead-letter producer: {e}")))?
+            .map_err(|e| kafka_error(&format!("cannot claim the dead letters of {topic}/{partition}"), &e))?;
+        self.producers.insert((topic.to_string(), partition), producer);
+        Ok(())
+    }
+
+    /// Drops the producer of a partition this member no longer owns.
+    pub fn release(&mut self, topic: &str, partition: i32) {
+        self.producers.remove(&(topic.to_string(), partition));
+    }
+
+    /// Sends `record` (of a partition claimed before) to `topic` and
+    /// commits it. After an error the partition is no longer claimed: the
+    /// caller claims it and reads the topic again before the next send (the
+    /// error may be a fence, and the fencer may have sent the record).
+    pub async fn send(&mut self, topic: &str, record: &RawRecord, failure: &Failure) -> Result<(), Error> {
+        let part = (record.topic.clone(), record.partition);
+        let Some(producer) = self.producers.remove(&part) else {
+            return Err(Error::retryable(format!(
+                "the dead letters of {}/{} are not claimed",
+                record.topic, record.partition
+            )));
+        };
+        producer
+            .begin_transaction()
+            .map_err(|e| kafka_error(&format!("cannot write to dead-letter topic {topic}"), &e))?;
         let mut r: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(topic).headers(headers(record, failure, &self.group));
         if let Some(k) = &record.key {
@@ -236,20 +304,33 @@ impl DeadLetters {
         if let Some(v) = &record.value {
             r = r.payload(v.as_slice());
         }
-        match self.producer.send(r, DLQ_DELIVERY_TIMEOUT).await {
-            Ok(_) => Ok(()),
-            Err((e, _)) => {
-                let kind = match e.rdkafka_error_code() {
-                    Some(rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed)
-                    | Some(rdkafka::types::RDKafkaErrorCode::ClusterAuthorizationFailed) => ErrorKind::NeedsOperator,
-                    _ => ErrorKind::Retryable,
-                };
-                Err(Error::new(kind, format!("cannot write to dead-letter topic {topic}: {e}"))
-                    .with_class("kafka.produce")
-                    .with_hint(format!("allow the sink to write {topic} (and create it, or enable auto-creation)")))
-            }
+        if let Err((e, _)) = producer.send(r, DLQ_DELIVERY_TIMEOUT).await {
+            return Err(kafka_error(&format!("cannot write to dead-letter topic {topic}"), &e)
+                .with_hint(format!("allow the sink to write {topic} (and create it, or enable auto-creation)")));
         }
+        let p = producer.clone();
+        tokio::task::spawn_blocking(move || p.commit_transaction(DLQ_DELIVERY_TIMEOUT))
+            .await
+            .map_err(|e| Error::retryable(format!("dead-letter producer: {e}")))?
+            .map_err(|e| kafka_error(&format!("cannot commit the dead letter to {topic}"), &e))?;
+        self.producers.insert(part, producer);
+        Ok(())
     }
+}
+
+/// An error of a dead-letter producer: permissions need an operator, the
+/// rest (a fence, a timeout, a broker away) is retried after a new claim.
+fn kafka_error(context: &str, e: &rdkafka::error::KafkaError) -> Error {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    let kind = match e.rdkafka_error_code() {
+        Some(
+            Code::TopicAuthorizationFailed
+            | Code::ClusterAuthorizationFailed
+            | Code::TransactionalIdAuthorizationFailed,
+        ) => ErrorKind::NeedsOperator,
+        _ => ErrorKind::Retryable,
+    };
+    Error::new(kind, format!("{context}: {e}")).with_class("kafka.produce")
 }
 
 /// A partition of a topic, its first offset and the offset after its last.

@@ -158,8 +158,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             .subscribe(&[pattern.as_str()])
             .map_err(|e| RunError::Kafka(format!("cannot subscribe to {pattern}: {e}")))?;
         info!(pattern = %pattern, "subscribed");
-        let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group)
-            .map_err(|e| RunError::Kafka(e.to_string()))?;
+        let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group);
         let registry = config.schema_registry.registry(&config.schema_registry_url)?;
         let mut state = Loop {
             config,
@@ -973,6 +972,7 @@ impl<S: Sink + 'static> Loop<S> {
                         self.stored.remove(&(topic.clone(), partition));
                         self.rereading.remove(&(topic.clone(), partition));
                         self.dlq_unscanned.remove(&(topic.clone(), partition));
+                        self.dead_letters.release(&topic, partition);
                         if !self.assigned.iter().any(|(t, _)| *t == topic) {
                             // Paused again (if still wanted) once reassigned.
                             self.operator_paused.remove(&topic);
@@ -1740,7 +1740,15 @@ impl<S: Sink + 'static> Loop<S> {
             return Ok(());
         }
         let failure = Failure::from_error(stage, error, Some(table.to_string()));
-        self.dead_letters.send(&dlq, raw, &failure).await?;
+        if let Err(e) = self.dead_letters.send(&dlq, raw, &failure).await {
+            // Perhaps fenced by a member that claimed the partition since
+            // and sent this record: claim and read again before a retry.
+            let part = (raw.topic.clone(), raw.partition);
+            if self.assigned.contains(&part) {
+                self.dlq_unscanned.insert(part);
+            }
+            return Err(e);
+        }
         self.dead_lettered.insert(origin);
         self.telemetry
             .record_failed(&label, &error.to_string(), &error.kind().to_string());
@@ -1760,9 +1768,12 @@ impl<S: Sink + 'static> Loop<S> {
 
 impl<S: Sink + 'static> Loop<S> {
     /// Once per assignment of `topic` / `partition`, before its first dead
-    /// letter: what a predecessor (this runner before a crash, another
-    /// member before a rebalance) dead-lettered from the stored offset on
-    /// and could not store offsets past, so that it is not sent twice.
+    /// letter (and again after a failed send): fences earlier senders of
+    /// its dead letters ([`DeadLetters::claim`]), then reads what a
+    /// predecessor (this runner before a crash, another member before a
+    /// rebalance, a frozen member since) dead-lettered from the stored
+    /// offset on and could not store offsets past, so that it is not sent
+    /// twice.
     async fn read_predecessors_dead_letters(&mut self, dlq: &str, topic: &str, partition: i32) -> Result<(), Error> {
         let part = (topic.to_string(), partition);
         if !self.dlq_unscanned.contains(&part) {
@@ -1780,6 +1791,7 @@ impl<S: Sink + 'static> Loop<S> {
         let Some(reader) = &self.dlq_reader else {
             return Ok(());
         };
+        self.dead_letters.claim(topic, partition).await?;
         let found = reader.dead_lettered_since(dlq, topic, partition, from).await?;
         if !found.is_empty() {
             info!(

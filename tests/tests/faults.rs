@@ -2151,9 +2151,9 @@ async fn run(pipeline: &Pipeline) {
         )
     });
 
-    // Dead letters: exactly the bad rows (a member frozen past its session
-    // may still repeat one; its source offset tells), and once more each
-    // bad row a reset copied again.
+    // Dead letters: exactly the bad rows, each once (a member frozen past
+    // its session is fenced from repeating one), and once more each bad row
+    // a reset copied again (a new source record).
     let mut dead: BTreeMap<(String, String), usize> = BTreeMap::new();
     for t in &TABLES {
         for m in read_all(&format!("{name}.{name}.{}.dlq", t.name)) {
@@ -2168,6 +2168,12 @@ async fn run(pipeline: &Pipeline) {
         }
     }
     let repeated = dead.values().filter(|n| **n > 1).count();
+    assert_eq!(
+        repeated,
+        0,
+        "source records dead-lettered twice: {:?}",
+        dead.iter().filter(|(_, n)| **n > 1).collect::<Vec<_>>()
+    );
     assert_eq!(
         dead.len(),
         bad_rows.len() + replayed_rows.len() + copied_again,

@@ -1192,14 +1192,10 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
-    /// A sink that crashed after sending a dead letter and before storing
-    /// its offsets does not send it again after its restart (simulated: the
-    /// second run starts from the offsets the first run had before that
-    /// batch). A member frozen past its session still can (simulated: a
-    /// copy of the dead letter); the replay applies the record once.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_record_dead_lettered_twice_is_replayed_once() {
-        let mut p = Pipeline::new("dlqtwice", 1).await;
+    /// A pipeline whose destination table refuses `qty >= 1000`, and on its
+    /// topic a good row (offset 0) and a row the table refuses (offset 1).
+    async fn a_good_and_a_bad_row(name: &str) -> (Pipeline, Arc<TableSchema>) {
+        let mut p = Pipeline::new(name, 1).await;
         let s = items();
         p.fx.exec(&format!(
             "CREATE SCHEMA \"{s}\"; CREATE TABLE \"{s}\".items (id integer PRIMARY KEY, name varchar(40), \
@@ -1213,6 +1209,17 @@ mod e2e {
             event(&s, Op::Create, None, Some(row(2, "bad", 5000, "1.00")), 10, 1),
         ])
         .await;
+        (p, s)
+    }
+
+    /// A sink that crashed after sending a dead letter and before storing
+    /// its offsets does not send it again after its restart (simulated: the
+    /// second run starts from the offsets the first run had before that
+    /// batch). A copy of the dead letter made by other means (a runner
+    /// before the fence below, a tool) is applied once by the replay.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_record_dead_lettered_twice_is_replayed_once() {
+        let (p, _) = a_good_and_a_bad_row("dlqtwice").await;
         let config = p.config();
         let label = format!("{}.items", p.fx.schema);
         let end = p.end_offsets();
@@ -1239,7 +1246,7 @@ mod e2e {
         let dlq_topic = format!("{}.dlq", p.topic);
         let dead = p.read_topic(&dlq_topic, 2, Duration::from_secs(10));
         assert_eq!(dead.len(), 1, "the restarted sink did not send the dead letter again");
-        // A frozen member's repeat.
+        // A copy made outside the fence.
         {
             use rdkafka::message::Headers;
             let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
@@ -1274,6 +1281,72 @@ mod e2e {
         );
         assert!(p.fx.rows().await.contains(&"2|bad|5000|1.00".to_string()));
         assert_eq!(p.fx.versions().await.len(), versions.len() + 1, "one row more, written once");
+        p.fx.cleanup().await;
+    }
+
+    /// Issue #23, case 8: a member frozen past its session wakes up and
+    /// dead-letters a record the partition's new owner has dead-lettered
+    /// already: its send is fenced, and the record is in the dead-letter
+    /// topic once. A zombie that claims the partition again fences the
+    /// owner in turn; the owner's next dead letter still lands, once.
+    /// (Before the fence, the frozen member's send went through: the
+    /// replay test above had to de-duplicate it.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_frozen_member_cannot_dead_letter_what_the_new_owner_sent() {
+        use sink_runner::dlq::{DeadLetters, Failure, RawRecord, Stage};
+        let (mut p, s) = a_good_and_a_bad_row("dlqfence").await;
+        let config = p.config();
+        let dlq_topic = format!("{}.dlq", p.topic);
+        // The member that owned the partition before it froze.
+        let base = config.kafka.client_config().expect("kafka config");
+        let mut zombie = DeadLetters::new(&base, &config.consumer_group);
+        zombie.claim(&p.topic, 0).await.expect("the earlier owner's claim");
+
+        let label = format!("{}.items", p.fx.schema);
+        let status = Telemetry::new("test", "sink");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(config.clone(), status.clone(), Control::new(), stop_rx));
+        let fx = &p.fx;
+        wait_for("the good row and the dead letter", Duration::from_secs(90), || async {
+            fx.rows().await.len() == 1 && status.failed_records(&label) == 1
+        })
+        .await;
+
+        // The frozen member wakes up and sends the same dead letter.
+        let source = p.read_topic(&p.topic, 2, Duration::from_secs(10));
+        let bad = source.iter().find(|m| m.offset() == 1).expect("the bad record");
+        let raw = RawRecord::from_message(bad);
+        let failure = Failure::from_error(
+            Stage::Apply,
+            &tributary_connectors::Error::permanent("check constraint"),
+            Some(label.clone()),
+        );
+        let fenced = zombie.send(&dlq_topic, &raw, &failure).await;
+        assert!(fenced.is_err(), "the frozen member's dead letter went through");
+        let dead = p.read_topic(&dlq_topic, 2, Duration::from_secs(10));
+        assert_eq!(dead.len(), 1, "the record is in the dead-letter topic once");
+
+        // The zombie claims again (fencing the owner) and, as a runner
+        // would, finds the record there and sends nothing. The owner's
+        // next dead letter fails once, then is claimed, read and sent.
+        zombie.claim(&p.topic, 0).await.expect("the zombie's second claim");
+        p.produce(&[event(&s, Op::Create, None, Some(row(3, "bad", 6000, "1.00")), 11, 0)])
+            .await;
+        wait_for("the second dead letter", Duration::from_secs(90), || async { status.failed_records(&label) == 2 })
+            .await;
+        let dead = p.read_topic(&dlq_topic, 3, Duration::from_secs(10));
+        let origins: Vec<i64> = dead
+            .iter()
+            .map(|m| RawRecord::from_message(m).origin().expect("origin headers").offset)
+            .collect();
+        let third = p.read_topic(&p.topic, 3, Duration::from_secs(10));
+        assert_eq!(third.len(), 3);
+        assert_eq!(origins, vec![1, third[2].offset()], "each bad record dead-lettered once");
+        // The zombie's claim is gone too: the owner's retry fenced it.
+        assert!(zombie.send(&dlq_topic, &raw, &failure).await.is_err());
+        assert_eq!(p.read_topic(&dlq_topic, 3, Duration::from_secs(5)).len(), 2);
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner result");
         p.fx.cleanup().await;
     }
 
