@@ -665,8 +665,10 @@ impl Source {
                 "[postgres]\nurl = \"{url}\"\nslot_name = \"{}\"\npublication_name = \"{}\"\n{common}",
                 fx.slot, fx.publication
             ),
+            // Transactions of 3 changes or more (most of the workload's)
+            // go out in parts, so kills land inside them.
             SourceFixture::MariaDb { server_id, .. } => {
-                format!("[mysql]\nurl = \"{url}\"\nserver_id = {server_id}\n{common}")
+                format!("[mysql]\nurl = \"{url}\"\nserver_id = {server_id}\nmax_batch_events = 3\n{common}")
             }
         }
     }

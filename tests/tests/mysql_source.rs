@@ -785,6 +785,96 @@ async fn restart_mid_snapshot_and_mid_stream_is_exactly_once() {
     fx.drop().await;
 }
 
+/// Issue #24: a transaction with more changes than a batch holds goes out
+/// in parts, each batch within `max_batch_events`, instead of being held
+/// whole in memory. Its positions (start of the transaction + 1, 1..n) sit
+/// between those of the transactions around it; a crash after a part
+/// resumes inside it with neither a repeat nor a gap, and a replay from
+/// before it gives every change the same position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_larger_than_a_batch_goes_out_in_parts_and_resumes_exactly_once() {
+    const MAX: usize = 100;
+    const BIG: i64 = 1_050;
+    let mut fx = Fixture::new("myparts").await;
+    fx.sql("CREATE TABLE p (id INT PRIMARY KEY, v INT NOT NULL)").await;
+    fx.sql("INSERT INTO p VALUES (0, 0)").await;
+    let t = fx.table("p");
+    let mut config = fx.config();
+    config.max_batch_events = MAX;
+    let mut source = MySqlSource::new(config.clone(), "t").expect("config");
+    source.start(None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&t).len() == 1).await;
+    let before_big = mirror.checkpoint.clone();
+    let streamed_from = mirror.events.len();
+
+    fx.sql("INSERT INTO p VALUES (1, 1)").await;
+    let rows: Vec<String> = (2..2 + BIG).map(|i| format!("({i}, 1)")).collect();
+    fx.sql(&format!("INSERT INTO p VALUES {}", rows.join(","))).await;
+    fx.sql(&format!("INSERT INTO p VALUES ({}, 1)", 2 + BIG)).await;
+
+    // First life: up to and including the second part, then a batch read
+    // but never made durable, then the crash.
+    let parts = |m: &Mirror| {
+        m.events[streamed_from..]
+            .iter()
+            .filter(|e| (2..2 + BIG).contains(&id_of(e)))
+            .count()
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while parts(&mirror) < 2 * MAX {
+        assert!(Instant::now() < deadline, "timed out before the crash");
+        let batch = next(&mut source).await;
+        assert!(changes(&batch) <= MAX, "a batch of {} changes", changes(&batch));
+        mirror.apply(batch);
+    }
+    let state = SourceState::from_checkpoint(mirror.checkpoint.as_ref().expect("checkpoint")).expect("state");
+    let partial = state.partial.clone().expect("the checkpoint marks the part emitted");
+    assert!(partial.changes as usize >= 2 * MAX - MAX && partial.changes < BIG as u64, "{partial:?}");
+    let durable = mirror.checkpoint.clone();
+    let lost = tokio::time::timeout(Duration::from_secs(2), source.next_batch()).await;
+    drop(lost);
+    drop(source);
+
+    let mut source = MySqlSource::new(config.clone(), "t").expect("config");
+    source.start(durable).await.expect("resume inside the transaction");
+    sync(&mut source, &mut mirror, "every row", |m| m.ids(&t).len() == BIG as usize + 3).await;
+    mirror.apply(next(&mut source).await);
+    let first_life = mirror.events[streamed_from..].to_vec();
+    for e in &first_life {
+        assert!(e.source.position.commit > 0, "a change without its position: {e:?}");
+    }
+    let ids: Vec<i64> = first_life.iter().map(id_of).collect();
+    let expected: Vec<i64> = (1..=2 + BIG).collect();
+    assert_eq!(ids, expected, "every change once, in order");
+    let positions: Vec<Position> = first_life.iter().map(|e| e.source.position).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "positions increase");
+    let big: BTreeSet<u64> = first_life[1..=BIG as usize].iter().map(|e| e.source.position.commit).collect();
+    assert_eq!(big.len(), 1, "one transaction, one commit position");
+    let indexes: Vec<u64> = first_life[1..=BIG as usize].iter().map(|e| e.source.position.index).collect();
+    assert_eq!(indexes, (1..=BIG as u64).collect::<Vec<_>>());
+    drop(source);
+
+    // A replay from before the transaction: the same positions.
+    let mut source = MySqlSource::new(config, "t").expect("config");
+    source.start(before_big).await.expect("replay");
+    let mut replay = Mirror::default();
+    sync(&mut source, &mut replay, "the replay", |m| m.ids(&t).len() == BIG as usize + 2).await;
+    let again: Vec<Position> = replay.events.iter().map(|e| e.source.position).collect();
+    assert_eq!(again, positions, "a replay gives every change the same position");
+    fx.drop().await;
+}
+
+/// The key of a change of table `p`.
+fn id_of(e: &ChangeEvent) -> i64 {
+    int(&e.key_row().expect("row")[0])
+}
+
+/// The changes a batch holds.
+fn changes(batch: &SourceBatch) -> usize {
+    batch.messages.iter().filter(|m| matches!(m, SourceMessage::Change(_))).count()
+}
+
 /// A table without a primary key interrupted mid-snapshot is read again
 /// from its start: resumed by `OFFSET` in a new transaction, the rows
 /// deleted meanwhile shifted the offset and rows were never read.

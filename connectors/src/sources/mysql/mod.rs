@@ -151,6 +151,10 @@ pub struct SourceState {
     /// the first start adopts the server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<String>,
+    /// The part of the transaction starting at `binlog` already emitted,
+    /// while one goes out in parts (see [`stream::PartialTxn`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<stream::PartialTxn>,
 }
 
 impl SourceState {
@@ -628,6 +632,7 @@ impl Source for MySqlSource {
                                 tables: tables.iter().map(TablePlan::new).collect(),
                             }),
                             epoch: None,
+                            partial: None,
                         }
                     }
                     SnapshotMode::Never => {
@@ -648,6 +653,7 @@ impl Source for MySqlSource {
                             history,
                             snapshot: None,
                             epoch: None,
+                            partial: None,
                         }
                     }
                 }
@@ -896,6 +902,7 @@ mod tests {
             history,
             snapshot: None,
             epoch: Some("server_id:1".into()),
+            partial: None,
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).expect("parses"), s);
         let other = Checkpoint(s.to_checkpoint().0.replace("\"version\":1", "\"version\":9"));

@@ -4,9 +4,18 @@
 //! Events of a transaction are held until its XID (or `COMMIT` query, or the
 //! single statement of a DDL group) and only then join the batch, with
 //! positions `(end of the transaction, 1..n)`; the checkpoint moves to the
-//! end of the transaction at the same moment. A batch therefore never holds
-//! part of a transaction, and a restart from its checkpoint neither repeats
-//! nor skips a change.
+//! end of the transaction at the same moment, and a restart from it neither
+//! repeats nor skips a change.
+//!
+//! A transaction with `max_batch_events` changes or more is not held whole
+//! (a 10M-row UPDATE would not fit in memory, nor in one Kafka
+//! transaction): it goes out in parts, with positions `(start of the
+//! transaction + 1, 1..n)`, known before its end and still between the
+//! transactions before and after it. Its checkpoint stays at its start,
+//! with a [`PartialTxn`] marker counting the changes emitted; a restart
+//! reads the transaction again and skips that many (the binlog holds a
+//! transaction's rows in one order). Which transactions go in parts depends
+//! only on their size, so a replay gives every change the same position.
 //!
 //! MariaDB specifics: `@mariadb_slave_capability = 4` makes the server send
 //! its GTID events (decoded in [`super::gtid`], `mysql_common` does not know
@@ -26,6 +35,7 @@ use mysql_async::binlog::EventType;
 use mysql_async::consts::ColumnType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
+use serde::{Deserialize, Serialize};
 use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
 
 use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, SnapshotMode, TableFilter};
@@ -65,10 +75,35 @@ pub struct StreamContext<'a> {
     pub state: &'a mut SourceState,
 }
 
+/// The part of a transaction already emitted, when a batch ends inside a
+/// transaction that goes out in parts (see the module's doc).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialTxn {
+    /// Where the transaction's first event starts.
+    pub start: BinlogPosition,
+    /// Its GTID, when the server writes them (after a `resume_by = "gtid"`
+    /// restart, the surer way to know it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid: Option<String>,
+    /// Changes of it emitted so far.
+    pub changes: u64,
+}
+
 /// A transaction being read.
 #[derive(Default)]
 struct OpenTxn {
+    /// Held: not handed out yet.
     messages: Vec<SourceMessage>,
+    /// Where its first event starts (unknown for an artificial one).
+    start: Option<BinlogPosition>,
+    /// Changes read so far (skipped ones included).
+    ordinal: u64,
+    /// Changes already in Kafka before a restart: read, not emitted.
+    skip: u64,
+    /// Changes handed out (in earlier batches or before a restart).
+    emitted: u64,
+    /// It goes out in parts (see the module's doc).
+    in_parts: bool,
     /// The GTID as text (the events' `tx_id`).
     gtid: Option<String>,
     maria: Option<gtid::MariaGtid>,
@@ -99,6 +134,9 @@ pub struct Streamer {
     /// A committed transaction put a table in `state.snapshot` (a rename):
     /// the batch ends there so that the copy starts before more is read.
     copy_requested: bool,
+    /// The transaction emitted in part before the restart: the first one
+    /// read (the checkpoint is its start).
+    resume: Option<PartialTxn>,
 }
 
 /// What one call of [`Streamer::next_batch`] produced.
@@ -205,7 +243,46 @@ impl Streamer {
             stashed: None,
             rotate_checksum_len,
             copy_requested: false,
+            resume: state.partial.clone(),
         })
+    }
+
+    /// Opens a transaction whose first event starts at `start`: in parts
+    /// from the outset if it is the one emitted in part before a restart.
+    fn open_txn(&mut self, mut txn: OpenTxn, start: Option<BinlogPosition>) -> OpenTxn {
+        txn.start = start;
+        if let Some(resume) = self.resume.take() {
+            let same = match (&resume.gtid, &txn.gtid) {
+                (Some(theirs), Some(ours)) => theirs == ours,
+                _ => txn.start.as_ref() == Some(&resume.start),
+            };
+            if same {
+                txn.skip = resume.changes;
+                txn.emitted = resume.changes;
+                txn.in_parts = true;
+            } else {
+                tracing::warn!(
+                    expected = %resume.start,
+                    found = %txn.start.as_ref().map(ToString::to_string).unwrap_or_default(),
+                    "the transaction emitted in part before the restart is not the first one read"
+                );
+            }
+        }
+        txn
+    }
+
+    /// The part of a transaction already handed out while it is open (or,
+    /// after a restart, not reached again yet): the checkpoint's marker.
+    fn emitted_part(&self) -> Option<PartialTxn> {
+        match &self.txn {
+            Some(t) if t.in_parts && t.emitted > 0 => Some(PartialTxn {
+                start: t.start.clone()?,
+                gtid: t.gtid.clone(),
+                changes: t.emitted,
+            }),
+            Some(_) => None,
+            None => self.resume.clone(),
+        }
     }
 
     /// The next batch of whole transactions: returned once it holds
@@ -215,11 +292,21 @@ impl Streamer {
     /// With `stop` (a transaction boundary: a snapshot's position), the
     /// batch also ends where the stream reaches it, and says so in
     /// `reached_stop`.
+    ///
+    /// A transaction that goes out in parts ends the batch with its next
+    /// part once the batch is full, and the state's `partial` says how much
+    /// of it is out, whichever way the batch ends.
     pub async fn next_batch(
         &mut self,
         sc: &mut StreamContext<'_>,
         stop: Option<&BinlogPosition>,
     ) -> Result<StreamBatch> {
+        let out = self.collect(sc, stop).await;
+        sc.state.partial = self.emitted_part();
+        out
+    }
+
+    async fn collect(&mut self, sc: &mut StreamContext<'_>, stop: Option<&BinlogPosition>) -> Result<StreamBatch> {
         let heartbeat = Instant::now() + sc.config.heartbeat_interval();
         let mut deadline = heartbeat;
         let mut out = StreamBatch::default();
@@ -232,6 +319,16 @@ impl Streamer {
             return Ok(out);
         }
         loop {
+            if let Some(txn) = self.txn.as_mut() {
+                // Before the next event (its rows, or the commit that
+                // hands out what is held): a full batch goes.
+                let max = sc.config.max_batch_events;
+                txn.in_parts |= txn.start.is_some() && txn.ordinal >= max as u64;
+                if txn.in_parts && events + txn.messages.len() >= max {
+                    out.messages.extend(txn.take_part(max - events));
+                    return Ok(out);
+                }
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(out);
@@ -293,12 +390,13 @@ impl Streamer {
                 gtid::MARIADB_GTID_EVENT => {
                     let e = MariaGtidEvent::parse(event.data(), header.server_id())
                         .ok_or_else(|| Error::retryable(format!("a MariaDB GTID event at {end} cannot be decoded")))?;
-                    self.txn = Some(OpenTxn {
+                    let txn = OpenTxn {
                         gtid: Some(e.gtid.to_string()),
                         maria: Some(e.gtid),
                         begun: !e.standalone,
                         ..OpenTxn::default()
-                    });
+                    };
+                    self.txn = Some(self.open_txn(txn, event_start(&event, &self.file)));
                     return Ok(None);
                 }
                 gtid::MARIADB_GTID_LIST_EVENT
@@ -314,6 +412,7 @@ impl Streamer {
             self.idle_advance(&end, artificial, sc);
             return Ok(None);
         }
+        let start = event_start(&event, &self.file);
         let data = event
             .read_data()
             .map_err(|e| Error::retryable(format!("a binlog event at {end} cannot be decoded: {e}")))?;
@@ -327,18 +426,24 @@ impl Streamer {
             }
             Some(EventData::GtidEvent(g)) => {
                 let uuid = gtid::uuid_text(g.sid());
-                self.txn = Some(OpenTxn {
+                let txn = OpenTxn {
                     gtid: Some(format!("{uuid}:{}", g.gno())),
                     mysql: Some((uuid, g.gno())),
                     ..OpenTxn::default()
-                });
+                };
+                self.txn = Some(self.open_txn(txn, start));
                 Ok(None)
             }
             Some(EventData::QueryEvent(q)) => {
                 let sql = q.query();
                 let trimmed = sql.trim();
                 if trimmed.eq_ignore_ascii_case("BEGIN") || trimmed.eq_ignore_ascii_case("START TRANSACTION") {
-                    self.txn.get_or_insert_with(OpenTxn::default).begun = true;
+                    // Without GTIDs, BEGIN is the transaction's first event.
+                    let txn = match self.txn.take() {
+                        Some(txn) => txn,
+                        None => self.open_txn(OpenTxn::default(), start),
+                    };
+                    self.txn = Some(OpenTxn { begun: true, ..txn });
                     return Ok(None);
                 }
                 if trimmed.eq_ignore_ascii_case("COMMIT") {
@@ -398,18 +503,24 @@ impl Streamer {
             sc.state.binlog = end.clone();
             return Ok(Vec::new());
         };
-        let commit = end.ordered();
-        let native: Arc<str> = end.to_string().into();
-        let mut index = 0u64;
-        let mut messages = txn.messages;
-        for m in &mut messages {
-            if let SourceMessage::Change(e) = m {
-                index += 1;
-                e.source.position = Position { commit, index };
-                e.source.native_position = native.clone();
-                e.source.tx_id = txn.gtid.clone();
+        let mut txn = txn;
+        let messages = if txn.in_parts {
+            txn.take_part(usize::MAX)
+        } else {
+            let commit = end.ordered();
+            let native: Arc<str> = end.to_string().into();
+            let mut index = 0u64;
+            let mut messages = std::mem::take(&mut txn.messages);
+            for m in &mut messages {
+                if let SourceMessage::Change(e) = m {
+                    index += 1;
+                    e.source.position = Position { commit, index };
+                    e.source.native_position = native.clone();
+                    e.source.tx_id = txn.gtid.clone();
+                }
             }
-        }
+            messages
+        };
         sc.state.binlog = end.clone();
         if let Some(g) = txn.maria {
             self.maria_gtid.advance(g);
@@ -578,11 +689,38 @@ impl Streamer {
             Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}")).with_table(table.clone())
         })?;
         for (before, after) in decoded {
+            txn.ordinal += 1;
+            if txn.ordinal <= txn.skip {
+                // In Kafka already (an earlier part, before a restart).
+                continue;
+            }
             let (before, after) = (decode(before)?, decode(after)?);
             txn.messages
                 .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx)));
         }
         Ok(())
+    }
+}
+
+impl OpenTxn {
+    /// The first `most` held messages of a transaction that goes out in
+    /// parts, with their positions: `(start + 1, n)` for its n-th change.
+    fn take_part(&mut self, most: usize) -> Vec<SourceMessage> {
+        let mut messages: Vec<SourceMessage> = self.messages.drain(..most.min(self.messages.len())).collect();
+        let Some(start) = &self.start else {
+            return messages;
+        };
+        let commit = start.ordered() + 1;
+        let native: Arc<str> = start.to_string().into();
+        for m in &mut messages {
+            if let SourceMessage::Change(e) = m {
+                self.emitted += 1;
+                e.source.position = Position { commit, index: self.emitted };
+                e.source.native_position = native.clone();
+                e.source.tx_id = self.gtid.clone();
+            }
+        }
+        messages
     }
 }
 
