@@ -355,6 +355,12 @@ pub struct KafkaSide {
     pub reset_all: Option<u64>,
     /// Whether the next commit clears the `reset_all` request.
     reset_all_done: bool,
+    /// The source's side records as the offsets topic held them at start
+    /// (handed to the source before it starts).
+    pub side_records: BTreeMap<String, String>,
+    /// Side records of batches in the open transaction, written with its
+    /// checkpoint (`None`: deleted).
+    side_pending: BTreeMap<String, Option<String>>,
 }
 
 /// The offsets-topic record of a runner's held tables: its key is the
@@ -364,6 +370,10 @@ const HELD_KEY_SUFFIX: &str = "/held-tables";
 /// `source-runner reset` (`{"reset": <id>}`; a null value once carried
 /// out): its key is the runner's name and this suffix.
 const RESET_ALL_KEY_SUFFIX: &str = "/reset-all";
+/// The offsets-topic records of the source's side records (see
+/// `Source::take_side_records`): their keys are the runner's name, this
+/// infix and the source's key.
+const SIDE_KEY_INFIX: &str = "/source/";
 
 /// The reset-all record's value.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -499,6 +509,8 @@ impl KafkaSide {
             held_changed: false,
             reset_all: None,
             reset_all_done: false,
+            side_records: BTreeMap::new(),
+            side_pending: BTreeMap::new(),
         };
         let offsets_topic = config.offsets_topic();
         let (fenced, offsets) = tokio::join!(fencing, side.ensure_topic(&offsets_topic, true));
@@ -550,15 +562,17 @@ impl KafkaSide {
         let name = self.config.name.clone();
         let held_key = format!("{name}{HELD_KEY_SUFFIX}");
         let reset_key = format!("{name}{RESET_ALL_KEY_SUFFIX}");
-        type Read = (Option<Checkpoint>, Option<Vec<u8>>, Option<Vec<u8>>);
-        let (checkpoint, paused, reset_all) = blocking(move || -> Result<Read, Error> {
+        let side_prefix = format!("{name}{SIDE_KEY_INFIX}");
+        type Read = (Option<Checkpoint>, Option<Vec<u8>>, Option<Vec<u8>>, BTreeMap<String, String>);
+        let (checkpoint, paused, reset_all, side) = blocking(move || -> Result<Read, Error> {
             let mut paused: Option<Vec<u8>> = None;
             let mut reset_all: Option<Vec<u8>> = None;
+            let mut side: BTreeMap<String, String> = BTreeMap::new();
             let (low, high) = consumer
                 .fetch_watermarks(&topic, 0, Duration::from_secs(10))
                 .map_err(|e| kafka_error("offsets topic watermarks", e))?;
             if high <= low {
-                return Ok((None, None, None));
+                return Ok((None, None, None, side));
             }
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&topic, 0, Offset::Beginning)
@@ -574,7 +588,7 @@ impl KafkaSide {
                     .and_then(|p| p.find_partition(&topic, 0).and_then(|e| e.offset().to_raw()))
                     .unwrap_or(-1);
                 if position >= high {
-                    return Ok((last, paused, reset_all));
+                    return Ok((last, paused, reset_all, side));
                 }
                 if position > read_to {
                     read_to = position;
@@ -595,6 +609,12 @@ impl KafkaSide {
                             paused = m.payload().map(<[u8]>::to_vec);
                         } else if m.key() == Some(reset_key.as_bytes()) {
                             reset_all = m.payload().map(<[u8]>::to_vec);
+                        } else if let Some(k) = m.key().and_then(|k| k.strip_prefix(side_prefix.as_bytes())) {
+                            let k = String::from_utf8_lossy(k).into_owned();
+                            match m.payload() {
+                                Some(v) => side.insert(k, String::from_utf8_lossy(v).into_owned()),
+                                None => side.remove(&k),
+                            };
                         }
                     }
                     Some(Err(KafkaError::PartitionEOF(_))) | None => {}
@@ -623,7 +643,15 @@ impl KafkaSide {
             ),
         };
         self.reset_all_done = false;
+        self.side_records = side;
+        self.side_pending.clear();
         Ok(checkpoint)
+    }
+
+    /// Side records of a batch just added: written with the open
+    /// transaction's checkpoint.
+    pub fn stage_side_records(&mut self, records: Vec<(String, Option<String>)>) {
+        self.side_pending.extend(records);
     }
 
     /// Takes on the resets the source starts with: after a change of its
@@ -1031,6 +1059,18 @@ impl KafkaSide {
                 return Err(e);
             }
         }
+        for (k, v) in std::mem::take(&mut self.side_pending) {
+            let side_key = format!("{key}{SIDE_KEY_INFIX}{k}");
+            let sent = self
+                .send(&topic, Some(0), Some(side_key.as_bytes()), v.as_deref().map(str::as_bytes), None)
+                .await;
+            if let Err(e) = sent {
+                // This life ends: the next reads what is durable.
+                let e = self.refused_or(e);
+                self.abort().await;
+                return Err(e);
+            }
+        }
         if let Err(e) = self
             .send(&topic, Some(0), Some(key.as_bytes()), Some(checkpoint.0.as_bytes()), None)
             .await
@@ -1324,6 +1364,7 @@ async fn run_once(
         .with_class("tributary.reset")
         .with_hint("name the tables instead: source-runner --config <source.toml> reset --table <schema.table> ..."));
     }
+    source.restore_side_records(std::mem::take(&mut kafka.side_records));
     source.start(checkpoint).await?;
     if let Some(why) = source.domain_change() {
         kafka.reset_all_tables(&why, source.tables());
@@ -1425,6 +1466,7 @@ async fn run_once(
                 txn.commit(&mut kafka, source, telemetry).await?;
             }
         }
+        kafka.stage_side_records(source.take_side_records());
         batch_no += 1;
         let events = batch.messages.len();
         let span = info_span!("batch", batch = batch_no, events);

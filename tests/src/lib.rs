@@ -13,6 +13,7 @@ pub mod mysql;
 pub mod postgres;
 pub mod proxy;
 pub mod redshift;
+pub mod side;
 pub mod snowflake;
 pub mod spanner;
 

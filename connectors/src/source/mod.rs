@@ -4,6 +4,7 @@
 
 pub mod memory;
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use async_trait::async_trait;
@@ -185,6 +186,22 @@ pub trait Source: Send {
     fn start_over(&mut self) -> bool {
         false
     }
+
+    /// Called before [`Source::start`] with the side records durable
+    /// beside the checkpoint (see [`Source::take_side_records`]), by key.
+    fn restore_side_records(&mut self, _records: BTreeMap<String, String>) {}
+
+    /// After each batch [`Source::next_batch`] returns: the side records it
+    /// changed (a value, or `None` to delete one). The runner writes them
+    /// in the Kafka transaction that holds the batch's checkpoint, each
+    /// under a key of its own in the offsets topic, and hands back the
+    /// latest of each at the next start. For state too large to repeat in
+    /// every checkpoint (the MySQL source's schema history: a record per
+    /// table, written when the table's definition changes). The default:
+    /// none.
+    fn take_side_records(&mut self) -> Vec<(String, Option<String>)> {
+        Vec::new()
+    }
 }
 
 #[async_trait]
@@ -212,6 +229,12 @@ impl<S: Source + ?Sized> Source for Box<S> {
     }
     fn start_over(&mut self) -> bool {
         (**self).start_over()
+    }
+    fn restore_side_records(&mut self, records: BTreeMap<String, String>) {
+        (**self).restore_side_records(records)
+    }
+    fn take_side_records(&mut self) -> Vec<(String, Option<String>)> {
+        (**self).take_side_records()
     }
 }
 

@@ -149,6 +149,7 @@ impl Mirror {
 pub async fn start(source: &mut dyn Source, checkpoint: Option<Checkpoint>) {
     let deadline = Instant::now() + DEADLINE;
     loop {
+        crate::side::restore(source, checkpoint.as_ref());
         match source.start(checkpoint.clone()).await {
             Ok(()) => return,
             Err(e) if e.kind() == ErrorKind::Retryable && Instant::now() < deadline => {
@@ -164,7 +165,9 @@ pub async fn sync(source: &mut dyn Source, mirror: &mut Mirror, what: &str, done
     let deadline = Instant::now() + DEADLINE;
     while !done(mirror) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        let batch = source.next_batch().await.unwrap_or_else(|e| panic!("next_batch ({what}): {e}"));
+        let batch = crate::side::next_batch(source)
+            .await
+            .unwrap_or_else(|e| panic!("next_batch ({what}): {e}"));
         mirror.apply(&batch);
         source.acknowledge(&batch.checkpoint).await.expect("acknowledge");
     }
@@ -213,12 +216,12 @@ pub async fn restart_resumes_after_the_checkpoint(fx: &dyn SourceFixture) {
     let mut acked = Mirror::default();
     let mut checkpoint = None;
     for _ in 0..2 {
-        let b = source.next_batch().await.expect("batch");
+        let b = crate::side::next_batch(source.as_mut()).await.expect("batch");
         acked.apply(&b);
         source.acknowledge(&b.checkpoint).await.expect("ack");
         checkpoint = Some(b.checkpoint);
     }
-    let _lost = source.next_batch().await.expect("batch");
+    let _lost = crate::side::next_batch(source.as_mut()).await.expect("batch");
     drop(source);
     let mut source = fx.source(&runner);
     start(source.as_mut(), checkpoint.clone()).await;
@@ -234,7 +237,7 @@ pub async fn restart_resumes_after_the_checkpoint(fx: &dyn SourceFixture) {
     let mut last = None;
     // One more batch acknowledged to have its checkpoint (a heartbeat
     // carries the position after the changes).
-    let b = source.next_batch().await.expect("batch");
+    let b = crate::side::next_batch(source.as_mut()).await.expect("batch");
     mirror.apply(&b);
     source.acknowledge(&b.checkpoint).await.expect("ack");
     last.get_or_insert(b.checkpoint);

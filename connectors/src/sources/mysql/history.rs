@@ -160,6 +160,37 @@ impl SchemaHistory {
         self.tables.remove(&key(id)).map(|t| t.def)
     }
 
+    /// One record per table, by a key naming it unambiguously: how the
+    /// history is kept beside the checkpoint (see `MySqlSource`'s side
+    /// records), so that a checkpoint stays small whatever the tables.
+    pub fn records(&self) -> BTreeMap<String, String> {
+        self.tables
+            .iter()
+            // A struct of strings, numbers and lists always serializes.
+            .map(|(k, t)| (k.clone(), serde_json::to_string(t).unwrap_or_default()))
+            .collect()
+    }
+
+    /// The history from the values of [`SchemaHistory::records`].
+    pub fn from_records<'a>(values: impl IntoIterator<Item = &'a String>) -> Result<Self, String> {
+        let mut tables = BTreeMap::new();
+        for v in values {
+            let t: StoredTable = serde_json::from_str(v).map_err(|e| e.to_string())?;
+            tables.insert(key(&TableId::new(t.schema.clone(), t.table.clone())), t);
+        }
+        Ok(Self { tables })
+    }
+
+    /// Whether it knows no table.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    /// How many tables it knows.
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+
     /// Every table the history knows.
     pub fn tables(&self) -> impl Iterator<Item = TableId> + '_ {
         self.tables.values().map(|t| TableId::new(t.schema.clone(), t.table.clone()))

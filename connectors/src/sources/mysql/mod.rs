@@ -138,7 +138,11 @@ pub struct SourceState {
     /// GTID set), when the server has GTIDs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gtid: Option<String>,
-    /// Captured tables' definitions as of `binlog`.
+    /// Captured tables' definitions as of `binlog`. Not in the checkpoint:
+    /// kept beside it, a side record per table (see
+    /// [`Source::take_side_records`]); read from checkpoints written
+    /// before that.
+    #[serde(default, skip_serializing)]
     pub history: SchemaHistory,
     /// Snapshot work not done yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,12 +159,29 @@ pub struct SourceState {
     /// while one goes out in parts (see [`stream::PartialTxn`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<stream::PartialTxn>,
+    /// How many tables the history beside the checkpoint holds, as read
+    /// (written from `history` by [`SourceState::to_checkpoint`]): a start
+    /// that finds another count of side records stops, instead of reading
+    /// rows of tables it would not know.
+    #[serde(default, skip_serializing)]
+    pub history_tables: Option<usize>,
+}
+
+/// A checkpoint as stored: the state and its history's table count.
+#[derive(Serialize)]
+struct Stored<'a> {
+    #[serde(flatten)]
+    state: &'a SourceState,
+    history_tables: usize,
 }
 
 impl SourceState {
     /// Serializes the state.
     pub fn to_checkpoint(&self) -> Checkpoint {
-        Checkpoint::encode(self)
+        Checkpoint::encode(&Stored {
+            state: self,
+            history_tables: self.history.len(),
+        })
     }
 
     /// Parses a checkpoint written by this source.
@@ -301,6 +322,10 @@ pub struct MySqlSource {
     domain_change: Option<String>,
     /// The next start starts over (see [`Source::start_over`]).
     start_over: bool,
+    /// The side records durable at the last start, by key.
+    restored: BTreeMap<String, String>,
+    /// The history as the side records last handed to the runner hold it.
+    written: SchemaHistory,
 }
 
 impl std::fmt::Debug for MySqlSource {
@@ -337,6 +362,8 @@ impl MySqlSource {
             emitted: None,
             domain_change: None,
             start_over: false,
+            restored: BTreeMap::new(),
+            written: SchemaHistory::default(),
         })
     }
 
@@ -543,7 +570,29 @@ impl Source for MySqlSource {
         self.announced.clear();
         self.prelude.clear();
         self.progress.clear();
-        let resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
+        let mut resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
+        // The history as the side records hold it: the durable one (a
+        // checkpoint written before side records holds its own).
+        let history = self.restored.iter().filter(|(k, _)| k.starts_with(HISTORY_RECORD_PREFIX));
+        self.written = SchemaHistory::from_records(history.map(|(_, v)| v)).map_err(|e| {
+            Error::needs_operator(format!("a schema history record in the offsets topic is unreadable: {e}"))
+                .with_hint("copy everything again: source-runner --config <source.toml> reset")
+        })?;
+        if let Some(state) = resumed.as_mut().filter(|s| s.history.is_empty()) {
+            let expected = state.history_tables.unwrap_or(0);
+            if expected != self.written.len() {
+                return Err(Error::needs_operator(format!(
+                    "the checkpoint's schema history has {expected} tables, the offsets topic holds records of {}",
+                    self.written.len()
+                ))
+                .with_class("tributary.schema_history")
+                .with_hint(
+                    "the offsets topic lost records (or the source was started without them): copy everything \
+                     again: source-runner --config <source.toml> reset",
+                ));
+            }
+            state.history = self.written.clone();
+        }
         let mut conn = connect(&self.params).await?;
         let version: Option<String> = conn
             .query_first("SELECT @@version")
@@ -633,6 +682,7 @@ impl Source for MySqlSource {
                             }),
                             epoch: None,
                             partial: None,
+                            history_tables: None,
                         }
                     }
                     SnapshotMode::Never => {
@@ -654,6 +704,7 @@ impl Source for MySqlSource {
                             snapshot: None,
                             epoch: None,
                             partial: None,
+                            history_tables: None,
                         }
                     }
                 }
@@ -758,7 +809,36 @@ impl Source for MySqlSource {
         self.start_over = true;
         true
     }
+
+    fn restore_side_records(&mut self, records: BTreeMap<String, String>) {
+        self.restored = records;
+    }
+
+    fn take_side_records(&mut self) -> Vec<(String, Option<String>)> {
+        let Some(state) = &self.state else {
+            return Vec::new();
+        };
+        if state.history == self.written {
+            return Vec::new();
+        }
+        let (before, now) = (self.written.records(), state.history.records());
+        let mut out: Vec<(String, Option<String>)> = before
+            .keys()
+            .filter(|k| !now.contains_key(*k))
+            .map(|k| (format!("{HISTORY_RECORD_PREFIX}{k}"), None))
+            .collect();
+        for (k, v) in now {
+            if before.get(&k) != Some(&v) {
+                out.push((format!("{HISTORY_RECORD_PREFIX}{k}"), Some(v)));
+            }
+        }
+        self.written = state.history.clone();
+        out
+    }
 }
+
+/// The key prefix of the schema history's side records (one per table).
+const HISTORY_RECORD_PREFIX: &str = "history/";
 
 /// The server's identity, the epoch of its binlog positions: MySQL's
 /// `server_uuid`; MariaDB has none, and its `server_id` (unique among the
@@ -903,8 +983,22 @@ mod tests {
             snapshot: None,
             epoch: Some("server_id:1".into()),
             partial: None,
+            history_tables: None,
         };
-        assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).expect("parses"), s);
+        // The history is kept beside the checkpoint, a record per table.
+        let read = SourceState::from_checkpoint(&s.to_checkpoint()).expect("parses");
+        assert!(read.history.is_empty() && !s.to_checkpoint().0.contains("\"history\""));
+        assert_eq!(read.history_tables, Some(1), "the count of the history's tables");
+        let records = s.history.records();
+        assert_eq!(records.len(), 1);
+        let history = SchemaHistory::from_records(records.values()).expect("records parse");
+        assert_eq!(SourceState { history, history_tables: None, ..read }, s);
+        // A checkpoint written before side records holds the history.
+        let mut old: serde_json::Value = serde_json::from_str(&s.to_checkpoint().0).expect("json");
+        old["history"] = serde_json::to_value(&s.history).expect("history");
+        old.as_object_mut().expect("object").remove("history_tables");
+        let old = Checkpoint(old.to_string());
+        assert_eq!(SourceState::from_checkpoint(&old).expect("parses"), s);
         let other = Checkpoint(s.to_checkpoint().0.replace("\"version\":1", "\"version\":9"));
         assert_eq!(SourceState::from_checkpoint(&other).expect_err("version").kind(), ErrorKind::NeedsOperator);
     }
