@@ -845,12 +845,25 @@ impl KafkaSide {
     /// Which of `batch`'s messages are held back (see [`Held`]), moving
     /// each held table's copy along.
     fn hold(&mut self, batch: &SourceBatch) -> Vec<bool> {
-        if self.held.is_empty() {
+        let failed = |m: &SourceMessage| matches!(m, SourceMessage::TableFailed(..));
+        if self.held.is_empty() && !batch.messages.iter().any(failed) {
             return Vec::new();
         }
         let mut out = vec![false; batch.messages.len()];
         for (i, msg) in batch.messages.iter().enumerate() {
             match msg {
+                SourceMessage::TableFailed(t, reason) => {
+                    warn!(table = %t, error = %reason, "the table is paused; the others go on");
+                    self.held.insert(
+                        t.clone(),
+                        Held {
+                            reason: reason.clone(),
+                            copy: Copy::Paused,
+                            reset: None,
+                        },
+                    );
+                    self.held_changed = true;
+                }
                 SourceMessage::TableDropped(t) => {
                     if self.held.remove(t).is_some() {
                         self.held_changed = true;
@@ -918,7 +931,7 @@ impl KafkaSide {
             let schema = match msg {
                 SourceMessage::SchemaChanged(s) => s,
                 SourceMessage::Change(e) => &e.schema,
-                SourceMessage::TableDropped(_) => continue,
+                SourceMessage::TableDropped(_) | SourceMessage::TableFailed(..) => continue,
             };
             if self.is_held(&skip, i, &schema.id) {
                 continue;
@@ -1208,7 +1221,8 @@ impl KafkaSide {
         let mut run: Option<(&Arc<TableSchema>, String, TableCounts)> = None;
         for (i, msg) in batch.messages.iter().enumerate() {
             match msg {
-                SourceMessage::SchemaChanged(_) => {}
+                // Held since `hold`.
+                SourceMessage::SchemaChanged(_) | SourceMessage::TableFailed(..) => {}
                 SourceMessage::Change(event) if self.is_held(skip, i, &event.schema.id) => {}
                 SourceMessage::Change(event) => {
                     if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {

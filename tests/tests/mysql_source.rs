@@ -428,6 +428,78 @@ async fn non_utf8_character_sets_stream_as_the_source_text() {
     fx.drop().await;
 }
 
+/// Issue #24: a streamed value the source cannot decode (a character set
+/// without a decoder) pauses its table alone: the batch says which table
+/// failed and why (column, type, character set), the other tables keep
+/// flowing, and a copy of the table (what the runner asks at its next
+/// start) reads the value through the server, in UTF-8. Before, the
+/// source stopped with an error and no table was copied further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_value_pauses_its_table_and_the_others_go_on() {
+    let mut fx = Fixture::new("myfail").await;
+    fx.sql("CREATE TABLE d (id INT PRIMARY KEY, c VARCHAR(20) CHARACTER SET dec8)")
+        .await;
+    fx.sql("CREATE TABLE ok (id INT PRIMARY KEY, v INT)").await;
+    fx.sql("INSERT INTO d VALUES (1, 'plain')").await;
+    fx.sql("INSERT INTO ok VALUES (1, 1)").await;
+    let (d, ok) = (fx.table("d"), fx.table("ok"));
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    start(&mut source, None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&d).len() == 1 && m.ids(&ok).len() == 1).await;
+
+    fx.sql("INSERT INTO d VALUES (2, 'café')").await;
+    fx.sql("INSERT INTO ok VALUES (2, 2)").await;
+    let failed = |m: &Mirror| {
+        m.messages
+            .iter()
+            .filter_map(|msg| match msg {
+                SourceMessage::TableFailed(t, reason) => Some((t.clone(), reason.clone())),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while mirror.ids(&ok).len() < 2 {
+        assert!(Instant::now() < deadline, "timed out waiting for ok's row");
+        let batch = next(&mut source).await;
+        mirror.messages.extend(
+            batch
+                .messages
+                .iter()
+                .filter(|m| matches!(m, SourceMessage::TableFailed(..)))
+                .cloned(),
+        );
+        let rest = SourceBatch {
+            messages: batch
+                .messages
+                .into_iter()
+                .filter(|m| !matches!(m, SourceMessage::TableFailed(..)))
+                .collect(),
+            checkpoint: batch.checkpoint,
+        };
+        mirror.apply(rest);
+    }
+    let failures = failed(&mirror);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let (table, reason) = &failures[0];
+    assert_eq!(table, &d);
+    assert!(
+        reason.contains("dec8") && reason.contains('c'),
+        "the reason names the column's character set: {reason}"
+    );
+    assert_eq!(mirror.ids(&d).len(), 1, "d's undecodable row is not emitted");
+    drop(source);
+
+    // The next start copies the table again: the server converts the value.
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    start(&mut source, mirror.checkpoint.clone()).await.expect("resume");
+    assert_eq!(source.resync(std::slice::from_ref(&d)).await.expect("resync"), vec![d.clone()]);
+    sync(&mut source, &mut mirror, "d's copy", |m| m.ids(&d).len() == 2).await;
+    assert_eq!(mirror.row(&d, 2).expect("row 2")[1], Value::Text("café".into()));
+    fx.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     let mut fx = Fixture::new("myddl").await;
@@ -626,6 +698,7 @@ fn assert_rows_follow_their_announced_schema(mirror: &Mirror) {
             SourceMessage::TableDropped(t) => {
                 announced.remove(t);
             }
+            SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
             SourceMessage::Change(e) => {
                 assert!(
                     announced.get(&e.schema.id).is_some_and(|s| **s == *e.schema),

@@ -90,6 +90,7 @@ impl Mirror {
                     self.dropped.push(t.clone());
                     self.tables.remove(t);
                 }
+                SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                 SourceMessage::Change(e) => {
                     assert!(
                         self.schemas.get(&e.schema.id).is_some_and(|s| **s == *e.schema),

@@ -181,29 +181,45 @@ async fn an_incompatible_change_pauses_its_mariadb_table_until_it_can_be_carried
     incompatible_change(SourceKind::MariaDb).await;
 }
 
-async fn incompatible_change(kind: SourceKind) {
-    let pg = kind == SourceKind::Postgres;
+/// Tables `items` and `other` of 40 rows each (columns id, a, b, n, v and
+/// `extra_columns`, whose values `extra_values` gives), copied to a
+/// PostgreSQL sink by running runners.
+async fn two_tables_copied(kind: SourceKind, extra_columns: &str, extra_values: &str) -> (Source, Sink, Runners) {
     let mut source = Source::new(kind).await;
     let sink = Sink::new(SinkKind::Postgres).await;
     for table in ["items", "other"] {
         let t = source.qualified(table);
         source
             .sql(&format!(
-                "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10)); \
-                 INSERT INTO {t} (id, a, b, n, v) VALUES {}",
+                "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), v varchar(10){extra_columns}); \
+                 INSERT INTO {t} VALUES {}",
                 (1..=40)
-                    .map(|g| format!("({g}, {g}, 'b', 1.5, 'v')"))
+                    .map(|g| format!("({g}, {g}, 'b', 1.5, 'v'{extra_values})"))
                     .collect::<Vec<_>>()
                     .join(", ")
             ))
             .await;
     }
-    let t = source.qualified("items");
     let mut runners = Runners::new(&source, &sink);
     runners.source.start();
     runners.sink.start();
     converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
     converge(&mut source, &sink, &mut runners, "other", "snapshot").await;
+    (source, sink, runners)
+}
+
+/// `items`' entry in the source runner's `/status` at `url` (and the whole
+/// status) once it is paused (`true`) or not (`false`).
+async fn items_status(url: &str, key: &str, want_paused: bool) -> Option<(serde_json::Value, String)> {
+    let status: serde_json::Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+    let table = status.get("tables")?.get(key)?.to_string();
+    (table.contains("\"paused\"") == want_paused).then_some((status, table))
+}
+
+async fn incompatible_change(kind: SourceKind) {
+    let pg = kind == SourceKind::Postgres;
+    let (mut source, sink, mut runners) = two_tables_copied(kind, "", "").await;
+    let t = source.qualified("items");
 
     let to_text = if pg {
         "ALTER COLUMN a TYPE text"
@@ -224,16 +240,8 @@ async fn incompatible_change(kind: SourceKind) {
             prefixed("x")
         ))
         .await;
-    let status_url = format!("{}/status", runners.source_admin);
-    let key = source.qualified("items");
-    let table_status = |want_paused: bool| {
-        let (url, key) = (status_url.clone(), key.clone());
-        async move {
-            let status: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
-            let table = status.get("tables")?.get(&key)?.to_string();
-            (table.contains("\"paused\"") == want_paused).then_some((status, table))
-        }
-    };
+    let (status_url, key) = (format!("{}/status", runners.source_admin), source.qualified("items"));
+    let table_status = |want_paused: bool| items_status(&status_url, &key, want_paused);
     let (status, table) =
         tributary_tests::wait_for("the table to pause", Duration::from_secs(60), || table_status(true)).await;
     assert!(table.contains("a: type changed from int32 to text"), "{table}");
@@ -284,6 +292,48 @@ async fn incompatible_change(kind: SourceKind) {
     writes(&mut source, "other", 3).await;
     converge(&mut source, &sink, &mut runners, "other", "after registering").await;
     runners.assert_alive("after registering");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+/// Issue #24: a streamed MariaDB value the source cannot decode (a
+/// character set without a decoder) pauses its table alone, with the
+/// column and character set in `/status`; the other table flows. Once the
+/// column is converted and the runner restarted, the table is copied again
+/// with the value. Before, the source runner stopped for good ("a source
+/// cannot skip a change") and no table was copied further.
+#[tokio::test]
+async fn an_undecodable_mariadb_value_pauses_its_table_until_it_is_copied_again() {
+    let (mut source, sink, mut runners) =
+        two_tables_copied(SourceKind::MariaDb, ", c varchar(20) CHARACTER SET dec8", ", 'plain'").await;
+    let t = source.qualified("items");
+
+    source
+        .sql(&format!("UPDATE {t} SET c = 'café' WHERE id = 3; UPDATE {t} SET v = 'held' WHERE id = 4"))
+        .await;
+    let (status_url, key) = (format!("{}/status", runners.source_admin), source.qualified("items"));
+    let table_status = |want_paused: bool| items_status(&status_url, &key, want_paused);
+    let (status, table) =
+        tributary_tests::wait_for("the table to pause", Duration::from_secs(60), || table_status(true)).await;
+    assert!(table.contains("dec8") && table.contains("column c"), "{table}");
+    assert!(status.get("paused").is_some_and(serde_json::Value::is_null), "the runner goes on: {status}");
+    writes(&mut source, "other", 1).await;
+    converge(&mut source, &sink, &mut runners, "other", "while items is paused").await;
+    runners.assert_alive("while a table is paused");
+
+    // The operator converts the column and restarts the runner: the table
+    // is copied again, the value in it.
+    source
+        .sql(&format!("ALTER TABLE {t} MODIFY c varchar(20) CHARACTER SET utf8mb4"))
+        .await;
+    runners.source.kill9();
+    runners.source.start();
+    converge(&mut source, &sink, &mut runners, "items", "copied again after the fix").await;
+    tributary_tests::wait_for("the table to flow", Duration::from_secs(60), || table_status(false)).await;
+    writes(&mut source, "items", 2).await;
+    converge(&mut source, &sink, &mut runners, "items", "streaming after the copy").await;
+    runners.assert_alive("after the copy");
     runners.delete();
     sink.cleanup().await;
     source.cleanup().await;

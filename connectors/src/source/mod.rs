@@ -78,6 +78,12 @@ pub enum SourceMessage {
     /// A table was dropped in the source. Runners produce a table-dropped
     /// control record on the table's topic, after every earlier change.
     TableDropped(TableId),
+    /// A change of the table cannot be read (a value the source cannot
+    /// decode; the reason names the column and type): the source goes on
+    /// with the other tables, and the runner pauses this one alone (its
+    /// changes held back) until it is copied again, at the next start
+    /// ([`Source::resync`]). Never a reason to stop every table.
+    TableFailed(TableId, String),
 }
 
 /// A group of messages that the runner commits atomically, with the

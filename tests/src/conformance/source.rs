@@ -89,6 +89,7 @@ impl Mirror {
                     self.dropped.push(id.clone());
                     self.tables.remove(id);
                 }
+                SourceMessage::TableFailed(id, reason) => panic!("{id} failed: {reason}"),
                 SourceMessage::Change(ev) => {
                     assert!(
                         self.schemas.get(&ev.schema.id).is_some_and(|s| **s == *ev.schema),

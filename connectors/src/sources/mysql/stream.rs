@@ -44,7 +44,7 @@ use super::history::DdlEffect;
 use super::snapshot::{SnapshotState, TablePlan};
 use super::types::quote_literal;
 use super::{classify_my, connect, BinlogPosition, BuiltSchema, EventContext, ServerKind, SourceState};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::SourceMessage;
 
 /// `LOG_EVENT_ARTIFICIAL_F`: an event the dump thread made up (the first
@@ -684,21 +684,56 @@ impl Streamer {
             }
             Ok(Some(values))
         };
+        // A table about to be copied again: what this event did, its copy
+        // holds (the stream reads up to the copy's point first).
+        let copying = sc
+            .state
+            .snapshot
+            .as_ref()
+            .is_some_and(|p| p.tables.iter().any(|t| t.id() == table));
         let txn = self.txn.get_or_insert_with(OpenTxn::default);
-        let decoded = decode_rows(rows, tme).map_err(|e| {
-            Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}")).with_table(table.clone())
-        })?;
+        let decoded = match decode_rows(rows, tme) {
+            Ok(d) => d,
+            Err(e) => {
+                let e = Error::permanent(format!("a binlog row at {end} cannot be decoded: {e}"));
+                txn.fail(&table, &e.with_table(table.clone()), copying);
+                return Ok(());
+            }
+        };
+        let mut failed = false;
         for (before, after) in decoded {
             txn.ordinal += 1;
-            if txn.ordinal <= txn.skip {
-                // In Kafka already (an earlier part, before a restart).
+            if txn.ordinal <= txn.skip || failed {
+                // In Kafka already (an earlier part, before a restart), or
+                // the table is paused from here.
                 continue;
             }
-            let (before, after) = (decode(before)?, decode(after)?);
-            txn.messages
-                .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx)));
+            match decode(before).and_then(|b| Ok((b, decode(after)?))) {
+                Ok((before, after)) => txn
+                    .messages
+                    .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx))),
+                Err(e) if e.kind() == ErrorKind::Permanent => {
+                    txn.fail(&table, &e, copying);
+                    failed = true;
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
+    }
+}
+
+impl OpenTxn {
+    /// A change of `table` that cannot be read: the table pauses, the
+    /// others go on (see [`SourceMessage::TableFailed`]); nothing when it
+    /// is about to be copied again.
+    fn fail(&mut self, table: &TableId, error: &Error, copying: bool) {
+        if copying {
+            tracing::debug!(table = %table, error = %error, "a change its coming copy holds cannot be read: skipped");
+            return;
+        }
+        tracing::warn!(table = %table, error = %error, "a change cannot be read: the table pauses");
+        self.messages.push(SourceMessage::TableFailed(table.clone(), error.to_string()));
     }
 }
 

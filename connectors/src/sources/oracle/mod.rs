@@ -736,6 +736,7 @@ mod tests {
                         self.schemas.insert(s.id.clone(), s.clone());
                     }
                     SourceMessage::TableDropped(t) => self.dropped.push(t.clone()),
+                    SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
                         self.seen.push((ev.op, ev.source.position));
