@@ -158,7 +158,8 @@ impl Control {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
-    fn is_ready(&self) -> bool {
+    /// What `GET /ready` answers (`true`: 200).
+    pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
 }

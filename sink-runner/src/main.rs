@@ -108,7 +108,8 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
         eprintln!("error: cannot start the admin server on {}: {e}", config.admin.listen);
         return ExitCode::FAILURE;
     }
-    control.set_ready(true);
+    // Ready once the consumer is a settled member of its group (see
+    // `RebalanceCtx::stats_raw`), not before.
     match sink_runner::run(config, telemetry, control, stop_rx).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -149,6 +149,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             telemetry: telemetry.clone(),
             control: control.clone(),
             group: group.clone(),
+            retrying: std::sync::atomic::AtomicBool::new(false),
         };
         let consumer: StreamConsumer<RebalanceCtx<S>> = consumer_config(&config)?
             .create_with_context(ctx)
@@ -309,6 +310,8 @@ pub struct RebalanceCtx<S: Sink + 'static> {
     telemetry: Telemetry,
     control: Control,
     group: Arc<std::sync::Mutex<GroupHealth>>,
+    /// While the destination's offsets lookup is retried: not ready.
+    retrying: std::sync::atomic::AtomicBool,
 }
 
 /// The consumer's group membership, from librdkafka's statistics.
@@ -383,7 +386,12 @@ impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {
                 if let Ok(mut g) = self.group.lock() {
                     let now = Instant::now();
                     g.update(c.state, c.join_state, c.assignment_size, now);
-                    self.telemetry.set_consumer_group(g.status(now));
+                    let status = g.status(now);
+                    // Ready: a settled member whose destination answered.
+                    let settled = ConsumerGroupStatus::settled(&status.state, &status.join_state);
+                    self.control
+                        .set_ready(settled && !self.retrying.load(std::sync::atomic::Ordering::Relaxed));
+                    self.telemetry.set_consumer_group(status);
                 }
             }
             Ok(Stats { cgrp: None }) => {}
@@ -407,6 +415,7 @@ impl<S: Sink + 'static> RebalanceCtx<S> {
             });
             match result {
                 Ok(offsets) => {
+                    self.retrying.store(false, std::sync::atomic::Ordering::Relaxed);
                     if attempt > 0 {
                         // Back to what the operator asked for.
                         let all = self.control.paused().all;
@@ -416,6 +425,8 @@ impl<S: Sink + 'static> RebalanceCtx<S> {
                 }
                 Err(e) => {
                     attempt += 1;
+                    self.retrying.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.control.set_ready(false);
                     // The consumer loop is blocked in this callback: no table
                     // moves until the destination answers.
                     self.telemetry

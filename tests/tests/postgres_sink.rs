@@ -1360,9 +1360,13 @@ mod e2e {
         let status = Telemetry::new("test", "sink");
         let control = Control::new();
         let (stop_tx, stop_rx) = watch::channel(false);
+        assert!(!control.is_ready(), "not ready before it starts");
         let runner = tokio::spawn(sink_runner::run(config, status.clone(), control.clone(), stop_rx));
         let fx = &p.fx;
         wait_for("the first row", Duration::from_secs(60), || async { fx.rows().await.len() == 1 }).await;
+        // Ready once a settled member of its group (librdkafka's statistics
+        // come every 5 s).
+        wait_for("ready", Duration::from_secs(30), || async { control.is_ready() }).await;
 
         let label = format!("{}.items", p.fx.schema);
         control.pause(Some(&label));
