@@ -597,14 +597,11 @@ impl KafkaSide {
         let consumer: BaseConsumer = c.create().map_err(|e| kafka_error("checkpoint consumer", e))?;
         let topic = self.config.offsets_topic();
         let name = self.config.name.clone();
-        let held_key = format!("{name}{HELD_KEY_SUFFIX}");
-        let reset_key = format!("{name}{RESET_ALL_KEY_SUFFIX}");
-        let side_prefix = format!("{name}{SIDE_KEY_INFIX}");
         let keys = RunnerKeys {
+            held: format!("{name}{HELD_KEY_SUFFIX}"),
+            reset_all: format!("{name}{RESET_ALL_KEY_SUFFIX}"),
+            side_prefix: format!("{name}{SIDE_KEY_INFIX}"),
             checkpoint: name,
-            held: held_key,
-            reset_all: reset_key,
-            side_prefix,
         };
         let found = blocking(move || -> Result<RunnerRecords, Error> {
             let mut found = RunnerRecords::default();
@@ -1221,7 +1218,8 @@ impl KafkaSide {
         let mut run: Option<(&Arc<TableSchema>, String, TableCounts)> = None;
         for (i, msg) in batch.messages.iter().enumerate() {
             match msg {
-                // Held since `hold`.
+                // Nothing to produce: `add_batch` registered the schemas, a
+                // failed table is held (see `hold`).
                 SourceMessage::SchemaChanged(_) | SourceMessage::TableFailed(..) => {}
                 SourceMessage::Change(event) if self.is_held(skip, i, &event.schema.id) => {}
                 SourceMessage::Change(event) => {

@@ -499,27 +499,14 @@ impl Streamer {
     }
 
     fn commit(&mut self, end: &BinlogPosition, sc: &mut StreamContext<'_>) -> Result<Vec<SourceMessage>> {
-        let Some(txn) = self.txn.take() else {
+        let Some(mut txn) = self.txn.take() else {
             sc.state.binlog = end.clone();
             return Ok(Vec::new());
         };
-        let mut txn = txn;
         let messages = if txn.in_parts {
             txn.take_part(usize::MAX)
         } else {
-            let commit = end.ordered();
-            let native: Arc<str> = end.to_string().into();
-            let mut index = 0u64;
-            let mut messages = std::mem::take(&mut txn.messages);
-            for m in &mut messages {
-                if let SourceMessage::Change(e) = m {
-                    index += 1;
-                    e.source.position = Position { commit, index };
-                    e.source.native_position = native.clone();
-                    e.source.tx_id = txn.gtid.clone();
-                }
-            }
-            messages
+            txn.hand_out(usize::MAX, end, end.ordered())
         };
         sc.state.binlog = end.clone();
         if let Some(g) = txn.maria {
@@ -741,12 +728,19 @@ impl OpenTxn {
     /// The first `most` held messages of a transaction that goes out in
     /// parts, with their positions: `(start + 1, n)` for its n-th change.
     fn take_part(&mut self, most: usize) -> Vec<SourceMessage> {
+        match self.start.clone() {
+            Some(start) => self.hand_out(most, &start, start.ordered() + 1),
+            None => self.messages.drain(..most.min(self.messages.len())).collect(),
+        }
+    }
+
+    /// The first `most` held messages, each change positioned `(commit, n)`
+    /// for the transaction's n-th change, with `at` as its native position:
+    /// the end of a transaction handed out whole, the start of one that
+    /// goes out in parts.
+    fn hand_out(&mut self, most: usize, at: &BinlogPosition, commit: u64) -> Vec<SourceMessage> {
         let mut messages: Vec<SourceMessage> = self.messages.drain(..most.min(self.messages.len())).collect();
-        let Some(start) = &self.start else {
-            return messages;
-        };
-        let commit = start.ordered() + 1;
-        let native: Arc<str> = start.to_string().into();
+        let native: Arc<str> = at.to_string().into();
         for m in &mut messages {
             if let SourceMessage::Change(e) = m {
                 self.emitted += 1;
