@@ -164,13 +164,15 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
             .collect(),
     );
     let name = unique("memslow");
-    // 3 s: the broker aborts a transaction open longer than that at its
-    // next check (every 10 s), which comes within the 14 s the source
-    // takes. (At 2 s, the runner's commit at half the timeout, counted
-    // from after the batch's produce, came too late once on a loaded CI.)
+    // 6 s: the broker aborts a transaction open longer than that at its
+    // next check (every 10 s), which comes within the 20 s the source
+    // takes (20 - 6 > 10). (At 2 s, the runner's commit at half the
+    // timeout, counted from after the batch's produce, came too late once
+    // on a loaded CI; at 3 s, with the commit at a third, a transaction of
+    // the snapshot's own outlived it once more under CI's load.)
     let config: source_runner::config::SourceRunnerConfig = tributary_operations::config::parse(
         &format!(
-            "name = \"{name}\"\nschema_registry_url = \"{}\"\ntransaction_timeout_ms = 3000\n[admin]\nlisten = \"off\"\n\
+            "name = \"{name}\"\nschema_registry_url = \"{}\"\ntransaction_timeout_ms = 6000\n[admin]\nlisten = \"off\"\n\
              [kafka]\nbootstrap_servers = \"{}\"\n{UNUSED_POSTGRES}",
             schema_registry_url(),
             kafka_bootstrap()
@@ -184,7 +186,7 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     let source = Box::new(SlowThirdBatch {
         inner: MemorySource::new(db.clone(), &name).with_chunk_rows(100),
         calls: 0,
-        delay: Duration::from_secs(14),
+        delay: Duration::from_secs(20),
         starts: starts.clone(),
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
