@@ -106,6 +106,9 @@ impl PauseSet {
 pub struct Control {
     tx: Arc<watch::Sender<PauseSet>>,
     ready: Arc<AtomicBool>,
+    /// The last pause set written to the pause store, once one is attached
+    /// (`crate::pauses`): the admin API answers a change once it is stored.
+    stored: Arc<watch::Sender<Option<PauseSet>>>,
 }
 
 impl Default for Control {
@@ -120,7 +123,28 @@ impl Control {
         Self {
             tx: Arc::new(watch::channel(PauseSet::default()).0),
             ready: Arc::new(AtomicBool::new(false)),
+            stored: Arc::new(watch::channel(None).0),
         }
+    }
+
+    /// Sets the pause set read back from the pause store at start.
+    pub fn restore(&self, paused: PauseSet) {
+        self.stored.send_replace(Some(paused.clone()));
+        self.tx.send_replace(paused);
+    }
+
+    /// Records that the pause store holds `paused`.
+    pub fn mark_stored(&self, paused: PauseSet) {
+        self.stored.send_replace(Some(paused));
+    }
+
+    /// Waits until the pause store holds the current pause set (at once
+    /// without a store). `false` if it did not within `timeout`.
+    pub async fn wait_stored(&self, timeout: std::time::Duration) -> bool {
+        let mut rx = self.stored.subscribe();
+        let wanted = self.paused();
+        let stored = tokio::time::timeout(timeout, rx.wait_for(|s| s.as_ref().is_none_or(|s| *s == wanted))).await;
+        matches!(stored, Ok(Ok(_)))
     }
 
     /// Pauses the runner (`None`) or one table.
@@ -290,7 +314,7 @@ async fn pause(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<Ta
     }
     s.control.pause(q.table.as_deref());
     tracing::info!(table = q.table.as_deref().unwrap_or("*"), "paused by an operator");
-    (StatusCode::OK, "paused\n").into_response()
+    stored(&s.control, "paused").await
 }
 
 async fn resume(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {
@@ -299,7 +323,25 @@ async fn resume(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     }
     s.control.resume(q.table.as_deref());
     tracing::info!(table = q.table.as_deref().unwrap_or("*"), "resumed by an operator");
-    (StatusCode::OK, "resumed\n").into_response()
+    stored(&s.control, "resumed").await
+}
+
+/// How long a pause or resume waits for the pause store.
+const STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The answer to a pause or resume: `done` once the pause store holds it,
+/// `503` if it does not in time (the change holds until a restart, and is
+/// still being stored).
+async fn stored(control: &Control, done: &str) -> Response {
+    if control.wait_stored(STORE_TIMEOUT).await {
+        (StatusCode::OK, format!("{done}\n")).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{done}, but not stored in Kafka yet: a restart now would forget it (the runner keeps trying)\n"),
+        )
+            .into_response()
+    }
 }
 
 /// The admin routes, for tests and for [`serve`].

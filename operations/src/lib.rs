@@ -7,6 +7,7 @@ pub mod config;
 pub mod kafka;
 pub mod logging;
 pub mod memory;
+pub mod pauses;
 pub mod process;
 pub mod registry;
 pub mod telemetry;

@@ -8,6 +8,7 @@ use sink_runner::config::SinkRunnerConfig;
 use tokio::sync::watch;
 use tributary_operations::admin::client::{self, Request};
 use tributary_operations::logging::{self, LogFormat};
+use tributary_operations::pauses::PauseStore;
 use tributary_operations::process;
 
 /// Copies change topics into a destination database.
@@ -108,6 +109,15 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
         eprintln!("error: cannot start the admin server on {}: {e}", config.admin.listen);
         return ExitCode::FAILURE;
     }
+    let kafka = match config.kafka.client_config() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = PauseStore::new(kafka, format!("sink/{}", config.consumer_group));
+    tributary_operations::pauses::attach_at_start(store, &control, &telemetry).await;
     // Ready once the consumer is a settled member of its group (see
     // `RebalanceCtx::stats_raw`), not before.
     match sink_runner::run(config, telemetry, control, stop_rx).await {

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use config::SourceRunnerConfig;
 use tributary_connectors::Error;
+use tributary_operations::pauses::PauseStore;
 
 /// Builds the configured source and runs it until Ctrl-C or SIGTERM.
 pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
@@ -23,6 +24,9 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
     tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone())
         .await
         .map_err(|e| Error::needs_operator(format!("cannot start the admin server on {}: {e}", config.admin.listen)))?;
+    let kafka = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
+    let store = PauseStore::new(kafka, format!("source/{}", config.name));
+    tributary_operations::pauses::attach_at_start(store, &control, &telemetry).await;
     runner::run(config, source, telemetry, control, tributary_operations::process::shutdown_signal()).await
 }
 

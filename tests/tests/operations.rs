@@ -26,10 +26,14 @@ fn free_port() -> u16 {
 }
 
 /// Parses `name{table="t"} value` lines of the Prometheus text format.
+/// The value of metric `name` for `table` (the `runner` and `kind` labels
+/// come first).
 fn metric(text: &str, name: &str, table: &str) -> Option<f64> {
-    let prefix = format!("{name}{{table=\"{table}\"}} ");
+    let prefix = format!("{name}{{");
+    let label = format!("table=\"{table}\"}} ");
     text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .find_map(|l| l.split_once(&label).map(|(_, v)| v))
         .and_then(|v| v.trim().parse().ok())
 }
 
@@ -114,7 +118,7 @@ heartbeat_interval_ms = 500
         ),
     )
     .expect("config");
-    let runner = source_runner(&config, &log, &secret);
+    let mut runner = source_runner(&config, &log, &secret);
     let table = format!("{name}.items");
     let base = format!("http://127.0.0.1:{port}");
 
@@ -151,17 +155,35 @@ heartbeat_interval_ms = 500
             serde_json::from_str(&get(&format!("{base}/status")).await.expect("status")).expect("json");
         s["tables"][&table]["events"].as_u64().unwrap_or(0)
     };
+    // The count must hold for 3 s while 10 rows change.
+    let holds_while_rows_change = |mark: &'static str, what: &'static str| {
+        let (pg, name) = (&pg, &name);
+        async move {
+            let before = events_at_pause().await;
+            pg.batch_execute(&format!("UPDATE {name}.items SET note = note || '{mark}' WHERE id <= 10"))
+                .await
+                .expect("update");
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            while std::time::Instant::now() < until {
+                assert_eq!(events_at_pause().await, before, "{what}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            before
+        }
+    };
     // The batch in flight when the pause arrived may still commit; after
     // that, the count must hold while changes are made.
-    let before = events_at_pause().await;
-    pg.batch_execute(&format!("UPDATE {name}.items SET note = note || '!' WHERE id <= 10"))
-        .await
-        .expect("update");
-    let until = std::time::Instant::now() + Duration::from_secs(3);
-    while std::time::Instant::now() < until {
-        assert_eq!(events_at_pause().await, before, "a paused source moved events");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    holds_while_rows_change("!", "a paused source moved events").await;
+    // Issue #30: the pause is stored; a kill -9 and a new process keep it.
+    drop(runner);
+    let log_after_kill = dir.join("source-after-kill.log");
+    runner = source_runner(&config, &log_after_kill, &secret);
+    wait_for("paused again after kill -9, from the stored pause", Duration::from_secs(60), || async {
+        let s: serde_json::Value = serde_json::from_str(&get(&format!("{base}/status")).await?).ok()?;
+        s["paused"].as_str().filter(|r| r.contains("operator")).map(|_| ())
+    })
+    .await;
+    let before = holds_while_rows_change("?", "a source paused before its restart moved events").await;
     assert!(client
         .post(format!("{base}/resume"))
         .send()
@@ -177,7 +199,8 @@ heartbeat_interval_ms = 500
     // The secret is nowhere the runner writes.
     let status_text = get(&format!("{base}/status")).await.expect("status");
     let metrics = get(&format!("{base}/metrics")).await.expect("metrics");
-    let log_text = std::fs::read_to_string(&log).expect("log");
+    let log_text = std::fs::read_to_string(&log).expect("log")
+        + &std::fs::read_to_string(&log_after_kill).expect("log after the kill");
     for (what, text) in [("status", &status_text), ("metrics", &metrics), ("log", &log_text)] {
         assert!(!text.contains(&secret), "the password appears in {what}");
     }
