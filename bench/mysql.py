@@ -39,7 +39,7 @@ def metric(port, name, table):
             text = r.read().decode()
     except OSError:
         return 0
-    m = re.search(rf'^{name}{{table="{re.escape(table)}"}} (\d+)', text, re.M)
+    m = re.search(rf'^{name}{{[^}}]*table="{re.escape(table)}"}} (\d+)', text, re.M)
     return int(m.group(1)) if m else 0
 
 

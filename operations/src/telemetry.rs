@@ -24,7 +24,9 @@ pub mod names {
     pub const BYTES: &str = "tributary_bytes";
     /// Records sent to a dead-letter topic (counter).
     pub const FAILED_RECORDS: &str = "tributary_failed_records";
-    /// Seconds from source commit to visible in the destination (gauge).
+    /// Seconds since the source commit of the oldest change not yet visible
+    /// in the destination (sink) or committed to Kafka (source); 0 when
+    /// nothing is waiting (gauge, computed when read).
     pub const LAG_SECONDS: &str = "tributary_lag_seconds";
     /// Rows copied by the snapshot (gauge).
     pub const SNAPSHOT_ROWS: &str = "tributary_snapshot_rows";
@@ -37,13 +39,29 @@ pub mod names {
     /// 1 while a sink runner's consumer is a settled member of its group
     /// (gauge; sinks only).
     pub const CONSUMER_GROUP_JOINED: &str = "tributary_consumer_group_joined";
+    /// 1, labelled with the version, the runner and its kind (gauge).
+    pub const BUILD_INFO: &str = "tributary_build_info";
 }
 
-/// The `table` label.
+/// The labels of a table's metrics: which runner (a copy's source and sink
+/// runners have different names), which side, which table.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
+    /// The runner's name.
+    pub runner: String,
+    /// `source` or `sink`: the same metric means "committed to Kafka" in a
+    /// source runner and "visible in the destination" in a sink runner.
+    pub kind: String,
     /// `schema.table`.
     pub table: String,
+}
+
+/// The labels of `tributary_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: String,
+    runner: String,
+    kind: String,
 }
 
 /// A table's state.
@@ -90,8 +108,16 @@ pub struct TableStatus {
     /// Source commit time of the newest event applied (sink) or committed to
     /// Kafka (source), ms since the epoch.
     pub last_source_commit_applied_ms: Option<i64>,
-    /// Seconds from that source commit to the moment it was applied.
+    /// Seconds since the source commit of the oldest change seen and not yet
+    /// applied, or since the table (or runner) stopped: 0 when nothing
+    /// waits. Computed when read, so it grows while a copy is stuck.
     pub lag_seconds: Option<f64>,
+    /// Source commit time of the oldest change seen and not yet applied.
+    #[serde(skip)]
+    pending_since_ms: Option<i64>,
+    /// When the table was paused or failed, while it is.
+    #[serde(skip)]
+    stopped_since_ms: Option<i64>,
     /// Records sent to the dead-letter topic.
     pub failed_records: u64,
     /// Last error.
@@ -111,6 +137,8 @@ impl Default for TableStatus {
             last_source_commit_seen_ms: None,
             last_source_commit_applied_ms: None,
             lag_seconds: None,
+            pending_since_ms: None,
+            stopped_since_ms: None,
             failed_records: 0,
             last_error: None,
             window: (None, 0),
@@ -127,6 +155,9 @@ pub struct RunnerStatus {
     pub kind: &'static str,
     /// Whether the whole runner is paused, and why.
     pub paused: Option<String>,
+    /// When the whole runner paused (an operator, or retrying an error).
+    #[serde(skip)]
+    paused_since_ms: Option<i64>,
     /// Per table, by `schema.table`.
     pub tables: BTreeMap<String, TableStatus>,
     /// A sink runner's membership of its consumer group (sinks only).
@@ -158,6 +189,16 @@ impl ConsumerGroupStatus {
 /// How often the events/s figure is recomputed.
 const RATE_WINDOW_SECS: f64 = 5.0;
 
+/// The lag of a table at `now`: from the oldest of what is waiting (a change
+/// seen and not applied, the table's stop, the runner's pause), or 0.
+fn lag_at(t: &TableStatus, runner_paused_since: Option<i64>, now: i64) -> f64 {
+    [t.pending_since_ms, t.stopped_since_ms, runner_paused_since]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(0.0, |since| ((now - since) as f64 / 1000.0).max(0.0))
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -187,6 +228,8 @@ struct Inner {
     status: Mutex<RunnerStatus>,
     registry: Registry,
     metrics: Metrics,
+    runner: String,
+    kind: &'static str,
 }
 
 impl Telemetry {
@@ -218,6 +261,15 @@ impl Telemetry {
         );
         registry.register(names::BATCH_SECONDS, "Batch latency", metrics.batch.clone());
         registry.register(names::PAUSED, "1 while the runner is paused", metrics.paused.clone());
+        let build: Family<BuildLabel, Gauge> = Family::default();
+        build
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                runner: runner.to_string(),
+                kind: kind.to_string(),
+            })
+            .set(1);
+        registry.register(names::BUILD_INFO, "The version, name and kind of this runner", build);
         if kind == "sink" {
             registry.register(
                 names::CONSUMER_GROUP_JOINED,
@@ -231,11 +283,14 @@ impl Telemetry {
                     runner: runner.to_string(),
                     kind,
                     paused: None,
+                    paused_since_ms: None,
                     tables: BTreeMap::new(),
                     consumer_group: None,
                 }),
                 registry,
                 metrics,
+                runner: runner.to_string(),
+                kind,
             }),
         }
     }
@@ -247,19 +302,32 @@ impl Telemetry {
         f(status.tables.entry(table.to_string()).or_default())
     }
 
-    fn label(table: &str) -> TableLabel {
-        TableLabel { table: table.to_string() }
+    fn label(&self, table: &str) -> TableLabel {
+        TableLabel {
+            runner: self.inner.runner.clone(),
+            kind: self.inner.kind.to_string(),
+            table: table.to_string(),
+        }
     }
 
-    /// Sets a table's state.
+    /// Sets a table's state. A pause or failure starts the table's lag
+    /// clock: nothing proves the copy current while it lasts.
     pub fn set_state(&self, table: &str, state: TableState) {
-        self.with_table(table, |t| t.state = state);
+        self.with_table(table, |t| {
+            match state {
+                TableState::Paused(_) | TableState::Failed(_) => {
+                    t.stopped_since_ms.get_or_insert_with(now_ms);
+                }
+                TableState::Snapshotting | TableState::Streaming => t.stopped_since_ms = None,
+            }
+            t.state = state
+        });
     }
 
     /// Records events moved for a table, and the newest source commit time
     /// among them.
     pub fn record_events(&self, table: &str, events: u64, bytes: u64, source_commit_ms: Option<i64>) {
-        let label = Self::label(table);
+        let label = self.label(table);
         self.inner.metrics.events.get_or_create(&label).inc_by(events);
         self.inner.metrics.bytes.get_or_create(&label).inc_by(bytes);
         self.with_table(table, |t| {
@@ -281,20 +349,31 @@ impl Telemetry {
         });
     }
 
-    /// Records that changes up to `source_commit_ms` are applied (visible in
-    /// the destination, or committed to Kafka for a source).
-    pub fn record_applied(&self, table: &str, source_commit_ms: i64) {
-        let lag = ((now_ms() - source_commit_ms) as f64 / 1000.0).max(0.0);
-        self.inner.metrics.lag.get_or_create(&Self::label(table)).set(lag);
+    /// Records that a change committed at `source_commit_ms` was seen (read
+    /// from the source, or consumed from Kafka) and is not applied yet: the
+    /// table's lag counts from the oldest such change until
+    /// [`Telemetry::record_applied`].
+    pub fn record_pending(&self, table: &str, source_commit_ms: i64) {
         self.with_table(table, |t| {
-            t.last_source_commit_applied_ms = Some(source_commit_ms);
-            t.lag_seconds = Some(lag);
+            t.pending_since_ms = Some(t.pending_since_ms.map_or(source_commit_ms, |m| m.min(source_commit_ms)));
+        });
+    }
+
+    /// Records that everything seen of `table` is applied (visible in the
+    /// destination, or committed to Kafka for a source), the newest change
+    /// committed at `source_commit_ms` if the batch held changes.
+    pub fn record_applied(&self, table: &str, source_commit_ms: Option<i64>) {
+        self.with_table(table, |t| {
+            if let Some(ms) = source_commit_ms {
+                t.last_source_commit_applied_ms = Some(ms);
+            }
+            t.pending_since_ms = None;
         });
     }
 
     /// Records a record sent to the dead-letter topic.
     pub fn record_failed(&self, table: &str, error: &str, kind: &str) {
-        self.inner.metrics.failed.get_or_create(&Self::label(table)).inc();
+        self.inner.metrics.failed.get_or_create(&self.label(table)).inc();
         self.with_table(table, |t| t.failed_records += 1);
         self.record_error(table, error, kind);
     }
@@ -313,7 +392,9 @@ impl Telemetry {
     /// One table's status, if the table was seen.
     pub fn table(&self, table: &str) -> Option<TableStatus> {
         let status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
-        status.tables.get(table).cloned()
+        let mut t = status.tables.get(table).cloned()?;
+        t.lag_seconds = Some(lag_at(&t, status.paused_since_ms, now_ms()));
+        Some(t)
     }
 
     /// Failed records of `table` so far.
@@ -323,7 +404,7 @@ impl Telemetry {
 
     /// Records snapshot progress of a table.
     pub fn record_snapshot(&self, table: &str, rows: u64, estimated: Option<u64>) {
-        let label = Self::label(table);
+        let label = self.label(table);
         self.inner.metrics.snapshot_rows.get_or_create(&label).set(rows as i64);
         if let Some(e) = estimated {
             self.inner.metrics.snapshot_estimated.get_or_create(&label).set(e as i64);
@@ -339,10 +420,16 @@ impl Telemetry {
         self.inner.metrics.batch.observe(seconds);
     }
 
-    /// Sets or clears the runner-wide pause and its reason.
+    /// Sets or clears the runner-wide pause and its reason. A pause starts
+    /// every table's lag clock.
     pub fn set_paused(&self, reason: Option<String>) {
         self.inner.metrics.paused.set(i64::from(reason.is_some()));
         let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        if reason.is_some() {
+            status.paused_since_ms.get_or_insert_with(now_ms);
+        } else {
+            status.paused_since_ms = None;
+        }
         status.paused = reason;
     }
 
@@ -354,13 +441,32 @@ impl Telemetry {
         status.consumer_group = Some(group);
     }
 
-    /// A snapshot of the status.
+    /// A snapshot of the status, with each table's lag as of now.
     pub fn status(&self) -> RunnerStatus {
-        self.inner.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.status_at(now_ms())
     }
 
-    /// The metrics in the Prometheus text format.
+    fn status_at(&self, now: i64) -> RunnerStatus {
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let paused_since = status.paused_since_ms;
+        for t in status.tables.values_mut() {
+            t.lag_seconds = Some(lag_at(t, paused_since, now));
+        }
+        status
+    }
+
+    /// The metrics in the Prometheus text format, the lag as of now.
     pub fn metrics_text(&self) -> String {
+        // The lag gauges are set here, from the same numbers as `/status`:
+        // a gauge set only when something is applied would freeze while a
+        // copy is stuck.
+        for (table, t) in self.status().tables {
+            self.inner
+                .metrics
+                .lag
+                .get_or_create(&self.label(&table))
+                .set(t.lag_seconds.unwrap_or(0.0));
+        }
         let mut out = String::new();
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
@@ -377,15 +483,56 @@ mod tests {
         let t = Telemetry::new("r1", "sink");
         t.record_events("public.orders", 10, 1000, Some(now_ms()));
         t.record_failed("public.orders", "value too long for column note", "permanent");
-        t.record_applied("public.orders", now_ms() - 2000);
+        t.record_pending("public.orders", now_ms() - 2000);
         let s = t.status();
         let orders = &s.tables["public.orders"];
         assert_eq!(orders.events, 10);
         assert_eq!(orders.failed_records, 1);
         assert!(orders.lag_seconds.unwrap_or(0.0) >= 2.0);
         let text = t.metrics_text();
-        assert!(text.contains("tributary_events_total{table=\"public.orders\"} 10"), "{text}");
-        assert!(text.contains("tributary_failed_records_total{table=\"public.orders\"} 1"), "{text}");
-        assert!(text.contains("tributary_lag_seconds{table=\"public.orders\"}"), "{text}");
+        let labels = r#"{runner="r1",kind="sink",table="public.orders"}"#;
+        assert!(text.contains(&format!("tributary_events_total{labels} 10")), "{text}");
+        assert!(text.contains(&format!("tributary_failed_records_total{labels} 1")), "{text}");
+        assert!(text.contains(&format!("tributary_lag_seconds{labels} 2.")), "{text}");
+        assert!(text.contains(r#"tributary_build_info{version=""#), "{text}");
+    }
+
+    #[test]
+    fn the_lag_grows_while_nothing_is_applied_and_is_zero_when_caught_up() {
+        let t = Telemetry::new("r1", "sink");
+        let lag = |t: &Telemetry, now: i64| t.status_at(now).tables["s.t"].lag_seconds.unwrap_or(-1.0);
+        t.record_events("s.t", 1, 10, Some(1_000));
+        assert_eq!(lag(&t, 50_000), 0.0, "nothing seen and unapplied: caught up");
+        // Seen at 1 s, stuck: the lag keeps growing with the clock.
+        t.record_pending("s.t", 1_000);
+        t.record_pending("s.t", 3_000);
+        assert_eq!(lag(&t, 11_000), 10.0);
+        assert_eq!(lag(&t, 41_000), 40.0);
+        t.record_applied("s.t", Some(3_000));
+        assert_eq!(lag(&t, 42_000), 0.0);
+        assert_eq!(t.status_at(42_000).tables["s.t"].last_source_commit_applied_ms, Some(3_000));
+    }
+
+    #[test]
+    fn a_paused_table_or_runner_lags_from_its_pause() {
+        let t = Telemetry::new("r1", "source");
+        t.set_state("s.a", TableState::Streaming);
+        t.set_state("s.b", TableState::Streaming);
+        let before = now_ms();
+        t.set_state("s.a", TableState::Paused("by an operator".into()));
+        let s = t.status_at(before + 30_000);
+        assert!(s.tables["s.a"].lag_seconds.unwrap_or(0.0) >= 29.0, "{s:?}");
+        assert_eq!(s.tables["s.b"].lag_seconds, Some(0.0));
+        // A second pause report does not move the clock; streaming stops it.
+        t.set_state("s.a", TableState::Paused("still".into()));
+        assert!(t.status_at(before + 60_000).tables["s.a"].lag_seconds.unwrap_or(0.0) >= 59.0);
+        t.set_state("s.a", TableState::Streaming);
+        assert_eq!(t.status_at(before + 60_000).tables["s.a"].lag_seconds, Some(0.0));
+        // The whole runner retrying: every table.
+        t.set_paused(Some("retrying: broker down".into()));
+        let s = t.status_at(before + 20_000);
+        assert!(s.tables.values().all(|x| x.lag_seconds.unwrap_or(0.0) >= 19.0), "{s:?}");
+        t.set_paused(None);
+        assert!(t.status_at(before + 20_000).tables.values().all(|x| x.lag_seconds == Some(0.0)));
     }
 }

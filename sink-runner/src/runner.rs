@@ -694,6 +694,9 @@ struct Taken {
     raw_index: Vec<usize>,
     started: Instant,
     decoded: Duration,
+    /// The oldest source time among its changes: the table's lag counts
+    /// from it until the batch is applied.
+    oldest: Option<i64>,
 }
 
 /// A batch decoded and waiting for the one being applied to end.
@@ -732,14 +735,15 @@ impl Applied {
     }
 }
 
+fn source_ts(records: &[(KafkaPosition, SinkRecord)]) -> impl Iterator<Item = i64> + '_ {
+    records.iter().filter_map(|(_, r)| match r {
+        SinkRecord::Change(ev) => Some(ev.source.ts_ms),
+        SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) => None,
+    })
+}
+
 fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
-    records
-        .iter()
-        .filter_map(|(_, r)| match r {
-            SinkRecord::Change(ev) => Some(ev.source.ts_ms),
-            SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) => None,
-        })
-        .max()
+    source_ts(records).max()
 }
 
 /// The batch being applied in its own task.
@@ -1476,6 +1480,10 @@ impl<S: Sink + 'static> Loop<S> {
         };
         let next_offsets: Vec<(String, i32, i64)> =
             buf.next_offsets.iter().map(|(p, o)| (topic.to_string(), *p, *o)).collect();
+        let oldest = source_ts(&batch_records).min();
+        if let Some(ts) = oldest {
+            self.telemetry.record_pending(&(self.labeler)(&table), ts);
+        }
         let batch = SinkBatch {
             table: table.clone(),
             records: batch_records,
@@ -1490,6 +1498,7 @@ impl<S: Sink + 'static> Loop<S> {
                 raw_index,
                 started,
                 decoded: started.elapsed(),
+                oldest,
             },
             batch,
         }))
@@ -1617,6 +1626,7 @@ impl<S: Sink + 'static> Loop<S> {
                     mut raw_index,
                     started,
                     decoded,
+                    ..
                 },
             revoked,
             ..
@@ -1696,8 +1706,15 @@ impl<S: Sink + 'static> Loop<S> {
         // Done: tell Kafka (for monitoring) and the status.
         let label = (self.labeler)(&table);
         self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
-        if let Some(ts) = newest {
-            self.telemetry.record_applied(&label, ts);
+        self.telemetry.record_applied(&label, newest);
+        // The batch decoded meanwhile is seen and not applied.
+        if let Some(ts) = self
+            .ready
+            .as_ref()
+            .filter(|r| r.taken.topic == topic)
+            .and_then(|r| r.taken.oldest)
+        {
+            self.telemetry.record_pending(&label, ts);
         }
         self.telemetry.record_batch_seconds(started.elapsed().as_secs_f64());
         if buf.retry.is_some() {

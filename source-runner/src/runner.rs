@@ -1238,6 +1238,7 @@ impl KafkaSide {
                     let table = &event.schema.id;
                     run_counts.events += 1;
                     run_counts.latest_ts = run_counts.latest_ts.max(event.source.ts_ms);
+                    run_counts.oldest_ts = run_counts.oldest_ts.min(event.source.ts_ms);
                     run_counts.snapshot |= event.source.snapshot != SnapshotMarker::False;
                     run_counts.bytes += (encoded.key.as_ref().map_or(0, |k| k.len())
                         + encoded.value.as_ref().map_or(0, |v| v.len())) as u64;
@@ -1531,6 +1532,9 @@ async fn run_once(
         // The broker times a transaction from its first produce, so its
         // age counts from before this batch's, however long that took.
         let txn = open.get_or_insert_with(|| OpenTxn::new(producing));
+        for (id, c) in counts.iter().filter(|(_, c)| c.events > 0) {
+            telemetry.record_pending(&id.to_string(), c.oldest_ts);
+        }
         txn.add(&batch, counts);
         txn.waited_for_source += producing - asked;
         txn.producing += producing.elapsed();
@@ -1575,6 +1579,9 @@ pub struct TableCounts {
     pub events: u64,
     /// The latest source time among them (ms since the epoch).
     pub latest_ts: i64,
+    /// The earliest source time among them (ms since the epoch): the lag
+    /// counts from it until they are committed.
+    pub oldest_ts: i64,
     /// Whether any was a snapshot row.
     pub snapshot: bool,
     /// Encoded key and value bytes.
@@ -1586,6 +1593,7 @@ impl Default for TableCounts {
         Self {
             events: 0,
             latest_ts: i64::MIN,
+            oldest_ts: i64::MAX,
             snapshot: false,
             bytes: 0,
         }
@@ -1596,6 +1604,7 @@ impl TableCounts {
     fn add(&mut self, other: TableCounts) {
         self.events += other.events;
         self.latest_ts = self.latest_ts.max(other.latest_ts);
+        self.oldest_ts = self.oldest_ts.min(other.oldest_ts);
         self.snapshot |= other.snapshot;
         self.bytes += other.bytes;
     }
@@ -1666,10 +1675,10 @@ impl OpenTxn {
         );
         source.acknowledge(&self.checkpoint).await?;
         telemetry.record_batch_seconds(self.started.elapsed().as_secs_f64());
-        for (id, TableCounts { events, latest_ts: ts, snapshot, bytes: b }) in self.per_table {
+        for (id, TableCounts { events, latest_ts: ts, snapshot, bytes: b, .. }) in self.per_table {
             let table = id.to_string();
             telemetry.record_events(&table, events, b, Some(ts));
-            telemetry.record_applied(&table, ts);
+            telemetry.record_applied(&table, Some(ts));
             telemetry.set_state(
                 &table,
                 if snapshot {

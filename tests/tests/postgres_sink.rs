@@ -1398,6 +1398,70 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
+    /// Issue #30: the lag tells the truth while the destination is stuck.
+    /// A lock held on the destination table for 30 s stalls the apply; the
+    /// lag in `/status` and `/metrics` grows past 25 s although nothing is
+    /// applied, and falls back once the lock goes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_lag_grows_while_the_destination_is_stalled_and_recovers() {
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64)
+        };
+        let fresh = |mut e: ChangeEvent| {
+            e.source.ts_ms = now();
+            e
+        };
+        let mut p = Pipeline::new("lagstall", 1).await;
+        let s = items();
+        p.produce(&[fresh(event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0))])
+            .await;
+        let status = Telemetry::new("lagstall", "sink");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(p.config(), status.clone(), Control::new(), stop_rx));
+        wait_for("the first row", Duration::from_secs(60), || async { p.fx.rows().await.len() == 1 }).await;
+        let label = format!("{}.items", p.fx.schema);
+        let lag = || status.table(&label).and_then(|t| t.lag_seconds).unwrap_or(-1.0);
+        let gauge = || {
+            let text = status.metrics_text();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("tributary_lag_seconds{") && l.contains(&format!("table=\"{label}\"")))
+                .map(str::to_string);
+            line.and_then(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+                .unwrap_or(-1.0)
+        };
+        wait_for("the first row in the status, caught up", Duration::from_secs(10), || async {
+            (0.0..5.0).contains(&lag()) && (0.0..5.0).contains(&gauge())
+        })
+        .await;
+
+        // The stall: another session holds the table; the sink's write waits.
+        let locker = connect(&url()).await;
+        locker
+            .batch_execute(&format!("BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", p.fx.table()))
+            .await
+            .expect("lock");
+        p.produce(&[fresh(event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0))])
+            .await;
+        let stalled = Instant::now();
+        wait_for("a lag past 25 s, in /status and /metrics", Duration::from_secs(60), || async {
+            lag() > 25.0 && gauge() > 25.0
+        })
+        .await;
+        assert!(stalled.elapsed() >= Duration::from_secs(24), "the lag ran ahead of the clock");
+        locker.batch_execute("ROLLBACK").await.expect("unlock");
+        let fx = &p.fx;
+        wait_for("the held row, and the lag back under 5 s", Duration::from_secs(60), || async {
+            fx.rows().await.len() == 2 && lag() < 5.0 && gauge() < 5.0
+        })
+        .await;
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+        p.fx.cleanup().await;
+    }
+
     /// Issue #23: a stored offset the topic no longer holds (its records
     /// were deleted, as retention does) stops the partition with a
     /// needs-operator error naming topic, partition, offset and range;
