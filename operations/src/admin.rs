@@ -41,6 +41,11 @@ pub struct AdminConfig {
     /// `file:/path`. Required when `listen` is not a loopback address.
     #[serde(default)]
     pub token: Option<String>,
+    /// Other runners' admin URLs (`http://host:port`) whose status the
+    /// console page shows beside this runner's, read-only (fetched by this
+    /// server, so the page needs no cross-site access).
+    #[serde(default)]
+    pub peers: Vec<String>,
 }
 
 impl std::fmt::Debug for AdminConfig {
@@ -48,13 +53,18 @@ impl std::fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| crate::config::Redacted))
+            .field("peers", &self.peers)
             .finish()
     }
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self { listen: default_listen(), token: None }
+        Self {
+            listen: default_listen(),
+            token: None,
+            peers: Vec::new(),
+        }
     }
 }
 
@@ -76,7 +86,17 @@ impl AdminConfig {
 
     /// Checks the fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.address().map(|_| ())
+        self.address()?;
+        for (i, p) in self.peers.iter().enumerate() {
+            let ok = reqwest::Url::parse(p).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+            if !ok {
+                return Err(ConfigError::invalid(
+                    format!("admin.peers[{i}]"),
+                    "must be a runner's admin URL, e.g. http://127.0.0.1:8091",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The token, resolved.
@@ -109,7 +129,15 @@ pub struct Control {
     /// The last pause set written to the pause store, once one is attached
     /// (`crate::pauses`): the admin API answers a change once it is stored.
     stored: Arc<watch::Sender<Option<PauseSet>>>,
+    /// What copies one table again, for runners that can (sources).
+    resync: Arc<std::sync::OnceLock<ResyncHook>>,
 }
+
+/// Copies one table (`schema.table`) again: `Ok` with what was done, or
+/// the error.
+pub type ResyncHook = Arc<
+    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>> + Send + Sync,
+>;
 
 impl Default for Control {
     fn default() -> Self {
@@ -124,7 +152,13 @@ impl Control {
             tx: Arc::new(watch::channel(PauseSet::default()).0),
             ready: Arc::new(AtomicBool::new(false)),
             stored: Arc::new(watch::channel(None).0),
+            resync: Arc::new(std::sync::OnceLock::new()),
         }
+    }
+
+    /// Lets the admin API copy a table again (`POST /resync?table=`).
+    pub fn set_resync(&self, hook: ResyncHook) {
+        let _ = self.resync.set(hook);
     }
 
     /// Sets the pause set read back from the pause store at start.
@@ -194,6 +228,7 @@ struct AppState {
     control: Control,
     token: Option<Arc<SecretString>>,
     loopback: bool,
+    peers: Arc<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -312,6 +347,15 @@ async fn pause(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<Ta
     if let Some(r) = refuse(&s, &headers) {
         return r;
     }
+    if q.table.is_some() && s.telemetry.kind() == "source" {
+        // A replication stream cannot skip one table without losing its
+        // changes (docs/operations.md).
+        return (
+            StatusCode::BAD_REQUEST,
+            "a source runner pauses as a whole: pause the table at its sink runner, or the whole source\n",
+        )
+            .into_response();
+    }
     s.control.pause(q.table.as_deref());
     tracing::info!(table = q.table.as_deref().unwrap_or("*"), "paused by an operator");
     stored(&s.control, "paused").await
@@ -324,6 +368,74 @@ async fn resume(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     s.control.resume(q.table.as_deref());
     tracing::info!(table = q.table.as_deref().unwrap_or("*"), "resumed by an operator");
     stored(&s.control, "resumed").await
+}
+
+/// The console: one page, no framework, reading `/status`, `/history` and
+/// `/peers` and posting to `/pause`, `/resume` and `/resync` like the CLI.
+async fn console() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Its own script and styles only; never framed by another page.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            ),
+        ],
+        include_str!("console.html"),
+    )
+        .into_response()
+}
+
+async fn history(State(s): State<AppState>) -> Response {
+    Json(s.telemetry.lag_history()).into_response()
+}
+
+/// How long the console waits for a peer's status.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The configured peers' `/status`, fetched here: `[{url, status}]` or
+/// `[{url, error}]`.
+async fn peer_status(State(s): State<AppState>) -> Response {
+    let client = reqwest::Client::builder().timeout(PEER_TIMEOUT).build();
+    let mut out = Vec::new();
+    for url in s.peers.iter() {
+        let got = match &client {
+            Ok(c) => match c.get(format!("{}/status", url.trim_end_matches('/'))).send().await {
+                Ok(r) if r.status().is_success() => r.json::<serde_json::Value>().await.map_err(|e| e.to_string()),
+                Ok(r) => Err(format!("answered {}", r.status())),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        out.push(match got {
+            Ok(status) => serde_json::json!({ "url": url, "status": status }),
+            Err(error) => serde_json::json!({ "url": url, "error": error }),
+        });
+    }
+    Json(out).into_response()
+}
+
+async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {
+    if let Some(r) = refuse(&s, &headers) {
+        return r;
+    }
+    let Some(table) = q.table else {
+        return (StatusCode::BAD_REQUEST, "resync needs ?table=schema.table\n").into_response();
+    };
+    let Some(hook) = s.control.resync.get().cloned() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "this runner cannot copy a table again: ask its source runner (source-runner reset --table)\n",
+        )
+            .into_response();
+    };
+    tracing::info!(table = %table, "copy again asked by an operator");
+    match hook(table).await {
+        Ok(done) => (StatusCode::OK, format!("{done}\n")).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
 }
 
 /// How long a pause or resume waits for the pause store.
@@ -346,7 +458,22 @@ async fn stored(control: &Control, done: &str) -> Response {
 
 /// The admin routes, for tests and for [`serve`].
 pub fn router(telemetry: Telemetry, control: Control, token: Option<SecretString>, loopback: bool) -> Router {
+    router_with_peers(telemetry, control, token, loopback, Vec::new())
+}
+
+/// [`router`], with the console showing `peers` (other runners' admin URLs).
+pub fn router_with_peers(
+    telemetry: Telemetry,
+    control: Control,
+    token: Option<SecretString>,
+    loopback: bool,
+    peers: Vec<String>,
+) -> Router {
     Router::new()
+        .route("/", get(console))
+        .route("/history", get(history))
+        .route("/peers", get(peer_status))
+        .route("/resync", post(resync))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/status", get(status))
@@ -358,6 +485,7 @@ pub fn router(telemetry: Telemetry, control: Control, token: Option<SecretString
             control,
             token: token.map(Arc::new),
             loopback,
+            peers: Arc::new(peers),
         })
 }
 
@@ -375,7 +503,15 @@ pub async fn serve(
     let token = config.token().map_err(invalid)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = router(telemetry, control, token, addr.ip().is_loopback());
+    let app = router_with_peers(telemetry.clone(), control, token, addr.ip().is_loopback(), config.peers.clone());
+    // The lag history the console draws.
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::telemetry::HISTORY_EVERY);
+        loop {
+            every.tick().await;
+            telemetry.sample_lag();
+        }
+    });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "admin server stopped");
@@ -479,7 +615,7 @@ pub mod client {
             s.paused.as_deref().map_or("running".to_string(), |r| format!("paused ({r})"))
         );
         out.push_str(&format!(
-            "{:<32} {:<14} {:>10} {:>10} {:>8} {:>8} {:>9}  {}\n",
+            "{:<32} {:<14} {:>26} {:>10} {:>8} {:>8} {:>9}  {}\n",
             "TABLE", "STATE", "SNAPSHOT", "EVENTS", "EV/S", "FAILED", "LAG", "LAST ERROR"
         ));
         for (name, t) in &s.tables {
@@ -488,10 +624,10 @@ pub mod client {
                 None => t.state.clone(),
             };
             out.push_str(&format!(
-                "{:<32} {:<14} {:>10} {:>10} {:>8.1} {:>8} {:>9}  {}\n",
+                "{:<32} {:<14} {:>26} {:>10} {:>8.1} {:>8} {:>9}  {}\n",
                 name,
                 state,
-                t.rows_snapshotted,
+                t.copy_progress(),
                 t.events,
                 t.events_per_second,
                 t.failed_records,
@@ -517,6 +653,8 @@ struct TableStatusView {
     state: String,
     reason: Option<String>,
     rows_snapshotted: u64,
+    #[serde(default)]
+    rows_estimated: Option<u64>,
     events: u64,
     events_per_second: f64,
     failed_records: u64,
@@ -524,7 +662,44 @@ struct TableStatusView {
     last_error: Option<LastErrorView>,
 }
 
+impl TableStatusView {
+    /// Rows copied, of the estimate, and the time left at the current rate
+    /// while snapshotting: `400/~1000 (40%, 2m left)`.
+    fn copy_progress(&self) -> String {
+        let Some(est) = self.rows_estimated.filter(|e| *e > 0) else {
+            return self.rows_snapshotted.to_string();
+        };
+        let done = self.rows_snapshotted;
+        let mut out = format!("{done}/~{est} ({:.0}%", 100.0 * done.min(est) as f64 / est as f64);
+        if self.state == "snapshotting" && self.events_per_second > 0.0 && est > done {
+            let secs = (est - done) as f64 / self.events_per_second;
+            out.push_str(&if secs < 90.0 {
+                format!(", {secs:.0}s left")
+            } else {
+                format!(", {:.0}m left", secs / 60.0)
+            });
+        }
+        out.push(')');
+        out
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct LastErrorView {
     message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_cli_status_shows_the_copy_progress_and_time_left() {
+        let json = r#"{"runner":"r","kind":"source","paused":null,"tables":{
+            "s.big":{"state":"snapshotting","rows_snapshotted":400,"rows_estimated":1000,"events":400,
+                     "events_per_second":10.0,"failed_records":0,"lag_seconds":1.5,"last_error":null},
+            "s.small":{"state":"streaming","rows_snapshotted":7,"rows_estimated":null,"events":9,
+                     "events_per_second":0.0,"failed_records":0,"lag_seconds":0.0,"last_error":null}}}"#;
+        let text = super::client::render_status(json).expect("renders");
+        assert!(text.contains("400/~1000 (40%, 60s left)"), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("s.small") && l.contains(" 7 ")), "{text}");
+    }
 }

@@ -120,6 +120,9 @@ pub struct TableStatus {
     stopped_since_ms: Option<i64>,
     /// Records sent to the dead-letter topic.
     pub failed_records: u64,
+    /// The dead-letter topic those went to (sinks, once one went).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letter_topic: Option<String>,
     /// Last error.
     pub last_error: Option<LastError>,
     #[serde(skip)]
@@ -140,6 +143,7 @@ impl Default for TableStatus {
             pending_since_ms: None,
             stopped_since_ms: None,
             failed_records: 0,
+            dead_letter_topic: None,
             last_error: None,
             window: (None, 0),
         }
@@ -186,6 +190,12 @@ impl ConsumerGroupStatus {
     }
 }
 
+/// How often [`Telemetry::sample_lag`] is meant to run (the admin server
+/// runs it).
+pub const HISTORY_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+/// How far back the lag history goes.
+pub const HISTORY_SPAN: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// How often the events/s figure is recomputed.
 const RATE_WINDOW_SECS: f64 = 5.0;
 
@@ -226,6 +236,9 @@ pub struct Telemetry {
 
 struct Inner {
     status: Mutex<RunnerStatus>,
+    /// Per table, the lag sampled every [`HISTORY_EVERY`] over the last
+    /// [`HISTORY_SPAN`]: `(ms since the epoch, seconds)`.
+    history: Mutex<BTreeMap<String, std::collections::VecDeque<(i64, f64)>>>,
     registry: Registry,
     metrics: Metrics,
     runner: String,
@@ -279,6 +292,7 @@ impl Telemetry {
         }
         Self {
             inner: Arc::new(Inner {
+                history: Mutex::new(BTreeMap::new()),
                 status: Mutex::new(RunnerStatus {
                     runner: runner.to_string(),
                     kind,
@@ -308,6 +322,11 @@ impl Telemetry {
             kind: self.inner.kind.to_string(),
             table: table.to_string(),
         }
+    }
+
+    /// `source` or `sink`.
+    pub fn kind(&self) -> &'static str {
+        self.inner.kind
     }
 
     /// Sets a table's state. A pause or failure starts the table's lag
@@ -376,6 +395,37 @@ impl Telemetry {
         self.inner.metrics.failed.get_or_create(&self.label(table)).inc();
         self.with_table(table, |t| t.failed_records += 1);
         self.record_error(table, error, kind);
+    }
+
+    /// Names the dead-letter topic a table's failed records go to.
+    pub fn set_dead_letter_topic(&self, table: &str, topic: &str) {
+        self.with_table(table, |t| {
+            if t.dead_letter_topic.as_deref() != Some(topic) {
+                t.dead_letter_topic = Some(topic.to_string());
+            }
+        });
+    }
+
+    /// Records each table's lag now in its history, and forgets samples
+    /// older than [`HISTORY_SPAN`].
+    pub fn sample_lag(&self) {
+        let now = now_ms();
+        let status = self.status_at(now);
+        let mut history = self.inner.history.lock().unwrap_or_else(|p| p.into_inner());
+        let oldest = now - HISTORY_SPAN.as_millis() as i64;
+        for (table, t) in status.tables {
+            let h = history.entry(table).or_default();
+            h.push_back((now, t.lag_seconds.unwrap_or(0.0)));
+            while h.front().is_some_and(|(at, _)| *at < oldest) {
+                h.pop_front();
+            }
+        }
+    }
+
+    /// The lag history per table, oldest sample first.
+    pub fn lag_history(&self) -> BTreeMap<String, Vec<(i64, f64)>> {
+        let history = self.inner.history.lock().unwrap_or_else(|p| p.into_inner());
+        history.iter().map(|(t, h)| (t.clone(), h.iter().copied().collect())).collect()
     }
 
     /// Records an error of a table without a failed record (e.g. a retry).
@@ -534,5 +584,22 @@ mod tests {
         assert!(s.tables.values().all(|x| x.lag_seconds.unwrap_or(0.0) >= 19.0), "{s:?}");
         t.set_paused(None);
         assert!(t.status_at(before + 20_000).tables.values().all(|x| x.lag_seconds == Some(0.0)));
+    }
+
+    #[test]
+    fn the_lag_history_keeps_the_last_hour() {
+        let t = Telemetry::new("r1", "sink");
+        t.record_pending("s.t", now_ms() - 5_000);
+        t.sample_lag();
+        t.sample_lag();
+        let h = t.lag_history();
+        assert_eq!(h["s.t"].len(), 2);
+        assert!(h["s.t"][0].1 >= 5.0);
+        // An old sample goes at the next one.
+        if let Some(h) = t.inner.history.lock().unwrap_or_else(|p| p.into_inner()).get_mut("s.t") {
+            h[0].0 -= 3_700_000;
+        }
+        t.sample_lag();
+        assert_eq!(t.lag_history()["s.t"].len(), 2);
     }
 }

@@ -281,7 +281,7 @@ pub const DEFAULT_SINK_ADMIN_LISTEN: &str = "127.0.0.1:8091";
 fn default_admin() -> AdminConfig {
     AdminConfig {
         listen: DEFAULT_SINK_ADMIN_LISTEN.to_string(),
-        token: None,
+        ..AdminConfig::default()
     }
 }
 

@@ -1780,6 +1780,7 @@ impl<S: Sink + 'static> Loop<S> {
         self.dead_lettered.insert(origin);
         self.telemetry
             .record_failed(&label, &error.to_string(), &error.kind().to_string());
+        self.telemetry.set_dead_letter_topic(&label, &dlq);
         warn!(
             table = %label,
             topic = %raw.topic,

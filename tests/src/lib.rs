@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod bigquery;
+pub mod browser;
 pub mod conformance;
 pub mod counters;
 pub mod e2e;

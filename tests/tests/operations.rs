@@ -196,6 +196,27 @@ heartbeat_interval_ms = 500
     })
     .await;
 
+    // Copy the table again from the console's button (`POST /resync`): the
+    // runner is fenced by the recorded reset, starts again, and copies the
+    // table's 100 rows once more. A source refuses a one-table pause.
+    let refused = client
+        .post(format!("{base}/pause?table={table}"))
+        .send()
+        .await
+        .expect("table pause");
+    assert_eq!(refused.status().as_u16(), 400, "a source cannot pause one table");
+    let copied = events_at_pause().await;
+    let resync = client
+        .post(format!("{base}/resync?table={table}"))
+        .send()
+        .await
+        .expect("resync");
+    assert!(resync.status().is_success(), "{:?}", resync.text().await);
+    wait_for("the table copied again", Duration::from_secs(120), || async {
+        (events_at_pause().await >= copied + 100).then_some(())
+    })
+    .await;
+
     // The secret is nowhere the runner writes.
     let status_text = get(&format!("{base}/status")).await.expect("status");
     let metrics = get(&format!("{base}/metrics")).await.expect("metrics");

@@ -1398,21 +1398,20 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
+    /// `e`, committed at the source now (the lag counts from it).
+    fn fresh(mut e: ChangeEvent) -> ChangeEvent {
+        e.source.ts_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        e
+    }
+
     /// Issue #30: the lag tells the truth while the destination is stuck.
     /// A lock held on the destination table for 30 s stalls the apply; the
     /// lag in `/status` and `/metrics` grows past 25 s although nothing is
     /// applied, and falls back once the lock goes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_lag_grows_while_the_destination_is_stalled_and_recovers() {
-        let now = || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64)
-        };
-        let fresh = |mut e: ChangeEvent| {
-            e.source.ts_ms = now();
-            e
-        };
         let mut p = Pipeline::new("lagstall", 1).await;
         let s = items();
         p.produce(&[fresh(event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0))])
@@ -1457,6 +1456,120 @@ mod e2e {
             fx.rows().await.len() == 2 && lag() < 5.0 && gauge() < 5.0
         })
         .await;
+        stop_tx.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+        p.fx.cleanup().await;
+    }
+
+    /// Issue #30: the console page, in headless Chromium, over a live copy:
+    /// its numbers are `/status`'s, a peer runner's tables show beside this
+    /// runner's, and its pause and resume buttons (clicked with the mouse)
+    /// hold and release the table. The screenshot is kept in
+    /// `target/test-artifacts/console.png`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_console_page_shows_the_status_and_its_buttons_pause_and_resume() {
+        use tributary_operations::admin::{serve, AdminConfig};
+        use tributary_tests::browser::Browser;
+        let mut p = Pipeline::new("console", 1).await;
+        let s = items();
+        for i in 1..=3 {
+            p.produce(&[fresh(event(
+                &s,
+                Op::Create,
+                None,
+                Some(row(i, "a", i, "1.00")),
+                i as u64,
+                0,
+            ))])
+            .await;
+        }
+        let status = Telemetry::new("console", "sink");
+        let control = Control::new();
+        // A peer: another runner's admin server, shown read-only.
+        let peer = Telemetry::new("peer-source", "source");
+        peer.record_snapshot("shop.orders", 400, Some(1000));
+        peer.set_state("shop.orders", TableState::Snapshotting);
+        let local = |peers: Vec<String>| AdminConfig {
+            listen: "127.0.0.1:0".into(),
+            peers,
+            ..AdminConfig::default()
+        };
+        let peer_addr = serve(&local(vec![]), peer.clone(), Control::new())
+            .await
+            .expect("peer")
+            .expect("on");
+        let peer_url = format!("http://{peer_addr}");
+        let addr = serve(&local(vec![peer_url.clone()]), status.clone(), control.clone())
+            .await
+            .expect("admin")
+            .expect("on");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(sink_runner::run(p.config(), status.clone(), control.clone(), stop_rx));
+        let label = format!("{}.items", p.fx.schema);
+        wait_for("three rows applied", Duration::from_secs(60), || async {
+            p.fx.rows().await.len() == 3 && status.table(&label).is_some_and(|t| t.events == 3)
+        })
+        .await;
+
+        let mut page = Browser::start(1280, 720).await;
+        page.navigate(&format!("http://{addr}/")).await;
+        let tr = format!("document.querySelector('tr[data-table=\"{label}\"]')");
+        page.wait_for("the table's row, streaming, 3 events", Duration::from_secs(30), &format!(
+            "{tr}.querySelector('.badge').textContent === 'streaming' && {tr}.querySelector('.events').dataset.value === '3'"
+        ))
+        .await;
+        // The page's numbers are /status's.
+        let shown = page
+            .eval(&format!(
+                "[{tr}.querySelector('.events').dataset.value, {tr}.querySelector('.lag').dataset.value, \
+                 {tr}.querySelector('.failed').dataset.value, document.querySelector('#title').textContent]"
+            ))
+            .await;
+        let t = status.table(&label).expect("status");
+        assert_eq!(shown[0], t.events.to_string());
+        assert_eq!(shown[2], t.failed_records.to_string());
+        assert_eq!(shown[3], "sink runner console");
+        let lag: f64 = shown[1].as_str().and_then(|v| v.parse().ok()).expect("a lag on the page");
+        assert!((lag - t.lag_seconds.unwrap_or(-10.0)).abs() < 3.0, "page {lag} vs status {:?}", t.lag_seconds);
+        // The peer's table, with its copy's progress.
+        page.wait_for(
+            "the peer's table",
+            Duration::from_secs(10),
+            "document.querySelector('table.peer tr[data-table=\"shop.orders\"] .progress').textContent.includes('400 / ~1,000')",
+        )
+        .await;
+        let artifact = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts/console.png");
+        page.screenshot(&artifact).await;
+        eprintln!("console screenshot: {}", artifact.display());
+
+        // Pause with the mouse: the runner holds the table.
+        page.click(&format!("tr[data-table=\"{label}\"] button.pause")).await;
+        wait_for("paused by the button", Duration::from_secs(30), || async {
+            matches!(status.table(&label).map(|t| t.state), Some(TableState::Paused(r)) if r.contains("operator"))
+        })
+        .await;
+        p.produce(&[fresh(event(&s, Op::Create, None, Some(row(4, "d", 4, "4.00")), 4, 0))])
+            .await;
+        page.wait_for(
+            "the page showing the pause",
+            Duration::from_secs(10),
+            &format!("{tr}.querySelector('.badge').textContent === 'paused' && !!{tr}.querySelector('button.resume')"),
+        )
+        .await;
+        assert_eq!(p.fx.rows().await.len(), 3, "a paused table applied a row");
+        page.click(&format!("tr[data-table=\"{label}\"] button.resume")).await;
+        let fx = &p.fx;
+        wait_for("resumed by the button, the held row applied", Duration::from_secs(60), || async {
+            fx.rows().await.len() == 4 && matches!(status.table(&label).map(|t| t.state), Some(TableState::Streaming))
+        })
+        .await;
+        page.wait_for(
+            "the page showing it streaming",
+            Duration::from_secs(10),
+            &format!("{tr}.querySelector('.badge').textContent === 'streaming'"),
+        )
+        .await;
+        drop(page);
         stop_tx.send(true).expect("stop");
         runner.await.expect("join").expect("runner");
         p.fx.cleanup().await;
