@@ -129,15 +129,25 @@ pub struct Control {
     /// The last pause set written to the pause store, once one is attached
     /// (`crate::pauses`): the admin API answers a change once it is stored.
     stored: Arc<watch::Sender<Option<PauseSet>>>,
-    /// What copies one table again, for runners that can (sources).
-    resync: Arc<std::sync::OnceLock<ResyncHook>>,
+    /// Requests to copy a table again (`POST /resync`), for a runner that
+    /// serves them (sources) to take between batches.
+    resyncs: Arc<ResyncQueue>,
 }
 
-/// Copies one table (`schema.table`) again: `Ok` with what was done, or
-/// the error.
-pub type ResyncHook = Arc<
-    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>> + Send + Sync,
->;
+/// A request to copy one table (`schema.table`) again; the runner answers
+/// with what it did, or why not.
+pub struct ResyncRequest {
+    /// `schema.table`.
+    pub table: String,
+    /// Where the answer goes; closed when the asker gave up waiting.
+    pub reply: tokio::sync::oneshot::Sender<Result<String, String>>,
+}
+
+struct ResyncQueue {
+    served: AtomicBool,
+    tx: tokio::sync::mpsc::UnboundedSender<ResyncRequest>,
+    rx: std::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<ResyncRequest>>,
+}
 
 impl Default for Control {
     fn default() -> Self {
@@ -152,13 +162,31 @@ impl Control {
             tx: Arc::new(watch::channel(PauseSet::default()).0),
             ready: Arc::new(AtomicBool::new(false)),
             stored: Arc::new(watch::channel(None).0),
-            resync: Arc::new(std::sync::OnceLock::new()),
+            resyncs: Arc::new({
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                ResyncQueue {
+                    served: AtomicBool::new(false),
+                    tx,
+                    rx: std::sync::Mutex::new(rx),
+                }
+            }),
         }
     }
 
-    /// Lets the admin API copy a table again (`POST /resync?table=`).
-    pub fn set_resync(&self, hook: ResyncHook) {
-        let _ = self.resync.set(hook);
+    /// Says that this runner takes resync requests ([`Control::next_resync`]).
+    pub fn serve_resyncs(&self) {
+        self.resyncs.served.store(true, Ordering::Relaxed);
+    }
+
+    /// The next resync request still waited for, if any.
+    pub fn next_resync(&self) -> Option<ResyncRequest> {
+        let mut rx = self.resyncs.rx.lock().unwrap_or_else(|p| p.into_inner());
+        while let Ok(r) = rx.try_recv() {
+            if !r.reply.is_closed() {
+                return Some(r);
+            }
+        }
+        None
     }
 
     /// Sets the pause set read back from the pause store at start.
@@ -424,19 +452,31 @@ async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     let Some(table) = q.table else {
         return (StatusCode::BAD_REQUEST, "resync needs ?table=schema.table\n").into_response();
     };
-    let Some(hook) = s.control.resync.get().cloned() else {
+    if !s.control.resyncs.served.load(Ordering::Relaxed) {
         return (
             StatusCode::NOT_FOUND,
             "this runner cannot copy a table again: ask its source runner (source-runner reset --table)\n",
         )
             .into_response();
-    };
+    }
     tracing::info!(table = %table, "copy again asked by an operator");
-    match hook(table).await {
-        Ok(done) => (StatusCode::OK, format!("{done}\n")).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let _ = s.control.resyncs.tx.send(ResyncRequest { table, reply });
+    match tokio::time::timeout(RESYNC_TIMEOUT, answer).await {
+        Ok(Ok(Ok(done))) => (StatusCode::OK, format!("{done}\n")).into_response(),
+        Ok(Ok(Err(e))) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
+        // Dropped unanswered: the request is not carried out.
+        Ok(Err(_)) | Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the runner is not streaming now (starting or retrying); nothing was done: try again, or use \
+             source-runner reset --table\n",
+        )
+            .into_response(),
     }
 }
+
+/// How long `POST /resync` waits for the runner to take the request.
+const RESYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a pause or resume waits for the pause store.
 const STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

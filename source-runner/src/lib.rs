@@ -26,7 +26,6 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
         .map_err(|e| Error::needs_operator(format!("cannot start the admin server on {}: {e}", config.admin.listen)))?;
     let kafka = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
     let store = PauseStore::new(kafka, format!("source/{}", config.name));
-    control.set_resync(resync_hook(&config));
     tributary_operations::pauses::attach_at_start(store, &control, &telemetry).await;
     runner::run(config, source, telemetry, control, tributary_operations::process::shutdown_signal()).await
 }
@@ -118,25 +117,6 @@ async fn record_reset(config: &SourceRunnerConfig, tables: &[tributary_schemas::
     let mut kafka = runner::KafkaSide::connect(config).await?;
     kafka.last_checkpoint().await?;
     kafka.record_reset(tables).await
-}
-
-/// The admin API's `POST /resync?table=`: the same as `reset --table`.
-fn resync_hook(config: &SourceRunnerConfig) -> tributary_operations::admin::ResyncHook {
-    let config = config.clone();
-    std::sync::Arc::new(move |table: String| {
-        let config = config.clone();
-        Box::pin(async move {
-            let id = match table.split_once('.') {
-                Some((schema, t)) if !schema.is_empty() && !t.is_empty() => tributary_schemas::TableId::new(schema, t),
-                _ => return Err(format!("table {table}: expected schema.table")),
-            };
-            let reset = record_reset(&config, &[id]).await.map_err(|e| e.to_string())?;
-            Ok(format!(
-                "reset {reset} of {table} recorded: the runner starts again, copies the table again and removes \
-                 the destination rows the new copy does not see"
-            ))
-        })
-    })
 }
 
 /// `delete`: removes everything this copy owns on the source, in Kafka and

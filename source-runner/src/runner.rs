@@ -776,6 +776,68 @@ impl KafkaSide {
         }
     }
 
+    /// Copies `table` (`schema.table`) again while the stream goes on, as
+    /// `POST /resync` asks: what a reset does at a start (see
+    /// [`KafkaSide::record_reset`] and `run_once`), done between two
+    /// batches instead, without a restart. The state after a committed
+    /// batch is the state a start from its checkpoint makes, so the source
+    /// copies as it would right after [`Source::start`]. The held table and
+    /// the source's plan reach the offsets topic with the next checkpoint;
+    /// a crash before that loses the request, never a change. The outer
+    /// result is the runner's (an error restarts it from its checkpoint),
+    /// the inner one the operator's answer.
+    pub async fn resync_live(&mut self, source: &mut dyn Source, table: &str) -> Result<Result<String, String>, Error> {
+        let Some(id) = table
+            .split_once('.')
+            .filter(|(s, t)| !s.is_empty() && !t.is_empty())
+            .map(|(s, t)| TableId::new(s, t))
+        else {
+            return Ok(Err(format!("table {table}: expected schema.table")));
+        };
+        if self.held.get(&id).is_some_and(|h| h.copy != Copy::Paused) {
+            return Ok(Err(format!("{table} is being copied again already")));
+        }
+        let reset = new_reset_id();
+        let before = self.held.insert(
+            id.clone(),
+            Held {
+                reason: "copied again, as asked (POST /resync)".to_string(),
+                copy: Copy::Paused,
+                reset: Some(reset),
+            },
+        );
+        let copying = match source.resync(std::slice::from_ref(&id)).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.restore_held(&id, before);
+                return Err(e);
+            }
+        };
+        if !copying.contains(&id) {
+            self.restore_held(&id, before);
+            return Ok(Err(format!(
+                "{table} is not copied again: the source does not capture it, or cannot copy tables again \
+                 (snapshot_mode = \"never\")"
+            )));
+        }
+        if let Some(h) = self.held.get_mut(&id) {
+            h.copy = Copy::Asked;
+        }
+        self.held_changed = true;
+        info!(table = %id, reset, "copying a table again while the others stream, as asked");
+        Ok(Ok(format!(
+            "copying {table} again (reset {reset}) while the other tables stream; the destination rows the new copy \
+             does not see are removed at its end"
+        )))
+    }
+
+    fn restore_held(&mut self, id: &TableId, before: Option<Held>) {
+        match before {
+            Some(h) => self.held.insert(id.clone(), h),
+            None => self.held.remove(id),
+        };
+    }
+
     /// The held-tables record's value.
     fn held_record(&self) -> Vec<u8> {
         let held: Vec<HeldRecord> = self
@@ -1346,6 +1408,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     tokio::pin!(shutdown);
     let span = info_span!("source_runner", runner = %config.name);
+    control.serve_resyncs();
     async move {
         let mut attempt = 0u32;
         loop {
@@ -1485,6 +1548,23 @@ async fn run_once(
             }
         }
         telemetry.set_paused(None);
+        while let Some(req) = control.next_resync() {
+            // Between two committed batches: the state a start makes.
+            if let Some(txn) = open.take() {
+                txn.commit(&mut kafka, source, telemetry).await?;
+            }
+            let answer = kafka.resync_live(source, &req.table).await;
+            kafka.show_paused(telemetry);
+            match answer {
+                Ok(a) => {
+                    let _ = req.reply.send(a);
+                }
+                Err(e) => {
+                    let _ = req.reply.send(Err(e.to_string()));
+                    return Err(e);
+                }
+            }
+        }
         let asked = Instant::now();
         let batch = {
             // A snapshot's transaction stays open while the source reads
