@@ -363,8 +363,9 @@ impl crate::e2e::Destination for Copy {
     }
 
     /// Redshift's DATE has no infinity: the sink stages the value as a date
-    /// out of range, which the stand-in refuses (Redshift's COPY would too,
-    /// with its own message: not verifiable here).
+    /// out of range, which the stand-in refuses and logs in its
+    /// `stl_load_errors` (Redshift's COPY would refuse it too, with its own
+    /// reason: not verifiable here).
     fn refuses_infinity(&self) -> bool {
         true
     }
