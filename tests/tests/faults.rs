@@ -87,7 +87,7 @@ use tributary_schemas::{Op, Value};
 use tributary_tests::bigquery::{query as bigquery, Datasets};
 use tributary_tests::mysql::Database as MariaDbDatabase;
 use tributary_tests::postgres::{source_admin, Destination as PgDestination, SourceSchema};
-use tributary_tests::redshift::{redshift_url, s3_endpoint, Warehouse as RedshiftWarehouse};
+use tributary_tests::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
 use tributary_tests::{
     committed_reader, header, kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url,
     wait_for, Rng, Runner,
@@ -937,13 +937,7 @@ impl Destination {
                 let stopped = Stopped::stop("s3");
                 paused_for_then_resumed(sinks, self, "destination-down", "S3", async {
                     stopped.start();
-                    let status = reqwest::Client::new()
-                        .put(format!("{}/{}", s3_endpoint(), tributary_tests::redshift::BUCKET))
-                        .send()
-                        .await
-                        .expect("the S3 emulator is back")
-                        .status();
-                    assert!(status.is_success() || status.as_u16() == 409, "create the bucket again: {status}");
+                    tributary_tests::redshift::create_bucket().await;
                 })
                 .await;
             }

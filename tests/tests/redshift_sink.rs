@@ -252,7 +252,8 @@ async fn postgres_to_kafka_to_redshift_equals_the_source_across_kill_9() {
         message.contains("date out of range") && message.contains("stl_load_errors: column due"),
         "{message}"
     );
-    assert!(!message.contains("infinity"), "{message}");
+    // (The staged value: the date PostgreSQL's infinity is staged as.)
+    assert!(!message.contains("5881580"), "no value in the message: {message}");
     let column = tributary_tests::header(&dead, sink_runner::dlq::HEADER_COLUMN);
     assert_eq!(column.as_deref(), Some("due"), "{message}");
 }
