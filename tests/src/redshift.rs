@@ -58,16 +58,21 @@ pub async fn ready() {
                     assert!(again.is_ok_and(|r| !r.is_empty()), "create database: {e}");
                 }
             }
-            let status = reqwest::Client::new()
-                .put(format!("{}/{BUCKET}", s3_endpoint()))
-                .send()
-                .await
-                .expect("the S3 emulator (scripts/stack start s3)")
-                .status();
-            // 409: another process created it first.
-            assert!(status.is_success() || status.as_u16() == 409, "create bucket: {status}");
+            create_bucket().await;
         })
         .await;
+}
+
+/// Creates the staging bucket (moto loses it when it restarts).
+pub async fn create_bucket() {
+    let status = reqwest::Client::new()
+        .put(format!("{}/{BUCKET}", s3_endpoint()))
+        .send()
+        .await
+        .expect("the S3 emulator (scripts/stack start s3)")
+        .status();
+    // 409: another process created it first.
+    assert!(status.is_success() || status.as_u16() == 409, "create bucket: {status}");
 }
 
 /// A schema of its own in the emulated cluster.
@@ -363,8 +368,9 @@ impl crate::e2e::Destination for Copy {
     }
 
     /// Redshift's DATE has no infinity: the sink stages the value as a date
-    /// out of range, which the stand-in refuses (Redshift's COPY would too,
-    /// with its own message: not verifiable here).
+    /// out of range, which the stand-in refuses and logs in its
+    /// `stl_load_errors` (Redshift's COPY would refuse it too, with its own
+    /// reason: not verifiable here).
     fn refuses_infinity(&self) -> bool {
         true
     }

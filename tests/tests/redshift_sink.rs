@@ -143,6 +143,12 @@ async fn every_statement_sent_is_redshift_sql() {
         .expect_err("numeric(38,2) refuses a 40-digit value");
     assert_eq!(e.error.kind(), ErrorKind::Permanent, "{}", e.error);
     assert_eq!(e.record, Some(1), "bisection names the record: {}", e.error);
+    // The reason is the (stand-in) stl_load_errors row's: the COPY's own
+    // error, as Redshift's, says only "Load into table ... failed".
+    assert_eq!(e.error.column(), Some("price"), "{}", e.error);
+    let m = e.error.message();
+    assert!(m.contains("numeric field overflow") && m.contains("stl_load_errors: column price"), "{m}");
+    assert!(!m.contains("Load into table"), "{m}");
     assert!(sink.check().await.is_empty(), "check");
     sink.delete_copy(std::slice::from_ref(&s.id)).await.expect("delete copy");
     assert!(staged_objects(&group).await.is_empty(), "the staged files are removed after each load");
@@ -162,6 +168,7 @@ async fn every_statement_sent_is_redshift_sql() {
         "UPDATE ",
         "DROP TABLE",
         "LOCK ",
+        "FROM stl_load_errors WHERE query = pg_last_copy_id()",
     ] {
         assert!(has(needle), "the workload sent no statement with {needle}: {statements:#?}");
     }
@@ -238,6 +245,15 @@ async fn postgres_to_kafka_to_redshift_equals_the_source_across_kill_9() {
     let dead = tributary_tests::e2e::kill_9_across_the_pipeline(&tributary_tests::unique("rse2e"), &copy)
         .await
         .expect("a dead letter");
+    // Redshift's reason, from the (stand-in) stl_load_errors row the
+    // refused COPY left: PostgreSQL's message there, never the value.
     let message = tributary_tests::header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
-    assert!(message.contains("date out of range") && message.contains("due"), "{message}");
+    assert!(
+        message.contains("date out of range") && message.contains("stl_load_errors: column due"),
+        "{message}"
+    );
+    // (The staged value: the date PostgreSQL's infinity is staged as.)
+    assert!(!message.contains("5881580"), "no value in the message: {message}");
+    let column = tributary_tests::header(&dead, sink_runner::dlq::HEADER_COLUMN);
+    assert_eq!(column.as_deref(), Some("due"), "{message}");
 }

@@ -384,6 +384,41 @@ pub fn copy_stdin_test_sql(stage: &str, names: &[String]) -> String {
     )
 }
 
+/// Which `COPY` a load-error lookup is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyQuery {
+    /// The query id Redshift's error named (its `DETAIL` carries
+    /// `query: <id>`).
+    Id(i64),
+    /// `pg_last_copy_id()`: the session's last `COPY` that began loading
+    /// (a `COPY` refused by invalid data counts; one that failed before
+    /// loading, e.g. on S3 access, does not, so the id may be an older
+    /// load's: the file filter below then finds nothing).
+    LastInSession,
+}
+
+/// The first `stl_load_errors` row of a `COPY` whose files lie under
+/// `staged_dir` (`s3://bucket/.../<uuid>/`): Redshift's reason, the column,
+/// its type, the length of the refused value (never the value: row values
+/// stay out of errors), the line, the error code, the query id. Columns of
+/// type `CHAR(n)` are trimmed. The file filter pins the row to this batch's
+/// staging directory even when the id is the session's older `COPY`.
+pub fn load_error_sql(copy: CopyQuery, staged_dir: &str) -> String {
+    let query = match copy {
+        CopyQuery::Id(id) => id.to_string(),
+        CopyQuery::LastInSession => "pg_last_copy_id()".to_string(),
+    };
+    // LIKE's wildcards in the directory (`_` in a consumer group) also
+    // match themselves: at worst a sibling directory of the same prefix
+    // would match, and the query id already narrows it to one COPY.
+    format!(
+        "SELECT trim(err_reason)::varchar, trim(colname)::varchar, trim(\"type\")::varchar, \
+         octet_length(trim(raw_field_value))::bigint, line_number::bigint, err_code::integer, query::bigint \
+         FROM stl_load_errors WHERE query = {query} AND trim(filename) LIKE {} ORDER BY line_number LIMIT 1",
+        literal(&format!("{staged_dir}%"))
+    )
+}
+
 /// Empties the staging table.
 pub fn clear_stage_sql(stage: &str) -> String {
     format!("DELETE FROM {}", quote_ident(stage))
@@ -663,6 +698,22 @@ mod tests {
         assert!(change_sql(&t, &TableChange::DropNotNull { column: "c".into() }).is_err());
         let widen = TableChange::Widen { column: "c".into(), from: p("integer"), to: p("bigint") };
         assert!(change_sql(&t, &widen).is_err());
+    }
+
+    #[test]
+    fn load_errors_are_looked_up_by_copy_and_staging_directory() {
+        let dir = "s3://b/tributary-staging/g_1/0f6c/";
+        let last = load_error_sql(CopyQuery::LastInSession, dir);
+        assert!(last.contains("FROM stl_load_errors WHERE query = pg_last_copy_id() AND"), "{last}");
+        assert!(last.contains("trim(filename) LIKE 's3://b/tributary-staging/g_1/0f6c/%'"), "{last}");
+        for column in ["trim(err_reason)", "trim(colname)", "trim(\"type\")", "line_number", "err_code"] {
+            assert!(last.contains(column), "{column}: {last}");
+        }
+        // The refused value itself is never read, only its length.
+        assert!(last.contains("octet_length(trim(raw_field_value))"), "{last}");
+        let by_id = load_error_sql(CopyQuery::Id(5437), "s3://b/p/it's/");
+        assert!(by_id.contains("WHERE query = 5437 AND trim(filename) LIKE 's3://b/p/it''s/%'"), "{by_id}");
+        assert!(by_id.ends_with("ORDER BY line_number LIMIT 1"), "{by_id}");
     }
 
     #[test]

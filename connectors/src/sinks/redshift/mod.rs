@@ -36,11 +36,19 @@
 //! Redshift has no savepoints: the core's bisection probes each run in a
 //! transaction of their own (`savepoint` rolls back and begins again).
 //!
+//! A `COPY` that refuses a row says only "Load into table ... failed.
+//! Check 'stl_load_errors'": the sink rolls back and reads the row's reason
+//! and column from `stl_load_errors` on the same session
+//! ([`RedshiftSink::refusal`]), and that error is the one bisection
+//! dead-letters the record with.
+//!
 //! # Test mode
 //!
 //! `loader = "test_stdin_from_s3"` replaces only the `COPY` from S3 with a
 //! `COPY FROM STDIN` of the same staged files, read back from S3, so that
-//! everything else runs unchanged against PostgreSQL 15 (see
+//! everything else runs unchanged against PostgreSQL 15; a row PostgreSQL
+//! refuses is logged in a stand-in `stl_load_errors` (with a stand-in
+//! `pg_last_copy_id()`) and fails the load with Redshift's message (see
 //! `docs/destinations/redshift.md` for what that does and does not show).
 
 pub mod check;
@@ -59,14 +67,16 @@ use async_trait::async_trait;
 use futures::SinkExt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
-use self::client::{classify, CopyFailure, Ctx, HintIfNone, Session, Stager};
+use self::client::{
+    classify, copy_query_id, load_refused, CopyFailure, Ctx, HintIfNone, LoadError, Session, Stager, LOAD_ERROR_CLASS,
+};
 pub use self::config::{DestinationTable, Loader, RedshiftSinkConfig, S3Config};
 use self::dialect::{
-    apply_sql, bookkeeping_ddl, change_sql, lock_sql, offsets_table, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
+    apply_sql, load_error_sql, CopyQuery, bookkeeping_ddl, change_sql, lock_sql, offsets_table, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
     delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, offsets_sql, prune_deleted_sql,
     removed_before_sql, reset_of_sql, staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal,
     truncate_older_sql, COLUMNS_SQL, PRIMARY_KEY_SQL, SCHEMA_EXISTS_SQL,
@@ -104,6 +114,41 @@ const SCHEMA_SETUP: &str = "SET statement_timeout = 300000";
 /// TEST MODE ONLY: Redshift's SUPER and VARBYTE as PostgreSQL domains
 /// (over text: the staged JSON and hex as they are), so the same DDL runs.
 const TEST_TYPES: [(&str, &str); 2] = [("super", "text"), ("varbyte", "text")];
+/// TEST MODE ONLY: stand-ins of Redshift's load-error log and of
+/// `pg_last_copy_id()`, which PostgreSQL lacks, so that the sink's lookup
+/// of a refused row's reason ([`RedshiftSink::refusal`]) runs unchanged.
+/// The table has Redshift's columns and types, and the start of the
+/// session that ran the `COPY` (PostgreSQL reuses process ids). The test
+/// loader writes a row for each `COPY FROM STDIN` PostgreSQL refuses
+/// ([`RedshiftSink::log_refusal_test`]); the function returns the
+/// session's last such `COPY` (the stand-in logs no other: the sink asks
+/// only after a refusal), -1 without one, as Redshift's does.
+const TEST_LOAD_ERRORS: [(&str, &str); 2] = [
+    (
+        "SELECT 1 FROM pg_class WHERE oid = to_regclass('public.stl_load_errors')",
+        "CREATE TABLE public.stl_load_errors (userid integer, slice integer, tbl integer, starttime timestamp, \
+         session integer, query serial, filename character(256), line_number bigint, colname character(127), \
+         type character(10), col_length character(10), position integer, raw_line character(1024), \
+         raw_field_value character(1024), err_code integer, err_reason character(100), is_partial integer, \
+         start_offset bigint, stand_in_backend_start timestamptz)",
+    ),
+    (
+        "SELECT 1 FROM pg_proc WHERE proname = 'pg_last_copy_id'",
+        "CREATE FUNCTION public.pg_last_copy_id() RETURNS integer LANGUAGE sql STABLE AS $$ \
+         SELECT coalesce(max(e.query), -1) FROM public.stl_load_errors e JOIN pg_stat_activity a \
+         ON a.pid = e.session AND a.backend_start = e.stand_in_backend_start WHERE a.pid = pg_backend_pid() $$",
+    ),
+];
+/// TEST MODE ONLY: the stand-in's row for a refused `COPY FROM STDIN`
+/// (what Redshift's loader writes): `$1` the session, `$2` the file, `$3`
+/// the line in it, `$4` the column, `$5` its type, `$6` the value, `$7`
+/// PostgreSQL's message. No table id, slice, raw line or Redshift error
+/// code (0): PostgreSQL has none of them to give.
+const TEST_LOG_LOAD_ERROR: &str = "INSERT INTO public.stl_load_errors (userid, slice, tbl, starttime, session, filename, \
+     line_number, colname, type, col_length, position, raw_line, raw_field_value, err_code, err_reason, is_partial, \
+     start_offset, stand_in_backend_start) VALUES (0, 0, 0, now()::timestamp, $1::integer, left($2::text, 256), \
+     $3::bigint, left($4::text, 127), left($5::text, 10), '0', 0, '', left($6::text, 1024), 0, left($7::text, 100), \
+     0, 0, (SELECT backend_start FROM pg_stat_activity WHERE pid = $1::integer))";
 
 /// What the sink knows about one destination table (from the catalog).
 #[derive(Debug, Clone, Default)]
@@ -153,6 +198,9 @@ pub struct RedshiftSink {
     now: String,
     /// Every statement sent (the dialect check's input), when asked for.
     recorder: Option<Arc<Mutex<Vec<String>>>>,
+    /// TEST MODE ONLY: the main session's process id (the stand-in load
+    /// error log's `session`).
+    test_pid: Option<i32>,
 }
 
 impl fmt::Debug for RedshiftSink {
@@ -190,6 +238,7 @@ impl RedshiftSink {
             prune_at: std::time::Instant::now(),
             now: timestamp_literal(chrono::Utc::now()),
             recorder: None,
+            test_pid: None,
         })
     }
 
@@ -230,13 +279,22 @@ impl RedshiftSink {
     /// Runs `statements` on the main session, after what is deferred, in
     /// one round trip.
     async fn exec(&self, statements: &[String], ctx: &Ctx) -> Result<()> {
+        self.exec_naming_copy(statements, ctx).await.map_err(|(e, _)| e)
+    }
+
+    /// [`RedshiftSink::exec`], with the `COPY` a load error names (see
+    /// [`CopyQuery`]).
+    async fn exec_naming_copy(&self, statements: &[String], ctx: &Ctx) -> Result<(), (Error, CopyQuery)> {
         for s in statements {
             self.record(s);
         }
-        let client = self.session.connected()?;
+        let client = self.session.connected().map_err(|e| (e, CopyQuery::LastInSession))?;
         let mut text = self.session.take_deferred();
         text.push_str(&statements.join("; "));
-        client.batch_execute(&text).await.map_err(|e| classify(&e, ctx))
+        client
+            .batch_execute(&text)
+            .await
+            .map_err(|e| (classify(&e, ctx), copy_query_id(&e).map_or(CopyQuery::LastInSession, CopyQuery::Id)))
     }
 
     /// A query on the main session (after what is deferred).
@@ -276,7 +334,7 @@ impl RedshiftSink {
             self.session.connect_with(&setup).await?;
             self.schema_session.connect_with(&format!("{setup}; {SCHEMA_SETUP}")).await?;
             if self.test_mode() {
-                self.test_types().await?;
+                self.test_stand_ins().await?;
             }
             self.ensure_bookkeeping().await
         }
@@ -299,21 +357,28 @@ impl RedshiftSink {
         self.touched.clear();
     }
 
-    /// TEST MODE ONLY: creates the stand-ins of Redshift's types.
-    async fn test_types(&self) -> Result<()> {
+    /// TEST MODE ONLY: creates the stand-ins of Redshift's types, load
+    /// error log and `pg_last_copy_id()`, and notes the main session's
+    /// process id.
+    async fn test_stand_ins(&mut self) -> Result<()> {
         let ctx = self.ctx();
         let client = self.schema_session.connected()?;
-        for (name, over) in TEST_TYPES {
-            let exists = !client
-                .query("SELECT 1 FROM pg_type WHERE typname = $1", &[&name])
-                .await
-                .map_err(|e| classify(&e, &ctx))?
-                .is_empty();
-            if !exists {
+        let domains: Vec<(String, String)> = TEST_TYPES
+            .iter()
+            .map(|(name, over)| {
+                let exists = format!("SELECT 1 FROM pg_type WHERE typname = '{name}'");
+                (exists, format!("CREATE DOMAIN public.{name} AS {over}"))
+            })
+            .collect();
+        let all = domains.iter().map(|(a, b)| (a.as_str(), b.as_str())).chain(TEST_LOAD_ERRORS);
+        for (exists, create) in all {
+            if client.query(exists, &[]).await.map_err(|e| classify(&e, &ctx))?.is_empty() {
                 // Two sinks starting at once: the loser's error is harmless.
-                let _ = client.batch_execute(&format!("CREATE DOMAIN public.{name} AS {over}")).await;
+                let _ = client.batch_execute(create).await;
             }
         }
+        let pid = self.session.connected()?.query_one("SELECT pg_backend_pid()", &[]).await;
+        self.test_pid = Some(pid.map_err(|e| classify(&e, &ctx))?.get(0));
         Ok(())
     }
 
@@ -553,42 +618,145 @@ impl RedshiftSink {
         let staged = self.stager.put(&self.consumer_group, files).await?;
         let copy = copy_s3_sql(&stage, &names, &staged.manifest_url, &self.config.iam_role);
         let loaded = match self.config.loader {
-            Loader::S3Copy => self.exec(&[copy], &ctx).await,
+            Loader::S3Copy => self.exec_naming_copy(&[copy], &ctx).await,
             Loader::TestStdinFromS3 => {
                 self.record(&copy);
-                self.copy_from_s3_test(&stage, &names, &staged.manifest_url, &ctx).await
+                self.copy_from_s3_test(&stage, &names, &typed, &staged.manifest_url, &ctx)
+                    .await
+                    .map_err(|e| (e, CopyQuery::LastInSession))
             }
         };
         self.stager.remove(&staged).await;
-        loaded?;
+        if let Err((error, copy)) = loaded {
+            if error.class() != LOAD_ERROR_CLASS {
+                return Err(error.into());
+            }
+            return Err(self.refusal(error, copy, staged.dir_url(), &ctx).await.into());
+        }
         let statements = apply_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0, &self.now);
         self.exec(&statements, &ctx).await?;
         debug!(table = %dest, upserts = group.upserts, deletes = group.deletes, "applied");
         Ok(())
     }
 
+    /// Redshift's reason for a refused row, from `stl_load_errors`, in
+    /// place of `error` (whose message only points there). Asked on the
+    /// same session after a rollback: `pg_last_copy_id()` is the session's,
+    /// the aborted transaction refuses every statement until it ends, and
+    /// the log row is written outside the transaction, so the rollback
+    /// leaves it. Without a row (the id an older load's, the row not
+    /// visible) `error` stays, its hint the query to run by hand.
+    async fn refusal(&mut self, error: Error, copy: CopyQuery, staged_dir: &str, ctx: &Ctx) -> Error {
+        self.rollback().await;
+        match self.query(&load_error_sql(copy, staged_dir), ctx).await {
+            Ok(rows) => match rows.first().map(LoadError::from_row) {
+                Some(Ok(row)) => row.into_error(),
+                Some(Err(e)) => {
+                    warn!(error = %crate::pgwire::redact::redacted(&e), "could not read the stl_load_errors row");
+                    error
+                }
+                None => {
+                    warn!(?copy, "no stl_load_errors row for the refused COPY");
+                    error
+                }
+            },
+            Err(e) => {
+                warn!(error = %e, "could not look the refused row up in stl_load_errors");
+                error
+            }
+        }
+    }
+
     /// TEST MODE ONLY: what `COPY ... FROM 's3://...' MANIFEST` does,
     /// against PostgreSQL: the manifest's files read back from S3 and sent
-    /// with `COPY FROM STDIN`.
-    async fn copy_from_s3_test(&self, stage: &str, names: &[String], manifest: &str, ctx: &Ctx) -> Result<()> {
+    /// with `COPY FROM STDIN`. A row PostgreSQL refuses is logged in the
+    /// stand-in `stl_load_errors` and fails the load with Redshift's
+    /// message, as the cluster's loader does.
+    async fn copy_from_s3_test(
+        &self,
+        stage: &str,
+        names: &[String],
+        typed: &[(&str, &str)],
+        manifest: &str,
+        ctx: &Ctx,
+    ) -> Result<()> {
         let files = self.stager.read(manifest).await?;
         let sql = copy_stdin_test_sql(stage, names);
         let copy = async {
             let (client, statement) = self.session.copy_statement(&sql).await?;
             let sink = client.copy_in::<_, bytes::Bytes>(&statement).await.map_err(CopyFailure::Db)?;
             futures::pin_mut!(sink);
-            for f in files {
-                sink.send(f).await.map_err(CopyFailure::Db)?;
+            for (_, f) in &files {
+                sink.send(f.clone()).await.map_err(CopyFailure::Db)?;
             }
             sink.as_mut().finish().await.map_err(CopyFailure::Db)?;
             Ok::<(), CopyFailure>(())
         };
         match copy.await {
             Ok(()) => Ok(()),
-            Err(CopyFailure::Db(e)) => Err(classify(&e, ctx)),
+            Err(CopyFailure::Db(e)) => match e.as_db_error() {
+                Some(db) if crate::pgwire::redact::is_data_error(db.code().code()) => {
+                    // Still a refused row without its log entry (the
+                    // lookup then finds none): never retried for ever.
+                    if let Err(e) = self.log_refusal_test(db, typed, &files).await {
+                        warn!(error = %e, "TEST MODE: could not log the refused row in the stand-in stl_load_errors");
+                    }
+                    Err(load_refused(stage, ctx))
+                }
+                _ => Err(classify(&e, ctx)),
+            },
             Err(CopyFailure::Session(e)) => Err(e),
             Err(CopyFailure::Render(e)) => Err(e.error),
         }
+    }
+
+    /// TEST MODE ONLY: the stand-in `stl_load_errors` row of a refused
+    /// `COPY FROM STDIN`, written on the schema session (the main one's
+    /// transaction is aborted) from PostgreSQL's error: its message as the
+    /// reason, the column and value from its context (`COPY stage, line 3,
+    /// column due: "infinity"`), the line mapped to the staged file it is in.
+    async fn log_refusal_test(
+        &self,
+        db: &tokio_postgres::error::DbError,
+        typed: &[(&str, &str)],
+        files: &[(String, bytes::Bytes)],
+    ) -> Result<()> {
+        let context = db.where_().unwrap_or_default();
+        let column = crate::sinks::postgres::client::copy_column(context).unwrap_or_default();
+        // Redshift's `type` is the bare name (`numeric`, not `numeric(38,2)`).
+        let column_type = typed
+            .iter()
+            .find(|(n, _)| *n == column)
+            .map_or("", |(_, t)| t.split('(').next().unwrap_or(t));
+        let value = context
+            .split_once(&format!(", column {column}: "))
+            .map(|(_, v)| v.trim_matches('"').to_string())
+            .unwrap_or_default();
+        let line: i64 = context
+            .split_once(", line ")
+            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(-1);
+        // PostgreSQL counts the lines of the whole stream; Redshift, of a file.
+        let (mut file, mut in_file) = (files.first().map(|(u, _)| u.clone()).unwrap_or_default(), line);
+        for (url, bytes) in files {
+            let records = types::csv_records(bytes);
+            file.clone_from(url);
+            if in_file <= records {
+                break;
+            }
+            in_file -= records;
+        }
+        let pid = self.test_pid.ok_or_else(|| Error::retryable("the test mode's session id is unknown"))?;
+        let client = self.schema_session.connected()?;
+        client
+            .execute(
+                TEST_LOG_LOAD_ERROR,
+                &[&pid, &file, &in_file, &column, &column_type, &value, &db.message()],
+            )
+            .await
+            .map_err(|e| classify(&e, &self.ctx()))?;
+        Ok(())
     }
 }
 

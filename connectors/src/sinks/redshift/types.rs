@@ -127,6 +127,21 @@ pub fn render_record(
     Ok(())
 }
 
+/// The records of a staged CSV file: its line ends outside quoted fields
+/// (a quoted field may hold a line end; `""` inside one toggles twice).
+pub fn csv_records(file: &[u8]) -> i64 {
+    let mut quoted = false;
+    let mut records = 0;
+    for b in file {
+        match b {
+            b'"' => quoted = !quoted,
+            b'\n' if !quoted => records += 1,
+            _ => {}
+        }
+    }
+    records
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +165,11 @@ mod tests {
         );
         assert_eq!(CsvKind::of("varbyte(64000)"), CsvKind::Hex);
         assert_eq!(CsvKind::of("super"), CsvKind::Json);
+    }
+
+    #[test]
+    fn records_count_line_ends_outside_quotes() {
+        assert_eq!(csv_records(b"1,a\n2,\"b\nc\"\n3,\"d\"\"\n\"\n"), 3);
+        assert_eq!(csv_records(b""), 0);
     }
 }
