@@ -39,6 +39,14 @@ pub mod names {
     /// 1 while a sink runner's consumer is a settled member of its group
     /// (gauge; sinks only).
     pub const CONSUMER_GROUP_JOINED: &str = "tributary_consumer_group_joined";
+    /// Records in a sink's topics after its committed offsets (gauge; sinks
+    /// only; a caught-up topic written in transactions shows 1, its last
+    /// commit marker).
+    pub const CONSUMER_LAG_RECORDS: &str = "tributary_consumer_lag_records";
+    /// Bytes of change history (PostgreSQL: WAL the slot keeps; MySQL:
+    /// binlog after the read position) the source database holds beyond
+    /// the copy's position (gauge; sources only).
+    pub const SOURCE_RETAINED_BYTES: &str = "tributary_source_retained_bytes";
     /// 1, labelled with the version, the runner and its kind (gauge).
     pub const BUILD_INFO: &str = "tributary_build_info";
 }
@@ -120,6 +128,10 @@ pub struct TableStatus {
     stopped_since_ms: Option<i64>,
     /// Records sent to the dead-letter topic.
     pub failed_records: u64,
+    /// Records of its topic not consumed and applied yet (sinks, from
+    /// librdkafka's statistics every 5 s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumer_lag_records: Option<u64>,
     /// The dead-letter topic those went to (sinks, once one went).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_letter_topic: Option<String>,
@@ -144,6 +156,7 @@ impl Default for TableStatus {
             stopped_since_ms: None,
             failed_records: 0,
             dead_letter_topic: None,
+            consumer_lag_records: None,
             last_error: None,
             window: (None, 0),
         }
@@ -167,6 +180,10 @@ pub struct RunnerStatus {
     /// A sink runner's membership of its consumer group (sinks only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consumer_group: Option<ConsumerGroupStatus>,
+    /// Bytes of change history the source database holds beyond the copy's
+    /// position (sources whose connector can say; every 30 s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_retained_bytes: Option<u64>,
 }
 
 /// A sink runner's consumer group membership, as librdkafka's statistics
@@ -226,6 +243,8 @@ struct Metrics {
     batch: Histogram,
     paused: Gauge,
     group_joined: Gauge,
+    consumer_lag: Family<TableLabel, Gauge>,
+    retained: Gauge,
 }
 
 /// Status and metrics of one runner. Cheap to clone and share.
@@ -261,6 +280,8 @@ impl Telemetry {
             batch: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             paused: Gauge::default(),
             group_joined: Gauge::default(),
+            consumer_lag: Family::default(),
+            retained: Gauge::default(),
         };
         registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
         registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
@@ -283,11 +304,23 @@ impl Telemetry {
             })
             .set(1);
         registry.register(names::BUILD_INFO, "The version, name and kind of this runner", build);
+        if kind == "source" {
+            registry.register(
+                names::SOURCE_RETAINED_BYTES,
+                "Bytes of change history the source database holds beyond the copy's position",
+                metrics.retained.clone(),
+            );
+        }
         if kind == "sink" {
             registry.register(
                 names::CONSUMER_GROUP_JOINED,
                 "1 while the consumer is a settled member of its group",
                 metrics.group_joined.clone(),
+            );
+            registry.register(
+                names::CONSUMER_LAG_RECORDS,
+                "Records of the table's topic after the committed offsets",
+                metrics.consumer_lag.clone(),
             );
         }
         Self {
@@ -298,6 +331,7 @@ impl Telemetry {
                     kind,
                     paused: None,
                     paused_since_ms: None,
+                    source_retained_bytes: None,
                     tables: BTreeMap::new(),
                     consumer_group: None,
                 }),
@@ -395,6 +429,24 @@ impl Telemetry {
         self.inner.metrics.failed.get_or_create(&self.label(table)).inc();
         self.with_table(table, |t| t.failed_records += 1);
         self.record_error(table, error, kind);
+    }
+
+    /// Records how much change history the source database keeps for the
+    /// copy.
+    pub fn set_retained_bytes(&self, bytes: u64) {
+        self.inner.metrics.retained.set(bytes as i64);
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        status.source_retained_bytes = Some(bytes);
+    }
+
+    /// Records a sink table's consumer lag (summed over its partitions).
+    pub fn set_consumer_lag(&self, table: &str, records: u64) {
+        self.inner
+            .metrics
+            .consumer_lag
+            .get_or_create(&self.label(table))
+            .set(records as i64);
+        self.with_table(table, |t| t.consumer_lag_records = Some(records));
     }
 
     /// Names the dead-letter topic a table's failed records go to.

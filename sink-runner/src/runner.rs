@@ -150,6 +150,10 @@ pub async fn run_with_sink<S: Sink + 'static>(
             control: control.clone(),
             group: group.clone(),
             retrying: std::sync::atomic::AtomicBool::new(false),
+            topic_label: {
+                let (labeler, prefix) = (labeler.clone(), config.prefix.clone());
+                Arc::new(move |topic: &str| labeler(&table_from_topic(topic, prefix.as_deref())))
+            },
         };
         let consumer: StreamConsumer<RebalanceCtx<S>> = consumer_config(&config)?
             .create_with_context(ctx)
@@ -312,6 +316,8 @@ pub struct RebalanceCtx<S: Sink + 'static> {
     group: Arc<std::sync::Mutex<GroupHealth>>,
     /// While the destination's offsets lookup is retried: not ready.
     retrying: std::sync::atomic::AtomicBool,
+    /// The status label of a topic's table (for the consumer lag).
+    topic_label: Arc<dyn Fn(&str) -> String + Send + Sync>,
 }
 
 /// The consumer's group membership, from librdkafka's statistics.
@@ -368,12 +374,25 @@ impl GroupHealth {
 }
 
 impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {
-    /// Reads only the consumer group's part of the statistics (the rest, per
-    /// broker and partition, is not wanted and not kept).
+    /// Reads the consumer group's part of the statistics and each
+    /// partition's consumer lag (the per-broker rest is not kept).
     fn stats_raw(&self, statistics: &[u8]) {
         #[derive(serde::Deserialize)]
         struct Stats {
             cgrp: Option<Cgrp>,
+            #[serde(default)]
+            topics: HashMap<String, StatsTopic>,
+        }
+        #[derive(serde::Deserialize)]
+        struct StatsTopic {
+            #[serde(default)]
+            partitions: HashMap<String, StatsPartition>,
+        }
+        #[derive(serde::Deserialize)]
+        struct StatsPartition {
+            /// Records after the committed offset (committed after each
+            /// applied batch); -1 when unknown.
+            consumer_lag: i64,
         }
         #[derive(serde::Deserialize)]
         struct Cgrp {
@@ -381,21 +400,38 @@ impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {
             join_state: String,
             assignment_size: i32,
         }
-        match serde_json::from_slice::<Stats>(statistics) {
-            Ok(Stats { cgrp: Some(c) }) => {
-                if let Ok(mut g) = self.group.lock() {
-                    let now = Instant::now();
-                    g.update(c.state, c.join_state, c.assignment_size, now);
-                    let status = g.status(now);
-                    // Ready: a settled member whose destination answered.
-                    let settled = ConsumerGroupStatus::settled(&status.state, &status.join_state);
-                    self.control
-                        .set_ready(settled && !self.retrying.load(std::sync::atomic::Ordering::Relaxed));
-                    self.telemetry.set_consumer_group(status);
-                }
+        let stats = match serde_json::from_slice::<Stats>(statistics) {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(error = %e, "cannot read librdkafka's statistics");
+                return;
             }
-            Ok(Stats { cgrp: None }) => {}
-            Err(e) => debug!(error = %e, "cannot read librdkafka's statistics"),
+        };
+        for (topic, t) in &stats.topics {
+            if (self.excluded)(topic) {
+                continue;
+            }
+            // Partition -1 is librdkafka's own; unknown lags are left out.
+            let known: Vec<i64> = t
+                .partitions
+                .iter()
+                .filter(|(p, l)| p.as_str() != "-1" && l.consumer_lag >= 0)
+                .map(|(_, l)| l.consumer_lag)
+                .collect();
+            if !known.is_empty() {
+                self.telemetry
+                    .set_consumer_lag(&(self.topic_label)(topic), known.iter().sum::<i64>() as u64);
+            }
+        }
+        if let (Some(c), Ok(mut g)) = (stats.cgrp, self.group.lock()) {
+            let now = Instant::now();
+            g.update(c.state, c.join_state, c.assignment_size, now);
+            let status = g.status(now);
+            // Ready: a settled member whose destination answered.
+            let settled = ConsumerGroupStatus::settled(&status.state, &status.join_state);
+            self.control
+                .set_ready(settled && !self.retrying.load(std::sync::atomic::Ordering::Relaxed));
+            self.telemetry.set_consumer_group(status);
         }
     }
 }

@@ -65,6 +65,10 @@ pub const OFFSETS_SEGMENT_MS: u64 = 3_600_000;
 /// How long to wait before offering a record again while librdkafka's
 /// queue is full.
 const DELIVERY_CHECK: Duration = Duration::from_millis(1);
+/// How often the source is asked how much history its database keeps
+/// for the copy (`tributary_source_retained_bytes`).
+const RETAINED_EVERY: Duration = Duration::from_secs(30);
+
 /// A run of the source that lasted this long resets the retry backoff.
 const RUN_RESETS_BACKOFF: Duration = Duration::from_secs(60);
 /// Snapshot batches share a Kafka transaction up to this many events...
@@ -1524,6 +1528,7 @@ async fn run_once(
     control.set_ready(true);
     telemetry.set_paused(None);
     let mut pause = control.subscribe();
+    let mut next_retained = Instant::now();
     let mut batch_no: u64 = 0;
     // The open Kafka transaction's batches, not yet durable.
     let mut open: Option<OpenTxn> = None;
@@ -1563,6 +1568,12 @@ async fn run_once(
                     let _ = req.reply.send(Err(e.to_string()));
                     return Err(e);
                 }
+            }
+        }
+        if Instant::now() >= next_retained {
+            next_retained = Instant::now() + RETAINED_EVERY;
+            if let Some(bytes) = source.retained_bytes().await {
+                telemetry.set_retained_bytes(bytes);
             }
         }
         let asked = Instant::now();

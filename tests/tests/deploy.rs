@@ -189,6 +189,8 @@ fn the_alerts_and_the_dashboard_use_metrics_that_exist() {
         names::PAUSED.to_string(),
         names::CONSUMER_GROUP_JOINED.to_string(),
         names::BUILD_INFO.to_string(),
+        names::CONSUMER_LAG_RECORDS.to_string(),
+        names::SOURCE_RETAINED_BYTES.to_string(),
     ];
     let metric = regex::Regex::new(r"tributary_[a-z_]+").expect("regex");
     let alerts = docs_in("docs/monitoring");

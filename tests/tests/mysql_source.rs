@@ -434,6 +434,30 @@ async fn non_utf8_character_sets_stream_as_the_source_text() {
 /// flowing, and a copy of the table (what the runner asks at its next
 /// start) reads the value through the server, in UTF-8. Before, the
 /// source stopped with an error and no table was copied further.
+/// Issue #30: the binlog after the source's position, for status and
+/// metrics: known once started, and it grows by what is written and not
+/// yet read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binlog_behind_the_position_is_measured() {
+    use tributary_connectors::Source;
+    let mut fx = Fixture::new("myretained").await;
+    fx.sql("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(200))").await;
+    fx.sql("INSERT INTO t VALUES (1, 'a')").await;
+    let t = fx.table("t");
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    start(&mut source, None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&t).len() == 1).await;
+    let before = source.retained_bytes().await.expect("binlog bytes after the position");
+    // 100 rows of 200 bytes, not read.
+    fx.sql("INSERT INTO t SELECT seq, REPEAT('x', 200) FROM seq_2_to_101").await;
+    let after = source.retained_bytes().await.expect("binlog bytes after the position");
+    assert!(after >= before + 100 * 200, "{before} -> {after}");
+    sync(&mut source, &mut mirror, "the rows", |m| m.ids(&t).len() == 101).await;
+    let read = source.retained_bytes().await.expect("binlog bytes after the position");
+    assert!(read < after, "reading did not shrink it: {after} -> {read}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_value_pauses_its_table_and_the_others_go_on() {
     let mut fx = Fixture::new("myfail").await;

@@ -135,6 +135,9 @@ heartbeat_interval_ms = 500
     assert!(metric(&metrics, "tributary_events_total", &table).unwrap_or(0.0) >= 100.0, "{metrics}");
     assert!(metric(&metrics, "tributary_bytes_total", &table).unwrap_or(0.0) > 0.0, "{metrics}");
     assert!(metric(&metrics, "tributary_lag_seconds", &table).is_some(), "{metrics}");
+    // The WAL the slot keeps, sampled at the loop's first trip.
+    assert!(status["source_retained_bytes"].as_u64().is_some(), "{status}");
+    assert!(metrics.contains("\ntributary_source_retained_bytes "), "{metrics}");
 
     // Pause: nothing flows; resume: everything made meanwhile arrives.
     let client = reqwest::Client::new();

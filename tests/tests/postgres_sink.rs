@@ -1450,10 +1450,29 @@ mod e2e {
         })
         .await;
         assert!(stalled.elapsed() >= Duration::from_secs(24), "the lag ran ahead of the clock");
+        // Kafka's view agrees: the record is not committed (statistics
+        // come every 5 s).
+        wait_for("a consumer lag of the held record", Duration::from_secs(15), || async {
+            status
+                .table(&label)
+                .and_then(|t| t.consumer_lag_records)
+                .is_some_and(|l| l >= 1)
+                && status.metrics_text().contains("tributary_consumer_lag_records{")
+        })
+        .await;
         locker.batch_execute("ROLLBACK").await.expect("unlock");
         let fx = &p.fx;
         wait_for("the held row, and the lag back under 5 s", Duration::from_secs(60), || async {
             fx.rows().await.len() == 2 && lag() < 5.0 && gauge() < 5.0
+        })
+        .await;
+        // Caught up: nothing but, at most, the last transaction's commit
+        // marker after the committed offset.
+        wait_for("the consumer lag back to at most 1", Duration::from_secs(15), || async {
+            status
+                .table(&label)
+                .and_then(|t| t.consumer_lag_records)
+                .is_some_and(|l| l <= 1)
         })
         .await;
         stop_tx.send(true).expect("stop");

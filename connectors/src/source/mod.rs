@@ -208,6 +208,14 @@ pub trait Source: Send {
     fn take_side_records(&mut self) -> Vec<(String, Option<String>)> {
         Vec::new()
     }
+
+    /// How many bytes of its change history (WAL, binlog) the source
+    /// database holds beyond this copy's position, asked between batches
+    /// for status and metrics; `None` when unknown (the default), or when
+    /// asking failed (never an error: it is only shown).
+    async fn retained_bytes(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 #[async_trait]
@@ -241,6 +249,9 @@ impl<S: Source + ?Sized> Source for Box<S> {
     }
     fn take_side_records(&mut self) -> Vec<(String, Option<String>)> {
         (**self).take_side_records()
+    }
+    async fn retained_bytes(&mut self) -> Option<u64> {
+        (**self).retained_bytes().await
     }
 }
 

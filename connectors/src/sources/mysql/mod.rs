@@ -788,6 +788,30 @@ impl Source for MySqlSource {
         Ok(out)
     }
 
+    /// The binlog after this copy's read position: MySQL keeps binlogs by
+    /// its own retention (`binlog_expire_logs_seconds`), not for readers,
+    /// so this is how far behind the copy reads, and what a purge would
+    /// take from it.
+    async fn retained_bytes(&mut self) -> Option<u64> {
+        let at = self.state.as_ref()?.binlog.clone();
+        let logs: Vec<mysql_async::Row> = match client::connect(&self.params).await {
+            Ok(mut conn) => {
+                let rows = conn.query("SHOW BINARY LOGS").await;
+                let _ = conn.disconnect().await;
+                rows.map_err(|e| tracing::debug!(error = %e, "cannot list the binary logs")).ok()?
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot list the binary logs");
+                return None;
+            }
+        };
+        let files = logs
+            .into_iter()
+            .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
+            .collect::<Vec<_>>();
+        Some(binlog_after(&files, &at))
+    }
+
     fn tables(&self) -> Vec<TableId> {
         let Some(state) = &self.state else {
             return Vec::new();
@@ -889,6 +913,19 @@ pub fn binlog_restarted(stored: &BinlogPosition, logs: &[(String, u64)]) -> bool
         Some((_, size)) => *size < stored.pos,
         None => logs.iter().filter_map(|(f, _)| binlog_number(f)).all(|n| n < number),
     }
+}
+
+/// The bytes of `files` (`SHOW BINARY LOGS`: name, size) after `at`.
+/// Binlog names sort in order within a server's sequence.
+fn binlog_after(files: &[(String, u64)], at: &BinlogPosition) -> u64 {
+    files
+        .iter()
+        .map(|(name, size)| match name.cmp(&at.file) {
+            std::cmp::Ordering::Less => 0,
+            std::cmp::Ordering::Equal => size.saturating_sub(at.pos),
+            std::cmp::Ordering::Greater => *size,
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -1045,5 +1082,14 @@ mod tests {
         config.keys.insert("db.t".into(), vec!["nope".into()]);
         let e = BuiltSchema::build(&config, &filter, &t, &def).expect_err("unknown key column");
         assert_eq!(e.column(), Some("nope"));
+    }
+
+    #[test]
+    fn the_binlog_after_a_position_counts_the_rest_of_its_file_and_the_later_ones() {
+        let files = [("mysql-bin.000001".to_string(), 1000), ("mysql-bin.000002".to_string(), 500), ("mysql-bin.000003".to_string(), 300)];
+        let at = |file: &str, pos| BinlogPosition { file: file.into(), pos };
+        assert_eq!(binlog_after(&files, &at("mysql-bin.000002", 200)), 300 + 300);
+        assert_eq!(binlog_after(&files, &at("mysql-bin.000003", 300)), 0);
+        assert_eq!(binlog_after(&files, &at("mysql-bin.000001", 0)), 1800);
     }
 }

@@ -214,6 +214,21 @@ impl std::fmt::Debug for Catalog {
 }
 
 impl Catalog {
+    /// The WAL the server keeps for `slot`: from the slot's `restart_lsn`
+    /// to the current WAL position (on a standby, the last one received).
+    pub async fn slot_retained_bytes(&self, slot: &str) -> Result<Option<u64>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() \
+                 ELSE pg_current_wal_lsn() END, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| classify_pg(e, "reading the slot's retained WAL"))?;
+        Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|b| b.max(0) as u64))
+    }
+
     /// Connects.
     pub async fn connect(params: &ConnectionParams) -> Result<Self> {
         Ok(Self {

@@ -932,6 +932,17 @@ impl Source for PostgresSource {
         self.start_over = true;
         true
     }
+
+    async fn retained_bytes(&mut self) -> Option<u64> {
+        let catalog = self.catalog.as_ref()?;
+        match catalog.slot_retained_bytes(&self.config.slot_name).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the slot's retained WAL");
+                None
+            }
+        }
+    }
 }
 
 impl PostgresSource {
