@@ -595,12 +595,18 @@ async fn a_table_copied_again_under_load_while_the_others_stream() {
     // updated and deleted from.
     let inserted: Arc<Mutex<BTreeMap<i64, Instant>>> = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Held while the copy is compared with the source.
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let (inserted, stop, name) = (inserted.clone(), stop.clone(), name.clone());
+        let (inserted, stop, held, name) = (inserted.clone(), stop.clone(), held.clone(), name.clone());
         tokio::spawn(async move {
             let pg = connect(&pg_source_url()).await;
             let mut i = 11i64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if held.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
                 pg.batch_execute(&format!(
                     "INSERT INTO {name}.b VALUES ({i}, {i});
                      UPDATE {name}.a SET v = v + 1 WHERE id = {};
@@ -641,41 +647,77 @@ async fn a_table_copied_again_under_load_while_the_others_stream() {
     assert!(resync.status().is_success(), "{:?}", resync.text().await);
 
     // While a is copied: b's staleness end to end, and both runners' lag.
-    let (mut worst_stale, mut worst_lag, mut lags_read) = (Duration::ZERO, 0f64, 0u32);
-    let copying_until = Instant::now() + Duration::from_secs(180);
-    loop {
-        let newest: i64 = dest
-            .admin
-            .query_one(&format!("SELECT coalesce(max(id), 0) FROM {dst_b}"), &[])
-            .await
-            .map(|r| r.get(0))
-            .unwrap_or(0);
-        let waiting = inserted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .range(newest + 1..)
-            .next()
-            .map(|(_, t)| *t);
-        worst_stale = worst_stale.max(waiting.map_or(Duration::ZERO, |t| t.elapsed()));
-        for port in [source_port, sink_port] {
-            if let Some(lag) = status(port).await.and_then(|s| s["tables"][&src_b]["lag_seconds"].as_f64()) {
-                worst_lag = worst_lag.max(lag);
-                lags_read += 1;
+    let watch_b = |what: &'static str, copied: Box<dyn Fn(&serde_json::Value) -> bool + Send>| {
+        let (dest, dst_b, src_b, inserted) = (&dest, &dst_b, &src_b, &inserted);
+        async move {
+            let (mut worst_stale, mut worst_lag, mut lags_read) = (Duration::ZERO, 0f64, 0u32);
+            let until = Instant::now() + Duration::from_secs(180);
+            loop {
+                let newest: i64 = dest
+                    .admin
+                    .query_one(&format!("SELECT coalesce(max(id), 0) FROM {dst_b}"), &[])
+                    .await
+                    .map(|r| r.get(0))
+                    .unwrap_or(0);
+                let waiting = inserted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .range(newest + 1..)
+                    .next()
+                    .map(|(_, t)| *t);
+                worst_stale = worst_stale.max(waiting.map_or(Duration::ZERO, |t| t.elapsed()));
+                for port in [source_port, sink_port] {
+                    if let Some(lag) = status(port).await.and_then(|s| s["tables"][src_b]["lag_seconds"].as_f64()) {
+                        worst_lag = worst_lag.max(lag);
+                        lags_read += 1;
+                    }
+                }
+                if status(source_port).await.is_some_and(|s| copied(&s)) {
+                    break;
+                }
+                assert!(Instant::now() < until, "{what} did not end");
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
+            eprintln!("while {what}: b at most {worst_stale:?} behind end to end, lag at most {worst_lag:.1} s");
+            assert!(worst_stale < Duration::from_secs(5), "b fell {worst_stale:?} behind while {what}");
+            assert!(lags_read > 0, "no lag of b in either runner's /status");
+            assert!(worst_lag < 5.0, "b's lag reached {worst_lag} s while {what}");
         }
-        if events_a().await >= before + ROWS as u64 - 100 {
-            break;
-        }
-        assert!(Instant::now() < copying_until, "the copy of a did not end");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    let a_events = src_a.clone();
+    watch_b(
+        "a was copied again",
+        Box::new(move |s| s["tables"][&a_events]["events"].as_u64().unwrap_or(0) >= before + ROWS as u64 - 100),
+    )
+    .await;
+    held.store(true, std::sync::atomic::Ordering::Relaxed);
+    converged("both tables equal to the source after the copy").await;
+    held.store(false, std::sync::atomic::Ordering::Relaxed);
+    let gone = dest.texts(&format!("SELECT id::text FROM {dst_a} WHERE id = -1")).await;
+    assert!(gone.is_empty(), "the hand-written row outlived the copy");
+
+    // A new table of 100,000 rows: its snapshot, too, lets b stream.
+    pg.batch_execute(&format!(
+        "CREATE TABLE {name}.c (id bigint PRIMARY KEY, v bigint NOT NULL);
+         INSERT INTO {name}.c SELECT i, i FROM generate_series(1, {ROWS}) i;"
+    ))
+    .await
+    .expect("new table");
+    let src_c = format!("{name}.c");
+    watch_b(
+        "the new table c was copied",
+        Box::new(move |s| s["tables"][&src_c]["events"].as_u64().unwrap_or(0) >= ROWS as u64),
+    )
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.expect("writer");
-    eprintln!("while a was copied again: b at most {worst_stale:?} behind end to end, lag at most {worst_lag:.1} s");
-    assert!(worst_stale < Duration::from_secs(5), "b fell {worst_stale:?} behind while a was copied");
-    assert!(lags_read > 0, "no lag of b in either runner's /status");
-    assert!(worst_lag < 5.0, "b's lag reached {worst_lag} s while a was copied");
     converged("both tables equal to the source after the copy").await;
+    let dst_c = format!("\"{}\".c", dest.schema);
+    let want_c = rows(&pg, format!("{name}.c")).await;
+    wait_for("the new table c in the destination", Duration::from_secs(120), || async {
+        (rows(&dest.admin, dst_c.clone()).await == want_c).then_some(())
+    })
+    .await;
     let log = std::fs::read_to_string(&source_log).unwrap_or_default();
     assert!(!log.contains("retrying from the last checkpoint"), "the source runner restarted:\n{log}");
     drop((sink, source));
