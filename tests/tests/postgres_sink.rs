@@ -1594,6 +1594,62 @@ mod e2e {
         p.fx.cleanup().await;
     }
 
+    /// Issue #30: a table paused at a sink runner stays paused across
+    /// `kill -9` (the pause is stored in Kafka), and resumes when asked.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_table_paused_at_the_sink_stays_paused_across_kill_9() {
+        let mut p = Pipeline::new("durpause", 1).await;
+        let s = items();
+        p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
+            .await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let dir = std::env::temp_dir().join(unique("durpause"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = dir.join("sink.toml");
+        std::fs::write(&config, format!("{}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n", p.config_text()))
+            .expect("config");
+        let log = dir.join("sink.log");
+        let runner = tributary_tests::Runner::start("sink-runner", &config, &log);
+        let fx = &p.fx;
+        wait_for("the first row", Duration::from_secs(60), || async { fx.rows().await.len() == 1 }).await;
+        let label = format!("{}.items", p.fx.schema);
+        let base = format!("http://127.0.0.1:{port}");
+        let state = || async {
+            let body = reqwest::get(format!("{base}/status")).await.ok()?.text().await.ok()?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            v["tables"][&label]["state"].as_str().map(str::to_string)
+        };
+        let client = reqwest::Client::new();
+        let paused = client.post(format!("{base}/pause?table={label}")).send().await.expect("pause");
+        assert!(paused.status().is_success(), "{:?}", paused.text().await);
+        runner.kill9();
+        p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)])
+            .await;
+        let _runner = tributary_tests::Runner::start("sink-runner", &config, &log);
+        wait_for("paused again after kill -9", Duration::from_secs(60), || async {
+            state().await.as_deref() == Some("paused")
+        })
+        .await;
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            assert_eq!(p.fx.rows().await.len(), 1, "a table paused before the restart applied a row");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let resumed = client
+            .post(format!("{base}/resume?table={label}"))
+            .send()
+            .await
+            .expect("resume");
+        assert!(resumed.status().is_success());
+        let fx = &p.fx;
+        wait_for("the held row after resume", Duration::from_secs(60), || async { fx.rows().await.len() == 2 }).await;
+        p.fx.cleanup().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Issue #23: a stored offset the topic no longer holds (its records
     /// were deleted, as retention does) stops the partition with a
     /// needs-operator error naming topic, partition, offset and range;
