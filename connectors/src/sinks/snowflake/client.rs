@@ -63,33 +63,62 @@ pub(super) struct KeyPair {
 }
 
 impl KeyPair {
-    /// From a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`) or PKCS#1
-    /// (`BEGIN RSA PRIVATE KEY`), unencrypted. The error says what is wrong
-    /// (never the key).
-    pub(super) fn from_pem(pem: &str) -> std::result::Result<Self, String> {
+    /// From a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`), PKCS#1
+    /// (`BEGIN RSA PRIVATE KEY`), or encrypted PKCS#8 (`BEGIN ENCRYPTED
+    /// PRIVATE KEY`: PBES2 with PBKDF2 or scrypt and AES, or 3DES as
+    /// Snowflake's documentation makes it) with its `passphrase`. The error
+    /// names the field at fault (never the key or the passphrase).
+    pub(super) fn from_pem(pem: &str, passphrase: Option<&str>) -> std::result::Result<Self, KeyError> {
         use base64::Engine as _;
         use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey};
         use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey};
         use sha2::Digest as _;
-        if pem.contains("ENCRYPTED PRIVATE KEY") {
-            return Err("is an encrypted key, which the sink does not decrypt: give it the key decrypted \
-                        (`openssl pkcs8 -in rsa_key.p8 -out rsa_key_plain.p8`, kept readable by the runner only)"
-                .into());
-        }
-        let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
-            .or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem))
-            .map_err(|e| {
-                format!("is not an RSA private key in PEM (BEGIN PRIVATE KEY or BEGIN RSA PRIVATE KEY): {e}")
-            })?;
+        let key = if pem.contains("BEGIN ENCRYPTED PRIVATE KEY") {
+            let passphrase = passphrase.ok_or(KeyError::Passphrase(
+                "is required: private_key is an encrypted key (BEGIN ENCRYPTED PRIVATE KEY)",
+            ))?;
+            rsa::RsaPrivateKey::from_pkcs8_encrypted_pem(pem, passphrase.as_bytes()).map_err(|e| match e {
+                // Decryption with the wrong passphrase ends in bad padding
+                // (which pkcs5 0.7 reports as EncryptFailed) or in bytes
+                // that are no key.
+                rsa::pkcs8::Error::EncryptedPrivateKey(
+                    rsa::pkcs8::pkcs5::Error::DecryptFailed | rsa::pkcs8::pkcs5::Error::EncryptFailed,
+                )
+                | rsa::pkcs8::Error::Asn1(_)
+                | rsa::pkcs8::Error::KeyMalformed => KeyError::Passphrase(
+                    "does not decrypt private_key (a wrong passphrase, or a key damaged in copying)",
+                ),
+                other => KeyError::Key(format!(
+                    "is an encrypted key the sink cannot decrypt ({other}): it reads PBES2 with PBKDF2 or scrypt \
+                     and AES or 3DES (`openssl pkcs8 -topk8 -v2 aes-256-cbc`)"
+                )),
+            })?
+        } else if pem.contains("Proc-Type: 4,ENCRYPTED") {
+            return Err(KeyError::Key(
+                "is a traditional OpenSSL-encrypted RSA key, which the sink does not read: convert it to \
+                 encrypted PKCS#8 (`openssl pkcs8 -topk8 -v2 aes-256-cbc -in old.pem -out rsa_key.p8`)"
+                    .into(),
+            ));
+        } else {
+            if passphrase.is_some() {
+                return Err(KeyError::Passphrase("is given, but private_key is not encrypted: remove it"));
+            }
+            rsa::RsaPrivateKey::from_pkcs8_pem(pem).or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem)).map_err(|e| {
+                KeyError::Key(format!(
+                    "is not an RSA private key in PEM (BEGIN PRIVATE KEY, BEGIN ENCRYPTED PRIVATE KEY or BEGIN \
+                     RSA PRIVATE KEY): {e}"
+                ))
+            })?
+        };
         let public = key
             .to_public_key()
             .to_public_key_der()
-            .map_err(|e| format!("its public key cannot be encoded: {e}"))?;
+            .map_err(|e| KeyError::Key(format!("its public key cannot be encoded: {e}")))?;
         let fingerprint = format!(
             "SHA256:{}",
             base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(public.as_bytes()))
         );
-        let der = key.to_pkcs1_der().map_err(|e| format!("cannot be encoded for signing: {e}"))?;
+        let der = key.to_pkcs1_der().map_err(|e| KeyError::Key(format!("cannot be encoded for signing: {e}")))?;
         Ok(Self { key: jsonwebtoken::EncodingKey::from_rsa_der(der.as_bytes()), fingerprint })
     }
 
@@ -119,6 +148,15 @@ impl KeyPair {
 /// locator (Snowflake's documentation).
 fn jwt_account(account: &str) -> String {
     account.split('.').next().unwrap_or(account).to_ascii_uppercase()
+}
+
+/// Why a private key cannot be used, by the field at fault.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum KeyError {
+    /// `private_key` itself.
+    Key(String),
+    /// `private_key_passphrase` (missing, wrong, or not wanted).
+    Passphrase(&'static str),
 }
 
 /// One session.
@@ -432,6 +470,10 @@ mod tests {
 
     const KEY_PKCS8: &str = include_str!("testdata/rsa_key.p8");
     const KEY_PKCS1: &str = include_str!("testdata/rsa_key_pkcs1.pem");
+    /// The same key encrypted (testdata/README.md has the commands).
+    const KEY_AES: &str = include_str!("testdata/rsa_key_aes.p8");
+    const KEY_DES3: &str = include_str!("testdata/rsa_key_des3.p8");
+    const PASSPHRASE: &str = "tributary-test";
     const PUBLIC_KEY: &str = include_str!("testdata/rsa_key.pub");
     /// What Snowflake's documented `openssl ... | openssl dgst -sha256
     /// -binary | openssl enc -base64` printed for the key.
@@ -439,9 +481,9 @@ mod tests {
 
     #[test]
     fn a_key_pair_login_sends_a_jwt_snowflake_can_verify() {
-        let pair = KeyPair::from_pem(KEY_PKCS8).expect("PKCS#8");
+        let pair = KeyPair::from_pem(KEY_PKCS8, None).expect("PKCS#8");
         assert_eq!(pair.fingerprint(), format!("SHA256:{}", FINGERPRINT.trim()));
-        assert_eq!(KeyPair::from_pem(KEY_PKCS1).expect("PKCS#1").fingerprint(), pair.fingerprint());
+        assert_eq!(KeyPair::from_pem(KEY_PKCS1, None).expect("PKCS#1").fingerprint(), pair.fingerprint());
 
         let now = 1_767_225_600;
         let token = pair.token("myorg-myaccount", "tributary_svc", now).expect("token");
@@ -480,11 +522,28 @@ mod tests {
     }
 
     #[test]
+    fn an_encrypted_key_decrypts_to_the_same_key() {
+        for (name, pem) in [("AES-256-CBC", KEY_AES), ("3DES", KEY_DES3)] {
+            let pair = KeyPair::from_pem(pem, Some(PASSPHRASE)).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            assert_eq!(pair.fingerprint(), format!("SHA256:{}", FINGERPRINT.trim()), "{name}");
+        }
+    }
+
+    #[test]
     fn a_key_that_cannot_be_used_is_named_without_its_content() {
-        let encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHzBJBgkqhkiG9w0BBQ0wPDAbBgkqhkiG9w0BBQwwDgQI\n-----END ENCRYPTED PRIVATE KEY-----\n";
-        let e = KeyPair::from_pem(encrypted).err().expect("refused");
-        assert!(e.contains("encrypted") && e.contains("openssl pkcs8"), "{e}");
-        let e = KeyPair::from_pem("not a key").err().expect("refused");
+        let passphrase_error = |pem: &str, passphrase: Option<&str>| match KeyPair::from_pem(pem, passphrase) {
+            Err(KeyError::Passphrase(rule)) => rule,
+            Err(other) => panic!("not the passphrase's fault: {other:?}"),
+            Ok(_) => panic!("accepted"),
+        };
+        assert!(passphrase_error(KEY_AES, None).contains("is required"));
+        assert!(passphrase_error(KEY_AES, Some("wrong")).contains("wrong passphrase"));
+        assert!(passphrase_error(KEY_DES3, Some("wrong")).contains("wrong passphrase"));
+        assert!(passphrase_error(KEY_PKCS8, Some(PASSPHRASE)).contains("not encrypted"));
+        let traditional = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,00\n\nAAAA\n-----END RSA PRIVATE KEY-----\n";
+        let Err(KeyError::Key(e)) = KeyPair::from_pem(traditional, Some(PASSPHRASE)) else { panic!("accepted") };
+        assert!(e.contains("openssl pkcs8 -topk8"), "{e}");
+        let Err(KeyError::Key(e)) = KeyPair::from_pem("not a key", None) else { panic!("accepted") };
         assert!(e.contains("not an RSA private key"), "{e}");
         assert!(!e.contains("not a key"), "the message never repeats the value: {e}");
     }

@@ -50,11 +50,16 @@ pub struct SnowflakeSinkConfig {
     #[serde(default)]
     pub password: Option<String>,
     /// Key-pair (JWT) login: the user's RSA private key in PEM (PKCS#8
-    /// `BEGIN PRIVATE KEY` or PKCS#1 `BEGIN RSA PRIVATE KEY`, unencrypted):
+    /// `BEGIN PRIVATE KEY`, PKCS#1 `BEGIN RSA PRIVATE KEY`, or encrypted
+    /// PKCS#8 `BEGIN ENCRYPTED PRIVATE KEY` with `private_key_passphrase`):
     /// inline, `env:NAME` or, usually, `file:/path`. Never logged. The
     /// public key is the user's `RSA_PUBLIC_KEY`.
     #[serde(default)]
     pub private_key: Option<String>,
+    /// Passphrase of an encrypted `private_key`: inline, `env:NAME` or
+    /// `file:/path`. Never logged. Only with an encrypted key.
+    #[serde(default)]
+    pub private_key_passphrase: Option<String>,
     /// Role of the session. Default: the user's default role.
     #[serde(default)]
     pub role: Option<String>,
@@ -134,6 +139,7 @@ impl fmt::Debug for SnowflakeSinkConfig {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("private_key", &self.private_key.as_ref().map(|_| "***"))
+            .field("private_key_passphrase", &self.private_key_passphrase.as_ref().map(|_| "***"))
             .field("role", &self.role)
             .field("warehouse", &self.warehouse)
             .field("database", &self.database)
@@ -168,6 +174,7 @@ impl SnowflakeSinkConfig {
             user: user.into(),
             password: Some(password.into()),
             private_key: None,
+            private_key_passphrase: None,
             role: None,
             warehouse: None,
             database: database.into(),
@@ -214,6 +221,21 @@ impl SnowflakeSinkConfig {
             }
             (None, Some(k)) if k.is_empty() => {
                 return Err(ConfigError::invalid(field("private_key"), "must not be empty (inline, env:NAME or file:/path)"))
+            }
+            _ => {}
+        }
+        match (&self.private_key, &self.private_key_passphrase) {
+            (None, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    field("private_key_passphrase"),
+                    "is only used with private_key (an encrypted key): remove it or give the key",
+                ))
+            }
+            (Some(_), Some(p)) if p.is_empty() => {
+                return Err(ConfigError::invalid(
+                    field("private_key_passphrase"),
+                    "must not be empty (inline, env:NAME or file:/path)",
+                ))
             }
             _ => {}
         }
@@ -330,7 +352,9 @@ mod tests {
         assert!(!format!("{c:?}").contains("hunter2"));
         c.password = None;
         c.private_key = Some("-----BEGIN PRIVATE KEY-----secret".into());
-        assert!(!format!("{c:?}").contains("secret"));
+        c.private_key_passphrase = Some("opensesame".into());
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("secret") && !printed.contains("opensesame"), "{printed}");
     }
 
     #[test]
@@ -342,7 +366,14 @@ mod tests {
         assert!(e.contains("snowflake.private_key") && e.contains("not both"), "{e}");
         c.password = None;
         c.validate_at("snowflake").expect("a key");
+        c.private_key_passphrase = Some("env:KEY_PASSPHRASE".into());
+        c.validate_at("snowflake").expect("an encrypted key and its passphrase");
         c.private_key = None;
+        c.password = Some("p".into());
+        let e = c.validate_at("snowflake").expect_err("a passphrase without a key").to_string();
+        assert!(e.contains("snowflake.private_key_passphrase") && e.contains("only used with private_key"), "{e}");
+        c.password = None;
+        c.private_key_passphrase = None;
         let e = c.validate_at("snowflake").expect_err("neither").to_string();
         assert!(e.contains("snowflake.password") && e.contains("private_key"), "{e}");
     }

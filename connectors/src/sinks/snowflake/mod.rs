@@ -58,7 +58,7 @@ use tributary_schemas::{Position, TableId, TableSchema};
 pub use self::client::Rows;
 use secrecy::ExposeSecret;
 
-use self::client::{Credentials, KeyPair, SfClient, SESSION_CLASS};
+use self::client::{Credentials, KeyError, KeyPair, SfClient, SESSION_CLASS};
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql, insert_rows_sql,
@@ -136,10 +136,15 @@ impl SnowflakeSink {
         let credentials = match (&config.password, &config.private_key) {
             (_, Some(key)) => {
                 let pem = resolve_secret("snowflake.private_key", key)?;
-                Credentials::KeyPair(
-                    KeyPair::from_pem(pem.expose_secret())
-                        .map_err(|e| ConfigError::invalid("snowflake.private_key", e))?,
-                )
+                let passphrase = match &config.private_key_passphrase {
+                    Some(p) => Some(resolve_secret("snowflake.private_key_passphrase", p)?),
+                    None => None,
+                };
+                let pair = KeyPair::from_pem(pem.expose_secret(), passphrase.as_ref().map(|p| p.expose_secret()));
+                Credentials::KeyPair(pair.map_err(|e| match e {
+                    KeyError::Key(rule) => ConfigError::invalid("snowflake.private_key", rule),
+                    KeyError::Passphrase(rule) => ConfigError::invalid("snowflake.private_key_passphrase", rule),
+                })?)
             }
             (Some(password), None) => Credentials::Password(resolve_secret("snowflake.password", password)?),
             (None, None) => return Err(ConfigError::invalid("snowflake.password", "is required")),
