@@ -24,6 +24,16 @@ a statement error: NULL into a NOT NULL column is Snowflake's 100072
 (22000), malformed JSON its 100069 (22P02). They are mapped to those, so
 that the sink classifies them as Snowflake's own (a refused row), not as a
 server fault to retry.
+
+Fourth adaptation: fakesnow runs `COPY INTO` of a CSV file as DuckDB's
+`read_csv`, which guesses each column's type from the values (`007` becomes
+the number 7 before it reaches a VARCHAR column) and reads a quoted empty
+field (`""`) as NULL. Snowflake loads a CSV field into a VARCHAR column as
+the text it is, and with `FIELD_OPTIONALLY_ENCLOSED_BY` an enclosed empty
+field as the empty string (only `,,` is NULL under `EMPTY_FIELD_AS_NULL`).
+`read_csv` is asked for exactly that (`all_varchar`, `allow_quoted_nulls =
+false`); DuckDB casts the text to a typed column on insert, as Snowflake
+does. The sink's staging through PUT + COPY INTO (large batches) relies on it.
 """
 
 import argparse
@@ -44,6 +54,7 @@ server = importlib.import_module("fakesnow.server")
 
 import duckdb
 import snowflake.connector.errors
+from fakesnow import copy_into
 from fakesnow.cursor import FakeSnowflakeCursor
 
 _execute = FakeSnowflakeCursor.execute
@@ -61,6 +72,19 @@ def _execute_mapping_errors(self, *args, **kwargs):
 
 
 FakeSnowflakeCursor.execute = _execute_mapping_errors
+
+_read_csv = copy_into.ReadCSV.read_expression
+
+
+def _read_csv_as_text(self, url):
+    """`read_csv` as Snowflake reads CSV into text columns (fourth adaptation)."""
+    call = _read_csv(self, url)
+    call.append("expressions", self.make_eq("all_varchar", True))
+    call.append("expressions", self.make_eq("allow_quoted_nulls", False))
+    return call
+
+
+copy_into.ReadCSV.read_expression = _read_csv_as_text
 
 # Marks a payload of this launcher inside `rowsetBase64`.
 _MARK = b"tributary-json:"

@@ -241,16 +241,52 @@ impl SfClient {
 
     /// Runs one statement and returns its rows.
     pub(super) async fn query(&mut self, sql: &str) -> Result<Rows> {
-        self.run(sql, None).await
+        rows(&self.run(sql, None).await?)
     }
 
     /// Runs one statement with bindings (`{"1": {"type": ..., "value":
     /// [...]}, ...}`: an array binding runs the INSERT once per row).
     pub(super) async fn query_bound(&mut self, sql: &str, bindings: Json) -> Result<Rows> {
-        self.run(sql, Some(bindings)).await
+        rows(&self.run(sql, Some(bindings)).await?)
     }
 
-    async fn run(&mut self, sql: &str, bindings: Option<Json>) -> Result<Rows> {
+    /// Runs a `PUT` and returns where its file goes: Snowflake answers a
+    /// PUT with the stage's location and credentials (`data.stageInfo`),
+    /// and the client uploads the file there itself.
+    pub(super) async fn put(&mut self, sql: &str) -> Result<Json> {
+        let answer = self.run(sql, None).await?;
+        Ok(answer.get("data").cloned().unwrap_or(Json::Null))
+    }
+
+    /// Uploads a gzipped file to a presigned URL of the stage's storage,
+    /// as Snowflake's drivers do for a stage on Google Cloud Storage: one
+    /// HTTP PUT, no `Content-Encoding` (GCS would otherwise serve the file
+    /// decompressed) and the file's SHA-256 in `sfc-digest`, the metadata
+    /// Snowflake's own clients write.
+    pub(super) async fn upload(&self, url: &str, body: Vec<u8>) -> Result<()> {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&body));
+        let response = self
+            .http
+            .put(url)
+            .header("Content-Encoding", "")
+            .header("x-goog-meta-sfc-digest", digest)
+            .body(body)
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        // An expired presigned URL (403) or a storage hiccup: the retry
+        // PUTs the file again with a new URL.
+        Err(Error::retryable(format!("uploading a staged file to Snowflake's stage storage failed: HTTP {status}"))
+            .with_class(format!("snowflake.upload.{}", status.as_u16())))
+    }
+
+    async fn run(&mut self, sql: &str, bindings: Option<Json>) -> Result<Json> {
         if self.token.is_none() {
             // The sink logs in (and sets the session's schema) in its
             // `connect`, before any statement.
@@ -272,7 +308,7 @@ impl SfClient {
         result
     }
 
-    async fn run_once(&mut self, sql: &str, bindings: Option<Json>) -> Result<Rows> {
+    async fn run_once(&mut self, sql: &str, bindings: Option<Json>) -> Result<Json> {
         self.sequence += 1;
         let request_id = uuid::Uuid::new_v4().to_string();
         let mut body = json!({
@@ -301,7 +337,7 @@ impl SfClient {
             tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "statement still running");
             answer = self.send(self.authorized(self.http.get(self.url(&path)))).await?;
         }
-        rows(&answer)
+        Ok(answer)
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -331,6 +367,32 @@ impl SfClient {
         }
         let sql_state = answer.pointer("/data/sqlState").and_then(Json::as_str);
         Err(classify(&code, sql_state, &message))
+    }
+}
+
+/// Where a `PUT`'s file is to be uploaded, from Snowflake's answer to the
+/// PUT (`data`): a presigned URL of a stage on Google Cloud Storage (what
+/// Snowflake gives on GCP accounts and fakesnow gives too) with no
+/// client-side encryption (the sink's stage is created with
+/// `ENCRYPTION = (TYPE = 'SNOWFLAKE_SSE')`). Anything else (S3 or Azure
+/// credentials, a GCS access token, encryption material) is a place the
+/// sink does not upload to: the reason, for the log.
+pub(super) fn upload_url(data: &Json) -> std::result::Result<String, String> {
+    let command = data.get("command").and_then(Json::as_str).unwrap_or("");
+    if command != "UPLOAD" {
+        return Err(format!("Snowflake answered the PUT with command {command:?}, not UPLOAD"));
+    }
+    if data.get("encryptionMaterial").is_some_and(|m| !m.is_null()) {
+        return Err("the stage wants client-side encryption, which the sink does not do".into());
+    }
+    let info = data.get("stageInfo").cloned().unwrap_or(Json::Null);
+    let location = info.get("locationType").and_then(Json::as_str).unwrap_or("");
+    match info.get("presignedUrl").and_then(Json::as_str) {
+        Some(url) if location == "GCS" && !url.is_empty() => Ok(url.to_string()),
+        _ => Err(format!(
+            "the stage is on {location:?} storage, where the sink does not upload (it uploads to the presigned \
+             URLs of stages on Google Cloud Storage)"
+        )),
     }
 }
 
@@ -564,6 +626,29 @@ mod tests {
         assert_eq!(classify_http(500, "261000", "Unhandled exception").kind(), ErrorKind::Retryable);
         assert_eq!(classify_http(403, "", "").kind(), ErrorKind::NeedsOperator);
         assert_eq!(classify_http(401, "390104", "").class(), SESSION_CLASS);
+    }
+
+    #[test]
+    fn uploads_go_only_to_presigned_gcs_urls_without_client_side_encryption() {
+        // What fakesnow 0.12.1 answers (and Snowflake on GCP, whose
+        // answer also names the stage's bucket and region).
+        let gcs = json!({
+            "command": "UPLOAD",
+            "autoCompress": false,
+            "stageInfo": {"locationType": "GCS", "location": "DB.bk.stage/", "creds": {},
+                          "presignedUrl": "http://127.0.0.1:9070/fs_bucket/DB/bk/stage/f.csv.gz"},
+        });
+        assert_eq!(upload_url(&gcs).as_deref(), Ok("http://127.0.0.1:9070/fs_bucket/DB/bk/stage/f.csv.gz"));
+        let mut encrypted = gcs.clone();
+        encrypted["encryptionMaterial"] = json!({"queryStageMasterKey": "a2V5", "queryId": "q", "smkId": 1});
+        assert!(upload_url(&encrypted).unwrap_err().contains("client-side encryption"));
+        let s3 = json!({"command": "UPLOAD", "stageInfo": {"locationType": "S3", "location": "bucket/path/",
+                        "creds": {"AWS_KEY_ID": "k", "AWS_SECRET_KEY": "s", "AWS_TOKEN": "t"}}});
+        assert!(upload_url(&s3).unwrap_err().contains("\"S3\""));
+        let token = json!({"command": "UPLOAD", "stageInfo": {"locationType": "GCS", "location": "b/p/",
+                           "creds": {"GCS_ACCESS_TOKEN": "t"}}});
+        assert!(upload_url(&token).is_err());
+        assert!(upload_url(&json!({"command": "DOWNLOAD"})).is_err());
     }
 
     #[test]

@@ -28,6 +28,17 @@ pub const DEFAULT_QUERY_TIMEOUT_MS: u64 = 600_000;
 /// the request size (16 MB of bind data); 5,000 rows of a few hundred bytes
 /// stay far below it.
 pub const DEFAULT_INSERT_CHUNK_ROWS: usize = 5_000;
+/// Rows of one table's write above which they are staged through the
+/// session's internal stage (one gzipped CSV file: `PUT`, upload, `COPY
+/// INTO`) instead of array-bound INSERTs. Three requests whatever the size,
+/// where INSERTs take one per `insert_chunk_rows` and carry the rows as
+/// JSON; Snowflake's own drivers switch an array binding to a stage at
+/// 65,280 bound values (CLIENT_STAGE_ARRAY_BINDING_THRESHOLD), about
+/// 10,000 rows of six columns.
+pub const DEFAULT_STAGE_THRESHOLD_ROWS: usize = 10_000;
+/// Below this many rows a stage's three requests cost more than the one
+/// INSERT they replace.
+pub const MIN_STAGE_THRESHOLD_ROWS: usize = 10;
 /// Whether the primary key is declared on the tables the sink creates.
 /// Snowflake does not enforce it; it documents the key for readers and BI
 /// tools. (fakesnow, a DuckDB, enforces it and then refuses to widen a key
@@ -93,6 +104,10 @@ pub struct SnowflakeSinkConfig {
     /// Rows per array-bound INSERT into a staging table.
     #[serde(default = "default_insert_chunk_rows")]
     pub insert_chunk_rows: usize,
+    /// Rows of one table's write above which they go through an internal
+    /// stage (PUT + COPY INTO) instead of array-bound INSERTs; 0: never.
+    #[serde(default = "default_stage_threshold_rows")]
+    pub stage_threshold_rows: usize,
     /// Timeout of one HTTP request, in milliseconds.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
@@ -120,6 +135,9 @@ fn default_declare_primary_key() -> bool {
 }
 fn default_insert_chunk_rows() -> usize {
     DEFAULT_INSERT_CHUNK_ROWS
+}
+fn default_stage_threshold_rows() -> usize {
+    DEFAULT_STAGE_THRESHOLD_ROWS
 }
 fn default_request_timeout_ms() -> u64 {
     DEFAULT_REQUEST_TIMEOUT_MS
@@ -150,6 +168,7 @@ impl fmt::Debug for SnowflakeSinkConfig {
             .field("drop_columns", &self.drop_columns)
             .field("declare_primary_key", &self.declare_primary_key)
             .field("insert_chunk_rows", &self.insert_chunk_rows)
+            .field("stage_threshold_rows", &self.stage_threshold_rows)
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("query_timeout_ms", &self.query_timeout_ms)
             .field("consumer_group", &self.consumer_group)
@@ -185,6 +204,7 @@ impl SnowflakeSinkConfig {
             drop_columns: false,
             declare_primary_key: DEFAULT_DECLARE_PRIMARY_KEY,
             insert_chunk_rows: DEFAULT_INSERT_CHUNK_ROWS,
+            stage_threshold_rows: DEFAULT_STAGE_THRESHOLD_ROWS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             query_timeout_ms: DEFAULT_QUERY_TIMEOUT_MS,
             consumer_group: Some(consumer_group.into()),
@@ -245,6 +265,15 @@ impl SnowflakeSinkConfig {
         check_table_template(&self.table).map_err(|rule| ConfigError::invalid(field("table"), rule))?;
         if self.insert_chunk_rows == 0 || self.insert_chunk_rows > 100_000 {
             return Err(ConfigError::invalid(field("insert_chunk_rows"), "must be between 1 and 100000"));
+        }
+        if self.stage_threshold_rows != 0 && self.stage_threshold_rows < MIN_STAGE_THRESHOLD_ROWS {
+            return Err(ConfigError::invalid(
+                field("stage_threshold_rows"),
+                format!(
+                    "must be 0 (never through a stage) or at least {MIN_STAGE_THRESHOLD_ROWS}: below that, PUT, \
+                     upload and COPY INTO cost more requests than the INSERT they replace"
+                ),
+            ));
         }
         if self.request_timeout_ms < 1000 {
             return Err(ConfigError::invalid(field("request_timeout_ms"), "must be at least 1000"));
@@ -340,6 +369,11 @@ mod tests {
         c = config();
         c.table = "x".into();
         assert!(c.validate().unwrap_err().to_string().contains("`snowflake.table`"));
+        c = config();
+        c.stage_threshold_rows = 3;
+        assert!(c.validate().unwrap_err().to_string().contains("`snowflake.stage_threshold_rows`"));
+        c.stage_threshold_rows = 0;
+        c.validate().expect("0: never through a stage");
         c = config();
         c.query_timeout_ms = 10;
         assert!(c.validate().unwrap_err().to_string().contains("`snowflake.query_timeout_ms`"));

@@ -13,9 +13,11 @@
 //!    idempotent (`IF NOT EXISTS`, relaxing twice), so a crash after it and
 //!    a replay are harmless.
 //! 2. The batch is reduced to the last change per key.
-//! 3. The survivors are staged: an array-bound `INSERT` (every value as
-//!    text) into a temporary table of the session, tagged with the write's
-//!    id.
+//! 3. The survivors are staged into a temporary table of the session,
+//!    tagged with the write's id, every value as text: by array-bound
+//!    `INSERT`s, or, above `stage_threshold_rows`, as one gzipped CSV file
+//!    `PUT` to the session's temporary internal stage, uploaded, and loaded
+//!    by `COPY INTO ... PURGE = TRUE` (which removes the file).
 //! 4. One transaction: `BEGIN`; the fence (the group's offsets rows locked
 //!    and read: a member that lost its partitions writes nothing); a
 //!    truncate's guarded `DELETE`; per table, the deletes kept in the
@@ -27,9 +29,11 @@
 //! 5. The staged rows are deleted.
 //!
 //! Talks to Snowflake's HTTP protocol through a client of our own
-//! ([`client`]), password authentication. Key-pair (JWT) authentication,
-//! PUT + `COPY INTO` staging for large batches and Snowpipe Streaming are
-//! not provided: see `docs/destinations/snowflake.md`.
+//! ([`client`]): password or key-pair (JWT) login, and the upload of a
+//! PUT's file to the presigned URL of a stage on Google Cloud Storage (what
+//! Snowflake answers on GCP accounts, and fakesnow). On a stage elsewhere
+//! (S3, Azure) large writes are staged by INSERTs too. Snowpipe Streaming
+//! is not used: see `docs/destinations/snowflake.md`.
 //!
 //! # Errors
 //!
@@ -51,18 +55,18 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value as Json};
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
 pub use self::client::Rows;
 use secrecy::ExposeSecret;
 
-use self::client::{Credentials, KeyError, KeyPair, SfClient, SESSION_CLASS};
+use self::client::{upload_url, Credentials, KeyError, KeyPair, SfClient, SESSION_CLASS};
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
-    change_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql, insert_rows_sql,
-    lock_offsets_sql, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
+    change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
+    insert_rows_sql, internal_stage_sql, lock_offsets_sql, put_sql, staged_csv, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
     read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl, staged_source, staging_insert_sql,
     staging_table_sql, truncate_older_sql, undeleted_sql, write_offsets_sql, SnowflakeDialect,
 };
@@ -80,6 +84,13 @@ use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
 
 /// Prefix of the temporary staging tables' names.
 const STAGING_PREFIX: &str = "tributary_stage_";
+/// The session's temporary internal stage (in the bookkeeping schema)
+/// that large writes are uploaded to.
+pub const INTERNAL_STAGE: &str = "tributary_upload";
+
+/// Staged rows: text cells (NULL as `None`), the columns of
+/// [`dialect::staging_table_sql`].
+type StagedRows = Vec<Vec<Option<String>>>;
 
 /// What the sink knows about one destination table.
 #[derive(Debug, Clone, Default)]
@@ -103,6 +114,13 @@ pub struct SnowflakeSink {
     schemas: HashSet<String>,
     /// Temporary staging tables of the session.
     stages: HashSet<String>,
+    /// Whether the session's internal stage is known to exist.
+    internal_stage_ready: bool,
+    /// Why large writes are staged by INSERTs (Snowflake's answer to a PUT
+    /// named a place the sink does not upload to), once known.
+    upload_refused: Option<String>,
+    /// Files loaded through the internal stage.
+    staged_files: u64,
     /// Statements committed (a cost proxy for the benchmark).
     statements: u64,
     /// When expired deleted-rows entries are removed next.
@@ -160,6 +178,9 @@ impl SnowflakeSink {
             tables: HashMap::new(),
             schemas: HashSet::new(),
             stages: HashSet::new(),
+            internal_stage_ready: false,
+            upload_refused: None,
+            staged_files: 0,
             statements: 0,
             prune_at: std::time::Instant::now(),
             mode: Mode::Commit,
@@ -177,6 +198,17 @@ impl SnowflakeSink {
     /// statements per change).
     pub fn statements(&self) -> u64 {
         self.statements
+    }
+
+    /// Files loaded through the internal stage so far (writes above
+    /// `stage_threshold_rows`).
+    pub fn staged_files(&self) -> u64 {
+        self.staged_files
+    }
+
+    /// The quoted name of the session's internal stage.
+    pub fn internal_stage(&self) -> String {
+        self.bookkeeping(INTERNAL_STAGE)
     }
 
     fn bookkeeping(&self, table: &str) -> String {
@@ -203,6 +235,7 @@ impl SnowflakeSink {
             self.client.login().await?;
             self.bookkeeping_ready = false;
             self.stages.clear();
+            self.internal_stage_ready = false;
             info!(database = %self.config.database, "Snowflake session open");
         }
         if !self.bookkeeping_ready {
@@ -234,6 +267,7 @@ impl SnowflakeSink {
         self.tables.clear();
         self.schemas.clear();
         self.stages.clear();
+        self.internal_stage_ready = false;
     }
 
     /// Removes this copy from Snowflake: its stored offsets and, when
@@ -385,9 +419,10 @@ impl SnowflakeSink {
         Ok(())
     }
 
-    /// Stages the rows of `changes` for `dest` (array-bound INSERTs into the
-    /// session's temporary table of the column set) under the write id
-    /// `batch`; returns the staging table.
+    /// Stages the rows of `changes` for `dest` into the session's temporary
+    /// table of the column set, under the write id `batch` (array-bound
+    /// INSERTs, or above `stage_threshold_rows` the internal stage);
+    /// returns the staging table.
     async fn stage(
         &mut self,
         dest: &DestinationTable,
@@ -401,60 +436,116 @@ impl SnowflakeSink {
             self.stages.insert(stage.clone());
         }
         self.staged.push(stage.clone());
-        // Column-wise text cells: one bound array per staging column.
-        let width = names.len() + 5;
-        let mut columns: Vec<Vec<Json>> = vec![Vec::new(); width];
-        let mut rows = 0usize;
+        let rows = staged_rows(changes, names, batch)?;
+        let threshold = self.config.stage_threshold_rows;
+        if threshold > 0
+            && rows.len() > threshold
+            && self.upload_refused.is_none()
+            && self.load_through_stage(&stage, &rows, batch).await?
+        {
+            debug!(table = %dest, rows = rows.len(), "staged through the internal stage");
+            return Ok(stage);
+        }
+        // Column-wise: one bound array per staging column.
         let insert = staging_insert_sql(&stage, names);
-        let lines: Vec<_> = changes.live().collect();
-        for chunk in lines.chunks(self.config.insert_chunk_rows) {
-            for column in &mut columns {
-                column.clear();
-            }
-            for (group, line) in chunk {
-                for (n, name) in names.iter().enumerate() {
-                    let at = group.schema.columns.iter().position(|c| c.name == *name);
-                    let cell = match at {
-                        Some(i) if group.writes(line, i) => {
-                            let value = &line.row[i];
-                            staged_text(value).map_err(|reason| ApplyError {
-                                error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
-                                    .with_column((*name).to_string())
-                                    .with_class("tributary.value")
-                                    .with_table(group.schema.id.clone()),
-                                record: Some(line.record),
-                            })?
-                        }
-                        _ => None,
-                    };
-                    columns[n].push(cell.map_or(Json::Null, Json::String));
-                }
-                let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
-                    error: error.with_table(group.schema.id.clone()),
-                    record: Some(line.record),
-                })?;
-                let tail = names.len();
-                columns[tail].push(Json::String(line.delete.to_string()));
-                columns[tail + 1].push(Json::String(key_text(&key)));
-                columns[tail + 2].push(Json::String(line.commit.to_string()));
-                columns[tail + 3].push(Json::String(line.index.to_string()));
-                columns[tail + 4].push(Json::String(batch.to_string()));
-            }
+        for chunk in rows.chunks(self.config.insert_chunk_rows) {
             let mut bindings = serde_json::Map::new();
-            for (n, values) in columns.iter_mut().enumerate() {
+            for n in 0..names.len() + 5 {
                 let ty = match n.checked_sub(names.len()) {
                     Some(0) => "BOOLEAN",
                     Some(2 | 3) => "FIXED",
                     _ => "TEXT",
                 };
-                bindings.insert((n + 1).to_string(), json!({"type": ty, "value": std::mem::take(values)}));
+                let values: Vec<Json> = chunk.iter().map(|r| r[n].clone().map_or(Json::Null, Json::String)).collect();
+                bindings.insert((n + 1).to_string(), json!({"type": ty, "value": values}));
             }
             self.client.query_bound(&insert, Json::Object(bindings)).await?;
-            rows += chunk.len();
         }
-        debug!(table = %dest, rows, "staged");
+        debug!(table = %dest, rows = rows.len(), "staged");
         Ok(stage)
     }
+
+    /// Loads `rows` into the staging table `table` through the session's
+    /// internal stage: `PUT` (Snowflake answers where the file goes), the
+    /// upload, `COPY INTO` (which removes the file). `false`, having done
+    /// nothing, when the PUT's answer is a place the sink does not upload
+    /// to: this and every later write is staged by INSERTs.
+    async fn load_through_stage(&mut self, table: &str, rows: &[Vec<Option<String>>], batch: &str) -> Result<bool> {
+        let stage = self.internal_stage();
+        if !self.internal_stage_ready {
+            self.client.query(&internal_stage_sql(&stage)).await?;
+            self.internal_stage_ready = true;
+        }
+        // Named by the write: a file is never loaded twice (Snowflake skips
+        // a file it loaded before, by name, for 64 days).
+        let file = format!("{batch}.csv.gz");
+        let answer = self.client.put(&put_sql(&stage, &file)).await?;
+        let url = match upload_url(&answer) {
+            Ok(url) => url,
+            Err(reason) => {
+                warn!(%reason, "writes above snowflake.stage_threshold_rows are staged by INSERTs");
+                self.upload_refused = Some(reason);
+                return Ok(false);
+            }
+        };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let body = std::io::Write::write_all(&mut gz, &staged_csv(rows))
+            .and_then(|()| gz.finish())
+            .map_err(|e| Error::retryable(format!("cannot compress a staged file: {e}")))?;
+        self.client.upload(&url, body).await?;
+        let loaded = self.client.query(&copy_sql(table, &stage, &file)).await?;
+        // COPY's result: file, status, rows_parsed, rows_loaded, ...
+        let cell = |i: usize| loaded.first().and_then(|r| r.get(i)).cloned().flatten();
+        let (status, count) = (cell(1), cell(3).and_then(|n| n.parse::<usize>().ok()));
+        if status.as_deref() != Some("LOADED") || count != Some(rows.len()) {
+            return Err(Error::retryable(format!(
+                "COPY INTO loaded {count:?} of {} staged rows (status {status:?})",
+                rows.len()
+            ))
+            .with_class("snowflake.copy"));
+        }
+        self.staged_files += 1;
+        Ok(true)
+    }
+}
+
+/// The staged rows of `changes` for the column set `names`: the values as
+/// text, then the delete flag, key, position and write id `batch`.
+fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<StagedRows, ApplyError> {
+    let mut rows = Vec::new();
+    for (group, line) in changes.live() {
+        let mut cells = Vec::with_capacity(names.len() + 5);
+        for name in names {
+            let at = group.schema.columns.iter().position(|c| c.name == *name);
+            let cell = match at {
+                Some(i) if group.writes(line, i) => {
+                    let value = &line.row[i];
+                    staged_text(value).map_err(|reason| ApplyError {
+                        error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
+                            .with_column((*name).to_string())
+                            .with_class("tributary.value")
+                            .with_table(group.schema.id.clone()),
+                        record: Some(line.record),
+                    })?
+                }
+                _ => None,
+            };
+            cells.push(cell);
+        }
+        let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+            error: error.with_table(group.schema.id.clone()),
+            record: Some(line.record),
+        })?;
+        cells.extend([
+            Some(line.delete.to_string()),
+            Some(key_text(&key)),
+            Some(line.commit.to_string()),
+            Some(line.index.to_string()),
+            Some(batch.to_string()),
+        ]);
+        rows.push(cells);
+    }
+    Ok(rows)
 }
 
 #[async_trait]
