@@ -434,11 +434,35 @@ pub fn read_offsets_sql(offsets: &str, group: &str) -> String {
     )
 }
 
-/// Locks the group's offsets rows for the open transaction (a no-op
-/// UPDATE: Snowflake's DML locks make a second runner's fence check wait
-/// until the first one's transaction ends, and then read what it wrote).
-pub fn lock_offsets_sql(offsets: &str, group: &str) -> String {
-    format!("UPDATE {offsets} SET next_offset = next_offset WHERE consumer_group = {}", quote_string(group))
+/// The table of the consumer groups' writer locks (one row per group).
+pub fn locks_table_ddl(locks: &str) -> String {
+    format!("CREATE TABLE IF NOT EXISTS {locks} (consumer_group VARCHAR NOT NULL, taken NUMBER(38, 0) NOT NULL)")
+}
+
+/// The group's lock row, made once (outside any transaction; two made at
+/// once are both taken by [`lock_sql`], which is as good as one).
+pub fn lock_row_sql(locks: &str, group: &str) -> String {
+    let g = quote_string(group);
+    format!(
+        "INSERT INTO {locks} (consumer_group, taken) SELECT {g}, 0 \
+         WHERE NOT EXISTS (SELECT 1 FROM {locks} WHERE consumer_group = {g})"
+    )
+}
+
+/// Takes the group's writer lock for the open transaction, its first
+/// statement: Snowflake's DML locks make a second transaction of the group
+/// wait until the first one ends (and then read what it wrote), so that two
+/// members never write at once: the guarded DELETE of one (an old key's
+/// delete) and the INSERT of the other (that key's older row) would each
+/// miss the other's uncommitted rows, and the row would stay; and of two
+/// runners that both believe they own a partition, the second's fence reads
+/// what the first committed. The counter changes at every transaction:
+/// fakesnow (DuckDB) finds two transactions in conflict only when they
+/// change a value, and skipped the earlier no-op `UPDATE offsets SET
+/// next_offset = next_offset` as no write at all (the fault suite's
+/// postgres-snowflake pipeline then kept rows whose keys had been deleted).
+pub fn lock_sql(locks: &str, group: &str) -> String {
+    format!("UPDATE {locks} SET taken = taken + 1 WHERE consumer_group = {}", quote_string(group))
 }
 
 /// Replaces the stored offsets of the moved partitions: a DELETE of their

@@ -66,7 +66,7 @@ use self::client::{upload_url, Credentials, KeyError, KeyPair, SfClient, SESSION
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
-    insert_rows_sql, internal_stage_sql, lock_offsets_sql, put_sql, staged_csv, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
+    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, put_sql, staged_csv, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
     read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl, staged_source, staging_insert_sql,
     staging_table_sql, truncate_older_sql, undeleted_sql, write_offsets_sql, SnowflakeDialect,
 };
@@ -82,6 +82,8 @@ use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
 use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
 
+/// The bookkeeping table of the consumer groups' writer locks.
+pub const LOCKS_TABLE: &str = "writer_locks";
 /// Prefix of the temporary staging tables' names.
 const STAGING_PREFIX: &str = "tributary_stage_";
 /// The session's temporary internal stage (in the bookkeeping schema)
@@ -215,6 +217,10 @@ impl SnowflakeSink {
         format!("{}.{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema), quote_ident(table))
     }
 
+    fn locks_table(&self) -> String {
+        self.bookkeeping(LOCKS_TABLE)
+    }
+
     fn offsets_table(&self) -> String {
         self.bookkeeping(OFFSETS_TABLE)
     }
@@ -254,6 +260,8 @@ impl SnowflakeSink {
             self.client.query(&format!("USE SCHEMA {schema}")).await.map_err(hint)?;
             self.client.query(&offsets_table_ddl(&self.offsets_table())).await.map_err(hint)?;
             self.client.query(&deleted_table_ddl(&self.deleted_table())).await.map_err(hint)?;
+            self.client.query(&locks_table_ddl(&self.locks_table())).await.map_err(hint)?;
+            self.client.query(&lock_row_sql(&self.locks_table(), &self.consumer_group)).await.map_err(hint)?;
             self.bookkeeping_ready = true;
         }
         Ok(())
@@ -275,6 +283,8 @@ impl SnowflakeSink {
     pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         self.connect().await?;
         let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.offsets_table(), quote_string(&self.consumer_group));
+        self.client.query(&sql).await?;
+        let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.locks_table(), quote_string(&self.consumer_group));
         self.client.query(&sql).await?;
         let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
         for source in drop {
@@ -334,9 +344,10 @@ impl SnowflakeSink {
     }
 
     async fn in_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
-        // First: a member that lost its partitions writes nothing.
+        // First the group's writer lock (see `lock_sql`); then a member
+        // that lost its partitions writes nothing.
+        self.client.query(&lock_sql(&self.locks_table(), &self.consumer_group)).await?;
         if offsets.iter().any(|m| m.fence != Fence::Unchecked) {
-            self.client.query(&lock_offsets_sql(&self.offsets_table(), &self.consumer_group)).await?;
             let stored = self.stored_offsets().await?;
             for m in offsets {
                 let have = stored.get(&(m.topic.to_string(), m.partition)).copied();
