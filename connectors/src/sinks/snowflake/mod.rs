@@ -82,6 +82,15 @@ use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
 use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
 
+/// How long a transaction asks again for the group's writer lock when the
+/// store answers a conflict instead of waiting (fakesnow; Snowflake waits
+/// by itself): longer than a large batch's transaction on the emulator
+/// (seconds), shorter than the runner's patience with a stuck table.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// First and longest pause between two asks (a small batch's transaction
+/// on fakesnow takes 100-500 ms).
+const LOCK_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(20);
+const LOCK_RETRY_LONGEST: std::time::Duration = std::time::Duration::from_millis(500);
 /// The bookkeeping table of the consumer groups' writer locks.
 pub const LOCKS_TABLE: &str = "writer_locks";
 /// Prefix of the temporary staging tables' names.
@@ -331,8 +340,10 @@ impl SnowflakeSink {
         if self.script.is_empty() && offsets.is_empty() {
             return Ok(());
         }
-        self.client.query("BEGIN").await?;
-        let result = self.in_transaction(offsets, commit).await;
+        let result = match self.begin_locked().await {
+            Ok(()) => self.in_transaction(offsets, commit).await,
+            Err(e) => Err(e),
+        };
         if result.is_err() {
             // Nothing of the batch stays; a session that cannot even roll
             // back is dropped (Snowflake aborts its transaction with it).
@@ -343,10 +354,38 @@ impl SnowflakeSink {
         result
     }
 
+    /// `BEGIN` and the group's writer lock ([`lock_sql`]), its first
+    /// statement. Snowflake's UPDATE waits for the lock; a store that
+    /// answers a lock conflict at once with an error instead (fakesnow:
+    /// DuckDB's "Conflict on update", HTTP 500) gets the lock asked for
+    /// again, in a new transaction, for up to [`LOCK_WAIT`]: the wait
+    /// Snowflake would do. Without it a long batch lost to the other
+    /// member's short ones again and again (a bisection, each probe a
+    /// transaction of its own, backed off to 30 s between attempts).
+    async fn begin_locked(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let mut wait = LOCK_RETRY_FIRST;
+        loop {
+            self.client.query("BEGIN").await?;
+            let error = match self.client.query(&lock_sql(&self.locks_table(), &self.consumer_group)).await {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            let conflict = error.kind() == ErrorKind::Retryable
+                && ![SESSION_CLASS, "snowflake.network", "snowflake.timeout"].contains(&error.class().as_str());
+            if !conflict || started.elapsed() >= LOCK_WAIT || self.client.query("ROLLBACK").await.is_err() {
+                return Err(error);
+            }
+            // Jittered, so that two members do not ask in step.
+            let jitter = u64::from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos()) % 50);
+            tokio::time::sleep(wait + std::time::Duration::from_millis(jitter)).await;
+            wait = (wait * 2).min(LOCK_RETRY_LONGEST);
+        }
+    }
+
     async fn in_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
-        // First the group's writer lock (see `lock_sql`); then a member
+        // The group's writer lock is taken (`begin_locked`); first a member
         // that lost its partitions writes nothing.
-        self.client.query(&lock_sql(&self.locks_table(), &self.consumer_group)).await?;
         if offsets.iter().any(|m| m.fence != Fence::Unchecked) {
             let stored = self.stored_offsets().await?;
             for m in offsets {
