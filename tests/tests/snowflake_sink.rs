@@ -149,7 +149,7 @@ async fn files(sink: &mut SnowflakeSink) -> Vec<Vec<Option<String>>> {
 /// A wrong base URL (nothing listening) is retryable; a login the server
 /// refuses is not the data's fault either.
 /// A key-pair login (`private_key` instead of `password`) opens a session
-/// and applies a batch. fakesnow does not check the JWT (the login's shape
+/// and applies a batch, also with an encrypted key and its passphrase. fakesnow does not check the JWT (the login's shape
 /// and the JWT itself are checked by the client's unit tests against a key
 /// made with openssl); real Snowflake verifies it with the user's
 /// `RSA_PUBLIC_KEY`, which this test cannot show.
@@ -167,6 +167,16 @@ async fn a_key_pair_login_applies_batches() {
         .await
         .expect("applied after a key-pair login");
     assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string()]);
+    // The same key encrypted (testdata/README.md), with its passphrase.
+    let mut config = fx.config();
+    config.password = None;
+    config.private_key = Some(format!("file:{}", key.with_file_name("rsa_key_aes.p8").display()));
+    config.private_key_passphrase = Some("tributary-test".into());
+    let mut sink = SnowflakeSink::new(config).expect("an encrypted key and its passphrase");
+    sink.apply(&batch("t", 1, vec![event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 11, 0)]))
+        .await
+        .expect("applied after a login with the decrypted key");
+    assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string(), "2|b|2|2.00".to_string()]);
     fx.cleanup().await;
 }
 

@@ -18,8 +18,9 @@
 //!    `INSERT`s, or, above `stage_threshold_rows`, as one gzipped CSV file
 //!    `PUT` to the session's temporary internal stage, uploaded, and loaded
 //!    by `COPY INTO ... PURGE = TRUE` (which removes the file).
-//! 4. One transaction: `BEGIN`; the fence (the group's offsets rows locked
-//!    and read: a member that lost its partitions writes nothing); a
+//! 4. One transaction: `BEGIN`; the group's writer lock (one transaction
+//!    of the group at a time, [`dialect::lock_sql`]); the fence (the
+//!    offsets read: a member that lost its partitions writes nothing); a
 //!    truncate's guarded `DELETE`; per table, the deletes kept in the
 //!    deleted-rows table, a `DELETE` of every stored row a change replaces
 //!    and an `INSERT` of every upsert, both guarded by the row's stored
