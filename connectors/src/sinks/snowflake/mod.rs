@@ -67,9 +67,10 @@ use self::client::{upload_url, Credentials, KeyError, KeyPair, SfClient, SESSION
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
-    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, put_sql, staged_csv, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
-    read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl, staged_source, staging_insert_sql,
-    staging_table_sql, truncate_older_sql, undeleted_sql, write_offsets_sql, SnowflakeDialect,
+    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, not_deleted_sql, offsets_table_ddl,
+    prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql,
+    resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql,
+    undeleted_sql, write_offsets_sql, SnowflakeDialect
 };
 use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
@@ -378,8 +379,9 @@ impl SnowflakeSink {
                 return Err(error);
             }
             // Jittered, so that two members do not ask in step.
-            let jitter = u64::from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos()) % 50);
-            tokio::time::sleep(wait + std::time::Duration::from_millis(jitter)).await;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            let jitter = std::time::Duration::from_millis(u64::from(now.map_or(0, |d| d.subsec_nanos()) % 50));
+            tokio::time::sleep(wait + jitter).await;
             wait = (wait * 2).min(LOCK_RETRY_LONGEST);
         }
     }
