@@ -16,7 +16,15 @@ refuses every later update of the rows it touched. Snowflake aborts such a
 detached transaction once it blocks another one and has been idle for five
 minutes; here a session idle for DETACHED_AFTER_S seconds is rolled back
 (the sink never idles inside a transaction: its statements follow each
-other).
+other). A live client can still look idle that long when this process is
+busy (the fault suite's reads of every row hold its one Python thread):
+then its next request must fail, as a statement of a session whose
+transaction Snowflake aborted does, not run in autocommit, where the rest
+of the transaction would be committed alone (and COMMIT, which fakesnow
+answers with success outside a transaction, would hide it). So a session
+whose open transaction was rolled back here is ended: its next request
+gets Snowflake's "session expired" (390112), and the client logs in again
+and retries its whole transaction.
 
 Second adaptation: fakesnow lets DuckDB's constraint and invalid-input
 errors escape as HTTP 500 ("Unhandled exception"), where Snowflake answers
@@ -24,6 +32,16 @@ a statement error: NULL into a NOT NULL column is Snowflake's 100072
 (22000), malformed JSON its 100069 (22P02). They are mapped to those, so
 that the sink classifies them as Snowflake's own (a refused row), not as a
 server fault to retry.
+
+Fourth adaptation: fakesnow runs `COPY INTO` of a CSV file as DuckDB's
+`read_csv`, which guesses each column's type from the values (`007` becomes
+the number 7 before it reaches a VARCHAR column) and reads a quoted empty
+field (`""`) as NULL. Snowflake loads a CSV field into a VARCHAR column as
+the text it is, and with `FIELD_OPTIONALLY_ENCLOSED_BY` an enclosed empty
+field as the empty string (only `,,` is NULL under `EMPTY_FIELD_AS_NULL`).
+`read_csv` is asked for exactly that (`all_varchar`, `allow_quoted_nulls =
+false`); DuckDB casts the text to a typed column on insert, as Snowflake
+does. The sink's staging through PUT + COPY INTO (large batches) relies on it.
 """
 
 import argparse
@@ -32,6 +50,7 @@ import datetime
 import decimal
 import json
 import os
+import sys
 import threading
 import time
 
@@ -44,6 +63,7 @@ server = importlib.import_module("fakesnow.server")
 
 import duckdb
 import snowflake.connector.errors
+from fakesnow import copy_into
 from fakesnow.cursor import FakeSnowflakeCursor
 
 _execute = FakeSnowflakeCursor.execute
@@ -61,6 +81,19 @@ def _execute_mapping_errors(self, *args, **kwargs):
 
 
 FakeSnowflakeCursor.execute = _execute_mapping_errors
+
+_read_csv = copy_into.ReadCSV.read_expression
+
+
+def _read_csv_as_text(self, url):
+    """`read_csv` as Snowflake reads CSV into text columns (fourth adaptation)."""
+    call = _read_csv(self, url)
+    call.append("expressions", self.make_eq("all_varchar", True))
+    call.append("expressions", self.make_eq("allow_quoted_nulls", False))
+    return call
+
+
+copy_into.ReadCSV.read_expression = _read_csv_as_text
 
 # Marks a payload of this launcher inside `rowsetBase64`.
 _MARK = b"tributary-json:"
@@ -99,6 +132,8 @@ DETACHED_AFTER_S = 3.0
 # last answer left.
 _locks: dict = {}
 _last: dict = {}
+# Sessions whose open transaction the reaper rolled back.
+_reaped: set = set()
 
 
 def _session_token(request):
@@ -120,6 +155,14 @@ def _reap_detached():
                         conn._duck_conn.execute("ROLLBACK")
                     except Exception:  # noqa: BLE001 - no transaction open: nothing to do
                         pass
+                    else:
+                        _reaped.add(token)
+                        print(
+                            f"fakesnow-launch: rolled back the open transaction of a session idle {now - last:.1f}s; "
+                            "its next request is told the session expired",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 _last.pop(token, None)
             finally:
                 lock.release()
@@ -130,6 +173,18 @@ async def _query_request(request):
     lock = _locks.setdefault(token, threading.Lock())
     await server.run_in_threadpool(lock.acquire)
     try:
+        if token in _reaped:
+            _reaped.discard(token)
+            server.sessions.pop(token, None)
+            return server.JSONResponse(
+                {
+                    "data": {"errorCode": "390112", "sqlState": None},
+                    "code": "390112",
+                    "message": "Your session has expired. Please login again. (fakesnow-launch: its open "
+                    f"transaction was rolled back after {DETACHED_AFTER_S}s idle)",
+                    "success": False,
+                }
+            )
         response = await _original(request)
     finally:
         _last[token] = time.monotonic()

@@ -7,6 +7,7 @@
 //! | `mariadb_to_postgres` | MariaDB (the MySQL source) | PostgreSQL |
 //! | `postgres_to_bigquery` | PostgreSQL | the BigQuery emulator |
 //! | `postgres_to_redshift` | PostgreSQL | PostgreSQL as Redshift (the sink's test mode), staging in moto |
+//! | `postgres_to_snowflake` | PostgreSQL | the Snowflake emulator (fakesnow) |
 //!
 //! A mixed workload (inserts, updates, deletes; transactions across three
 //! tables) runs against the source while the harness, one fault at a time:
@@ -38,7 +39,8 @@
 //!   it);
 //! * the dead-letter topics hold exactly the bad rows (notes whose payload a
 //!   CHECK of the PostgreSQL destination refuses; for BigQuery, notes due
-//!   after 9999-12-31), and the failed-records counter moved by their
+//!   after 9999-12-31; for Snowflake, notes due `infinity`), and the
+//!   failed-records counter moved by their
 //!   number (checked at each such fault);
 //! * during each outage and revoke the sink's status said `paused` with a
 //!   reason, and it came back by itself;
@@ -47,9 +49,10 @@
 //! Parameters (environment; `scripts/faults` sets them from flags):
 //! `FAULT_PIPELINES` (comma-separated pipeline names, e.g.
 //! `mariadb-postgres`; default all), `FAULTS` (default 10 for
-//! postgres-postgres, 4 for postgres-redshift, 6 for the others),
-//! `FAULT_SEED` (printed; replays a run's schedule), `FAULT_RATE` (workload
-//! transactions per second, default 40, 10 for postgres-redshift),
+//! postgres-postgres, 4 for postgres-redshift and postgres-snowflake, 6
+//! for the others), `FAULT_SEED` (printed; replays a run's schedule),
+//! `FAULT_RATE` (workload transactions per second, default 40, 10 for
+//! postgres-redshift and postgres-snowflake),
 //! `FAULT_DURATION` (seconds; spreads the faults over at least this
 //! long), `FAULT_KINDS` (comma-separated; each pipeline runs those of them
 //! that apply to it, and is skipped if none does), `FAULT_SNAPSHOT_KILL` (1
@@ -88,6 +91,7 @@ use tributary_tests::bigquery::{query as bigquery, Datasets};
 use tributary_tests::mysql::Database as MariaDbDatabase;
 use tributary_tests::postgres::{source_admin, Destination as PgDestination, SourceSchema};
 use tributary_tests::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
+use tributary_tests::snowflake::Schemas as SfSchemas;
 use tributary_tests::{
     committed_reader, header, kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url,
     wait_for, Rng, Runner,
@@ -261,11 +265,37 @@ const POSTGRES_REDSHIFT: Pipeline = Pipeline {
     default_rate: 10,
 };
 
-const PIPELINES: [&Pipeline; 4] = [
+/// stop-postgres stops the source's server. Four faults at 10 transactions
+/// a second keep it within a minute in CI: fakesnow runs each statement
+/// on DuckDB behind HTTP, about 20 ms, and a batch is a dozen of them.
+const POSTGRES_SNOWFLAKE: Pipeline = Pipeline {
+    name: "postgres-snowflake",
+    source: SourceKind::Postgres,
+    sink: SinkKind::Snowflake,
+    left_out: &[
+        (Fault::RevokeSink, "the emulator has no privileges to take away"),
+        NO_MARIADB,
+        (
+            Fault::DestinationDown,
+            "fakesnow keeps its databases in memory: stopping it loses the copy (a real outage does not), and the \
+             harness has no proxy to cut the network instead",
+        ),
+        (
+            Fault::ReplayDeadLetter,
+            "Snowflake refuses the bad rows by type (a DATE of infinity): nothing at the destination can be fixed \
+             so that a replay applies them",
+        ),
+    ],
+    default_faults: 4,
+    default_rate: 10,
+};
+
+const PIPELINES: [&Pipeline; 5] = [
     &POSTGRES_POSTGRES,
     &MARIADB_POSTGRES,
     &POSTGRES_BIGQUERY,
     &POSTGRES_REDSHIFT,
+    &POSTGRES_SNOWFLAKE,
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -286,6 +316,11 @@ async fn postgres_to_bigquery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_to_redshift() {
     run(&POSTGRES_REDSHIFT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_to_snowflake() {
+    run(&POSTGRES_SNOWFLAKE).await;
 }
 
 /// A run's parameters, from the environment.
@@ -394,6 +429,7 @@ enum Dialect {
     Postgres,
     MariaDb,
     BigQuery,
+    Snowflake,
 }
 
 impl Dialect {
@@ -408,10 +444,17 @@ impl Dialect {
                 Dialect::Postgres => format!("{c}::text"),
                 Dialect::MariaDb => format!("CAST({c} AS CHAR)"),
                 Dialect::BigQuery => format!("CAST({c} AS STRING)"),
+                // The sink keeps the source's names, lower case: quoted.
+                Dialect::Snowflake => format!("CAST(\"{c}\" AS VARCHAR)"),
             })
             .collect();
         let filter = if table.name == "notes" {
-            format!("payload NOT LIKE '{BAD_PREFIX}%'")
+            let payload = if matches!(self, Dialect::Snowflake) {
+                "\"payload\""
+            } else {
+                "payload"
+            };
+            format!("{payload} NOT LIKE '{BAD_PREFIX}%'")
         } else {
             "TRUE".into()
         };
@@ -507,6 +550,15 @@ async fn bigquery_rows(datasets: &Datasets) -> Result<Rows, String> {
     let mut out = Rows::new();
     for t in &TABLES {
         let rows = bigquery(&Dialect::BigQuery.select(&datasets.table(t.name), t)).await?;
+        out.insert(t.name, by_id(rows.into_iter().map(|r| canonical(t, r)).collect()));
+    }
+    Ok(out)
+}
+
+async fn snowflake_rows(schemas: &SfSchemas) -> Result<Rows, String> {
+    let mut out = Rows::new();
+    for t in &TABLES {
+        let rows = schemas.query(&Dialect::Snowflake.select(&schemas.table(t.name), t)).await?;
         out.insert(t.name, by_id(rows.into_iter().map(|r| canonical(t, r)).collect()));
     }
     Ok(out)
@@ -747,6 +799,7 @@ enum SinkKind {
     Postgres,
     BigQuery,
     Redshift,
+    Snowflake,
 }
 
 impl SinkKind {
@@ -760,6 +813,8 @@ impl SinkKind {
             // Redshift's DATE has no infinity: the sink stages a date out
             // of range, which COPY refuses (stl_load_errors' reason).
             SinkKind::Redshift => "'infinity'",
+            // Snowflake's DATE has no infinity.
+            SinkKind::Snowflake => "'infinity'",
         }
     }
 }
@@ -779,6 +834,7 @@ enum Destination {
         wh: Box<RedshiftWarehouse>,
         group: String,
     },
+    Snowflake(Box<SfSchemas>),
 }
 
 impl Destination {
@@ -813,6 +869,7 @@ impl Destination {
                 wh: Box::new(RedshiftWarehouse::new("faults").await),
                 group: tributary_tests::unique("rsfaults"),
             },
+            SinkKind::Snowflake => Destination::Snowflake(Box::new(SfSchemas::new("faults"))),
         }
     }
 
@@ -821,6 +878,7 @@ impl Destination {
             Destination::Postgres { fx, .. } => &fx.group,
             Destination::BigQuery(d) => &d.group,
             Destination::Redshift { group, .. } => group,
+            Destination::Snowflake(d) => &d.group,
         }
     }
 
@@ -830,6 +888,9 @@ impl Destination {
             Destination::Postgres { .. } | Destination::Redshift { .. } => "",
             // Each batch is one MERGE job per table (examples/sink-bigquery.toml).
             Destination::BigQuery(_) => "batch_linger_ms = 1000\n",
+            // Fewer, larger transactions: each statement is an HTTP round
+            // trip (examples/sink-snowflake.toml).
+            Destination::Snowflake(_) => "batch_linger_ms = 1000\n",
         }
     }
 
@@ -842,6 +903,10 @@ impl Destination {
             ),
             Destination::BigQuery(d) => d.runner_section(),
             Destination::Redshift { wh, .. } => format!("{}connect_timeout_ms = 3000\n", wh.runner_section()),
+            // Snapshot batches through the internal stage (PUT + COPY
+            // INTO), the workload's small ones by INSERTs: kills land in
+            // both.
+            Destination::Snowflake(d) => format!("{}stage_threshold_rows = 100\n", d.runner_section()),
         }
     }
 
@@ -856,6 +921,7 @@ impl Destination {
                 let c = connect(&redshift_url()).await.map_err(|e| e.to_string())?;
                 postgres_rows(&c, &wh.schema).await
             }
+            Destination::Snowflake(d) => snowflake_rows(d).await,
         }
     }
 
@@ -882,12 +948,17 @@ impl Destination {
                     .ok()
                     .and_then(|r| r.first()?.first()?.clone())
             }
+            Destination::Snowflake(d) => d
+                .query(&format!("SELECT CAST(COUNT(*) AS VARCHAR) FROM {}", d.table("accounts")))
+                .await
+                .ok()
+                .and_then(|r| r.first()?.first()?.clone()),
         };
         n.and_then(|n| n.parse::<i64>().ok()).is_some_and(|n| n > 0)
     }
 
     /// Makes the destination refuse the bad notes, once their table is
-    /// there (BigQuery refuses their `due` by itself).
+    /// there (BigQuery and Snowflake refuse their `due` by themselves).
     async fn refuse_bad_rows(&self) {
         if let Destination::Postgres { fx, .. } = self {
             let sql = format!(
@@ -941,6 +1012,7 @@ impl Destination {
                 })
                 .await;
             }
+            Destination::Snowflake(_) => unreachable!("destination-down is not a fault of this pipeline"),
         }
     }
 
@@ -1071,6 +1143,7 @@ impl Destination {
             }
             Destination::BigQuery(d) => d.cleanup().await,
             Destination::Redshift { wh, group } => wh.cleanup(&[group]).await,
+            Destination::Snowflake(d) => d.cleanup().await,
         }
     }
 }

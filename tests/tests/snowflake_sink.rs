@@ -77,10 +77,79 @@ async fn refused_values_carry_snowflakes_reason_and_other_types_round_trip() {
     fx.cleanup().await;
 }
 
+/// Writes above `stage_threshold_rows` go through the session's internal
+/// stage (PUT, the upload to the URL Snowflake's answer names, COPY INTO
+/// ... PURGE) and apply as writes staged by INSERTs do: the values a CSV
+/// file could blur (an empty string beside NULL, quotes, a line break,
+/// leading zeros, `\N`) arrive as they were. A write that fails after its
+/// COPY, before its commit (fenced: the state a kill there leaves), leaves
+/// neither rows nor a file; its replay, and a replay of that in a new
+/// session, write each row once. `staged_files` counts the COPYs, so the
+/// test fails if the stage is not taken.
+#[tokio::test]
+async fn large_writes_go_through_the_internal_stage_exactly_once() {
+    let fx = Schemas::new("stage");
+    let mut config = fx.config();
+    config.stage_threshold_rows = 50;
+    let s = items();
+    let name = |i: i32| match i % 7 {
+        0 => None,
+        1 => Some(String::new()),
+        2 => Some("007".to_string()),
+        3 => Some("a \"quoted\",\nline".to_string()),
+        4 => Some("\\N".to_string()),
+        _ => Some(format!("item {i}")),
+    };
+    let events: Vec<_> = (1..=120)
+        .map(|i| {
+            let mut r = row(i, "", i, "1.50");
+            r[1] = name(i).map_or(Value::Null, Value::Text);
+            event(&s, Op::Create, None, Some(r), 10, i as u64)
+        })
+        .collect();
+    let expected: Vec<String> = (1..=120)
+        .map(|i| format!("{i}|{}|{i}|1.50", name(i).unwrap_or_else(|| "NULL".into())))
+        .collect();
+    let mut sink = SnowflakeSink::new(config.clone()).expect("config");
+    let mut fenced = batch("t", 0, events.clone());
+    fenced.expected_offsets = vec![("t".into(), 0, Some(999))];
+    sink.apply(&fenced).await.expect_err("fenced after its COPY");
+    assert_eq!(sink.staged_files(), 1, "the write went through the stage");
+    assert!(fx.rows().await.is_empty(), "a write that did not commit leaves no rows");
+    assert!(files(&mut sink).await.is_empty(), "COPY ... PURGE removed the file");
+
+    sink.apply(&batch("t", 0, events.clone()))
+        .await
+        .expect("applied through the stage");
+    assert_eq!(sink.staged_files(), 2);
+    assert_eq!(fx.rows().await, expected);
+    assert!(files(&mut sink).await.is_empty());
+
+    // The replay after a crash that lost the runner's progress: a new
+    // session, the same write.
+    let mut again = SnowflakeSink::new(config).expect("config");
+    again.apply(&batch("t", 0, events)).await.expect("the replay applies");
+    assert_eq!(again.staged_files(), 1);
+    assert_eq!(fx.rows().await, expected, "each row once");
+    assert!(files(&mut again).await.is_empty());
+    // A write at or below the threshold is staged by INSERTs.
+    let small = vec![event(&s, Op::Update, None, Some(row(1, "small", 1, "1.50")), 11, 0)];
+    again.apply(&batch("t", 120, small)).await.expect("a small write");
+    assert_eq!(again.staged_files(), 1, "no stage for a small write");
+    assert_eq!(fx.rows().await.first().map(String::as_str), Some("1|small|1|1.50"));
+    fx.cleanup().await;
+}
+
+/// The files in a sink's internal stage.
+async fn files(sink: &mut SnowflakeSink) -> Vec<Vec<Option<String>>> {
+    let list = format!("LIST @{}", sink.internal_stage());
+    sink.query(&list).await.expect("LIST the internal stage")
+}
+
 /// A wrong base URL (nothing listening) is retryable; a login the server
 /// refuses is not the data's fault either.
 /// A key-pair login (`private_key` instead of `password`) opens a session
-/// and applies a batch. fakesnow does not check the JWT (the login's shape
+/// and applies a batch, also with an encrypted key and its passphrase. fakesnow does not check the JWT (the login's shape
 /// and the JWT itself are checked by the client's unit tests against a key
 /// made with openssl); real Snowflake verifies it with the user's
 /// `RSA_PUBLIC_KEY`, which this test cannot show.
@@ -98,6 +167,16 @@ async fn a_key_pair_login_applies_batches() {
         .await
         .expect("applied after a key-pair login");
     assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string()]);
+    // The same key encrypted (testdata/README.md), with its passphrase.
+    let mut config = fx.config();
+    config.password = None;
+    config.private_key = Some(format!("file:{}", key.with_file_name("rsa_key_aes.p8").display()));
+    config.private_key_passphrase = Some("tributary-test".into());
+    let mut sink = SnowflakeSink::new(config).expect("an encrypted key and its passphrase");
+    sink.apply(&batch("t", 1, vec![event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 11, 0)]))
+        .await
+        .expect("applied after a login with the decrypted key");
+    assert_eq!(fx.rows().await, vec!["1|a|1|1.00".to_string(), "2|b|2|2.00".to_string()]);
     fx.cleanup().await;
 }
 

@@ -63,33 +63,62 @@ pub(super) struct KeyPair {
 }
 
 impl KeyPair {
-    /// From a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`) or PKCS#1
-    /// (`BEGIN RSA PRIVATE KEY`), unencrypted. The error says what is wrong
-    /// (never the key).
-    pub(super) fn from_pem(pem: &str) -> std::result::Result<Self, String> {
+    /// From a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`), PKCS#1
+    /// (`BEGIN RSA PRIVATE KEY`), or encrypted PKCS#8 (`BEGIN ENCRYPTED
+    /// PRIVATE KEY`: PBES2 with PBKDF2 or scrypt and AES, or 3DES as
+    /// Snowflake's documentation makes it) with its `passphrase`. The error
+    /// names the field at fault (never the key or the passphrase).
+    pub(super) fn from_pem(pem: &str, passphrase: Option<&str>) -> std::result::Result<Self, KeyError> {
         use base64::Engine as _;
         use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey};
         use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey};
         use sha2::Digest as _;
-        if pem.contains("ENCRYPTED PRIVATE KEY") {
-            return Err("is an encrypted key, which the sink does not decrypt: give it the key decrypted \
-                        (`openssl pkcs8 -in rsa_key.p8 -out rsa_key_plain.p8`, kept readable by the runner only)"
-                .into());
-        }
-        let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
-            .or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem))
-            .map_err(|e| {
-                format!("is not an RSA private key in PEM (BEGIN PRIVATE KEY or BEGIN RSA PRIVATE KEY): {e}")
-            })?;
+        let key = if pem.contains("BEGIN ENCRYPTED PRIVATE KEY") {
+            let passphrase = passphrase.ok_or(KeyError::Passphrase(
+                "is required: private_key is an encrypted key (BEGIN ENCRYPTED PRIVATE KEY)",
+            ))?;
+            rsa::RsaPrivateKey::from_pkcs8_encrypted_pem(pem, passphrase.as_bytes()).map_err(|e| match e {
+                // Decryption with the wrong passphrase ends in bad padding
+                // (which pkcs5 0.7 reports as EncryptFailed) or in bytes
+                // that are no key.
+                rsa::pkcs8::Error::EncryptedPrivateKey(
+                    rsa::pkcs8::pkcs5::Error::DecryptFailed | rsa::pkcs8::pkcs5::Error::EncryptFailed,
+                )
+                | rsa::pkcs8::Error::Asn1(_)
+                | rsa::pkcs8::Error::KeyMalformed => KeyError::Passphrase(
+                    "does not decrypt private_key (a wrong passphrase, or a key damaged in copying)",
+                ),
+                other => KeyError::Key(format!(
+                    "is an encrypted key the sink cannot decrypt ({other}): it reads PBES2 with PBKDF2 or scrypt \
+                     and AES or 3DES (`openssl pkcs8 -topk8 -v2 aes-256-cbc`)"
+                )),
+            })?
+        } else if pem.contains("Proc-Type: 4,ENCRYPTED") {
+            return Err(KeyError::Key(
+                "is a traditional OpenSSL-encrypted RSA key, which the sink does not read: convert it to \
+                 encrypted PKCS#8 (`openssl pkcs8 -topk8 -v2 aes-256-cbc -in old.pem -out rsa_key.p8`)"
+                    .into(),
+            ));
+        } else {
+            if passphrase.is_some() {
+                return Err(KeyError::Passphrase("is given, but private_key is not encrypted: remove it"));
+            }
+            rsa::RsaPrivateKey::from_pkcs8_pem(pem).or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem)).map_err(|e| {
+                KeyError::Key(format!(
+                    "is not an RSA private key in PEM (BEGIN PRIVATE KEY, BEGIN ENCRYPTED PRIVATE KEY or BEGIN \
+                     RSA PRIVATE KEY): {e}"
+                ))
+            })?
+        };
         let public = key
             .to_public_key()
             .to_public_key_der()
-            .map_err(|e| format!("its public key cannot be encoded: {e}"))?;
+            .map_err(|e| KeyError::Key(format!("its public key cannot be encoded: {e}")))?;
         let fingerprint = format!(
             "SHA256:{}",
             base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(public.as_bytes()))
         );
-        let der = key.to_pkcs1_der().map_err(|e| format!("cannot be encoded for signing: {e}"))?;
+        let der = key.to_pkcs1_der().map_err(|e| KeyError::Key(format!("cannot be encoded for signing: {e}")))?;
         Ok(Self { key: jsonwebtoken::EncodingKey::from_rsa_der(der.as_bytes()), fingerprint })
     }
 
@@ -119,6 +148,15 @@ impl KeyPair {
 /// locator (Snowflake's documentation).
 fn jwt_account(account: &str) -> String {
     account.split('.').next().unwrap_or(account).to_ascii_uppercase()
+}
+
+/// Why a private key cannot be used, by the field at fault.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum KeyError {
+    /// `private_key` itself.
+    Key(String),
+    /// `private_key_passphrase` (missing, wrong, or not wanted).
+    Passphrase(&'static str),
 }
 
 /// One session.
@@ -203,16 +241,52 @@ impl SfClient {
 
     /// Runs one statement and returns its rows.
     pub(super) async fn query(&mut self, sql: &str) -> Result<Rows> {
-        self.run(sql, None).await
+        rows(&self.run(sql, None).await?)
     }
 
     /// Runs one statement with bindings (`{"1": {"type": ..., "value":
     /// [...]}, ...}`: an array binding runs the INSERT once per row).
     pub(super) async fn query_bound(&mut self, sql: &str, bindings: Json) -> Result<Rows> {
-        self.run(sql, Some(bindings)).await
+        rows(&self.run(sql, Some(bindings)).await?)
     }
 
-    async fn run(&mut self, sql: &str, bindings: Option<Json>) -> Result<Rows> {
+    /// Runs a `PUT` and returns where its file goes: Snowflake answers a
+    /// PUT with the stage's location and credentials (`data.stageInfo`),
+    /// and the client uploads the file there itself.
+    pub(super) async fn put(&mut self, sql: &str) -> Result<Json> {
+        let answer = self.run(sql, None).await?;
+        Ok(answer.get("data").cloned().unwrap_or(Json::Null))
+    }
+
+    /// Uploads a gzipped file to a presigned URL of the stage's storage,
+    /// as Snowflake's drivers do for a stage on Google Cloud Storage: one
+    /// HTTP PUT, no `Content-Encoding` (GCS would otherwise serve the file
+    /// decompressed) and the file's SHA-256 in `sfc-digest`, the metadata
+    /// Snowflake's own clients write.
+    pub(super) async fn upload(&self, url: &str, body: Vec<u8>) -> Result<()> {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&body));
+        let response = self
+            .http
+            .put(url)
+            .header("Content-Encoding", "")
+            .header("x-goog-meta-sfc-digest", digest)
+            .body(body)
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        // An expired presigned URL (403) or a storage hiccup: the retry
+        // PUTs the file again with a new URL.
+        Err(Error::retryable(format!("uploading a staged file to Snowflake's stage storage failed: HTTP {status}"))
+            .with_class(format!("snowflake.upload.{}", status.as_u16())))
+    }
+
+    async fn run(&mut self, sql: &str, bindings: Option<Json>) -> Result<Json> {
         if self.token.is_none() {
             // The sink logs in (and sets the session's schema) in its
             // `connect`, before any statement.
@@ -234,7 +308,7 @@ impl SfClient {
         result
     }
 
-    async fn run_once(&mut self, sql: &str, bindings: Option<Json>) -> Result<Rows> {
+    async fn run_once(&mut self, sql: &str, bindings: Option<Json>) -> Result<Json> {
         self.sequence += 1;
         let request_id = uuid::Uuid::new_v4().to_string();
         let mut body = json!({
@@ -263,7 +337,7 @@ impl SfClient {
             tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "statement still running");
             answer = self.send(self.authorized(self.http.get(self.url(&path)))).await?;
         }
-        rows(&answer)
+        Ok(answer)
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -293,6 +367,32 @@ impl SfClient {
         }
         let sql_state = answer.pointer("/data/sqlState").and_then(Json::as_str);
         Err(classify(&code, sql_state, &message))
+    }
+}
+
+/// Where a `PUT`'s file is to be uploaded, from Snowflake's answer to the
+/// PUT (`data`): a presigned URL of a stage on Google Cloud Storage (what
+/// Snowflake gives on GCP accounts and fakesnow gives too) with no
+/// client-side encryption (the sink's stage is created with
+/// `ENCRYPTION = (TYPE = 'SNOWFLAKE_SSE')`). Anything else (S3 or Azure
+/// credentials, a GCS access token, encryption material) is a place the
+/// sink does not upload to: the reason, for the log.
+pub(super) fn upload_url(data: &Json) -> std::result::Result<String, String> {
+    let command = data.get("command").and_then(Json::as_str).unwrap_or("");
+    if command != "UPLOAD" {
+        return Err(format!("Snowflake answered the PUT with command {command:?}, not UPLOAD"));
+    }
+    if data.get("encryptionMaterial").is_some_and(|m| !m.is_null()) {
+        return Err("the stage wants client-side encryption, which the sink does not do".into());
+    }
+    let info = data.get("stageInfo").cloned().unwrap_or(Json::Null);
+    let location = info.get("locationType").and_then(Json::as_str).unwrap_or("");
+    match info.get("presignedUrl").and_then(Json::as_str) {
+        Some(url) if location == "GCS" && !url.is_empty() => Ok(url.to_string()),
+        _ => Err(format!(
+            "the stage is on {location:?} storage, where the sink does not upload (it uploads to the presigned \
+             URLs of stages on Google Cloud Storage)"
+        )),
     }
 }
 
@@ -432,6 +532,10 @@ mod tests {
 
     const KEY_PKCS8: &str = include_str!("testdata/rsa_key.p8");
     const KEY_PKCS1: &str = include_str!("testdata/rsa_key_pkcs1.pem");
+    /// The same key encrypted (testdata/README.md has the commands).
+    const KEY_AES: &str = include_str!("testdata/rsa_key_aes.p8");
+    const KEY_DES3: &str = include_str!("testdata/rsa_key_des3.p8");
+    const PASSPHRASE: &str = "tributary-test";
     const PUBLIC_KEY: &str = include_str!("testdata/rsa_key.pub");
     /// What Snowflake's documented `openssl ... | openssl dgst -sha256
     /// -binary | openssl enc -base64` printed for the key.
@@ -439,9 +543,9 @@ mod tests {
 
     #[test]
     fn a_key_pair_login_sends_a_jwt_snowflake_can_verify() {
-        let pair = KeyPair::from_pem(KEY_PKCS8).expect("PKCS#8");
+        let pair = KeyPair::from_pem(KEY_PKCS8, None).expect("PKCS#8");
         assert_eq!(pair.fingerprint(), format!("SHA256:{}", FINGERPRINT.trim()));
-        assert_eq!(KeyPair::from_pem(KEY_PKCS1).expect("PKCS#1").fingerprint(), pair.fingerprint());
+        assert_eq!(KeyPair::from_pem(KEY_PKCS1, None).expect("PKCS#1").fingerprint(), pair.fingerprint());
 
         let now = 1_767_225_600;
         let token = pair.token("myorg-myaccount", "tributary_svc", now).expect("token");
@@ -480,11 +584,28 @@ mod tests {
     }
 
     #[test]
+    fn an_encrypted_key_decrypts_to_the_same_key() {
+        for (name, pem) in [("AES-256-CBC", KEY_AES), ("3DES", KEY_DES3)] {
+            let pair = KeyPair::from_pem(pem, Some(PASSPHRASE)).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            assert_eq!(pair.fingerprint(), format!("SHA256:{}", FINGERPRINT.trim()), "{name}");
+        }
+    }
+
+    #[test]
     fn a_key_that_cannot_be_used_is_named_without_its_content() {
-        let encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHzBJBgkqhkiG9w0BBQ0wPDAbBgkqhkiG9w0BBQwwDgQI\n-----END ENCRYPTED PRIVATE KEY-----\n";
-        let e = KeyPair::from_pem(encrypted).err().expect("refused");
-        assert!(e.contains("encrypted") && e.contains("openssl pkcs8"), "{e}");
-        let e = KeyPair::from_pem("not a key").err().expect("refused");
+        let passphrase_error = |pem: &str, passphrase: Option<&str>| match KeyPair::from_pem(pem, passphrase) {
+            Err(KeyError::Passphrase(rule)) => rule,
+            Err(other) => panic!("not the passphrase's fault: {other:?}"),
+            Ok(_) => panic!("accepted"),
+        };
+        assert!(passphrase_error(KEY_AES, None).contains("is required"));
+        assert!(passphrase_error(KEY_AES, Some("wrong")).contains("wrong passphrase"));
+        assert!(passphrase_error(KEY_DES3, Some("wrong")).contains("wrong passphrase"));
+        assert!(passphrase_error(KEY_PKCS8, Some(PASSPHRASE)).contains("not encrypted"));
+        let traditional = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,00\n\nAAAA\n-----END RSA PRIVATE KEY-----\n";
+        let Err(KeyError::Key(e)) = KeyPair::from_pem(traditional, Some(PASSPHRASE)) else { panic!("accepted") };
+        assert!(e.contains("openssl pkcs8 -topk8"), "{e}");
+        let Err(KeyError::Key(e)) = KeyPair::from_pem("not a key", None) else { panic!("accepted") };
         assert!(e.contains("not an RSA private key"), "{e}");
         assert!(!e.contains("not a key"), "the message never repeats the value: {e}");
     }
@@ -505,6 +626,29 @@ mod tests {
         assert_eq!(classify_http(500, "261000", "Unhandled exception").kind(), ErrorKind::Retryable);
         assert_eq!(classify_http(403, "", "").kind(), ErrorKind::NeedsOperator);
         assert_eq!(classify_http(401, "390104", "").class(), SESSION_CLASS);
+    }
+
+    #[test]
+    fn uploads_go_only_to_presigned_gcs_urls_without_client_side_encryption() {
+        // What fakesnow 0.12.1 answers (and Snowflake on GCP, whose
+        // answer also names the stage's bucket and region).
+        let gcs = json!({
+            "command": "UPLOAD",
+            "autoCompress": false,
+            "stageInfo": {"locationType": "GCS", "location": "DB.bk.stage/", "creds": {},
+                          "presignedUrl": "http://127.0.0.1:9070/fs_bucket/DB/bk/stage/f.csv.gz"},
+        });
+        assert_eq!(upload_url(&gcs).as_deref(), Ok("http://127.0.0.1:9070/fs_bucket/DB/bk/stage/f.csv.gz"));
+        let mut encrypted = gcs.clone();
+        encrypted["encryptionMaterial"] = json!({"queryStageMasterKey": "a2V5", "queryId": "q", "smkId": 1});
+        assert!(upload_url(&encrypted).unwrap_err().contains("client-side encryption"));
+        let s3 = json!({"command": "UPLOAD", "stageInfo": {"locationType": "S3", "location": "bucket/path/",
+                        "creds": {"AWS_KEY_ID": "k", "AWS_SECRET_KEY": "s", "AWS_TOKEN": "t"}}});
+        assert!(upload_url(&s3).unwrap_err().contains("\"S3\""));
+        let token = json!({"command": "UPLOAD", "stageInfo": {"locationType": "GCS", "location": "b/p/",
+                           "creds": {"GCS_ACCESS_TOKEN": "t"}}});
+        assert!(upload_url(&token).is_err());
+        assert!(upload_url(&json!({"command": "DOWNLOAD"})).is_err());
     }
 
     #[test]

@@ -28,6 +28,17 @@ pub const DEFAULT_QUERY_TIMEOUT_MS: u64 = 600_000;
 /// the request size (16 MB of bind data); 5,000 rows of a few hundred bytes
 /// stay far below it.
 pub const DEFAULT_INSERT_CHUNK_ROWS: usize = 5_000;
+/// Rows of one table's write above which they are staged through the
+/// session's internal stage (one gzipped CSV file: `PUT`, upload, `COPY
+/// INTO`) instead of array-bound INSERTs. Three requests whatever the size,
+/// where INSERTs take one per `insert_chunk_rows` and carry the rows as
+/// JSON; Snowflake's own drivers switch an array binding to a stage at
+/// 65,280 bound values (CLIENT_STAGE_ARRAY_BINDING_THRESHOLD), about
+/// 10,000 rows of six columns.
+pub const DEFAULT_STAGE_THRESHOLD_ROWS: usize = 10_000;
+/// Below this many rows a stage's three requests cost more than the one
+/// INSERT they replace.
+pub const MIN_STAGE_THRESHOLD_ROWS: usize = 10;
 /// Whether the primary key is declared on the tables the sink creates.
 /// Snowflake does not enforce it; it documents the key for readers and BI
 /// tools. (fakesnow, a DuckDB, enforces it and then refuses to widen a key
@@ -50,11 +61,16 @@ pub struct SnowflakeSinkConfig {
     #[serde(default)]
     pub password: Option<String>,
     /// Key-pair (JWT) login: the user's RSA private key in PEM (PKCS#8
-    /// `BEGIN PRIVATE KEY` or PKCS#1 `BEGIN RSA PRIVATE KEY`, unencrypted):
+    /// `BEGIN PRIVATE KEY`, PKCS#1 `BEGIN RSA PRIVATE KEY`, or encrypted
+    /// PKCS#8 `BEGIN ENCRYPTED PRIVATE KEY` with `private_key_passphrase`):
     /// inline, `env:NAME` or, usually, `file:/path`. Never logged. The
     /// public key is the user's `RSA_PUBLIC_KEY`.
     #[serde(default)]
     pub private_key: Option<String>,
+    /// Passphrase of an encrypted `private_key`: inline, `env:NAME` or
+    /// `file:/path`. Never logged. Only with an encrypted key.
+    #[serde(default)]
+    pub private_key_passphrase: Option<String>,
     /// Role of the session. Default: the user's default role.
     #[serde(default)]
     pub role: Option<String>,
@@ -88,6 +104,10 @@ pub struct SnowflakeSinkConfig {
     /// Rows per array-bound INSERT into a staging table.
     #[serde(default = "default_insert_chunk_rows")]
     pub insert_chunk_rows: usize,
+    /// Rows of one table's write above which they go through an internal
+    /// stage (PUT + COPY INTO) instead of array-bound INSERTs; 0: never.
+    #[serde(default = "default_stage_threshold_rows")]
+    pub stage_threshold_rows: usize,
     /// Timeout of one HTTP request, in milliseconds.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
@@ -116,6 +136,9 @@ fn default_declare_primary_key() -> bool {
 fn default_insert_chunk_rows() -> usize {
     DEFAULT_INSERT_CHUNK_ROWS
 }
+fn default_stage_threshold_rows() -> usize {
+    DEFAULT_STAGE_THRESHOLD_ROWS
+}
 fn default_request_timeout_ms() -> u64 {
     DEFAULT_REQUEST_TIMEOUT_MS
 }
@@ -134,6 +157,7 @@ impl fmt::Debug for SnowflakeSinkConfig {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("private_key", &self.private_key.as_ref().map(|_| "***"))
+            .field("private_key_passphrase", &self.private_key_passphrase.as_ref().map(|_| "***"))
             .field("role", &self.role)
             .field("warehouse", &self.warehouse)
             .field("database", &self.database)
@@ -144,6 +168,7 @@ impl fmt::Debug for SnowflakeSinkConfig {
             .field("drop_columns", &self.drop_columns)
             .field("declare_primary_key", &self.declare_primary_key)
             .field("insert_chunk_rows", &self.insert_chunk_rows)
+            .field("stage_threshold_rows", &self.stage_threshold_rows)
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("query_timeout_ms", &self.query_timeout_ms)
             .field("consumer_group", &self.consumer_group)
@@ -168,6 +193,7 @@ impl SnowflakeSinkConfig {
             user: user.into(),
             password: Some(password.into()),
             private_key: None,
+            private_key_passphrase: None,
             role: None,
             warehouse: None,
             database: database.into(),
@@ -178,6 +204,7 @@ impl SnowflakeSinkConfig {
             drop_columns: false,
             declare_primary_key: DEFAULT_DECLARE_PRIMARY_KEY,
             insert_chunk_rows: DEFAULT_INSERT_CHUNK_ROWS,
+            stage_threshold_rows: DEFAULT_STAGE_THRESHOLD_ROWS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             query_timeout_ms: DEFAULT_QUERY_TIMEOUT_MS,
             consumer_group: Some(consumer_group.into()),
@@ -217,12 +244,36 @@ impl SnowflakeSinkConfig {
             }
             _ => {}
         }
+        match (&self.private_key, &self.private_key_passphrase) {
+            (None, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    field("private_key_passphrase"),
+                    "is only used with private_key (an encrypted key): remove it or give the key",
+                ))
+            }
+            (Some(_), Some(p)) if p.is_empty() => {
+                return Err(ConfigError::invalid(
+                    field("private_key_passphrase"),
+                    "must not be empty (inline, env:NAME or file:/path)",
+                ))
+            }
+            _ => {}
+        }
         if self.bookkeeping_schema.trim().is_empty() {
             return Err(ConfigError::invalid(field("bookkeeping_schema"), "must not be empty"));
         }
         check_table_template(&self.table).map_err(|rule| ConfigError::invalid(field("table"), rule))?;
         if self.insert_chunk_rows == 0 || self.insert_chunk_rows > 100_000 {
             return Err(ConfigError::invalid(field("insert_chunk_rows"), "must be between 1 and 100000"));
+        }
+        if self.stage_threshold_rows != 0 && self.stage_threshold_rows < MIN_STAGE_THRESHOLD_ROWS {
+            return Err(ConfigError::invalid(
+                field("stage_threshold_rows"),
+                format!(
+                    "must be 0 (never through a stage) or at least {MIN_STAGE_THRESHOLD_ROWS}: below that, PUT, \
+                     upload and COPY INTO cost more requests than the INSERT they replace"
+                ),
+            ));
         }
         if self.request_timeout_ms < 1000 {
             return Err(ConfigError::invalid(field("request_timeout_ms"), "must be at least 1000"));
@@ -319,6 +370,11 @@ mod tests {
         c.table = "x".into();
         assert!(c.validate().unwrap_err().to_string().contains("`snowflake.table`"));
         c = config();
+        c.stage_threshold_rows = 3;
+        assert!(c.validate().unwrap_err().to_string().contains("`snowflake.stage_threshold_rows`"));
+        c.stage_threshold_rows = 0;
+        c.validate().expect("0: never through a stage");
+        c = config();
         c.query_timeout_ms = 10;
         assert!(c.validate().unwrap_err().to_string().contains("`snowflake.query_timeout_ms`"));
     }
@@ -330,7 +386,9 @@ mod tests {
         assert!(!format!("{c:?}").contains("hunter2"));
         c.password = None;
         c.private_key = Some("-----BEGIN PRIVATE KEY-----secret".into());
-        assert!(!format!("{c:?}").contains("secret"));
+        c.private_key_passphrase = Some("opensesame".into());
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("secret") && !printed.contains("opensesame"), "{printed}");
     }
 
     #[test]
@@ -342,7 +400,14 @@ mod tests {
         assert!(e.contains("snowflake.private_key") && e.contains("not both"), "{e}");
         c.password = None;
         c.validate_at("snowflake").expect("a key");
+        c.private_key_passphrase = Some("env:KEY_PASSPHRASE".into());
+        c.validate_at("snowflake").expect("an encrypted key and its passphrase");
         c.private_key = None;
+        c.password = Some("p".into());
+        let e = c.validate_at("snowflake").expect_err("a passphrase without a key").to_string();
+        assert!(e.contains("snowflake.private_key_passphrase") && e.contains("only used with private_key"), "{e}");
+        c.password = None;
+        c.private_key_passphrase = None;
         let e = c.validate_at("snowflake").expect_err("neither").to_string();
         assert!(e.contains("snowflake.password") && e.contains("private_key"), "{e}");
     }

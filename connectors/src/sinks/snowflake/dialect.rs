@@ -174,6 +174,56 @@ pub fn staging_insert_sql(stage: &str, names: &[&str]) -> String {
     format!("INSERT INTO {} ({}) VALUES ({marks})", quote_ident(stage), all.join(", "))
 }
 
+/// The session's temporary internal stage that large writes are uploaded
+/// to (gone with the session). Server-side encryption only: the client
+/// uploads the file as it is (with Snowflake's default, client-side
+/// encryption, the client would have to encrypt it with a key of the PUT's
+/// answer).
+pub fn internal_stage_sql(stage: &str) -> String {
+    format!("CREATE TEMPORARY STAGE IF NOT EXISTS {stage} ENCRYPTION = (TYPE = 'SNOWFLAKE_SSE')")
+}
+
+/// The `PUT` of a staged file `file` (gzipped already) into `stage`: its
+/// answer says where the client uploads the file. The local path names
+/// only the file (Snowflake takes the name from it, and so do its drivers
+/// when they ask for a file's presigned URL).
+pub fn put_sql(stage: &str, file: &str) -> String {
+    format!("PUT 'file://{file}' @{stage} AUTO_COMPRESS = FALSE SOURCE_COMPRESSION = GZIP OVERWRITE = TRUE")
+}
+
+/// Loads the staged file `file` of `stage` into the staging table `table`
+/// (its columns in the file's order, [`staging_table_sql`]) and removes
+/// the file. The CSV format of [`staged_csv`]: every value enclosed in
+/// double quotes, NULL an empty field.
+pub fn copy_sql(table: &str, stage: &str, file: &str) -> String {
+    format!(
+        "COPY INTO {} FROM @{stage}/{file} FILE_FORMAT = (TYPE = CSV FIELD_OPTIONALLY_ENCLOSED_BY = '\"' \
+         NULL_IF = () EMPTY_FIELD_AS_NULL = TRUE COMPRESSION = GZIP) ON_ERROR = ABORT_STATEMENT PURGE = TRUE",
+        quote_ident(table)
+    )
+}
+
+/// Staged rows (text cells, NULL as `None`) as the CSV [`copy_sql`] reads:
+/// a value enclosed in double quotes (a quote doubled), so that an empty
+/// string stays one; NULL as an empty field.
+pub fn staged_csv(rows: &[Vec<Option<String>>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for row in rows {
+        for (n, cell) in row.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            if let Some(text) = cell {
+                out.push(b'"');
+                out.extend_from_slice(text.replace('"', "\"\"").as_bytes());
+                out.push(b'"');
+            }
+        }
+        out.push(b'\n');
+    }
+    out
+}
+
 /// One write's staged rows.
 pub fn staged_source(stage: &str, batch: &str) -> String {
     format!("(SELECT * FROM {} WHERE {} = {})", quote_ident(stage), quote_ident(BATCH_COLUMN), quote_string(batch))
@@ -384,11 +434,35 @@ pub fn read_offsets_sql(offsets: &str, group: &str) -> String {
     )
 }
 
-/// Locks the group's offsets rows for the open transaction (a no-op
-/// UPDATE: Snowflake's DML locks make a second runner's fence check wait
-/// until the first one's transaction ends, and then read what it wrote).
-pub fn lock_offsets_sql(offsets: &str, group: &str) -> String {
-    format!("UPDATE {offsets} SET next_offset = next_offset WHERE consumer_group = {}", quote_string(group))
+/// The table of the consumer groups' writer locks (one row per group).
+pub fn locks_table_ddl(locks: &str) -> String {
+    format!("CREATE TABLE IF NOT EXISTS {locks} (consumer_group VARCHAR NOT NULL, taken NUMBER(38, 0) NOT NULL)")
+}
+
+/// The group's lock row, made once (outside any transaction; two made at
+/// once are both taken by [`lock_sql`], which is as good as one).
+pub fn lock_row_sql(locks: &str, group: &str) -> String {
+    let g = quote_string(group);
+    format!(
+        "INSERT INTO {locks} (consumer_group, taken) SELECT {g}, 0 \
+         WHERE NOT EXISTS (SELECT 1 FROM {locks} WHERE consumer_group = {g})"
+    )
+}
+
+/// Takes the group's writer lock for the open transaction, its first
+/// statement: Snowflake's DML locks make a second transaction of the group
+/// wait until the first one ends (and then read what it wrote), so that two
+/// members never write at once: the guarded DELETE of one (an old key's
+/// delete) and the INSERT of the other (that key's older row) would each
+/// miss the other's uncommitted rows, and the row would stay; and of two
+/// runners that both believe they own a partition, the second's fence reads
+/// what the first committed. The counter changes at every transaction:
+/// fakesnow (DuckDB) finds two transactions in conflict only when they
+/// change a value, and skipped the earlier no-op `UPDATE offsets SET
+/// next_offset = next_offset` as no write at all (the fault suite's
+/// postgres-snowflake pipeline then kept rows whose keys had been deleted).
+pub fn lock_sql(locks: &str, group: &str) -> String {
+    format!("UPDATE {locks} SET taken = taken + 1 WHERE consumer_group = {}", quote_string(group))
 }
 
 /// Replaces the stored offsets of the moved partitions: a DELETE of their
@@ -419,6 +493,21 @@ mod tests {
 
     fn dest() -> DestinationTable {
         DestinationTable { database: "DB".into(), schema: "public".into(), table: "items".into() }
+    }
+
+    #[test]
+    fn staged_files_keep_empty_strings_apart_from_null() {
+        let rows = vec![
+            vec![Some("007".to_string()), Some(String::new()), None],
+            vec![Some("a \"quoted\",\nline".to_string()), Some("\\N".to_string()), Some("true".to_string())],
+        ];
+        assert_eq!(
+            String::from_utf8(staged_csv(&rows)).expect("utf-8"),
+            "\"007\",\"\",\n\"a \"\"quoted\"\",\nline\",\"\\N\",\"true\"\n"
+        );
+        let copy = copy_sql("tributary_stage_x", "\"DB\".\"bk\".\"up\"", "f.csv.gz");
+        assert!(copy.starts_with("COPY INTO \"tributary_stage_x\" FROM @\"DB\".\"bk\".\"up\"/f.csv.gz "), "{copy}");
+        assert!(copy.contains("NULL_IF = ()") && copy.contains("PURGE = TRUE"), "{copy}");
     }
 
     #[test]

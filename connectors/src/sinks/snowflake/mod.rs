@@ -13,11 +13,14 @@
 //!    idempotent (`IF NOT EXISTS`, relaxing twice), so a crash after it and
 //!    a replay are harmless.
 //! 2. The batch is reduced to the last change per key.
-//! 3. The survivors are staged: an array-bound `INSERT` (every value as
-//!    text) into a temporary table of the session, tagged with the write's
-//!    id.
-//! 4. One transaction: `BEGIN`; the fence (the group's offsets rows locked
-//!    and read: a member that lost its partitions writes nothing); a
+//! 3. The survivors are staged into a temporary table of the session,
+//!    tagged with the write's id, every value as text: by array-bound
+//!    `INSERT`s, or, above `stage_threshold_rows`, as one gzipped CSV file
+//!    `PUT` to the session's temporary internal stage, uploaded, and loaded
+//!    by `COPY INTO ... PURGE = TRUE` (which removes the file).
+//! 4. One transaction: `BEGIN`; the group's writer lock (one transaction
+//!    of the group at a time, [`dialect::lock_sql`]); the fence (the
+//!    offsets read: a member that lost its partitions writes nothing); a
 //!    truncate's guarded `DELETE`; per table, the deletes kept in the
 //!    deleted-rows table, a `DELETE` of every stored row a change replaces
 //!    and an `INSERT` of every upsert, both guarded by the row's stored
@@ -27,9 +30,11 @@
 //! 5. The staged rows are deleted.
 //!
 //! Talks to Snowflake's HTTP protocol through a client of our own
-//! ([`client`]), password authentication. Key-pair (JWT) authentication,
-//! PUT + `COPY INTO` staging for large batches and Snowpipe Streaming are
-//! not provided: see `docs/destinations/snowflake.md`.
+//! ([`client`]): password or key-pair (JWT) login, and the upload of a
+//! PUT's file to the presigned URL of a stage on Google Cloud Storage (what
+//! Snowflake answers on GCP accounts, and fakesnow). On a stage elsewhere
+//! (S3, Azure) large writes are staged by INSERTs too. Snowpipe Streaming
+//! is not used: see `docs/destinations/snowflake.md`.
 //!
 //! # Errors
 //!
@@ -51,20 +56,21 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value as Json};
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
 pub use self::client::Rows;
 use secrecy::ExposeSecret;
 
-use self::client::{Credentials, KeyPair, SfClient, SESSION_CLASS};
+use self::client::{upload_url, Credentials, KeyError, KeyPair, SfClient, SESSION_CLASS};
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
-    change_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql, insert_rows_sql,
-    lock_offsets_sql, not_deleted_sql, offsets_table_ddl, prune_deleted_sql, quote_ident, quote_string,
-    read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl, staged_source, staging_insert_sql,
-    staging_table_sql, truncate_older_sql, undeleted_sql, write_offsets_sql, SnowflakeDialect,
+    change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
+    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, not_deleted_sql, offsets_table_ddl,
+    prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql,
+    resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql,
+    undeleted_sql, write_offsets_sql, SnowflakeDialect
 };
 use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
@@ -78,8 +84,26 @@ use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
 use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
 
+/// How long a transaction asks again for the group's writer lock when the
+/// store answers a conflict instead of waiting (fakesnow; Snowflake waits
+/// by itself): longer than a large batch's transaction on the emulator
+/// (seconds), shorter than the runner's patience with a stuck table.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// First and longest pause between two asks (a small batch's transaction
+/// on fakesnow takes 100-500 ms).
+const LOCK_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(20);
+const LOCK_RETRY_LONGEST: std::time::Duration = std::time::Duration::from_millis(500);
+/// The bookkeeping table of the consumer groups' writer locks.
+pub const LOCKS_TABLE: &str = "writer_locks";
 /// Prefix of the temporary staging tables' names.
 const STAGING_PREFIX: &str = "tributary_stage_";
+/// The session's temporary internal stage (in the bookkeeping schema)
+/// that large writes are uploaded to.
+pub const INTERNAL_STAGE: &str = "tributary_upload";
+
+/// Staged rows: text cells (NULL as `None`), the columns of
+/// [`dialect::staging_table_sql`].
+type StagedRows = Vec<Vec<Option<String>>>;
 
 /// What the sink knows about one destination table.
 #[derive(Debug, Clone, Default)]
@@ -103,6 +127,13 @@ pub struct SnowflakeSink {
     schemas: HashSet<String>,
     /// Temporary staging tables of the session.
     stages: HashSet<String>,
+    /// Whether the session's internal stage is known to exist.
+    internal_stage_ready: bool,
+    /// Why large writes are staged by INSERTs (Snowflake's answer to a PUT
+    /// named a place the sink does not upload to), once known.
+    upload_refused: Option<String>,
+    /// Files loaded through the internal stage.
+    staged_files: u64,
     /// Statements committed (a cost proxy for the benchmark).
     statements: u64,
     /// When expired deleted-rows entries are removed next.
@@ -136,10 +167,15 @@ impl SnowflakeSink {
         let credentials = match (&config.password, &config.private_key) {
             (_, Some(key)) => {
                 let pem = resolve_secret("snowflake.private_key", key)?;
-                Credentials::KeyPair(
-                    KeyPair::from_pem(pem.expose_secret())
-                        .map_err(|e| ConfigError::invalid("snowflake.private_key", e))?,
-                )
+                let passphrase = match &config.private_key_passphrase {
+                    Some(p) => Some(resolve_secret("snowflake.private_key_passphrase", p)?),
+                    None => None,
+                };
+                let pair = KeyPair::from_pem(pem.expose_secret(), passphrase.as_ref().map(|p| p.expose_secret()));
+                Credentials::KeyPair(pair.map_err(|e| match e {
+                    KeyError::Key(rule) => ConfigError::invalid("snowflake.private_key", rule),
+                    KeyError::Passphrase(rule) => ConfigError::invalid("snowflake.private_key_passphrase", rule),
+                })?)
             }
             (Some(password), None) => Credentials::Password(resolve_secret("snowflake.password", password)?),
             (None, None) => return Err(ConfigError::invalid("snowflake.password", "is required")),
@@ -155,6 +191,9 @@ impl SnowflakeSink {
             tables: HashMap::new(),
             schemas: HashSet::new(),
             stages: HashSet::new(),
+            internal_stage_ready: false,
+            upload_refused: None,
+            staged_files: 0,
             statements: 0,
             prune_at: std::time::Instant::now(),
             mode: Mode::Commit,
@@ -174,8 +213,23 @@ impl SnowflakeSink {
         self.statements
     }
 
+    /// Files loaded through the internal stage so far (writes above
+    /// `stage_threshold_rows`).
+    pub fn staged_files(&self) -> u64 {
+        self.staged_files
+    }
+
+    /// The quoted name of the session's internal stage.
+    pub fn internal_stage(&self) -> String {
+        self.bookkeeping(INTERNAL_STAGE)
+    }
+
     fn bookkeeping(&self, table: &str) -> String {
         format!("{}.{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema), quote_ident(table))
+    }
+
+    fn locks_table(&self) -> String {
+        self.bookkeeping(LOCKS_TABLE)
     }
 
     fn offsets_table(&self) -> String {
@@ -198,6 +252,7 @@ impl SnowflakeSink {
             self.client.login().await?;
             self.bookkeeping_ready = false;
             self.stages.clear();
+            self.internal_stage_ready = false;
             info!(database = %self.config.database, "Snowflake session open");
         }
         if !self.bookkeeping_ready {
@@ -216,6 +271,8 @@ impl SnowflakeSink {
             self.client.query(&format!("USE SCHEMA {schema}")).await.map_err(hint)?;
             self.client.query(&offsets_table_ddl(&self.offsets_table())).await.map_err(hint)?;
             self.client.query(&deleted_table_ddl(&self.deleted_table())).await.map_err(hint)?;
+            self.client.query(&locks_table_ddl(&self.locks_table())).await.map_err(hint)?;
+            self.client.query(&lock_row_sql(&self.locks_table(), &self.consumer_group)).await.map_err(hint)?;
             self.bookkeeping_ready = true;
         }
         Ok(())
@@ -229,6 +286,7 @@ impl SnowflakeSink {
         self.tables.clear();
         self.schemas.clear();
         self.stages.clear();
+        self.internal_stage_ready = false;
     }
 
     /// Removes this copy from Snowflake: its stored offsets and, when
@@ -236,6 +294,8 @@ impl SnowflakeSink {
     pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         self.connect().await?;
         let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.offsets_table(), quote_string(&self.consumer_group));
+        self.client.query(&sql).await?;
+        let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.locks_table(), quote_string(&self.consumer_group));
         self.client.query(&sql).await?;
         let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
         for source in drop {
@@ -282,8 +342,10 @@ impl SnowflakeSink {
         if self.script.is_empty() && offsets.is_empty() {
             return Ok(());
         }
-        self.client.query("BEGIN").await?;
-        let result = self.in_transaction(offsets, commit).await;
+        let result = match self.begin_locked().await {
+            Ok(()) => self.in_transaction(offsets, commit).await,
+            Err(e) => Err(e),
+        };
         if result.is_err() {
             // Nothing of the batch stays; a session that cannot even roll
             // back is dropped (Snowflake aborts its transaction with it).
@@ -294,10 +356,40 @@ impl SnowflakeSink {
         result
     }
 
+    /// `BEGIN` and the group's writer lock ([`lock_sql`]), its first
+    /// statement. Snowflake's UPDATE waits for the lock; a store that
+    /// answers a lock conflict at once with an error instead (fakesnow:
+    /// DuckDB's "Conflict on update", HTTP 500) gets the lock asked for
+    /// again, in a new transaction, for up to [`LOCK_WAIT`]: the wait
+    /// Snowflake would do. Without it a long batch lost to the other
+    /// member's short ones again and again (a bisection, each probe a
+    /// transaction of its own, backed off to 30 s between attempts).
+    async fn begin_locked(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let mut wait = LOCK_RETRY_FIRST;
+        loop {
+            self.client.query("BEGIN").await?;
+            let error = match self.client.query(&lock_sql(&self.locks_table(), &self.consumer_group)).await {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            let conflict = error.kind() == ErrorKind::Retryable
+                && ![SESSION_CLASS, "snowflake.network", "snowflake.timeout"].contains(&error.class().as_str());
+            if !conflict || started.elapsed() >= LOCK_WAIT || self.client.query("ROLLBACK").await.is_err() {
+                return Err(error);
+            }
+            // Jittered, so that two members do not ask in step.
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            let jitter = std::time::Duration::from_millis(u64::from(now.map_or(0, |d| d.subsec_nanos()) % 50));
+            tokio::time::sleep(wait + jitter).await;
+            wait = (wait * 2).min(LOCK_RETRY_LONGEST);
+        }
+    }
+
     async fn in_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
-        // First: a member that lost its partitions writes nothing.
+        // The group's writer lock is taken (`begin_locked`); first a member
+        // that lost its partitions writes nothing.
         if offsets.iter().any(|m| m.fence != Fence::Unchecked) {
-            self.client.query(&lock_offsets_sql(&self.offsets_table(), &self.consumer_group)).await?;
             let stored = self.stored_offsets().await?;
             for m in offsets {
                 let have = stored.get(&(m.topic.to_string(), m.partition)).copied();
@@ -380,9 +472,10 @@ impl SnowflakeSink {
         Ok(())
     }
 
-    /// Stages the rows of `changes` for `dest` (array-bound INSERTs into the
-    /// session's temporary table of the column set) under the write id
-    /// `batch`; returns the staging table.
+    /// Stages the rows of `changes` for `dest` into the session's temporary
+    /// table of the column set, under the write id `batch` (array-bound
+    /// INSERTs, or above `stage_threshold_rows` the internal stage);
+    /// returns the staging table.
     async fn stage(
         &mut self,
         dest: &DestinationTable,
@@ -396,60 +489,116 @@ impl SnowflakeSink {
             self.stages.insert(stage.clone());
         }
         self.staged.push(stage.clone());
-        // Column-wise text cells: one bound array per staging column.
-        let width = names.len() + 5;
-        let mut columns: Vec<Vec<Json>> = vec![Vec::new(); width];
-        let mut rows = 0usize;
+        let rows = staged_rows(changes, names, batch)?;
+        let threshold = self.config.stage_threshold_rows;
+        if threshold > 0
+            && rows.len() > threshold
+            && self.upload_refused.is_none()
+            && self.load_through_stage(&stage, &rows, batch).await?
+        {
+            debug!(table = %dest, rows = rows.len(), "staged through the internal stage");
+            return Ok(stage);
+        }
+        // Column-wise: one bound array per staging column.
         let insert = staging_insert_sql(&stage, names);
-        let lines: Vec<_> = changes.live().collect();
-        for chunk in lines.chunks(self.config.insert_chunk_rows) {
-            for column in &mut columns {
-                column.clear();
-            }
-            for (group, line) in chunk {
-                for (n, name) in names.iter().enumerate() {
-                    let at = group.schema.columns.iter().position(|c| c.name == *name);
-                    let cell = match at {
-                        Some(i) if group.writes(line, i) => {
-                            let value = &line.row[i];
-                            staged_text(value).map_err(|reason| ApplyError {
-                                error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
-                                    .with_column((*name).to_string())
-                                    .with_class("tributary.value")
-                                    .with_table(group.schema.id.clone()),
-                                record: Some(line.record),
-                            })?
-                        }
-                        _ => None,
-                    };
-                    columns[n].push(cell.map_or(Json::Null, Json::String));
-                }
-                let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
-                    error: error.with_table(group.schema.id.clone()),
-                    record: Some(line.record),
-                })?;
-                let tail = names.len();
-                columns[tail].push(Json::String(line.delete.to_string()));
-                columns[tail + 1].push(Json::String(key_text(&key)));
-                columns[tail + 2].push(Json::String(line.commit.to_string()));
-                columns[tail + 3].push(Json::String(line.index.to_string()));
-                columns[tail + 4].push(Json::String(batch.to_string()));
-            }
+        for chunk in rows.chunks(self.config.insert_chunk_rows) {
             let mut bindings = serde_json::Map::new();
-            for (n, values) in columns.iter_mut().enumerate() {
+            for n in 0..names.len() + 5 {
                 let ty = match n.checked_sub(names.len()) {
                     Some(0) => "BOOLEAN",
                     Some(2 | 3) => "FIXED",
                     _ => "TEXT",
                 };
-                bindings.insert((n + 1).to_string(), json!({"type": ty, "value": std::mem::take(values)}));
+                let values: Vec<Json> = chunk.iter().map(|r| r[n].clone().map_or(Json::Null, Json::String)).collect();
+                bindings.insert((n + 1).to_string(), json!({"type": ty, "value": values}));
             }
             self.client.query_bound(&insert, Json::Object(bindings)).await?;
-            rows += chunk.len();
         }
-        debug!(table = %dest, rows, "staged");
+        debug!(table = %dest, rows = rows.len(), "staged");
         Ok(stage)
     }
+
+    /// Loads `rows` into the staging table `table` through the session's
+    /// internal stage: `PUT` (Snowflake answers where the file goes), the
+    /// upload, `COPY INTO` (which removes the file). `false`, having done
+    /// nothing, when the PUT's answer is a place the sink does not upload
+    /// to: this and every later write is staged by INSERTs.
+    async fn load_through_stage(&mut self, table: &str, rows: &[Vec<Option<String>>], batch: &str) -> Result<bool> {
+        let stage = self.internal_stage();
+        if !self.internal_stage_ready {
+            self.client.query(&internal_stage_sql(&stage)).await?;
+            self.internal_stage_ready = true;
+        }
+        // Named by the write: a file is never loaded twice (Snowflake skips
+        // a file it loaded before, by name, for 64 days).
+        let file = format!("{batch}.csv.gz");
+        let answer = self.client.put(&put_sql(&stage, &file)).await?;
+        let url = match upload_url(&answer) {
+            Ok(url) => url,
+            Err(reason) => {
+                warn!(%reason, "writes above snowflake.stage_threshold_rows are staged by INSERTs");
+                self.upload_refused = Some(reason);
+                return Ok(false);
+            }
+        };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let body = std::io::Write::write_all(&mut gz, &staged_csv(rows))
+            .and_then(|()| gz.finish())
+            .map_err(|e| Error::retryable(format!("cannot compress a staged file: {e}")))?;
+        self.client.upload(&url, body).await?;
+        let loaded = self.client.query(&copy_sql(table, &stage, &file)).await?;
+        // COPY's result: file, status, rows_parsed, rows_loaded, ...
+        let cell = |i: usize| loaded.first().and_then(|r| r.get(i)).cloned().flatten();
+        let (status, count) = (cell(1), cell(3).and_then(|n| n.parse::<usize>().ok()));
+        if status.as_deref() != Some("LOADED") || count != Some(rows.len()) {
+            return Err(Error::retryable(format!(
+                "COPY INTO loaded {count:?} of {} staged rows (status {status:?})",
+                rows.len()
+            ))
+            .with_class("snowflake.copy"));
+        }
+        self.staged_files += 1;
+        Ok(true)
+    }
+}
+
+/// The staged rows of `changes` for the column set `names`: the values as
+/// text, then the delete flag, key, position and write id `batch`.
+fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<StagedRows, ApplyError> {
+    let mut rows = Vec::new();
+    for (group, line) in changes.live() {
+        let mut cells = Vec::with_capacity(names.len() + 5);
+        for name in names {
+            let at = group.schema.columns.iter().position(|c| c.name == *name);
+            let cell = match at {
+                Some(i) if group.writes(line, i) => {
+                    let value = &line.row[i];
+                    staged_text(value).map_err(|reason| ApplyError {
+                        error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
+                            .with_column((*name).to_string())
+                            .with_class("tributary.value")
+                            .with_table(group.schema.id.clone()),
+                        record: Some(line.record),
+                    })?
+                }
+                _ => None,
+            };
+            cells.push(cell);
+        }
+        let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+            error: error.with_table(group.schema.id.clone()),
+            record: Some(line.record),
+        })?;
+        cells.extend([
+            Some(line.delete.to_string()),
+            Some(key_text(&key)),
+            Some(line.commit.to_string()),
+            Some(line.index.to_string()),
+            Some(batch.to_string()),
+        ]);
+        rows.push(cells);
+    }
+    Ok(rows)
 }
 
 #[async_trait]
