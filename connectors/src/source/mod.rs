@@ -151,7 +151,9 @@ pub trait Source: Send {
         Vec::new()
     }
 
-    /// Copies `tables` again, called right after [`Source::start`]: their
+    /// Copies `tables` again, called right after [`Source::start`] or
+    /// between two batches (the state after a committed batch is the one a
+    /// start from its checkpoint makes; `POST /resync`): their
     /// rows are read anew (a snapshot of those tables at a point after the
     /// checkpoint, recorded in the next checkpoint so that a crash resumes
     /// it), then they stream on. The runner asks for it after it held back
