@@ -21,6 +21,13 @@ pub struct Proxy {
     held: watch::Sender<bool>,
     accept: tokio::task::JoinHandle<()>,
     pipes: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// Per connection: its own hold, and the server bytes it carried.
+    conns: Arc<Mutex<Vec<Conn>>>,
+}
+
+struct Conn {
+    held: watch::Sender<bool>,
+    carried: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
@@ -30,7 +37,8 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy address").port();
         let (held, gate) = watch::channel(false);
         let pipes = Arc::new(Mutex::new(Vec::new()));
-        let spawned = pipes.clone();
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let (spawned, accepted) = (pipes.clone(), conns.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(upstream) = TcpStream::connect(server).await else {
@@ -38,12 +46,36 @@ impl Proxy {
                 };
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = upstream.into_split();
+                let (own, own_gate) = watch::channel(false);
+                let carried = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                let gates = Gates {
+                    all: gate.clone(),
+                    own: own_gate,
+                    carried: carried.clone(),
+                };
+                accepted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Conn { held: own, carried });
                 let mut pipes = spawned.lock().unwrap_or_else(|e| e.into_inner());
                 pipes.push(tokio::spawn(pipe(client_read, server_write, None)));
-                pipes.push(tokio::spawn(pipe(server_read, client_write, Some(gate.clone()))));
+                pipes.push(tokio::spawn(pipe(server_read, client_write, Some(gates))));
             }
         });
-        Self { port, held, accept, pipes }
+        Self { port, held, accept, pipes, conns }
+    }
+
+    /// Holds back only the connection that has carried the most server
+    /// bytes so far (a replication stream, once it streamed): the client's
+    /// other sessions (catalog queries) still get their answers.
+    pub fn hold_busiest(&self) {
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = conns
+            .iter()
+            .max_by_key(|c| c.carried.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            c.held.send_replace(true);
+        }
     }
 
     /// Stops passing the server's bytes on (connections stay open).
@@ -72,18 +104,28 @@ impl Drop for Proxy {
     }
 }
 
+/// The holds of a server-to-client direction: every connection's, its own,
+/// and the bytes it carried.
+struct Gates {
+    all: watch::Receiver<bool>,
+    own: watch::Receiver<bool>,
+    carried: Arc<std::sync::atomic::AtomicU64>,
+}
+
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut gate: Option<watch::Receiver<bool>>,
+    mut gates: Option<Gates>,
 ) {
     let mut buf = vec![0u8; CHUNK];
     loop {
-        if let Some(g) = gate.as_mut() {
-            // Dropped sender (the proxy is gone): forward freely.
-            while *g.borrow_and_update() {
-                if g.changed().await.is_err() {
-                    break;
+        if let Some(g) = gates.as_mut() {
+            // Dropped senders (the proxy is gone): forward freely.
+            for gate in [&mut g.all, &mut g.own] {
+                while *gate.borrow_and_update() {
+                    if gate.changed().await.is_err() {
+                        break;
+                    }
                 }
             }
         }
@@ -91,6 +133,9 @@ async fn pipe(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if let Some(g) = &gates {
+            g.carried.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
