@@ -610,7 +610,10 @@ async fn a_heartbeat_inside_a_transaction_emitted_in_parts_keeps_its_marker() {
     let mut durable;
     loop {
         assert!(Instant::now() < deadline, "the source never went quiet");
-        let b = next(&mut source).await;
+        // Bounded: a batch that never comes fails here instead of hanging.
+        let b = tokio::time::timeout(DEADLINE, next(&mut source))
+            .await
+            .expect("no batch, not even a heartbeat, while the stream was held");
         mirror.apply(&b);
         durable = b.checkpoint.clone();
         if changes(&b) == 0 {
