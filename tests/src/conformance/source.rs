@@ -166,9 +166,18 @@ pub async fn sync(source: &mut dyn Source, mirror: &mut Mirror, what: &str, done
     let deadline = Instant::now() + DEADLINE;
     while !done(mirror) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        let batch = crate::side::next_batch(source)
-            .await
-            .unwrap_or_else(|e| panic!("next_batch ({what}): {e}"));
+        // A retryable error is retried, as the runner does (the contract:
+        // the next call continues after the last batch returned); e.g. the
+        // slot still held by the walsender of a stream the source just
+        // reopened.
+        let batch = match crate::side::next_batch(source).await {
+            Ok(b) => b,
+            Err(e) if e.kind() == tributary_connectors::ErrorKind::Retryable && Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e) => panic!("next_batch ({what}): {e}"),
+        };
         mirror.apply(&batch);
         source.acknowledge(&batch.checkpoint).await.expect("acknowledge");
     }
