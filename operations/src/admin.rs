@@ -105,8 +105,9 @@ impl AdminConfig {
     }
 }
 
-/// Which parts of a runner an operator paused.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Which parts of a runner an operator paused. Stored as JSON by
+/// `crate::pauses`: `{"all": false, "tables": ["s.t"]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct PauseSet {
     /// The whole runner.
     pub all: bool,

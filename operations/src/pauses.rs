@@ -6,7 +6,6 @@
 //! outlives any of its machines (a pod's disk does not); compacted, so the
 //! topic holds one record per runner however often it is paused.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -16,7 +15,6 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde::{Deserialize, Serialize};
 
 use crate::admin::{Control, PauseSet};
 
@@ -26,13 +24,6 @@ pub const PAUSES_TOPIC: &str = "__tributary_pauses";
 
 /// How long one Kafka call of the store may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A pause set as stored: `{"all": false, "tables": ["s.t"]}`.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct Stored {
-    all: bool,
-    tables: BTreeSet<String>,
-}
 
 /// The store of one runner's pauses: `key` is `source/<name>` or
 /// `sink/<consumer group>`.
@@ -87,7 +78,7 @@ impl PauseStore {
     /// Loads the stored pauses into `control`, then stores every change an
     /// operator makes, in the background, and tells `control` once each is
     /// stored (the admin API answers a pause after that).
-    pub async fn attach(self, control: &Control) -> Result<(), String> {
+    pub async fn attach(&self, control: &Control) -> Result<(), String> {
         let stored = self.load().await?;
         if stored != PauseSet::default() {
             tracing::info!(all = stored.all, tables = ?stored.tables, "paused before the restart: still paused");
@@ -101,20 +92,20 @@ impl PauseStore {
             .map_err(|e| format!("cannot make a Kafka producer for the pause store: {e}"))?;
         let mut changes = control.subscribe();
         let control = control.clone();
+        let (topic, key) = (self.topic.clone(), self.key.clone());
         tokio::spawn(async move {
             let mut last = stored;
             loop {
                 let now = changes.borrow_and_update().clone();
                 if now != last {
-                    let value =
-                        serde_json::to_string(&Stored { all: now.all, tables: now.tables.clone() }).unwrap_or_default();
+                    let value = serde_json::to_string(&now).unwrap_or_default();
                     let mut delay = Duration::from_millis(200);
                     // Retried until stored: a pause is never dropped.
                     while let Err((e, _)) = producer
-                        .send(FutureRecord::to(&self.topic).key(&self.key).payload(&value), CALL_TIMEOUT)
+                        .send(FutureRecord::to(&topic).key(&key).payload(&value), CALL_TIMEOUT)
                         .await
                     {
-                        tracing::warn!(error = %e, topic = %self.topic, "cannot store the pause set yet; retrying");
+                        tracing::warn!(error = %e, topic = %topic, "cannot store the pause set yet; retrying");
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(10));
                     }
@@ -136,7 +127,7 @@ impl PauseStore {
 pub async fn attach_at_start(store: PauseStore, control: &Control, telemetry: &crate::telemetry::Telemetry) {
     let mut delay = Duration::from_millis(500);
     loop {
-        match PauseStore::new(store.kafka.clone(), store.key.clone()).attach(control).await {
+        match store.attach(control).await {
             Ok(()) => {
                 telemetry.set_paused(None);
                 return;
@@ -182,11 +173,8 @@ fn read_last(config: &ClientConfig, topic: &str, key: &str) -> Result<PauseSet, 
             Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
                 last = match m.payload() {
                     None => PauseSet::default(),
-                    Some(v) => {
-                        let s: Stored = serde_json::from_slice(v)
-                            .map_err(|e| format!("topic {topic} offset {}: not a pause set: {e}", m.offset()))?;
-                        PauseSet { all: s.all, tables: s.tables }
-                    }
+                    Some(v) => serde_json::from_slice(v)
+                        .map_err(|e| format!("topic {topic} offset {}: not a pause set: {e}", m.offset()))?,
                 }
             }
             Some(Ok(_)) | None => {}
