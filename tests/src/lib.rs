@@ -284,3 +284,11 @@ pub fn sink_runner_config(prefix: &str, group: &str, section: &str) -> String {
         kafka = kafka_bootstrap(),
     )
 }
+
+/// A TCP port free on 127.0.0.1 now (for a runner's admin server).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

@@ -72,7 +72,6 @@
 //! and dead-letter checks and the status checks are shared.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1150,13 +1149,6 @@ impl Destination {
 
 // ---------------------------------------------------------------- the stack
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// `scripts/stack ARGS` with this process's environment (ports).
 fn stack_status(args: &[&str]) -> bool {
     Command::new("bash")
@@ -1364,7 +1356,7 @@ impl Runners {
         let name = &source.db.schema;
         let dir = std::env::temp_dir().join(name);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let sp = free_port();
+        let sp = tributary_tests::free_port();
         let (registry, kafka) = (schema_registry_url(), kafka_bootstrap());
         // The producer sees a partition increase within 2 s (librdkafka's
         // default is 5 minutes), so that keys move partition mid-run.
@@ -1377,7 +1369,7 @@ impl Runners {
         std::fs::write(dir.join("source.toml"), source_config).expect("source config");
         let sinks = (1..=SINK_MEMBERS)
             .map(|member| {
-                let kp = free_port();
+                let kp = tributary_tests::free_port();
                 let sink_config = format!(
                     "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_max_records = 2000\n\
                      group_rejoin_after_secs = {GROUP_REJOIN_AFTER_SECS}\n{}\n\

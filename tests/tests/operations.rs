@@ -17,15 +17,6 @@ use tributary_operations::admin::{router, Control};
 use tributary_operations::telemetry::Telemetry;
 use tributary_tests::{kafka_bootstrap, pg_source_url, runner_binary, schema_registry_url, unique, wait_for};
 
-/// A free loopback port for an admin server.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// Parses `name{table="t"} value` lines of the Prometheus text format.
 /// The value of metric `name` for `table` (the `runner` and `kind` labels
 /// come first).
 fn metric(text: &str, name: &str, table: &str) -> Option<f64> {
@@ -86,7 +77,7 @@ async fn status_metrics_pause_resume_delete_and_no_secret_anywhere() {
     .await
     .expect("setup");
 
-    let port = free_port();
+    let port = tributary_tests::free_port();
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).expect("dir");
     let config = dir.join("source.toml");
@@ -553,7 +544,7 @@ async fn a_table_copied_again_under_load_while_the_others_stream() {
     let dest = Destination::new(&name).await;
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).expect("dir");
-    let (source_port, sink_port) = (free_port(), free_port());
+    let (source_port, sink_port) = (tributary_tests::free_port(), tributary_tests::free_port());
     let listen = |port: u16| format!("listen = \"127.0.0.1:{port}\"");
     let source_config = dir.join("source.toml");
     std::fs::write(

@@ -1602,10 +1602,7 @@ mod e2e {
         let s = items();
         p.produce(&[event(&s, Op::Create, None, Some(row(1, "a", 1, "1.00")), 1, 0)])
             .await;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
+        let port = tributary_tests::free_port();
         let dir = std::env::temp_dir().join(unique("durpause"));
         std::fs::create_dir_all(&dir).expect("dir");
         let config = dir.join("sink.toml");

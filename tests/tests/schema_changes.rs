@@ -8,7 +8,6 @@
 //! each one and started again, so that it replays the changes written
 //! before the DDL under their older shape.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -821,13 +820,6 @@ fn by_id(mut rows: Vec<String>) -> Vec<String> {
 
 // ---------------------------------------------------------------- runners
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 struct Proc {
     bin: PathBuf,
     config: PathBuf,
@@ -869,7 +861,7 @@ impl Runners {
         let dir = std::env::temp_dir().join(format!("{name}-ddl"));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let (registry, kafka) = (schema_registry_url(), kafka_bootstrap());
-        let source_port = free_port();
+        let source_port = tributary_tests::free_port();
         let source_config = format!(
             "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\n\
              [admin]\nlisten = \"127.0.0.1:{source_port}\"\n\n{}",
@@ -879,7 +871,7 @@ impl Runners {
             "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_linger_ms = 200\n\n\
              [kafka]\nbootstrap_servers = \"{kafka}\"\n\n[admin]\nlisten = \"127.0.0.1:{}\"\n\n{}",
             sink.group(),
-            free_port(),
+            tributary_tests::free_port(),
             sink.runner_section()
         );
         std::fs::write(dir.join("source.toml"), source_config).expect("source config");

@@ -89,8 +89,8 @@ async fn a_batch_above_the_mutation_limit_commits_in_parts_each_with_its_prefix_
 async fn aborted_transactions_are_retried() {
     let bin = std::env::var("TRIBUTARY_SPANNER_EMULATOR_BIN")
         .unwrap_or_else(|_| "/usr/lib/google-cloud-sdk/bin/cloud_spanner_emulator".into());
-    let grpc = free_port();
-    let rest = free_port();
+    let grpc = tributary_tests::free_port();
+    let rest = tributary_tests::free_port();
     let mut child = {
         use std::os::unix::process::CommandExt;
         Command::new(format!("{bin}/gateway_main"))
@@ -142,13 +142,6 @@ async fn aborted_transactions_are_retried() {
         Ok(aborts) => eprintln!("aborts retried: {aborts}"),
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// PostgreSQL -> source-runner -> Kafka -> sink-runner -> emulator
