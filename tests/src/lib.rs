@@ -10,6 +10,7 @@ pub mod counters;
 pub mod e2e;
 pub mod items;
 pub mod kafka;
+pub mod logs;
 pub mod mysql;
 pub mod postgres;
 pub mod proxy;
