@@ -78,6 +78,13 @@ impl Proxy {
         }
     }
 
+    /// Holds back only the `n`th connection (from 0, in the order the
+    /// client opened them): a source's first is its catalog session.
+    pub fn hold_connection(&self, n: usize) {
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.get(n).expect("no such connection").held.send_replace(true);
+    }
+
     /// Stops passing the server's bytes on (connections stay open).
     pub fn hold(&self) {
         self.held.send_replace(true);

@@ -558,6 +558,25 @@ async fn large_transaction_goes_out_in_parts_and_resumes_inside_it() {
     fx.cleanup().await;
 }
 
+/// A source whose sessions all pass a proxy (its config from `fx`, then
+/// `adjust`), started and synced on table `t`.
+async fn started_through_proxy(
+    fx: &Fixture,
+    adjust: impl FnOnce(&mut PostgresSourceConfig),
+) -> (tributary_tests::proxy::Proxy, PostgresSource, Mirror) {
+    let (server, _) = tributary_tests::proxy::url_through(&url(), 0);
+    let proxy = tributary_tests::proxy::Proxy::start(server).await;
+    let (_, proxied) = tributary_tests::proxy::url_through(&url(), proxy.port);
+    let mut config = fx.config();
+    config.url = secrecy::SecretString::from(proxied);
+    adjust(&mut config);
+    let mut source = PostgresSource::new(config, "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, fx, &["t"]).await;
+    (proxy, source, mirror)
+}
+
 /// A batch that ends on the heartbeat inside a transaction emitted in parts
 /// (the server went quiet before the rest of it arrived) keeps the marker
 /// of the part emitted: a crash after it resumes after that part, so a
@@ -571,16 +590,7 @@ async fn a_heartbeat_inside_a_transaction_emitted_in_parts_keeps_its_marker() {
     fx.exec(&format!("CREATE TABLE {s}.t (id int PRIMARY KEY, pad text)")).await;
     // Every byte of the source's sessions passes the proxy, so the test can
     // make the server go quiet in the middle of a transaction.
-    let (server, _) = tributary_tests::proxy::url_through(&url(), 0);
-    let proxy = tributary_tests::proxy::Proxy::start(server).await;
-    let (_, proxied) = tributary_tests::proxy::url_through(&url(), proxy.port);
-    let mut config = fx.config();
-    config.url = secrecy::SecretString::from(proxied);
-    config.max_batch_events = 100;
-    let mut source = PostgresSource::new(config, "test").expect("config");
-    start(&mut source, None).await;
-    let mut mirror = Mirror::default();
-    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    let (proxy, mut source, mut mirror) = started_through_proxy(&fx, |c| c.max_batch_events = 100).await;
     // Far more than the socket buffers and the client's queue hold (about
     // 20 MB of pgoutput): the rest of it is still on the server's side
     // when the proxy holds it back.
@@ -643,6 +653,70 @@ async fn a_heartbeat_inside_a_transaction_emitted_in_parts_keeps_its_marker() {
          checkpoint of the heartbeat batch had marker {marker:?}",
         inserts.len()
     );
+    drop(source);
+    fx.cleanup().await;
+}
+
+/// A catalog session that stalls (open, answering nothing) makes the
+/// source give up on it after `catalog_timeout_ms` with a retryable error,
+/// and a start from the last checkpoint carries on (issue #24: it waited
+/// for ever, until TCP gave up, and the runner with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_catalog_session_is_given_up_after_the_catalog_timeout() {
+    let fx = Fixture::new("catstall").await;
+    let s = &fx.schema;
+    fx.exec(&format!("CREATE TABLE {s}.t (id int PRIMARY KEY, v text); INSERT INTO {s}.t VALUES (1, 'a')"))
+        .await;
+    let (proxy, mut source, mut mirror) = started_through_proxy(&fx, |c| c.catalog_timeout_ms = 2_000).await;
+    let quiet = next(&mut source).await;
+    mirror.apply(&quiet);
+    let mut durable = quiet.checkpoint;
+    // The source's first session is its catalog's.
+    proxy.hold_connection(0);
+    // The new column's Relation message makes the source read the
+    // table's schema on that session.
+    fx.exec(&format!("ALTER TABLE {s}.t ADD COLUMN w int; INSERT INTO {s}.t VALUES (2, 'b', 2)"))
+        .await;
+    let held = Instant::now();
+    let err = loop {
+        let answer = tokio::time::timeout(DEADLINE, source.next_batch())
+            .await
+            .expect("the source waited on its stalled catalog session");
+        match answer {
+            Ok(b) => {
+                mirror.apply(&b);
+                source.acknowledge(&b.checkpoint).await.expect("ack");
+                durable = b.checkpoint;
+            }
+            Err(e) => break e,
+        }
+        assert!(held.elapsed() < DEADLINE, "no catalog query timed out");
+    };
+    assert_eq!(err.kind(), ErrorKind::Retryable, "{err}");
+    assert!(err.to_string().contains("catalog_timeout_ms"), "{err}");
+    assert!(held.elapsed() < Duration::from_secs(20), "given up only after {:?}", held.elapsed());
+    // What the runner does next: a start from the last durable checkpoint
+    // (straight to the server this time).
+    drop(source);
+    proxy.cut();
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, Some(durable)).await;
+    let deadline = Instant::now() + DEADLINE;
+    let inserted = loop {
+        assert!(Instant::now() < deadline, "the row written while the catalog stalled never arrived");
+        let b = next(&mut source).await;
+        mirror.apply(&b);
+        if let Some(e) = mirror.events.iter().find(|e| e.op == Op::Create) {
+            break e.clone();
+        }
+    };
+    let w = inserted
+        .schema
+        .columns
+        .iter()
+        .position(|c| c.name == "w")
+        .expect("the new column");
+    assert_eq!(inserted.after.as_ref().map(|r| r[w].clone()), Some(Value::Int32(2)));
     drop(source);
     fx.cleanup().await;
 }

@@ -201,6 +201,8 @@ impl Renames {
 /// A catalog connection: table lists, schemas, type descriptions.
 pub struct Catalog {
     client: tokio_postgres::Client,
+    /// The longest wait for one answer (`catalog_timeout_ms`).
+    timeout: std::time::Duration,
     types: HashMap<(u32, i32), PgType>,
     /// Renames seen while streaming (see [`Renames`]); shared with the
     /// copy the source rolls back to after an error, cloned on change.
@@ -217,15 +219,14 @@ impl Catalog {
     /// The WAL the server keeps for `slot`: from the slot's `restart_lsn`
     /// to the current WAL position (on a standby, the last one received).
     pub async fn slot_retained_bytes(&self, slot: &str) -> Result<Option<u64>> {
-        let row = self
-            .client
-            .query_opt(
+        let row = self.ask(
+            "reading the slot's retained WAL",
+            self.client.query_opt(
                 "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() \
                  ELSE pg_current_wal_lsn() END, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
                 &[&slot],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "reading the slot's retained WAL"))?;
+            ),
+        ).await?;
         Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|b| b.max(0) as u64))
     }
 
@@ -233,9 +234,35 @@ impl Catalog {
     pub async fn connect(params: &ConnectionParams) -> Result<Self> {
         Ok(Self {
             client: connect(params).await?,
+            timeout: params.catalog_timeout,
             types: HashMap::new(),
             renames: Arc::default(),
         })
+    }
+
+    /// `work` (queries on this session), bounded by the catalog timeout. A
+    /// session that gives no answer in time is stalled, not closed: the
+    /// error is retryable, and the source's next start opens a new one.
+    pub async fn bounded<T>(&self, what: &str, work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::retryable(format!(
+                "{what}: PostgreSQL gave no answer in {} ms (postgres.catalog_timeout_ms); the source starts over on \
+                 a new session",
+                self.timeout.as_millis()
+            ))
+            .with_class("tributary.catalog_timeout")),
+        }
+    }
+
+    /// One query's future, bounded ([`Catalog::bounded`]) and its error
+    /// classified.
+    async fn ask<T>(
+        &self,
+        what: &str,
+        query: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> Result<T> {
+        self.bounded(what, async { query.await.map_err(|e| classify_pg(e, what)) }).await
     }
 
     /// Records what a DDL message (or a Relation message, without
@@ -293,9 +320,9 @@ impl Catalog {
     /// `publish_via_partition_root` sends partitions' changes under the
     /// partitions' own relations; the source captures the root.
     pub async fn partition_root(&self, relid: u32) -> Result<Option<PartitionRoot>> {
-        let row = self
-            .client
-            .query_opt(
+        let row = self.ask(
+            "reading the root of a partition",
+            self.client.query_opt(
                 "SELECT r.oid, n.nspname::text, r.relname::text, \
                         ARRAY(SELECT a.attname::text FROM pg_attribute a \
                               WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) \
@@ -304,9 +331,8 @@ impl Catalog {
                  JOIN pg_namespace n ON n.oid = r.relnamespace \
                  WHERE c.oid = $1 AND c.relispartition",
                 &[&relid],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "reading the root of a partition"))?;
+            ),
+        ).await?;
         Ok(row.map(|r| PartitionRoot {
             relid: r.get(0),
             id: TableId::new(r.get::<_, String>(1), r.get::<_, String>(2)),
@@ -316,20 +342,19 @@ impl Catalog {
 
     /// The leaf partitions of the partitioned table `root` now.
     pub async fn partition_leaves(&self, root: u32) -> Result<Vec<u32>> {
-        let rows = self
-            .client
-            .query("SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf", &[&root])
-            .await
-            .map_err(|e| classify_pg(e, "reading the partitions of a table"))?;
+        let rows = self.ask(
+            "reading the partitions of a table",
+            self.client.query("SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf", &[&root]),
+        ).await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Every ordinary or partitioned table outside the system schemas that
     /// `filter` selects, with its oid.
     pub async fn list_tables(&self, filter: &TableFilter) -> Result<Vec<(u32, TableId)>> {
-        let rows = self
-            .client
-            .query(
+        let rows = self.ask(
+            "listing tables",
+            self.client.query(
                 "SELECT c.oid, n.nspname::text, c.relname::text FROM pg_class c \
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
@@ -337,9 +362,8 @@ impl Catalog {
                    AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
                  ORDER BY 2, 3",
                 &[],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "listing tables"))?;
+            ),
+        ).await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.get::<_, u32>(0), TableId::new(r.get::<_, String>(1), r.get::<_, String>(2))))
@@ -349,15 +373,14 @@ impl Catalog {
 
     /// The oid of `table`, if it exists.
     pub async fn relid(&self, table: &TableId) -> Result<Option<u32>> {
-        let row = self
-            .client
-            .query_opt(
+        let row = self.ask(
+            "looking up a table",
+            self.client.query_opt(
                 "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2",
                 &[&table.schema, &table.table],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "looking up a table").with_table(table.clone()))?;
+            ),
+        ).await.map_err(|e| e.with_table(table.clone()))?;
         Ok(row.map(|r| r.get(0)))
     }
 
@@ -365,16 +388,15 @@ impl Catalog {
         if let Some(t) = self.types.get(&(oid, typmod)) {
             return Ok(t.clone());
         }
-        let row = self
-            .client
-            .query_one(
+        let row = self.ask(
+            "describing a type",
+            self.client.query_one(
                 "SELECT t.typname::text, t.typtype::text, t.typelem, t.typbasetype, t.typcategory::text, \
                         format_type(t.oid, $2) \
                  FROM pg_type t WHERE t.oid = $1",
                 &[&oid, &typmod],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "describing a type"))?;
+            ),
+        ).await?;
         let typname: String = row.get(0);
         let typtype: String = row.get(1);
         let elem: u32 = row.get(2);
@@ -405,11 +427,13 @@ impl Catalog {
             }
         };
         if t.typtype == 'e' && t.enum_labels.is_empty() {
-            let rows = self
-                .client
-                .query("SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder", &[&oid])
-                .await
-                .map_err(|e| classify_pg(e, "reading enum labels"))?;
+            let rows = self.ask(
+                "reading enum labels",
+                self.client.query(
+                    "SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder",
+                    &[&oid],
+                ),
+            ).await?;
             t.enum_labels = rows.iter().map(|r| r.get(0)).collect();
         }
         self.types.insert((oid, typmod), t.clone());
@@ -428,9 +452,9 @@ impl Catalog {
         relid: u32,
         columns: Option<&[(String, u32, i32)]>,
     ) -> Result<BuiltSchema> {
-        let rows = self
-            .client
-            .query(
+        let rows = self.ask(
+            "reading columns",
+            self.client.query(
                 // `attmissingval`: the value that rows older than an
                 // `ADD COLUMN ... DEFAULT` have (PostgreSQL 11+ stores it
                 // instead of rewriting the table), as a one-element array.
@@ -439,9 +463,8 @@ impl Catalog {
                  FROM pg_attribute a \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
                 &[&relid],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "reading columns").with_table(table.clone()))?;
+            ),
+        ).await.map_err(|e| e.with_table(table.clone()))?;
         let catalog_cols: Vec<(String, u32, i32, bool)> =
             rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
         let missing: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(4))).collect();
@@ -455,15 +478,14 @@ impl Catalog {
         if !self.renames.tables.contains_key(&relid) {
             // Renames are told apart from replays by WAL order: this read
             // sees every DDL committed before the current WAL position.
-            let lsn: i64 = self
-                .client
-                .query_one(
+            let lsn: i64 = self.ask(
+                "reading the WAL position",
+                self.client.query_one(
                     "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                                   ELSE pg_current_wal_lsn() END - '0/0')::bigint",
                     &[],
-                )
-                .await
-                .map_err(|e| classify_pg(e, "reading the WAL position"))?
+                ),
+            ).await?
                 .get(0);
             Arc::make_mut(&mut self.renames).tables.insert(
                 relid,
@@ -474,17 +496,16 @@ impl Catalog {
                 },
             );
         }
-        let pk_rows = self
-            .client
-            .query(
+        let pk_rows = self.ask(
+            "reading the primary key",
+            self.client.query(
                 "SELECT a.attname::text FROM pg_index i \
                  CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
                  WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord",
                 &[&relid],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "reading the primary key").with_table(table.clone()))?;
+            ),
+        ).await.map_err(|e| e.with_table(table.clone()))?;
         let pk: Vec<String> = pk_rows.iter().map(|r| r.get(0)).collect();
         let source: Vec<(String, u32, i32)> = match columns {
             Some(c) => c.to_vec(),
@@ -534,11 +555,10 @@ impl Catalog {
         }
         let keyed = key.is_some();
         let key = key.unwrap_or_else(|| cols.iter().map(|c| c.name.clone()).collect());
-        let partitioned: bool = self
-            .client
-            .query_one("SELECT relkind = 'p' FROM pg_class WHERE oid = $1", &[&relid])
-            .await
-            .map_err(|e| classify_pg(e, "reading the table kind").with_table(table.clone()))?
+        let partitioned: bool = self.ask(
+            "reading the table kind",
+            self.client.query_one("SELECT relkind = 'p' FROM pg_class WHERE oid = $1", &[&relid]),
+        ).await.map_err(|e| e.with_table(table.clone()))?
             .get(0);
         Ok(BuiltSchema {
             schema: Arc::new(TableSchema { id: table.clone(), columns: cols, key, dropped: Vec::new() }),
@@ -551,11 +571,10 @@ impl Catalog {
     /// Runs `sql` (simple protocol) and returns the first row's values as
     /// text, or `None` when there is no row.
     pub async fn query_texts(&self, sql: &str) -> Result<Option<Vec<Option<String>>>> {
-        let messages = self
-            .client
-            .simple_query(sql)
-            .await
-            .map_err(|e| classify_pg(e, "reading a row by key"))?;
+        let messages = self.ask(
+            "reading a row by key",
+            self.client.simple_query(sql),
+        ).await?;
         for m in messages {
             if let tokio_postgres::SimpleQueryMessage::Row(row) = m {
                 return Ok(Some((0..row.len()).map(|i| row.get(i).map(str::to_string)).collect()));
@@ -566,11 +585,10 @@ impl Catalog {
 
     /// Whether the connected role is a superuser.
     pub async fn is_superuser(&self) -> Result<bool> {
-        let row = self
-            .client
-            .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
-            .await
-            .map_err(|e| classify_pg(e, "reading the role"))?;
+        let row = self.ask(
+            "reading the role",
+            self.client.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[]),
+        ).await?;
         Ok(row.get(0))
     }
 }

@@ -49,6 +49,12 @@ pub const DEFAULT_BATCH_LINGER_MS: u64 = 50;
 /// Connect timeout. Long enough for a cross-region TLS handshake, short
 /// enough that a down server is reported (as retryable) quickly.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// How long the source waits for the answer to one catalog query (table
+/// lists, schemas, checks) before it gives up on that session and starts
+/// over. They take milliseconds; a minute covers a server busy enough to
+/// queue them. Without it, a session that stalls without closing (a
+/// silent network path, a frozen proxy) held the source until TCP gave up.
+pub const DEFAULT_CATALOG_TIMEOUT_MS: u64 = 60_000;
 
 /// What to do with a table created after the source started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -121,6 +127,9 @@ pub struct PostgresSourceConfig {
     /// Connect timeout, milliseconds.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
+    /// The longest wait for one catalog query's answer, milliseconds.
+    #[serde(default = "default_catalog_timeout")]
+    pub catalog_timeout_ms: u64,
     /// `disable`, `require`, `verify-ca` or `verify-full`.
     #[serde(default)]
     pub tls: TlsMode,
@@ -186,6 +195,9 @@ fn default_linger() -> u64 {
 fn default_connect_timeout() -> u64 {
     DEFAULT_CONNECT_TIMEOUT_MS
 }
+fn default_catalog_timeout() -> u64 {
+    DEFAULT_CATALOG_TIMEOUT_MS
+}
 fn default_true() -> bool {
     true
 }
@@ -217,6 +229,7 @@ impl PostgresSourceConfig {
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             batch_linger_ms: DEFAULT_BATCH_LINGER_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            catalog_timeout_ms: DEFAULT_CATALOG_TIMEOUT_MS,
             tls: TlsMode::default(),
             tls_ca_file: None,
             install_ddl_trigger: true,
@@ -292,6 +305,9 @@ impl PostgresSourceConfig {
         if self.batch_linger_ms >= self.heartbeat_interval_ms {
             return Err(ConfigError::invalid(field("batch_linger_ms"), "must be shorter than heartbeat_interval_ms"));
         }
+        if self.catalog_timeout_ms < 1000 {
+            return Err(ConfigError::invalid(field("catalog_timeout_ms"), "must be at least 1000"));
+        }
         validate_tls(self.tls, self.tls_ca_file.as_deref(), field)?;
         Ok(())
     }
@@ -339,6 +355,7 @@ impl PostgresSourceConfig {
             tls: self.tls,
             tls_ca_file: self.tls_ca_file.clone(),
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            catalog_timeout: Duration::from_millis(self.catalog_timeout_ms),
         })
     }
 
@@ -397,6 +414,8 @@ pub struct ConnectionParams {
     pub tls_ca_file: Option<String>,
     /// Connect timeout.
     pub connect_timeout: Duration,
+    /// The longest wait for one catalog query's answer.
+    pub catalog_timeout: Duration,
 }
 
 impl std::fmt::Debug for ConnectionParams {

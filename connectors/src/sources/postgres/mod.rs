@@ -340,11 +340,16 @@ impl PostgresSource {
             .catalog
             .as_ref()
             .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let what = "dropping a replication slot without checkpoint";
         catalog
-            .client()
-            .execute("SELECT pg_drop_replication_slot($1)", &[&self.config.slot_name])
-            .await
-            .map_err(|e| classify_pg(e, "dropping a replication slot without checkpoint"))?;
+            .bounded(what, async {
+                catalog
+                    .client()
+                    .execute("SELECT pg_drop_replication_slot($1)", &[&self.config.slot_name])
+                    .await
+                    .map_err(|e| classify_pg(e, what))
+            })
+            .await?;
         Ok(())
     }
 
@@ -353,17 +358,22 @@ impl PostgresSource {
             .catalog
             .as_ref()
             .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let what = "reading replication slots";
         let row = catalog
-            .client()
-            .query_opt(
-                // wal_status (PostgreSQL 13+) through to_jsonb, so older
-                // servers answer NULL instead of failing.
-                "SELECT plugin::text, database::text, to_jsonb(s) ->> 'wal_status' \
-                 FROM pg_replication_slots s WHERE slot_name = $1",
-                &[&self.config.slot_name],
-            )
-            .await
-            .map_err(|e| classify_pg(e, "reading replication slots"))?;
+            .bounded(what, async {
+                catalog
+                    .client()
+                    .query_opt(
+                        // wal_status (PostgreSQL 13+) through to_jsonb, so
+                        // older servers answer NULL instead of failing.
+                        "SELECT plugin::text, database::text, to_jsonb(s) ->> 'wal_status' \
+                         FROM pg_replication_slots s WHERE slot_name = $1",
+                        &[&self.config.slot_name],
+                    )
+                    .await
+                    .map_err(|e| classify_pg(e, what))
+            })
+            .await?;
         match row {
             None => Ok(false),
             Some(r) => {
@@ -422,12 +432,16 @@ impl PostgresSource {
             ..plan
         };
         let ids: Vec<TableId> = plan.tables.iter().map(TablePlan::id).collect();
-        if exported.is_none() {
-            // Tables created (or renamed) since the start get what the
-            // tables present then got, before they are published.
-            check::ensure_full_before_images(catalog.client(), &ids).await?;
-        }
-        check::ensure_publication(catalog.client(), &self.config, &ids).await?;
+        catalog
+            .bounded("preparing the tables to copy", async {
+                if exported.is_none() {
+                    // Tables created (or renamed) since the start get what
+                    // the tables present then got, before they are published.
+                    check::ensure_full_before_images(catalog.client(), &ids).await?;
+                }
+                check::ensure_publication(catalog.client(), &self.config, &ids).await
+            })
+            .await?;
         let mut tables = Vec::with_capacity(plan.tables.len());
         for t in plan.tables {
             let id = t.id();
@@ -463,11 +477,16 @@ impl PostgresSource {
                 // stream sees it and knows it is there, even when no
                 // transaction follows.
                 let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+                let what = "writing the snapshot fence message";
                 catalog
-                    .client()
-                    .execute("SELECT pg_logical_emit_message(false, $1, '')", &[&stream::FENCE_MESSAGE_PREFIX])
-                    .await
-                    .map_err(|e| classify_pg(e, "writing the snapshot fence message"))?;
+                    .bounded(what, async {
+                        catalog
+                            .client()
+                            .execute("SELECT pg_logical_emit_message(false, $1, '')", &[&stream::FENCE_MESSAGE_PREFIX])
+                            .await
+                            .map_err(|e| classify_pg(e, what))
+                    })
+                    .await?;
                 (Some(gated), ExportedSnapshot { name, lsn })
             }
         };
@@ -666,7 +685,9 @@ impl Source for PostgresSource {
         if let Some(r) = renames {
             catalog.set_renames(r);
         }
-        let epoch = system_identifier(catalog.client()).await?;
+        let epoch = catalog
+            .bounded("reading the cluster's system identifier", system_identifier(catalog.client()))
+            .await?;
         self.catalog = Some(catalog);
         if std::mem::take(&mut self.start_over) {
             self.domain_change = Some("every table is copied again, as asked (source-runner reset)".to_string());
@@ -698,12 +719,17 @@ impl Source for PostgresSource {
         }
         let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
         let selected: Vec<TableId> = catalog.list_tables(&self.filter).await?.into_iter().map(|(_, id)| id).collect();
-        check::require_select(catalog.client(), &self.params.user, &selected).await?;
-        check::ensure_publication(catalog.client(), &self.config, &selected).await?;
-        check::ensure_full_before_images(catalog.client(), &selected).await?;
-        if self.config.install_ddl_trigger {
-            check::install_ddl_trigger(catalog.client()).await?;
-        }
+        catalog
+            .bounded("checking the role, the publication and the tables", async {
+                check::require_select(catalog.client(), &self.params.user, &selected).await?;
+                check::ensure_publication(catalog.client(), &self.config, &selected).await?;
+                check::ensure_full_before_images(catalog.client(), &selected).await?;
+                if self.config.install_ddl_trigger {
+                    check::install_ddl_trigger(catalog.client()).await?;
+                }
+                Ok(())
+            })
+            .await?;
 
         match resumed {
             _ if self.domain_change.is_some() => {
@@ -966,14 +992,19 @@ impl PostgresSource {
         }
         let lsn = if slot_exists {
             let catalog = self.catalog.as_ref().ok_or_else(|| Error::retryable("not connected"))?;
+            let what = "reading the slot's position";
             let row = catalog
-                .client()
-                .query_one(
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&self.config.slot_name],
-                )
-                .await
-                .map_err(|e| classify_pg(e, "reading the slot's position"))?;
+                .bounded(what, async {
+                    catalog
+                        .client()
+                        .query_one(
+                            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                            &[&self.config.slot_name],
+                        )
+                        .await
+                        .map_err(|e| classify_pg(e, what))
+                })
+                .await?;
             let text: Option<String> = row.get(0);
             text.as_deref()
                 .and_then(parse_lsn)
