@@ -39,6 +39,21 @@ impl PauseStore {
         Self { kafka, topic: PAUSES_TOPIC.to_string(), key }
     }
 
+    /// The store of the source runner named `name`.
+    pub fn of_source(kafka: ClientConfig, name: &str) -> Self {
+        Self::new(kafka, format!("source/{name}"))
+    }
+
+    /// The store of the sink runners of consumer group `group`.
+    pub fn of_sink(kafka: ClientConfig, group: &str) -> Self {
+        Self::new(kafka, format!("sink/{group}"))
+    }
+
+    /// The runner's key in the topic.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
     /// Creates the topic if it is missing (compacted, one partition, the
     /// broker's replication factor).
     async fn ensure_topic(&self) -> Result<(), String> {
@@ -75,6 +90,44 @@ impl PauseStore {
             .map_err(|e| format!("the pause store's reader did not finish: {e}"))?
     }
 
+    fn producer(&self) -> Result<FutureProducer, String> {
+        self.kafka
+            .clone()
+            .set("enable.idempotence", "true")
+            .create()
+            .map_err(|e| format!("cannot make a Kafka producer for the pause store: {e}"))
+    }
+
+    /// Forgets this runner's pauses, for `delete`: a tombstone under its
+    /// key (compaction then removes its records), so a copy made again
+    /// under the same name does not start paused. Nothing when the topic
+    /// does not exist. Returns whether there was a store to write to.
+    pub async fn forget(&self) -> Result<bool, String> {
+        let meta: BaseConsumer = self
+            .kafka
+            .create()
+            .map_err(|e| format!("cannot make a Kafka metadata client: {e}"))?;
+        let topic = self.topic.clone();
+        // Every topic's metadata, not this one's: asking for a missing
+        // topic by name may create it.
+        let exists = tokio::task::spawn_blocking(move || {
+            meta.fetch_metadata(None, CALL_TIMEOUT)
+                .map(|m| m.topics().iter().any(|t| t.name() == topic))
+        })
+        .await
+        .map_err(|e| format!("the metadata request did not finish: {e}"))?
+        .map_err(|e| format!("cannot list topics: {e}"))?;
+        if !exists {
+            return Ok(false);
+        }
+        let producer = self.producer()?;
+        producer
+            .send(FutureRecord::<str, [u8]>::to(&self.topic).key(&self.key), CALL_TIMEOUT)
+            .await
+            .map_err(|(e, _)| format!("cannot write to topic {}: {e}", self.topic))?;
+        Ok(true)
+    }
+
     /// Loads the stored pauses into `control`, then stores every change an
     /// operator makes, in the background, and tells `control` once each is
     /// stored (the admin API answers a pause after that).
@@ -84,12 +137,7 @@ impl PauseStore {
             tracing::info!(all = stored.all, tables = ?stored.tables, "paused before the restart: still paused");
         }
         control.restore(stored.clone());
-        let producer: FutureProducer = self
-            .kafka
-            .clone()
-            .set("enable.idempotence", "true")
-            .create()
-            .map_err(|e| format!("cannot make a Kafka producer for the pause store: {e}"))?;
+        let producer = self.producer()?;
         let mut changes = control.subscribe();
         let control = control.clone();
         let (topic, key) = (self.topic.clone(), self.key.clone());

@@ -116,7 +116,7 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = PauseStore::new(kafka, format!("sink/{}", config.consumer_group));
+    let store = PauseStore::of_sink(kafka, &config.consumer_group);
     tributary_operations::pauses::attach_at_start(store, &control, &telemetry).await;
     // Ready once the consumer is a settled member of its group (see
     // `RebalanceCtx::stats_raw`), not before.

@@ -2000,6 +2000,14 @@ pub async fn delete(config: &SinkRunnerConfig, drop_destination: bool) -> Result
             Err((g, code)) => return Err(RunError::Kafka(format!("cannot delete consumer group {g}: {code}"))),
         }
     }
+    let pauses = tributary_operations::pauses::PauseStore::of_sink(client, &config.consumer_group);
+    if pauses
+        .forget()
+        .await
+        .map_err(|e| RunError::Kafka(format!("the stored operator pauses: {e}")))?
+    {
+        done.push(format!("the stored operator pauses of {}", pauses.key()));
+    }
     Ok(done)
 }
 

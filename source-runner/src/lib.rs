@@ -25,7 +25,7 @@ pub async fn run_from_config(config: SourceRunnerConfig) -> Result<(), Error> {
         .await
         .map_err(|e| Error::needs_operator(format!("cannot start the admin server on {}: {e}", config.admin.listen)))?;
     let kafka = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
-    let store = PauseStore::new(kafka, format!("source/{}", config.name));
+    let store = PauseStore::of_source(kafka, &config.name);
     tributary_operations::pauses::attach_at_start(store, &control, &telemetry).await;
     runner::run(config, source, telemetry, control, tributary_operations::process::shutdown_signal()).await
 }
@@ -160,6 +160,18 @@ pub async fn delete(config: SourceRunnerConfig, yes: bool) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
+            failed = true;
+        }
+    }
+    let forgotten = match config.kafka.client_config() {
+        Ok(kafka) => PauseStore::of_source(kafka, &config.name).forget().await,
+        Err(e) => Err(e.to_string()),
+    };
+    match forgotten {
+        Ok(true) => println!("deleted the stored operator pauses of source/{}", config.name),
+        Ok(false) => {}
+        Err(e) => {
+            eprintln!("error: the stored operator pauses: {e}");
             failed = true;
         }
     }

@@ -132,13 +132,11 @@ heartbeat_interval_ms = 500
 
     // Pause: nothing flows; resume: everything made meanwhile arrives.
     let client = reqwest::Client::new();
-    assert!(client
-        .post(format!("{base}/pause"))
-        .send()
-        .await
-        .expect("pause")
-        .status()
-        .is_success());
+    let pause = || async {
+        let answer = client.post(format!("{base}/pause")).send().await.expect("pause");
+        assert!(answer.status().is_success(), "pause: {}", answer.status());
+    };
+    pause().await;
     wait_for("paused in /status", Duration::from_secs(30), || async {
         let s: serde_json::Value = serde_json::from_str(&get(&format!("{base}/status")).await?).ok()?;
         s["paused"].as_str().map(|_| ())
@@ -221,7 +219,9 @@ heartbeat_interval_ms = 500
     }
     assert!(log_text.contains("admin server listening"), "the log is the runner's:\n{log_text}");
 
-    // Delete leaves nothing behind.
+    // Delete leaves nothing behind, a stored pause included: a copy made
+    // again under this name must not start paused.
+    pause().await;
     drop(runner);
     let out = Command::new(runner_binary("source-runner"))
         .arg("--config")
@@ -260,6 +260,13 @@ heartbeat_interval_ms = 500
         .await
         .expect("subjects json");
     assert!(!subjects.iter().any(|s| s.starts_with(&prefix)), "subjects left behind: {subjects:?}");
+    let mut kafka = ClientConfig::new();
+    kafka.set("bootstrap.servers", kafka_bootstrap());
+    let stored = tributary_operations::pauses::PauseStore::of_source(kafka, &name)
+        .load()
+        .await
+        .expect("the stored pauses");
+    assert_eq!(stored, tributary_operations::admin::PauseSet::default(), "the deleted copy's pause is still stored");
 
     // On a fresh database this runner installed the shared DDL trigger, so
     // its role owns it: hand that to the stack's role before dropping ours.

@@ -1625,7 +1625,7 @@ mod e2e {
         runner.kill9();
         p.produce(&[event(&s, Op::Create, None, Some(row(2, "b", 2, "2.00")), 2, 0)])
             .await;
-        let _runner = tributary_tests::Runner::start("sink-runner", &config, &log);
+        let runner = tributary_tests::Runner::start("sink-runner", &config, &log);
         wait_for("paused again after kill -9", Duration::from_secs(60), || async {
             state().await.as_deref() == Some("paused")
         })
@@ -1643,6 +1643,38 @@ mod e2e {
         assert!(resumed.status().is_success());
         let fx = &p.fx;
         wait_for("the held row after resume", Duration::from_secs(60), || async { fx.rows().await.len() == 2 }).await;
+        // Paused when the copy is deleted: the stored pause goes with it,
+        // so a copy made again under this consumer group starts unpaused.
+        let paused = client.post(format!("{base}/pause?table={label}")).send().await.expect("pause");
+        assert!(paused.status().is_success(), "{:?}", paused.text().await);
+        let mut runner = runner;
+        std::process::Command::new("kill")
+            .args(["-TERM", &runner.pid().to_string()])
+            .status()
+            .expect("kill -TERM");
+        let until = Instant::now() + Duration::from_secs(60);
+        while runner.exited().is_none() {
+            assert!(Instant::now() < until, "the runner did not stop on SIGTERM");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let out = std::process::Command::new(tributary_tests::runner_binary("sink-runner"))
+            .arg("--config")
+            .arg(&config)
+            .args(["delete", "--yes"])
+            .output()
+            .expect("delete");
+        assert!(out.status.success(), "delete failed: {}", String::from_utf8_lossy(&out.stderr));
+        let mut kafka = rdkafka::ClientConfig::new();
+        kafka.set("bootstrap.servers", tributary_tests::kafka_bootstrap());
+        let stored = tributary_operations::pauses::PauseStore::of_sink(kafka, &p.config().consumer_group)
+            .load()
+            .await
+            .expect("the stored pauses");
+        assert_eq!(
+            stored,
+            tributary_operations::admin::PauseSet::default(),
+            "the deleted copy's pause is still stored"
+        );
         p.fx.cleanup().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
