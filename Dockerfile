@@ -4,10 +4,11 @@
 
 FROM rust:1.88-bookworm AS builder
 # Native build deps of rdkafka-sys: librdkafka is built from source (cmake,
-# perl) and its TLS links the system's OpenSSL (libssl-dev, found through
-# pkg-config), as scripts/install sets up outside Docker.
+# perl), its TLS links the system's OpenSSL (libssl-dev, found through
+# pkg-config) and its OIDC token client libcurl (libcurl4-openssl-dev), as
+# scripts/install sets up outside Docker.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake perl pkg-config libssl-dev \
+ && apt-get install -y --no-install-recommends cmake perl pkg-config libssl-dev libcurl4-openssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -17,7 +18,7 @@ RUN cargo build --release --locked -p source-runner -p sink-runner \
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates libcurl4 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home tributary
 COPY --from=builder /out/source-runner /out/sink-runner /usr/local/bin/

@@ -535,6 +535,11 @@ impl Telemetry {
         status.paused = reason;
     }
 
+    /// The runner-wide pause's reason, if paused.
+    pub fn paused_reason(&self) -> Option<String> {
+        self.inner.status.lock().unwrap_or_else(|p| p.into_inner()).paused.clone()
+    }
+
     /// Records the consumer group membership (sink runners).
     pub fn set_consumer_group(&self, group: ConsumerGroupStatus) {
         let settled = ConsumerGroupStatus::settled(&group.state, &group.join_state);

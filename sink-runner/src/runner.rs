@@ -374,6 +374,17 @@ impl GroupHealth {
 }
 
 impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {
+    /// A failed login pauses the runner in its status, with the reason,
+    /// until the group is joined: librdkafka retries it by itself.
+    fn error(&self, error: KafkaError, reason: &str) {
+        use tributary_operations::kafka::{is_authentication_failure, AUTHENTICATION_FAILED, AUTHENTICATION_HINT};
+        if is_authentication_failure(&error) {
+            self.telemetry
+                .set_paused(Some(format!("{AUTHENTICATION_FAILED}: {reason} (to fix: {AUTHENTICATION_HINT})")));
+        }
+        warn!(error = %error, reason, "librdkafka reports an error");
+    }
+
     /// Reads the consumer group's part of the statistics and each
     /// partition's consumer lag (the per-broker rest is not kept).
     fn stats_raw(&self, statistics: &[u8]) {
@@ -431,6 +442,15 @@ impl<S: Sink + 'static> ClientContext for RebalanceCtx<S> {
             let settled = ConsumerGroupStatus::settled(&status.state, &status.join_state);
             self.control
                 .set_ready(settled && !self.retrying.load(std::sync::atomic::Ordering::Relaxed));
+            let failed_login = self
+                .telemetry
+                .paused_reason()
+                .is_some_and(|r| r.starts_with(tributary_operations::kafka::AUTHENTICATION_FAILED));
+            if settled && failed_login {
+                // Logged in since: back to what the operator asked for.
+                let all = self.control.paused().all;
+                self.telemetry.set_paused(all.then(|| "paused by an operator".to_string()));
+            }
             self.telemetry.set_consumer_group(status);
         }
     }

@@ -165,9 +165,21 @@ fn topic_creation_needs_operator(code: RDKafkaErrorCode) -> bool {
 #[derive(Clone, Default)]
 pub struct SourceProducerContext {
     refused: Arc<std::sync::Mutex<Option<(String, usize, RDKafkaErrorCode)>>>,
+    /// librdkafka's last authentication failure (a refused SASL login, an
+    /// OAuth token it could not get): it retries those by itself, so the
+    /// calls waiting on the broker would only time out, saying nothing of
+    /// the cause.
+    auth_failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
-impl ClientContext for SourceProducerContext {}
+impl ClientContext for SourceProducerContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if tributary_operations::kafka::is_authentication_failure(&error) {
+            *self.auth_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+        }
+        warn!(error = %error, reason, "librdkafka reports an error");
+    }
+}
 
 impl ProducerContext for SourceProducerContext {
     type DeliveryOpaque = ();
@@ -188,6 +200,20 @@ impl ProducerContext for SourceProducerContext {
 }
 
 impl SourceProducerContext {
+    /// Resolves with the needs-operator error of the first authentication
+    /// failure librdkafka reports.
+    async fn authentication_failed(&self) -> Error {
+        loop {
+            if let Some(reason) = self.auth_failure.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                use tributary_operations::kafka::{AUTHENTICATION_FAILED, AUTHENTICATION_HINT};
+                return Error::needs_operator(format!("{AUTHENTICATION_FAILED}: {reason}"))
+                    .with_class("kafka.Authentication")
+                    .with_hint(AUTHENTICATION_HINT);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// The largest record refused as too large since the last call.
     fn take_refused(&self) -> Option<(String, usize, RDKafkaErrorCode)> {
         self.refused.lock().unwrap_or_else(|e| e.into_inner()).take()
@@ -512,8 +538,9 @@ impl KafkaSide {
                 producer_config.set(key, value);
             }
         }
+        let context = SourceProducerContext::default();
         let producer: SourceProducer = producer_config
-            .create_with_context(SourceProducerContext::default())
+            .create_with_context(context.clone())
             .map_err(|e| kafka_error("cannot create the producer", e))?;
         let producer = Arc::new(producer);
         let p = producer.clone();
@@ -554,7 +581,11 @@ impl KafkaSide {
             side_pending: BTreeMap::new(),
         };
         let offsets_topic = config.offsets_topic();
-        let (fenced, offsets) = tokio::join!(fencing, side.ensure_topic(&offsets_topic, true));
+        // A refused login fails the start at once, with its reason.
+        let (fenced, offsets) = tokio::select! {
+            both = async { tokio::join!(fencing, side.ensure_topic(&offsets_topic, true)) } => both,
+            refused = context.authentication_failed() => return Err(refused),
+        };
         fenced
             .map_err(unfinished)?
             .map_err(|e| kafka_error("init_transactions (fencing the previous instance)", e))?;

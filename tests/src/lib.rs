@@ -33,6 +33,12 @@ pub fn kafka_bootstrap() -> String {
     env_or("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 }
 
+/// The stack's Kafka listener that authenticates with SASL/OAUTHBEARER
+/// (unsecured JWS tokens; see scripts/stack).
+pub fn kafka_oauth_bootstrap() -> String {
+    env_or("KAFKA_OAUTH_BOOTSTRAP", "127.0.0.1:9094")
+}
+
 /// Schema registry URL of the local stack (Confluent API).
 pub fn schema_registry_url() -> String {
     env_or("SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")

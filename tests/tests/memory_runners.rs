@@ -25,10 +25,9 @@ use tributary_tests::{counters, header, kafka_bootstrap, schema_registry_url, un
 /// connector instead, so nothing ever connects to it.
 const UNUSED_POSTGRES: &str = "[postgres]\nurl = \"postgres://unused@127.0.0.1:1/unused\"\n";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_source_runner_copies_a_memory_database_exactly_once_across_a_restart() {
-    let db = MemoryDatabase::new();
-    let t = TableId::new("memory", "items");
+/// Table `memory.<table>` (id key, name, qty) in `db`.
+fn memory_table(db: &MemoryDatabase, table: &str) -> TableId {
+    let t = TableId::new("memory", table);
     db.create_table(TableSchema {
         id: t.clone(),
         columns: vec![
@@ -39,6 +38,13 @@ async fn the_source_runner_copies_a_memory_database_exactly_once_across_a_restar
         key: vec!["id".into()],
         dropped: Vec::new(),
     });
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_source_runner_copies_a_memory_database_exactly_once_across_a_restart() {
+    let db = MemoryDatabase::new();
+    let t = memory_table(&db, "items");
     let r = |id: i32, qty: i32| vec![Value::Int32(id), Value::Text(format!("n{id}")), Value::Int32(qty)];
     db.insert(&t, (1..=500).map(|i| r(i, 0)).collect());
     let name = unique("memsrc");
@@ -155,17 +161,7 @@ impl tributary_connectors::Source for SlowThirdBatch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     let db = MemoryDatabase::new();
-    let t = TableId::new("memory", "slow");
-    db.create_table(TableSchema {
-        id: t.clone(),
-        columns: vec![
-            Column::new("id", DataType::Int32, false),
-            Column::new("name", DataType::Text, true),
-            Column::new("qty", DataType::Int32, true),
-        ],
-        key: vec!["id".into()],
-        dropped: Vec::new(),
-    });
+    let t = memory_table(&db, "slow");
     db.insert(
         &t,
         (1..=500)
@@ -566,4 +562,211 @@ async fn a_stalled_sink_member_cannot_write_after_the_group_moved_on() {
     stop.send(true).expect("stop");
     stalled.await.expect("join").expect("stalled runner");
     other.await.expect("join").expect("other runner");
+}
+
+/// An OAuth 2.0 token endpoint (RFC 6749 4.4, the client-credentials grant)
+/// that issues unsecured JWTs (RFC 7519 6.1: `alg` none, empty signature)
+/// to `client_id`:`secret` only, as the stack's OAUTHBEARER listener checks
+/// them (claims and expiry, no signature; a real provider signs them). Its
+/// URL and its (issued, refused) counts.
+async fn token_endpoint(
+    client_id: &'static str,
+    secret: &'static str,
+) -> (String, std::sync::Arc<(std::sync::atomic::AtomicU32, std::sync::atomic::AtomicU32)>) {
+    use base64::Engine;
+    use std::sync::atomic::Ordering::SeqCst;
+    let counts = std::sync::Arc::new((std::sync::atomic::AtomicU32::new(0), std::sync::atomic::AtomicU32::new(0)));
+    let seen = counts.clone();
+    let app = axum::Router::new().route(
+        "/token",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+            let seen = seen.clone();
+            async move {
+                let b64 = base64::engine::general_purpose::STANDARD;
+                let expected = format!("Basic {}", b64.encode(format!("{client_id}:{secret}")));
+                let authorised = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
+                if !authorised || !body.contains("grant_type=client_credentials") {
+                    seen.1.fetch_add(1, SeqCst);
+                    return (
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        axum::Json(serde_json::json!({"error": "invalid_client"})),
+                    );
+                }
+                seen.0.fetch_add(1, SeqCst);
+                let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let claims = serde_json::json!({"sub": client_id, "iat": now, "exp": now + 3600});
+                let token = format!("{}.{}.", url.encode(r#"{"alg":"none"}"#), url.encode(claims.to_string()));
+                (
+                    axum::http::StatusCode::OK,
+                    axum::Json(serde_json::json!({"access_token": token, "token_type": "bearer", "expires_in": 3600})),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/token"), counts)
+}
+
+/// The `[kafka]` section of a runner on the stack's OAUTHBEARER listener,
+/// with client `tributary` and `secret`.
+fn oauth_kafka_section(endpoint: &str, secret: &str) -> String {
+    format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\nsecurity_protocol = \"SASL_PLAINTEXT\"\nsasl_mechanism = \"OAUTHBEARER\"\n\
+         [kafka.oauth]\ntoken_endpoint_url = \"{endpoint}\"\nclient_id = \"tributary\"\nclient_secret = \"{secret}\"\n",
+        tributary_tests::kafka_oauth_bootstrap()
+    )
+}
+
+/// Issue #24: both runners authenticate to Kafka with SASL/OAUTHBEARER,
+/// their tokens fetched from an OAuth token endpoint with the client
+/// credentials of `[kafka.oauth]` (librdkafka's OIDC client); a wrong
+/// secret gets no token and copies nothing.
+#[test]
+fn both_runners_authenticate_to_kafka_with_oauth_client_credentials() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(oauth_client_credentials());
+    // The refused runner's `init_transactions` (librdkafka's, blocking, up
+    // to its 30 s timeout) still runs on a blocking thread: not waited for.
+    runtime.shutdown_background();
+}
+
+async fn oauth_client_credentials() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (endpoint, counts) = token_endpoint("tributary", "right-secret").await;
+    let db = MemoryDatabase::new();
+    let t = memory_table(&db, "items");
+    db.insert(
+        &t,
+        (1..=50)
+            .map(|i| vec![Value::Int32(i), Value::Text(format!("n{i}")), Value::Int32(0)])
+            .collect(),
+    );
+    let name = unique("oauth");
+    let source_config = |secret: &str, name: &str| -> source_runner::config::SourceRunnerConfig {
+        tributary_operations::config::parse(
+            &format!(
+                "name = \"{name}\"\nschema_registry_url = \"{}\"\n[admin]\nlisten = \"off\"\n{}{UNUSED_POSTGRES}",
+                schema_registry_url(),
+                oauth_kafka_section(&endpoint, secret)
+            ),
+            "test",
+        )
+        .expect("source config")
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let source = tokio::spawn(source_runner::runner::run(
+        source_config("right-secret", &name),
+        Box::new(MemorySource::new(db.clone(), &name)),
+        Telemetry::new(&name, "source"),
+        Control::new(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let store = MemoryStore::new();
+    let group = unique("oauth-sink");
+    let sink_config: SinkRunnerConfig = tributary_operations::config::parse(
+        &format!(
+            "prefix = \"{name}\"\nconsumer_group = \"{group}\"\nschema_registry_url = \"{}\"\nbatch_linger_ms = 100\n\
+             [admin]\nlisten = \"off\"\n{}[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n{UNUSED_POSTGRES}",
+            schema_registry_url(),
+            oauth_kafka_section(&endpoint, "right-secret")
+        ),
+        "test",
+    )
+    .expect("sink config");
+    let (stop_sink, sink_stopped) = watch::channel(false);
+    let sink = spawn_sink(&sink_config, Box::new(store.sink(&group)), Telemetry::new(&group, "sink"), sink_stopped);
+    wait_for("the rows through both runners", Duration::from_secs(90), || async {
+        (store.rows("memory.items").len() == 50).then_some(())
+    })
+    .await;
+    assert!(counts.0.load(SeqCst) >= 2, "tokens issued: {}", counts.0.load(SeqCst));
+    assert_eq!(counts.1.load(SeqCst), 0, "a request with the right credentials was refused");
+
+    // The wrong secret: refused by the token endpoint, nothing produced.
+    let wrong = unique("oauthwrong");
+    let telemetry = Telemetry::new(&wrong, "source");
+    let (stop_wrong, wrong_stopped) = tokio::sync::oneshot::channel::<()>();
+    let logs = tributary_tests::logs::Captured::default();
+    let refused = tokio::spawn(tracing::instrument::WithSubscriber::with_subscriber(
+        source_runner::runner::run(
+            source_config("wrong-secret", &wrong),
+            Box::new(MemorySource::new(db.clone(), &wrong)),
+            telemetry.clone(),
+            Control::new(),
+            async {
+                let _ = wrong_stopped.await;
+            },
+        ),
+        logs.dispatch(),
+    ));
+    // Paused for an operator, saying why, long before librdkafka's own
+    // calls would time out.
+    let refused_reason = || {
+        telemetry
+            .paused_reason()
+            .filter(|r| r.starts_with("kafka: authentication failed") && r.contains("invalid_client"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !(counts.1.load(SeqCst) >= 1 && refused_reason().is_some()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the wrong secret: {} refused, status {:?}; log:\n{}",
+            counts.1.load(SeqCst),
+            telemetry.status().paused,
+            logs.text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seen = counters::collect(format!("{wrong}.memory.items"), "qty");
+    // A sink runner with the wrong secret says so too, and applies nothing.
+    let wrong_group = unique("oauthwrong-sink");
+    let wrong_sink_config: SinkRunnerConfig = tributary_operations::config::parse(
+        &format!(
+            "prefix = \"{name}\"\nconsumer_group = \"{wrong_group}\"\nschema_registry_url = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n{}{UNUSED_POSTGRES}",
+            schema_registry_url(),
+            oauth_kafka_section(&endpoint, "wrong-secret")
+        ),
+        "test",
+    )
+    .expect("sink config");
+    let wrong_store = MemoryStore::new();
+    let sink_telemetry = Telemetry::new(&wrong_group, "sink");
+    let (stop_wrong_sink, wrong_sink_stopped) = watch::channel(false);
+    let wrong_sink = spawn_sink(
+        &wrong_sink_config,
+        Box::new(wrong_store.sink(&wrong_group)),
+        sink_telemetry.clone(),
+        wrong_sink_stopped,
+    );
+    wait_for("the sink's failed login in its status", Duration::from_secs(20), || async {
+        sink_telemetry
+            .paused_reason()
+            .filter(|r| r.starts_with("kafka: authentication failed") && r.contains("invalid_client"))
+    })
+    .await;
+    assert!(wrong_store.rows("memory.items").is_empty(), "a sink without a token applied rows");
+    assert!(seen.lock().unwrap().is_empty(), "a runner without a token produced");
+    stop_wrong_sink.send(true).expect("stop");
+    let _ = wrong_sink.await;
+    let _ = stop_wrong.send(());
+    let _ = refused.await;
+    let _ = stop.send(());
+    source.await.expect("join").expect("source");
+    stop_sink.send(true).expect("stop");
+    sink.await.expect("join").expect("sink");
 }
