@@ -158,11 +158,43 @@ fn from_src(what: &str, e: SRCError) -> SchemaError {
         .and_then(|s| s.downcast_ref::<RawError>())
         .map(|r| r.error_code);
     // No HTTP status at all: the call itself failed (registry down or
-    // restarting, found by the fault suite), which a retry fixes.
+    // restarting, found by the fault suite), which a retry fixes; but not a
+    // certificate the runner does not trust, which only a setting fixes.
     let transport = code.is_none() && e.error.starts_with("http call");
-    let retryable =
-        e.retriable || transport || matches!(code, Some(c) if (500..600).contains(&c) || (50000..60000).contains(&c));
-    SchemaError::Registry { reason: format!("{what}: {}", e.error), retryable }
+    let causes = causes(&e);
+    let untrusted = transport && causes.contains("certificate");
+    let retryable = !untrusted
+        && (e.retriable
+            || transport
+            || matches!(code, Some(c) if (500..600).contains(&c) || (50000..60000).contains(&c)));
+    let hint = if untrusted {
+        " (the registry's certificate is not trusted: set [schema_registry] ca_file to its CA's PEM file)"
+    } else {
+        ""
+    };
+    let reason = if transport {
+        format!("{what}: {}{causes}{hint}", e.error)
+    } else {
+        format!("{what}: {}", e.error)
+    };
+    SchemaError::Registry { reason, retryable }
+}
+
+/// The messages of an HTTP call's failure below the converter's own (the
+/// connection, TLS or timeout that failed), `: `-separated; their text has
+/// the URL at most, never a credential.
+fn causes(e: &SRCError) -> String {
+    let mut out = String::new();
+    let mut next = std::error::Error::source(e);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }
 
 fn not_found(e: &SRCError) -> bool {

@@ -513,6 +513,83 @@ async fn a_registry_that_wants_credentials_gets_them_from_the_config() {
     registry.delete_subject(&subject).await.expect("cleanup");
 }
 
+/// A TLS front for the plain HTTP server at `upstream` (`http://addr`),
+/// with the stack's PostgreSQL certificate (CN=localhost, signed by the
+/// stack's own CA, whose file is `PG_TLS_CA`): a registry behind a private
+/// CA. Its `https://localhost:port` origin.
+async fn tls_front(upstream: &str) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let ca = std::path::PathBuf::from(tributary_tests::env_or("PG_TLS_CA", ".stack/postgres-ca.crt"));
+    let tls_dir = ca.parent().expect("the stack directory").join("postgres/tls");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(tls_dir.join("server.crt"))
+        .expect("the stack's certificate")
+        .collect::<Result<_, _>>()
+        .expect("certificate");
+    let key = PrivateKeyDer::from_pem_file(tls_dir.join("server.key")).expect("the stack's key");
+    let config =
+        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("protocols")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let (acceptor, upstream) = (acceptor.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(client).await else {
+                    return;
+                };
+                if let Ok(mut plain) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                }
+            });
+        }
+    });
+    format!("https://localhost:{port}")
+}
+
+/// A registry served over TLS with a certificate of a private CA is
+/// reached with `[schema_registry] ca_file` naming that CA; without it the
+/// handshake is refused (issue #24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_behind_a_private_ca_is_reached_with_its_ca_file() {
+    use tributary_operations::registry::SchemaRegistryConfig;
+    let guarded = guarded_registry(vec!["Bearer the-token".to_string()]).await;
+    let path = &guarded[guarded.find("/apis").expect("a ccompat URL")..];
+    let url = format!("{}{path}", tls_front(&guarded[..guarded.find("/apis").expect("a ccompat URL")]).await);
+    let ca = tributary_tests::env_or("PG_TLS_CA", ".stack/postgres-ca.crt");
+    let subject = format!("{}-value", unique("tlsreg"));
+    let schema = r#"{"type":"record","name":"r","fields":[{"name":"a","type":"int"}]}"#;
+    let section = |text: &str| -> SchemaRegistryConfig {
+        let c: SchemaRegistryConfig = toml::from_str(text).expect("section");
+        c.validate().expect("valid");
+        c
+    };
+    let untrusted = section("token = \"the-token\"").registry(&url).expect("client");
+    let refused = tributary_connectors::Error::from(
+        untrusted
+            .register(&subject, schema)
+            .await
+            .expect_err("an unknown CA is refused"),
+    );
+    // An operator's error that says what to set, not a retry for ever.
+    assert_eq!(refused.kind(), tributary_connectors::ErrorKind::NeedsOperator, "{refused}");
+    assert!(refused.to_string().contains("ca_file"), "{refused}");
+    let registry = section(&format!("token = \"the-token\"\nca_file = \"{ca}\""))
+        .registry(&url)
+        .expect("client");
+    let id = registry.register(&subject, schema).await.expect("register over TLS");
+    assert_eq!(registry.lookup(&subject, schema).await.expect("lookup"), Some(id));
+    assert!(registry.check_compatible(&subject, schema).await.expect("compatibility"));
+    registry.delete_subject(&subject).await.expect("cleanup");
+}
+
 /// `id|v` of every row of `table`, by id (none while it cannot be read).
 async fn rows(client: &tokio_postgres::Client, table: String) -> Vec<String> {
     client
