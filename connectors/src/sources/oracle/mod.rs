@@ -87,6 +87,23 @@ pub struct OracleState {
     /// Snapshot work not done yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotState>,
+    /// Tables copied again while streaming ([`Source::resync`], a table
+    /// renamed into the capture): the stream leaves out their changes
+    /// committed at or below the copy's SCN (its rows hold them) until it
+    /// has passed that SCN.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recopied: Vec<Recopied>,
+}
+
+/// A table copied again at `scn` while streaming.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recopied {
+    /// Owner.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// The copy's flashback SCN.
+    pub scn: u64,
 }
 
 impl OracleState {
@@ -97,6 +114,12 @@ impl OracleState {
 
     fn def(&self, id: &TableId) -> Option<&TableDef> {
         self.tables.iter().find(|t| t.schema == id.schema && t.table == id.table).map(|t| &t.def)
+    }
+
+    /// Whether the copy of `id` made at a later SCN holds a change of it
+    /// committed at `commit_scn`.
+    fn covered(&self, id: &TableId, commit_scn: u64) -> bool {
+        self.recopied.iter().any(|r| r.schema == id.schema && r.table == id.table && commit_scn <= r.scn)
     }
 
     fn set_def(&mut self, id: &TableId, def: Option<TableDef>) {
@@ -250,8 +273,9 @@ impl OracleSource {
         let def = state.def(&id).cloned().ok_or_else(|| Error::permanent(format!("no definition of {id}")))?;
         let (schema, kept, keyed) = build_schema(&self.filter, &id, &def)?;
         self.announce(&schema, &mut messages);
-        let rows = client.snapshot_chunk(&id, &kept, snap.scn, snap.tables[i].after.as_ref(), chunk_rows).await?;
-        let position = Position { commit: snap.scn, index: 0 };
+        let scn = snap.tables[i].scn.unwrap_or(snap.scn);
+        let rows = client.snapshot_chunk(&id, &kept, scn, snap.tables[i].after.as_ref(), chunk_rows).await?;
+        let position = Position { commit: scn, index: 0 };
         let ts_ms = crate::now_ms();
         for r in &rows {
             let after = snapshot::decode_row(&schema, r)?;
@@ -347,7 +371,15 @@ impl OracleSource {
             let pos = CommitPos::of(&txn);
             self.emit(&client, &mut state, txn, rank, &mut messages).await?;
             state.committed = pos;
+            if state.snapshot.is_some() {
+                // A table renamed into the capture is copied now: its copy
+                // comes before any later change.
+                break;
+            }
         }
+        // Past a copy's SCN, the commits it holds are behind `committed`.
+        let reached = state.committed.scn;
+        state.recopied.retain(|r| r.scn >= reached);
         let pending_start = self.pending.iter().map(|(_, t)| t.start_scn).min();
         let restart = stream::restart_scn(&self.buffer, self.mined_to);
         state.restart_scn = pending_start.map_or(restart, |p| p.min(restart));
@@ -355,6 +387,32 @@ impl OracleSource {
         let checkpoint = Checkpoint::encode(&state);
         self.state = Some(state);
         Ok(SourceBatch { messages, checkpoint })
+    }
+
+    /// Plans a new copy of `id` at the current SCN, its definition read
+    /// from the catalog just before: chunked and resumable like the
+    /// initial snapshot (in the checkpoint), and the table's changes
+    /// committed at or below that SCN left out of the stream (the copy's
+    /// rows hold them). Whether the table exists.
+    async fn plan_copy(&mut self, client: &Arc<dyn LogMinerClient>, state: &mut OracleState, id: &TableId) -> Result<bool> {
+        let Some(def) = client.table_def(id).await? else { return Ok(false) };
+        let scn = client.current_scn().await?;
+        // A DDL between the two reads would have the flashback read at
+        // `scn` name columns the table did not have then (ORA-01466).
+        if client.table_def(id).await?.as_ref() != Some(&def) {
+            return Err(Error::retryable(format!("the definition of {id} changed while its copy was planned"))
+                .with_table(id.clone()));
+        }
+        state.set_def(id, Some(def));
+        let snap = state.snapshot.get_or_insert_with(|| SnapshotState { scn, tables: Vec::new() });
+        snap.tables.retain(|t| t.id() != *id);
+        snap.tables.push(TablePlan { scn: Some(scn), ..TablePlan::new(id) });
+        state.recopied.retain(|r| !(r.schema == id.schema && r.table == id.table));
+        state.recopied.push(Recopied { schema: id.schema.clone(), table: id.table.clone(), scn });
+        self.progress.remove(id);
+        self.announced.remove(id);
+        tracing::info!(table = %id, scn, "copying the table again");
+        Ok(true)
     }
 
     /// The schema of a table changed by a DDL (or first seen): re-read from
@@ -402,7 +460,7 @@ impl OracleSource {
                 }
             }
             let id = TableId::new(&e.owner, &e.table);
-            if !self.filter.captures(&id) {
+            if !self.filter.captures(&id) || state.covered(&id, txn.commit_scn) {
                 continue;
             }
             match e.op {
@@ -657,6 +715,7 @@ impl Source for OracleSource {
                     committed: CommitPos::through(scn),
                     tables,
                     snapshot,
+                    recopied: Vec::new(),
                 }
             }
         };
@@ -691,6 +750,26 @@ impl Source for OracleSource {
         self.progress.values().cloned().collect()
     }
 
+    /// Copies `tables` again with flashback reads at an SCN read now (see
+    /// [`OracleSource::plan_copy`]); the stream waits until the copy is
+    /// done, then goes on from where it was, without the copied tables'
+    /// changes the copy holds.
+    async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Ok(Vec::new());
+        }
+        let client = self.client()?;
+        let mut state = self.state()?.clone();
+        let mut out = Vec::new();
+        for id in tables {
+            if self.filter.captures(id) && state.def(id).is_some() && self.plan_copy(&client, &mut state, id).await? {
+                out.push(id.clone());
+            }
+        }
+        self.state = Some(state);
+        Ok(out)
+    }
+
     fn tables(&self) -> Vec<TableId> {
         self.state
             .as_ref()
@@ -701,6 +780,8 @@ impl Source for OracleSource {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::fake::FakeOracle;
     use super::*;
     use crate::error::ErrorKind;
@@ -723,7 +804,7 @@ mod tests {
     #[derive(Default, Debug)]
     struct Mirror {
         rows: BTreeMap<(TableId, String), Row>,
-        seen: Vec<(Op, Position)>,
+        seen: Vec<(TableId, Op, Position)>,
         dropped: Vec<TableId>,
         schemas: BTreeMap<TableId, Arc<TableSchema>>,
     }
@@ -739,7 +820,7 @@ mod tests {
                     SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
-                        self.seen.push((ev.op, ev.source.position));
+                        self.seen.push((ev.schema.id.clone(), ev.op, ev.source.position));
                         let row = ev.after.as_ref().or(ev.before.as_ref()).expect("a row");
                         let key = format!("{:?}", row[0]);
                         match ev.op {
@@ -761,6 +842,28 @@ mod tests {
         fn table(&self, t: &TableId) -> Vec<Row> {
             self.rows.iter().filter(|((id, _), _)| id == t).map(|(_, r)| r.clone()).collect()
         }
+
+        /// What the runner's table-reset and table-copied records do
+        /// downstream when `t` is copied again: its rows are the copy's
+        /// and the changes after it.
+        fn reset(&mut self, t: &TableId) {
+            self.rows.retain(|(id, _), _| id != t);
+        }
+
+        /// `t`'s rows as (key, second column) texts.
+        fn pairs(&self, t: &TableId) -> BTreeSet<(String, Option<String>)> {
+            let text = |v: &Value| match v {
+                Value::Decimal(d) => Some(d.to_string()),
+                Value::Text(t) => Some(t.clone()),
+                _ => None,
+            };
+            self.table(t).iter().map(|r| (text(&r[0]).unwrap_or_default(), text(&r[1]))).collect()
+        }
+    }
+
+    /// The fake's committed rows of `t` as [`Mirror::pairs`] gives them.
+    fn db_pairs(db: &FakeOracle, t: &TableId) -> BTreeSet<(String, Option<String>)> {
+        db.rows(t).into_iter().map(|r| (r[0].clone().unwrap_or_default(), r[1].clone())).collect()
     }
 
     /// Batches until the source has mined everything the fake wrote and
@@ -777,6 +880,19 @@ mod tests {
             }
         }
         panic!("the source never caught up");
+    }
+
+    /// From every checkpoint returned, a new source emits exactly what
+    /// the first run (`mirror`) emitted after it, in the same order: none
+    /// lost, none twice.
+    async fn replays_match(db: &FakeOracle, mirror: &Mirror, checkpoints: &[(Checkpoint, usize)]) {
+        for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
+            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
+            let mut resumed = source(db, 2);
+            resumed.start(Some(cp.clone())).await.expect("resume");
+            drain(&mut resumed, db, &mut replay).await;
+            assert_eq!(replay.seen, mirror.seen[*emitted..], "checkpoint {n}");
+        }
     }
 
     fn seed(db: &FakeOracle) {
@@ -838,11 +954,11 @@ mod tests {
         assert_eq!((by("3")[1].clone(), by("3")[3].clone()), (text("three"), text("short")));
         // Snapshot rows (3 chunks of 2 for 5 rows), then streamed changes
         // in position order.
-        let snapshot: Vec<&(Op, Position)> = mirror.seen.iter().filter(|(op, _)| *op == Op::Read).collect();
+        let snapshot: Vec<&(TableId, Op, Position)> = mirror.seen.iter().filter(|(_, op, _)| *op == Op::Read).collect();
         assert_eq!(snapshot.len(), 5);
-        let streamed: Vec<Position> = mirror.seen.iter().filter(|(op, _)| *op != Op::Read).map(|(_, p)| *p).collect();
+        let streamed: Vec<Position> = mirror.seen.iter().filter(|(_, op, _)| *op != Op::Read).map(|(_, _, p)| *p).collect();
         assert!(streamed.windows(2).all(|w| w[0] < w[1]), "{streamed:?}");
-        assert!(streamed[0] > snapshot[0].1);
+        assert!(streamed[0] > snapshot[0].2);
     }
 
     #[tokio::test]
@@ -878,17 +994,88 @@ mod tests {
         let want = mirror.table(&orders());
         let want_seen = mirror.seen.len();
         assert_eq!(want.len(), 5 + 10 - 1 + 1 + 10);
-        // From every checkpoint returned, a new source emits exactly what
-        // the first run emitted after it, in the same order: none lost,
-        // none twice (snapshot rows and changes alike).
-        for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
-            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
-            let mut resumed = source(&db, 2);
-            resumed.start(Some(cp.clone())).await.expect("resume");
-            drain(&mut resumed, &db, &mut replay).await;
-            assert_eq!(replay.seen, mirror.seen[*emitted..], "checkpoint {n}");
-        }
+        // Snapshot rows and changes alike.
+        replays_match(&db, &mirror, &checkpoints).await;
         assert_eq!(mirror.seen.len(), want_seen);
+    }
+
+    #[tokio::test]
+    async fn resync_copies_a_table_again_while_its_changes_and_the_others_go_on() {
+        let db = FakeOracle::new();
+        seed(&db);
+        let other = TableId::new("APP", "OTHER");
+        db.create_table(&other, &[("ID", "NUMBER"), ("NAME", "VARCHAR2")], &["ID"]);
+        let mut src = source(&db, 2);
+        src.start(None).await.expect("start");
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        // Written before the resync, mined after it: committed changes of
+        // both tables, and a transaction open across it.
+        let mut open = db.begin();
+        open.insert(&orders(), &[Some("40"), Some("open"), None, None]);
+        open.insert(&other, &[Some("40"), Some("open")]);
+        for i in 10..14 {
+            let id = i.to_string();
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some(&id), Some("before"), None, None]);
+            tx.insert(&other, &[Some(&id), Some("before")]);
+            tx.commit();
+        }
+        let mut tx = db.begin();
+        tx.update(&orders(), "1", &[("NAME", Some("before"))]);
+        tx.delete(&orders(), "2");
+        tx.delete(&other, "10");
+        tx.commit();
+
+        assert_eq!(src.resync(&[TableId::new("APP", "NOPE")]).await.expect("resync"), Vec::<TableId>::new());
+        assert_eq!(src.resync(&[orders()]).await.expect("resync"), vec![orders()]);
+        let s = db.scn();
+        assert_eq!(src.state.as_ref().map(|st| st.recopied.clone()), Some(vec![Recopied { schema: "APP".into(), table: "ORDERS".into(), scn: s }]));
+        mirror.reset(&orders());
+        let from = mirror.seen.len();
+
+        open.update(&orders(), "40", &[("NAME", Some("late"))]);
+        open.commit();
+        let mut tx = db.begin();
+        tx.update(&orders(), "3", &[("NAME", Some("after"))]);
+        tx.delete(&orders(), "4");
+        tx.insert(&orders(), &[Some("20"), Some("after"), None, None]);
+        tx.insert(&other, &[Some("20"), Some("after")]);
+        tx.commit();
+        let checkpoints = drain(&mut src, &db, &mut mirror).await;
+
+        // The copy's rows first, read at s; then only changes committed after it.
+        let after = &mirror.seen[from..];
+        let reads = after.iter().take_while(|(_, op, _)| *op == Op::Read).count();
+        assert_eq!(reads, 5 - 1 + 4);
+        assert!(after[..reads].iter().all(|(t, _, p)| *t == orders() && *p == Position { commit: s, index: 0 }));
+        assert!(after[reads..].iter().all(|(_, op, _)| *op != Op::Read));
+        let orders_after: Vec<Position> = after[reads..].iter().filter(|(t, _, _)| *t == orders()).map(|(_, _, p)| *p).collect();
+        assert_eq!(orders_after.len(), 2 + 3, "{orders_after:?}");
+        assert!(orders_after.iter().all(|p| p.commit > s), "{orders_after:?}");
+        // The other table lost and repeated nothing.
+        let others: Vec<Position> = mirror.seen.iter().filter(|(t, op, _)| *t == other && *op != Op::Read).map(|(_, _, p)| *p).collect();
+        assert_eq!(others.len(), 1 + 4 + 1 + 1);
+        assert!(others.windows(2).all(|w| w[0] < w[1]), "{others:?}");
+        assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
+        assert_eq!(mirror.pairs(&other), db_pairs(&db, &other));
+        assert!(mirror.pairs(&orders()).contains(&("40".into(), Some("late".into()))));
+        assert_eq!(src.state.as_ref().map(|st| st.recopied.len()), Some(0), "dropped once the stream passed s");
+
+        // A restart from any checkpoint of the copy (half-way through it
+        // too) or after it emits exactly what the first run did after it.
+        let halfway = checkpoints.iter().filter(|(cp, _)| {
+            OracleState::from_checkpoint(cp).expect("state").snapshot.is_some_and(|sn| sn.tables.iter().any(|t| t.after.is_some() && !t.done))
+        });
+        assert!(halfway.count() >= 2);
+        replays_match(&db, &mirror, &checkpoints).await;
+
+        // Without snapshots, nothing can be copied again.
+        let mut c = OracleSourceConfig::with_url("oracle://c##tributary@fake/FREEPDB1", &["APP.*"]);
+        c.snapshot_mode = SnapshotMode::Never;
+        let mut never = OracleSource::new(c, "test", Some(Arc::new(db.clone()))).expect("valid");
+        never.start(None).await.expect("start");
+        assert_eq!(never.resync(&[orders()]).await.expect("resync"), Vec::<TableId>::new());
     }
 
     #[tokio::test]
