@@ -31,6 +31,11 @@ pub struct ColumnDef {
     pub scale: Option<u32>,
     /// `NULLABLE = 'Y'`.
     pub nullable: bool,
+    /// Names the column had before (`RENAME COLUMN`), oldest first: the
+    /// schema's `Column::aliases`, so that sinks rename the column rather
+    /// than split its values. Kept by the source (the catalog knows none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
 }
 
 /// A table's definition.
@@ -498,6 +503,7 @@ impl LogMinerClient for OracleClient {
                             precision: s(2).and_then(|p| p.parse().ok()),
                             scale: s(3).and_then(|p| p.parse().ok()),
                             nullable: s(4).as_deref() == Some("Y"),
+                            aliases: Vec::new(),
                         }
                     })
                     .collect(),

@@ -163,6 +163,7 @@ impl FakeOracle {
                     precision: None,
                     scale: None,
                     nullable: !key.contains(n),
+                    aliases: Vec::new(),
                 })
                 .collect(),
             primary_key: key.iter().map(|s| s.to_string()).collect(),
@@ -179,7 +180,52 @@ impl FakeOracle {
         let sql = format!("alter table {} add {} {type_text};", quote_table(table), quote_ident(name));
         self.ddl(table, &sql, |i| {
             if let Some(t) = i.tables.get_mut(table) {
-                t.def.columns.push(ColumnDef { name: name.into(), type_text: type_text.into(), precision: None, scale: None, nullable: true });
+                t.def.columns.push(ColumnDef { name: name.into(), type_text: type_text.into(), precision: None, scale: None, nullable: true, aliases: Vec::new() });
+            }
+        });
+    }
+
+    /// `ALTER TABLE ... RENAME COLUMN from TO to`. The rows mined later
+    /// name the column `to`, those written before the rename too: the
+    /// online catalog renders every row with today's names.
+    pub fn rename_column(&self, table: &TableId, from: &str, to: &str) {
+        let sql = format!("ALTER TABLE {} RENAME COLUMN {} TO {};", quote_table(table), quote_ident(from), quote_ident(to));
+        let mut i = self.lock();
+        let (old, new) = (quote_ident(from), quote_ident(to));
+        for r in i.redo.iter_mut().filter(|r| r.seg_owner.as_deref() == Some(&table.schema) && r.table_name.as_deref() == Some(&table.table)) {
+            if matches!(r.operation_code, 1 | 2 | 3 | 9) {
+                r.sql_redo = r.sql_redo.as_ref().map(|q| q.replace(&old, &new));
+            }
+        }
+        drop(i);
+        self.ddl(table, &sql, |i| {
+            if let Some(c) = i.tables.get_mut(table).and_then(|t| t.def.columns.iter_mut().find(|c| c.name == from)) {
+                c.name = to.to_string();
+            }
+            if let Some(t) = i.tables.get_mut(table) {
+                t.def.primary_key.iter_mut().filter(|k| *k == from).for_each(|k| *k = to.to_string());
+            }
+        });
+    }
+
+    /// `ALTER TABLE from RENAME TO to` (same owner). Rows written before
+    /// it are mined under the new name, as with [`FakeOracle::rename_column`].
+    pub fn rename_table(&self, from: &TableId, to: &str) {
+        let new = TableId::new(&from.schema, to);
+        let sql = format!("ALTER TABLE {} RENAME TO {};", quote_table(from), quote_ident(to));
+        let mut i = self.lock();
+        let (old_q, new_q) = (quote_table(from), quote_table(&new));
+        for r in i.redo.iter_mut().filter(|r| r.seg_owner.as_deref() == Some(&from.schema) && r.table_name.as_deref() == Some(&from.table)) {
+            r.table_name = Some(to.to_string());
+            r.sql_redo = r.sql_redo.as_ref().map(|q| q.replace(&old_q, &new_q));
+        }
+        drop(i);
+        self.ddl(&new, &sql, |i| {
+            if let Some(t) = i.tables.remove(from) {
+                i.tables.insert(new.clone(), t);
+            }
+            if let Some(l) = i.logging.remove(from) {
+                i.logging.insert(new.clone(), l);
             }
         });
     }

@@ -24,6 +24,7 @@
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod ddl;
 pub mod fake;
 pub mod lob;
 pub mod logs;
@@ -46,11 +47,12 @@ use tributary_schemas::{
 use self::client::{LogMinerClient, OracleClient, TableDef};
 pub use self::config::OracleSourceConfig;
 use self::config::{SnapshotMode, TableFilter};
+use self::ddl::Ddl;
 use self::lob::{LobOp, LobValue};
 use self::redo_sql::{Literal, Redo};
 use self::snapshot::{SnapshotState, TablePlan};
 use self::stream::CommitPos;
-use self::txbuffer::{Committed, TxBuffer};
+use self::txbuffer::{Committed, TxBuffer, TxEvent};
 use crate::error::{Error, Result};
 use crate::source::SnapshotTableProgress;
 use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
@@ -138,6 +140,7 @@ pub fn columns_of(table: &TableId, def: &TableDef) -> Result<Vec<Column>> {
             let data_type = types::map_type(table, &c.name, &c.type_text, c.precision, c.scale)?;
             let mut col = Column::new(c.name.clone(), data_type, c.nullable);
             col.source_type = c.type_text.clone();
+            col.aliases = c.aliases.clone();
             Ok(col)
         })
         .collect()
@@ -394,7 +397,13 @@ impl OracleSource {
     /// initial snapshot (in the checkpoint), and the table's changes
     /// committed at or below that SCN left out of the stream (the copy's
     /// rows hold them). Whether the table exists.
-    async fn plan_copy(&mut self, client: &Arc<dyn LogMinerClient>, state: &mut OracleState, id: &TableId) -> Result<bool> {
+    async fn plan_copy(
+        &mut self,
+        client: &Arc<dyn LogMinerClient>,
+        state: &mut OracleState,
+        id: &TableId,
+        old: Option<&TableDef>,
+    ) -> Result<bool> {
         let Some(def) = client.table_def(id).await? else { return Ok(false) };
         let scn = client.current_scn().await?;
         // A DDL between the two reads would have the flashback read at
@@ -403,7 +412,7 @@ impl OracleSource {
             return Err(Error::retryable(format!("the definition of {id} changed while its copy was planned"))
                 .with_table(id.clone()));
         }
-        state.set_def(id, Some(def));
+        state.set_def(id, Some(carry_aliases(old, def, &[])));
         let snap = state.snapshot.get_or_insert_with(|| SnapshotState { scn, tables: Vec::new() });
         snap.tables.retain(|t| t.id() != *id);
         snap.tables.push(TablePlan { scn: Some(scn), ..TablePlan::new(id) });
@@ -422,6 +431,7 @@ impl OracleSource {
         client: &Arc<dyn LogMinerClient>,
         state: &mut OracleState,
         id: &TableId,
+        renames: &[(String, String)],
         out: &mut Vec<SourceMessage>,
     ) -> Result<()> {
         let def = client.table_def(id).await?;
@@ -434,10 +444,63 @@ impl OracleSource {
                 }
             }
             Some(def) => {
+                let def = carry_aliases(state.def(id), def, renames);
                 let (schema, _, _) = build_schema(&self.filter, id, &def)?;
                 state.set_def(id, Some(def));
                 self.announce(&schema, out);
             }
+        }
+        Ok(())
+    }
+
+    /// The DDL statements of `rest` (the rest of the transaction being
+    /// emitted, from the current row on) and of the transactions mined and
+    /// not emitted yet, in order: the online catalog renders every row
+    /// with today's names, so a row written before a rename and mined
+    /// after it already names the new ones.
+    fn ddl_ahead<'a>(&'a self, rest: &'a [TxEvent]) -> impl Iterator<Item = Ddl> + 'a {
+        rest.iter()
+            .chain(self.pending.iter().flat_map(|(_, t)| t.events.iter()))
+            .filter(|e| e.op == 5)
+            .map(|e| ddl::parse(&e.sql, &e.owner))
+    }
+
+    /// The column renames of `table` ahead (see [`OracleSource::ddl_ahead`]).
+    fn renames_ahead(&self, table: &TableId, rest: &[TxEvent]) -> Vec<(String, String)> {
+        self.ddl_ahead(rest)
+            .filter_map(|d| match d {
+                Ddl::RenameColumn { table: t, from, to } if t == *table => Some((from, to)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `from` renamed to `to` (see `docs/schema-changes.md`, as the MySQL
+    /// source does): the old name is dropped downstream; the new one,
+    /// when captured, is copied (its rows were written under the old
+    /// name, no event carries them under the new one) at an SCN after the
+    /// rename, then streamed.
+    async fn rename_table(
+        &mut self,
+        client: &Arc<dyn LogMinerClient>,
+        state: &mut OracleState,
+        (from, to): (&TableId, &TableId),
+        out: &mut Vec<SourceMessage>,
+    ) -> Result<()> {
+        let old = state.def(from).cloned();
+        if old.is_some() {
+            state.set_def(from, None);
+            self.announced.remove(from);
+            out.push(SourceMessage::TableDropped(from.clone()));
+        }
+        if !self.filter.captures(to) {
+            return Ok(());
+        }
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return self.refresh(client, state, to, &[], out).await;
+        }
+        if self.plan_copy(client, state, to, old.as_ref()).await? {
+            tracing::info!(from = %from, to = %to, "renamed table to be copied under its new name");
         }
         Ok(())
     }
@@ -453,25 +516,51 @@ impl OracleSource {
         let mut events: Vec<(String, ChangeEvent)> = Vec::new();
         // The LOB being written: (row id, table, column, value, key).
         let mut lob: Option<OpenLob> = None;
-        for e in &txn.events {
+        for (k, e) in txn.events.iter().enumerate() {
             if !matches!(e.op, 10 | 11 | 28) {
                 if let Some(done) = lob.take() {
                     self.finish_lob(state, &txn, rank, done, &mut events)?;
                 }
             }
             let id = TableId::new(&e.owner, &e.table);
+            let ddl = if e.op == 5 { ddl::parse(&e.sql, &e.owner) } else { Ddl::Other };
+            if e.op == 5 {
+                // Events before the DDL keep their shape: flush them first.
+                out.extend(events.drain(..).map(|(_, ev)| SourceMessage::Change(ev)));
+            }
+            if let Ddl::RenameTable { from, to } = &ddl {
+                // The row's own table name is whichever the catalog has now.
+                self.rename_table(client, state, (from, to), out).await?;
+                continue;
+            }
+            let id = match ddl {
+                Ddl::RenameColumn { table, .. } => table,
+                _ => id,
+            };
             if !self.filter.captures(&id) || state.covered(&id, txn.commit_scn) {
                 continue;
             }
             match e.op {
                 5 => {
-                    // Events before the DDL keep their shape: flush them first.
-                    out.extend(events.drain(..).map(|(_, ev)| SourceMessage::Change(ev)));
-                    self.refresh(client, state, &id, out).await?;
+                    let renames = self.renames_ahead(&id, &txn.events[k..]);
+                    self.refresh(client, state, &id, &renames, out).await?;
                 }
                 1..=3 => {
                     if state.def(&id).is_none() {
-                        self.refresh(client, state, &id, out).await?;
+                        let renamed_here = self.ddl_ahead(&txn.events[k..]).any(|d| matches!(&d, Ddl::RenameTable { to, .. } if *to == id));
+                        if renamed_here {
+                            // Written before a rename to this name, mined after
+                            // it: in the copy the rename starts.
+                            continue;
+                        }
+                        self.refresh(client, state, &id, &[], out).await?;
+                    }
+                    let redo = redo_sql::parse(&e.sql).map_err(|err| err.with_table(id.clone()))?;
+                    if state.def(&id).is_some_and(|d| names_unknown(d, &redo)) {
+                        // Renamed columns ahead (the online catalog names them
+                        // already), or a definition the catalog is ahead of.
+                        let renames = self.renames_ahead(&id, &txn.events[k..]);
+                        self.refresh(client, state, &id, &renames, out).await?;
                     }
                     let Some(def) = state.def(&id).cloned() else {
                         // The online catalog no longer knows the table (dropped
@@ -481,7 +570,6 @@ impl OracleSource {
                     };
                     let (schema, _, _) = build_schema(&self.filter, &id, &def)?;
                     self.announce(&schema, out);
-                    let redo = redo_sql::parse(&e.sql).map_err(|err| err.with_table(id.clone()))?;
                     let missing = missing_after(&schema, &redo);
                     let mut ev = self.change(&schema, redo, &txn, rank, events.len())?;
                     if !missing.is_empty() {
@@ -592,6 +680,43 @@ impl OracleSource {
         };
         Ok(self.event(schema, op, before, after, txn, rank, index))
     }
+}
+
+/// The definition `new` (read from the catalog) with the earlier names of
+/// its columns: those `old` knew by the same name, after `renames` (each
+/// `(from, to)`, in order) are applied to `old`'s names. Aliases are oldest
+/// first, without duplicates and never the column's own name (a rename
+/// back drops it), as the MySQL source keeps them.
+fn carry_aliases(old: Option<&TableDef>, mut new: TableDef, renames: &[(String, String)]) -> TableDef {
+    let Some(old) = old else { return new };
+    let mut tracked: Vec<(String, Vec<String>)> = old.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect();
+    for (from, to) in renames {
+        if tracked.iter().any(|(n, _)| n == to) {
+            // Already under its new name (the rename was applied before).
+            continue;
+        }
+        if let Some((name, aliases)) = tracked.iter_mut().find(|(n, _)| n == from) {
+            aliases.retain(|a| a != to);
+            aliases.push(from.clone());
+            *name = to.clone();
+        }
+    }
+    for c in &mut new.columns {
+        if let Some((_, aliases)) = tracked.iter().find(|(n, _)| *n == c.name) {
+            c.aliases.clone_from(aliases);
+        }
+    }
+    new
+}
+
+/// Whether `redo` names a column `def` does not have.
+fn names_unknown(def: &TableDef, redo: &Redo) -> bool {
+    let named: Vec<&(String, Literal)> = match redo {
+        Redo::Insert { values, .. } => values.iter().collect(),
+        Redo::Update { set, before, .. } => set.iter().chain(before.iter()).collect(),
+        Redo::Delete { before, .. } => before.iter().collect(),
+    };
+    named.iter().any(|(n, _)| !def.columns.iter().any(|c| c.name == *n))
 }
 
 /// The columns an update's after-image lacks: named neither in its `set`
@@ -762,7 +887,8 @@ impl Source for OracleSource {
         let mut state = self.state()?.clone();
         let mut out = Vec::new();
         for id in tables {
-            if self.filter.captures(id) && state.def(id).is_some() && self.plan_copy(&client, &mut state, id).await? {
+            let Some(old) = state.def(id).cloned().filter(|_| self.filter.captures(id)) else { continue };
+            if self.plan_copy(&client, &mut state, id, Some(&old)).await? {
                 out.push(id.clone());
             }
         }
@@ -893,6 +1019,18 @@ mod tests {
             drain(&mut resumed, db, &mut replay).await;
             assert_eq!(replay.seen, mirror.seen[*emitted..], "checkpoint {n}");
         }
+    }
+
+    /// A seeded fake, a source over it (snapshot chunks of `chunk` rows)
+    /// that has copied it and caught up, and what it emitted.
+    async fn seeded_and_streaming(chunk: u64) -> (FakeOracle, OracleSource, Mirror) {
+        let db = FakeOracle::new();
+        seed(&db);
+        let mut src = source(&db, chunk);
+        src.start(None).await.expect("start");
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        (db, src, mirror)
     }
 
     fn seed(db: &FakeOracle) {
@@ -1079,13 +1217,80 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn ddl_adds_columns_and_drops_tables_and_gaps_stop_the_source() {
-        let db = FakeOracle::new();
-        seed(&db);
-        let mut src = source(&db, 100);
-        src.start(None).await.expect("start");
-        let mut mirror = Mirror::default();
+    async fn a_renamed_column_keeps_its_values_and_its_earlier_names() {
+        let (db, mut src, mut mirror) = seeded_and_streaming(100).await;
+        // Written before the rename, mined after it: LogMiner's online
+        // catalog names the column TITLE already.
+        let mut tx = db.begin();
+        tx.update(&orders(), "1", &[("NAME", Some("before"))]);
+        tx.commit();
+        db.rename_column(&orders(), "NAME", "TITLE");
+        let mut tx = db.begin();
+        tx.insert(&orders(), &[Some("9"), Some("after"), None, None]);
+        tx.update(&orders(), "3", &[("TITLE", Some("three"))]);
+        tx.commit();
+        let checkpoints = drain(&mut src, &db, &mut mirror).await;
+        let schema = mirror.schemas.get(&orders()).expect("schema").clone();
+        let names: Vec<(&str, &[String])> = schema.columns.iter().map(|c| (c.name.as_str(), c.aliases.as_slice())).collect();
+        assert_eq!(names[1], ("TITLE", &["NAME".to_string()][..]));
+        assert!(!names.iter().any(|(n, _)| *n == "NAME"));
+        assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
+        assert!(mirror.pairs(&orders()).contains(&("1".into(), Some("before".into()))));
+
+        // Renamed again, and back: the aliases stay oldest first, never the
+        // column's own name; a restart keeps them (the checkpoint's
+        // definitions).
+        db.rename_column(&orders(), "TITLE", "LABEL");
+        let cp = checkpoints.last().expect("a checkpoint").0.clone();
+        let mut again = source(&db, 100);
+        again.start(Some(cp)).await.expect("resume");
+        let mut tx = db.begin();
+        tx.update(&orders(), "4", &[("LABEL", Some("four"))]);
+        tx.commit();
+        drain(&mut again, &db, &mut mirror).await;
+        let aliases = |m: &Mirror| m.schemas.get(&orders()).expect("schema").columns[1].aliases.clone();
+        assert_eq!(mirror.schemas.get(&orders()).expect("schema").columns[1].name, "LABEL");
+        assert_eq!(aliases(&mirror), vec!["NAME".to_string(), "TITLE".to_string()]);
+        db.rename_column(&orders(), "LABEL", "NAME");
+        drain(&mut again, &db, &mut mirror).await;
+        assert_eq!(aliases(&mirror), vec!["TITLE".to_string(), "LABEL".to_string()]);
+        assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
+    }
+
+    #[tokio::test]
+    async fn a_renamed_table_is_dropped_and_copied_under_its_new_name() {
+        let (db, mut src, mut mirror) = seeded_and_streaming(2).await;
+        // Mined after the rename, under the new name: in the copy.
+        let mut tx = db.begin();
+        tx.insert(&orders(), &[Some("30"), Some("before"), None, None]);
+        tx.delete(&orders(), "5");
+        tx.commit();
+        db.rename_table(&orders(), "ORDERS2");
+        let renamed = TableId::new("APP", "ORDERS2");
+        let mut tx = db.begin();
+        tx.insert(&renamed, &[Some("31"), Some("between"), None, None]);
+        tx.commit();
+        let from = mirror.seen.len();
         drain(&mut src, &db, &mut mirror).await;
+        let mut tx = db.begin();
+        tx.update(&renamed, "1", &[("NAME", Some("after"))]);
+        tx.delete(&renamed, "2");
+        tx.commit();
+        drain(&mut src, &db, &mut mirror).await;
+
+        assert_eq!(mirror.dropped, vec![orders()]);
+        let after = &mirror.seen[from..];
+        assert!(after.iter().all(|(t, _, _)| *t == renamed), "{after:?}");
+        let reads = after.iter().take_while(|(_, op, _)| *op == Op::Read).count();
+        assert_eq!(reads, 6);
+        assert_eq!(after.len(), reads + 2);
+        assert_eq!(mirror.pairs(&renamed), db_pairs(&db, &renamed));
+        assert!(mirror.schemas.get(&renamed).is_some_and(|s| s.columns.len() == 4));
+    }
+
+    #[tokio::test]
+    async fn ddl_adds_columns_and_drops_tables_and_gaps_stop_the_source() {
+        let (db, mut src, mut mirror) = seeded_and_streaming(100).await;
         db.add_column(&orders(), "NOTE", "VARCHAR2");
         let mut tx = db.begin();
         tx.insert(&orders(), &[Some("9"), Some("n"), None, None, Some("a note")]);
