@@ -168,13 +168,27 @@ fn build_schema(filter: &TableFilter, table: &TableId, def: &TableDef) -> Result
 
 /// A LOB being written by the rows after its `SEL_LOB_LOCATOR`.
 struct OpenLob {
+    at: PieceTarget,
+    value: LobValue,
+}
+
+/// The column of a row that LOB or XML rows write.
+struct PieceTarget {
     /// The row's ROWID.
     row_id: String,
     table: TableId,
     column: String,
-    value: LobValue,
-    /// The row's columns in the locator's where clause.
+    /// The row's columns in the locator's (or XML DOC BEGIN's) where clause.
     key: Vec<(String, Literal)>,
+}
+
+/// An XMLTYPE document being written by the rows after its `XML DOC BEGIN`.
+struct OpenXml {
+    at: PieceTarget,
+    /// Binary storage (see [`lob::XmlBegin`]).
+    binary: bool,
+    /// The bytes so far; `None` after `XML_REDO := NULL`.
+    document: Option<Vec<u8>>,
 }
 
 /// The Oracle source.
@@ -516,10 +530,18 @@ impl OracleSource {
         let mut events: Vec<(String, ChangeEvent)> = Vec::new();
         // The LOB being written: (row id, table, column, value, key).
         let mut lob: Option<OpenLob> = None;
+        let mut xml: Option<OpenXml> = None;
         for (k, e) in txn.events.iter().enumerate() {
             if !matches!(e.op, 10 | 11 | 28) {
                 if let Some(done) = lob.take() {
                     self.finish_lob(state, &txn, rank, done, &mut events)?;
+                }
+            }
+            if e.op != 70 {
+                // XML DOC END (71), or a row after a document whose end
+                // was not mined.
+                if let Some(done) = xml.take() {
+                    self.finish_xml(state, &txn, rank, done, &mut events)?;
                 }
             }
             let id = TableId::new(&e.owner, &e.table);
@@ -595,9 +617,24 @@ impl OracleSource {
                                 if bytes { LobValue::Bytes(Vec::new()) } else { LobValue::Text(Vec::new()) }
                             }
                         };
-                        lob = Some(OpenLob { row_id: e.row_id.clone(), table, column, value, key });
+                        lob = Some(OpenLob { at: PieceTarget { row_id: e.row_id.clone(), table, column, key }, value });
                     }
                 }
+                68 => {
+                    let begin = lob::parse_xml_begin(&e.sql).map_err(|err| err.with_table(id.clone()))?;
+                    let at =
+                        PieceTarget { row_id: e.row_id.clone(), table: begin.table, column: begin.column, key: begin.key };
+                    xml = Some(OpenXml { at, binary: begin.binary, document: Some(Vec::new()) });
+                }
+                70 => {
+                    if let Some(x) = xml.as_mut() {
+                        match lob::parse_xml_write(&e.sql, x.binary).map_err(|err| err.with_table(id.clone()))? {
+                            Some(piece) => x.document.get_or_insert_with(Vec::new).extend(piece),
+                            None => x.document = None,
+                        }
+                    }
+                }
+                71 => {}
                 _ => {
                     if let Some(OpenLob { value, .. }) = lob.as_mut() {
                         value.apply(&lob::parse(e.op, &e.sql)?)?;
@@ -607,6 +644,9 @@ impl OracleSource {
         }
         if let Some(done) = lob.take() {
             self.finish_lob(state, &txn, rank, done, &mut events)?;
+        }
+        if let Some(done) = xml.take() {
+            self.finish_xml(state, &txn, rank, done, &mut events)?;
         }
         let total = events.len() as i64;
         for (i, (_, mut ev)) in events.into_iter().enumerate() {
@@ -624,13 +664,54 @@ impl OracleSource {
         state: &OracleState,
         txn: &Committed,
         rank: u64,
-        OpenLob { row_id, table, column, value, key }: OpenLob,
+        OpenLob { at, value }: OpenLob,
         events: &mut Vec<(String, ChangeEvent)>,
     ) -> Result<()> {
         let v = match value {
             LobValue::Bytes(b) => Value::Bytes(b),
             LobValue::Text(t) => Value::Text(t.into_iter().collect()),
         };
+        self.set_column(state, txn, rank, at, v, events)
+    }
+
+    /// Puts a reassembled XMLTYPE document into its row's change, as
+    /// [`OracleSource::finish_lob`] does a LOB.
+    fn finish_xml(
+        &mut self,
+        state: &OracleState,
+        txn: &Committed,
+        rank: u64,
+        xml: OpenXml,
+        events: &mut Vec<(String, ChangeEvent)>,
+    ) -> Result<()> {
+        let v = match xml.document {
+            None => Value::Null,
+            Some(bytes) => Value::Text(String::from_utf8(bytes).map_err(|_| {
+                Error::permanent(format!(
+                    "an XMLTYPE document of {}.{} is not UTF-8: the source reads binary XML in the AL32UTF8 \
+                     database character set only",
+                    xml.at.table, xml.at.column
+                ))
+                .with_table(xml.at.table.clone())
+                .with_column(xml.at.column.clone())
+                .with_class("tributary.oracle_xml")
+            })?),
+        };
+        self.set_column(state, txn, rank, xml.at, v, events)
+    }
+
+    /// Sets `column` of the row `at` names to `v` in the row's latest
+    /// change of the transaction, or, when the transaction changed only
+    /// that column, in an update of the row built from the where clause.
+    fn set_column(
+        &mut self,
+        state: &OracleState,
+        txn: &Committed,
+        rank: u64,
+        PieceTarget { row_id, table, column, key }: PieceTarget,
+        v: Value,
+        events: &mut Vec<(String, ChangeEvent)>,
+    ) -> Result<()> {
         if let Some((_, ev)) = events.iter_mut().rev().find(|(r, ev)| *r == row_id && ev.schema.id == table) {
             if let (Some(i), Some(after)) = (ev.schema.columns.iter().position(|c| c.name == column), ev.after.as_mut()) {
                 after[i] = v;
@@ -1323,6 +1404,48 @@ mod tests {
         assert!(e.to_string().contains("sequence"), "{e}");
         let e = src.next_batch().await.expect_err("still a gap");
         assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+    }
+
+    #[tokio::test]
+    async fn xmltype_documents_are_reassembled_into_their_rows() {
+        let db = FakeOracle::new();
+        let t = TableId::new("APP", "DOCS");
+        db.create_table(&t, &[("ID", "NUMBER"), ("NAME", "VARCHAR2"), ("DATA", "XMLTYPE")], &["ID"]);
+        let mut tx = db.begin();
+        tx.insert(&t, &[Some("1"), Some("snap"), Some("<a>in the snapshot</a>")]);
+        tx.commit();
+        let mut src = source(&db, 100);
+        src.start(None).await.expect("start");
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        let long = format!("<doc>{}</doc>", "Ä ünïcødé, ".repeat(40));
+        let mut tx = db.begin();
+        tx.insert(&t, &[Some("2"), Some("new"), Some(&long)]);
+        tx.insert(&t, &[Some("3"), Some("none"), None]);
+        // The document alone: only XML DOC rows, no DML row.
+        tx.update(&t, "1", &[("DATA", Some("<a>changed</a>"))]);
+        tx.commit();
+        let mut tx = db.begin();
+        tx.update(&t, "2", &[("NAME", Some("renamed")), ("DATA", None)]);
+        tx.commit();
+        drain(&mut src, &db, &mut mirror).await;
+        let rows = mirror.table(&t);
+        let by = |id: &str| rows.iter().find(|r| r[0] == Value::Decimal(id.into())).expect("row").clone();
+        assert_eq!(by("1"), vec![Value::Decimal("1".into()), text("snap"), text("<a>changed</a>")]);
+        assert_eq!(by("2"), vec![Value::Decimal("2".into()), text("renamed"), Value::Null]);
+        assert_eq!(by("3")[2], Value::Null);
+        // The long document, between the insert and the update of row 2.
+        let docs: Vec<&(TableId, Op, Position)> = mirror.seen.iter().filter(|(id, _, _)| *id == t).collect();
+        assert_eq!(docs.len(), 1 + 3 + 1);
+        assert_eq!(mirror.schemas.get(&t).expect("schema").columns[2].data_type, tributary_schemas::DataType::Text);
+        let mut replay = Mirror::default();
+        let mut again = source(&db, 100);
+        again.start(None).await.expect("start");
+        let mut tx = db.begin();
+        tx.insert(&t, &[Some("4"), Some("x"), Some(&long)]);
+        tx.commit();
+        drain(&mut again, &db, &mut replay).await;
+        assert_eq!(replay.table(&t).iter().find(|r| r[0] == Value::Decimal("4".into())).map(|r| r[2].clone()), Some(text(&long)));
     }
 
     #[tokio::test]

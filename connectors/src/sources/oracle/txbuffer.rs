@@ -33,7 +33,8 @@ pub struct TxEvent {
     /// The row's SCN.
     pub scn: u64,
     /// `OPERATION_CODE` (1 insert, 2 delete, 3 update, 5 DDL, 9 LOB locator,
-    /// 10 LOB write, 11 LOB trim, 28 LOB erase).
+    /// 10 LOB write, 11 LOB trim, 28 LOB erase, 68 XML DOC BEGIN, 70 XML DOC
+    /// WRITE, 71 XML DOC END).
     pub op: u8,
     /// `ROW_ID`.
     pub row_id: String,
