@@ -876,12 +876,13 @@ impl Source for OracleSource {
             Some(c) => c.clone(),
             None => {
                 let p = self.config.connection()?;
-                Arc::new(OracleClient::connect(&p.user, &p.password, &p.connect).await?)
+                Arc::new(OracleClient::open(&p).await?)
             }
         };
         self.client = Some(client.clone());
         let info = client.database_info().await?;
-        self.db = Arc::from(info.con_name.as_str());
+        // Mining from the root, the data is the PDB's.
+        self.db = Arc::from(self.config.pdb_name.as_deref().map_or(info.con_name.clone(), str::to_ascii_uppercase));
         let resumed = checkpoint.as_ref().map(OracleState::from_checkpoint).transpose()?;
         let state = match resumed {
             Some(s) => {
@@ -1446,6 +1447,27 @@ mod tests {
         tx.commit();
         drain(&mut again, &db, &mut replay).await;
         assert_eq!(replay.table(&t).iter().find(|r| r[0] == Value::Decimal("4".into())).map(|r| r[2].clone()), Some(text(&long)));
+    }
+
+    #[tokio::test]
+    async fn mining_from_the_root_names_the_pdb_in_every_event() {
+        let db = FakeOracle::new();
+        seed(&db);
+        db.set_info(|i| i.con_name = "CDB$ROOT".into());
+        let mut c = OracleSourceConfig::with_url("oracle://c##tributary@fake/ORCLCDB", &["APP.*"]);
+        c.pdb_name = Some("freepdb1".into());
+        let mut src = OracleSource::new(c, "test", Some(Arc::new(db.clone()))).expect("valid");
+        src.start(None).await.expect("start");
+        let b = src.next_batch().await.expect("batch");
+        let dbs: Vec<&str> = b
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                SourceMessage::Change(ev) => Some(&*ev.source.db),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dbs, vec!["FREEPDB1"; 5]);
     }
 
     #[tokio::test]
