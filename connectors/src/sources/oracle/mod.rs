@@ -531,6 +531,8 @@ impl OracleSource {
         // The LOB being written: (row id, table, column, value, key).
         let mut lob: Option<OpenLob> = None;
         let mut xml: Option<OpenXml> = None;
+        // Tables read from the catalog again for a name their definition lacks.
+        let mut refreshed: Vec<TableId> = Vec::new();
         for (k, e) in txn.events.iter().enumerate() {
             if !matches!(e.op, 10 | 11 | 28) {
                 if let Some(done) = lob.take() {
@@ -578,11 +580,14 @@ impl OracleSource {
                         self.refresh(client, state, &id, &[], out).await?;
                     }
                     let redo = redo_sql::parse(&e.sql).map_err(|err| err.with_table(id.clone()))?;
-                    if state.def(&id).is_some_and(|d| names_unknown(d, &redo)) {
+                    if !refreshed.contains(&id) && state.def(&id).is_some_and(|d| names_unknown(d, &redo)) {
                         // Renamed columns ahead (the online catalog names them
                         // already), or a definition the catalog is ahead of.
+                        // Once per table and transaction: a name the catalog
+                        // does not list either would cost a read per row.
                         let renames = self.renames_ahead(&id, &txn.events[k..]);
                         self.refresh(client, state, &id, &renames, out).await?;
+                        refreshed.push(id.clone());
                     }
                     let Some(def) = state.def(&id).cloned() else {
                         // The online catalog no longer knows the table (dropped
