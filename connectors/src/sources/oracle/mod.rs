@@ -1150,7 +1150,7 @@ mod tests {
         tx.insert(&orders(), &[Some("6"), Some("six"), None, Some("a CLOB written in many pieces, é")]);
         tx.savepoint();
         tx.update(&orders(), "1", &[("NAME", Some("undone"))]);
-        tx.insert(&orders(), &[Some("7"), Some("undone"), None, None]);
+        tx.insert(&orders(), &[Some("7"), Some("undone"), None, Some("a CLOB rolled back")]);
         tx.rollback_to_savepoint();
         tx.delete(&orders(), "2");
         // LogMiner leaves the CLOB out of this update: read back by key.
