@@ -24,6 +24,10 @@ pub const REQUIRED_PRIVILEGES: [&str; 6] = [
     "FLASHBACK ANY TABLE",
 ];
 
+/// The system privilege a common user needs to switch its session from
+/// the root to a PDB (`oracle.pdb_name`).
+pub const SET_CONTAINER: &str = "SET CONTAINER";
+
 /// Online redo log groups smaller than this switch often under load: each
 /// switch archives a log and the source then mines more, smaller files
 /// (Oracle's sizing advice is a switch every 15-20 minutes at peak; 500 MiB
@@ -71,17 +75,36 @@ async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -
             ),
         ));
     }
+    let in_root = info.cdb && info.con_name == "CDB$ROOT";
+    match &config.pdb_name {
+        Some(pdb) if !in_root => problems.push(Problem::error(
+            format!(
+                "oracle.pdb_name is {pdb}, but the session is in container {} (mining for a PDB runs in CDB$ROOT)",
+                info.con_name
+            ),
+            Some("name the CDB's service (its root) in oracle.url, with a common user (C##...)".into()),
+        )),
+        None if in_root => problems.push(Problem::warning(
+            "the session is in CDB$ROOT: LogMiner there sees every PDB's redo and the root holds no application \
+             tables",
+            Some("set oracle.pdb_name to the PDB that holds the tables (or name the PDB's service in oracle.url)".into()),
+        )),
+        _ => {}
+    }
     let privileges = client.privileges().await?;
     let user = quote_ident(&info.user);
+    // Mining for a PDB from the root: the second session switches to it.
+    let set_container = config.pdb_name.is_some().then_some(SET_CONTAINER);
     let missing: Vec<&str> = REQUIRED_PRIVILEGES
         .iter()
         .copied()
+        .chain(set_container)
         .filter(|p| !privileges.iter().any(|g| g.eq_ignore_ascii_case(p)))
         .collect();
     if !missing.is_empty() {
         // A common user of the root takes its grants in every container;
         // a PDB's local user (per-PDB LogMiner) in its own.
-        let container = if info.cdb && info.con_name == "CDB$ROOT" { " CONTAINER=ALL" } else { "" };
+        let container = if in_root { " CONTAINER=ALL" } else { "" };
         problems.push(Problem::error(
             format!("user {} lacks {}", info.user, missing.join(", ")),
             Some(format!("GRANT {} TO {user}{container};", missing.join(", "))),
@@ -166,5 +189,29 @@ mod tests {
         let p = check(&config(), &db).await;
         assert!(p.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.ends_with("\"C##TRIBUTARY\" CONTAINER=ALL;"))));
         assert_eq!(p[4].table.as_ref(), Some(&t));
+    }
+
+    #[tokio::test]
+    async fn mining_for_a_pdb_needs_the_root_and_set_container() {
+        let db = FakeOracle::new();
+        db.create_table(&TableId::new("APP", "ORDERS"), &[("ID", "NUMBER")], &["ID"]);
+        let mut c = config();
+        c.pdb_name = Some("FREEPDB1".into());
+        // The fake's session is in FREEPDB1.
+        let p = check(&c, &db).await;
+        assert_eq!(p.len(), 2, "{p:#?}");
+        assert!(p[0].message.contains("session is in container FREEPDB1"), "{p:#?}");
+        assert_eq!(p[1].fix.as_deref(), Some("GRANT SET CONTAINER TO \"C##TRIBUTARY\";"));
+        db.set_info(|i| i.con_name = "CDB$ROOT".into());
+        let p = check(&c, &db).await;
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert_eq!(p[0].fix.as_deref(), Some("GRANT SET CONTAINER TO \"C##TRIBUTARY\" CONTAINER=ALL;"));
+        let mut granted: Vec<&str> = REQUIRED_PRIVILEGES.to_vec();
+        granted.push(SET_CONTAINER);
+        db.set_privileges(&granted);
+        assert_eq!(check(&c, &db).await, vec![]);
+        // In the root without pdb_name: said.
+        let p = check(&config(), &db).await;
+        assert!(p.iter().any(|p| p.severity == Severity::Warning && p.message.contains("CDB$ROOT")), "{p:#?}");
     }
 }

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 use tributary_schemas::TableId;
 
+use super::config::ConnectionParams;
 use super::logs::{LogFile, RedoThread};
 use super::redo_sql::{quote_ident, quote_literal, quote_table};
 use super::types::{snapshot_expr, DATE_MASK, TIMESTAMP_MASK, TIMESTAMP_TZ_MASK};
@@ -31,6 +32,11 @@ pub struct ColumnDef {
     pub scale: Option<u32>,
     /// `NULLABLE = 'Y'`.
     pub nullable: bool,
+    /// Names the column had before (`RENAME COLUMN`), oldest first: the
+    /// schema's `Column::aliases`, so that sinks rename the column rather
+    /// than split its values. Kept by the source (the catalog knows none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
 }
 
 /// A table's definition.
@@ -275,13 +281,16 @@ fn bind_expr(columns: &[tributary_schemas::Column], name: &str, n: usize) -> Str
 
 /// The `V$LOGMNR_CONTENTS` query of one window: the captured owners' row
 /// changes and every transaction-control row (a commit or rollback has no
-/// owner), in SCN order.
-pub fn contents_sql(owners: &[String]) -> String {
+/// owner), in SCN order; mining from the root for `pdb`, that PDB's rows
+/// alone (a transaction never spans two containers, so its control rows
+/// are the PDB's too: Debezium filters the same way).
+pub fn contents_sql(owners: &[String], pdb: Option<&str>) -> String {
     let owners: Vec<String> = owners.iter().map(|o| quote_literal(o)).collect();
+    let container = pdb.map(|p| format!(" AND SRC_CON_NAME = {}", quote_literal(p))).unwrap_or_default();
     format!(
         "SELECT SCN, OPERATION_CODE, RAWTOHEX(XID), THREAD#, RS_ID, SSN, CSF, ROLLBACK, SEG_OWNER, TABLE_NAME, \
          ROW_ID, SQL_REDO, (CAST(TIMESTAMP AS DATE) - DATE '1970-01-01') * 86400000 \
-         FROM V$LOGMNR_CONTENTS WHERE SCN > :1 AND SCN <= :2 AND (OPERATION_CODE IN (6, 7, 36) \
+         FROM V$LOGMNR_CONTENTS WHERE SCN > :1 AND SCN <= :2{container} AND (OPERATION_CODE IN (6, 7, 36) \
          OR (SEG_OWNER IN ({}) AND OPERATION_CODE IN (1, 2, 3, 5, 9, 10, 11, 28, 68, 70, 71, 255)))",
         owners.join(", ")
     )
@@ -291,7 +300,14 @@ pub fn contents_sql(owners: &[String]) -> String {
 /// time). Not exercised here: no Oracle runs on the development machines
 /// (docs/sources/oracle.md, "What was verified").
 pub struct OracleClient {
+    /// The session in the URL's container (or, mining from the root, the
+    /// one switched to the PDB): catalog, snapshot, flashback reads.
     conn: Arc<Mutex<oracle::Connection>>,
+    /// Mining from the root for a PDB: the session in `CDB$ROOT` (LogMiner,
+    /// logs, SCNs, privileges).
+    root: Option<Arc<Mutex<oracle::Connection>>>,
+    /// That PDB.
+    pdb: Option<String>,
 }
 
 impl std::fmt::Debug for OracleClient {
@@ -313,7 +329,28 @@ impl OracleClient {
         })
         .await
         .map_err(|e| Error::retryable(format!("connecting: {e}")))??;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), root: None, pdb: None })
+    }
+
+    /// Connects as `p` says: one session in the URL's container, or, with
+    /// `p.pdb` (`oracle.pdb_name`), one in the CDB root for LogMiner and
+    /// one switched to the PDB for the catalog and the snapshot.
+    pub async fn open(p: &ConnectionParams) -> Result<Self> {
+        let first = Self::connect(&p.user, &p.password, &p.connect).await?;
+        let Some(pdb) = p.pdb.clone() else { return Ok(first) };
+        let data = Self::connect(&p.user, &p.password, &p.connect).await?;
+        let switch = format!("ALTER SESSION SET CONTAINER = {}", quote_ident(&pdb));
+        data.with(move |c| {
+            c.execute(&switch, &[])
+                .map_err(|e| classify(e, "switching to the PDB (ALTER SESSION SET CONTAINER; oracle.pdb_name)"))?;
+            // Set again in the PDB: the settings above were the root's.
+            for sql in SESSION_SETUP {
+                c.execute(sql, &[]).map_err(|e| classify(e, "setting up the session"))?;
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(Self { conn: data.conn, root: Some(first.conn), pdb: Some(pdb) })
     }
 
     /// Runs `f` with the connection on the blocking pool.
@@ -321,15 +358,32 @@ impl OracleClient {
         &self,
         f: impl FnOnce(&oracle::Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-            f(&conn)
-        })
-        .await
-        .map_err(|e| Error::retryable(format!("the Oracle call did not finish: {e}")))?
+        run(self.conn.clone(), f).await
     }
 
+    /// Runs `f` with the session LogMiner runs in: the root's when mining
+    /// for a PDB from it, else the only one.
+    async fn with_root<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&oracle::Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        run(self.root.clone().unwrap_or_else(|| self.conn.clone()), f).await
+    }
+}
+
+async fn run<T: Send + 'static>(
+    conn: Arc<Mutex<oracle::Connection>>,
+    f: impl FnOnce(&oracle::Connection) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(move || {
+        let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&conn)
+    })
+    .await
+    .map_err(|e| Error::retryable(format!("the Oracle call did not finish: {e}")))?
+}
+
+impl OracleClient {
     /// Executes a statement and commits (tests and the env-gated suite).
     pub async fn execute(&self, sql: &str) -> Result<()> {
         let sql = sql.to_string();
@@ -410,7 +464,7 @@ fn num(v: &Option<String>) -> u64 {
 #[async_trait]
 impl LogMinerClient for OracleClient {
     async fn database_info(&self) -> Result<DatabaseInfo> {
-        self.with(|c| {
+        self.with_root(|c| {
             let r = strings(
                 c,
                 "SELECT LOG_MODE, SUPPLEMENTAL_LOG_DATA_MIN, SUPPLEMENTAL_LOG_DATA_ALL, TO_CHAR(DBID), CDB, \
@@ -435,7 +489,7 @@ impl LogMinerClient for OracleClient {
     }
 
     async fn current_scn(&self) -> Result<u64> {
-        self.with(|c| {
+        self.with_root(|c| {
             let r = strings(c, "SELECT TO_CHAR(CURRENT_SCN) FROM V$DATABASE", &[], "reading the current SCN")?;
             Ok(num(&r.into_iter().next().and_then(|r| r.into_iter().next()).flatten()))
         })
@@ -498,6 +552,7 @@ impl LogMinerClient for OracleClient {
                             precision: s(2).and_then(|p| p.parse().ok()),
                             scale: s(3).and_then(|p| p.parse().ok()),
                             nullable: s(4).as_deref() == Some("Y"),
+                            aliases: Vec::new(),
                         }
                     })
                     .collect(),
@@ -549,7 +604,7 @@ impl LogMinerClient for OracleClient {
     }
 
     async fn logs(&self) -> Result<Vec<LogFile>> {
-        self.with(|c| {
+        self.with_root(|c| {
             let mut out = Vec::new();
             for r in strings(
                 c,
@@ -594,7 +649,7 @@ impl LogMinerClient for OracleClient {
     }
 
     async fn threads(&self) -> Result<Vec<RedoThread>> {
-        self.with(|c| {
+        self.with_root(|c| {
             Ok(strings(
                 c,
                 "SELECT THREAD#, STATUS, TO_CHAR(LAST_REDO_CHANGE#) FROM V$THREAD WHERE ENABLED != 'DISABLED'",
@@ -614,8 +669,8 @@ impl LogMinerClient for OracleClient {
 
     async fn mine(&self, files: &[LogFile], start: u64, end: u64, owners: &[String]) -> Result<Vec<LogMinerRow>> {
         let files: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
-        let sql = contents_sql(owners);
-        self.with(move |c| {
+        let sql = contents_sql(owners, self.pdb.as_deref());
+        self.with_root(move |c| {
             for (i, f) in files.iter().enumerate() {
                 let option = if i == 0 { "DBMS_LOGMNR.NEW" } else { "DBMS_LOGMNR.ADDFILE" };
                 c.execute(&format!("BEGIN DBMS_LOGMNR.ADD_LOGFILE(LOGFILENAME => :1, OPTIONS => {option}); END;"), &[f])
@@ -658,7 +713,7 @@ impl LogMinerClient for OracleClient {
     }
 
     async fn privileges(&self) -> Result<Vec<String>> {
-        self.with(|c| {
+        self.with_root(|c| {
             Ok(strings(
                 c,
                 "SELECT PRIVILEGE FROM SESSION_PRIVS UNION SELECT ROLE FROM SESSION_ROLES",
@@ -764,6 +819,9 @@ mod tests {
         );
         let (sql, _) = snapshot_sql(&t, &cols, &[], Some(&ChunkAfter::RowId("x".into())), 5);
         assert!(sql.contains("WHERE ROWID > CHARTOROWID(:2) ORDER BY ROWID"), "{sql}");
-        assert!(contents_sql(&["APP".into()]).contains("SEG_OWNER IN ('APP')"));
+        let sql = contents_sql(&["APP".into()], None);
+        assert!(sql.contains("SEG_OWNER IN ('APP')") && !sql.contains("SRC_CON_NAME"), "{sql}");
+        let sql = contents_sql(&["APP".into()], Some("FREEPDB1"));
+        assert!(sql.contains("SCN <= :2 AND SRC_CON_NAME = 'FREEPDB1' AND (OPERATION_CODE IN (6, 7, 36)"), "{sql}");
     }
 }

@@ -69,6 +69,15 @@ pub struct OracleSourceConfig {
     /// Most events per streamed batch (whole transactions).
     #[serde(default = "default_max_events")]
     pub max_batch_events: usize,
+    /// Mine from the CDB root for this pluggable database (Debezium's
+    /// `database.pdb.name`; what Oracle 19c needs: no per-PDB LogMiner
+    /// there). The URL then names the CDB's service and a common user
+    /// (`C##...`); LogMiner runs in `CDB$ROOT` with the rows of this PDB
+    /// alone (`SRC_CON_NAME`), the catalog and the snapshot are read on a
+    /// second session switched to the PDB (`ALTER SESSION SET CONTAINER`).
+    /// Unset: everything runs in the URL's container.
+    #[serde(default)]
+    pub pdb_name: Option<String>,
 }
 
 impl std::fmt::Debug for OracleSourceConfig {
@@ -80,6 +89,7 @@ impl std::fmt::Debug for OracleSourceConfig {
             .field("exclude", &self.exclude)
             .field("snapshot_mode", &self.snapshot_mode)
             .field("max_window_scns", &self.max_window_scns)
+            .field("pdb_name", &self.pdb_name)
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +119,8 @@ pub struct ConnectionParams {
     pub password: SecretString,
     /// EZConnect string `host:port/service`.
     pub connect: String,
+    /// The PDB to mine from the root for (`oracle.pdb_name`, upper case).
+    pub pdb: Option<String>,
 }
 
 impl std::fmt::Debug for ConnectionParams {
@@ -116,6 +128,7 @@ impl std::fmt::Debug for ConnectionParams {
         f.debug_struct("ConnectionParams")
             .field("user", &self.user)
             .field("connect", &self.connect)
+            .field("pdb", &self.pdb)
             .finish_non_exhaustive()
     }
 }
@@ -136,6 +149,7 @@ impl OracleSourceConfig {
             spill_dir: None,
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             max_batch_events: DEFAULT_MAX_BATCH_EVENTS,
+            pdb_name: None,
         }
     }
 
@@ -177,6 +191,17 @@ impl OracleSourceConfig {
         if self.poll_interval_ms < 100 {
             return Err(ConfigError::invalid(field("poll_interval_ms"), "must be at least 100"));
         }
+        if let Some(pdb) = &self.pdb_name {
+            // It goes into ALTER SESSION SET CONTAINER and the mining query.
+            let plain = pdb.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+                && pdb.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '#'));
+            if !plain || pdb.len() > 128 {
+                return Err(ConfigError::invalid(
+                    field("pdb_name"),
+                    "must be a plain PDB name (a letter, then letters, digits, _, $ or #), as V$PDBS.NAME shows it",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -205,7 +230,7 @@ impl OracleSourceConfig {
             Some(raw) => resolve_secret("oracle.password", &raw).map_err(|e| Error::needs_operator(e.to_string()))?,
             None => SecretString::from(String::new()),
         };
-        Ok(ConnectionParams { user, password, connect })
+        Ok(ConnectionParams { user, password, connect, pdb: self.pdb_name.as_ref().map(|p| p.to_ascii_uppercase()) })
     }
 }
 
@@ -257,7 +282,7 @@ impl crate::SourceConfig for OracleSourceConfig {
 
     async fn check(&self) -> Vec<crate::Problem> {
         let client = match self.connection() {
-            Ok(p) => super::client::OracleClient::connect(&p.user, &p.password, &p.connect).await,
+            Ok(p) => super::client::OracleClient::open(&p).await,
             Err(e) => Err(e),
         };
         match client {
@@ -310,5 +335,11 @@ mod tests {
         assert!(e.to_string().contains("oracle.include"), "{e}");
         let e = parse("url = \"oracle://u@h/S\"\ninclude = [\"A.T\"]\nmax_window_scns = 5").expect_err("window");
         assert!(e.to_string().contains("oracle.max_window_scns"), "{e}");
+        let c = parse("url = \"oracle://c##u@h/ORCLCDB\"\ninclude = [\"A.T\"]\npdb_name = \"orclpdb1\"").expect("valid");
+        assert_eq!(c.connection().expect("connection").pdb.as_deref(), Some("ORCLPDB1"));
+        for bad in ["", "1PDB", "PDB'; DROP", "\\\"P\\\""] {
+            let e = parse(&format!("url = \"oracle://u@h/S\"\ninclude = [\"A.T\"]\npdb_name = \"{bad}\"")).expect_err(bad);
+            assert!(e.to_string().contains("oracle.pdb_name"), "{e}");
+        }
     }
 }

@@ -6,7 +6,9 @@
 //! LogMiner's shape (numbers quoted, `TO_DATE`, `HEXTORAW`, `IS NULL`,
 //! before-images of all columns in the where clause), `EMPTY_CLOB()` plus
 //! `SEL_LOB_LOCATOR` (9) and `LOB_WRITE` (10) rows for CLOB values,
-//! statements longer than [`FakeOracle::set_csf_limit`] split over `CSF`
+//! `XML DOC BEGIN` / `WRITE` / `END` rows (68, 70, 71, binary XML storage)
+//! for XMLTYPE values (their shapes as Debezium's LogMiner adapter parses
+//! them: Oracle does not document them), statements longer than [`FakeOracle::set_csf_limit`] split over `CSF`
 //! rows, undo rows with `ROLLBACK = 1` for a rollback to a savepoint,
 //! `COMMIT` (7) and `ROLLBACK` (36) rows; DDL as its own transaction with
 //! an operation 5 row. Flashback reads see the rows committed at or below
@@ -163,6 +165,7 @@ impl FakeOracle {
                     precision: None,
                     scale: None,
                     nullable: !key.contains(n),
+                    aliases: Vec::new(),
                 })
                 .collect(),
             primary_key: key.iter().map(|s| s.to_string()).collect(),
@@ -179,7 +182,52 @@ impl FakeOracle {
         let sql = format!("alter table {} add {} {type_text};", quote_table(table), quote_ident(name));
         self.ddl(table, &sql, |i| {
             if let Some(t) = i.tables.get_mut(table) {
-                t.def.columns.push(ColumnDef { name: name.into(), type_text: type_text.into(), precision: None, scale: None, nullable: true });
+                t.def.columns.push(ColumnDef { name: name.into(), type_text: type_text.into(), precision: None, scale: None, nullable: true, aliases: Vec::new() });
+            }
+        });
+    }
+
+    /// `ALTER TABLE ... RENAME COLUMN from TO to`. The rows mined later
+    /// name the column `to`, those written before the rename too: the
+    /// online catalog renders every row with today's names.
+    pub fn rename_column(&self, table: &TableId, from: &str, to: &str) {
+        let sql = format!("ALTER TABLE {} RENAME COLUMN {} TO {};", quote_table(table), quote_ident(from), quote_ident(to));
+        let mut i = self.lock();
+        let (old, new) = (quote_ident(from), quote_ident(to));
+        for r in i.redo.iter_mut().filter(|r| r.seg_owner.as_deref() == Some(&table.schema) && r.table_name.as_deref() == Some(&table.table)) {
+            if matches!(r.operation_code, 1 | 2 | 3 | 9) {
+                r.sql_redo = r.sql_redo.as_ref().map(|q| q.replace(&old, &new));
+            }
+        }
+        drop(i);
+        self.ddl(table, &sql, |i| {
+            if let Some(c) = i.tables.get_mut(table).and_then(|t| t.def.columns.iter_mut().find(|c| c.name == from)) {
+                c.name = to.to_string();
+            }
+            if let Some(t) = i.tables.get_mut(table) {
+                t.def.primary_key.iter_mut().filter(|k| *k == from).for_each(|k| *k = to.to_string());
+            }
+        });
+    }
+
+    /// `ALTER TABLE from RENAME TO to` (same owner). Rows written before
+    /// it are mined under the new name, as with [`FakeOracle::rename_column`].
+    pub fn rename_table(&self, from: &TableId, to: &str) {
+        let new = TableId::new(&from.schema, to);
+        let sql = format!("ALTER TABLE {} RENAME TO {};", quote_table(from), quote_ident(to));
+        let mut i = self.lock();
+        let (old_q, new_q) = (quote_table(from), quote_table(&new));
+        for r in i.redo.iter_mut().filter(|r| r.seg_owner.as_deref() == Some(&from.schema) && r.table_name.as_deref() == Some(&from.table)) {
+            r.table_name = Some(to.to_string());
+            r.sql_redo = r.sql_redo.as_ref().map(|q| q.replace(&old_q, &new_q));
+        }
+        drop(i);
+        self.ddl(&new, &sql, |i| {
+            if let Some(t) = i.tables.remove(from) {
+                i.tables.insert(new.clone(), t);
+            }
+            if let Some(l) = i.logging.remove(from) {
+                i.logging.insert(new.clone(), l);
             }
         });
     }
@@ -263,6 +311,8 @@ impl Inner {
             t if t.starts_with("TIMESTAMP") => format!("TO_TIMESTAMP({}, 'YYYY-MM-DD HH24:MI:SS.FF9')", quote_literal(v)),
             t if t.starts_with("RAW") || t == "BLOB" => format!("HEXTORAW({})", quote_literal(v)),
             "CLOB" => "EMPTY_CLOB()".into(),
+            // The document follows in XML DOC rows.
+            "XMLTYPE" => "NULL".into(),
             "NVARCHAR2" | "NCHAR" => {
                 let esc: String = v.encode_utf16().map(|u| format!("\\{u:04X}")).collect();
                 format!("UNISTR({})", quote_literal(&esc))
@@ -276,7 +326,7 @@ impl Inner {
             .columns
             .iter()
             .zip(row.iter().chain(std::iter::repeat(&None)))
-            .filter(|(c, _)| c.type_text != "CLOB" && c.type_text != "BLOB")
+            .filter(|(c, _)| !matches!(c.type_text.as_str(), "CLOB" | "BLOB" | "XMLTYPE"))
             .map(|(c, v)| match v {
                 None => format!("{} IS NULL", quote_ident(&c.name)),
                 Some(_) => format!("{} = {}", quote_ident(&c.name), Self::render(c, v)),
@@ -284,6 +334,37 @@ impl Inner {
             .collect();
         parts.push("ROWID = 'AAAx+/AAB'".into());
         parts.join(" and ")
+    }
+
+    /// XML DOC rows for the XMLTYPE columns of `row` named in `columns`, as
+    /// binary XML storage writes them: the document's UTF-8 bytes in
+    /// HEXTORAW pieces of 5 bytes (which split characters), the last one
+    /// without its closing quote as Oracle writes some; `XML_REDO := NULL`
+    /// for a NULL document.
+    fn xml_rows(&mut self, xid: &str, table: &TableId, rowid: &str, def: &TableDef, row: &Values, columns: &[&str]) {
+        for (c, v) in def.columns.iter().zip(row.iter()) {
+            if c.type_text != "XMLTYPE" || !columns.contains(&c.name.as_str()) {
+                continue;
+            }
+            // The row's other columns, as in Debezium's samples (DBZ-7489).
+            let before = Self::conditions(def, row);
+            let before = before.trim_end_matches(" and ROWID = 'AAAx+/AAB'");
+            let begin = format!("XML DOC BEGIN:  select {} from {} where {before}", quote_ident(&c.name), quote_table(table));
+            self.push(68, xid, Some(table), Some(rowid), &begin, false);
+            match v {
+                None => self.push(70, xid, Some(table), Some(rowid), "XML_REDO := NULL", false),
+                Some(doc) => {
+                    let pieces: Vec<&[u8]> = doc.as_bytes().chunks(5).collect();
+                    for (k, piece) in pieces.iter().enumerate() {
+                        let hex: String = piece.iter().map(|b| format!("{b:02x}")).collect();
+                        let quote = if k + 1 == pieces.len() { "" } else { "'" };
+                        let sql = format!("XML_REDO := HEXTORAW('{hex}{quote}):{}", piece.len());
+                        self.push(70, xid, Some(table), Some(rowid), &sql, false);
+                    }
+                }
+            }
+            self.push(71, xid, Some(table), Some(rowid), "XML DOC END", false);
+        }
     }
 
     /// LOB rows for the CLOB columns of `row`, written in 4-character pieces.
@@ -365,6 +446,8 @@ impl FakeTx {
         let sql = format!("insert into {}({}) values ({});", quote_table(table), names.join(","), values.join(","));
         i.push(1, &self.xid, Some(table), Some(&rowid), &sql, false);
         i.lob_rows(&self.xid, table, &rowid, &def, &row);
+        let all: Vec<&str> = def.columns.iter().map(|c| c.name.as_str()).collect();
+        i.xml_rows(&self.xid, table, &rowid, &def, &row, &all);
         self.changes.push(Change { table: table.clone(), rowid, before: None, after: Some(row) });
     }
 
@@ -375,14 +458,23 @@ impl FakeTx {
         let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else { return };
         let mut after = before.clone();
         let mut sets = Vec::new();
+        let mut xml = Vec::new();
         for (name, v) in set {
             if let Some(k) = def.columns.iter().position(|c| c.name == *name) {
                 after[k] = v.map(str::to_string);
-                sets.push(format!("{} = {}", quote_ident(name), Inner::render(&def.columns[k], &after[k])));
+                if def.columns[k].type_text == "XMLTYPE" {
+                    xml.push(*name);
+                } else {
+                    sets.push(format!("{} = {}", quote_ident(name), Inner::render(&def.columns[k], &after[k])));
+                }
             }
         }
-        let sql = format!("update {} set {} where {};", quote_table(table), sets.join(", "), Inner::conditions(&def, &before));
-        i.push(3, &self.xid, Some(table), Some(&rowid), &sql, false);
+        // An update of XMLTYPE columns alone is only its XML DOC rows.
+        if !sets.is_empty() {
+            let sql = format!("update {} set {} where {};", quote_table(table), sets.join(", "), Inner::conditions(&def, &before));
+            i.push(3, &self.xid, Some(table), Some(&rowid), &sql, false);
+        }
+        i.xml_rows(&self.xid, table, &rowid, &def, &after, &xml);
         self.changes.push(Change { table: table.clone(), rowid, before: Some(before), after: Some(after) });
     }
 

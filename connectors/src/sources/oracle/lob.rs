@@ -23,7 +23,7 @@
 
 use tributary_schemas::TableId;
 
-use super::redo_sql::{malformed, Cursor, Literal, Token};
+use super::redo_sql::{from_hex, malformed, Cursor, Literal, Token};
 use crate::error::Result;
 
 /// One LOB row, parsed.
@@ -207,6 +207,95 @@ fn overwrite<T: Copy>(v: &mut Vec<T>, at: usize, piece: &[T], fill: T) -> Result
     Ok(())
 }
 
+/// An `XML DOC BEGIN` row (`OPERATION_CODE` 68): the following
+/// `XML DOC WRITE` rows (70), up to `XML DOC END` (71), hold the new
+/// XMLTYPE document of `column` of the row the where clause names (Oracle
+/// Database Reference, `V$LOGMNR_CONTENTS.OPERATION`; the shapes are those
+/// Debezium's LogMiner adapter parses, `XmlBeginParser`). Binary XML
+/// storage (the default since 11.2) writes
+///
+/// ```text
+/// XML DOC BEGIN:  select "DATA" from "APP"."T" where "ID" = '1'
+/// XML_REDO := HEXTORAW('3c613e'):3
+/// ```
+///
+/// (the document's bytes in the database character set, or a short one
+/// inline as `XML_REDO := '<a/>':4`, `XML_REDO := NULL` for none); text
+/// (CLOB) storage writes
+///
+/// ```text
+/// update "APP"."T" a set a."DATA" = XMLType(:1)  where a."ID" = '1';
+/// <a>the document's text, as is</a>
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XmlBegin {
+    /// The table.
+    pub table: TableId,
+    /// The XMLTYPE column.
+    pub column: String,
+    /// The row's columns in the where clause.
+    pub key: Vec<(String, Literal)>,
+    /// Binary storage: the writes are `XML_REDO := ...` statements; else
+    /// each write is a piece of the document's text.
+    pub binary: bool,
+}
+
+/// Parses an `XML DOC BEGIN` row's `SQL_REDO`.
+pub fn parse_xml_begin(sql: &str) -> Result<XmlBegin> {
+    if let Some(rest) = sql.trim_start().strip_prefix("XML DOC BEGIN:") {
+        let mut c = Cursor::new(rest)?;
+        c.word("select")?;
+        let column = c.identifier()?;
+        c.word("from")?;
+        let table = c.table()?;
+        c.word("where")?;
+        let key = c.conditions()?;
+        return Ok(XmlBegin { table, column, key, binary: true });
+    }
+    // `XMLType(:1)` is a bind the tokenizer has no token for: the value
+    // is in the writes, so it reads as NULL here.
+    let lower = sql.to_ascii_lowercase();
+    let at = lower.find("xmltype(:").ok_or_else(|| malformed("an XML DOC BEGIN row of neither shape"))?;
+    let close = lower[at..].find(')').ok_or_else(|| malformed("an unterminated XMLType bind"))? + at;
+    let mut c = Cursor::new(&format!("{} NULL {}", &sql[..at], &sql[close + 1..]))?;
+    c.word("update")?;
+    let table = c.table()?;
+    c.skip_alias();
+    c.word("set")?;
+    let column = c.column()?;
+    c.punct("=")?;
+    c.literal()?;
+    c.word("where")?;
+    let key = c.conditions()?;
+    Ok(XmlBegin { table, column, key, binary: false })
+}
+
+/// The bytes of an `XML DOC WRITE` row (UTF-8 text, or the raw bytes of
+/// binary storage, which may split a character between two rows);
+/// `None` for `XML_REDO := NULL`, a NULL document.
+pub fn parse_xml_write(sql: &str, binary: bool) -> Result<Option<Vec<u8>>> {
+    if !binary {
+        return Ok(Some(sql.as_bytes().to_vec()));
+    }
+    let rest = sql.strip_prefix("XML_REDO := ").ok_or_else(|| malformed("an XML DOC WRITE row without XML_REDO"))?;
+    if rest.trim() == "NULL" {
+        return Ok(None);
+    }
+    // `...:<length>` ends every piece.
+    let body = rest.rsplit_once(':').map_or(rest, |(b, _)| b).trim_end();
+    if let Some(hex) = body.strip_prefix("HEXTORAW('") {
+        // Oracle leaves the closing quote out of some pieces (Debezium's
+        // `XmlWriteParser` compensates the same way).
+        let hex = hex.strip_suffix(')').ok_or_else(|| malformed("an unterminated HEXTORAW piece"))?;
+        return Ok(Some(from_hex(hex.strip_suffix('\'').unwrap_or(hex))?));
+    }
+    let text = body
+        .strip_prefix('\'')
+        .and_then(|b| b.strip_suffix('\''))
+        .ok_or_else(|| malformed("an XML DOC WRITE piece that is neither HEXTORAW nor quoted"))?;
+    Ok(Some(text.replace("''", "'").into_bytes()))
+}
+
 /// Whether a token list is the LOB locator's PL/SQL (for callers that see
 /// only text).
 pub fn is_locator(sql: &str) -> bool {
@@ -261,6 +350,31 @@ mod tests {
         assert_eq!(b, LobValue::Bytes(vec![1, 0, 9]));
         assert!(b.apply(&LobOp::Write { data: LobData::Text("x".into()), offset: 1 }).is_err());
         assert!(b.apply(&LobOp::Write { data: LobData::Bytes(vec![1]), offset: MAX_LOB_LENGTH + 1 }).is_err());
+    }
+
+    #[test]
+    fn xml_begin_and_write_rows_parse_in_both_storages() {
+        let key = vec![("ID".to_string(), Literal::Str("1".into()))];
+        let want = |binary| XmlBegin { table: TableId::new("APP", "T"), column: "DATA".into(), key: key.clone(), binary };
+        assert_eq!(parse_xml_begin("XML DOC BEGIN:  select \"DATA\" from \"APP\".\"T\" where \"ID\" = '1'").unwrap(), want(true));
+        assert_eq!(
+            parse_xml_begin("update \"APP\".\"T\" a set a.\"DATA\" = XMLType(:1)  where a.\"ID\" = '1';").unwrap(),
+            want(false)
+        );
+        let with_null = "XML DOC BEGIN:  select \"P\" from \"S\".\"T\" where \"A\" = '3' and \"M\" IS NULL";
+        assert_eq!(parse_xml_begin(with_null).unwrap().key[1], ("M".to_string(), Literal::Null));
+        assert!(parse_xml_begin("XMLDOCBEGIN:  select \"DATA\" from \"APP\".\"T\" where \"ID\" = '1'").is_err());
+        assert!(parse_xml_begin("updater \"APP\".\"T\" a set a.\"DATA\" = 1 where a.\"ID\" = '1';").is_err());
+
+        // "<root>Ä</root>" in UTF-8, split inside the Ä; the last piece
+        // without its closing quote, as Oracle writes some.
+        assert_eq!(parse_xml_write("XML_REDO := HEXTORAW('3c726f6f743ec3'):7", true).unwrap(), Some(b"<root>\xc3".to_vec()));
+        assert_eq!(parse_xml_write("XML_REDO := HEXTORAW('843c2f726f6f743e):8", true).unwrap(), Some(b"\x84</root>".to_vec()));
+        assert_eq!(parse_xml_write("XML_REDO := '<a x=''1''/>':10", true).unwrap(), Some(b"<a x='1'/>".to_vec()));
+        assert_eq!(parse_xml_write("XML_REDO := NULL", true).unwrap(), None);
+        assert_eq!(parse_xml_write("<a>it's: </a>", false).unwrap(), Some(b"<a>it's: </a>".to_vec()));
+        assert!(parse_xml_write("<a/>", true).is_err());
+        assert!(parse_xml_write("XML_REDO := HEXTORAW('3g'):1", true).is_err());
     }
 
     proptest! {

@@ -24,6 +24,7 @@
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod ddl;
 pub mod fake;
 pub mod lob;
 pub mod logs;
@@ -46,11 +47,12 @@ use tributary_schemas::{
 use self::client::{LogMinerClient, OracleClient, TableDef};
 pub use self::config::OracleSourceConfig;
 use self::config::{SnapshotMode, TableFilter};
+use self::ddl::Ddl;
 use self::lob::{LobOp, LobValue};
 use self::redo_sql::{Literal, Redo};
 use self::snapshot::{SnapshotState, TablePlan};
 use self::stream::CommitPos;
-use self::txbuffer::{Committed, TxBuffer};
+use self::txbuffer::{Committed, TxBuffer, TxEvent};
 use crate::error::{Error, Result};
 use crate::source::SnapshotTableProgress;
 use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
@@ -87,6 +89,23 @@ pub struct OracleState {
     /// Snapshot work not done yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotState>,
+    /// Tables copied again while streaming ([`Source::resync`], a table
+    /// renamed into the capture): the stream leaves out their changes
+    /// committed at or below the copy's SCN (its rows hold them) until it
+    /// has passed that SCN.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recopied: Vec<Recopied>,
+}
+
+/// A table copied again at `scn` while streaming.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recopied {
+    /// Owner.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// The copy's flashback SCN.
+    pub scn: u64,
 }
 
 impl OracleState {
@@ -97,6 +116,12 @@ impl OracleState {
 
     fn def(&self, id: &TableId) -> Option<&TableDef> {
         self.tables.iter().find(|t| t.schema == id.schema && t.table == id.table).map(|t| &t.def)
+    }
+
+    /// Whether the copy of `id` made at a later SCN holds a change of it
+    /// committed at `commit_scn`.
+    fn covered(&self, id: &TableId, commit_scn: u64) -> bool {
+        self.recopied.iter().any(|r| r.schema == id.schema && r.table == id.table && commit_scn <= r.scn)
     }
 
     fn set_def(&mut self, id: &TableId, def: Option<TableDef>) {
@@ -115,6 +140,7 @@ pub fn columns_of(table: &TableId, def: &TableDef) -> Result<Vec<Column>> {
             let data_type = types::map_type(table, &c.name, &c.type_text, c.precision, c.scale)?;
             let mut col = Column::new(c.name.clone(), data_type, c.nullable);
             col.source_type = c.type_text.clone();
+            col.aliases = c.aliases.clone();
             Ok(col)
         })
         .collect()
@@ -142,13 +168,27 @@ fn build_schema(filter: &TableFilter, table: &TableId, def: &TableDef) -> Result
 
 /// A LOB being written by the rows after its `SEL_LOB_LOCATOR`.
 struct OpenLob {
+    at: PieceTarget,
+    value: LobValue,
+}
+
+/// The column of a row that LOB or XML rows write.
+struct PieceTarget {
     /// The row's ROWID.
     row_id: String,
     table: TableId,
     column: String,
-    value: LobValue,
-    /// The row's columns in the locator's where clause.
+    /// The row's columns in the locator's (or XML DOC BEGIN's) where clause.
     key: Vec<(String, Literal)>,
+}
+
+/// An XMLTYPE document being written by the rows after its `XML DOC BEGIN`.
+struct OpenXml {
+    at: PieceTarget,
+    /// Binary storage (see [`lob::XmlBegin`]).
+    binary: bool,
+    /// The bytes so far; `None` after `XML_REDO := NULL`.
+    document: Option<Vec<u8>>,
 }
 
 /// The Oracle source.
@@ -250,8 +290,9 @@ impl OracleSource {
         let def = state.def(&id).cloned().ok_or_else(|| Error::permanent(format!("no definition of {id}")))?;
         let (schema, kept, keyed) = build_schema(&self.filter, &id, &def)?;
         self.announce(&schema, &mut messages);
-        let rows = client.snapshot_chunk(&id, &kept, snap.scn, snap.tables[i].after.as_ref(), chunk_rows).await?;
-        let position = Position { commit: snap.scn, index: 0 };
+        let scn = snap.tables[i].scn.unwrap_or(snap.scn);
+        let rows = client.snapshot_chunk(&id, &kept, scn, snap.tables[i].after.as_ref(), chunk_rows).await?;
+        let position = Position { commit: scn, index: 0 };
         let ts_ms = crate::now_ms();
         for r in &rows {
             let after = snapshot::decode_row(&schema, r)?;
@@ -347,7 +388,15 @@ impl OracleSource {
             let pos = CommitPos::of(&txn);
             self.emit(&client, &mut state, txn, rank, &mut messages).await?;
             state.committed = pos;
+            if state.snapshot.is_some() {
+                // A table renamed into the capture is copied now: its copy
+                // comes before any later change.
+                break;
+            }
         }
+        // Past a copy's SCN, the commits it holds are behind `committed`.
+        let reached = state.committed.scn;
+        state.recopied.retain(|r| r.scn >= reached);
         let pending_start = self.pending.iter().map(|(_, t)| t.start_scn).min();
         let restart = stream::restart_scn(&self.buffer, self.mined_to);
         state.restart_scn = pending_start.map_or(restart, |p| p.min(restart));
@@ -357,6 +406,38 @@ impl OracleSource {
         Ok(SourceBatch { messages, checkpoint })
     }
 
+    /// Plans a new copy of `id` at the current SCN, its definition read
+    /// from the catalog just before: chunked and resumable like the
+    /// initial snapshot (in the checkpoint), and the table's changes
+    /// committed at or below that SCN left out of the stream (the copy's
+    /// rows hold them). Whether the table exists.
+    async fn plan_copy(
+        &mut self,
+        client: &Arc<dyn LogMinerClient>,
+        state: &mut OracleState,
+        id: &TableId,
+        old: Option<&TableDef>,
+    ) -> Result<bool> {
+        let Some(def) = client.table_def(id).await? else { return Ok(false) };
+        let scn = client.current_scn().await?;
+        // A DDL between the two reads would have the flashback read at
+        // `scn` name columns the table did not have then (ORA-01466).
+        if client.table_def(id).await?.as_ref() != Some(&def) {
+            return Err(Error::retryable(format!("the definition of {id} changed while its copy was planned"))
+                .with_table(id.clone()));
+        }
+        state.set_def(id, Some(carry_aliases(old, def, &[])));
+        let snap = state.snapshot.get_or_insert_with(|| SnapshotState { scn, tables: Vec::new() });
+        snap.tables.retain(|t| t.id() != *id);
+        snap.tables.push(TablePlan { scn: Some(scn), ..TablePlan::new(id) });
+        state.recopied.retain(|r| !(r.schema == id.schema && r.table == id.table));
+        state.recopied.push(Recopied { schema: id.schema.clone(), table: id.table.clone(), scn });
+        self.progress.remove(id);
+        self.announced.remove(id);
+        tracing::info!(table = %id, scn, "copying the table again");
+        Ok(true)
+    }
+
     /// The schema of a table changed by a DDL (or first seen): re-read from
     /// the catalog; a table gone is dropped.
     async fn refresh(
@@ -364,6 +445,7 @@ impl OracleSource {
         client: &Arc<dyn LogMinerClient>,
         state: &mut OracleState,
         id: &TableId,
+        renames: &[(String, String)],
         out: &mut Vec<SourceMessage>,
     ) -> Result<()> {
         let def = client.table_def(id).await?;
@@ -376,10 +458,63 @@ impl OracleSource {
                 }
             }
             Some(def) => {
+                let def = carry_aliases(state.def(id), def, renames);
                 let (schema, _, _) = build_schema(&self.filter, id, &def)?;
                 state.set_def(id, Some(def));
                 self.announce(&schema, out);
             }
+        }
+        Ok(())
+    }
+
+    /// The DDL statements of `rest` (the rest of the transaction being
+    /// emitted, from the current row on) and of the transactions mined and
+    /// not emitted yet, in order: the online catalog renders every row
+    /// with today's names, so a row written before a rename and mined
+    /// after it already names the new ones.
+    fn ddl_ahead<'a>(&'a self, rest: &'a [TxEvent]) -> impl Iterator<Item = Ddl> + 'a {
+        rest.iter()
+            .chain(self.pending.iter().flat_map(|(_, t)| t.events.iter()))
+            .filter(|e| e.op == 5)
+            .map(|e| ddl::parse(&e.sql, &e.owner))
+    }
+
+    /// The column renames of `table` ahead (see [`OracleSource::ddl_ahead`]).
+    fn renames_ahead(&self, table: &TableId, rest: &[TxEvent]) -> Vec<(String, String)> {
+        self.ddl_ahead(rest)
+            .filter_map(|d| match d {
+                Ddl::RenameColumn { table: t, from, to } if t == *table => Some((from, to)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `from` renamed to `to` (see `docs/schema-changes.md`, as the MySQL
+    /// source does): the old name is dropped downstream; the new one,
+    /// when captured, is copied (its rows were written under the old
+    /// name, no event carries them under the new one) at an SCN after the
+    /// rename, then streamed.
+    async fn rename_table(
+        &mut self,
+        client: &Arc<dyn LogMinerClient>,
+        state: &mut OracleState,
+        (from, to): (&TableId, &TableId),
+        out: &mut Vec<SourceMessage>,
+    ) -> Result<()> {
+        let old = state.def(from).cloned();
+        if old.is_some() {
+            state.set_def(from, None);
+            self.announced.remove(from);
+            out.push(SourceMessage::TableDropped(from.clone()));
+        }
+        if !self.filter.captures(to) {
+            return Ok(());
+        }
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return self.refresh(client, state, to, &[], out).await;
+        }
+        if self.plan_copy(client, state, to, old.as_ref()).await? {
+            tracing::info!(from = %from, to = %to, "renamed table to be copied under its new name");
         }
         Ok(())
     }
@@ -395,25 +530,64 @@ impl OracleSource {
         let mut events: Vec<(String, ChangeEvent)> = Vec::new();
         // The LOB being written: (row id, table, column, value, key).
         let mut lob: Option<OpenLob> = None;
-        for e in &txn.events {
+        let mut xml: Option<OpenXml> = None;
+        // Tables read from the catalog again for a name their definition lacks.
+        let mut refreshed: Vec<TableId> = Vec::new();
+        for (k, e) in txn.events.iter().enumerate() {
             if !matches!(e.op, 10 | 11 | 28) {
                 if let Some(done) = lob.take() {
                     self.finish_lob(state, &txn, rank, done, &mut events)?;
                 }
             }
+            if e.op != 70 {
+                // XML DOC END (71), or a row after a document whose end
+                // was not mined.
+                if let Some(done) = xml.take() {
+                    self.finish_xml(state, &txn, rank, done, &mut events)?;
+                }
+            }
             let id = TableId::new(&e.owner, &e.table);
-            if !self.filter.captures(&id) {
+            let ddl = if e.op == 5 { ddl::parse(&e.sql, &e.owner) } else { Ddl::Other };
+            if e.op == 5 {
+                // Events before the DDL keep their shape: flush them first.
+                out.extend(events.drain(..).map(|(_, ev)| SourceMessage::Change(ev)));
+            }
+            if let Ddl::RenameTable { from, to } = &ddl {
+                // The row's own table name is whichever the catalog has now.
+                self.rename_table(client, state, (from, to), out).await?;
+                continue;
+            }
+            let id = match ddl {
+                Ddl::RenameColumn { table, .. } => table,
+                _ => id,
+            };
+            if !self.filter.captures(&id) || state.covered(&id, txn.commit_scn) {
                 continue;
             }
             match e.op {
                 5 => {
-                    // Events before the DDL keep their shape: flush them first.
-                    out.extend(events.drain(..).map(|(_, ev)| SourceMessage::Change(ev)));
-                    self.refresh(client, state, &id, out).await?;
+                    let renames = self.renames_ahead(&id, &txn.events[k..]);
+                    self.refresh(client, state, &id, &renames, out).await?;
                 }
                 1..=3 => {
                     if state.def(&id).is_none() {
-                        self.refresh(client, state, &id, out).await?;
+                        let renamed_here = self.ddl_ahead(&txn.events[k..]).any(|d| matches!(&d, Ddl::RenameTable { to, .. } if *to == id));
+                        if renamed_here {
+                            // Written before a rename to this name, mined after
+                            // it: in the copy the rename starts.
+                            continue;
+                        }
+                        self.refresh(client, state, &id, &[], out).await?;
+                    }
+                    let redo = redo_sql::parse(&e.sql).map_err(|err| err.with_table(id.clone()))?;
+                    if !refreshed.contains(&id) && state.def(&id).is_some_and(|d| names_unknown(d, &redo)) {
+                        // Renamed columns ahead (the online catalog names them
+                        // already), or a definition the catalog is ahead of.
+                        // Once per table and transaction: a name the catalog
+                        // does not list either would cost a read per row.
+                        let renames = self.renames_ahead(&id, &txn.events[k..]);
+                        self.refresh(client, state, &id, &renames, out).await?;
+                        refreshed.push(id.clone());
                     }
                     let Some(def) = state.def(&id).cloned() else {
                         // The online catalog no longer knows the table (dropped
@@ -423,7 +597,6 @@ impl OracleSource {
                     };
                     let (schema, _, _) = build_schema(&self.filter, &id, &def)?;
                     self.announce(&schema, out);
-                    let redo = redo_sql::parse(&e.sql).map_err(|err| err.with_table(id.clone()))?;
                     let missing = missing_after(&schema, &redo);
                     let mut ev = self.change(&schema, redo, &txn, rank, events.len())?;
                     if !missing.is_empty() {
@@ -449,9 +622,24 @@ impl OracleSource {
                                 if bytes { LobValue::Bytes(Vec::new()) } else { LobValue::Text(Vec::new()) }
                             }
                         };
-                        lob = Some(OpenLob { row_id: e.row_id.clone(), table, column, value, key });
+                        lob = Some(OpenLob { at: PieceTarget { row_id: e.row_id.clone(), table, column, key }, value });
                     }
                 }
+                68 => {
+                    let begin = lob::parse_xml_begin(&e.sql).map_err(|err| err.with_table(id.clone()))?;
+                    let at =
+                        PieceTarget { row_id: e.row_id.clone(), table: begin.table, column: begin.column, key: begin.key };
+                    xml = Some(OpenXml { at, binary: begin.binary, document: Some(Vec::new()) });
+                }
+                70 => {
+                    if let Some(x) = xml.as_mut() {
+                        match lob::parse_xml_write(&e.sql, x.binary).map_err(|err| err.with_table(id.clone()))? {
+                            Some(piece) => x.document.get_or_insert_with(Vec::new).extend(piece),
+                            None => x.document = None,
+                        }
+                    }
+                }
+                71 => {}
                 _ => {
                     if let Some(OpenLob { value, .. }) = lob.as_mut() {
                         value.apply(&lob::parse(e.op, &e.sql)?)?;
@@ -461,6 +649,9 @@ impl OracleSource {
         }
         if let Some(done) = lob.take() {
             self.finish_lob(state, &txn, rank, done, &mut events)?;
+        }
+        if let Some(done) = xml.take() {
+            self.finish_xml(state, &txn, rank, done, &mut events)?;
         }
         let total = events.len() as i64;
         for (i, (_, mut ev)) in events.into_iter().enumerate() {
@@ -478,13 +669,54 @@ impl OracleSource {
         state: &OracleState,
         txn: &Committed,
         rank: u64,
-        OpenLob { row_id, table, column, value, key }: OpenLob,
+        OpenLob { at, value }: OpenLob,
         events: &mut Vec<(String, ChangeEvent)>,
     ) -> Result<()> {
         let v = match value {
             LobValue::Bytes(b) => Value::Bytes(b),
             LobValue::Text(t) => Value::Text(t.into_iter().collect()),
         };
+        self.set_column(state, txn, rank, at, v, events)
+    }
+
+    /// Puts a reassembled XMLTYPE document into its row's change, as
+    /// [`OracleSource::finish_lob`] does a LOB.
+    fn finish_xml(
+        &mut self,
+        state: &OracleState,
+        txn: &Committed,
+        rank: u64,
+        xml: OpenXml,
+        events: &mut Vec<(String, ChangeEvent)>,
+    ) -> Result<()> {
+        let v = match xml.document {
+            None => Value::Null,
+            Some(bytes) => Value::Text(String::from_utf8(bytes).map_err(|_| {
+                Error::permanent(format!(
+                    "an XMLTYPE document of {}.{} is not UTF-8: the source reads binary XML in the AL32UTF8 \
+                     database character set only",
+                    xml.at.table, xml.at.column
+                ))
+                .with_table(xml.at.table.clone())
+                .with_column(xml.at.column.clone())
+                .with_class("tributary.oracle_xml")
+            })?),
+        };
+        self.set_column(state, txn, rank, xml.at, v, events)
+    }
+
+    /// Sets `column` of the row `at` names to `v` in the row's latest
+    /// change of the transaction, or, when the transaction changed only
+    /// that column, in an update of the row built from the where clause.
+    fn set_column(
+        &mut self,
+        state: &OracleState,
+        txn: &Committed,
+        rank: u64,
+        PieceTarget { row_id, table, column, key }: PieceTarget,
+        v: Value,
+        events: &mut Vec<(String, ChangeEvent)>,
+    ) -> Result<()> {
         if let Some((_, ev)) = events.iter_mut().rev().find(|(r, ev)| *r == row_id && ev.schema.id == table) {
             if let (Some(i), Some(after)) = (ev.schema.columns.iter().position(|c| c.name == column), ev.after.as_mut()) {
                 after[i] = v;
@@ -534,6 +766,43 @@ impl OracleSource {
         };
         Ok(self.event(schema, op, before, after, txn, rank, index))
     }
+}
+
+/// The definition `new` (read from the catalog) with the earlier names of
+/// its columns: those `old` knew by the same name, after `renames` (each
+/// `(from, to)`, in order) are applied to `old`'s names. Aliases are oldest
+/// first, without duplicates and never the column's own name (a rename
+/// back drops it), as the MySQL source keeps them.
+fn carry_aliases(old: Option<&TableDef>, mut new: TableDef, renames: &[(String, String)]) -> TableDef {
+    let Some(old) = old else { return new };
+    let mut tracked: Vec<(String, Vec<String>)> = old.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect();
+    for (from, to) in renames {
+        if tracked.iter().any(|(n, _)| n == to) {
+            // Already under its new name (the rename was applied before).
+            continue;
+        }
+        if let Some((name, aliases)) = tracked.iter_mut().find(|(n, _)| n == from) {
+            aliases.retain(|a| a != to);
+            aliases.push(from.clone());
+            *name = to.clone();
+        }
+    }
+    for c in &mut new.columns {
+        if let Some((_, aliases)) = tracked.iter().find(|(n, _)| *n == c.name) {
+            c.aliases.clone_from(aliases);
+        }
+    }
+    new
+}
+
+/// Whether `redo` names a column `def` does not have.
+fn names_unknown(def: &TableDef, redo: &Redo) -> bool {
+    let named: Vec<&(String, Literal)> = match redo {
+        Redo::Insert { values, .. } => values.iter().collect(),
+        Redo::Update { set, before, .. } => set.iter().chain(before.iter()).collect(),
+        Redo::Delete { before, .. } => before.iter().collect(),
+    };
+    named.iter().any(|(n, _)| !def.columns.iter().any(|c| c.name == *n))
 }
 
 /// The columns an update's after-image lacks: named neither in its `set`
@@ -612,12 +881,13 @@ impl Source for OracleSource {
             Some(c) => c.clone(),
             None => {
                 let p = self.config.connection()?;
-                Arc::new(OracleClient::connect(&p.user, &p.password, &p.connect).await?)
+                Arc::new(OracleClient::open(&p).await?)
             }
         };
         self.client = Some(client.clone());
         let info = client.database_info().await?;
-        self.db = Arc::from(info.con_name.as_str());
+        // Mining from the root, the data is the PDB's.
+        self.db = Arc::from(self.config.pdb_name.as_deref().map_or(info.con_name.clone(), str::to_ascii_uppercase));
         let resumed = checkpoint.as_ref().map(OracleState::from_checkpoint).transpose()?;
         let state = match resumed {
             Some(s) => {
@@ -657,6 +927,7 @@ impl Source for OracleSource {
                     committed: CommitPos::through(scn),
                     tables,
                     snapshot,
+                    recopied: Vec::new(),
                 }
             }
         };
@@ -691,6 +962,27 @@ impl Source for OracleSource {
         self.progress.values().cloned().collect()
     }
 
+    /// Copies `tables` again with flashback reads at an SCN read now (see
+    /// [`OracleSource::plan_copy`]); the stream waits until the copy is
+    /// done, then goes on from where it was, without the copied tables'
+    /// changes the copy holds.
+    async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Ok(Vec::new());
+        }
+        let client = self.client()?;
+        let mut state = self.state()?.clone();
+        let mut out = Vec::new();
+        for id in tables {
+            let Some(old) = state.def(id).cloned().filter(|_| self.filter.captures(id)) else { continue };
+            if self.plan_copy(&client, &mut state, id, Some(&old)).await? {
+                out.push(id.clone());
+            }
+        }
+        self.state = Some(state);
+        Ok(out)
+    }
+
     fn tables(&self) -> Vec<TableId> {
         self.state
             .as_ref()
@@ -701,6 +993,8 @@ impl Source for OracleSource {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::fake::FakeOracle;
     use super::*;
     use crate::error::ErrorKind;
@@ -723,7 +1017,7 @@ mod tests {
     #[derive(Default, Debug)]
     struct Mirror {
         rows: BTreeMap<(TableId, String), Row>,
-        seen: Vec<(Op, Position)>,
+        seen: Vec<(TableId, Op, Position)>,
         dropped: Vec<TableId>,
         schemas: BTreeMap<TableId, Arc<TableSchema>>,
     }
@@ -739,7 +1033,7 @@ mod tests {
                     SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
-                        self.seen.push((ev.op, ev.source.position));
+                        self.seen.push((ev.schema.id.clone(), ev.op, ev.source.position));
                         let row = ev.after.as_ref().or(ev.before.as_ref()).expect("a row");
                         let key = format!("{:?}", row[0]);
                         match ev.op {
@@ -761,6 +1055,28 @@ mod tests {
         fn table(&self, t: &TableId) -> Vec<Row> {
             self.rows.iter().filter(|((id, _), _)| id == t).map(|(_, r)| r.clone()).collect()
         }
+
+        /// What the runner's table-reset and table-copied records do
+        /// downstream when `t` is copied again: its rows are the copy's
+        /// and the changes after it.
+        fn reset(&mut self, t: &TableId) {
+            self.rows.retain(|(id, _), _| id != t);
+        }
+
+        /// `t`'s rows as (key, second column) texts.
+        fn pairs(&self, t: &TableId) -> BTreeSet<(String, Option<String>)> {
+            let text = |v: &Value| match v {
+                Value::Decimal(d) => Some(d.to_string()),
+                Value::Text(t) => Some(t.clone()),
+                _ => None,
+            };
+            self.table(t).iter().map(|r| (text(&r[0]).unwrap_or_default(), text(&r[1]))).collect()
+        }
+    }
+
+    /// The fake's committed rows of `t` as [`Mirror::pairs`] gives them.
+    fn db_pairs(db: &FakeOracle, t: &TableId) -> BTreeSet<(String, Option<String>)> {
+        db.rows(t).into_iter().map(|r| (r[0].clone().unwrap_or_default(), r[1].clone())).collect()
     }
 
     /// Batches until the source has mined everything the fake wrote and
@@ -777,6 +1093,31 @@ mod tests {
             }
         }
         panic!("the source never caught up");
+    }
+
+    /// From every checkpoint returned, a new source emits exactly what
+    /// the first run (`mirror`) emitted after it, in the same order: none
+    /// lost, none twice.
+    async fn replays_match(db: &FakeOracle, mirror: &Mirror, checkpoints: &[(Checkpoint, usize)]) {
+        for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
+            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
+            let mut resumed = source(db, 2);
+            resumed.start(Some(cp.clone())).await.expect("resume");
+            drain(&mut resumed, db, &mut replay).await;
+            assert_eq!(replay.seen, mirror.seen[*emitted..], "checkpoint {n}");
+        }
+    }
+
+    /// A seeded fake, a source over it (snapshot chunks of `chunk` rows)
+    /// that has copied it and caught up, and what it emitted.
+    async fn seeded_and_streaming(chunk: u64) -> (FakeOracle, OracleSource, Mirror) {
+        let db = FakeOracle::new();
+        seed(&db);
+        let mut src = source(&db, chunk);
+        src.start(None).await.expect("start");
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        (db, src, mirror)
     }
 
     fn seed(db: &FakeOracle) {
@@ -809,7 +1150,7 @@ mod tests {
         tx.insert(&orders(), &[Some("6"), Some("six"), None, Some("a CLOB written in many pieces, é")]);
         tx.savepoint();
         tx.update(&orders(), "1", &[("NAME", Some("undone"))]);
-        tx.insert(&orders(), &[Some("7"), Some("undone"), None, None]);
+        tx.insert(&orders(), &[Some("7"), Some("undone"), None, Some("a CLOB rolled back")]);
         tx.rollback_to_savepoint();
         tx.delete(&orders(), "2");
         // LogMiner leaves the CLOB out of this update: read back by key.
@@ -838,11 +1179,11 @@ mod tests {
         assert_eq!((by("3")[1].clone(), by("3")[3].clone()), (text("three"), text("short")));
         // Snapshot rows (3 chunks of 2 for 5 rows), then streamed changes
         // in position order.
-        let snapshot: Vec<&(Op, Position)> = mirror.seen.iter().filter(|(op, _)| *op == Op::Read).collect();
+        let snapshot: Vec<&(TableId, Op, Position)> = mirror.seen.iter().filter(|(_, op, _)| *op == Op::Read).collect();
         assert_eq!(snapshot.len(), 5);
-        let streamed: Vec<Position> = mirror.seen.iter().filter(|(op, _)| *op != Op::Read).map(|(_, p)| *p).collect();
+        let streamed: Vec<Position> = mirror.seen.iter().filter(|(_, op, _)| *op != Op::Read).map(|(_, _, p)| *p).collect();
         assert!(streamed.windows(2).all(|w| w[0] < w[1]), "{streamed:?}");
-        assert!(streamed[0] > snapshot[0].1);
+        assert!(streamed[0] > snapshot[0].2);
     }
 
     #[tokio::test]
@@ -878,27 +1219,165 @@ mod tests {
         let want = mirror.table(&orders());
         let want_seen = mirror.seen.len();
         assert_eq!(want.len(), 5 + 10 - 1 + 1 + 10);
-        // From every checkpoint returned, a new source emits exactly what
-        // the first run emitted after it, in the same order: none lost,
-        // none twice (snapshot rows and changes alike).
-        for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
-            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
-            let mut resumed = source(&db, 2);
-            resumed.start(Some(cp.clone())).await.expect("resume");
-            drain(&mut resumed, &db, &mut replay).await;
-            assert_eq!(replay.seen, mirror.seen[*emitted..], "checkpoint {n}");
-        }
+        // Snapshot rows and changes alike.
+        replays_match(&db, &mirror, &checkpoints).await;
         assert_eq!(mirror.seen.len(), want_seen);
     }
 
     #[tokio::test]
-    async fn ddl_adds_columns_and_drops_tables_and_gaps_stop_the_source() {
+    async fn resync_copies_a_table_again_while_its_changes_and_the_others_go_on() {
         let db = FakeOracle::new();
         seed(&db);
-        let mut src = source(&db, 100);
+        let other = TableId::new("APP", "OTHER");
+        db.create_table(&other, &[("ID", "NUMBER"), ("NAME", "VARCHAR2")], &["ID"]);
+        let mut src = source(&db, 2);
         src.start(None).await.expect("start");
         let mut mirror = Mirror::default();
         drain(&mut src, &db, &mut mirror).await;
+        // Written before the resync, mined after it: committed changes of
+        // both tables, and a transaction open across it.
+        let mut open = db.begin();
+        open.insert(&orders(), &[Some("40"), Some("open"), None, None]);
+        open.insert(&other, &[Some("40"), Some("open")]);
+        for i in 10..14 {
+            let id = i.to_string();
+            let mut tx = db.begin();
+            tx.insert(&orders(), &[Some(&id), Some("before"), None, None]);
+            tx.insert(&other, &[Some(&id), Some("before")]);
+            tx.commit();
+        }
+        let mut tx = db.begin();
+        tx.update(&orders(), "1", &[("NAME", Some("before"))]);
+        tx.delete(&orders(), "2");
+        tx.delete(&other, "10");
+        tx.commit();
+
+        assert_eq!(src.resync(&[TableId::new("APP", "NOPE")]).await.expect("resync"), Vec::<TableId>::new());
+        assert_eq!(src.resync(&[orders()]).await.expect("resync"), vec![orders()]);
+        let s = db.scn();
+        assert_eq!(src.state.as_ref().map(|st| st.recopied.clone()), Some(vec![Recopied { schema: "APP".into(), table: "ORDERS".into(), scn: s }]));
+        mirror.reset(&orders());
+        let from = mirror.seen.len();
+
+        open.update(&orders(), "40", &[("NAME", Some("late"))]);
+        open.commit();
+        let mut tx = db.begin();
+        tx.update(&orders(), "3", &[("NAME", Some("after"))]);
+        tx.delete(&orders(), "4");
+        tx.insert(&orders(), &[Some("20"), Some("after"), None, None]);
+        tx.insert(&other, &[Some("20"), Some("after")]);
+        tx.commit();
+        let checkpoints = drain(&mut src, &db, &mut mirror).await;
+
+        // The copy's rows first, read at s; then only changes committed after it.
+        let after = &mirror.seen[from..];
+        let reads = after.iter().take_while(|(_, op, _)| *op == Op::Read).count();
+        assert_eq!(reads, 5 - 1 + 4);
+        assert!(after[..reads].iter().all(|(t, _, p)| *t == orders() && *p == Position { commit: s, index: 0 }));
+        assert!(after[reads..].iter().all(|(_, op, _)| *op != Op::Read));
+        let orders_after: Vec<Position> = after[reads..].iter().filter(|(t, _, _)| *t == orders()).map(|(_, _, p)| *p).collect();
+        assert_eq!(orders_after.len(), 2 + 3, "{orders_after:?}");
+        assert!(orders_after.iter().all(|p| p.commit > s), "{orders_after:?}");
+        // The other table lost and repeated nothing.
+        let others: Vec<Position> = mirror.seen.iter().filter(|(t, op, _)| *t == other && *op != Op::Read).map(|(_, _, p)| *p).collect();
+        assert_eq!(others.len(), 1 + 4 + 1 + 1);
+        assert!(others.windows(2).all(|w| w[0] < w[1]), "{others:?}");
+        assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
+        assert_eq!(mirror.pairs(&other), db_pairs(&db, &other));
+        assert!(mirror.pairs(&orders()).contains(&("40".into(), Some("late".into()))));
+        assert_eq!(src.state.as_ref().map(|st| st.recopied.len()), Some(0), "dropped once the stream passed s");
+
+        // A restart from any checkpoint of the copy (half-way through it
+        // too) or after it emits exactly what the first run did after it.
+        let halfway = checkpoints.iter().filter(|(cp, _)| {
+            OracleState::from_checkpoint(cp).expect("state").snapshot.is_some_and(|sn| sn.tables.iter().any(|t| t.after.is_some() && !t.done))
+        });
+        assert!(halfway.count() >= 2);
+        replays_match(&db, &mirror, &checkpoints).await;
+
+        // Without snapshots, nothing can be copied again.
+        let mut c = OracleSourceConfig::with_url("oracle://c##tributary@fake/FREEPDB1", &["APP.*"]);
+        c.snapshot_mode = SnapshotMode::Never;
+        let mut never = OracleSource::new(c, "test", Some(Arc::new(db.clone()))).expect("valid");
+        never.start(None).await.expect("start");
+        assert_eq!(never.resync(&[orders()]).await.expect("resync"), Vec::<TableId>::new());
+    }
+
+    #[tokio::test]
+    async fn a_renamed_column_keeps_its_values_and_its_earlier_names() {
+        let (db, mut src, mut mirror) = seeded_and_streaming(100).await;
+        // Written before the rename, mined after it: LogMiner's online
+        // catalog names the column TITLE already.
+        let mut tx = db.begin();
+        tx.update(&orders(), "1", &[("NAME", Some("before"))]);
+        tx.commit();
+        db.rename_column(&orders(), "NAME", "TITLE");
+        let mut tx = db.begin();
+        tx.insert(&orders(), &[Some("9"), Some("after"), None, None]);
+        tx.update(&orders(), "3", &[("TITLE", Some("three"))]);
+        tx.commit();
+        let checkpoints = drain(&mut src, &db, &mut mirror).await;
+        let schema = mirror.schemas.get(&orders()).expect("schema").clone();
+        let names: Vec<(&str, &[String])> = schema.columns.iter().map(|c| (c.name.as_str(), c.aliases.as_slice())).collect();
+        assert_eq!(names[1], ("TITLE", &["NAME".to_string()][..]));
+        assert!(!names.iter().any(|(n, _)| *n == "NAME"));
+        assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
+        assert!(mirror.pairs(&orders()).contains(&("1".into(), Some("before".into()))));
+
+        // Renamed again, and back: the aliases stay oldest first, never the
+        // column's own name; a restart keeps them (the checkpoint's
+        // definitions).
+        db.rename_column(&orders(), "TITLE", "LABEL");
+        let cp = checkpoints.last().expect("a checkpoint").0.clone();
+        let mut again = source(&db, 100);
+        again.start(Some(cp)).await.expect("resume");
+        let mut tx = db.begin();
+        tx.update(&orders(), "4", &[("LABEL", Some("four"))]);
+        tx.commit();
+        drain(&mut again, &db, &mut mirror).await;
+        let aliases = |m: &Mirror| m.schemas.get(&orders()).expect("schema").columns[1].aliases.clone();
+        assert_eq!(mirror.schemas.get(&orders()).expect("schema").columns[1].name, "LABEL");
+        assert_eq!(aliases(&mirror), vec!["NAME".to_string(), "TITLE".to_string()]);
+        db.rename_column(&orders(), "LABEL", "NAME");
+        drain(&mut again, &db, &mut mirror).await;
+        assert_eq!(aliases(&mirror), vec!["TITLE".to_string(), "LABEL".to_string()]);
+        assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
+    }
+
+    #[tokio::test]
+    async fn a_renamed_table_is_dropped_and_copied_under_its_new_name() {
+        let (db, mut src, mut mirror) = seeded_and_streaming(2).await;
+        // Mined after the rename, under the new name: in the copy.
+        let mut tx = db.begin();
+        tx.insert(&orders(), &[Some("30"), Some("before"), None, None]);
+        tx.delete(&orders(), "5");
+        tx.commit();
+        db.rename_table(&orders(), "ORDERS2");
+        let renamed = TableId::new("APP", "ORDERS2");
+        let mut tx = db.begin();
+        tx.insert(&renamed, &[Some("31"), Some("between"), None, None]);
+        tx.commit();
+        let from = mirror.seen.len();
+        drain(&mut src, &db, &mut mirror).await;
+        let mut tx = db.begin();
+        tx.update(&renamed, "1", &[("NAME", Some("after"))]);
+        tx.delete(&renamed, "2");
+        tx.commit();
+        drain(&mut src, &db, &mut mirror).await;
+
+        assert_eq!(mirror.dropped, vec![orders()]);
+        let after = &mirror.seen[from..];
+        assert!(after.iter().all(|(t, _, _)| *t == renamed), "{after:?}");
+        let reads = after.iter().take_while(|(_, op, _)| *op == Op::Read).count();
+        assert_eq!(reads, 6);
+        assert_eq!(after.len(), reads + 2);
+        assert_eq!(mirror.pairs(&renamed), db_pairs(&db, &renamed));
+        assert!(mirror.schemas.get(&renamed).is_some_and(|s| s.columns.len() == 4));
+    }
+
+    #[tokio::test]
+    async fn ddl_adds_columns_and_drops_tables_and_gaps_stop_the_source() {
+        let (db, mut src, mut mirror) = seeded_and_streaming(100).await;
         db.add_column(&orders(), "NOTE", "VARCHAR2");
         let mut tx = db.begin();
         tx.insert(&orders(), &[Some("9"), Some("n"), None, None, Some("a note")]);
@@ -931,6 +1410,69 @@ mod tests {
         assert!(e.to_string().contains("sequence"), "{e}");
         let e = src.next_batch().await.expect_err("still a gap");
         assert_eq!(e.kind(), ErrorKind::NeedsOperator);
+    }
+
+    #[tokio::test]
+    async fn xmltype_documents_are_reassembled_into_their_rows() {
+        let db = FakeOracle::new();
+        let t = TableId::new("APP", "DOCS");
+        db.create_table(&t, &[("ID", "NUMBER"), ("NAME", "VARCHAR2"), ("DATA", "XMLTYPE")], &["ID"]);
+        let mut tx = db.begin();
+        tx.insert(&t, &[Some("1"), Some("snap"), Some("<a>in the snapshot</a>")]);
+        tx.commit();
+        let mut src = source(&db, 100);
+        src.start(None).await.expect("start");
+        let mut mirror = Mirror::default();
+        drain(&mut src, &db, &mut mirror).await;
+        let long = format!("<doc>{}</doc>", "Ä ünïcødé, ".repeat(40));
+        let mut tx = db.begin();
+        tx.insert(&t, &[Some("2"), Some("new"), Some(&long)]);
+        tx.insert(&t, &[Some("3"), Some("none"), None]);
+        // The document alone: only XML DOC rows, no DML row.
+        tx.update(&t, "1", &[("DATA", Some("<a>changed</a>"))]);
+        tx.commit();
+        let mut tx = db.begin();
+        tx.update(&t, "2", &[("NAME", Some("renamed")), ("DATA", None)]);
+        tx.commit();
+        drain(&mut src, &db, &mut mirror).await;
+        let rows = mirror.table(&t);
+        let by = |id: &str| rows.iter().find(|r| r[0] == Value::Decimal(id.into())).expect("row").clone();
+        assert_eq!(by("1"), vec![Value::Decimal("1".into()), text("snap"), text("<a>changed</a>")]);
+        assert_eq!(by("2"), vec![Value::Decimal("2".into()), text("renamed"), Value::Null]);
+        assert_eq!(by("3")[2], Value::Null);
+        // The long document, between the insert and the update of row 2.
+        let docs: Vec<&(TableId, Op, Position)> = mirror.seen.iter().filter(|(id, _, _)| *id == t).collect();
+        assert_eq!(docs.len(), 1 + 3 + 1);
+        assert_eq!(mirror.schemas.get(&t).expect("schema").columns[2].data_type, tributary_schemas::DataType::Text);
+        let mut replay = Mirror::default();
+        let mut again = source(&db, 100);
+        again.start(None).await.expect("start");
+        let mut tx = db.begin();
+        tx.insert(&t, &[Some("4"), Some("x"), Some(&long)]);
+        tx.commit();
+        drain(&mut again, &db, &mut replay).await;
+        assert_eq!(replay.table(&t).iter().find(|r| r[0] == Value::Decimal("4".into())).map(|r| r[2].clone()), Some(text(&long)));
+    }
+
+    #[tokio::test]
+    async fn mining_from_the_root_names_the_pdb_in_every_event() {
+        let db = FakeOracle::new();
+        seed(&db);
+        db.set_info(|i| i.con_name = "CDB$ROOT".into());
+        let mut c = OracleSourceConfig::with_url("oracle://c##tributary@fake/ORCLCDB", &["APP.*"]);
+        c.pdb_name = Some("freepdb1".into());
+        let mut src = OracleSource::new(c, "test", Some(Arc::new(db.clone()))).expect("valid");
+        src.start(None).await.expect("start");
+        let b = src.next_batch().await.expect("batch");
+        let dbs: Vec<&str> = b
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                SourceMessage::Change(ev) => Some(&*ev.source.db),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dbs, vec!["FREEPDB1"; 5]);
     }
 
     #[tokio::test]

@@ -29,12 +29,16 @@ pub struct TablePlan {
     pub after: Option<ChunkAfter>,
     /// Every row read.
     pub done: bool,
+    /// The SCN this table is read at, when not the snapshot's: a table
+    /// copied again while streaming is read at an SCN of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scn: Option<u64>,
 }
 
 impl TablePlan {
     /// A table not read yet.
     pub fn new(id: &TableId) -> Self {
-        Self { schema: id.schema.clone(), table: id.table.clone(), after: None, done: false }
+        Self { schema: id.schema.clone(), table: id.table.clone(), after: None, done: false, scn: None }
     }
 
     /// The table.

@@ -90,7 +90,7 @@ pub fn feed(
                 }
             }
             36 => buffer.rollback(&row.xid),
-            1 | 2 | 3 | 5 | 9 | 10 | 11 | 28 => {
+            1 | 2 | 3 | 5 | 9 | 10 | 11 | 28 | 68 | 70 | 71 => {
                 let event = TxEvent {
                     scn: row.scn,
                     op: row.operation_code,
@@ -102,24 +102,20 @@ pub fn feed(
                 };
                 buffer.append(&row.xid, row.thread, event, row.rollback)?;
             }
-            255 | 68 | 70 | 71 => {
-                // UNSUPPORTED (255): LogMiner cannot render the change (a
-                // type it does not mine); XML_DOC_BEGIN / XML_DOC_WRITE /
-                // XML_DOC_END (68, 70, 71): an XMLTYPE value this source does
-                // not reassemble yet. Skipping either would lose a change.
+            255 => {
+                // UNSUPPORTED: LogMiner cannot render the change (a type it
+                // does not mine). Skipping it would lose a change.
                 return Err(crate::error::Error::needs_operator(format!(
-                    "the source cannot decode a change of {}.{} at SCN {} (OPERATION_CODE {}: {})",
+                    "the source cannot decode a change of {}.{} at SCN {} (OPERATION_CODE 255: UNSUPPORTED)",
                     row.seg_owner.unwrap_or_default(),
                     row.table_name.unwrap_or_default(),
                     row.scn,
-                    row.operation_code,
-                    if row.operation_code == 255 { "UNSUPPORTED" } else { "an XMLTYPE document" }
                 ))
                 .with_class("tributary.oracle_unsupported")
                 .with_hint(
                     "the table has a column type LogMiner does not support (Oracle Database Utilities, \
-                     \"Unsupported Data Types and Table Storage Attributes\") or an XMLTYPE column: exclude the \
-                     table (oracle.exclude) and start again",
+                     \"Unsupported Data Types and Table Storage Attributes\"): exclude the table (oracle.exclude) \
+                     and start again",
                 ));
             }
             _ => {}
@@ -199,13 +195,14 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_rows_stop_the_source() {
+    fn unsupported_rows_stop_the_source_and_xml_rows_are_buffered() {
         let mut buf = TxBuffer::new(1 << 20, None);
         let e = feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")], |_, _| true).expect_err("unsupported");
         // Another table's unsupported change is not this source's concern.
         assert!(feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")], |_, t| t != "T").is_ok());
         assert_eq!(e.kind(), crate::error::ErrorKind::NeedsOperator);
-        let e = feed(&mut buf, vec![row(2, 68, "x", 1, "XML DOC BEGIN")], |_, _| true).expect_err("xmltype");
-        assert!(e.to_string().contains("XMLTYPE"), "{e}");
+        // XMLTYPE documents are buffered with their transaction.
+        assert!(feed(&mut buf, vec![row(2, 68, "y", 1, "XML DOC BEGIN:"), row(3, 70, "y", 1, "<a/>")], |_, _| true).is_ok());
+        assert_eq!(buf.oldest_start(), Some(2));
     }
 }

@@ -11,7 +11,9 @@
 //! generated because of a partial or a full rollback of the associated
 //! transaction", Oracle Database Reference, `V$LOGMNR_CONTENTS`). Such a
 //! row cancels the latest change still buffered of the same transaction
-//! with the same `ROW_ID`, as Debezium's LogMiner adapter does.
+//! with the same `ROW_ID`, as Debezium's LogMiner adapter does, and the
+//! LOB and XML rows that wrote that row's columns after it (they have no
+//! undo rows of their own).
 //!
 //! Memory is bounded: when the buffered statement text exceeds the budget,
 //! the largest transaction's buffered rows go to an unnamed temporary file
@@ -33,7 +35,8 @@ pub struct TxEvent {
     /// The row's SCN.
     pub scn: u64,
     /// `OPERATION_CODE` (1 insert, 2 delete, 3 update, 5 DDL, 9 LOB locator,
-    /// 10 LOB write, 11 LOB trim, 28 LOB erase).
+    /// 10 LOB write, 11 LOB trim, 28 LOB erase, 68 XML DOC BEGIN, 70 XML DOC
+    /// WRITE, 71 XML DOC END).
     pub op: u8,
     /// `ROW_ID`.
     pub row_id: String,
@@ -119,21 +122,18 @@ impl TxBuffer {
             return Ok(());
         };
         if rollback {
-            if let Some(i) = tx.events.iter().rposition(|e| e.row_id == event.row_id && e.op != 5) {
-                let gone = tx.events.remove(i);
-                tx.bytes -= gone.bytes();
-                self.bytes -= gone.bytes();
-            } else if tx.spill.is_some() {
+            let (found, freed) = cancel(&mut tx.events, &event.row_id);
+            tx.bytes -= freed;
+            self.bytes -= freed;
+            if !found && tx.spill.is_some() {
                 // The change is on disk: read the spilled part back, drop
                 // it there, spill the rest again (rare: a savepoint rolled
                 // back after its transaction outgrew memory).
                 let mut spilled = read_spill(tx)?;
-                if let Some(i) = spilled.iter().rposition(|e| e.row_id == event.row_id && e.op != 5) {
-                    spilled.remove(i);
-                }
+                cancel(&mut spilled, &event.row_id);
                 tx.spill = None;
                 write_spill(tx, &spilled, self.spill_dir.as_ref())?;
-            } else {
+            } else if !found {
                 tracing::debug!(xid, "a rollback row with no buffered change on its row (mined from after it)");
             }
             return Ok(());
@@ -219,6 +219,30 @@ impl TxBuffer {
     }
 }
 
+/// Cancels the latest row change (insert, update, delete) of `events` on
+/// `row_id`, and the LOB and XML rows of that row after it: they wrote the
+/// LOB and XMLTYPE columns of the change undone (LOB and XML data keep no
+/// undo of their own in the redo, so no rollback row of theirs follows).
+/// Without such a change here (it is on disk, before these), every LOB
+/// and XML row of `row_id` goes. Returns whether the change was here and
+/// the bytes freed.
+fn cancel(events: &mut Vec<TxEvent>, row_id: &str) -> (bool, usize) {
+    let piece = |e: &TxEvent| e.row_id == row_id && matches!(e.op, 9 | 10 | 11 | 28 | 68 | 70 | 71);
+    let at = events.iter().rposition(|e| e.row_id == row_id && matches!(e.op, 1..=3));
+    let from = at.unwrap_or(0);
+    let mut freed = 0;
+    let mut i = 0;
+    events.retain(|e| {
+        let gone = i >= from && (Some(i) == at || piece(e));
+        i += 1;
+        if gone {
+            freed += e.bytes();
+        }
+        !gone
+    });
+    (at.is_some(), freed)
+}
+
 fn write_spill(tx: &mut Open, events: &[TxEvent], dir: Option<&PathBuf>) -> Result<()> {
     if tx.spill.is_none() {
         let file = match dir {
@@ -302,6 +326,48 @@ mod tests {
         b.append("x", 1, ev(5, "r1", "undo update r1"), true).unwrap();
         let c = b.commit("x", 6, 0).unwrap().expect("buffered");
         assert_eq!(c.events, vec![ev(1, "r1", "insert r1")]);
+    }
+
+    #[test]
+    fn a_rolled_back_change_takes_its_lob_and_xml_rows_along() {
+        // INSERT r1 with a CLOB and an XMLTYPE document; SAVEPOINT s;
+        // INSERT r2 with a CLOB; UPDATE r1; ROLLBACK TO s: the undo of the
+        // update and of r2's insert, ROLLBACK = 1; LOB and XML writes have
+        // no undo rows. In memory, and with r1's rows spilled.
+        let piece = |scn, row: &str, op| TxEvent { op, ..ev(scn, row, "piece") };
+        for budget in [1 << 20, 200] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut b = TxBuffer::new(budget, Some(dir.path().to_path_buf()));
+            let rows = [
+                ev(1, "r1", "insert r1"),
+                piece(2, "r1", 9),
+                piece(3, "r1", 10),
+                piece(4, "r1", 68),
+                piece(5, "r1", 70),
+                piece(6, "r1", 71),
+                ev(7, "r2", "insert r2"),
+                piece(8, "r2", 9),
+                piece(9, "r2", 10),
+                TxEvent { op: 3, ..ev(10, "r1", "update r1") },
+            ];
+            for r in &rows {
+                b.append("x", 1, r.clone(), false).unwrap();
+            }
+            b.append("x", 1, TxEvent { op: 3, ..ev(11, "r1", "undo update r1") }, true).unwrap();
+            b.append("x", 1, TxEvent { op: 2, ..ev(12, "r2", "delete r2") }, true).unwrap();
+            let c = b.commit("x", 13, 0).unwrap().expect("buffered");
+            assert_eq!(c.events, rows[..6].to_vec(), "budget {budget}");
+        }
+        // Rolled back whole: r1's LOB and XML rows go with it, also from
+        // memory when r1's insert is on disk.
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = TxBuffer::new(150, Some(dir.path().to_path_buf()));
+        b.append("y", 1, ev(1, "r1", &"x".repeat(200)), false).unwrap();
+        assert!(b.spilled_rows() > 0);
+        b.append("y", 1, piece(2, "r1", 9), false).unwrap();
+        b.append("y", 1, piece(3, "r1", 10), false).unwrap();
+        b.append("y", 1, TxEvent { op: 2, ..ev(4, "r1", "delete r1") }, true).unwrap();
+        assert_eq!(b.commit("y", 5, 0).unwrap().expect("buffered").events, vec![]);
     }
 
     #[test]
