@@ -458,8 +458,11 @@ pub enum Copy {
     /// copy's rows come.
     Asked,
     /// The copy's rows read the table at this position: streamed changes
-    /// before it (which the copy's rows already hold) are held back, the
-    /// first one after it ends the hold.
+    /// before it (which the copy's rows already hold) are held back, those
+    /// after it flow; the first one after the sweep ends the hold. (Not
+    /// before: a copy resumed after a restart reads at a later position,
+    /// and the stream catches up to it, past this one, before the copy
+    /// ends; the sweep is still due then.)
     From {
         /// `Position::commit` of the copy's rows.
         commit: u64,
@@ -948,12 +951,14 @@ impl KafkaSide {
                         }
                         Copy::Asked => true,
                         Copy::From { .. } if copied => false,
-                        Copy::From { commit, index, .. } => {
+                        Copy::From { commit, index, swept } => {
                             if at < (Position { commit, index }) {
                                 true
                             } else {
-                                self.held.remove(&e.schema.id);
-                                self.held_changed = true;
+                                if swept {
+                                    self.held.remove(&e.schema.id);
+                                    self.held_changed = true;
+                                }
                                 false
                             }
                         }
