@@ -467,7 +467,7 @@ impl SqlServerSource {
                             .with_class("tributary.sqlserver_cdc_disabled")
                             .with_hint(format!(
                                 "EXEC sys.sp_cdc_enable_table @source_schema = {}, @source_name = {}, @role_name = NULL; \
-                                 then copy the table again: source-runner --config <source.toml> reset",
+                                 then copy the table again: source-runner --config <source.toml> reset --table {table}",
                                 types::quote_literal(&table.schema),
                                 types::quote_literal(&table.table)
                             )));
@@ -483,10 +483,10 @@ impl SqlServerSource {
                         ))
                         .with_table(table.clone())
                         .with_class("tributary.sqlserver_cleanup_gap")
-                        .with_hint(
-                            "copy the table again: source-runner --config <source.toml> reset (keep the old capture \
-                             instance until the source has switched: docs/sources/sqlserver.md)",
-                        ));
+                        .with_hint(format!(
+                            "copy the table again: source-runner --config <source.toml> reset --table {table} (keep \
+                             the old capture instance until the source has switched: docs/sources/sqlserver.md)"
+                        )));
                     }
                 }
             }
@@ -691,11 +691,11 @@ fn cleanup_gap(table: &TableId, instance: &str, at: Lsn, min: Lsn) -> Error {
     ))
     .with_table(table.clone())
     .with_class("tributary.sqlserver_cleanup_gap")
-    .with_hint(
-        "the changes in between are gone; re-snapshot: source-runner --config <source.toml> reset (every table is \
-         copied again), and keep changes longer (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = \
-         <minutes>; see docs/sources/sqlserver.md, Cleanup)",
-    )
+    .with_hint(format!(
+        "the changes in between are gone; copy the table again: source-runner --config <source.toml> reset --table \
+         {table}, and keep changes longer (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = \
+         <minutes>; see docs/sources/sqlserver.md, Cleanup)"
+    ))
 }
 
 #[async_trait]
