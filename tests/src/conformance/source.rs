@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tributary_connectors::{Checkpoint, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_connectors::{Checkpoint, CopyHold, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{Op, Position, SnapshotMarker, TableId, TableSchema, Value};
 
 use crate::{counters, kafka_bootstrap, schema_registry_url, unique, wait_for, Runner};
@@ -68,7 +68,7 @@ pub struct Mirror {
     pub snapshot_done: bool,
     /// Tables being copied again: the position of the copy's first row
     /// once it came, and whether the rows older than it were swept.
-    pub held: BTreeMap<TableId, (Option<Position>, bool)>,
+    pub held: BTreeMap<TableId, CopyHold>,
     /// How many times each row came in a copy (snapshot rows), per table.
     pub copied: BTreeMap<TableId, BTreeMap<i64, usize>>,
     /// The sweeps made when a copy was complete, with the copy's position
@@ -93,53 +93,40 @@ impl Mirror {
     pub async fn resync(&mut self, source: &mut dyn Source, table: &TableId) -> Vec<TableId> {
         let copying = source.resync(std::slice::from_ref(table)).await.expect("resync");
         if copying.contains(table) {
-            self.held.insert(table.clone(), (None, false));
+            self.held.insert(table.clone(), CopyHold::default());
             self.copied.remove(table);
         }
         copying
     }
 
-    /// Whether the runner holds `ev` back: a streamed change of a table
-    /// being copied again before the copy's first row, or older than it;
-    /// the first one after the sweep ends the hold.
+    /// Whether the runner holds `ev` back ([`CopyHold::admit`]).
     fn holds(&mut self, ev: &tributary_schemas::ChangeEvent) -> bool {
-        let Some((from, swept)) = self.held.get_mut(&ev.schema.id) else {
+        let Some(hold) = self.held.get_mut(&ev.schema.id) else {
             return false;
         };
-        let copied = ev.source.snapshot != SnapshotMarker::False;
-        match *from {
-            None if copied => {
-                *from = Some(ev.source.position);
-                false
-            }
-            None => true,
-            Some(_) if copied => false,
-            Some(p) if ev.source.position < p => true,
-            Some(_) => {
-                if *swept {
-                    self.held.remove(&ev.schema.id);
-                }
-                false
-            }
+        let (held, ends) = hold.admit(ev);
+        if ends {
+            self.held.remove(&ev.schema.id);
         }
+        held
     }
 
     /// After a batch: each held table whose copy `progress` says is
     /// complete loses the rows older than the copy (the runner's
     /// table-copied record), once.
     pub fn sweep(&mut self, progress: &[tributary_connectors::SnapshotTableProgress]) {
-        for (table, (from, swept)) in self.held.iter_mut() {
-            if *swept || !progress.iter().any(|p| &p.table == table && p.done) {
+        for (table, hold) in self.held.iter_mut() {
+            if hold.swept || !progress.iter().any(|p| &p.table == table && p.done) {
                 continue;
             }
             if let Some(rows) = self.tables.get_mut(table) {
-                rows.retain(|_, (p, _)| from.is_some_and(|f| *p >= f));
+                rows.retain(|_, (p, _)| hold.keeps(*p));
             }
-            self.swept.push((table.clone(), *from));
-            *swept = true;
+            self.swept.push((table.clone(), hold.from));
+            hold.swept = true;
         }
         // An empty copy ends the hold: nothing streamed is older.
-        self.held.retain(|_, (from, swept)| !(*swept && from.is_none()));
+        self.held.retain(|_, hold| !(hold.swept && hold.from.is_none()));
     }
 
     /// Applies a batch: schemas, changes (highest position wins), drops.

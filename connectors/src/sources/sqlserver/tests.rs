@@ -60,7 +60,7 @@ struct Mirror {
     /// Tables copied again, held back as the source runner holds them:
     /// the position of the copy's first row once seen, and whether the
     /// rows older than it were swept.
-    held: BTreeMap<TableId, (Option<Position>, bool)>,
+    held: BTreeMap<TableId, crate::CopyHold>,
 }
 
 impl Mirror {
@@ -69,46 +69,32 @@ impl Mirror {
     async fn resync(&mut self, source: &mut SqlServerSource, table: &TableId) -> bool {
         let copying = source.resync(std::slice::from_ref(table)).await.expect("resync");
         if copying.contains(table) {
-            self.held.insert(table.clone(), (None, false));
+            self.held.insert(table.clone(), crate::CopyHold::default());
         }
         copying.contains(table)
     }
 
-    /// Whether the runner drops `ev` while its table is held (its
-    /// `KafkaSide::hold`): stream changes before the copy's first row, or
-    /// older than it; the first one after the sweep ends the hold.
+    /// Whether the runner drops `ev` while its table is held.
     fn holds(&mut self, ev: &ChangeEvent) -> bool {
-        let Some((from, swept)) = self.held.get_mut(&ev.schema.id) else { return false };
-        let copied = ev.source.snapshot != SnapshotMarker::False;
-        match *from {
-            None if copied => {
-                *from = Some(ev.source.position);
-                false
-            }
-            None => true,
-            Some(_) if copied => false,
-            Some(p) if ev.source.position < p => true,
-            Some(_) => {
-                if *swept {
-                    self.held.remove(&ev.schema.id);
-                }
-                false
-            }
+        let Some(hold) = self.held.get_mut(&ev.schema.id) else { return false };
+        let (held, ends) = hold.admit(ev);
+        if ends {
+            self.held.remove(&ev.schema.id);
         }
+        held
     }
 
     /// After a batch: a held table whose copy is complete loses the rows
     /// older than the copy (the runner's table-copied record).
     fn sweep(&mut self, progress: &[SnapshotTableProgress]) {
-        for (table, (from, swept)) in self.held.iter_mut() {
-            if *swept || !progress.iter().any(|p| &p.table == table && p.done) {
+        for (table, hold) in self.held.iter_mut() {
+            if hold.swept || !progress.iter().any(|p| &p.table == table && p.done) {
                 continue;
             }
-            let rows = self.rows.entry(table.clone()).or_default();
-            rows.retain(|_, (p, _)| from.is_some_and(|f| *p >= f));
-            *swept = true;
+            self.rows.entry(table.clone()).or_default().retain(|_, (p, _)| hold.keeps(*p));
+            hold.swept = true;
         }
-        self.held.retain(|_, (from, swept)| !(*swept && from.is_none()));
+        self.held.retain(|_, hold| !(hold.swept && hold.from.is_none()));
     }
 
     fn apply(&mut self, batch: &SourceBatch) {
@@ -583,7 +569,7 @@ proptest! {
             async fn restart(db: &FakeServer, chunk: u64, max_events: usize, checkpoint: &Option<Checkpoint>, acked: &Mirror) -> SqlServerSource {
                 let mut s = source(db, chunk, max_events);
                 s.start(checkpoint.clone()).await.unwrap();
-                let asked: Vec<TableId> = acked.held.iter().filter(|(_, (from, _))| from.is_none()).map(|(t, _)| t.clone()).collect();
+                let asked: Vec<TableId> = acked.held.iter().filter(|(_, h)| h.from.is_none()).map(|(t, _)| t.clone()).collect();
                 s.resync(&asked).await.unwrap();
                 s
             }
