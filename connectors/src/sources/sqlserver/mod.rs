@@ -122,6 +122,9 @@ pub struct SqlServerSource {
     progress: BTreeMap<TableId, SnapshotTableProgress>,
     start_over: bool,
     domain_change: Option<String>,
+    /// When an idle poll next looks for new capture instances (the
+    /// catalog's queries are more than the max LSN's one).
+    idle_catalog_at: Instant,
 }
 
 impl std::fmt::Debug for SqlServerSource {
@@ -161,6 +164,7 @@ impl SqlServerSource {
             progress: BTreeMap::new(),
             start_over: false,
             domain_change: None,
+            idle_catalog_at: Instant::now(),
         })
     }
 
@@ -405,8 +409,10 @@ impl SqlServerSource {
         let copying = self.config.snapshot_mode == SnapshotMode::Initial;
         let any_start = copying && self.snap.is_none();
         if to <= state.lsn {
-            if any_start {
-                // No commit since: not a reason to wait for one.
+            if any_start && Instant::now() >= self.idle_catalog_at {
+                // No commit since: not a reason to wait for one, but looked
+                // for once a heartbeat interval only.
+                self.idle_catalog_at = Instant::now() + Duration::from_millis(self.config.heartbeat_interval_ms);
                 let instances = self.client().await?.capture_instances().await?;
                 let copies: VecDeque<Item> = self
                     .new_tables(&state, &instances, None)
@@ -869,5 +875,7 @@ impl Source for SqlServerSource {
     }
 }
 
+#[cfg(test)]
+mod tds_fixtures;
 #[cfg(test)]
 mod tests;
