@@ -36,7 +36,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{debug, info, info_span, warn, Instrument};
-use tributary_connectors::{policy, Checkpoint, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_connectors::{
+    policy, Checkpoint, CopyHold, Decision, Error, ErrorKind, Source, SourceBatch, SourceMessage,
+};
 use tributary_operations::admin::Control;
 use tributary_operations::process::sleep_until;
 use tributary_operations::telemetry::{TableState, Telemetry};
@@ -484,8 +486,11 @@ pub enum Copy {
     /// copy's rows come.
     Asked,
     /// The copy's rows read the table at this position: streamed changes
-    /// before it (which the copy's rows already hold) are held back, the
-    /// first one after it ends the hold.
+    /// before it (which the copy's rows already hold) are held back, those
+    /// after it flow; the first one after the sweep ends the hold. (Not
+    /// before: a copy resumed after a restart reads at a later position,
+    /// and the stream catches up to it, past this one, before the copy
+    /// ends; the sweep is still due then.)
     From {
         /// `Position::commit` of the copy's rows.
         commit: u64,
@@ -968,27 +973,26 @@ impl KafkaSide {
                     let Some(h) = self.held.get_mut(&e.schema.id) else {
                         continue;
                     };
-                    let copied = e.source.snapshot != SnapshotMarker::False;
-                    let at = e.source.position;
-                    out[i] = match h.copy {
-                        Copy::Paused => true,
-                        Copy::Asked if copied => {
-                            h.copy = Copy::From { commit: at.commit, index: at.index, swept: false };
-                            self.held_changed = true;
-                            false
+                    let mut hold = match h.copy {
+                        Copy::Paused => {
+                            out[i] = true;
+                            continue;
                         }
-                        Copy::Asked => true,
-                        Copy::From { .. } if copied => false,
-                        Copy::From { commit, index, .. } => {
-                            if at < (Position { commit, index }) {
-                                true
-                            } else {
-                                self.held.remove(&e.schema.id);
-                                self.held_changed = true;
-                                false
-                            }
+                        Copy::Asked => CopyHold::default(),
+                        Copy::From { commit, index, swept } => {
+                            CopyHold { from: Some(Position { commit, index }), swept }
                         }
                     };
+                    let (held, ends) = hold.admit(e);
+                    if let (Copy::Asked, Some(at)) = (h.copy, hold.from) {
+                        h.copy = Copy::From { commit: at.commit, index: at.index, swept: false };
+                        self.held_changed = true;
+                    }
+                    if ends {
+                        self.held.remove(&e.schema.id);
+                        self.held_changed = true;
+                    }
+                    out[i] = held;
                 }
             }
         }

@@ -26,6 +26,7 @@ conformance!(source, postgres: Postgres {
     restart_resumes_after_the_checkpoint,
     ddl_add_column,
     new_and_dropped_tables,
+    resync_copies_a_table_again,
     kill_9_exactly_once,
 });
 
@@ -34,6 +35,7 @@ conformance!(source, mysql: MySql {
     restart_resumes_after_the_checkpoint,
     ddl_add_column,
     new_and_dropped_tables,
+    resync_copies_a_table_again,
     kill_9_exactly_once,
 });
 
@@ -46,10 +48,13 @@ conformance!(source, sqlserver_fake: SqlServerFake {
     restart_resumes_after_the_checkpoint,
     ddl_add_column,
     new_and_dropped_tables,
+    resync_copies_a_table_again,
 });
 
 // The memory source lives in the test process: the runner binary cannot
-// read it, so `kill_9_exactly_once` is not in its list.
+// read it, so `kill_9_exactly_once` is not in its list. It copies no table
+// again mid-stream (`Source::resync`'s default): no
+// `resync_copies_a_table_again`.
 conformance!(source, memory: Memory {
     snapshot_then_streaming,
     restart_resumes_after_the_checkpoint,

@@ -175,5 +175,6 @@ sqlserver_cases!(
     restart_resumes_after_the_checkpoint,
     ddl_add_column,
     new_and_dropped_tables,
+    resync_copies_a_table_again,
     kill_9_exactly_once,
 );

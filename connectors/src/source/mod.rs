@@ -9,7 +9,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 use tributary_operations::config::ConfigError;
-use tributary_schemas::{ChangeEvent, TableId, TableSchema};
+use tributary_schemas::{ChangeEvent, Position, SnapshotMarker, TableId, TableSchema};
 
 use crate::error::{Error, Result};
 use crate::problem::Problem;
@@ -84,6 +84,46 @@ pub enum SourceMessage {
     /// changes held back) until it is copied again, at the next start
     /// ([`Source::resync`]). Never a reason to stop every table.
     TableFailed(TableId, String),
+}
+
+/// A table the source runner holds back while the source copies it again
+/// ([`Source::resync`]): the runner's rule for its changes, in one place
+/// for the runner and the test mirrors that play it. The runner keeps it
+/// with the checkpoint (its held-tables record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyHold {
+    /// The position of the copy's first row, once it came: the copy read
+    /// the table there.
+    pub from: Option<Position>,
+    /// Whether the copy is complete and the destination rows older than it
+    /// (deleted at the source while the table was held) were removed.
+    pub swept: bool,
+}
+
+impl CopyHold {
+    /// Whether `event` of the table is held back (returns `(held, ends)`):
+    /// streamed changes before the copy's first row, or older than it (the
+    /// copy's rows hold them), are; the copy's rows and later changes pass.
+    /// The first change after the sweep ends the hold (`ends`); not one
+    /// before it: a copy resumed after a restart reads at a later position,
+    /// and the stream catches up to that, past `from`, before the copy ends.
+    pub fn admit(&mut self, event: &ChangeEvent) -> (bool, bool) {
+        let at = event.source.position;
+        match self.from {
+            _ if event.source.snapshot != SnapshotMarker::False => {
+                self.from.get_or_insert(at);
+                (false, false)
+            }
+            None => (true, false),
+            Some(from) if at < from => (true, false),
+            Some(_) => (false, self.swept),
+        }
+    }
+
+    /// Whether a destination row written at `position` outlives the sweep.
+    pub fn keeps(&self, position: Position) -> bool {
+        self.from.is_some_and(|from| position >= from)
+    }
 }
 
 /// A group of messages that the runner commits atomically, with the
@@ -307,6 +347,52 @@ mod tests {
     struct State {
         version: u32,
         at: u64,
+    }
+
+    fn event(snapshot: SnapshotMarker, commit: u64) -> ChangeEvent {
+        let schema = TableSchema {
+            id: TableId::new("s", "t"),
+            columns: Vec::new(),
+            key: Vec::new(),
+            dropped: Vec::new(),
+        };
+        ChangeEvent {
+            schema: std::sync::Arc::new(schema),
+            op: tributary_schemas::Op::Update,
+            before: None,
+            after: None,
+            source: tributary_schemas::SourceInfo {
+                connector: "test".into(),
+                name: "test".into(),
+                db: "test".into(),
+                ts_ms: 0,
+                snapshot,
+                tx_id: None,
+                position: Position { commit, index: 0 },
+                native_position: "".into(),
+            },
+            ts_ms: 0,
+            transaction: None,
+        }
+    }
+
+    #[test]
+    fn a_copied_table_is_held_until_its_copy_and_released_after_its_sweep() {
+        use SnapshotMarker::{False as Streamed, True as Copied};
+        let mut hold = CopyHold::default();
+        assert_eq!(hold.admit(&event(Streamed, 5)), (true, false), "before the copy's rows");
+        assert_eq!(hold.admit(&event(Copied, 10)), (false, false));
+        assert_eq!(hold.from, Some(Position { commit: 10, index: 0 }));
+        assert_eq!(hold.admit(&event(Streamed, 9)), (true, false), "older than the copy");
+        // A copy resumed at a later position: the stream catches up past
+        // the first one before the copy ends, and the hold stays for the
+        // sweep.
+        assert_eq!(hold.admit(&event(Streamed, 11)), (false, false));
+        assert_eq!(hold.admit(&event(Copied, 12)), (false, false));
+        assert!(hold.keeps(Position { commit: 10, index: 0 }) && !hold.keeps(Position { commit: 9, index: 7 }));
+        hold.swept = true;
+        assert_eq!(hold.admit(&event(Streamed, 13)), (false, true));
+        assert!(!CopyHold::default().keeps(Position { commit: u64::MAX, index: 0 }), "an empty copy keeps nothing");
     }
 
     #[test]

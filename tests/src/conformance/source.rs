@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tributary_connectors::{Checkpoint, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_connectors::{Checkpoint, CopyHold, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{Op, Position, SnapshotMarker, TableId, TableSchema, Value};
 
 use crate::{counters, kafka_bootstrap, schema_registry_url, unique, wait_for, Runner};
@@ -51,7 +51,9 @@ pub trait SourceFixture: Send + Sync {
 }
 
 /// A table rebuilt from events: key text -> (position, row), and the
-/// schemas announced.
+/// schemas announced. A table copied again ([`Mirror::resync`]) is held
+/// back as the source runner holds it (`KafkaSide::hold` and
+/// `sweep_copied` in `source-runner/src/runner.rs`).
 #[derive(Default)]
 pub struct Mirror {
     /// Rows per table: `id` -> (position of the change, `name|qty[|note]`).
@@ -64,6 +66,14 @@ pub struct Mirror {
     pub seen: Vec<(TableId, i64, Position)>,
     /// Whether the last snapshot row went by.
     pub snapshot_done: bool,
+    /// Tables being copied again: the position of the copy's first row
+    /// once it came, and whether the rows older than it were swept.
+    pub held: BTreeMap<TableId, CopyHold>,
+    /// How many times each row came in a copy (snapshot rows), per table.
+    pub copied: BTreeMap<TableId, BTreeMap<i64, usize>>,
+    /// The sweeps made when a copy was complete, with the copy's position
+    /// (`None`: no row of the copy had come, so every row went).
+    pub swept: Vec<(TableId, Option<Position>)>,
 }
 
 fn text(v: &Value) -> String {
@@ -78,6 +88,47 @@ fn text(v: &Value) -> String {
 }
 
 impl Mirror {
+    /// Asks `source` to copy `table` again, as `POST /resync` does, and
+    /// holds the table back; the tables the source copies.
+    pub async fn resync(&mut self, source: &mut dyn Source, table: &TableId) -> Vec<TableId> {
+        let copying = source.resync(std::slice::from_ref(table)).await.expect("resync");
+        if copying.contains(table) {
+            self.held.insert(table.clone(), CopyHold::default());
+            self.copied.remove(table);
+        }
+        copying
+    }
+
+    /// Whether the runner holds `ev` back ([`CopyHold::admit`]).
+    fn holds(&mut self, ev: &tributary_schemas::ChangeEvent) -> bool {
+        let Some(hold) = self.held.get_mut(&ev.schema.id) else {
+            return false;
+        };
+        let (held, ends) = hold.admit(ev);
+        if ends {
+            self.held.remove(&ev.schema.id);
+        }
+        held
+    }
+
+    /// After a batch: each held table whose copy `progress` says is
+    /// complete loses the rows older than the copy (the runner's
+    /// table-copied record), once.
+    pub fn sweep(&mut self, progress: &[tributary_connectors::SnapshotTableProgress]) {
+        for (table, hold) in self.held.iter_mut() {
+            if hold.swept || !progress.iter().any(|p| &p.table == table && p.done) {
+                continue;
+            }
+            if let Some(rows) = self.tables.get_mut(table) {
+                rows.retain(|_, (p, _)| hold.keeps(*p));
+            }
+            self.swept.push((table.clone(), hold.from));
+            hold.swept = true;
+        }
+        // An empty copy ends the hold: nothing streamed is older.
+        self.held.retain(|_, hold| !(hold.swept && hold.from.is_none()));
+    }
+
     /// Applies a batch: schemas, changes (highest position wins), drops.
     pub fn apply(&mut self, batch: &SourceBatch) {
         for m in &batch.messages {
@@ -91,6 +142,9 @@ impl Mirror {
                 }
                 SourceMessage::TableFailed(id, reason) => panic!("{id} failed: {reason}"),
                 SourceMessage::Change(ev) => {
+                    if self.holds(ev) {
+                        continue;
+                    }
                     assert!(
                         self.schemas.get(&ev.schema.id).is_some_and(|s| **s == *ev.schema),
                         "the schema of {} was announced before its first change",
@@ -113,6 +167,9 @@ impl Mirror {
                     });
                     let Some(id) = id else { panic!("no id in {ev:?}") };
                     self.seen.push((ev.schema.id.clone(), id, ev.source.position));
+                    if ev.source.snapshot != SnapshotMarker::False {
+                        *self.copied.entry(ev.schema.id.clone()).or_default().entry(id).or_default() += 1;
+                    }
                     let value = ev.after.as_ref().map(|after| {
                         ev.schema
                             .columns
@@ -179,6 +236,7 @@ pub async fn sync(source: &mut dyn Source, mirror: &mut Mirror, what: &str, done
             Err(e) => panic!("next_batch ({what}): {e}"),
         };
         mirror.apply(&batch);
+        mirror.sweep(&source.snapshot_progress());
         source.acknowledge(&batch.checkpoint).await.expect("acknowledge");
     }
 }
@@ -316,6 +374,59 @@ pub async fn new_and_dropped_tables(fx: &dyn SourceFixture) {
     assert_eq!(mirror.rows(&later), expect_rows(&[(1, "x", 1), (2, "y", 2)]));
     fx.drop_table("later").await;
     sync(source.as_mut(), &mut mirror, "the drop", |m| m.dropped.contains(&later)).await;
+}
+
+/// A table copied again while streaming ([`Source::resync`]: `POST
+/// /resync`, `source-runner reset --table`), held back as the runner
+/// holds it: each of its rows comes once in the copy, the changes made
+/// meanwhile are in the copy or stream after it, a row deleted meanwhile
+/// goes with the sweep after the copy, the other tables stream on, and the
+/// mirror equals the source.
+pub async fn resync_copies_a_table_again(fx: &dyn SourceFixture) {
+    const ROWS: i32 = 120;
+    fx.create("items").await;
+    fx.create("other").await;
+    let initial: Vec<(i32, String, i32)> = (1..=ROWS).map(|i| (i, format!("n{i}"), 0)).collect();
+    let refs: Vec<(i32, &str, i32)> = initial.iter().map(|(i, n, q)| (*i, n.as_str(), *q)).collect();
+    fx.insert("items", &refs).await;
+    let mut source = fx.source(&unique("conf"));
+    start(source.as_mut(), None).await;
+    let mut mirror = Mirror::default();
+    let (t, other) = (fx.table("items"), fx.table("other"));
+    sync(source.as_mut(), &mut mirror, "the snapshot", |m| m.rows(&t).len() == ROWS as usize).await;
+    fx.update("items", 1, "before", 1).await;
+    sync(source.as_mut(), &mut mirror, "a change before the copy", |m| {
+        m.rows(&t).contains(&"1|before|1".to_string())
+    })
+    .await;
+    assert_eq!(mirror.resync(source.as_mut(), &t).await, vec![t.clone()]);
+    // Made while the copy is asked for: in it, or streamed after it.
+    fx.update("items", 2, "during", 2).await;
+    fx.delete("items", 3).await;
+    fx.insert("items", &[(500, "new", 5)]).await;
+    fx.insert("other", &[(1, "o", 1)]).await;
+    sync(source.as_mut(), &mut mirror, "the copy", |m| m.swept.iter().any(|(s, _)| *s == t)).await;
+    fx.update("items", 4, "after", 4).await;
+    sync(source.as_mut(), &mut mirror, "a change after the copy", |m| {
+        m.rows(&t).contains(&"4|after|4".to_string())
+    })
+    .await;
+    sync(source.as_mut(), &mut mirror, "the other table", |m| !m.rows(&other).is_empty()).await;
+    assert!(
+        matches!(mirror.swept.as_slice(), [(s, Some(_))] if *s == t),
+        "the copy was complete only after its rows: {:?}",
+        mirror.swept
+    );
+    let copied = mirror.copied.get(&t).cloned().unwrap_or_default();
+    let twice: Vec<_> = copied.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "rows copied more than once: {twice:?}");
+    let missing: Vec<i32> = (5..=ROWS).filter(|i| !copied.contains_key(&i64::from(*i))).collect();
+    assert!(missing.is_empty(), "rows not in the copy: {missing:?}");
+    let mut want: Vec<String> = vec!["1|before|1".into(), "2|during|2".into(), "4|after|4".into()];
+    want.extend((5..=ROWS).map(|i| format!("{i}|n{i}|0")));
+    want.push("500|new|5".into());
+    assert_eq!(mirror.rows(&t), want);
+    assert_eq!(mirror.rows(&other), vec!["1|o|1".to_string()]);
 }
 
 /// The `source-runner` binary is killed (SIGKILL) once mid-snapshot and

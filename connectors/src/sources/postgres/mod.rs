@@ -931,6 +931,8 @@ impl Source for PostgresSource {
             if !snap.tables.iter().any(|t| t.id() == *id) {
                 snap.tables.push(TablePlan::new(id));
             }
+            // The last copy's progress said done: not this one's.
+            self.progress.forget(id);
             out.push(id.clone());
         }
         Ok(out)

@@ -181,6 +181,13 @@ impl SnapshotProgress {
             .clone()
     }
 
+    /// Drops `table`'s progress: its next copy starts from nothing, and is
+    /// not done before it ran (the runner takes a done table for a
+    /// complete copy of it).
+    pub fn forget(&self, table: &TableId) {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner()).remove(table);
+    }
+
     /// Every table's progress.
     pub fn view(&self) -> Vec<TableProgressView> {
         let tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());

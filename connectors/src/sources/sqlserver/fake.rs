@@ -253,6 +253,13 @@ impl FakeServer {
         self.lock().tables.get(id).map(|t| t.rows.values().cloned().collect()).unwrap_or_default()
     }
 
+    /// The tables that have a capture instance.
+    pub fn captured_tables(&self) -> Vec<TableId> {
+        let mut out: Vec<TableId> = self.lock().instances.iter().map(|i| i.ci.table.clone()).collect();
+        out.dedup();
+        out
+    }
+
     /// The last commit's LSN (what `sys.fn_cdc_get_max_lsn()` returns).
     pub fn max_lsn(&self) -> Lsn {
         self.lock().max

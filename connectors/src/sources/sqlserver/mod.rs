@@ -95,6 +95,10 @@ enum Item {
     Switch(TableId, CaptureInstance, Arc<TableSchema>),
     /// The table and its capture instances are gone.
     Dropped(TableId),
+    /// A table not captured before got a capture instance: its rows are
+    /// copied (the rows it held before CDC was enabled are in no change
+    /// table), then it streams from the copy's LSN.
+    Copy(TableId, CaptureInstance),
 }
 
 /// The SQL Server source.
@@ -118,6 +122,9 @@ pub struct SqlServerSource {
     progress: BTreeMap<TableId, SnapshotTableProgress>,
     start_over: bool,
     domain_change: Option<String>,
+    /// When an idle poll next looks for new capture instances (the
+    /// catalog's queries are more than the max LSN's one).
+    idle_catalog_at: Instant,
 }
 
 impl std::fmt::Debug for SqlServerSource {
@@ -157,6 +164,7 @@ impl SqlServerSource {
             progress: BTreeMap::new(),
             start_over: false,
             domain_change: None,
+            idle_catalog_at: Instant::now(),
         })
     }
 
@@ -222,6 +230,22 @@ impl SqlServerSource {
         of.iter().rev().find(|i| i.start_lsn <= lsn.next()).or(of.first()).copied()
     }
 
+    /// Plans `table` to be copied (again) in a snapshot the stream first
+    /// catches up to; its stream goes on from the copy's LSN.
+    fn plan_copy(&mut self, table: &TableId) -> Result<()> {
+        let plan = self.state_mut()?.snapshot.get_or_insert_with(|| SnapshotState {
+            initial: false,
+            mid_stream: true,
+            tables: Vec::new(),
+        });
+        plan.copy_again(&table_key(table));
+        self.progress.insert(
+            table.clone(),
+            SnapshotTableProgress { table: table.clone(), rows: 0, estimated_rows: None, done: false },
+        );
+        Ok(())
+    }
+
     fn state_mut(&mut self) -> Result<&mut SourceState> {
         self.state.as_mut().ok_or_else(|| Error::retryable("the source is not started"))
     }
@@ -253,11 +277,20 @@ impl SqlServerSource {
                 }
                 plan = SnapshotState {
                     initial: false,
+                    mid_stream: false,
                     tables: tables.iter().map(|t| TablePlan { table: table_key(t), last_key: None, done: false }).collect(),
                 };
                 new_state.lsn = at;
             } else if at > state.lsn {
                 self.catch_up = Some(at);
+            }
+            // A table not copied yet is copied with the instance that
+            // captures at this LSN (the stream left its changes to the copy,
+            // a capture-instance switch included), and streams from it.
+            for key in plan.not_begun() {
+                if let Some(ci) = Self::choose(&instances, &parse_table(key), at) {
+                    new_state.instances.insert(key.to_string(), InstanceState { name: ci.name.clone(), since: ci.start_lsn });
+                }
             }
             for (t, inst) in &new_state.instances {
                 if let Some(ci) = instances.iter().find(|i| i.name == inst.name) {
@@ -312,6 +345,8 @@ impl SqlServerSource {
                 continue;
             };
             let schema = self.schema_of(inst)?;
+            // A table added to an open snapshot was not announced at its start.
+            self.announce(&schema, &mut messages);
             let ci = self.captured(inst);
             let key_idx = schema.key_indexes();
             let after: Option<Vec<Value>> = p.last_key.as_ref().map(|k| {
@@ -343,8 +378,10 @@ impl SqlServerSource {
             }
         }
         if plan.tables.iter().all(|p| p.done) {
-            if let Some(SourceMessage::Change(ev)) =
-                messages.iter_mut().rev().find(|m| matches!(m, SourceMessage::Change(_)))
+            if let Some(SourceMessage::Change(ev)) = messages
+                .iter_mut()
+                .rev()
+                .find(|m| !plan.mid_stream && matches!(m, SourceMessage::Change(_)))
             {
                 ev.source.snapshot = SnapshotMarker::Last;
             }
@@ -365,18 +402,43 @@ impl SqlServerSource {
         let state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
         let max = self.client().await?.max_lsn().await?;
         let to = self.catch_up.map_or(max, |c| c.min(max));
+        // A table whose capture was enabled is copied in a transaction that
+        // begins after it was seen, so the copy holds every row it had
+        // before (and nothing of it is lost below its instance's start); an
+        // open transaction is only good for one captured at or below its LSN.
+        let copying = self.config.snapshot_mode == SnapshotMode::Initial;
+        let any_start = copying && self.snap.is_none();
         if to <= state.lsn {
+            if any_start && Instant::now() >= self.idle_catalog_at {
+                // No commit since: not a reason to wait for one, but looked
+                // for once a heartbeat interval only.
+                self.idle_catalog_at = Instant::now() + Duration::from_millis(self.config.heartbeat_interval_ms);
+                let instances = self.client().await?.capture_instances().await?;
+                let copies: VecDeque<Item> = self
+                    .new_tables(&state, &instances, None)
+                    .into_iter()
+                    .map(|ci| Item::Copy(ci.table.clone(), ci.clone()))
+                    .collect();
+                if !copies.is_empty() {
+                    self.pending = copies;
+                    self.pending_to = None;
+                    return Ok(true);
+                }
+            }
             return Ok(false);
         }
         let after = state.lsn;
         let instances = self.client().await?.capture_instances().await?;
-        let snapshotting: Vec<String> =
-            state.snapshot.iter().flat_map(|s| s.tables.iter().map(|p| p.table.clone())).collect();
         let mut reads: Vec<(CaptureInstance, Arc<TableSchema>, stream::Bounds)> = Vec::new();
         let mut switches: Vec<(Lsn, TableId, CaptureInstance)> = Vec::new();
         let mut dropped: Vec<TableId> = Vec::new();
         let mut existing: Option<Vec<TableId>> = None;
+        let not_begun: Vec<&str> = state.snapshot.iter().flat_map(|s| s.not_begun()).collect();
         for (key, inst) in &state.instances {
+            if not_begun.contains(&key.as_str()) {
+                // Its copy holds every change of it up to this window's end.
+                continue;
+            }
             let table = parse_table(key);
             let cur = instances.iter().find(|i| i.name == inst.name);
             let next = instances
@@ -411,7 +473,7 @@ impl SqlServerSource {
                             .with_class("tributary.sqlserver_cdc_disabled")
                             .with_hint(format!(
                                 "EXEC sys.sp_cdc_enable_table @source_schema = {}, @source_name = {}, @role_name = NULL; \
-                                 then copy the table again: source-runner --config <source.toml> reset",
+                                 then copy the table again: source-runner --config <source.toml> reset --table {table}",
                                 types::quote_literal(&table.schema),
                                 types::quote_literal(&table.table)
                             )));
@@ -427,10 +489,10 @@ impl SqlServerSource {
                         ))
                         .with_table(table.clone())
                         .with_class("tributary.sqlserver_cleanup_gap")
-                        .with_hint(
-                            "copy the table again: source-runner --config <source.toml> reset (keep the old capture \
-                             instance until the source has switched: docs/sources/sqlserver.md)",
-                        ));
+                        .with_hint(format!(
+                            "copy the table again: source-runner --config <source.toml> reset --table {table} (keep \
+                             the old capture instance until the source has switched: docs/sources/sqlserver.md)"
+                        )));
                     }
                 }
             }
@@ -440,18 +502,15 @@ impl SqlServerSource {
                 switches.push((n.start_lsn, table.clone(), n.clone()));
             }
         }
-        // New tables: a capture instance of a selected table not read yet.
-        let mut seen: Vec<TableId> = Vec::new();
-        for ci in instances.iter().filter(|i| i.start_lsn <= to) {
-            let key = table_key(&ci.table);
-            if state.instances.contains_key(&key)
-                || snapshotting.contains(&key)
-                || seen.contains(&ci.table)
-                || !self.filter.captures(&ci.table)
-            {
+        // New tables. Copied when snapshots are on: CDC captures from its
+        // enabling on, and the rows the table held then are in no change
+        // table. Else streamed from the instance's start.
+        let mut copies: Vec<Item> = Vec::new();
+        for ci in self.new_tables(&state, &instances, (!any_start).then_some(to)) {
+            if copying {
+                copies.push(Item::Copy(ci.table.clone(), ci.clone()));
                 continue;
             }
-            seen.push(ci.table.clone());
             let from = ci.start_lsn.max(after.next());
             reads.push((self.captured(ci), self.schema_of(ci)?, stream::Bounds { from, to }));
             switches.push((ci.start_lsn, ci.table.clone(), ci.clone()));
@@ -462,7 +521,7 @@ impl SqlServerSource {
             rows.push((i, self.client().await?.changes(ci, b.from, b.to).await?));
         }
         let txns = merge(rows, &tables)?;
-        let mut items: VecDeque<Item> = dropped.into_iter().map(Item::Dropped).collect();
+        let mut items: VecDeque<Item> = dropped.into_iter().map(Item::Dropped).chain(copies).collect();
         switches.sort_by_key(|s| s.0);
         let mut switches = switches.into_iter().peekable();
         for txn in txns {
@@ -482,6 +541,31 @@ impl SqlServerSource {
         Ok(true)
     }
 
+    /// The capture instances of selected tables neither read nor planned
+    /// to be copied, one per table, that started at or below `to` (`None`:
+    /// any).
+    fn new_tables<'a>(
+        &self,
+        state: &SourceState,
+        instances: &'a [CaptureInstance],
+        to: Option<Lsn>,
+    ) -> Vec<&'a CaptureInstance> {
+        let mut out: Vec<&CaptureInstance> = Vec::new();
+        for ci in instances.iter().filter(|i| to.is_none_or(|to| i.start_lsn <= to)) {
+            let key = table_key(&ci.table);
+            let planned = state.snapshot.as_ref().is_some_and(|s| s.tables.iter().any(|p| p.table == key));
+            if state.instances.contains_key(&key)
+                || planned
+                || out.iter().any(|o| o.table == ci.table)
+                || !self.filter.captures(&ci.table)
+            {
+                continue;
+            }
+            out.push(ci);
+        }
+        out
+    }
+
     /// A batch from `pending`: whole transactions up to the batch size.
     fn pending_batch(&mut self) -> Result<SourceBatch> {
         let mut messages = std::mem::take(&mut self.prelude);
@@ -493,6 +577,13 @@ impl SqlServerSource {
                     self.state_mut()?.instances.remove(&table_key(&t));
                     self.announced.remove(&t);
                     messages.push(SourceMessage::TableDropped(t));
+                }
+                Item::Copy(t, ci) => {
+                    self.state_mut()?
+                        .instances
+                        .insert(table_key(&t), InstanceState { name: ci.name.clone(), since: ci.start_lsn });
+                    tracing::info!(table = %t, instance = %ci.name, "a new capture instance: copying the table's rows");
+                    self.plan_copy(&t)?;
                 }
                 Item::Switch(t, ci, schema) => {
                     self.state_mut()?
@@ -606,11 +697,11 @@ fn cleanup_gap(table: &TableId, instance: &str, at: Lsn, min: Lsn) -> Error {
     ))
     .with_table(table.clone())
     .with_class("tributary.sqlserver_cleanup_gap")
-    .with_hint(
-        "the changes in between are gone; re-snapshot: source-runner --config <source.toml> reset (every table is \
-         copied again), and keep changes longer (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = \
-         <minutes>; see docs/sources/sqlserver.md, Cleanup)",
-    )
+    .with_hint(format!(
+        "the changes in between are gone; copy the table again: source-runner --config <source.toml> reset --table \
+         {table}, and keep changes longer (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = \
+         <minutes>; see docs/sources/sqlserver.md, Cleanup)"
+    ))
 }
 
 #[async_trait]
@@ -649,7 +740,7 @@ impl Source for SqlServerSource {
                     version: CHECKPOINT_VERSION,
                     lsn: Lsn::ZERO,
                     instances: BTreeMap::new(),
-                    snapshot: Some(SnapshotState { initial: true, tables: Vec::new() }),
+                    snapshot: Some(SnapshotState { initial: true, mid_stream: false, tables: Vec::new() }),
                 },
                 SnapshotMode::Never => {
                     let client = self.client().await?;
@@ -720,6 +811,46 @@ impl Source for SqlServerSource {
         self.progress.values().cloned().collect()
     }
 
+    /// Copies `tables` again in a snapshot of their own: a SNAPSHOT
+    /// transaction whose max CDC LSN is the handoff (the stream first
+    /// catches up to it, leaving these tables' changes to the copy; their
+    /// changes above it stream after the copy's rows), read in key order
+    /// in chunks recorded in the checkpoint, as the initial snapshot.
+    async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Ok(Vec::new());
+        }
+        let initial = self.state_mut()?.snapshot.as_ref().is_some_and(|s| s.initial);
+        // Only a table with a capture instance can be copied consistently
+        // (and streamed after).
+        let instances = self.client().await?.capture_instances().await?;
+        let mut out = Vec::new();
+        for id in tables {
+            if !self.filter.captures(id) || !instances.iter().any(|i| i.table == *id) || out.contains(id) {
+                continue;
+            }
+            let key = table_key(id);
+            let state = self.state_mut()?;
+            let known = state.instances.contains_key(&key)
+                || state.snapshot.as_ref().is_some_and(|s| s.tables.iter().any(|p| p.table == key));
+            if initial {
+                // The snapshot not begun yet copies every captured table.
+            } else if known {
+                self.plan_copy(id)?;
+            } else {
+                // Not read yet: the stream finds its instance and copies it.
+                continue;
+            }
+            out.push(id.clone());
+        }
+        // A failed batch goes back to the state after the last one
+        // returned: the copies asked for are part of it.
+        if let (Some(state), Some((emitted, _))) = (&self.state, &mut self.emitted) {
+            *emitted = state.clone();
+        }
+        Ok(out)
+    }
+
     fn tables(&self) -> Vec<TableId> {
         let Some(state) = &self.state else {
             return Vec::new();
@@ -744,5 +875,7 @@ impl Source for SqlServerSource {
     }
 }
 
+#[cfg(test)]
+mod tds_fixtures;
 #[cfg(test)]
 mod tests;

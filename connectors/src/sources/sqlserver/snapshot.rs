@@ -96,8 +96,35 @@ pub struct SnapshotState {
     /// No transaction opened yet: the first one fixes the tables, their
     /// capture instances and the stream's starting LSN.
     pub initial: bool,
+    /// A copy asked for while streaming (`Source::resync`, or a table whose
+    /// capture was enabled since), not the initial snapshot: its last row
+    /// is not marked `last` (Debezium's marker ends the initial snapshot).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mid_stream: bool,
     /// Tables in copy order.
     pub tables: Vec<TablePlan>,
+}
+
+impl SnapshotState {
+    /// Plans `table` (`schema.table`) to be copied from its first key,
+    /// whatever of it was copied before.
+    pub fn copy_again(&mut self, table: &str) {
+        match self.tables.iter_mut().find(|p| p.table == table) {
+            Some(p) => {
+                p.last_key = None;
+                p.done = false;
+            }
+            None => self.tables.push(TablePlan { table: table.to_string(), last_key: None, done: false }),
+        }
+    }
+
+    /// The tables whose copy has not begun: no row of theirs emitted yet.
+    /// The transaction that will copy them reads at an LSN at or above
+    /// anything the stream reads before it, so the stream leaves their
+    /// changes to the copy.
+    pub fn not_begun(&self) -> impl Iterator<Item = &str> {
+        self.tables.iter().filter(|p| p.last_key.is_none() && !p.done).map(|p| p.table.as_str())
+    }
 }
 
 #[cfg(test)]
