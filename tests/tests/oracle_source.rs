@@ -29,6 +29,7 @@ conformance!(source, fake: Fake {
     restart_resumes_after_the_checkpoint,
     ddl_add_column,
     new_and_dropped_tables,
+    resync_copies_a_table_again,
 });
 
 /// The conformance cases against a real Oracle, ignored unless asked for.
@@ -53,6 +54,7 @@ needs_oracle!(
     restart_resumes_after_the_checkpoint,
     ddl_add_column,
     new_and_dropped_tables,
+    resync_copies_a_table_again,
     kill_9_exactly_once,
 );
 
