@@ -17,10 +17,13 @@ pub(super) async fn run(sink: &mut BigQuerySink) -> Vec<Problem> {
     let mut problems = Vec::new();
     // Runs a job: needs credentials and bigquery.jobs.create.
     if let Err(e) = sink.probe_query("SELECT 1").await {
-        problems.push(Problem::error(format!("cannot run a query in project {}: {}", sink.config().project, e), Some(match e.kind() {
+        problems.push(Problem::error(
+            format!("cannot run a query in project {}: {}", sink.config().project, e),
+            Some(match e.kind() {
                 ErrorKind::NeedsOperator => e.hint().unwrap_or(ROLES_HINT).to_string(),
                 _ => "check the network path to BigQuery (or bigquery.emulator_url) and try again".to_string(),
-            })));
+            }),
+        ));
         return problems;
     }
     // Reads the offsets table when it exists: needs bigquery.tables.getData.
@@ -36,7 +39,10 @@ pub(super) async fn run(sink: &mut BigQuerySink) -> Vec<Problem> {
         Err(e) if e.class() == "bigquery.notFound" => {
             // Created on first use; that needs the right to create it.
         }
-        Err(e) => problems.push(Problem::error(format!("cannot read the offsets table {}.{OFFSETS_TABLE}: {e}", config.bookkeeping_dataset), Some(ROLES_HINT.to_string()))),
+        Err(e) => problems.push(Problem::error(
+            format!("cannot read the offsets table {}.{OFFSETS_TABLE}: {e}", config.bookkeeping_dataset),
+            Some(ROLES_HINT.to_string()),
+        )),
     }
     problems
 }

@@ -103,7 +103,9 @@ impl BqClient {
     }
 
     fn api(&self) -> Result<&Client> {
-        self.client.as_ref().ok_or_else(|| Error::retryable("not connected to BigQuery"))
+        self.client
+            .as_ref()
+            .ok_or_else(|| Error::retryable("not connected to BigQuery"))
     }
 
     /// Runs one query (or script) and waits for it; a body carrying
@@ -172,13 +174,10 @@ impl BqClient {
         ctx: &Ctx,
     ) -> Result<TableDataInsertAllResponse> {
         let api = self.api()?;
-        tokio::time::timeout(
-            self.timeout(),
-            api.tabledata().insert_all(&self.config.project, dataset, table, request),
-        )
-        .await
-        .map_err(|_| timed_out(ctx))?
-        .map_err(|e| classify(&e, ctx))
+        tokio::time::timeout(self.timeout(), api.tabledata().insert_all(&self.config.project, dataset, table, request))
+            .await
+            .map_err(|_| timed_out(ctx))?
+            .map_err(|e| classify(&e, ctx))
     }
 
     /// `tables.get` (free, unlike INFORMATION_SCHEMA): `None` for a table
@@ -186,9 +185,10 @@ impl BqClient {
     pub(super) async fn get_table(&self, dest: &DestinationTable) -> Result<Option<Table>> {
         let ctx = Ctx::table(dest);
         let api = self.api()?;
-        let got = tokio::time::timeout(self.timeout(), api.table().get(&dest.project, &dest.dataset, &dest.table, None))
-            .await
-            .map_err(|_| timed_out(&ctx))?;
+        let got =
+            tokio::time::timeout(self.timeout(), api.table().get(&dest.project, &dest.dataset, &dest.table, None))
+                .await
+                .map_err(|_| timed_out(&ctx))?;
         match got {
             Ok(table) => Ok(Some(table)),
             Err(BQError::ResponseError { error }) if error.error.code == 404 => Ok(None),

@@ -8,8 +8,8 @@ use super::config::DestinationTable;
 use super::types::{bigquery_type, fit, to_json, BqType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
-    position_before, Fence, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FENCED_CLASS,
-    FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
+    position_before, Fence, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FENCED_CLASS, FORGOTTEN_POSITION,
+    INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -123,7 +123,11 @@ fn one_change_sql(table: &DestinationTable, change: &TableChange<BqType>, declar
                 .take(MAX_CLUSTER_COLUMNS)
                 .map(|k| quote_ident(k))
                 .collect();
-            let cluster = if cluster.is_empty() { String::new() } else { format!(" CLUSTER BY {}", cluster.join(", ")) };
+            let cluster = if cluster.is_empty() {
+                String::new()
+            } else {
+                format!(" CLUSTER BY {}", cluster.join(", "))
+            };
             format!("CREATE TABLE IF NOT EXISTS {t} ({}){cluster}", defs.join(", "))
         }
         // BigQuery adds columns as NULLABLE only.
@@ -133,7 +137,9 @@ fn one_change_sql(table: &DestinationTable, change: &TableChange<BqType>, declar
         TableChange::Widen { column, to, .. } => {
             format!("ALTER TABLE {t} ALTER COLUMN {} SET DATA TYPE {to}", quote_ident(column))
         }
-        TableChange::DropNotNull { column } => format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column)),
+        TableChange::DropNotNull { column } => {
+            format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column))
+        }
         // Without IF EXISTS, which the emulator cannot parse: the shape the
         // plan started from is BigQuery's own (`tables.get`), so the column
         // is there.
@@ -155,8 +161,11 @@ pub fn staging_table_sql(stage: &str, columns: &[ShapeColumn<BqType>], partition
     defs.push(format!("{} STRING", quote_ident(BATCH_COLUMN)));
     // Partitioned by ingestion day, expiring after a day: staged rows still
     // in the streaming buffer cannot be deleted.
-    let partitioning =
-        if partitioned { " PARTITION BY _PARTITIONDATE OPTIONS (partition_expiration_days = 1)" } else { "" };
+    let partitioning = if partitioned {
+        " PARTITION BY _PARTITIONDATE OPTIONS (partition_expiration_days = 1)"
+    } else {
+        ""
+    };
     format!("CREATE TABLE IF NOT EXISTS {stage} ({}){partitioning}", defs.join(", "))
 }
 
@@ -168,7 +177,11 @@ fn positions(alias: &str) -> (String, String) {
 pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
     let (c, i) = positions("");
     let (ac, ai) = (commit.to_string(), index.to_string());
-    format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false))
+    format!(
+        "DELETE FROM {} WHERE {}",
+        table.quoted(),
+        position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false)
+    )
 }
 
 /// Forgets every row's position of `table` unless the resets table
@@ -209,7 +222,11 @@ pub fn merge_sql(table: &DestinationTable, stage: &str, columns: &[ShapeColumn<B
     let (tc, ti) = positions("t.");
     let (sc, si) = positions("s.");
     let d = quote_ident(DELETE_COLUMN);
-    let on = key.iter().map(|k| format!("t.{q} = s.{q}", q = quote_ident(k))).collect::<Vec<_>>().join(" AND ");
+    let on = key
+        .iter()
+        .map(|k| format!("t.{q} = s.{q}", q = quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
     let names: Vec<String> = columns.iter().map(|col| quote_ident(&col.name)).collect();
     let set = columns
         .iter()

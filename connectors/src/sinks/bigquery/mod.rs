@@ -210,7 +210,10 @@ impl BigQuerySink {
                 }
             };
             self.client.query(&sql, &ctx).await.map_err(hint)?;
-            self.client.query(&deleted_table_ddl(&self.deleted_table()), &ctx).await.map_err(hint)?;
+            self.client
+                .query(&deleted_table_ddl(&self.deleted_table()), &ctx)
+                .await
+                .map_err(hint)?;
             self.bookkeeping_ready = true;
         }
         Ok(())
@@ -250,8 +253,12 @@ impl BigQuerySink {
         let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
         for source in drop {
             let dest = self.destination(source);
-            self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest)).await?;
-            self.client.query(&forget_deleted_sql(&self.deleted_table(), &dest), &Ctx::table(&dest)).await?;
+            self.client
+                .query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(&dest))
+                .await?;
+            self.client
+                .query(&forget_deleted_sql(&self.deleted_table(), &dest), &Ctx::table(&dest))
+                .await?;
             done.push(format!("destination table {dest}"));
         }
         self.tables.clear();
@@ -289,11 +296,19 @@ impl BigQuerySink {
             sql.push_str(&offsets_merge_sql(&self.offsets_table(), &self.consumer_group, offsets));
             sql.push_str(";\n");
         }
-        sql.push_str(if commit { "COMMIT TRANSACTION;" } else { "ROLLBACK TRANSACTION;" });
+        sql.push_str(if commit {
+            "COMMIT TRANSACTION;"
+        } else {
+            "ROLLBACK TRANSACTION;"
+        });
         // Row writes: the MERGEs into destination tables, not those that
         // keep deleted rows' positions.
         let bookkeeping = format!("MERGE {}", self.deleted_table());
-        let merges = self.script.iter().filter(|s| s.starts_with("MERGE") && !s.starts_with(&bookkeeping)).count() as u64;
+        let merges = self
+            .script
+            .iter()
+            .filter(|s| s.starts_with("MERGE") && !s.starts_with(&bookkeeping))
+            .count() as u64;
         self.client.query(&sql, &Ctx::default()).await?;
         if commit {
             self.merges += merges;
@@ -345,10 +360,16 @@ impl BigQuerySink {
                     .unwrap_or_default();
                 let mode = f.mode.as_deref().unwrap_or("NULLABLE");
                 let ty = from_metadata(&type_name, None, None, mode == "REPEATED").ok_or_else(|| {
-                    Error::needs_operator(format!("column {} has type {type_name}, which the sink does not write", f.name))
-                        .with_column(f.name.clone())
+                    Error::needs_operator(format!(
+                        "column {} has type {type_name}, which the sink does not write",
+                        f.name
+                    ))
+                    .with_column(f.name.clone())
                 })?;
-                state.shape.columns.push(ShapeColumn { name: f.name, ty, not_null: mode == "REQUIRED" });
+                state
+                    .shape
+                    .columns
+                    .push(ShapeColumn { name: f.name, ty, not_null: mode == "REQUIRED" });
             }
         }
         self.tables.insert(dest.clone(), state);
@@ -377,8 +398,10 @@ impl BigQuerySink {
                     .add_row(None, &json)
                     .map_err(|e| Error::permanent(format!("cannot serialise a staging row: {e}")))?;
             }
-            let response =
-                self.client.insert_all(&self.config.bookkeeping_dataset, stage, request, &ctx).await?;
+            let response = self
+                .client
+                .insert_all(&self.config.bookkeeping_dataset, stage, request, &ctx)
+                .await?;
             let refused = response.insert_errors.unwrap_or_default();
             // BigQuery marks the rows it did not insert only because another
             // row failed as `stopped`; the culprit has another reason.
@@ -420,7 +443,10 @@ fn staging_rows(changes: &Reduction<'_>, state: &TableState) -> Result<Vec<Stage
             if !group.writes(line, i) {
                 continue;
             }
-            let ty = state.shape.column(&col.name).map_or_else(|| bigquery_type(&col.data_type), |c| c.ty.clone());
+            let ty = state
+                .shape
+                .column(&col.name)
+                .map_or_else(|| bigquery_type(&col.data_type), |c| c.ty.clone());
             let v = to_json(value, &ty).map_err(|reason| ApplyError {
                 error: Error::permanent(format!("column {}: {reason} (value type {})", col.name, value.kind()))
                     .with_column(col.name.clone())
@@ -431,12 +457,18 @@ fn staging_rows(changes: &Reduction<'_>, state: &TableState) -> Result<Vec<Stage
             json.insert(col.name.clone(), v);
         }
         json.insert(DELETE_COLUMN.into(), Json::Bool(line.delete));
-        let key = key_bytes(&group.schema, line.row, &group.key)
-            .map_err(|error| ApplyError { error: error.with_table(group.schema.id.clone()), record: Some(line.record) })?;
+        let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+            error: error.with_table(group.schema.id.clone()),
+            record: Some(line.record),
+        })?;
         json.insert(KEY_COLUMN.into(), Json::String(key_text(&key)));
         json.insert(COMMIT_COLUMN.into(), Json::from(line.commit));
         json.insert(INDEX_COLUMN.into(), Json::from(line.index));
-        rows.push(StagedRow { record: line.record, table: group.schema.id.clone(), json });
+        rows.push(StagedRow {
+            record: line.record,
+            table: group.schema.id.clone(),
+            json,
+        });
     }
     Ok(rows)
 }
@@ -546,8 +578,12 @@ impl Warehouse for BigQuerySink {
             // harmless, guarded by position).
             self.run_script(&[], true).await?;
             self.script.clear();
-            self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(dest)).await?;
-            self.client.query(&forget_deleted_sql(&self.deleted_table(), dest), &Ctx::table(dest)).await?;
+            self.client
+                .query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(dest))
+                .await?;
+            self.client
+                .query(&forget_deleted_sql(&self.deleted_table(), dest), &Ctx::table(dest))
+                .await?;
             self.tables.remove(dest);
             info!(table = %dest, "dropped destination table (the source table was dropped)");
         } else {
@@ -562,7 +598,8 @@ impl Warehouse for BigQuerySink {
         let (commit, index) = crate::sink::bookkeeping::position_i64(at)?;
         self.script.push(truncate_older_sql(dest, commit, index));
         if crate::sink::bookkeeping::keeps_removal(at) {
-            self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
+            self.script
+                .extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
         }
         Ok(())
     }
@@ -586,11 +623,17 @@ impl Warehouse for BigQuerySink {
         }
         let exists = self.tables.get(dest).is_some_and(|s| s.shape.exists);
         let resets = self.resets_table();
-        self.script.extend(forget_positions_sql(dest, exists, &resets, &self.deleted_table(), reset));
+        self.script
+            .extend(forget_positions_sql(dest, exists, &resets, &self.deleted_table(), reset));
         Ok(())
     }
 
-    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+    async fn write(
+        &mut self,
+        dest: &DestinationTable,
+        changes: &Reduction<'_>,
+        _after_load: bool,
+    ) -> Result<(), ApplyError> {
         let state = self
             .tables
             .get(dest)
@@ -600,8 +643,11 @@ impl Warehouse for BigQuerySink {
             return Ok(());
         }
         // The destination's columns that some schema of the batch has.
-        let columns: Vec<ShapeColumn<BqType>> =
-            changes.column_names().into_iter().filter_map(|n| state.shape.column(n).cloned()).collect();
+        let columns: Vec<ShapeColumn<BqType>> = changes
+            .column_names()
+            .into_iter()
+            .filter_map(|n| state.shape.column(n).cloned())
+            .collect();
         let key = changes.groups.first().map(|g| g.schema.key.clone()).unwrap_or_default();
         let stage = staging_name(
             &format!("{STAGING_PREFIX}{}_", staging_base(dest)),
@@ -630,7 +676,8 @@ impl Warehouse for BigQuerySink {
         if changes.groups.iter().any(|g| g.deletes > 0) {
             self.script.push(deleted_merge_sql(&deleted, dest, &source));
         }
-        self.script.push(merge_sql(dest, &not_deleted_sql(&deleted, dest, &source), &columns, &key));
+        self.script
+            .push(merge_sql(dest, &not_deleted_sql(&deleted, dest, &source), &columns, &key));
         if changes.groups.iter().any(|g| g.upserts > 0) {
             self.script.push(undeleted_sql(&deleted, dest, &source));
         }

@@ -137,7 +137,6 @@ pub fn from_metadata(type_name: &str, precision: Option<u32>, scale: Option<u32>
     Some(if repeated { BqType::Array(Box::new(t)) } else { t })
 }
 
-
 /// Whether a column of type `have` takes values of type `want`, and if not,
 /// whether BigQuery can widen it (it allows INT64 -> NUMERIC / BIGNUMERIC /
 /// FLOAT64, NUMERIC -> BIGNUMERIC / FLOAT64, and larger precision or scale

@@ -17,7 +17,10 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
         match sink.session.open().await {
             Ok(client) => sink.session.adopt(client),
             Err(err) => {
-                problems.push(Problem::error(format!("cannot connect to the destination: {}", err.message()), Some(err.hint().map(str::to_string).unwrap_or_else(connect_hint))));
+                problems.push(Problem::error(
+                    format!("cannot connect to the destination: {}", err.message()),
+                    Some(err.hint().map(str::to_string).unwrap_or_else(connect_hint)),
+                ));
                 return problems;
             }
         }
@@ -40,7 +43,10 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
         Ok(row) => row,
         Err(e) => {
             let err = classify(&e, &ctx);
-            problems.push(Problem::error(format!("cannot query the destination: {}", err.message()), Some(err.hint().unwrap_or("check the server log").to_string())));
+            problems.push(Problem::error(
+                format!("cannot query the destination: {}", err.message()),
+                Some(err.hint().unwrap_or("check the server log").to_string()),
+            ));
             return problems;
         }
     };
@@ -49,10 +55,16 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
     let has_offsets: bool = row.get(2);
     let in_recovery: bool = row.get(3);
     if version < 110_000 {
-        problems.push(Problem::error(format!("PostgreSQL {} is too old", version / 10_000), Some("use PostgreSQL 11 or newer".into())));
+        problems.push(Problem::error(
+            format!("PostgreSQL {} is too old", version / 10_000),
+            Some("use PostgreSQL 11 or newer".into()),
+        ));
     }
     if in_recovery {
-        problems.push(Problem::error("the destination is a read-only standby", Some("point postgres.url at the primary".into())));
+        problems.push(Problem::error(
+            "the destination is a read-only standby",
+            Some("point postgres.url at the primary".into()),
+        ));
     }
     if has_offsets {
         let ok = client
@@ -66,8 +78,10 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
                 ))));
         }
     } else if !can_create {
-        problems.push(Problem::error("the bookkeeping table tributary.offsets does not exist and the sink user cannot create it",
-                Some(format!("GRANT CREATE ON DATABASE {db} TO {user}"))));
+        problems.push(Problem::error(
+            "the bookkeeping table tributary.offsets does not exist and the sink user cannot create it",
+            Some(format!("GRANT CREATE ON DATABASE {db} TO {user}")),
+        ));
     }
     // The deleted rows' positions (made with the offsets table; a sink
     // upgraded from before it makes it at its first connect).
@@ -91,7 +105,10 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
                     super::dialect::deleted_table_ddl()
                 )
             };
-            problems.push(Problem::error("the sink user cannot write tributary.deleted_rows (the positions of deleted rows)", Some(fix)));
+            problems.push(Problem::error(
+                "the sink user cannot write tributary.deleted_rows (the positions of deleted rows)",
+                Some(fix),
+            ));
         }
     }
     if let Some(schema) = &sink.config.schema {
@@ -106,12 +123,17 @@ pub(super) async fn check(sink: &mut PostgresSink) -> Vec<Problem> {
         if let Ok(r) = r {
             let (exists, usable): (bool, bool) = (r.get(0), r.get(1));
             if exists && !usable {
-                problems.push(Problem::error(format!("the sink user cannot create tables in schema {schema}"), Some(format!("GRANT USAGE, CREATE ON SCHEMA {} TO {user}", quote_ident(schema)))));
+                problems.push(Problem::error(
+                    format!("the sink user cannot create tables in schema {schema}"),
+                    Some(format!("GRANT USAGE, CREATE ON SCHEMA {} TO {user}", quote_ident(schema))),
+                ));
             } else if !exists && !can_create {
-                problems.push(Problem::error(format!("schema {schema} does not exist and the sink user cannot create it"), Some(format!("CREATE SCHEMA {} AUTHORIZATION {user}", quote_ident(schema)))));
+                problems.push(Problem::error(
+                    format!("schema {schema} does not exist and the sink user cannot create it"),
+                    Some(format!("CREATE SCHEMA {} AUTHORIZATION {user}", quote_ident(schema))),
+                ));
             }
         }
     }
     problems
 }
-

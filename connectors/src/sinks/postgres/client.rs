@@ -84,7 +84,11 @@ impl Session {
     }
 
     pub(crate) fn ctx(&self) -> Ctx {
-        Ctx { user: self.user(), database: self.database(), table: None }
+        Ctx {
+            user: self.user(),
+            database: self.database(),
+            table: None,
+        }
     }
 
     /// Whether a live connection is open.
@@ -146,7 +150,9 @@ impl Session {
     }
 
     pub(crate) fn connected(&self) -> Result<&Client> {
-        self.client.as_ref().ok_or_else(|| Error::retryable("not connected to the destination"))
+        self.client
+            .as_ref()
+            .ok_or_else(|| Error::retryable("not connected to the destination"))
     }
 
     /// The session, once what was deferred has been sent: every statement

@@ -228,7 +228,10 @@ mod tests {
         c.table = "{schema}_{table}".into();
         assert_eq!(
             c.destination(&TableId::new("public", "orders")),
-            DestinationTable { schema: "public".into(), table: "public_orders".into() }
+            DestinationTable {
+                schema: "public".into(),
+                table: "public_orders".into()
+            }
         );
         assert!(!format!("{c:?}").contains("secret"));
     }

@@ -118,7 +118,11 @@ fn positions(alias: &str) -> (String, String) {
 pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
     let (c, i) = positions("");
     let at = (commit.to_string(), index.to_string());
-    format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::RowValue, (&c, &i), (&at.0, &at.1), false))
+    format!(
+        "DELETE FROM {} WHERE {}",
+        table.quoted(),
+        position_before(PositionSyntax::RowValue, (&c, &i), (&at.0, &at.1), false)
+    )
 }
 
 /// Whether `table` has a row written at or after `(commit, index)`.
@@ -130,7 +134,11 @@ pub fn has_newer_sql(table: &DestinationTable, commit: i64, index: i64) -> Strin
 /// The session-local staging table of a column set (`(name, type)` with
 /// the destination's type spelling), emptied at each commit.
 pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
-    let defs = columns.iter().map(|(n, t)| format!("{} {t}", quote_ident(n))).collect::<Vec<_>>().join(", ");
+    let defs = columns
+        .iter()
+        .map(|(n, t)| format!("{} {t}", quote_ident(n)))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         "CREATE TEMP TABLE IF NOT EXISTS {s} ({defs}{comma} {d} boolean, {k} text, {c} bigint, {i} bigint) ON COMMIT DELETE ROWS",
         s = quote_ident(stage),
@@ -166,7 +174,14 @@ pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
 /// upsert not newer than its key's entry (or older than the table-wide
 /// one) is left out, a newer one removes its key's entry. `names` are the quoted
 /// columns, `keys` the quoted key.
-pub fn merge_sql(table: &DestinationTable, stage: &str, names: &[String], keys: &[String], deletes: bool, upserts: bool) -> String {
+pub fn merge_sql(
+    table: &DestinationTable,
+    stage: &str,
+    names: &[String],
+    keys: &[String],
+    deletes: bool,
+    upserts: bool,
+) -> String {
     let (tc, ti) = positions("t.");
     let (sc, si) = positions("s.");
     let (dc, di) = positions("d.");
@@ -297,9 +312,8 @@ pub fn has_deleted_sql(table: &DestinationTable) -> String {
 pub fn offsets_sql(group: &str, offsets: &[OffsetMove<'_>]) -> String {
     let table = offsets_table();
     let g = quote_literal(group);
-    let values = |pick: &dyn Fn(&OffsetMove<'_>) -> Option<String>| -> Vec<String> {
-        offsets.iter().filter_map(pick).collect()
-    };
+    let values =
+        |pick: &dyn Fn(&OffsetMove<'_>) -> Option<String>| -> Vec<String> { offsets.iter().filter_map(pick).collect() };
     let unchecked = values(&|m| {
         (m.fence == Fence::Unchecked).then(|| format!("({g}, {}, {}, {})", quote_literal(m.topic), m.partition, m.next))
     });
@@ -307,7 +321,9 @@ pub fn offsets_sql(group: &str, offsets: &[OffsetMove<'_>]) -> String {
         (m.fence == Fence::Absent).then(|| format!("({g}, {}, {}, {})", quote_literal(m.topic), m.partition, m.next))
     });
     let at = values(&|m| match m.fence {
-        Fence::At(at) => Some(format!("({}, {}, {}::bigint, {at}::bigint)", quote_literal(m.topic), m.partition, m.next)),
+        Fence::At(at) => {
+            Some(format!("({}, {}, {}::bigint, {at}::bigint)", quote_literal(m.topic), m.partition, m.next))
+        }
         _ => None,
     });
     if absent.is_empty() && at.is_empty() {
@@ -693,7 +709,6 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit<PgType> {
         _ => Fit::Incompatible,
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -64,21 +64,21 @@ use self::client::{classify, CopyFailure, Ctx, HintIfNone, Session};
 pub use self::config::{
     DestinationTable, PostgresSinkConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_TABLE_TEMPLATE,
 };
-pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 use self::dialect::{
-    change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
-    has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql,
-    resets_table, staging_table_sql, truncate_older_sql,
+    change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl, forget_deleted_sql,
+    forget_positions_sql, has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table, prune_deleted_sql,
+    removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
 };
+pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 pub use self::types::render_copy;
 use self::types::{binary_fields, binary_type, render_binary_line, render_line};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::{quote_ident, quote_literal, BinaryType, BINARY_COPY_SIGNATURE};
 use crate::problem::Problem;
-pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::bookkeeping::{
     position_i64, reset_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
 };
+pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
 use crate::sink::warehouse::{self, Mode, Warehouse};
@@ -113,7 +113,11 @@ struct TableState {
 
 impl TableState {
     fn raw_type(&self, name: &str) -> Option<&str> {
-        self.shape.columns.iter().position(|c| c.name == name).map(|i| self.raw[i].as_str())
+        self.shape
+            .columns
+            .iter()
+            .position(|c| c.name == name)
+            .map(|i| self.raw[i].as_str())
     }
 }
 
@@ -335,7 +339,11 @@ impl PostgresSink {
             if pos >= 0 {
                 pk.push((pos, name.clone()));
             }
-            state.shape.columns.push(ShapeColumn { name, ty: PgType::parse(&raw), not_null: row.get(2) });
+            state.shape.columns.push(ShapeColumn {
+                name,
+                ty: PgType::parse(&raw),
+                not_null: row.get(2),
+            });
             state.raw.push(raw);
         }
         pk.sort();
@@ -350,7 +358,9 @@ impl PostgresSink {
     }
 
     fn state(&self, dest: &DestinationTable) -> Result<&TableState> {
-        self.tables.get(dest).ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))
+        self.tables
+            .get(dest)
+            .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))
     }
 
     /// The fast path for rows that are all new: `COPY` straight into the
@@ -431,7 +441,10 @@ impl PostgresSink {
             return Ok(());
         }
         let ctx = self.ctx().in_table(dest.to_string());
-        let state = self.tables.get(dest).ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
+        let state = self
+            .tables
+            .get(dest)
+            .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
         let (columns, binary) = copy_columns(dest, state, group)?;
         let keys: Vec<String> = state.shape.primary_key.iter().map(|k| quote_ident(k)).collect();
         let stage = staging_name(STAGING_PREFIX, dest, &columns);
@@ -473,7 +486,11 @@ impl PostgresSink {
         flag: bool,
         binary: Option<&[BinaryType]>,
     ) -> Result<(), CopyFailure> {
-        let copy = if binary.is_some() { format!("{copy} (FORMAT binary)") } else { copy.to_string() };
+        let copy = if binary.is_some() {
+            format!("{copy} (FORMAT binary)")
+        } else {
+            copy.to_string()
+        };
         let (client, statement) = self.session.copy_statement(&copy).await?;
         let sink = client.copy_in::<_, Bytes>(&statement).await.map_err(CopyFailure::Db)?;
         futures::pin_mut!(sink);
@@ -486,7 +503,9 @@ impl PostgresSink {
         }
         for line in group.live() {
             match binary {
-                Some(fields) => render_binary_line(group, &mut chunk, fields, line, flag).map_err(CopyFailure::Render)?,
+                Some(fields) => {
+                    render_binary_line(group, &mut chunk, fields, line, flag).map_err(CopyFailure::Render)?
+                }
                 None => render_line(group, &mut chunk, &mut scratch, line, flag).map_err(CopyFailure::Render)?,
             }
             if chunk.len() >= COPY_CHUNK_BYTES {
@@ -688,10 +707,7 @@ impl Warehouse for PostgresSink {
             .session
             .client()
             .await?
-            .query_one(
-                "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
-                &[&resets, &dest.quoted()],
-            )
+            .query_one("SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", &[&resets, &dest.quoted()])
             .await
             .map_err(|e| classify(&e, &ctx))?;
         let (has_resets, exists): (bool, bool) = (row.get(0), row.get(1));
@@ -718,7 +734,12 @@ impl Warehouse for PostgresSink {
         self.copy_fast(dest, rows).await
     }
 
-    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, after_load: bool) -> Result<(), ApplyError> {
+    async fn write(
+        &mut self,
+        dest: &DestinationTable,
+        changes: &Reduction<'_>,
+        after_load: bool,
+    ) -> Result<(), ApplyError> {
         // Two runners of one group can write one table at once (after a key
         // change the old key's partition and the new key's may belong to
         // different members). An upsert's check of the deleted-rows entry
@@ -768,8 +789,10 @@ impl Sink for PostgresSink {
                 return Err(self.failed(err));
             }
         };
-        let stored: HashMap<(String, i32), i64> =
-            rows.into_iter().map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2))).collect();
+        let stored: HashMap<(String, i32), i64> = rows
+            .into_iter()
+            .map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2)))
+            .collect();
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 

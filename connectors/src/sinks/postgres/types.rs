@@ -5,8 +5,8 @@
 use tributary_schemas::Value;
 
 use super::dialect::PgType;
-use crate::pgwire::{BinaryType, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 use crate::error::Error;
+use crate::pgwire::{BinaryType, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 use crate::sink::bookkeeping::key_text;
 use crate::sink::reduce::{key_bytes, Group, Line};
 use crate::sink::text::render_text;
@@ -206,7 +206,6 @@ fn write_numeric(out: &mut Vec<u8>, s: &str) {
         out.extend_from_slice(&g.to_be_bytes());
     }
 }
-
 
 // ---------------------------------------------------------------- rows
 

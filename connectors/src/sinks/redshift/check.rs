@@ -24,7 +24,11 @@ pub(super) async fn check(sink: &mut RedshiftSink) -> Vec<Problem> {
     if let Err(e) = sink.connect().await {
         problems.push(Problem::error(
             format!("cannot connect to Redshift or set up the bookkeeping tables: {}", e.message()),
-            Some(e.hint().unwrap_or("check redshift.url and the cluster's security group").to_string()),
+            Some(
+                e.hint()
+                    .unwrap_or("check redshift.url and the cluster's security group")
+                    .to_string(),
+            ),
         ));
         return problems;
     }

@@ -94,8 +94,11 @@ fn classify_message(message: &str, code: &str, e: Error, ctx: &Ctx) -> Error {
                      staging bucket and prefix (docs/destinations/redshift.md)",
                 );
         }
-        return Error::retryable(format!("Redshift could not read the staged files; they are staged again: {}", e.message()))
-            .with_class("redshift.s3_read");
+        return Error::retryable(format!(
+            "Redshift could not read the staged files; they are staged again: {}",
+            e.message()
+        ))
+        .with_class("redshift.s3_read");
     }
     if message.contains(LOAD_ERROR) {
         // The row is found by bisection; its reason is looked up in the
@@ -110,16 +113,18 @@ fn classify_message(message: &str, code: &str, e: Error, ctx: &Ctx) -> Error {
         "42501" => {
             let table = ctx.table.clone().unwrap_or_else(|| "<schema>.<table>".into());
             let schema = table.split('.').next().unwrap_or("public").to_string();
-            Error::new(ErrorKind::NeedsOperator, e.message().to_string()).with_class(e.class()).with_hint(format!(
+            Error::new(ErrorKind::NeedsOperator, e.message().to_string())
+                .with_class(e.class())
+                .with_hint(format!(
                 "GRANT USAGE, CREATE ON SCHEMA {} TO {user}; GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {user}",
                 quote_ident(&schema)
             ))
         }
-        c if c.starts_with("28") => {
-            Error::new(ErrorKind::NeedsOperator, e.message().to_string()).with_class(e.class()).with_hint(
+        c if c.starts_with("28") => Error::new(ErrorKind::NeedsOperator, e.message().to_string())
+            .with_class(e.class())
+            .with_hint(
                 "check the user and password in redshift.url (and that the cluster's security group admits this host)",
-            )
-        }
+            ),
         _ => e,
     }
 }
@@ -244,7 +249,11 @@ pub(crate) struct Stager {
 impl Stager {
     /// A client of the staging bucket (no request is made).
     pub(crate) fn new(config: &S3Config, section: &str) -> Result<Self, ConfigError> {
-        let retry = RetryConfig { max_retries: S3_MAX_RETRIES, retry_timeout: S3_RETRY_TIMEOUT, ..Default::default() };
+        let retry = RetryConfig {
+            max_retries: S3_MAX_RETRIES,
+            retry_timeout: S3_RETRY_TIMEOUT,
+            ..Default::default()
+        };
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&config.bucket)
             .with_region(&config.region)
@@ -255,7 +264,9 @@ impl Stager {
         if let (Some(id), Some(secret)) = (&config.access_key_id, &config.secret_access_key) {
             let id = resolve_secret(&format!("{section}.s3.access_key_id"), id)?;
             let secret = resolve_secret(&format!("{section}.s3.secret_access_key"), secret)?;
-            b = b.with_access_key_id(id.expose_secret()).with_secret_access_key(secret.expose_secret());
+            b = b
+                .with_access_key_id(id.expose_secret())
+                .with_secret_access_key(secret.expose_secret());
         }
         let store = b
             .build()
@@ -281,7 +292,10 @@ impl Stager {
         for (n, file) in files.into_iter().enumerate() {
             let path = Path::from(format!("{dir}/part-{n:05}.csv"));
             let len = file.len();
-            self.store.put(&path, PutPayload::from(file)).await.map_err(|e| s3_error(&e, "write a staged file"))?;
+            self.store
+                .put(&path, PutPayload::from(file))
+                .await
+                .map_err(|e| s3_error(&e, "write a staged file"))?;
             entries.push(serde_json::json!({
                 "url": self.url(&path),
                 "mandatory": true,
@@ -308,7 +322,9 @@ impl Stager {
             .map_err(|e| Error::retryable(format!("the staged manifest is not JSON: {e}")))?;
         let mut files = Vec::new();
         for entry in manifest["entries"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            let url = entry["url"].as_str().ok_or_else(|| Error::retryable("a manifest entry without a url"))?;
+            let url = entry["url"]
+                .as_str()
+                .ok_or_else(|| Error::retryable("a manifest entry without a url"))?;
             files.push((url.to_string(), self.get(url).await?));
         }
         Ok(files)
@@ -360,7 +376,11 @@ mod tests {
     use super::*;
 
     fn ctx() -> Ctx {
-        Ctx { user: "sink".into(), database: "dev".into(), table: Some("s.t".into()) }
+        Ctx {
+            user: "sink".into(),
+            database: "dev".into(),
+            table: Some("s.t".into()),
+        }
     }
 
     fn classified(message: &str) -> Error {
@@ -385,7 +405,8 @@ mod tests {
         // A staged file gone (the bucket lost it, a lifecycle rule): staged again.
         let gone = classified("S3ServiceException:The specified key does not exist.,Status 404,Error NoSuchKey");
         assert_eq!(gone.kind(), ErrorKind::Retryable);
-        let conflict = classified("1023 Serializable isolation violation on table - 1, transactions forming the cycle are: 2, 3");
+        let conflict =
+            classified("1023 Serializable isolation violation on table - 1, transactions forming the cycle are: 2, 3");
         assert_eq!(conflict.kind(), ErrorKind::Retryable);
     }
 

@@ -224,9 +224,8 @@ impl RedshiftSinkConfig {
             return Err(ConfigError::invalid(field("url"), "must not be empty"));
         }
         if !self.url.starts_with("env:") && !self.url.starts_with("file:") {
-            tokio_postgres::Config::from_str(&self.url).map_err(|e| {
-                ConfigError::invalid(field("url"), format!("is not a PostgreSQL-protocol URL ({e})"))
-            })?;
+            tokio_postgres::Config::from_str(&self.url)
+                .map_err(|e| ConfigError::invalid(field("url"), format!("is not a PostgreSQL-protocol URL ({e})")))?;
         }
         if !self.iam_role.starts_with("arn:") {
             return Err(ConfigError::invalid(
@@ -240,7 +239,9 @@ impl RedshiftSinkConfig {
         let bucket = &self.s3.bucket;
         if bucket.len() < 3
             || bucket.len() > 63
-            || !bucket.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            || !bucket
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         {
             return Err(ConfigError::invalid(
                 field("s3.bucket"),
@@ -288,7 +289,10 @@ impl RedshiftSinkConfig {
     /// The destination table of a source table.
     pub fn destination(&self, source: &TableId) -> DestinationTable {
         let schema = self.schema.clone().unwrap_or_else(|| source.schema.clone());
-        DestinationTable { schema, table: expand_table_template(&self.table, source) }
+        DestinationTable {
+            schema,
+            table: expand_table_template(&self.table, source),
+        }
     }
 
     /// The connection settings the PostgreSQL wire session takes (the
@@ -330,7 +334,8 @@ mod tests {
 
     #[test]
     fn config_rules_name_the_field_and_hide_secrets() {
-        let mut c = RedshiftSinkConfig::new("postgres://u:secret@h:5439/dev", "arn:aws:iam::1:role/r", "my-bucket", "g");
+        let mut c =
+            RedshiftSinkConfig::new("postgres://u:secret@h:5439/dev", "arn:aws:iam::1:role/r", "my-bucket", "g");
         assert!(c.validate().is_ok());
         assert_eq!(c.loader, Loader::S3Copy, "the default loader is Redshift's own COPY");
         c.s3.secret_access_key = Some("s3cret".into());

@@ -183,10 +183,11 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit<PgType> {
         // The catalog may spell a type with a length the source mapping
         // leaves out (`varbyte(64000)`); the kind is what matters.
         ("super", "super") | ("varbyte", "varbyte") => Fit::Keep,
-        (
-            "timestamp without time zone" | "timestamp with time zone" | "time without time zone" | "date",
-            _,
-        ) if h == w => Fit::Keep,
+        ("timestamp without time zone" | "timestamp with time zone" | "time without time zone" | "date", _)
+            if h == w =>
+        {
+            Fit::Keep
+        }
         _ => Fit::Incompatible,
     }
 }
@@ -456,7 +457,12 @@ pub fn apply_sql(
     let (xc, xi) = positions("x.");
     let (dc, di) = positions(&format!("{deleted}."));
     let (stc, sti) = positions(&format!("{s}."));
-    let on = |l: &str, r: &str| keys.iter().map(|k| format!("{l}.{k} = {r}.{k}")).collect::<Vec<_>>().join(" AND ");
+    let on = |l: &str, r: &str| {
+        keys.iter()
+            .map(|k| format!("{l}.{k} = {r}.{k}"))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    };
     let mut out = Vec::new();
     if deletes {
         out.push(format!(
@@ -472,7 +478,12 @@ pub fn apply_sql(
         out.push(format!(
             "DELETE FROM {t} USING {s} AS s WHERE s.{d} AND {on} AND {guard}",
             on = on(&t, "s"),
-            guard = position_before(GUARD, (&format!("{t}.{}", quote_ident(COMMIT_COLUMN)), &format!("{t}.{}", quote_ident(INDEX_COLUMN))), (&sc, &si), true),
+            guard = position_before(
+                GUARD,
+                (&format!("{t}.{}", quote_ident(COMMIT_COLUMN)), &format!("{t}.{}", quote_ident(INDEX_COLUMN))),
+                (&sc, &si),
+                true
+            ),
         ));
     }
     if upserts {
@@ -497,10 +508,7 @@ pub fn apply_sql(
         ));
         out.push(format!("DELETE FROM {t} USING {s} AS s WHERE NOT s.{d} AND {}", on(&t, "s")));
         let cols: Vec<String> = names.iter().cloned().chain([c.clone(), i.clone()]).collect();
-        out.push(format!(
-            "INSERT INTO {t} ({cols}) SELECT {cols} FROM {s} WHERE NOT {d}",
-            cols = cols.join(", ")
-        ));
+        out.push(format!("INSERT INTO {t} ({cols}) SELECT {cols} FROM {s} WHERE NOT {d}", cols = cols.join(", ")));
     }
     out
 }
@@ -611,7 +619,10 @@ pub fn offsets_sql(group: &str, offsets: &[OffsetMove<'_>]) -> Vec<String> {
         .join(", ");
     vec![
         format!("DELETE FROM {} WHERE consumer_group = {g} AND ({which})", offsets_table()),
-        format!("INSERT INTO {} (consumer_group, topic, \"partition\", next_offset) VALUES {values}", offsets_table()),
+        format!(
+            "INSERT INTO {} (consumer_group, topic, \"partition\", next_offset) VALUES {values}",
+            offsets_table()
+        ),
     ]
 }
 
@@ -696,7 +707,11 @@ mod tests {
         assert_eq!(fit(&p("integer"), &p("character varying(10)")), Fit::Incompatible);
         let t = DestinationTable { schema: "s".into(), table: "t".into() };
         assert!(change_sql(&t, &TableChange::DropNotNull { column: "c".into() }).is_err());
-        let widen = TableChange::Widen { column: "c".into(), from: p("integer"), to: p("bigint") };
+        let widen = TableChange::Widen {
+            column: "c".into(),
+            from: p("integer"),
+            to: p("bigint"),
+        };
         assert!(change_sql(&t, &widen).is_err());
     }
 
@@ -706,7 +721,13 @@ mod tests {
         let last = load_error_sql(CopyQuery::LastInSession, dir);
         assert!(last.contains("FROM stl_load_errors WHERE query = pg_last_copy_id() AND"), "{last}");
         assert!(last.contains("trim(filename) LIKE 's3://b/tributary-staging/g_1/0f6c/%'"), "{last}");
-        for column in ["trim(err_reason)", "trim(colname)", "trim(\"type\")", "line_number", "err_code"] {
+        for column in [
+            "trim(err_reason)",
+            "trim(colname)",
+            "trim(\"type\")",
+            "line_number",
+            "err_code",
+        ] {
             assert!(last.contains(column), "{column}: {last}");
         }
         // The refused value itself is never read, only its length.

@@ -76,10 +76,11 @@ use self::client::{
 };
 pub use self::config::{DestinationTable, Loader, RedshiftSinkConfig, S3Config};
 use self::dialect::{
-    apply_sql, load_error_sql, CopyQuery, bookkeeping_ddl, change_sql, lock_sql, offsets_table, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
-    delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, offsets_sql, prune_deleted_sql,
-    removed_before_sql, reset_of_sql, staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal,
-    truncate_older_sql, COLUMNS_SQL, PRIMARY_KEY_SQL, SCHEMA_EXISTS_SQL,
+    apply_sql, bookkeeping_ddl, change_sql, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
+    delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, load_error_sql, lock_sql,
+    offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, reset_of_sql, staging_table_sql,
+    stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery, COLUMNS_SQL,
+    PRIMARY_KEY_SQL, SCHEMA_EXISTS_SQL,
 };
 pub use self::dialect::{PgType, RedshiftDialect, BEGIN};
 use self::types::{render_record, CsvKind};
@@ -144,7 +145,8 @@ const TEST_LOAD_ERRORS: [(&str, &str); 2] = [
 /// the line in it, `$4` the column, `$5` its type, `$6` the value, `$7`
 /// PostgreSQL's message. No table id, slice, raw line or Redshift error
 /// code (0): PostgreSQL has none of them to give.
-const TEST_LOG_LOAD_ERROR: &str = "INSERT INTO public.stl_load_errors (userid, slice, tbl, starttime, session, filename, \
+const TEST_LOG_LOAD_ERROR: &str =
+    "INSERT INTO public.stl_load_errors (userid, slice, tbl, starttime, session, filename, \
      line_number, colname, type, col_length, position, raw_line, raw_field_value, err_code, err_reason, is_partial, \
      start_offset, stand_in_backend_start) VALUES (0, 0, 0, now()::timestamp, $1::integer, left($2::text, 256), \
      $3::bigint, left($4::text, 127), left($5::text, 10), '0', 0, '', left($6::text, 1024), 0, left($7::text, 100), \
@@ -162,7 +164,11 @@ struct TableState {
 
 impl TableState {
     fn raw_type(&self, name: &str) -> Option<&str> {
-        self.shape.columns.iter().position(|c| c.name == name).map(|i| self.raw[i].as_str())
+        self.shape
+            .columns
+            .iter()
+            .position(|c| c.name == name)
+            .map(|i| self.raw[i].as_str())
     }
 }
 
@@ -256,7 +262,9 @@ impl RedshiftSink {
 
     fn record(&self, sql: &str) {
         if let Some(r) = &self.recorder {
-            r.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(sql.to_string());
+            r.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(sql.to_string());
         }
     }
 
@@ -480,12 +488,19 @@ impl RedshiftSink {
     /// (a source table dropped and made again within one batch): Redshift
     /// runs `CREATE TABLE` in a transaction block, and outside it the old
     /// table would still be there.
-    async fn recreate_in_transaction(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
+    async fn recreate_in_transaction(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        origin: &str,
+    ) -> Result<()> {
         let ctx = self.ctx().in_table(dest.to_string());
         let empty = TableShape::default();
         let changes = plan(&RedshiftDialect, &dest.quoted(), schema, origin, &empty, self.evolution())?;
-        let statements =
-            changes.iter().map(|c| change_sql(dest, c).map_err(|e| e.with_table(schema.id.clone()))).collect::<Result<Vec<_>>>()?;
+        let statements = changes
+            .iter()
+            .map(|c| change_sql(dest, c).map_err(|e| e.with_table(schema.id.clone())))
+            .collect::<Result<Vec<_>>>()?;
         self.ddl_in_txn = true;
         self.exec(&statements, &ctx).await?;
         let mut state = TableState::default();
@@ -505,7 +520,11 @@ impl RedshiftSink {
         state.shape.exists = !rows.is_empty();
         for row in rows {
             let raw: String = row.get(1);
-            state.shape.columns.push(ShapeColumn { name: row.get(0), ty: PgType::parse(&raw), not_null: row.get(2) });
+            state.shape.columns.push(ShapeColumn {
+                name: row.get(0),
+                ty: PgType::parse(&raw),
+                not_null: row.get(2),
+            });
             state.raw.push(raw);
         }
         if state.shape.exists {
@@ -522,11 +541,14 @@ impl RedshiftSink {
     }
 
     fn state(&self, dest: &DestinationTable) -> Result<&TableState> {
-        self.tables.get(dest).ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))
+        self.tables
+            .get(dest)
+            .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))
     }
 
     fn plan_for(&self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<Vec<String>> {
-        let changes = plan(&RedshiftDialect, &dest.quoted(), schema, origin, &self.state(dest)?.shape, self.evolution())?;
+        let changes =
+            plan(&RedshiftDialect, &dest.quoted(), schema, origin, &self.state(dest)?.shape, self.evolution())?;
         changes
             .iter()
             .map(|c| change_sql(dest, c).map_err(|e| e.with_table(schema.id.clone())))
@@ -542,7 +564,11 @@ impl RedshiftSink {
             return Ok(());
         }
         if !self.state(dest)?.shape.exists {
-            let n: i64 = self.catalog(SCHEMA_EXISTS_SQL, &[&dest.schema], &ctx).await?.first().map_or(0, |r| r.get(0));
+            let n: i64 = self
+                .catalog(SCHEMA_EXISTS_SQL, &[&dest.schema], &ctx)
+                .await?
+                .first()
+                .map_or(0, |r| r.get(0));
             if n == 0 {
                 self.ddl(&create_schema_sql(&dest.schema), &ctx).await?;
             }
@@ -747,13 +773,12 @@ impl RedshiftSink {
             }
             in_file -= records;
         }
-        let pid = self.test_pid.ok_or_else(|| Error::retryable("the test mode's session id is unknown"))?;
+        let pid = self
+            .test_pid
+            .ok_or_else(|| Error::retryable("the test mode's session id is unknown"))?;
         let client = self.schema_session.connected()?;
         client
-            .execute(
-                TEST_LOG_LOAD_ERROR,
-                &[&pid, &file, &in_file, &column, &column_type, &value, &db.message()],
-            )
+            .execute(TEST_LOG_LOAD_ERROR, &[&pid, &file, &in_file, &column, &column_type, &value, &db.message()])
             .await
             .map_err(|e| classify(&e, &self.ctx()))?;
         Ok(())
@@ -943,7 +968,12 @@ impl Warehouse for RedshiftSink {
         self.exec(&forget_positions_sql(dest, exists, reset), &ctx).await
     }
 
-    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+    async fn write(
+        &mut self,
+        dest: &DestinationTable,
+        changes: &Reduction<'_>,
+        _after_load: bool,
+    ) -> Result<(), ApplyError> {
         self.lock_for_write(dest);
         for group in &changes.groups {
             if group.upserts == 0 && group.deletes == 0 {
@@ -974,8 +1004,10 @@ impl Sink for RedshiftSink {
             Ok(rows) => rows,
             Err(e) => return Err(self.failed(e)),
         };
-        let stored: HashMap<(String, i32), i64> =
-            rows.into_iter().map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2))).collect();
+        let stored: HashMap<(String, i32), i64> = rows
+            .into_iter()
+            .map(|r| ((r.get::<_, String>(0), r.get::<_, i32>(1)), r.get::<_, i64>(2)))
+            .collect();
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 

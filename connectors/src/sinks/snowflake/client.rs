@@ -103,12 +103,14 @@ impl KeyPair {
             if passphrase.is_some() {
                 return Err(KeyError::Passphrase("is given, but private_key is not encrypted: remove it"));
             }
-            rsa::RsaPrivateKey::from_pkcs8_pem(pem).or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem)).map_err(|e| {
-                KeyError::Key(format!(
-                    "is not an RSA private key in PEM (BEGIN PRIVATE KEY, BEGIN ENCRYPTED PRIVATE KEY or BEGIN \
+            rsa::RsaPrivateKey::from_pkcs8_pem(pem)
+                .or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem))
+                .map_err(|e| {
+                    KeyError::Key(format!(
+                        "is not an RSA private key in PEM (BEGIN PRIVATE KEY, BEGIN ENCRYPTED PRIVATE KEY or BEGIN \
                      RSA PRIVATE KEY): {e}"
-                ))
-            })?
+                    ))
+                })?
         };
         let public = key
             .to_public_key()
@@ -118,8 +120,13 @@ impl KeyPair {
             "SHA256:{}",
             base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(public.as_bytes()))
         );
-        let der = key.to_pkcs1_der().map_err(|e| KeyError::Key(format!("cannot be encoded for signing: {e}")))?;
-        Ok(Self { key: jsonwebtoken::EncodingKey::from_rsa_der(der.as_bytes()), fingerprint })
+        let der = key
+            .to_pkcs1_der()
+            .map_err(|e| KeyError::Key(format!("cannot be encoded for signing: {e}")))?;
+        Ok(Self {
+            key: jsonwebtoken::EncodingKey::from_rsa_der(der.as_bytes()),
+            fingerprint,
+        })
     }
 
     /// The public key's fingerprint (`SHA256:...`).
@@ -176,7 +183,13 @@ impl SfClient {
             .connect_timeout(Duration::from_millis(config.request_timeout_ms.min(10_000)))
             .build()
             .map_err(|e| Error::needs_operator(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Self { config: config.clone(), credentials, http, token: None, sequence: 0 })
+        Ok(Self {
+            config: config.clone(),
+            credentials,
+            http,
+            token: None,
+            sequence: 0,
+        })
     }
 
     /// Whether a session is open.
@@ -282,8 +295,10 @@ impl SfClient {
         }
         // An expired presigned URL (403) or a storage hiccup: the retry
         // PUTs the file again with a new URL.
-        Err(Error::retryable(format!("uploading a staged file to Snowflake's stage storage failed: HTTP {status}"))
-            .with_class(format!("snowflake.upload.{}", status.as_u16())))
+        Err(
+            Error::retryable(format!("uploading a staged file to Snowflake's stage storage failed: HTTP {status}"))
+                .with_class(format!("snowflake.upload.{}", status.as_u16())),
+        )
     }
 
     async fn run(&mut self, sql: &str, bindings: Option<Json>) -> Result<Json> {
@@ -293,13 +308,15 @@ impl SfClient {
             return Err(Error::retryable("no Snowflake session").with_class(SESSION_CLASS));
         }
         let deadline = Duration::from_millis(self.config.query_timeout_ms);
-        let result = tokio::time::timeout(deadline, self.run_once(sql, bindings)).await.unwrap_or_else(|_| {
-            Err(Error::retryable(format!(
-                "a statement took longer than snowflake.query_timeout_ms ({} ms)",
-                self.config.query_timeout_ms
-            ))
-            .with_class("snowflake.timeout"))
-        });
+        let result = tokio::time::timeout(deadline, self.run_once(sql, bindings))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::retryable(format!(
+                    "a statement took longer than snowflake.query_timeout_ms ({} ms)",
+                    self.config.query_timeout_ms
+                ))
+                .with_class("snowflake.timeout"))
+            });
         if let Err(e) = &result {
             if e.class() == SESSION_CLASS {
                 self.token = None;
@@ -434,14 +451,17 @@ fn transport(e: reqwest::Error) -> Error {
     } else {
         "failed"
     };
-    Error::retryable(format!("a request to Snowflake {what}")).with_class("snowflake.network").with_source(e)
+    Error::retryable(format!("a request to Snowflake {what}"))
+        .with_class("snowflake.network")
+        .with_source(e)
 }
 
 /// An HTTP error status (Snowflake answers statement errors with 200 and
 /// `success: false`; these are the gateway's and the session's).
 pub(super) fn classify_http(status: u16, code: &str, message: &str) -> Error {
     if SESSION_GONE.contains(&code) || (status == 401 && (code.is_empty() || code.starts_with("3901"))) {
-        return Error::retryable(format!("the Snowflake session is gone (HTTP {status}): {message}")).with_class(SESSION_CLASS);
+        return Error::retryable(format!("the Snowflake session is gone (HTTP {status}): {message}"))
+            .with_class(SESSION_CLASS);
     }
     let error = match status {
         // Throttled, overloaded, or failing inside: later may work (the
@@ -502,9 +522,15 @@ pub(super) fn classify(code: &str, sql_state: Option<&str>, message: &str) -> Er
             .with_hint("grant the sink's role the privileges listed in docs/destinations/snowflake.md")
     } else if code == "002003" {
         // Does not exist *or not authorized*: Snowflake does not say which.
-        Error::needs_operator(format!("an object is missing or not visible to the role: {message}"))
-            .with_hint("create the database (the sink creates schemas and tables) and grant the sink's role USAGE on it")
-    } else if state.starts_with("40") || lower.contains("lock") || lower.contains("conflict") || code == "000604" || code == "000630" {
+        Error::needs_operator(format!("an object is missing or not visible to the role: {message}")).with_hint(
+            "create the database (the sink creates schemas and tables) and grant the sink's role USAGE on it",
+        )
+    } else if state.starts_with("40")
+        || lower.contains("lock")
+        || lower.contains("conflict")
+        || code == "000604"
+        || code == "000630"
+    {
         // Transaction rolled back, a lock wait ended, cancelled, timed out.
         Error::retryable(format!("Snowflake could not finish the statement: {message}"))
     } else if code.starts_with("100") || state.starts_with("22") || state.starts_with("23") {
@@ -553,14 +579,21 @@ mod tests {
         let public = {
             use rsa::pkcs1::EncodeRsaPublicKey;
             use rsa::pkcs8::DecodePublicKey;
-            rsa::RsaPublicKey::from_public_key_pem(PUBLIC_KEY).expect("public key").to_pkcs1_der().expect("der")
+            rsa::RsaPublicKey::from_public_key_pem(PUBLIC_KEY)
+                .expect("public key")
+                .to_pkcs1_der()
+                .expect("der")
         };
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
         validation.validate_exp = false;
         let verified = |token: &str| {
-            jsonwebtoken::decode::<Json>(token, &jsonwebtoken::DecodingKey::from_rsa_der(public.as_bytes()), &validation)
-                .expect("a valid RS256 signature")
-                .claims
+            jsonwebtoken::decode::<Json>(
+                token,
+                &jsonwebtoken::DecodingKey::from_rsa_der(public.as_bytes()),
+                &validation,
+            )
+            .expect("a valid RS256 signature")
+            .claims
         };
         let claims = verified(&token);
         assert_eq!(claims["sub"], "MYORG-MYACCOUNT.TRIBUTARY_SVC");
@@ -603,9 +636,13 @@ mod tests {
         assert!(passphrase_error(KEY_DES3, Some("wrong")).contains("wrong passphrase"));
         assert!(passphrase_error(KEY_PKCS8, Some(PASSPHRASE)).contains("not encrypted"));
         let traditional = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,00\n\nAAAA\n-----END RSA PRIVATE KEY-----\n";
-        let Err(KeyError::Key(e)) = KeyPair::from_pem(traditional, Some(PASSPHRASE)) else { panic!("accepted") };
+        let Err(KeyError::Key(e)) = KeyPair::from_pem(traditional, Some(PASSPHRASE)) else {
+            panic!("accepted")
+        };
         assert!(e.contains("openssl pkcs8 -topk8"), "{e}");
-        let Err(KeyError::Key(e)) = KeyPair::from_pem("not a key", None) else { panic!("accepted") };
+        let Err(KeyError::Key(e)) = KeyPair::from_pem("not a key", None) else {
+            panic!("accepted")
+        };
         assert!(e.contains("not an RSA private key"), "{e}");
         assert!(!e.contains("not a key"), "the message never repeats the value: {e}");
     }

@@ -218,7 +218,11 @@ impl SnowflakeSinkConfig {
         if !self.url.starts_with("http://") && !self.url.starts_with("https://") {
             return Err(ConfigError::invalid(field("url"), "must be an http:// or https:// URL"));
         }
-        for (name, value) in [("account", &self.account), ("user", &self.user), ("database", &self.database)] {
+        for (name, value) in [
+            ("account", &self.account),
+            ("user", &self.user),
+            ("database", &self.database),
+        ] {
             if value.trim().is_empty() {
                 return Err(ConfigError::invalid(field(name), "must not be empty"));
             }
@@ -237,10 +241,16 @@ impl SnowflakeSinkConfig {
                 ))
             }
             (Some(p), None) if p.is_empty() => {
-                return Err(ConfigError::invalid(field("password"), "must not be empty (inline, env:NAME or file:/path)"))
+                return Err(ConfigError::invalid(
+                    field("password"),
+                    "must not be empty (inline, env:NAME or file:/path)",
+                ))
             }
             (None, Some(k)) if k.is_empty() => {
-                return Err(ConfigError::invalid(field("private_key"), "must not be empty (inline, env:NAME or file:/path)"))
+                return Err(ConfigError::invalid(
+                    field("private_key"),
+                    "must not be empty (inline, env:NAME or file:/path)",
+                ))
             }
             _ => {}
         }
@@ -371,7 +381,11 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("`snowflake.table`"));
         c = config();
         c.stage_threshold_rows = 3;
-        assert!(c.validate().unwrap_err().to_string().contains("`snowflake.stage_threshold_rows`"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`snowflake.stage_threshold_rows`"));
         c.stage_threshold_rows = 0;
         c.validate().expect("0: never through a stage");
         c = config();

@@ -88,7 +88,10 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<SfType>, declar
         TableChange::CreateTable { columns, key } => {
             let mut defs: Vec<String> = columns.iter().map(column).collect();
             if declare_key && !key.is_empty() {
-                defs.push(format!("PRIMARY KEY ({})", key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ")));
+                defs.push(format!(
+                    "PRIMARY KEY ({})",
+                    key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ")
+                ));
             }
             vec![format!("CREATE TABLE IF NOT EXISTS {t} ({})", defs.join(", "))]
         }
@@ -107,17 +110,29 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<SfType>, declar
             }
             None => vec![format!("ALTER TABLE {t} ADD COLUMN {}", column(c))],
         },
-        TableChange::AddColumn { column: c, backfill: None } => vec![format!("ALTER TABLE {t} ADD COLUMN {}", column(c))],
+        TableChange::AddColumn { column: c, backfill: None } => {
+            vec![format!("ALTER TABLE {t} ADD COLUMN {}", column(c))]
+        }
         // -1 sorts before every real position.
         TableChange::AddBookkeeping(c) => vec![format!("ALTER TABLE {t} ADD COLUMN {} DEFAULT -1", column(c))],
         TableChange::Widen { column, to, .. } => {
-            vec![format!("ALTER TABLE {t} ALTER COLUMN {} SET DATA TYPE {to}", quote_ident(column))]
+            vec![format!(
+                "ALTER TABLE {t} ALTER COLUMN {} SET DATA TYPE {to}",
+                quote_ident(column)
+            )]
         }
         TableChange::DropNotNull { column } => {
-            vec![format!("ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL", quote_ident(column))]
+            vec![format!(
+                "ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL",
+                quote_ident(column)
+            )]
         }
         TableChange::RenameColumn { from, to } => {
-            vec![format!("ALTER TABLE {t} RENAME COLUMN {} TO {}", quote_ident(from), quote_ident(to))]
+            vec![format!(
+                "ALTER TABLE {t} RENAME COLUMN {} TO {}",
+                quote_ident(from),
+                quote_ident(to)
+            )]
         }
         // The plan drops only a column the table has (its shape is read
         // from information_schema).
@@ -226,7 +241,12 @@ pub fn staged_csv(rows: &[Vec<Option<String>>]) -> Vec<u8> {
 
 /// One write's staged rows.
 pub fn staged_source(stage: &str, batch: &str) -> String {
-    format!("(SELECT * FROM {} WHERE {} = {})", quote_ident(stage), quote_ident(BATCH_COLUMN), quote_string(batch))
+    format!(
+        "(SELECT * FROM {} WHERE {} = {})",
+        quote_ident(stage),
+        quote_ident(BATCH_COLUMN),
+        quote_string(batch)
+    )
 }
 
 /// A staged batch (`source`) without the upserts that are not newer than
@@ -285,7 +305,11 @@ pub fn insert_rows_sql(
     key: &[ShapeColumn<SfType>],
 ) -> String {
     let (c, i) = positions("");
-    let names: Vec<String> = columns.iter().map(|col| quote_ident(&col.name)).chain([c.clone(), i.clone()]).collect();
+    let names: Vec<String> = columns
+        .iter()
+        .map(|col| quote_ident(&col.name))
+        .chain([c.clone(), i.clone()])
+        .collect();
     let values: Vec<String> = columns
         .iter()
         .map(|col| from_staged(&format!("s.{}", quote_ident(&col.name)), &col.ty))
@@ -355,7 +379,11 @@ pub fn undeleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> St
 pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
     let (c, i) = positions("");
     let (ac, ai) = (commit.to_string(), index.to_string());
-    format!("DELETE FROM {} WHERE {}", table.quoted(), position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false))
+    format!(
+        "DELETE FROM {} WHERE {}",
+        table.quoted(),
+        position_before(PositionSyntax::Expanded, (&c, &i), (&ac, &ai), false)
+    )
 }
 
 /// Keeps `(commit, index)` as the table-wide deleted-rows entry of `dest`
@@ -396,7 +424,13 @@ pub fn resets_table_ddl(resets: &str) -> String {
 /// `resets` already holds reset `reset` (or a later one) of it, then
 /// records `reset`: statements of the batch's transaction, in this order
 /// (the first reads the resets row as it was).
-pub fn forget_positions_sql(table: &DestinationTable, exists: bool, resets: &str, deleted: &str, reset: i64) -> Vec<String> {
+pub fn forget_positions_sql(
+    table: &DestinationTable,
+    exists: bool,
+    resets: &str,
+    deleted: &str,
+    reset: i64,
+) -> Vec<String> {
     let d = quote_string(&table.to_string());
     let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
     let mut out = Vec::new();
@@ -492,14 +526,22 @@ mod tests {
     use crate::sink::bookkeeping::Fence;
 
     fn dest() -> DestinationTable {
-        DestinationTable { database: "DB".into(), schema: "public".into(), table: "items".into() }
+        DestinationTable {
+            database: "DB".into(),
+            schema: "public".into(),
+            table: "items".into(),
+        }
     }
 
     #[test]
     fn staged_files_keep_empty_strings_apart_from_null() {
         let rows = vec![
             vec![Some("007".to_string()), Some(String::new()), None],
-            vec![Some("a \"quoted\",\nline".to_string()), Some("\\N".to_string()), Some("true".to_string())],
+            vec![
+                Some("a \"quoted\",\nline".to_string()),
+                Some("\\N".to_string()),
+                Some("true".to_string()),
+            ],
         ];
         assert_eq!(
             String::from_utf8(staged_csv(&rows)).expect("utf-8"),
@@ -518,11 +560,18 @@ mod tests {
 
     #[test]
     fn rows_are_replaced_under_the_position_guard() {
-        let key = vec![ShapeColumn { name: "id".into(), ty: SfType::Number(10, 0), not_null: true }];
+        let key = vec![ShapeColumn {
+            name: "id".into(),
+            ty: SfType::Number(10, 0),
+            not_null: true,
+        }];
         let sql = replaced_rows_sql(&dest(), "(S)", &key);
         assert!(sql.starts_with("DELETE FROM \"DB\".\"public\".\"items\" AS t WHERE EXISTS"), "{sql}");
         assert!(sql.contains("t.\"id\" = CAST(s.\"id\" AS NUMBER(10, 0))"), "{sql}");
-        assert!(sql.contains("t.\"__tributary_index\" <= s.\"__tributary_index\""), "deletes at the same position: {sql}");
+        assert!(
+            sql.contains("t.\"__tributary_index\" <= s.\"__tributary_index\""),
+            "deletes at the same position: {sql}"
+        );
         let sql = insert_rows_sql(&dest(), "(S)", &key, &key);
         assert!(sql.contains("NOT EXISTS (SELECT 1 FROM \"DB\".\"public\".\"items\" AS t WHERE"), "{sql}");
         assert!(!sql.contains("MERGE"));
@@ -531,8 +580,18 @@ mod tests {
     #[test]
     fn offsets_are_replaced_per_partition() {
         let moves = [
-            OffsetMove { topic: "t", partition: 0, fence: Fence::At(3), next: 7 },
-            OffsetMove { topic: "t", partition: 1, fence: Fence::Absent, next: 2 },
+            OffsetMove {
+                topic: "t",
+                partition: 0,
+                fence: Fence::At(3),
+                next: 7,
+            },
+            OffsetMove {
+                topic: "t",
+                partition: 1,
+                fence: Fence::Absent,
+                next: 2,
+            },
         ];
         let [delete, insert] = write_offsets_sql("O", "g", &moves);
         assert_eq!(

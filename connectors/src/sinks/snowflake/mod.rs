@@ -70,13 +70,13 @@ use self::dialect::{
     insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, not_deleted_sql, offsets_table_ddl,
     prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql,
     resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql,
-    undeleted_sql, write_offsets_sql, SnowflakeDialect
+    undeleted_sql, write_offsets_sql, SnowflakeDialect,
 };
 use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
-    fenced, key_text, keeps_removal, position_i64, reset_i64, staging_name, Fence, OffsetMove,
+    fenced, keeps_removal, key_text, position_i64, reset_i64, staging_name, Fence, OffsetMove,
     DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, OFFSETS_TABLE, RESETS_TABLE,
 };
 use crate::sink::reduce::{key_bytes, Reduction};
@@ -225,7 +225,12 @@ impl SnowflakeSink {
     }
 
     fn bookkeeping(&self, table: &str) -> String {
-        format!("{}.{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema), quote_ident(table))
+        format!(
+            "{}.{}.{}",
+            quote_ident(&self.config.database),
+            quote_ident(&self.config.bookkeeping_schema),
+            quote_ident(table)
+        )
     }
 
     fn locks_table(&self) -> String {
@@ -266,13 +271,26 @@ impl SnowflakeSink {
                     e
                 }
             };
-            let schema = format!("{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema));
-            self.client.query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await.map_err(hint)?;
+            let schema =
+                format!("{}.{}", quote_ident(&self.config.database), quote_ident(&self.config.bookkeeping_schema));
+            self.client
+                .query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await
+                .map_err(hint)?;
             self.client.query(&format!("USE SCHEMA {schema}")).await.map_err(hint)?;
-            self.client.query(&offsets_table_ddl(&self.offsets_table())).await.map_err(hint)?;
-            self.client.query(&deleted_table_ddl(&self.deleted_table())).await.map_err(hint)?;
+            self.client
+                .query(&offsets_table_ddl(&self.offsets_table()))
+                .await
+                .map_err(hint)?;
+            self.client
+                .query(&deleted_table_ddl(&self.deleted_table()))
+                .await
+                .map_err(hint)?;
             self.client.query(&locks_table_ddl(&self.locks_table())).await.map_err(hint)?;
-            self.client.query(&lock_row_sql(&self.locks_table(), &self.consumer_group)).await.map_err(hint)?;
+            self.client
+                .query(&lock_row_sql(&self.locks_table(), &self.consumer_group))
+                .await
+                .map_err(hint)?;
             self.bookkeeping_ready = true;
         }
         Ok(())
@@ -293,9 +311,14 @@ impl SnowflakeSink {
     /// `drop` lists them, the destination tables of those source tables.
     pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         self.connect().await?;
-        let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.offsets_table(), quote_string(&self.consumer_group));
+        let sql = format!(
+            "DELETE FROM {} WHERE consumer_group = {}",
+            self.offsets_table(),
+            quote_string(&self.consumer_group)
+        );
         self.client.query(&sql).await?;
-        let sql = format!("DELETE FROM {} WHERE consumer_group = {}", self.locks_table(), quote_string(&self.consumer_group));
+        let sql =
+            format!("DELETE FROM {} WHERE consumer_group = {}", self.locks_table(), quote_string(&self.consumer_group));
         self.client.query(&sql).await?;
         let mut done = vec![format!("stored offsets of consumer group {}", self.consumer_group)];
         for source in drop {
@@ -323,7 +346,10 @@ impl SnowflakeSink {
 
     /// The stored offsets of the consumer group.
     async fn stored_offsets(&mut self) -> Result<HashMap<(String, i32), i64>> {
-        let rows = self.client.query(&read_offsets_sql(&self.offsets_table(), &self.consumer_group)).await?;
+        let rows = self
+            .client
+            .query(&read_offsets_sql(&self.offsets_table(), &self.consumer_group))
+            .await?;
         let mut stored = HashMap::new();
         for row in rows {
             let cell = |i: usize| row.get(i).cloned().flatten();
@@ -462,11 +488,17 @@ impl SnowflakeSink {
             let name = cell(0).unwrap_or_default();
             let type_name = cell(1).unwrap_or_default();
             let ty = from_metadata(&type_name, number(2), number(3), number(4)).ok_or_else(|| {
-                Error::needs_operator(format!("column {name} of {dest} has type {type_name}, which the sink does not write"))
-                    .with_column(name.clone())
+                Error::needs_operator(format!(
+                    "column {name} of {dest} has type {type_name}, which the sink does not write"
+                ))
+                .with_column(name.clone())
             })?;
             state.shape.exists = true;
-            state.shape.columns.push(ShapeColumn { name, ty, not_null: cell(5).as_deref() == Some("NO") });
+            state.shape.columns.push(ShapeColumn {
+                name,
+                ty,
+                not_null: cell(5).as_deref() == Some("NO"),
+            });
         }
         self.tables.insert(dest.clone(), state);
         Ok(())
@@ -667,7 +699,8 @@ impl Warehouse for SnowflakeSink {
         let mut state = self.tables.get(dest).cloned().unwrap_or_default();
         let changes = plan(&SnowflakeDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution())?;
         if !state.shape.exists && !self.schemas.contains(&dest.schema) {
-            let sql = format!("CREATE SCHEMA IF NOT EXISTS {}.{}", quote_ident(&dest.database), quote_ident(&dest.schema));
+            let sql =
+                format!("CREATE SCHEMA IF NOT EXISTS {}.{}", quote_ident(&dest.database), quote_ident(&dest.schema));
             self.client.query(&sql).await?;
             self.schemas.insert(dest.schema.clone());
         }
@@ -706,7 +739,8 @@ impl Warehouse for SnowflakeSink {
         let (commit, index) = position_i64(at)?;
         self.script.push(truncate_older_sql(dest, commit, index));
         if keeps_removal(at) {
-            self.script.extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
+            self.script
+                .extend(removed_before_sql(&self.deleted_table(), dest, commit, index));
         }
         Ok(())
     }
@@ -728,14 +762,22 @@ impl Warehouse for SnowflakeSink {
         Ok(())
     }
 
-    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+    async fn write(
+        &mut self,
+        dest: &DestinationTable,
+        changes: &Reduction<'_>,
+        _after_load: bool,
+    ) -> Result<(), ApplyError> {
         let state = self
             .tables
             .get(dest)
             .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
         // The destination's columns that some schema of the batch has.
-        let columns: Vec<ShapeColumn<SfType>> =
-            changes.column_names().into_iter().filter_map(|n| state.shape.column(n).cloned()).collect();
+        let columns: Vec<ShapeColumn<SfType>> = changes
+            .column_names()
+            .into_iter()
+            .filter_map(|n| state.shape.column(n).cloned())
+            .collect();
         let key_names: Vec<String> = changes.groups.first().map(|g| g.schema.key.clone()).unwrap_or_default();
         let key: Vec<ShapeColumn<SfType>> = key_names.iter().filter_map(|k| state.shape.column(k).cloned()).collect();
         if key.len() != key_names.len() || key.is_empty() {
@@ -819,7 +861,11 @@ mod tests {
 
     #[test]
     fn staging_tables_follow_the_column_set() {
-        let d = DestinationTable { database: "DB".into(), schema: "s".into(), table: "t".into() };
+        let d = DestinationTable {
+            database: "DB".into(),
+            schema: "s".into(),
+            table: "t".into(),
+        };
         let a = staging_name(STAGING_PREFIX, &d, &["id", "name"]);
         let b = staging_name(STAGING_PREFIX, &d, &["id", "name", "note"]);
         assert_ne!(a, b);

@@ -94,7 +94,12 @@ pub fn snowflake_type(data_type: &DataType) -> SfType {
 /// Parses information_schema's `data_type` (with precision, scale and
 /// character length) back into an [`SfType`]; `None` for a type the sink
 /// does not write.
-pub fn from_metadata(data_type: &str, precision: Option<u32>, scale: Option<u32>, length: Option<u32>) -> Option<SfType> {
+pub fn from_metadata(
+    data_type: &str,
+    precision: Option<u32>,
+    scale: Option<u32>,
+    length: Option<u32>,
+) -> Option<SfType> {
     Some(match data_type.to_ascii_uppercase().as_str() {
         "BOOLEAN" => SfType::Boolean,
         "NUMBER" | "DECIMAL" | "NUMERIC" | "INT" | "INTEGER" | "BIGINT" | "SMALLINT" => {

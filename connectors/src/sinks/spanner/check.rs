@@ -42,10 +42,8 @@ pub(super) async fn run(sink: &mut SpannerSink) -> Vec<Problem> {
                 ));
             }
         }
-        Err(e) => problems.push(Problem::error(
-            format!("cannot read the schema of {database}: {e}"),
-            Some(ROLES_HINT.to_string()),
-        )),
+        Err(e) => problems
+            .push(Problem::error(format!("cannot read the schema of {database}: {e}"), Some(ROLES_HINT.to_string()))),
     }
     problems
 }

@@ -37,7 +37,10 @@ impl ToKind for Raw {
     }
     // Used only for query parameters, which the sink never binds raw.
     fn get_type() -> Type {
-        Type { code: TypeCode::String as i32, ..Default::default() }
+        Type {
+            code: TypeCode::String as i32,
+            ..Default::default()
+        }
     }
 }
 
@@ -70,7 +73,10 @@ impl SpClient {
     /// The data client, built if it is not.
     pub(super) async fn data(&mut self) -> Result<&Client> {
         self.build().await?;
-        self.clients.as_ref().map(|(c, _)| c).ok_or_else(|| Error::retryable("the Spanner client is not built"))
+        self.clients
+            .as_ref()
+            .map(|(c, _)| c)
+            .ok_or_else(|| Error::retryable("the Spanner client is not built"))
     }
 
     async fn build(&mut self) -> Result<()> {
@@ -85,7 +91,11 @@ impl SpClient {
         data.channel_config.num_channels = 1;
         data.session_config.min_opened = 1;
         data.session_config.max_opened = 10;
-        let mut admin = AdminClientConfig { timeout, connect_timeout: timeout, ..AdminClientConfig::default() };
+        let mut admin = AdminClientConfig {
+            timeout,
+            connect_timeout: timeout,
+            ..AdminClientConfig::default()
+        };
         let auth = |e: gcloud_spanner::admin::google_cloud_auth::error::Error| {
             Error::needs_operator(format!("cannot load Google credentials: {e}")).with_hint(
                 "set spanner.key_file to a service-account key file, or provide application default credentials \
@@ -112,7 +122,9 @@ impl SpClient {
             .await
             .map_err(|_| Error::retryable(format!("connecting to Spanner database {database} timed out")))?
             .map_err(classify_client)?;
-        let admin = AdminClient::new(admin).await.map_err(|e| Error::retryable(format!("Spanner admin client: {e}")))?;
+        let admin = AdminClient::new(admin)
+            .await
+            .map_err(|e| Error::retryable(format!("Spanner admin client: {e}")))?;
         info!(database = %database, emulator = self.config.emulator_host.is_some(), "Spanner client ready");
         self.clients = Some((client, admin));
         Ok(())
@@ -127,7 +139,10 @@ impl SpClient {
         }
         self.build().await?;
         let database = self.config.database_path();
-        let (_, admin) = self.clients.as_ref().ok_or_else(|| Error::retryable("the Spanner client is not built"))?;
+        let (_, admin) = self
+            .clients
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the Spanner client is not built"))?;
         let request = UpdateDatabaseDdlRequest { database, statements, ..Default::default() };
         let mut operation = admin.database().update_database_ddl(request, None).await.map_err(classify)?;
         operation.wait(None).await.map_err(classify)?;
@@ -144,7 +159,9 @@ impl SpClient {
         while let Some(row) = rows.next().await.map_err(classify)? {
             // Known once the first rows arrived.
             let width = rows.columns_metadata().len();
-            let cells = (0..width).map(|i| row.column::<Raw>(i)).collect::<std::result::Result<Vec<_>, _>>();
+            let cells = (0..width)
+                .map(|i| row.column::<Raw>(i))
+                .collect::<std::result::Result<Vec<_>, _>>();
             out.push(cells.map_err(|e| Error::retryable(format!("unreadable row: {e}")))?);
         }
         Ok(out)

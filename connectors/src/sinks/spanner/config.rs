@@ -132,7 +132,9 @@ fn valid_id(id: &str) -> bool {
     id.len() >= 2
         && id.len() <= 64
         && id.starts_with(|c: char| c.is_ascii_lowercase())
-        && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
 }
 
 /// `name` as a Spanner table name: letters, digits and `_`, starting with

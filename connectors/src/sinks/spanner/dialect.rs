@@ -121,7 +121,10 @@ pub fn change_ddl(table: &str, change: &TableChange<SpType>, shape: &[ShapeColum
                 .and_then(|v| default_literal(v, &column.ty))
                 .map(|l| format!(" DEFAULT ({l})"))
                 .unwrap_or_default();
-            vec![format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {}{default}", column_ddl(column))]
+            vec![format!(
+                "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {}{default}",
+                column_ddl(column)
+            )]
         }
         TableChange::AddBookkeeping(column) => vec![format!(
             "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {} INT64 NOT NULL DEFAULT (-1)",
@@ -134,7 +137,11 @@ pub fn change_ddl(table: &str, change: &TableChange<SpType>, shape: &[ShapeColum
         }
         TableChange::DropNotNull { column } => match typed(column) {
             Some(c) => {
-                let c = ShapeColumn { name: c.name.clone(), ty: c.ty.clone(), not_null: false };
+                let c = ShapeColumn {
+                    name: c.name.clone(),
+                    ty: c.ty.clone(),
+                    not_null: false,
+                };
                 vec![format!("ALTER TABLE {t} ALTER COLUMN {}", column_ddl(&c))]
             }
             None => Vec::new(),
@@ -184,7 +191,11 @@ pub fn rename_steps(table: &str, from: &ShapeColumn<SpType>, to: &str, key: &[St
              for its source table"
         )));
     }
-    let added = ShapeColumn { name: to.to_string(), ty: from.ty.clone(), not_null: false };
+    let added = ShapeColumn {
+        name: to.to_string(),
+        ty: from.ty.clone(),
+        not_null: false,
+    };
     Ok(RenameSteps {
         add: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {}", column_ddl(&added)),
         copy: format!("UPDATE {t} SET {} = {} WHERE TRUE", quote_ident(to), quote_ident(&from.name)),
@@ -348,9 +359,20 @@ mod tests {
 
     #[test]
     fn ddl_restates_types() {
-        let shape = vec![ShapeColumn { name: "n".into(), ty: SpType::String(Some(10)), not_null: true }];
-        let widen = TableChange::Widen { column: "n".into(), from: SpType::String(Some(10)), to: SpType::String(None) };
-        assert_eq!(change_ddl("t", &widen, &shape).unwrap(), vec!["ALTER TABLE `t` ALTER COLUMN `n` STRING(MAX) NOT NULL"]);
+        let shape = vec![ShapeColumn {
+            name: "n".into(),
+            ty: SpType::String(Some(10)),
+            not_null: true,
+        }];
+        let widen = TableChange::Widen {
+            column: "n".into(),
+            from: SpType::String(Some(10)),
+            to: SpType::String(None),
+        };
+        assert_eq!(
+            change_ddl("t", &widen, &shape).unwrap(),
+            vec!["ALTER TABLE `t` ALTER COLUMN `n` STRING(MAX) NOT NULL"]
+        );
         let relax = TableChange::DropNotNull { column: "n".into() };
         assert_eq!(change_ddl("t", &relax, &shape).unwrap(), vec!["ALTER TABLE `t` ALTER COLUMN `n` STRING(10)"]);
         assert_eq!(

@@ -111,9 +111,23 @@ struct Change {
 /// One step of a batch, run in its transaction at the end.
 #[derive(Debug, Clone)]
 enum Op {
-    Write { table: String, key_columns: Vec<String>, key_types: Vec<SpType>, changes: Vec<Change> },
-    Truncate { table: String, at: Pos, exists: bool, keep: bool },
-    Forget { table: String, reset: i64, exists: bool },
+    Write {
+        table: String,
+        key_columns: Vec<String>,
+        key_types: Vec<SpType>,
+        changes: Vec<Change>,
+    },
+    Truncate {
+        table: String,
+        at: Pos,
+        exists: bool,
+        keep: bool,
+    },
+    Forget {
+        table: String,
+        reset: i64,
+        exists: bool,
+    },
 }
 
 /// A row the open transaction buffered a mutation for.
@@ -208,12 +222,18 @@ impl std::fmt::Debug for SpannerSink {
 }
 
 fn list(kinds: Vec<Kind>) -> ListValue {
-    ListValue { values: kinds.into_iter().map(|k| prost_types::Value { kind: Some(k) }).collect() }
+    ListValue {
+        values: kinds.into_iter().map(|k| prost_types::Value { kind: Some(k) }).collect(),
+    }
 }
 
 fn upsert_mutation(table: &str, columns: Vec<String>, values: Vec<Kind>) -> Mutation {
     Mutation {
-        operation: Some(Operation::InsertOrUpdate(Write { table: table.to_string(), columns, values: vec![list(values)] })),
+        operation: Some(Operation::InsertOrUpdate(Write {
+            table: table.to_string(),
+            columns,
+            values: vec![list(values)],
+        })),
     }
 }
 
@@ -221,7 +241,11 @@ fn delete_mutation(table: &str, key: Vec<Kind>) -> Mutation {
     Mutation {
         operation: Some(Operation::Delete(Delete {
             table: table.to_string(),
-            key_set: Some(PbKeySet { keys: vec![list(key)], ranges: Vec::new(), all: false }),
+            key_set: Some(PbKeySet {
+                keys: vec![list(key)],
+                ranges: Vec::new(),
+                all: false,
+            }),
         })),
     }
 }
@@ -257,7 +281,9 @@ async fn read_rows(
     let mut rows = tx.read(table, columns, KeySet::from(keys)).await?;
     let mut out = Vec::new();
     while let Some(row) = rows.next().await? {
-        let cells = (0..columns.len()).map(|i| row.column::<Raw>(i)).collect::<std::result::Result<Vec<_>, _>>();
+        let cells = (0..columns.len())
+            .map(|i| row.column::<Raw>(i))
+            .collect::<std::result::Result<Vec<_>, _>>();
         out.push(cells.map_err(|e| Error::retryable(format!("unreadable row of {table}: {e}")))?);
     }
     Ok(out)
@@ -285,7 +311,12 @@ impl Names {
         let rows = read_rows(tx, &self.deleted, &["row_key", COMMIT_COLUMN, INDEX_COLUMN], keys).await?;
         Ok(rows
             .iter()
-            .filter_map(|r| Some((r.first().and_then(cell_text)?.to_string(), (r.get(1).and_then(cell_i64)?, r.get(2).and_then(cell_i64)?))))
+            .filter_map(|r| {
+                Some((
+                    r.first().and_then(cell_text)?.to_string(),
+                    (r.get(1).and_then(cell_i64)?, r.get(2).and_then(cell_i64)?),
+                ))
+            })
             .collect())
     }
 
@@ -300,7 +331,10 @@ impl Names {
         if let Some(p) = a.deleted.get(&(table.to_string(), row_key.to_string())) {
             return Ok(*p);
         }
-        Ok(self.deleted_entries(tx, table, std::iter::once(row_key.to_string())).await?.remove(row_key))
+        Ok(self
+            .deleted_entries(tx, table, std::iter::once(row_key.to_string()))
+            .await?
+            .remove(row_key))
     }
 
     fn set_entry(&self, a: &mut Attempt, table: &str, row_key: &str, at: Option<Pos>) {
@@ -309,7 +343,13 @@ impl Names {
             Some((c, i)) => a.push(
                 upsert_mutation(
                     &self.deleted,
-                    vec!["dest_table".into(), "row_key".into(), COMMIT_COLUMN.into(), INDEX_COLUMN.into(), "deleted_at".into()],
+                    vec![
+                        "dest_table".into(),
+                        "row_key".into(),
+                        COMMIT_COLUMN.into(),
+                        INDEX_COLUMN.into(),
+                        "deleted_at".into(),
+                    ],
                     vec![text(table), text(row_key), int(c), int(i), text(COMMIT_TIMESTAMP)],
                 ),
                 DELETED_ENTRY_MUTATIONS,
@@ -332,7 +372,9 @@ impl Names {
                 Op::Write { table, key_columns, key_types, changes } => {
                     self.write(tx, &mut a, table, key_columns, key_types, changes).await?
                 }
-                Op::Truncate { table, at, exists, keep } => self.truncate(tx, &mut a, table, *at, *exists, *keep).await?,
+                Op::Truncate { table, at, exists, keep } => {
+                    self.truncate(tx, &mut a, table, *at, *exists, *keep).await?
+                }
                 Op::Forget { table, reset, exists } => self.forget(tx, &mut a, table, *reset, *exists).await?,
             }
         }
@@ -350,8 +392,10 @@ impl Names {
         changes: &[Change],
     ) -> std::result::Result<(), TxError> {
         // The stored positions of the keys the attempt has not written yet.
-        let unread: Vec<&Change> =
-            changes.iter().filter(|c| !a.rows.contains_key(&(table.to_string(), c.form.clone()))).collect();
+        let unread: Vec<&Change> = changes
+            .iter()
+            .filter(|c| !a.rows.contains_key(&(table.to_string(), c.form.clone())))
+            .collect();
         let mut columns: Vec<&str> = key_columns.iter().map(String::as_str).collect();
         columns.extend([COMMIT_COLUMN, INDEX_COLUMN]);
         let keys = unread.iter().map(|c| key_of(&c.key)).collect();
@@ -360,7 +404,13 @@ impl Names {
             .await?
             .iter()
             .filter_map(|r| {
-                let form = r.get(..n)?.iter().zip(key_types).map(|(v, t)| key_form(&v.0, t)).collect::<Vec<_>>().join("\u{1}");
+                let form = r
+                    .get(..n)?
+                    .iter()
+                    .zip(key_types)
+                    .map(|(v, t)| key_form(&v.0, t))
+                    .collect::<Vec<_>>()
+                    .join("\u{1}");
                 Some((form, (r.get(n).and_then(cell_i64)?, r.get(n + 1).and_then(cell_i64)?)))
             })
             .collect();
@@ -385,7 +435,14 @@ impl Names {
             if c.delete {
                 if row.is_some_and(|r| r <= c.position) {
                     a.push(delete_mutation(table, c.key.clone()), 1);
-                    a.rows.insert(slot, Buffered { key: c.key.clone(), key_columns: key_columns.to_vec(), position: None });
+                    a.rows.insert(
+                        slot,
+                        Buffered {
+                            key: c.key.clone(),
+                            key_columns: key_columns.to_vec(),
+                            position: None,
+                        },
+                    );
                 }
                 if deleted.is_none_or(|d| d < c.position) {
                     self.set_entry(a, table, &c.text, Some(c.position));
@@ -399,7 +456,11 @@ impl Names {
                 a.push(upsert_mutation(table, c.columns.clone(), c.values.clone()), c.columns.len());
                 a.rows.insert(
                     slot,
-                    Buffered { key: c.key.clone(), key_columns: key_columns.to_vec(), position: Some(c.position) },
+                    Buffered {
+                        key: c.key.clone(),
+                        key_columns: key_columns.to_vec(),
+                        position: Some(c.position),
+                    },
                 );
                 if deleted.is_some() {
                     self.set_entry(a, table, &c.text, None);
@@ -441,7 +502,8 @@ impl Names {
         if self.entry(tx, a, table, TABLE_ROW_KEY).await?.is_none_or(|w| w < at) {
             self.set_entry(a, table, TABLE_ROW_KEY, Some(at));
         }
-        tx.update(Statement::new(deleted_keys_older_sql(&self.deleted, table, at.0, at.1))).await?;
+        tx.update(Statement::new(deleted_keys_older_sql(&self.deleted, table, at.0, at.1)))
+            .await?;
         let older: Vec<String> = a
             .deleted
             .iter()
@@ -489,8 +551,12 @@ impl Names {
             }
         }
         tx.update(Statement::new(forget_deleted_sql(&self.deleted, table))).await?;
-        let buffered: Vec<String> =
-            a.deleted.iter().filter(|((t, _), p)| t == table && p.is_some()).map(|((_, k), _)| k.clone()).collect();
+        let buffered: Vec<String> = a
+            .deleted
+            .iter()
+            .filter(|((t, _), p)| t == table && p.is_some())
+            .map(|((_, k), _)| k.clone())
+            .collect();
         for k in buffered {
             self.set_entry(a, table, &k, None);
         }
@@ -517,7 +583,12 @@ impl Names {
             read_rows(tx, &self.offsets, &["topic", "partition", "next_offset"], keys)
                 .await?
                 .iter()
-                .filter_map(|r| Some(((r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?), r.get(2).and_then(cell_i64)?)))
+                .filter_map(|r| {
+                    Some((
+                        (r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?),
+                        r.get(2).and_then(cell_i64)?,
+                    ))
+                })
                 .collect();
         for m in checked {
             let now = stored.get(&(m.topic.to_string(), i64::from(m.partition))).copied();
@@ -527,11 +598,9 @@ impl Names {
                 Fence::At(o) => now == Some(o),
             };
             if !holds {
-                return Err(fenced(&format!(
-                    "{}[{}]: expected {:?}, stored {:?}",
-                    m.topic, m.partition, m.fence, now
-                ))
-                .into());
+                return Err(
+                    fenced(&format!("{}[{}]: expected {:?}, stored {:?}", m.topic, m.partition, m.fence, now)).into()
+                );
             }
         }
         for m in offsets {
@@ -540,7 +609,12 @@ impl Names {
             a.push(
                 upsert_mutation(
                     &self.offsets,
-                    vec!["consumer_group".into(), "topic".into(), "partition".into(), "next_offset".into()],
+                    vec![
+                        "consumer_group".into(),
+                        "topic".into(),
+                        "partition".into(),
+                        "next_offset".into(),
+                    ],
                     values,
                 ),
                 OFFSETS_ROW_MUTATIONS,
@@ -603,9 +677,19 @@ impl SpannerSink {
         if !self.bookkeeping_ready {
             let names = self.names();
             self.client
-                .ddl(vec![offsets_ddl(&names.offsets), deleted_ddl(&names.deleted), resets_ddl(&names.resets)])
+                .ddl(vec![
+                    offsets_ddl(&names.offsets),
+                    deleted_ddl(&names.deleted),
+                    resets_ddl(&names.resets),
+                ])
                 .await
-                .map_err(|e| if e.kind() == ErrorKind::NeedsOperator { e.with_hint(ROLES_HINT) } else { e })?;
+                .map_err(|e| {
+                    if e.kind() == ErrorKind::NeedsOperator {
+                        e.with_hint(ROLES_HINT)
+                    } else {
+                        e
+                    }
+                })?;
             self.bookkeeping_ready = true;
         }
         if std::time::Instant::now() >= self.prune_at {
@@ -674,8 +758,10 @@ impl SpannerSink {
             let name = row.first().and_then(cell_text).unwrap_or_default().to_string();
             let type_text = row.get(1).and_then(cell_text).unwrap_or_default();
             let ty = from_spanner_type(type_text).ok_or_else(|| {
-                Error::needs_operator(format!("column {name} of {dest} has type {type_text}, which the sink does not write"))
-                    .with_column(name.clone())
+                Error::needs_operator(format!(
+                    "column {name} of {dest} has type {type_text}, which the sink does not write"
+                ))
+                .with_column(name.clone())
             })?;
             let nullable = row.get(2).and_then(cell_text) == Some("YES");
             state.shape.exists = true;
@@ -742,7 +828,9 @@ impl SpannerSink {
         for source in drop {
             let dest = self.config.destination(source);
             self.client.ddl(vec![format!("DROP TABLE IF EXISTS {}", dest.quoted())]).await?;
-            self.client.partitioned_update(&forget_deleted_sql(&names.deleted, &dest.0)).await?;
+            self.client
+                .partitioned_update(&forget_deleted_sql(&names.deleted, &dest.0))
+                .await?;
             done.push(format!("destination table {dest}"));
         }
         self.tables.clear();
@@ -800,7 +888,10 @@ fn encode_changes(changes: &Reduction<'_>, shape: &TableShape<SpType>) -> Result
     let mut out = Vec::new();
     for (group, line) in changes.live() {
         let schema = &group.schema;
-        let fail = |error: Error| ApplyError { error: error.with_table(schema.id.clone()), record: Some(line.record) };
+        let fail = |error: Error| ApplyError {
+            error: error.with_table(schema.id.clone()),
+            record: Some(line.record),
+        };
         let value_error = |column: &str, reason: String, value: &Value| {
             fail(
                 Error::permanent(format!("column {column}: {reason} (value type {})", value.kind()))
@@ -847,7 +938,9 @@ fn encode_changes(changes: &Reduction<'_>, shape: &TableShape<SpType>) -> Result
                             .with_class("tributary.value"),
                     ));
                 }
-                change.values.push(encode(value, &ty).map_err(|r| value_error(&col.name, r, value))?);
+                change
+                    .values
+                    .push(encode(value, &ty).map_err(|r| value_error(&col.name, r, value))?);
                 change.columns.push(col.name.clone());
             }
             change.columns.extend([COMMIT_COLUMN.to_string(), INDEX_COLUMN.to_string()]);
@@ -967,7 +1060,12 @@ impl Warehouse for SpannerSink {
     async fn truncate(&mut self, dest: &DestinationTable, at: Position) -> Result<()> {
         let at_i64 = position_i64(at)?;
         let exists = self.table_exists(dest).await?;
-        self.ops.push(Op::Truncate { table: dest.0.clone(), at: at_i64, exists, keep: keeps_removal(at) });
+        self.ops.push(Op::Truncate {
+            table: dest.0.clone(),
+            at: at_i64,
+            exists,
+            keep: keeps_removal(at),
+        });
         Ok(())
     }
 
@@ -978,7 +1076,12 @@ impl Warehouse for SpannerSink {
         Ok(())
     }
 
-    async fn write(&mut self, dest: &DestinationTable, changes: &Reduction<'_>, _after_load: bool) -> Result<(), ApplyError> {
+    async fn write(
+        &mut self,
+        dest: &DestinationTable,
+        changes: &Reduction<'_>,
+        _after_load: bool,
+    ) -> Result<(), ApplyError> {
         let state = self
             .tables
             .get(dest)
@@ -987,13 +1090,20 @@ impl Warehouse for SpannerSink {
         if encoded.is_empty() {
             return Ok(());
         }
-        let Some(group) = changes.groups.first() else { return Ok(()) };
+        let Some(group) = changes.groups.first() else {
+            return Ok(());
+        };
         let key_columns = group.schema.key.clone();
         let key_types = key_columns
             .iter()
             .map(|k| state.shape.column(k).map(|c| c.ty.clone()).unwrap_or(SpType::String(None)))
             .collect();
-        self.ops.push(Op::Write { table: dest.0.clone(), key_columns, key_types, changes: encoded });
+        self.ops.push(Op::Write {
+            table: dest.0.clone(),
+            key_columns,
+            key_types,
+            changes: encoded,
+        });
         Ok(())
     }
 
@@ -1025,9 +1135,17 @@ impl Sink for SpannerSink {
         };
         let stored: HashMap<(String, i64), i64> = rows
             .iter()
-            .filter_map(|r| Some(((r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?), r.get(2).and_then(cell_i64)?)))
+            .filter_map(|r| {
+                Some((
+                    (r.first().and_then(cell_text)?.to_string(), r.get(1).and_then(cell_i64)?),
+                    r.get(2).and_then(cell_i64)?,
+                ))
+            })
             .collect();
-        Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), i64::from(*p))).copied()).collect())
+        Ok(partitions
+            .iter()
+            .map(|(t, p)| stored.get(&(t.clone(), i64::from(*p))).copied())
+            .collect())
     }
 
     async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {

@@ -90,11 +90,9 @@ pub fn spanner_type(data_type: &DataType) -> SpType {
         // Any scale: NUMERIC keeps 9 digits after the point; a value with
         // more is refused (dead-lettered), never rounded.
         DataType::VariableDecimal => SpType::Numeric,
-        DataType::Text
-        | DataType::Uuid
-        | DataType::Enum { .. }
-        | DataType::Interval
-        | DataType::Time => SpType::String(None),
+        DataType::Text | DataType::Uuid | DataType::Enum { .. } | DataType::Interval | DataType::Time => {
+            SpType::String(None)
+        }
         DataType::Json => SpType::Json,
         DataType::Bytes | DataType::Geometry => SpType::Bytes(None),
         DataType::Date => SpType::Date,
@@ -315,11 +313,15 @@ mod tests {
         assert_eq!(spanner_type(&DataType::Int32), SpType::Int64);
         assert_eq!(spanner_type(&DataType::Decimal { precision: 10, scale: 2 }), SpType::Numeric);
         assert_eq!(spanner_type(&DataType::Decimal { precision: 40, scale: 2 }), SpType::String(None));
-        assert_eq!(
-            spanner_type(&DataType::Array(Box::new(DataType::Text))).to_string(),
-            "ARRAY<STRING(MAX)>"
-        );
-        for t in ["STRING(MAX)", "STRING(10)", "ARRAY<INT64>", "BYTES(MAX)", "NUMERIC", "TIMESTAMP"] {
+        assert_eq!(spanner_type(&DataType::Array(Box::new(DataType::Text))).to_string(), "ARRAY<STRING(MAX)>");
+        for t in [
+            "STRING(MAX)",
+            "STRING(10)",
+            "ARRAY<INT64>",
+            "BYTES(MAX)",
+            "NUMERIC",
+            "TIMESTAMP",
+        ] {
             assert_eq!(from_spanner_type(t).unwrap().to_string(), t);
         }
     }

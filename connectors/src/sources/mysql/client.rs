@@ -130,9 +130,14 @@ pub async fn table_def(conn: &mut impl Queryable, table: &TableId) -> Result<Opt
     Ok(Some(TableDef {
         columns: rows
             .into_iter()
-            .map(|(name, type_text, nullable, _)| ColumnDef { name, type_text, nullable: nullable == "YES", added_default: None, aliases: Vec::new() })
+            .map(|(name, type_text, nullable, _)| ColumnDef {
+                name,
+                type_text,
+                nullable: nullable == "YES",
+                added_default: None,
+                aliases: Vec::new(),
+            })
             .collect(),
         primary_key: key,
     }))
 }
-

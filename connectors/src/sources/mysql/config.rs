@@ -13,8 +13,8 @@ use tributary_operations::config::{redact_url, resolve_secret, ConfigError, Vali
 use tributary_schemas::TableId;
 
 use crate::error::{Error, Result};
-use crate::tls::{validate_tls, TlsMode};
 pub use crate::selection::{TableFilter, TablePattern};
+use crate::tls::{validate_tls, TlsMode};
 
 /// Server id the runner registers with when it reads the binlog. It must
 /// differ from every server and every other replica of the primary (two
@@ -292,14 +292,13 @@ impl MySqlSourceConfig {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let opts = mysql_async::SslOpts::default();
         Ok(Some(match self.tls {
-            TlsMode::Disable | TlsMode::Require => {
-                opts.with_danger_accept_invalid_certs(true).with_danger_skip_domain_validation(true)
-            }
+            TlsMode::Disable | TlsMode::Require => opts
+                .with_danger_accept_invalid_certs(true)
+                .with_danger_skip_domain_validation(true),
             TlsMode::VerifyCa | TlsMode::VerifyFull => {
-                let path = self
-                    .tls_ca_file
-                    .as_deref()
-                    .ok_or_else(|| Error::needs_operator("mysql.tls_ca_file is required to verify the server certificate"))?;
+                let path = self.tls_ca_file.as_deref().ok_or_else(|| {
+                    Error::needs_operator("mysql.tls_ca_file is required to verify the server certificate")
+                })?;
                 // Read now, so that a missing file is named at start rather
                 // than as a handshake failure.
                 let pem = std::fs::read(path)

@@ -659,7 +659,8 @@ mod tests {
         assert_eq!(names(&h, &t), ["id", "b", "a3"]);
         assert_eq!(aliases(&h, &t, "a3"), ["a", "a2"]);
         // Back to an earlier name: no duplicate, and never its own name.
-        h.apply("ALTER TABLE t RENAME COLUMN a3 TO a2", "db", &all).expect("rename back");
+        h.apply("ALTER TABLE t RENAME COLUMN a3 TO a2", "db", &all)
+            .expect("rename back");
         assert_eq!(aliases(&h, &t, "a2"), ["a", "a3"]);
         // The key follows the rename and keeps its earlier name too.
         h.apply("ALTER TABLE t RENAME COLUMN id TO pk", "db", &all).expect("rename key");
@@ -674,7 +675,8 @@ mod tests {
     fn a_column_added_under_an_old_name_is_a_new_column_without_aliases() {
         let mut h = SchemaHistory::default();
         let t = TableId::new("db", "t");
-        h.apply("CREATE TABLE t (id INT PRIMARY KEY, b INT)", "db", &all).expect("create");
+        h.apply("CREATE TABLE t (id INT PRIMARY KEY, b INT)", "db", &all)
+            .expect("create");
         h.apply("ALTER TABLE t RENAME COLUMN b TO c", "db", &all).expect("rename");
         h.apply("ALTER TABLE t ADD COLUMN b VARCHAR(10)", "db", &all).expect("add");
         assert_eq!(names(&h, &t), ["id", "c", "b"]);
@@ -689,7 +691,8 @@ mod tests {
     #[test]
     fn aliases_round_trip_and_older_checkpoints_without_them_still_read() {
         let mut h = SchemaHistory::default();
-        h.apply("CREATE TABLE t (id INT PRIMARY KEY, a INT)", "db", &all).expect("create");
+        h.apply("CREATE TABLE t (id INT PRIMARY KEY, a INT)", "db", &all)
+            .expect("create");
         let before = serde_json::to_string(&h).expect("json");
         assert!(!before.contains("aliases"), "no field without aliases: {before}");
         // `before` is also what a checkpoint written before aliases holds.

@@ -178,10 +178,7 @@ struct Stored<'a> {
 impl SourceState {
     /// Serializes the state.
     pub fn to_checkpoint(&self) -> Checkpoint {
-        Checkpoint::encode(&Stored {
-            state: self,
-            history_tables: self.history.len(),
-        })
+        Checkpoint::encode(&Stored { state: self, history_tables: self.history.len() })
     }
 
     /// Parses a checkpoint written by this source.
@@ -288,7 +285,12 @@ impl BuiltSchema {
             }
         }
         Ok(Self {
-            schema: Arc::new(TableSchema { id: table.clone(), columns, key, dropped: Vec::new() }),
+            schema: Arc::new(TableSchema {
+                id: table.clone(),
+                columns,
+                key,
+                dropped: Vec::new(),
+            }),
             source_columns,
             codecs,
             keyed,
@@ -527,7 +529,11 @@ impl MySqlSource {
         let (Some(streamer), Some(state)) = (self.streamer.as_mut(), self.state.as_mut()) else {
             return Err(Error::retryable("the source is not started"));
         };
-        let planned = |s: &SourceState| s.snapshot.as_ref().map(|p| p.tables.iter().map(TablePlan::id).collect::<Vec<_>>());
+        let planned = |s: &SourceState| {
+            s.snapshot
+                .as_ref()
+                .map(|p| p.tables.iter().map(TablePlan::id).collect::<Vec<_>>())
+        };
         let planned_before = planned(state);
         let mut sc = stream::StreamContext {
             config: &self.config,
@@ -798,7 +804,8 @@ impl Source for MySqlSource {
             Ok(mut conn) => {
                 let rows = conn.query("SHOW BINARY LOGS").await;
                 let _ = conn.disconnect().await;
-                rows.map_err(|e| tracing::debug!(error = %e, "cannot list the binary logs")).ok()?
+                rows.map_err(|e| tracing::debug!(error = %e, "cannot list the binary logs"))
+                    .ok()?
             }
             Err(e) => {
                 tracing::debug!(error = %e, "cannot list the binary logs");
@@ -874,16 +881,22 @@ async fn server_epoch(conn: &mut mysql_async::Conn, kind: ServerKind) -> Result<
         ServerKind::MySql => ("SELECT CAST(@@server_uuid AS CHAR)", "server_uuid"),
         ServerKind::MariaDb => ("SELECT CAST(@@server_id AS CHAR)", "server_id"),
     };
-    let value: Option<Option<String>> =
-        conn.query_first(sql).await.map_err(|e| classify_my(e, &format!("reading the server's {name}")))?;
-    let value = value.flatten().ok_or_else(|| Error::retryable(format!("the server has no {name}")))?;
+    let value: Option<Option<String>> = conn
+        .query_first(sql)
+        .await
+        .map_err(|e| classify_my(e, &format!("reading the server's {name}")))?;
+    let value = value
+        .flatten()
+        .ok_or_else(|| Error::retryable(format!("the server has no {name}")))?;
     Ok(format!("{name}:{value}"))
 }
 
 /// The server's binlog files with their sizes (`SHOW BINARY LOGS`).
 async fn binary_logs(conn: &mut mysql_async::Conn) -> Result<Vec<(String, u64)>> {
-    let rows: Vec<mysql_async::Row> =
-        conn.query("SHOW BINARY LOGS").await.map_err(|e| classify_my(e, "listing the binlogs (SHOW BINARY LOGS)"))?;
+    let rows: Vec<mysql_async::Row> = conn
+        .query("SHOW BINARY LOGS")
+        .await
+        .map_err(|e| classify_my(e, "listing the binlogs (SHOW BINARY LOGS)"))?;
     Ok(rows
         .into_iter()
         .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
@@ -1086,7 +1099,11 @@ mod tests {
 
     #[test]
     fn the_binlog_after_a_position_counts_the_rest_of_its_file_and_the_later_ones() {
-        let files = [("mysql-bin.000001".to_string(), 1000), ("mysql-bin.000002".to_string(), 500), ("mysql-bin.000003".to_string(), 300)];
+        let files = [
+            ("mysql-bin.000001".to_string(), 1000),
+            ("mysql-bin.000002".to_string(), 500),
+            ("mysql-bin.000003".to_string(), 300),
+        ];
         let at = |file: &str, pos| BinlogPosition { file: file.into(), pos };
         assert_eq!(binlog_after(&files, &at("mysql-bin.000002", 200)), 300 + 300);
         assert_eq!(binlog_after(&files, &at("mysql-bin.000003", 300)), 0);

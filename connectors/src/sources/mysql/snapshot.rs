@@ -158,7 +158,11 @@ impl SnapshotRun {
         // changed meanwhile shift the offset and rows are skipped or read
         // twice. Such a table is read again from its start, as PostgreSQL's
         // source does (its rows are emitted again as reads).
-        for table in plan.tables.iter_mut().filter(|t| !t.done && t.last_key.is_none() && t.rows_done > 0) {
+        for table in plan
+            .tables
+            .iter_mut()
+            .filter(|t| !t.done && t.last_key.is_none() && t.rows_done > 0)
+        {
             tracing::info!(
                 table = %table.id(),
                 rows_done = table.rows_done,

@@ -696,9 +696,10 @@ impl Streamer {
                 continue;
             }
             match decode(before).and_then(|b| Ok((b, decode(after)?))) {
-                Ok((before, after)) => txn
-                    .messages
-                    .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx))),
+                Ok((before, after)) => {
+                    txn.messages
+                        .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx)))
+                }
                 Err(e) if e.kind() == ErrorKind::Permanent => {
                     txn.fail(&table, &e, copying);
                     failed = true;

@@ -344,9 +344,8 @@ impl ColumnCodec {
             });
         };
         let Some(charset) = charset_of(id) else {
-            return String::from_utf8(bytes.to_vec()).map_err(|_| {
-                error(format!("is not UTF-8 and its collation id {id} is not one the source knows"))
-            });
+            return String::from_utf8(bytes.to_vec())
+                .map_err(|_| error(format!("is not UTF-8 and its collation id {id} is not one the source knows")));
         };
         match encoding_of(charset) {
             Some(Charset::Utf8) => {

@@ -38,7 +38,10 @@ pub const MIN_REDO_LOG_BYTES: u64 = 500 * 1024 * 1024;
 pub async fn check(config: &OracleSourceConfig, client: &dyn LogMinerClient) -> Vec<Problem> {
     match check_inner(config, client).await {
         Ok(p) => p,
-        Err(e) => vec![Problem::error(format!("cannot check the source: {e}"), e.hint().map(str::to_string))],
+        Err(e) => vec![Problem::error(
+            format!("cannot check the source: {e}"),
+            e.hint().map(str::to_string),
+        )],
     }
 }
 
@@ -87,7 +90,9 @@ async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -
         None if in_root => problems.push(Problem::warning(
             "the session is in CDB$ROOT: LogMiner there sees every PDB's redo and the root holds no application \
              tables",
-            Some("set oracle.pdb_name to the PDB that holds the tables (or name the PDB's service in oracle.url)".into()),
+            Some(
+                "set oracle.pdb_name to the PDB that holds the tables (or name the PDB's service in oracle.url)".into(),
+            ),
         )),
         _ => {}
     }
@@ -111,12 +116,19 @@ async fn check_inner(config: &OracleSourceConfig, client: &dyn LogMinerClient) -
         ));
     }
     let filter = config.filter();
-    let tables: Vec<_> =
-        client.list_tables(&config.owners()).await?.into_iter().filter(|t| filter.captures(t)).collect();
+    let tables: Vec<_> = client
+        .list_tables(&config.owners())
+        .await?
+        .into_iter()
+        .filter(|t| filter.captures(t))
+        .collect();
     if tables.is_empty() {
         problems.push(Problem::warning(
             format!("no table of {} matches oracle.include (and not oracle.exclude)", config.owners().join(", ")),
-            Some("check oracle.include: OWNER.TABLE patterns as Oracle stores the names (upper case unless quoted)".into()),
+            Some(
+                "check oracle.include: OWNER.TABLE patterns as Oracle stores the names (upper case unless quoted)"
+                    .into(),
+            ),
         ));
     }
     for table in tables {
@@ -183,11 +195,17 @@ mod tests {
             i.smallest_redo_log_bytes = 200 * 1024 * 1024;
         });
         let p = check(&config(), &db).await;
-        assert!(p.iter().any(|p| p.severity == Severity::Warning && p.message.contains("200 MiB")), "{p:#?}");
+        assert!(
+            p.iter()
+                .any(|p| p.severity == Severity::Warning && p.message.contains("200 MiB")),
+            "{p:#?}"
+        );
         let p = check(&OracleSourceConfig::with_url("oracle://u@h/FREEPDB1", &["NOBODY.*"]), &db).await;
         assert!(p.iter().any(|p| p.message.contains("no table of NOBODY matches")), "{p:#?}");
         let p = check(&config(), &db).await;
-        assert!(p.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.ends_with("\"C##TRIBUTARY\" CONTAINER=ALL;"))));
+        assert!(p
+            .iter()
+            .any(|p| p.fix.as_deref().is_some_and(|f| f.ends_with("\"C##TRIBUTARY\" CONTAINER=ALL;"))));
         assert_eq!(p[4].table.as_ref(), Some(&t));
     }
 
@@ -212,6 +230,10 @@ mod tests {
         assert_eq!(check(&c, &db).await, vec![]);
         // In the root without pdb_name: said.
         let p = check(&config(), &db).await;
-        assert!(p.iter().any(|p| p.severity == Severity::Warning && p.message.contains("CDB$ROOT")), "{p:#?}");
+        assert!(
+            p.iter()
+                .any(|p| p.severity == Severity::Warning && p.message.contains("CDB$ROOT")),
+            "{p:#?}"
+        );
     }
 }

@@ -234,11 +234,21 @@ pub const SESSION_SETUP: [&str; 4] = [
 /// The flashback select of one snapshot chunk: canonical text per column,
 /// `AS OF SCN`, after the last key (an expanded row comparison: Oracle has
 /// no `(a, b) > (x, y)`), in key order.
-pub fn snapshot_sql(table: &TableId, columns: &[tributary_schemas::Column], key: &[String], after: Option<&ChunkAfter>, limit: usize) -> (String, usize) {
+pub fn snapshot_sql(
+    table: &TableId,
+    columns: &[tributary_schemas::Column],
+    key: &[String],
+    after: Option<&ChunkAfter>,
+    limit: usize,
+) -> (String, usize) {
     let exprs: Vec<String> = columns.iter().map(snapshot_expr).collect();
     let mut sql = format!("SELECT ROWIDTOCHAR(ROWID), {} FROM {} AS OF SCN :1", exprs.join(", "), quote_table(table));
     let mut binds = 1;
-    let order: Vec<String> = if key.is_empty() { vec!["ROWID".into()] } else { key.iter().map(|k| quote_ident(k)).collect() };
+    let order: Vec<String> = if key.is_empty() {
+        vec!["ROWID".into()]
+    } else {
+        key.iter().map(|k| quote_ident(k)).collect()
+    };
     match after {
         Some(ChunkAfter::RowId(_)) => {
             sql.push_str(" WHERE ROWID > CHARTOROWID(:2)");
@@ -248,7 +258,9 @@ pub fn snapshot_sql(table: &TableId, columns: &[tributary_schemas::Column], key:
             // (k1 > :2) OR (k1 = :2 AND k2 > :3) ...
             let mut ors = Vec::new();
             for i in 0..key.len() {
-                let mut ands: Vec<String> = (0..i).map(|j| format!("{} = {}", order[j], bind_expr(columns, &key[j], j + 2))).collect();
+                let mut ands: Vec<String> = (0..i)
+                    .map(|j| format!("{} = {}", order[j], bind_expr(columns, &key[j], j + 2)))
+                    .collect();
                 ands.push(format!("{} > {}", order[i], bind_expr(columns, &key[i], i + 2)));
                 ors.push(format!("({})", ands.join(" AND ")));
             }
@@ -263,7 +275,11 @@ pub fn snapshot_sql(table: &TableId, columns: &[tributary_schemas::Column], key:
 
 /// A bind of a key column's canonical text, converted back to its type.
 fn bind_expr(columns: &[tributary_schemas::Column], name: &str, n: usize) -> String {
-    let st = columns.iter().find(|c| c.name == name).map(|c| c.source_type.to_ascii_uppercase()).unwrap_or_default();
+    let st = columns
+        .iter()
+        .find(|c| c.name == name)
+        .map(|c| c.source_type.to_ascii_uppercase())
+        .unwrap_or_default();
     if st == "DATE" {
         format!("TO_DATE(:{n}, '{DATE_MASK}')")
     } else if st.starts_with("TIMESTAMP") && st.contains("TIME ZONE") {
@@ -286,7 +302,9 @@ fn bind_expr(columns: &[tributary_schemas::Column], name: &str, n: usize) -> Str
 /// are the PDB's too: Debezium filters the same way).
 pub fn contents_sql(owners: &[String], pdb: Option<&str>) -> String {
     let owners: Vec<String> = owners.iter().map(|o| quote_literal(o)).collect();
-    let container = pdb.map(|p| format!(" AND SRC_CON_NAME = {}", quote_literal(p))).unwrap_or_default();
+    let container = pdb
+        .map(|p| format!(" AND SRC_CON_NAME = {}", quote_literal(p)))
+        .unwrap_or_default();
     format!(
         "SELECT SCN, OPERATION_CODE, RAWTOHEX(XID), THREAD#, RS_ID, SSN, CSF, ROLLBACK, SEG_OWNER, TABLE_NAME, \
          ROW_ID, SQL_REDO, (CAST(TIMESTAMP AS DATE) - DATE '1970-01-01') * 86400000 \
@@ -321,7 +339,8 @@ impl OracleClient {
     pub async fn connect(user: &str, password: &SecretString, connect: &str) -> Result<Self> {
         let (user, password, connect) = (user.to_string(), password.expose_secret().to_string(), connect.to_string());
         let conn = tokio::task::spawn_blocking(move || -> Result<oracle::Connection> {
-            let conn = oracle::Connection::connect(&user, &password, &connect).map_err(|e| classify(e, "connecting"))?;
+            let conn =
+                oracle::Connection::connect(&user, &password, &connect).map_err(|e| classify(e, "connecting"))?;
             for sql in SESSION_SETUP {
                 conn.execute(sql, &[]).map_err(|e| classify(e, "setting up the session"))?;
             }
@@ -329,7 +348,11 @@ impl OracleClient {
         })
         .await
         .map_err(|e| Error::retryable(format!("connecting: {e}")))??;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), root: None, pdb: None })
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            root: None,
+            pdb: None,
+        })
     }
 
     /// Connects as `p` says: one session in the URL's container, or, with
@@ -350,7 +373,11 @@ impl OracleClient {
             Ok(())
         })
         .await?;
-        Ok(Self { conn: data.conn, root: Some(first.conn), pdb: Some(pdb) })
+        Ok(Self {
+            conn: data.conn,
+            root: Some(first.conn),
+            pdb: Some(pdb),
+        })
     }
 
     /// Runs `f` with the connection on the blocking pool.
@@ -395,7 +422,12 @@ impl OracleClient {
     }
 }
 
-fn strings(c: &oracle::Connection, sql: &str, binds: &[&dyn oracle::sql_type::ToSql], what: &str) -> Result<Vec<Vec<Option<String>>>> {
+fn strings(
+    c: &oracle::Connection,
+    sql: &str,
+    binds: &[&dyn oracle::sql_type::ToSql],
+    what: &str,
+) -> Result<Vec<Vec<Option<String>>>> {
     let rows = c.query(sql, binds).map_err(|e| classify(e, what))?;
     let mut out = Vec::new();
     for row in rows {
@@ -441,14 +473,20 @@ fn fetch_rows(
 /// Which columns come as bytes (RAW, BLOB), written as hex like the
 /// redo's `HEXTORAW`.
 fn bytes_columns(columns: &[tributary_schemas::Column]) -> Vec<bool> {
-    columns.iter().map(|c| c.data_type == tributary_schemas::DataType::Bytes).collect()
+    columns
+        .iter()
+        .map(|c| c.data_type == tributary_schemas::DataType::Bytes)
+        .collect()
 }
 
 /// The flashback select of one row by its primary key.
 pub fn row_sql(table: &TableId, columns: &[tributary_schemas::Column], key: &[String]) -> String {
     let exprs: Vec<String> = columns.iter().map(snapshot_expr).collect();
-    let conds: Vec<String> =
-        key.iter().enumerate().map(|(i, k)| format!("{} = {}", quote_ident(k), bind_expr(columns, k, i + 2))).collect();
+    let conds: Vec<String> = key
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("{} = {}", quote_ident(k), bind_expr(columns, k, i + 2)))
+        .collect();
     format!(
         "SELECT ROWIDTOCHAR(ROWID), {} FROM {} AS OF SCN :1 WHERE {}",
         exprs.join(", "),
@@ -499,7 +537,11 @@ impl LogMinerClient for OracleClient {
     async fn oldest_open_transaction(&self) -> Result<Option<u64>> {
         self.with(|c| {
             let r = strings(c, "SELECT TO_CHAR(MIN(START_SCN)) FROM V$TRANSACTION", &[], "reading V$TRANSACTION")?;
-            Ok(r.into_iter().next().and_then(|r| r.into_iter().next()).flatten().and_then(|s| s.parse().ok()))
+            Ok(r.into_iter()
+                .next()
+                .and_then(|r| r.into_iter().next())
+                .flatten()
+                .and_then(|s| s.parse().ok()))
         })
         .await
     }
@@ -598,7 +640,10 @@ impl LogMinerClient for OracleClient {
         self.with(move |c| {
             let refs: Vec<&dyn oracle::sql_type::ToSql> =
                 binds.iter().map(|b| b as &dyn oracle::sql_type::ToSql).collect();
-            Ok(fetch_rows(c, &sql, &refs, &bytes, "reading a row's LOB columns")?.into_iter().next().map(|(_, v)| v))
+            Ok(fetch_rows(c, &sql, &refs, &bytes, "reading a row's LOB columns")?
+                .into_iter()
+                .next()
+                .map(|(_, v)| v))
         })
         .await
     }
@@ -672,9 +717,16 @@ impl LogMinerClient for OracleClient {
         let sql = contents_sql(owners, self.pdb.as_deref());
         self.with_root(move |c| {
             for (i, f) in files.iter().enumerate() {
-                let option = if i == 0 { "DBMS_LOGMNR.NEW" } else { "DBMS_LOGMNR.ADDFILE" };
-                c.execute(&format!("BEGIN DBMS_LOGMNR.ADD_LOGFILE(LOGFILENAME => :1, OPTIONS => {option}); END;"), &[f])
-                    .map_err(|e| classify(e, "adding a log file (DBMS_LOGMNR.ADD_LOGFILE)"))?;
+                let option = if i == 0 {
+                    "DBMS_LOGMNR.NEW"
+                } else {
+                    "DBMS_LOGMNR.ADDFILE"
+                };
+                c.execute(
+                    &format!("BEGIN DBMS_LOGMNR.ADD_LOGFILE(LOGFILENAME => :1, OPTIONS => {option}); END;"),
+                    &[f],
+                )
+                .map_err(|e| classify(e, "adding a log file (DBMS_LOGMNR.ADD_LOGFILE)"))?;
             }
             c.execute(
                 "BEGIN DBMS_LOGMNR.START_LOGMNR(STARTSCN => :1, ENDSCN => :2, OPTIONS => \
@@ -728,7 +780,8 @@ impl LogMinerClient for OracleClient {
     }
 
     async fn can_read(&self, table: &TableId) -> Result<bool> {
-        let sql = format!("SELECT 1 FROM {} AS OF SCN (SELECT CURRENT_SCN FROM V$DATABASE) WHERE 1 = 0", quote_table(table));
+        let sql =
+            format!("SELECT 1 FROM {} AS OF SCN (SELECT CURRENT_SCN FROM V$DATABASE) WHERE 1 = 0", quote_table(table));
         self.with(move |c| match c.query(&sql, &[]) {
             Ok(_) => Ok(true),
             Err(e) => match e.db_error().map(|d| d.code()) {

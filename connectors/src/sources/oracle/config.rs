@@ -230,7 +230,12 @@ impl OracleSourceConfig {
             Some(raw) => resolve_secret("oracle.password", &raw).map_err(|e| Error::needs_operator(e.to_string()))?,
             None => SecretString::from(String::new()),
         };
-        Ok(ConnectionParams { user, password, connect, pdb: self.pdb_name.as_ref().map(|p| p.to_ascii_uppercase()) })
+        Ok(ConnectionParams {
+            user,
+            password,
+            connect,
+            pdb: self.pdb_name.as_ref().map(|p| p.to_ascii_uppercase()),
+        })
     }
 }
 
@@ -244,7 +249,9 @@ fn owner_of(pattern: &str) -> Option<String> {
 /// `oracle://user[:password]@host[:port]/service` -> (user, password, `host:port/service`).
 fn parse_url(url: &str) -> Result<(String, Option<String>, String), String> {
     let rest = url.strip_prefix("oracle://").ok_or("must be an oracle:// URL")?;
-    let (auth, target) = rest.rsplit_once('@').ok_or("must name a user (oracle://user@host:1521/service)")?;
+    let (auth, target) = rest
+        .rsplit_once('@')
+        .ok_or("must name a user (oracle://user@host:1521/service)")?;
     let (user, password) = match auth.split_once(':') {
         Some((u, p)) => (u, Some(p.to_string())),
         None => (auth, None),
@@ -252,11 +259,17 @@ fn parse_url(url: &str) -> Result<(String, Option<String>, String), String> {
     if user.is_empty() {
         return Err("must name a user".into());
     }
-    let (host, service) = target.split_once('/').ok_or("must name a service (oracle://user@host:1521/FREEPDB1)")?;
+    let (host, service) = target
+        .split_once('/')
+        .ok_or("must name a service (oracle://user@host:1521/FREEPDB1)")?;
     if host.is_empty() || service.is_empty() {
         return Err("must name a host and a service".into());
     }
-    let host = if host.contains(':') { host.to_string() } else { format!("{host}:1521") };
+    let host = if host.contains(':') {
+        host.to_string()
+    } else {
+        format!("{host}:1521")
+    };
     Ok((user.to_string(), password, format!("{host}/{service}")))
 }
 
@@ -287,7 +300,10 @@ impl crate::SourceConfig for OracleSourceConfig {
         };
         match client {
             Ok(c) => super::check::check(self, &c).await,
-            Err(e) => vec![crate::Problem::error(format!("cannot check the source: {e}"), e.hint().map(str::to_string))],
+            Err(e) => vec![crate::Problem::error(
+                format!("cannot check the source: {e}"),
+                e.hint().map(str::to_string),
+            )],
         }
     }
 
@@ -321,7 +337,8 @@ mod tests {
 
     #[test]
     fn urls_owners_and_rules() {
-        let c = parse("url = \"oracle://c##dbz:pw@db.example:1522/ORCLPDB1\"\ninclude = [\"APP.*\", \"HR.EMP\"]").expect("valid");
+        let c = parse("url = \"oracle://c##dbz:pw@db.example:1522/ORCLPDB1\"\ninclude = [\"APP.*\", \"HR.EMP\"]")
+            .expect("valid");
         let p = c.connection().expect("connection");
         assert_eq!((p.user.as_str(), p.connect.as_str()), ("c##dbz", "db.example:1522/ORCLPDB1"));
         assert_eq!(c.owners(), vec!["APP".to_string(), "HR".to_string()]);
@@ -335,10 +352,12 @@ mod tests {
         assert!(e.to_string().contains("oracle.include"), "{e}");
         let e = parse("url = \"oracle://u@h/S\"\ninclude = [\"A.T\"]\nmax_window_scns = 5").expect_err("window");
         assert!(e.to_string().contains("oracle.max_window_scns"), "{e}");
-        let c = parse("url = \"oracle://c##u@h/ORCLCDB\"\ninclude = [\"A.T\"]\npdb_name = \"orclpdb1\"").expect("valid");
+        let c =
+            parse("url = \"oracle://c##u@h/ORCLCDB\"\ninclude = [\"A.T\"]\npdb_name = \"orclpdb1\"").expect("valid");
         assert_eq!(c.connection().expect("connection").pdb.as_deref(), Some("ORCLPDB1"));
         for bad in ["", "1PDB", "PDB'; DROP", "\\\"P\\\""] {
-            let e = parse(&format!("url = \"oracle://u@h/S\"\ninclude = [\"A.T\"]\npdb_name = \"{bad}\"")).expect_err(bad);
+            let e =
+                parse(&format!("url = \"oracle://u@h/S\"\ninclude = [\"A.T\"]\npdb_name = \"{bad}\"")).expect_err(bad);
             assert!(e.to_string().contains("oracle.pdb_name"), "{e}");
         }
     }

@@ -129,18 +129,28 @@ mod tests {
     use super::*;
 
     fn col(t: &str, from: &str, to: &str) -> Ddl {
-        Ddl::RenameColumn { table: TableId::new("APP", t), from: from.into(), to: to.into() }
+        Ddl::RenameColumn {
+            table: TableId::new("APP", t),
+            from: from.into(),
+            to: to.into(),
+        }
     }
 
     fn tab(from: &str, to: &str) -> Ddl {
-        Ddl::RenameTable { from: TableId::new("APP", from), to: TableId::new("APP", to) }
+        Ddl::RenameTable {
+            from: TableId::new("APP", from),
+            to: TableId::new("APP", to),
+        }
     }
 
     /// Statements as users type them, which LogMiner hands back as typed.
     #[test]
     fn renames_parse_in_every_spelling() {
         let cases = [
-            ("ALTER TABLE \"APP\".\"ORDERS\" RENAME COLUMN \"NAME\" TO \"TITLE\";", col("ORDERS", "NAME", "TITLE")),
+            (
+                "ALTER TABLE \"APP\".\"ORDERS\" RENAME COLUMN \"NAME\" TO \"TITLE\";",
+                col("ORDERS", "NAME", "TITLE"),
+            ),
             ("alter table orders rename column name to title", col("ORDERS", "NAME", "TITLE")),
             ("alter table app.orders rename column \"Name\" to title;", col("ORDERS", "Name", "TITLE")),
             ("ALTER TABLE \"APP\".orders RENAME COLUMN a TO \"b c\"", col("ORDERS", "A", "b c")),

@@ -182,7 +182,14 @@ impl FakeOracle {
         let sql = format!("alter table {} add {} {type_text};", quote_table(table), quote_ident(name));
         self.ddl(table, &sql, |i| {
             if let Some(t) = i.tables.get_mut(table) {
-                t.def.columns.push(ColumnDef { name: name.into(), type_text: type_text.into(), precision: None, scale: None, nullable: true, aliases: Vec::new() });
+                t.def.columns.push(ColumnDef {
+                    name: name.into(),
+                    type_text: type_text.into(),
+                    precision: None,
+                    scale: None,
+                    nullable: true,
+                    aliases: Vec::new(),
+                });
             }
         });
     }
@@ -191,21 +198,34 @@ impl FakeOracle {
     /// name the column `to`, those written before the rename too: the
     /// online catalog renders every row with today's names.
     pub fn rename_column(&self, table: &TableId, from: &str, to: &str) {
-        let sql = format!("ALTER TABLE {} RENAME COLUMN {} TO {};", quote_table(table), quote_ident(from), quote_ident(to));
+        let sql =
+            format!("ALTER TABLE {} RENAME COLUMN {} TO {};", quote_table(table), quote_ident(from), quote_ident(to));
         let mut i = self.lock();
         let (old, new) = (quote_ident(from), quote_ident(to));
-        for r in i.redo.iter_mut().filter(|r| r.seg_owner.as_deref() == Some(&table.schema) && r.table_name.as_deref() == Some(&table.table)) {
+        for r in i
+            .redo
+            .iter_mut()
+            .filter(|r| r.seg_owner.as_deref() == Some(&table.schema) && r.table_name.as_deref() == Some(&table.table))
+        {
             if matches!(r.operation_code, 1 | 2 | 3 | 9) {
                 r.sql_redo = r.sql_redo.as_ref().map(|q| q.replace(&old, &new));
             }
         }
         drop(i);
         self.ddl(table, &sql, |i| {
-            if let Some(c) = i.tables.get_mut(table).and_then(|t| t.def.columns.iter_mut().find(|c| c.name == from)) {
+            if let Some(c) = i
+                .tables
+                .get_mut(table)
+                .and_then(|t| t.def.columns.iter_mut().find(|c| c.name == from))
+            {
                 c.name = to.to_string();
             }
             if let Some(t) = i.tables.get_mut(table) {
-                t.def.primary_key.iter_mut().filter(|k| *k == from).for_each(|k| *k = to.to_string());
+                t.def
+                    .primary_key
+                    .iter_mut()
+                    .filter(|k| *k == from)
+                    .for_each(|k| *k = to.to_string());
             }
         });
     }
@@ -217,7 +237,11 @@ impl FakeOracle {
         let sql = format!("ALTER TABLE {} RENAME TO {};", quote_table(from), quote_ident(to));
         let mut i = self.lock();
         let (old_q, new_q) = (quote_table(from), quote_table(&new));
-        for r in i.redo.iter_mut().filter(|r| r.seg_owner.as_deref() == Some(&from.schema) && r.table_name.as_deref() == Some(&from.table)) {
+        for r in i
+            .redo
+            .iter_mut()
+            .filter(|r| r.seg_owner.as_deref() == Some(&from.schema) && r.table_name.as_deref() == Some(&from.table))
+        {
             r.table_name = Some(to.to_string());
             r.sql_redo = r.sql_redo.as_ref().map(|q| q.replace(&old_q, &new_q));
         }
@@ -258,13 +282,21 @@ impl FakeOracle {
         i.push(6, &xid, None, None, "set transaction read write;", false);
         let start = i.scn;
         i.open.insert(xid.clone(), start);
-        FakeTx { db: self.clone(), xid, changes: Vec::new(), savepoints: Vec::new() }
+        FakeTx {
+            db: self.clone(),
+            xid,
+            changes: Vec::new(),
+            savepoints: Vec::new(),
+        }
     }
 
     /// The committed rows of `table` now, by ROWID order.
     pub fn rows(&self, table: &TableId) -> Vec<Values> {
         let i = self.lock();
-        i.tables.get(table).map(|t| rows_at(t, i.scn).into_values().collect()).unwrap_or_default()
+        i.tables
+            .get(table)
+            .map(|t| rows_at(t, i.scn).into_values().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -308,7 +340,9 @@ impl Inner {
         let Some(v) = v else { return "NULL".into() };
         match c.type_text.as_str() {
             "DATE" => format!("TO_DATE({}, 'YYYY-MM-DD HH24:MI:SS')", quote_literal(v)),
-            t if t.starts_with("TIMESTAMP") => format!("TO_TIMESTAMP({}, 'YYYY-MM-DD HH24:MI:SS.FF9')", quote_literal(v)),
+            t if t.starts_with("TIMESTAMP") => {
+                format!("TO_TIMESTAMP({}, 'YYYY-MM-DD HH24:MI:SS.FF9')", quote_literal(v))
+            }
             t if t.starts_with("RAW") || t == "BLOB" => format!("HEXTORAW({})", quote_literal(v)),
             "CLOB" => "EMPTY_CLOB()".into(),
             // The document follows in XML DOC rows.
@@ -349,7 +383,8 @@ impl Inner {
             // The row's other columns, as in Debezium's samples (DBZ-7489).
             let before = Self::conditions(def, row);
             let before = before.trim_end_matches(" and ROWID = 'AAAx+/AAB'");
-            let begin = format!("XML DOC BEGIN:  select {} from {} where {before}", quote_ident(&c.name), quote_table(table));
+            let begin =
+                format!("XML DOC BEGIN:  select {} from {} where {before}", quote_ident(&c.name), quote_table(table));
             self.push(68, xid, Some(table), Some(rowid), &begin, false);
             match v {
                 None => self.push(70, xid, Some(table), Some(rowid), "XML_REDO := NULL", false),
@@ -370,7 +405,9 @@ impl Inner {
     /// LOB rows for the CLOB columns of `row`, written in 4-character pieces.
     fn lob_rows(&mut self, xid: &str, table: &TableId, rowid: &str, def: &TableDef, row: &Values) {
         for (c, v) in def.columns.iter().zip(row.iter()) {
-            let (Some(v), true) = (v, c.type_text == "CLOB") else { continue };
+            let (Some(v), true) = (v, c.type_text == "CLOB") else {
+                continue;
+            };
             let key: Vec<String> = def
                 .primary_key
                 .iter()
@@ -389,7 +426,12 @@ impl Inner {
             let chars: Vec<char> = v.chars().collect();
             for (k, piece) in chars.chunks(4).enumerate() {
                 let text: String = piece.iter().collect();
-                let sql = format!("buf_c := {}; dbms_lob.write(loc_c, {}, {}, buf_c);", quote_literal(&text), piece.len(), k * 4 + 1);
+                let sql = format!(
+                    "buf_c := {}; dbms_lob.write(loc_c, {}, {}, buf_c);",
+                    quote_literal(&text),
+                    piece.len(),
+                    k * 4 + 1
+                );
                 self.push(10, xid, Some(table), Some(rowid), &sql, false);
             }
         }
@@ -430,13 +472,16 @@ impl FakeTx {
                 None => rows.remove(&c.rowid),
             };
         }
-        rows.into_iter().find(|(_, v)| v.get(k).cloned().flatten().as_deref() == Some(key))
+        rows.into_iter()
+            .find(|(_, v)| v.get(k).cloned().flatten().as_deref() == Some(key))
     }
 
     /// Inserts a row (values as text, in column order; `None` is NULL).
     pub fn insert(&mut self, table: &TableId, row: &[Option<&str>]) {
         let mut i = self.db.lock();
-        let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else { return };
+        let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else {
+            return;
+        };
         let rowid = format!("AAAR{:08}", i.next_rowid);
         i.next_rowid += 1;
         let mut row: Values = row.iter().map(|v| v.map(str::to_string)).collect();
@@ -448,14 +493,23 @@ impl FakeTx {
         i.lob_rows(&self.xid, table, &rowid, &def, &row);
         let all: Vec<&str> = def.columns.iter().map(|c| c.name.as_str()).collect();
         i.xml_rows(&self.xid, table, &rowid, &def, &row, &all);
-        self.changes.push(Change { table: table.clone(), rowid, before: None, after: Some(row) });
+        self.changes.push(Change {
+            table: table.clone(),
+            rowid,
+            before: None,
+            after: Some(row),
+        });
     }
 
     /// Sets columns of the row whose first key column is `key`.
     pub fn update(&mut self, table: &TableId, key: &str, set: &[(&str, Option<&str>)]) {
         let mut i = self.db.lock();
-        let Some((rowid, before)) = self.current(&i, table, key) else { return };
-        let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else { return };
+        let Some((rowid, before)) = self.current(&i, table, key) else {
+            return;
+        };
+        let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else {
+            return;
+        };
         let mut after = before.clone();
         let mut sets = Vec::new();
         let mut xml = Vec::new();
@@ -471,21 +525,40 @@ impl FakeTx {
         }
         // An update of XMLTYPE columns alone is only its XML DOC rows.
         if !sets.is_empty() {
-            let sql = format!("update {} set {} where {};", quote_table(table), sets.join(", "), Inner::conditions(&def, &before));
+            let sql = format!(
+                "update {} set {} where {};",
+                quote_table(table),
+                sets.join(", "),
+                Inner::conditions(&def, &before)
+            );
             i.push(3, &self.xid, Some(table), Some(&rowid), &sql, false);
         }
         i.xml_rows(&self.xid, table, &rowid, &def, &after, &xml);
-        self.changes.push(Change { table: table.clone(), rowid, before: Some(before), after: Some(after) });
+        self.changes.push(Change {
+            table: table.clone(),
+            rowid,
+            before: Some(before),
+            after: Some(after),
+        });
     }
 
     /// Deletes the row whose first key column is `key`.
     pub fn delete(&mut self, table: &TableId, key: &str) {
         let mut i = self.db.lock();
-        let Some((rowid, before)) = self.current(&i, table, key) else { return };
-        let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else { return };
+        let Some((rowid, before)) = self.current(&i, table, key) else {
+            return;
+        };
+        let Some(def) = i.tables.get(table).map(|t| t.def.clone()) else {
+            return;
+        };
         let sql = format!("delete from {} where {};", quote_table(table), Inner::conditions(&def, &before));
         i.push(2, &self.xid, Some(table), Some(&rowid), &sql, false);
-        self.changes.push(Change { table: table.clone(), rowid, before: Some(before), after: None });
+        self.changes.push(Change {
+            table: table.clone(),
+            rowid,
+            before: Some(before),
+            after: None,
+        });
     }
 
     /// `SAVEPOINT`.
@@ -503,17 +576,42 @@ impl FakeTx {
     fn undo(&mut self, at: usize) {
         let mut i = self.db.lock();
         for c in self.changes.drain(at..).rev() {
-            let Some(def) = i.tables.get(&c.table).map(|t| t.def.clone()) else { continue };
+            let Some(def) = i.tables.get(&c.table).map(|t| t.def.clone()) else {
+                continue;
+            };
             let (op, sql) = match (&c.before, &c.after) {
-                (None, Some(a)) => (2, format!("delete from {} where {};", quote_table(&c.table), Inner::conditions(&def, a))),
+                (None, Some(a)) => {
+                    (2, format!("delete from {} where {};", quote_table(&c.table), Inner::conditions(&def, a)))
+                }
                 (Some(b), None) => {
                     let values: Vec<String> = def.columns.iter().zip(b).map(|(col, v)| Inner::render(col, v)).collect();
                     let names: Vec<String> = def.columns.iter().map(|c| quote_ident(&c.name)).collect();
-                    (1, format!("insert into {}({}) values ({});", quote_table(&c.table), names.join(","), values.join(",")))
+                    (
+                        1,
+                        format!(
+                            "insert into {}({}) values ({});",
+                            quote_table(&c.table),
+                            names.join(","),
+                            values.join(",")
+                        ),
+                    )
                 }
                 (Some(b), Some(a)) => {
-                    let sets: Vec<String> = def.columns.iter().zip(b).map(|(col, v)| format!("{} = {}", quote_ident(&col.name), Inner::render(col, v))).collect();
-                    (3, format!("update {} set {} where {};", quote_table(&c.table), sets.join(", "), Inner::conditions(&def, a)))
+                    let sets: Vec<String> = def
+                        .columns
+                        .iter()
+                        .zip(b)
+                        .map(|(col, v)| format!("{} = {}", quote_ident(&col.name), Inner::render(col, v)))
+                        .collect();
+                    (
+                        3,
+                        format!(
+                            "update {} set {} where {};",
+                            quote_table(&c.table),
+                            sets.join(", "),
+                            Inner::conditions(&def, a)
+                        ),
+                    )
                 }
                 (None, None) => continue,
             };
@@ -562,7 +660,13 @@ impl LogMinerClient for FakeOracle {
     }
 
     async fn list_tables(&self, owners: &[String]) -> Result<Vec<TableId>> {
-        Ok(self.lock().tables.keys().filter(|t| owners.contains(&t.schema)).cloned().collect())
+        Ok(self
+            .lock()
+            .tables
+            .keys()
+            .filter(|t| owners.contains(&t.schema))
+            .cloned()
+            .collect())
     }
 
     async fn table_def(&self, table: &TableId) -> Result<Option<TableDef>> {
@@ -578,13 +682,19 @@ impl LogMinerClient for FakeOracle {
         limit: usize,
     ) -> Result<Vec<SnapshotRow>> {
         let i = self.lock();
-        let t = i.tables.get(table).ok_or_else(|| Error::needs_operator("ORA-00942: table or view does not exist"))?;
+        let t = i
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::needs_operator("ORA-00942: table or view does not exist"))?;
         let rows = rows_at(t, scn);
         let index = |name: &str| t.def.columns.iter().position(|c| c.name == name);
         let key_idx: Vec<usize> = def.primary_key.iter().filter_map(|k| index(k)).collect();
         // Key order compares numbers as numbers (the fake's keys are NUMBER).
         let key_of = |v: &Values| -> Vec<i128> {
-            key_idx.iter().map(|&k| v.get(k).cloned().flatten().and_then(|s| s.parse().ok()).unwrap_or(i128::MIN)).collect()
+            key_idx
+                .iter()
+                .map(|&k| v.get(k).cloned().flatten().and_then(|s| s.parse().ok()).unwrap_or(i128::MIN))
+                .collect()
         };
         let mut list: Vec<(String, Values)> = rows.into_iter().collect();
         if !key_idx.is_empty() {
@@ -593,12 +703,21 @@ impl LogMinerClient for FakeOracle {
         let list = list.into_iter().filter(|(rowid, v)| match after {
             None => true,
             Some(ChunkAfter::RowId(r)) => rowid > r,
-            Some(ChunkAfter::Key(k)) => key_of(v) > k.iter().map(|s| s.as_deref().and_then(|s| s.parse().ok()).unwrap_or(i128::MIN)).collect::<Vec<_>>(),
+            Some(ChunkAfter::Key(k)) => {
+                key_of(v)
+                    > k.iter()
+                        .map(|s| s.as_deref().and_then(|s| s.parse().ok()).unwrap_or(i128::MIN))
+                        .collect::<Vec<_>>()
+            }
         });
         Ok(list
             .take(limit)
             .map(|(rowid, v)| {
-                let vals = def.columns.iter().map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten())).collect();
+                let vals = def
+                    .columns
+                    .iter()
+                    .map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten()))
+                    .collect();
                 (rowid, vals)
             })
             .collect())
@@ -606,13 +725,26 @@ impl LogMinerClient for FakeOracle {
 
     async fn row_at(&self, at: RowAt<'_>) -> Result<Option<Vec<Option<String>>>> {
         let i = self.lock();
-        let Some(t) = i.tables.get(at.table) else { return Ok(None) };
+        let Some(t) = i.tables.get(at.table) else {
+            return Ok(None);
+        };
         let index = |name: &str| t.def.columns.iter().position(|c| c.name == name);
         let key_idx: Vec<Option<usize>> = at.def.primary_key.iter().map(|k| index(k)).collect();
         Ok(rows_at(t, at.scn)
             .into_values()
-            .find(|v| key_idx.iter().zip(at.key).all(|(k, want)| k.and_then(|k| v.get(k).cloned().flatten()) == *want))
-            .map(|v| at.def.columns.iter().map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten())).collect()))
+            .find(|v| {
+                key_idx
+                    .iter()
+                    .zip(at.key)
+                    .all(|(k, want)| k.and_then(|k| v.get(k).cloned().flatten()) == *want)
+            })
+            .map(|v| {
+                at.def
+                    .columns
+                    .iter()
+                    .map(|c| index(&c.name).and_then(|k| v.get(k).cloned().flatten()))
+                    .collect()
+            }))
     }
 
     async fn logs(&self) -> Result<Vec<LogFile>> {
@@ -636,7 +768,11 @@ impl LogMinerClient for FakeOracle {
     /// at or below the current SCN is there, so `LAST_REDO_CHANGE#` is one
     /// past it.
     async fn threads(&self) -> Result<Vec<RedoThread>> {
-        Ok(vec![RedoThread { thread: 1, open: true, last_redo_scn: self.lock().scn + 1 }])
+        Ok(vec![RedoThread {
+            thread: 1,
+            open: true,
+            last_redo_scn: self.lock().scn + 1,
+        }])
     }
 
     async fn mine(&self, files: &[LogFile], start: u64, end: u64, owners: &[String]) -> Result<Vec<LogMinerRow>> {
@@ -648,11 +784,12 @@ impl LogMinerClient for FakeOracle {
                 return Err(lost_log(s));
             }
         }
-        Ok(i
-            .redo
+        Ok(i.redo
             .iter()
             .filter(|r| r.scn > start && r.scn <= end)
-            .filter(|r| matches!(r.operation_code, 6 | 7 | 36) || r.seg_owner.as_ref().is_some_and(|o| owners.contains(o)))
+            .filter(|r| {
+                matches!(r.operation_code, 6 | 7 | 36) || r.seg_owner.as_ref().is_some_and(|o| owners.contains(o))
+            })
             .cloned()
             .collect())
     }

@@ -255,7 +255,9 @@ pub fn parse_xml_begin(sql: &str) -> Result<XmlBegin> {
     // `XMLType(:1)` is a bind the tokenizer has no token for: the value
     // is in the writes, so it reads as NULL here.
     let lower = sql.to_ascii_lowercase();
-    let at = lower.find("xmltype(:").ok_or_else(|| malformed("an XML DOC BEGIN row of neither shape"))?;
+    let at = lower
+        .find("xmltype(:")
+        .ok_or_else(|| malformed("an XML DOC BEGIN row of neither shape"))?;
     let close = lower[at..].find(')').ok_or_else(|| malformed("an unterminated XMLType bind"))? + at;
     let mut c = Cursor::new(&format!("{} NULL {}", &sql[..at], &sql[close + 1..]))?;
     c.word("update")?;
@@ -277,7 +279,9 @@ pub fn parse_xml_write(sql: &str, binary: bool) -> Result<Option<Vec<u8>>> {
     if !binary {
         return Ok(Some(sql.as_bytes().to_vec()));
     }
-    let rest = sql.strip_prefix("XML_REDO := ").ok_or_else(|| malformed("an XML DOC WRITE row without XML_REDO"))?;
+    let rest = sql
+        .strip_prefix("XML_REDO := ")
+        .ok_or_else(|| malformed("an XML DOC WRITE row without XML_REDO"))?;
     if rest.trim() == "NULL" {
         return Ok(None);
     }
@@ -286,7 +290,9 @@ pub fn parse_xml_write(sql: &str, binary: bool) -> Result<Option<Vec<u8>>> {
     if let Some(hex) = body.strip_prefix("HEXTORAW('") {
         // Oracle leaves the closing quote out of some pieces (Debezium's
         // `XmlWriteParser` compensates the same way).
-        let hex = hex.strip_suffix(')').ok_or_else(|| malformed("an unterminated HEXTORAW piece"))?;
+        let hex = hex
+            .strip_suffix(')')
+            .ok_or_else(|| malformed("an unterminated HEXTORAW piece"))?;
         return Ok(Some(from_hex(hex.strip_suffix('\'').unwrap_or(hex))?));
     }
     let text = body
@@ -349,14 +355,27 @@ mod tests {
         b.apply(&LobOp::Write { data: LobData::Bytes(vec![9]), offset: 3 }).unwrap();
         assert_eq!(b, LobValue::Bytes(vec![1, 0, 9]));
         assert!(b.apply(&LobOp::Write { data: LobData::Text("x".into()), offset: 1 }).is_err());
-        assert!(b.apply(&LobOp::Write { data: LobData::Bytes(vec![1]), offset: MAX_LOB_LENGTH + 1 }).is_err());
+        assert!(b
+            .apply(&LobOp::Write {
+                data: LobData::Bytes(vec![1]),
+                offset: MAX_LOB_LENGTH + 1
+            })
+            .is_err());
     }
 
     #[test]
     fn xml_begin_and_write_rows_parse_in_both_storages() {
         let key = vec![("ID".to_string(), Literal::Str("1".into()))];
-        let want = |binary| XmlBegin { table: TableId::new("APP", "T"), column: "DATA".into(), key: key.clone(), binary };
-        assert_eq!(parse_xml_begin("XML DOC BEGIN:  select \"DATA\" from \"APP\".\"T\" where \"ID\" = '1'").unwrap(), want(true));
+        let want = |binary| XmlBegin {
+            table: TableId::new("APP", "T"),
+            column: "DATA".into(),
+            key: key.clone(),
+            binary,
+        };
+        assert_eq!(
+            parse_xml_begin("XML DOC BEGIN:  select \"DATA\" from \"APP\".\"T\" where \"ID\" = '1'").unwrap(),
+            want(true)
+        );
         assert_eq!(
             parse_xml_begin("update \"APP\".\"T\" a set a.\"DATA\" = XMLType(:1)  where a.\"ID\" = '1';").unwrap(),
             want(false)
@@ -368,8 +387,14 @@ mod tests {
 
         // "<root>Ä</root>" in UTF-8, split inside the Ä; the last piece
         // without its closing quote, as Oracle writes some.
-        assert_eq!(parse_xml_write("XML_REDO := HEXTORAW('3c726f6f743ec3'):7", true).unwrap(), Some(b"<root>\xc3".to_vec()));
-        assert_eq!(parse_xml_write("XML_REDO := HEXTORAW('843c2f726f6f743e):8", true).unwrap(), Some(b"\x84</root>".to_vec()));
+        assert_eq!(
+            parse_xml_write("XML_REDO := HEXTORAW('3c726f6f743ec3'):7", true).unwrap(),
+            Some(b"<root>\xc3".to_vec())
+        );
+        assert_eq!(
+            parse_xml_write("XML_REDO := HEXTORAW('843c2f726f6f743e):8", true).unwrap(),
+            Some(b"\x84</root>".to_vec())
+        );
         assert_eq!(parse_xml_write("XML_REDO := '<a x=''1''/>':10", true).unwrap(), Some(b"<a x='1'/>".to_vec()));
         assert_eq!(parse_xml_write("XML_REDO := NULL", true).unwrap(), None);
         assert_eq!(parse_xml_write("<a>it's: </a>", false).unwrap(), Some(b"<a>it's: </a>".to_vec()));

@@ -115,19 +115,28 @@ impl OracleState {
     }
 
     fn def(&self, id: &TableId) -> Option<&TableDef> {
-        self.tables.iter().find(|t| t.schema == id.schema && t.table == id.table).map(|t| &t.def)
+        self.tables
+            .iter()
+            .find(|t| t.schema == id.schema && t.table == id.table)
+            .map(|t| &t.def)
     }
 
     /// Whether the copy of `id` made at a later SCN holds a change of it
     /// committed at `commit_scn`.
     fn covered(&self, id: &TableId, commit_scn: u64) -> bool {
-        self.recopied.iter().any(|r| r.schema == id.schema && r.table == id.table && commit_scn <= r.scn)
+        self.recopied
+            .iter()
+            .any(|r| r.schema == id.schema && r.table == id.table && commit_scn <= r.scn)
     }
 
     fn set_def(&mut self, id: &TableId, def: Option<TableDef>) {
         self.tables.retain(|t| !(t.schema == id.schema && t.table == id.table));
         if let Some(def) = def {
-            self.tables.push(StoredTable { schema: id.schema.clone(), table: id.table.clone(), def });
+            self.tables.push(StoredTable {
+                schema: id.schema.clone(),
+                table: id.table.clone(),
+                def,
+            });
         }
     }
 }
@@ -150,7 +159,12 @@ pub fn columns_of(table: &TableId, def: &TableDef) -> Result<Vec<Column>> {
 /// primary key (all columns without one).
 fn build_schema(filter: &TableFilter, table: &TableId, def: &TableDef) -> Result<(Arc<TableSchema>, TableDef, bool)> {
     let kept = TableDef {
-        columns: def.columns.iter().filter(|c| !filter.excludes_column(table, &c.name)).cloned().collect(),
+        columns: def
+            .columns
+            .iter()
+            .filter(|c| !filter.excludes_column(table, &c.name))
+            .cloned()
+            .collect(),
         primary_key: def.primary_key.clone(),
     };
     let columns = columns_of(table, &kept)?;
@@ -162,8 +176,21 @@ fn build_schema(filter: &TableFilter, table: &TableId, def: &TableDef) -> Result
         }
     }
     let keyed = !kept.primary_key.is_empty();
-    let key = if keyed { kept.primary_key.clone() } else { columns.iter().map(|c| c.name.clone()).collect() };
-    Ok((Arc::new(TableSchema { id: table.clone(), columns, key, dropped: Vec::new() }), kept, keyed))
+    let key = if keyed {
+        kept.primary_key.clone()
+    } else {
+        columns.iter().map(|c| c.name.clone()).collect()
+    };
+    Ok((
+        Arc::new(TableSchema {
+            id: table.clone(),
+            columns,
+            key,
+            dropped: Vec::new(),
+        }),
+        kept,
+        keyed,
+    ))
 }
 
 /// A LOB being written by the rows after its `SEL_LOB_LOCATOR`.
@@ -217,7 +244,9 @@ pub struct OracleSource {
 
 impl std::fmt::Debug for OracleSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OracleSource").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("OracleSource")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -287,11 +316,16 @@ impl OracleSource {
             return Ok(SourceBatch { messages, checkpoint: Checkpoint::encode(state) });
         };
         let id = snap.tables[i].id();
-        let def = state.def(&id).cloned().ok_or_else(|| Error::permanent(format!("no definition of {id}")))?;
+        let def = state
+            .def(&id)
+            .cloned()
+            .ok_or_else(|| Error::permanent(format!("no definition of {id}")))?;
         let (schema, kept, keyed) = build_schema(&self.filter, &id, &def)?;
         self.announce(&schema, &mut messages);
         let scn = snap.tables[i].scn.unwrap_or(snap.scn);
-        let rows = client.snapshot_chunk(&id, &kept, scn, snap.tables[i].after.as_ref(), chunk_rows).await?;
+        let rows = client
+            .snapshot_chunk(&id, &kept, scn, snap.tables[i].after.as_ref(), chunk_rows)
+            .await?;
         let position = Position { commit: scn, index: 0 };
         let ts_ms = crate::now_ms();
         for r in &rows {
@@ -359,7 +393,10 @@ impl OracleSource {
                 self.dirty = false;
                 tokio::time::sleep(Duration::from_millis(self.config.poll_interval_ms)).await;
                 let state = self.state()?;
-                return Ok(SourceBatch { messages: Vec::new(), checkpoint: Checkpoint::encode(state) });
+                return Ok(SourceBatch {
+                    messages: Vec::new(),
+                    checkpoint: Checkpoint::encode(state),
+                });
             };
             let rows = client.mine(&plan.files, lo, hi, &self.owners).await?;
             let filter = &self.filter;
@@ -384,7 +421,9 @@ impl OracleSource {
         let mut state = self.state()?.clone();
         // Whole transactions, until the batch holds max_batch_events.
         while messages.len() < self.config.max_batch_events {
-            let Some((rank, txn)) = self.pending.pop_front() else { break };
+            let Some((rank, txn)) = self.pending.pop_front() else {
+                break;
+            };
             let pos = CommitPos::of(&txn);
             self.emit(&client, &mut state, txn, rank, &mut messages).await?;
             state.committed = pos;
@@ -418,7 +457,9 @@ impl OracleSource {
         id: &TableId,
         old: Option<&TableDef>,
     ) -> Result<bool> {
-        let Some(def) = client.table_def(id).await? else { return Ok(false) };
+        let Some(def) = client.table_def(id).await? else {
+            return Ok(false);
+        };
         let scn = client.current_scn().await?;
         // A DDL between the two reads would have the flashback read at
         // `scn` name columns the table did not have then (ORA-01466).
@@ -431,7 +472,11 @@ impl OracleSource {
         snap.tables.retain(|t| t.id() != *id);
         snap.tables.push(TablePlan { scn: Some(scn), ..TablePlan::new(id) });
         state.recopied.retain(|r| !(r.schema == id.schema && r.table == id.table));
-        state.recopied.push(Recopied { schema: id.schema.clone(), table: id.table.clone(), scn });
+        state.recopied.push(Recopied {
+            schema: id.schema.clone(),
+            table: id.table.clone(),
+            scn,
+        });
         self.progress.remove(id);
         self.announced.remove(id);
         tracing::info!(table = %id, scn, "copying the table again");
@@ -547,7 +592,11 @@ impl OracleSource {
                 }
             }
             let id = TableId::new(&e.owner, &e.table);
-            let ddl = if e.op == 5 { ddl::parse(&e.sql, &e.owner) } else { Ddl::Other };
+            let ddl = if e.op == 5 {
+                ddl::parse(&e.sql, &e.owner)
+            } else {
+                Ddl::Other
+            };
             if e.op == 5 {
                 // Events before the DDL keep their shape: flush them first.
                 out.extend(events.drain(..).map(|(_, ev)| SourceMessage::Change(ev)));
@@ -571,7 +620,9 @@ impl OracleSource {
                 }
                 1..=3 => {
                     if state.def(&id).is_none() {
-                        let renamed_here = self.ddl_ahead(&txn.events[k..]).any(|d| matches!(&d, Ddl::RenameTable { to, .. } if *to == id));
+                        let renamed_here = self
+                            .ddl_ahead(&txn.events[k..])
+                            .any(|d| matches!(&d, Ddl::RenameTable { to, .. } if *to == id));
                         if renamed_here {
                             // Written before a rename to this name, mined after
                             // it: in the copy the rename starts.
@@ -618,18 +669,36 @@ impl OracleSource {
                             Some(Value::Bytes(b)) => LobValue::Bytes(b),
                             Some(Value::Text(t)) => LobValue::Text(t.chars().collect()),
                             _ => {
-                                let bytes = state.def(&table).and_then(|d| d.columns.iter().find(|c| c.name == column)).is_some_and(|c| c.type_text == "BLOB");
-                                if bytes { LobValue::Bytes(Vec::new()) } else { LobValue::Text(Vec::new()) }
+                                let bytes = state
+                                    .def(&table)
+                                    .and_then(|d| d.columns.iter().find(|c| c.name == column))
+                                    .is_some_and(|c| c.type_text == "BLOB");
+                                if bytes {
+                                    LobValue::Bytes(Vec::new())
+                                } else {
+                                    LobValue::Text(Vec::new())
+                                }
                             }
                         };
-                        lob = Some(OpenLob { at: PieceTarget { row_id: e.row_id.clone(), table, column, key }, value });
+                        lob = Some(OpenLob {
+                            at: PieceTarget { row_id: e.row_id.clone(), table, column, key },
+                            value,
+                        });
                     }
                 }
                 68 => {
                     let begin = lob::parse_xml_begin(&e.sql).map_err(|err| err.with_table(id.clone()))?;
-                    let at =
-                        PieceTarget { row_id: e.row_id.clone(), table: begin.table, column: begin.column, key: begin.key };
-                    xml = Some(OpenXml { at, binary: begin.binary, document: Some(Vec::new()) });
+                    let at = PieceTarget {
+                        row_id: e.row_id.clone(),
+                        table: begin.table,
+                        column: begin.column,
+                        key: begin.key,
+                    };
+                    xml = Some(OpenXml {
+                        at,
+                        binary: begin.binary,
+                        document: Some(Vec::new()),
+                    });
                 }
                 70 => {
                     if let Some(x) = xml.as_mut() {
@@ -655,7 +724,11 @@ impl OracleSource {
         }
         let total = events.len() as i64;
         for (i, (_, mut ev)) in events.into_iter().enumerate() {
-            ev.transaction = Some(TransactionInfo { id: txn.xid.clone(), total_order: i as i64 + 1, data_collection_order: total });
+            ev.transaction = Some(TransactionInfo {
+                id: txn.xid.clone(),
+                total_order: i as i64 + 1,
+                data_collection_order: total,
+            });
             out.push(SourceMessage::Change(ev));
         }
         Ok(())
@@ -718,12 +791,15 @@ impl OracleSource {
         events: &mut Vec<(String, ChangeEvent)>,
     ) -> Result<()> {
         if let Some((_, ev)) = events.iter_mut().rev().find(|(r, ev)| *r == row_id && ev.schema.id == table) {
-            if let (Some(i), Some(after)) = (ev.schema.columns.iter().position(|c| c.name == column), ev.after.as_mut()) {
+            if let (Some(i), Some(after)) = (ev.schema.columns.iter().position(|c| c.name == column), ev.after.as_mut())
+            {
                 after[i] = v;
             }
             return Ok(());
         }
-        let Some(def) = state.def(&table).cloned() else { return Ok(()) };
+        let Some(def) = state.def(&table).cloned() else {
+            return Ok(());
+        };
         let (schema, _, _) = build_schema(&self.filter, &table, &def)?;
         let before = row_of(&schema, &key)?;
         let mut after = before.clone();
@@ -736,8 +812,20 @@ impl OracleSource {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn event(&self, schema: &Arc<TableSchema>, op: Op, before: Option<Row>, after: Option<Row>, txn: &Committed, rank: u64, index: usize) -> ChangeEvent {
-        let position = Position { commit: txn.commit_scn, index: rank << 32 | index as u64 };
+    fn event(
+        &self,
+        schema: &Arc<TableSchema>,
+        op: Op,
+        before: Option<Row>,
+        after: Option<Row>,
+        txn: &Committed,
+        rank: u64,
+        index: usize,
+    ) -> ChangeEvent {
+        let position = Position {
+            commit: txn.commit_scn,
+            index: rank << 32 | index as u64,
+        };
         ChangeEvent {
             schema: schema.clone(),
             op,
@@ -749,7 +837,14 @@ impl OracleSource {
         }
     }
 
-    fn change(&self, schema: &Arc<TableSchema>, redo: Redo, txn: &Committed, rank: u64, index: usize) -> Result<ChangeEvent> {
+    fn change(
+        &self,
+        schema: &Arc<TableSchema>,
+        redo: Redo,
+        txn: &Committed,
+        rank: u64,
+        index: usize,
+    ) -> Result<ChangeEvent> {
         let (op, before, after) = match redo {
             Redo::Insert { values, .. } => (Op::Create, None, Some(row_of(schema, &values)?)),
             Redo::Update { set, before, .. } => {
@@ -775,7 +870,8 @@ impl OracleSource {
 /// back drops it), as the MySQL source keeps them.
 fn carry_aliases(old: Option<&TableDef>, mut new: TableDef, renames: &[(String, String)]) -> TableDef {
     let Some(old) = old else { return new };
-    let mut tracked: Vec<(String, Vec<String>)> = old.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect();
+    let mut tracked: Vec<(String, Vec<String>)> =
+        old.columns.iter().map(|c| (c.name.clone(), c.aliases.clone())).collect();
     for (from, to) in renames {
         if tracked.iter().any(|(n, _)| n == to) {
             // Already under its new name (the rename was applied before).
@@ -809,7 +905,9 @@ fn names_unknown(def: &TableDef, redo: &Redo) -> bool {
 /// list nor in its where clause. LogMiner leaves LOB columns out of both
 /// (and every column without supplemental logging of all columns).
 fn missing_after(schema: &TableSchema, redo: &Redo) -> Vec<usize> {
-    let Redo::Update { set, before, .. } = redo else { return Vec::new() };
+    let Redo::Update { set, before, .. } = redo else {
+        return Vec::new();
+    };
     schema
         .columns
         .iter()
@@ -845,7 +943,12 @@ async fn fill_from_flashback(
         return Ok(());
     }
     let kept = TableDef {
-        columns: def.columns.iter().filter(|c| schema.columns.iter().any(|s| s.name == c.name)).cloned().collect(),
+        columns: def
+            .columns
+            .iter()
+            .filter(|c| schema.columns.iter().any(|s| s.name == c.name))
+            .cloned()
+            .collect(),
         primary_key: def.primary_key.clone(),
     };
     let at = client::RowAt { table: &schema.id, def: &kept, scn, key: &key };
@@ -887,7 +990,12 @@ impl Source for OracleSource {
         self.client = Some(client.clone());
         let info = client.database_info().await?;
         // Mining from the root, the data is the PDB's.
-        self.db = Arc::from(self.config.pdb_name.as_deref().map_or(info.con_name.clone(), str::to_ascii_uppercase));
+        self.db = Arc::from(
+            self.config
+                .pdb_name
+                .as_deref()
+                .map_or(info.con_name.clone(), str::to_ascii_uppercase),
+        );
         let resumed = checkpoint.as_ref().map(OracleState::from_checkpoint).transpose()?;
         let state = match resumed {
             Some(s) => {
@@ -912,12 +1020,19 @@ impl Source for OracleSource {
                         continue;
                     }
                     if let Some(def) = client.table_def(&id).await? {
-                        tables.push(StoredTable { schema: id.schema.clone(), table: id.table.clone(), def });
+                        tables.push(StoredTable {
+                            schema: id.schema.clone(),
+                            table: id.table.clone(),
+                            def,
+                        });
                     }
                 }
                 let snapshot = (self.config.snapshot_mode == SnapshotMode::Initial).then(|| SnapshotState {
                     scn,
-                    tables: tables.iter().map(|t| TablePlan::new(&TableId::new(&t.schema, &t.table))).collect(),
+                    tables: tables
+                        .iter()
+                        .map(|t| TablePlan::new(&TableId::new(&t.schema, &t.table)))
+                        .collect(),
                 });
                 tracing::info!(scn, tables = tables.len(), "starting at SCN");
                 OracleState {
@@ -945,7 +1060,11 @@ impl Source for OracleSource {
         // Schemas announced by a batch that then fails never reached the
         // runner: the next batch announces them again.
         let announced = self.announced.clone();
-        let result = if snapshot { self.snapshot_batch().await } else { self.stream_batch().await };
+        let result = if snapshot {
+            self.snapshot_batch().await
+        } else {
+            self.stream_batch().await
+        };
         if result.is_err() {
             self.announced = announced;
         }
@@ -974,7 +1093,9 @@ impl Source for OracleSource {
         let mut state = self.state()?.clone();
         let mut out = Vec::new();
         for id in tables {
-            let Some(old) = state.def(id).cloned().filter(|_| self.filter.captures(id)) else { continue };
+            let Some(old) = state.def(id).cloned().filter(|_| self.filter.captures(id)) else {
+                continue;
+            };
             if self.plan_copy(&client, &mut state, id, Some(&old)).await? {
                 out.push(id.clone());
             }
@@ -1053,7 +1174,11 @@ mod tests {
         }
 
         fn table(&self, t: &TableId) -> Vec<Row> {
-            self.rows.iter().filter(|((id, _), _)| id == t).map(|(_, r)| r.clone()).collect()
+            self.rows
+                .iter()
+                .filter(|((id, _), _)| id == t)
+                .map(|(_, r)| r.clone())
+                .collect()
         }
 
         /// What the runner's table-reset and table-copied records do
@@ -1070,13 +1195,19 @@ mod tests {
                 Value::Text(t) => Some(t.clone()),
                 _ => None,
             };
-            self.table(t).iter().map(|r| (text(&r[0]).unwrap_or_default(), text(&r[1]))).collect()
+            self.table(t)
+                .iter()
+                .map(|r| (text(&r[0]).unwrap_or_default(), text(&r[1])))
+                .collect()
         }
     }
 
     /// The fake's committed rows of `t` as [`Mirror::pairs`] gives them.
     fn db_pairs(db: &FakeOracle, t: &TableId) -> BTreeSet<(String, Option<String>)> {
-        db.rows(t).into_iter().map(|r| (r[0].clone().unwrap_or_default(), r[1].clone())).collect()
+        db.rows(t)
+            .into_iter()
+            .map(|r| (r[0].clone().unwrap_or_default(), r[1].clone()))
+            .collect()
     }
 
     /// Batches until the source has mined everything the fake wrote and
@@ -1100,7 +1231,10 @@ mod tests {
     /// lost, none twice.
     async fn replays_match(db: &FakeOracle, mirror: &Mirror, checkpoints: &[(Checkpoint, usize)]) {
         for (n, (cp, emitted)) in checkpoints.iter().enumerate() {
-            let mut replay = Mirror { schemas: mirror.schemas.clone(), ..Mirror::default() };
+            let mut replay = Mirror {
+                schemas: mirror.schemas.clone(),
+                ..Mirror::default()
+            };
             let mut resumed = source(db, 2);
             resumed.start(Some(cp.clone())).await.expect("resume");
             drain(&mut resumed, db, &mut replay).await;
@@ -1181,7 +1315,12 @@ mod tests {
         // in position order.
         let snapshot: Vec<&(TableId, Op, Position)> = mirror.seen.iter().filter(|(_, op, _)| *op == Op::Read).collect();
         assert_eq!(snapshot.len(), 5);
-        let streamed: Vec<Position> = mirror.seen.iter().filter(|(_, op, _)| *op != Op::Read).map(|(_, _, p)| *p).collect();
+        let streamed: Vec<Position> = mirror
+            .seen
+            .iter()
+            .filter(|(_, op, _)| *op != Op::Read)
+            .map(|(_, _, p)| *p)
+            .collect();
         assert!(streamed.windows(2).all(|w| w[0] < w[1]), "{streamed:?}");
         assert!(streamed[0] > snapshot[0].2);
     }
@@ -1255,7 +1394,14 @@ mod tests {
         assert_eq!(src.resync(&[TableId::new("APP", "NOPE")]).await.expect("resync"), Vec::<TableId>::new());
         assert_eq!(src.resync(&[orders()]).await.expect("resync"), vec![orders()]);
         let s = db.scn();
-        assert_eq!(src.state.as_ref().map(|st| st.recopied.clone()), Some(vec![Recopied { schema: "APP".into(), table: "ORDERS".into(), scn: s }]));
+        assert_eq!(
+            src.state.as_ref().map(|st| st.recopied.clone()),
+            Some(vec![Recopied {
+                schema: "APP".into(),
+                table: "ORDERS".into(),
+                scn: s
+            }])
+        );
         mirror.reset(&orders());
         let from = mirror.seen.len();
 
@@ -1273,13 +1419,24 @@ mod tests {
         let after = &mirror.seen[from..];
         let reads = after.iter().take_while(|(_, op, _)| *op == Op::Read).count();
         assert_eq!(reads, 5 - 1 + 4);
-        assert!(after[..reads].iter().all(|(t, _, p)| *t == orders() && *p == Position { commit: s, index: 0 }));
+        assert!(after[..reads]
+            .iter()
+            .all(|(t, _, p)| *t == orders() && *p == Position { commit: s, index: 0 }));
         assert!(after[reads..].iter().all(|(_, op, _)| *op != Op::Read));
-        let orders_after: Vec<Position> = after[reads..].iter().filter(|(t, _, _)| *t == orders()).map(|(_, _, p)| *p).collect();
+        let orders_after: Vec<Position> = after[reads..]
+            .iter()
+            .filter(|(t, _, _)| *t == orders())
+            .map(|(_, _, p)| *p)
+            .collect();
         assert_eq!(orders_after.len(), 2 + 3, "{orders_after:?}");
         assert!(orders_after.iter().all(|p| p.commit > s), "{orders_after:?}");
         // The other table lost and repeated nothing.
-        let others: Vec<Position> = mirror.seen.iter().filter(|(t, op, _)| *t == other && *op != Op::Read).map(|(_, _, p)| *p).collect();
+        let others: Vec<Position> = mirror
+            .seen
+            .iter()
+            .filter(|(t, op, _)| *t == other && *op != Op::Read)
+            .map(|(_, _, p)| *p)
+            .collect();
         assert_eq!(others.len(), 1 + 4 + 1 + 1);
         assert!(others.windows(2).all(|w| w[0] < w[1]), "{others:?}");
         assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
@@ -1290,7 +1447,10 @@ mod tests {
         // A restart from any checkpoint of the copy (half-way through it
         // too) or after it emits exactly what the first run did after it.
         let halfway = checkpoints.iter().filter(|(cp, _)| {
-            OracleState::from_checkpoint(cp).expect("state").snapshot.is_some_and(|sn| sn.tables.iter().any(|t| t.after.is_some() && !t.done))
+            OracleState::from_checkpoint(cp)
+                .expect("state")
+                .snapshot
+                .is_some_and(|sn| sn.tables.iter().any(|t| t.after.is_some() && !t.done))
         });
         assert!(halfway.count() >= 2);
         replays_match(&db, &mirror, &checkpoints).await;
@@ -1318,7 +1478,8 @@ mod tests {
         tx.commit();
         let checkpoints = drain(&mut src, &db, &mut mirror).await;
         let schema = mirror.schemas.get(&orders()).expect("schema").clone();
-        let names: Vec<(&str, &[String])> = schema.columns.iter().map(|c| (c.name.as_str(), c.aliases.as_slice())).collect();
+        let names: Vec<(&str, &[String])> =
+            schema.columns.iter().map(|c| (c.name.as_str(), c.aliases.as_slice())).collect();
         assert_eq!(names[1], ("TITLE", &["NAME".to_string()][..]));
         assert!(!names.iter().any(|(n, _)| *n == "NAME"));
         assert_eq!(mirror.pairs(&orders()), db_pairs(&db, &orders()));
@@ -1451,7 +1612,14 @@ mod tests {
         tx.insert(&t, &[Some("4"), Some("x"), Some(&long)]);
         tx.commit();
         drain(&mut again, &db, &mut replay).await;
-        assert_eq!(replay.table(&t).iter().find(|r| r[0] == Value::Decimal("4".into())).map(|r| r[2].clone()), Some(text(&long)));
+        assert_eq!(
+            replay
+                .table(&t)
+                .iter()
+                .find(|r| r[0] == Value::Decimal("4".into()))
+                .map(|r| r[2].clone()),
+            Some(text(&long))
+        );
     }
 
     #[tokio::test]

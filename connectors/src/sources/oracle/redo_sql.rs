@@ -163,7 +163,11 @@ pub(crate) fn tokenize(sql: &str) -> Result<Vec<Token>> {
                     }
                 }
                 let text = String::from_utf8(text).map_err(|_| malformed("text that is not UTF-8"))?;
-                out.push(if quote == b'"' { Token::Quoted(text) } else { Token::Str(text) });
+                out.push(if quote == b'"' {
+                    Token::Quoted(text)
+                } else {
+                    Token::Str(text)
+                });
             }
             b'(' => push(&mut out, &mut i, "(", 1),
             b')' => push(&mut out, &mut i, ")", 1),
@@ -359,7 +363,11 @@ impl Cursor {
                         // LogMiner writes timestamps without a mask, in the
                         // session's format (`TO_TIMESTAMP('2020-02-01
                         // 00:00:00.')`): empty means that.
-                        let mask = if self.eat_punct(",") { self.string()? } else { String::new() };
+                        let mask = if self.eat_punct(",") {
+                            self.string()?
+                        } else {
+                            String::new()
+                        };
                         self.punct(")")?;
                         Ok(match upper.as_str() {
                             "TO_DATE" => Literal::Date { text, mask },
@@ -457,13 +465,21 @@ pub fn parse(sql: &str) -> Result<Redo> {
         // An update of a table without supplemental logging of its columns
         // may lack a where clause beyond the ROWID; the caller then finds
         // the key missing.
-        let before = if c.eat_word("where") { c.conditions()? } else { Vec::new() };
+        let before = if c.eat_word("where") {
+            c.conditions()?
+        } else {
+            Vec::new()
+        };
         Redo::Update { table, set, before }
     } else if c.eat_word("delete") {
         c.word("from")?;
         let table = c.table()?;
         c.skip_alias();
-        let before = if c.eat_word("where") { c.conditions()? } else { Vec::new() };
+        let before = if c.eat_word("where") {
+            c.conditions()?
+        } else {
+            Vec::new()
+        };
         Redo::Delete { table, before }
     } else {
         return Err(malformed("not an insert, update or delete"));
@@ -583,7 +599,9 @@ mod tests {
             r#"delete from "OE"."ORDERS" where "ORDER_ID" = '2413' and "ORDER_MODE" = 'direct' and "CUSTOMER_ID" = '101' and "ORDER_STATUS" = '5' and "ORDER_TOTAL" = '48552' and "SALES_REP_ID" = '161' and "PROMOTION_ID" IS NULL and ROWID = 'AAAHTCAABAAAZAPAAN';"#,
         )
         .expect("delete");
-        let Redo::Delete { table, before } = r else { panic!("not a delete") };
+        let Redo::Delete { table, before } = r else {
+            panic!("not a delete")
+        };
         assert_eq!(table, t("OE", "ORDERS"));
         assert_eq!(before.len(), 7);
         assert_eq!(before[6], ("PROMOTION_ID".into(), Literal::Null));
@@ -595,13 +613,18 @@ mod tests {
             r#"insert into "APP"."T ""Q"""("ID","D","TS","TZ","R","N","NOTE","C","YM","DS","X") values (7,TO_DATE('2012-01-10 15:34:12', 'YYYY-MM-DD HH24:MI:SS'),TO_TIMESTAMP('2024-02-29 23:59:59.123456', 'YYYY-MM-DD HH24:MI:SS.FF6'),TO_TIMESTAMP_TZ('2024-02-29 23:59:59.5 +02:00', 'YYYY-MM-DD HH24:MI:SS.FF TZH:TZM'),HEXTORAW('00ff10'),UNISTR('caf\00e9 \d83d\de00'),'it''s',EMPTY_CLOB(),TO_YMINTERVAL('+02-03'),TO_DSINTERVAL('+01 02:03:04.500000'),NULL);"#,
         )
         .expect("parses");
-        let Redo::Insert { table, values } = r else { panic!("not an insert") };
+        let Redo::Insert { table, values } = r else {
+            panic!("not an insert")
+        };
         assert_eq!(table, t("APP", "T \"Q\""));
         let v: Vec<Literal> = values.into_iter().map(|(_, v)| v).collect();
         assert_eq!(v[0], Literal::Number("7".into()));
         assert_eq!(
             v[1],
-            Literal::Date { text: "2012-01-10 15:34:12".into(), mask: "YYYY-MM-DD HH24:MI:SS".into() }
+            Literal::Date {
+                text: "2012-01-10 15:34:12".into(),
+                mask: "YYYY-MM-DD HH24:MI:SS".into()
+            }
         );
         assert!(matches!(v[2], Literal::Timestamp { .. }));
         assert!(matches!(v[3], Literal::TimestampTz { .. }));
@@ -626,21 +649,38 @@ mod tests {
             r#"update "DEBEZIUM"."TEST" set "NAME" = 'Bob', "TS" = TO_TIMESTAMP('2020-02-02 00:00:00.'), "UT" = Unsupported Type, "C1" = NULL where "ID" = '1' and "UT" = Unsupported Type and "C1" = NULL and "IS" IS NULL;"#,
         )
         .expect("update");
-        let Redo::Update { set, before, .. } = r else { panic!("not an update") };
-        assert_eq!(set[1].1, Literal::Timestamp { text: "2020-02-02 00:00:00.".into(), mask: String::new() });
+        let Redo::Update { set, before, .. } = r else {
+            panic!("not an update")
+        };
+        assert_eq!(
+            set[1].1,
+            Literal::Timestamp {
+                text: "2020-02-02 00:00:00.".into(),
+                mask: String::new()
+            }
+        );
         assert_eq!(set[2].1, Literal::Unsupported);
         assert_eq!(set[3].1, Literal::Null);
-        assert_eq!(before.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(), vec![s("1"), Literal::Unsupported, Literal::Null, Literal::Null]);
+        assert_eq!(
+            before.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(),
+            vec![s("1"), Literal::Unsupported, Literal::Null, Literal::Null]
+        );
         let r = parse(r#"update "DEBEZIUM"."TEST" a set a."COL1" = '1', a."COL2" = NULL;"#).expect("alias, no where");
-        assert!(matches!(r, Redo::Update { ref set, ref before, .. } if set[0] == ("COL1".into(), s("1")) && before.is_empty()));
+        assert!(
+            matches!(r, Redo::Update { ref set, ref before, .. } if set[0] == ("COL1".into(), s("1")) && before.is_empty())
+        );
         let r = parse(r#"delete from "DEBEZIUM"."TEST" a where a."COL1" = '1' and a."COL2" = '2';"#).expect("alias");
         assert!(matches!(r, Redo::Delete { ref before, .. } if before[1] == ("COL2".into(), s("2"))));
         let r = parse(r#"insert into "UNKNOWN"."TABLE" ("COL1","COL2") values ('I||am',UNISTR('\0412\044B') || UNISTR('\043F\043E'));"#)
             .expect("insert");
-        let Redo::Insert { values, .. } = r else { panic!("not an insert") };
+        let Redo::Insert { values, .. } = r else {
+            panic!("not an insert")
+        };
         assert_eq!(values[0].1, s("I||am"));
         assert_eq!(values[1].1, s("\u{412}\u{44b}\u{43f}\u{43e}"));
-        assert!(matches!(parse(r#"delete from "DEBEZIUM"."TEST";"#).expect("no where"), Redo::Delete { ref before, .. } if before.is_empty()));
+        assert!(
+            matches!(parse(r#"delete from "DEBEZIUM"."TEST";"#).expect("no where"), Redo::Delete { ref before, .. } if before.is_empty())
+        );
     }
 
     #[test]
@@ -693,8 +733,10 @@ mod tests {
     /// Renders an insert the way LogMiner writes one.
     fn render_insert(table: &TableId, cols: &[(String, Option<String>)]) -> String {
         let names: Vec<String> = cols.iter().map(|(n, _)| quote_ident(n)).collect();
-        let values: Vec<String> =
-            cols.iter().map(|(_, v)| v.as_deref().map_or("NULL".to_string(), render_str)).collect();
+        let values: Vec<String> = cols
+            .iter()
+            .map(|(_, v)| v.as_deref().map_or("NULL".to_string(), render_str))
+            .collect();
         format!("insert into {}({}) values ({});", quote_table(table), names.join(","), values.join(","))
     }
 

@@ -38,7 +38,13 @@ pub struct TablePlan {
 impl TablePlan {
     /// A table not read yet.
     pub fn new(id: &TableId) -> Self {
-        Self { schema: id.schema.clone(), table: id.table.clone(), after: None, done: false, scn: None }
+        Self {
+            schema: id.schema.clone(),
+            table: id.table.clone(),
+            after: None,
+            done: false,
+            scn: None,
+        }
     }
 
     /// The table.
@@ -80,7 +86,13 @@ pub fn next_after(schema: &TableSchema, keyed: bool, rows: &[SnapshotRow]) -> Op
     let key = schema
         .key
         .iter()
-        .map(|k| schema.columns.iter().position(|c| &c.name == k).and_then(|i| texts.get(i).cloned().flatten()))
+        .map(|k| {
+            schema
+                .columns
+                .iter()
+                .position(|c| &c.name == k)
+                .and_then(|i| texts.get(i).cloned().flatten())
+        })
         .collect();
     Some(ChunkAfter::Key(key))
 }
@@ -96,8 +108,16 @@ mod tests {
         id.source_type = "NUMBER(9)".into();
         let mut name = Column::new("NAME", DataType::Text, true);
         name.source_type = "VARCHAR2(20)".into();
-        let schema = TableSchema { id: TableId::new("APP", "T"), columns: vec![id, name], key: vec!["ID".into()], dropped: vec![] };
-        let rows = vec![("AAA1".to_string(), vec![Some("1".to_string()), None]), ("AAA2".into(), vec![Some("2".into()), Some("b".into())])];
+        let schema = TableSchema {
+            id: TableId::new("APP", "T"),
+            columns: vec![id, name],
+            key: vec!["ID".into()],
+            dropped: vec![],
+        };
+        let rows = vec![
+            ("AAA1".to_string(), vec![Some("1".to_string()), None]),
+            ("AAA2".into(), vec![Some("2".into()), Some("b".into())]),
+        ];
         assert_eq!(decode_row(&schema, &rows[1]).unwrap(), vec![Value::Int32(2), Value::Text("b".into())]);
         assert_eq!(decode_row(&schema, &rows[0]).unwrap(), vec![Value::Int32(1), Value::Null]);
         assert_eq!(next_after(&schema, true, &rows), Some(ChunkAfter::Key(vec![Some("2".into())])));

@@ -35,12 +35,20 @@ pub struct CommitPos {
 impl CommitPos {
     /// Every commit at or below `scn` (a snapshot's SCN: its rows hold them).
     pub fn through(scn: u64) -> Self {
-        Self { scn, thread: u16::MAX, xid: String::from("\u{10FFFF}") }
+        Self {
+            scn,
+            thread: u16::MAX,
+            xid: String::from("\u{10FFFF}"),
+        }
     }
 
     /// A committed transaction's position.
     pub fn of(c: &Committed) -> Self {
-        Self { scn: c.commit_scn, thread: c.thread, xid: c.xid.clone() }
+        Self {
+            scn: c.commit_scn,
+            thread: c.thread,
+            xid: c.xid.clone(),
+        }
     }
 }
 
@@ -202,7 +210,9 @@ mod tests {
         assert!(feed(&mut buf, vec![row(1, 255, "x", 1, "Unsupported")], |_, t| t != "T").is_ok());
         assert_eq!(e.kind(), crate::error::ErrorKind::NeedsOperator);
         // XMLTYPE documents are buffered with their transaction.
-        assert!(feed(&mut buf, vec![row(2, 68, "y", 1, "XML DOC BEGIN:"), row(3, 70, "y", 1, "<a/>")], |_, _| true).is_ok());
+        assert!(
+            feed(&mut buf, vec![row(2, 68, "y", 1, "XML DOC BEGIN:"), row(3, 70, "y", 1, "<a/>")], |_, _| true).is_ok()
+        );
         assert_eq!(buf.oldest_start(), Some(2));
     }
 }

@@ -103,15 +103,25 @@ impl TxBuffer {
     /// spilling to `spill_dir` (the system's temporary directory when
     /// `None`).
     pub fn new(max_bytes: usize, spill_dir: Option<PathBuf>) -> Self {
-        Self { open: BTreeMap::new(), bytes: 0, max_bytes, spill_dir, spilled_total: 0 }
+        Self {
+            open: BTreeMap::new(),
+            bytes: 0,
+            max_bytes,
+            spill_dir,
+            spilled_total: 0,
+        }
     }
 
     /// A transaction's first row (`START`, or any row of a transaction
     /// not seen yet).
     pub fn begin(&mut self, xid: &str, scn: u64, thread: u16) {
-        self.open
-            .entry(xid.to_string())
-            .or_insert(Open { start_scn: scn, thread, spill: None, events: Vec::new(), bytes: 0 });
+        self.open.entry(xid.to_string()).or_insert(Open {
+            start_scn: scn,
+            thread,
+            spill: None,
+            events: Vec::new(),
+            bytes: 0,
+        });
     }
 
     /// Buffers a change; a `rollback` row cancels the latest buffered
@@ -173,7 +183,11 @@ impl TxBuffer {
             return Ok(None);
         };
         self.bytes -= tx.bytes;
-        let mut events = if tx.spill.is_some() { read_spill(&mut tx)? } else { Vec::new() };
+        let mut events = if tx.spill.is_some() {
+            read_spill(&mut tx)?
+        } else {
+            Vec::new()
+        };
         events.append(&mut tx.events);
         Ok(Some(Committed {
             xid: xid.to_string(),
@@ -353,7 +367,8 @@ mod tests {
             for r in &rows {
                 b.append("x", 1, r.clone(), false).unwrap();
             }
-            b.append("x", 1, TxEvent { op: 3, ..ev(11, "r1", "undo update r1") }, true).unwrap();
+            b.append("x", 1, TxEvent { op: 3, ..ev(11, "r1", "undo update r1") }, true)
+                .unwrap();
             b.append("x", 1, TxEvent { op: 2, ..ev(12, "r2", "delete r2") }, true).unwrap();
             let c = b.commit("x", 13, 0).unwrap().expect("buffered");
             assert_eq!(c.events, rows[..6].to_vec(), "budget {budget}");

@@ -34,7 +34,9 @@ pub fn map_type(
     precision: Option<u32>,
     scale: Option<u32>,
 ) -> Result<DataType> {
-    Ok(oracle::data_type(&SourceType::new(table, column, type_text).with_precision_scale(precision, scale))?)
+    Ok(oracle::data_type(
+        &SourceType::new(table, column, type_text).with_precision_scale(precision, scale),
+    )?)
 }
 
 /// The snapshot's select expression of a column: canonical text that
@@ -51,7 +53,9 @@ pub fn snapshot_expr(col: &Column) -> String {
         DataType::Timestamp if st == "DATE" => format!("TO_CHAR({q}, '{DATE_MASK}')"),
         DataType::Timestamp => format!("TO_CHAR({q}, '{TIMESTAMP_MASK}')"),
         // Local time zone: the session's zone is UTC.
-        DataType::TimestampTz => format!("TO_CHAR(SYS_EXTRACT_UTC(CAST({q} AS TIMESTAMP WITH TIME ZONE)), '{TIMESTAMP_MASK}')"),
+        DataType::TimestampTz => {
+            format!("TO_CHAR(SYS_EXTRACT_UTC(CAST({q} AS TIMESTAMP WITH TIME ZONE)), '{TIMESTAMP_MASK}')")
+        }
         // Fetched as bytes and written as hex by the client: RAWTOHEX in
         // SQL stops at 4000 characters (2000 bytes) and a BLOB is longer.
         DataType::Bytes => q,
@@ -93,7 +97,11 @@ pub fn decode(col: &Column, lit: &Literal, snapshot: bool) -> Result<Value> {
             .with_hint("leave the column out (oracle.exclude_columns) and start the runner again"))
         }
         Literal::Date { text, mask } | Literal::Timestamp { text, mask } | Literal::TimestampTz { text, mask } => {
-            let parsed = if mask.is_empty() { parse_session_timestamp(text) } else { parse_masked(text, mask) };
+            let parsed = if mask.is_empty() {
+                parse_session_timestamp(text)
+            } else {
+                parse_masked(text, mask)
+            };
             let (micros, offset) = parsed.ok_or_else(|| bad(col, "a date not in its mask"))?;
             return match col.data_type {
                 DataType::Timestamp => Ok(Value::Timestamp(micros)),
@@ -200,7 +208,11 @@ pub fn normalize_number(text: &str) -> Option<String> {
     let int = if int.is_empty() { "0" } else { int };
     let zero = int == "0" && frac.bytes().all(|b| b == b'0');
     let sign = if negative && !zero { "-" } else { "" };
-    Some(if frac.is_empty() { format!("{sign}{int}") } else { format!("{sign}{int}.{frac}") })
+    Some(if frac.is_empty() {
+        format!("{sign}{int}")
+    } else {
+        format!("{sign}{int}.{frac}")
+    })
 }
 
 /// `+02-03` (years-months) or `+01 02:03:04.5` (days to seconds).
@@ -241,7 +253,9 @@ fn fraction_micros(f: &str) -> Option<i64> {
     padded.parse().ok()
 }
 
-const MONTHS: [&str; 12] = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
+const MONTHS: [&str; 12] = [
+    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+];
 
 /// Parses `text` by an Oracle datetime format mask (the elements of the
 /// SQL Language Reference, "Datetime Format Elements", that the mining
@@ -250,7 +264,8 @@ const MONTHS: [&str; 12] = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AU
 /// `TZH`, `TZM`, separators). Returns wall-clock microseconds since the
 /// epoch and the zone offset in minutes when the mask has one.
 pub fn parse_masked(text: &str, mask: &str) -> Option<(i64, Option<i64>)> {
-    let (mut year, mut month, mut day, mut hour, mut minute, mut second, mut micros) = (1970i64, 1u32, 1u32, 0i64, 0i64, 0i64, 0i64);
+    let (mut year, mut month, mut day, mut hour, mut minute, mut second, mut micros) =
+        (1970i64, 1u32, 1u32, 0i64, 0i64, 0i64, 0i64);
     let mut pm: Option<bool> = None;
     let (mut tzh, mut tzm): (Option<i64>, i64) = (None, 0);
     let t = text.trim().as_bytes();
@@ -299,7 +314,11 @@ pub fn parse_masked(text: &str, mask: &str) -> Option<(i64, Option<i64>)> {
             second = digits(&mut i, 2)?;
             take(2, &mut j);
         } else if rest.starts_with("FF") {
-            let n = rest.as_bytes().get(2).filter(|b| b.is_ascii_digit()).map(|b| usize::from(b - b'0'));
+            let n = rest
+                .as_bytes()
+                .get(2)
+                .filter(|b| b.is_ascii_digit())
+                .map(|b| usize::from(b - b'0'));
             let start = i;
             while i < t.len() && t[i].is_ascii_digit() && i - start < 9 {
                 i += 1;
@@ -333,7 +352,8 @@ pub fn parse_masked(text: &str, mask: &str) -> Option<(i64, Option<i64>)> {
             j += 1;
         }
     }
-    if i != t.len() || !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 59 {
+    if i != t.len() || !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 59
+    {
         return None;
     }
     if let Some(pm) = pm {
@@ -411,16 +431,29 @@ mod tests {
         assert_eq!(off, None);
         assert_eq!(m, (days_from_civil(2012, 1, 13) * 86_400 + 15 * 3600 + 10 * 60 + 22) * 1_000_000);
         let d = col(DataType::Timestamp, "DATE");
-        let lit = Literal::Date { text: "2012-01-13 15:10:22".into(), mask: DATE_MASK.into() };
+        let lit = Literal::Date {
+            text: "2012-01-13 15:10:22".into(),
+            mask: DATE_MASK.into(),
+        };
         assert_eq!(decode(&d, &lit, false).unwrap(), Value::Timestamp(m));
         let tz = col(DataType::TimestampTz, "TIMESTAMP(6) WITH TIME ZONE");
-        let lit = Literal::TimestampTz { text: "2012-01-13 17:10:22.5 +02:00".into(), mask: "YYYY-MM-DD HH24:MI:SS.FF TZH:TZM".into() };
+        let lit = Literal::TimestampTz {
+            text: "2012-01-13 17:10:22.5 +02:00".into(),
+            mask: "YYYY-MM-DD HH24:MI:SS.FF TZH:TZM".into(),
+        };
         assert_eq!(decode(&tz, &lit, false).unwrap(), Value::TimestampTz(m + 500_000));
-        let lit = Literal::TimestampTz { text: "2012-01-13 12:40:22 -02:30".into(), mask: "YYYY-MM-DD HH24:MI:SS TZH:TZM".into() };
+        let lit = Literal::TimestampTz {
+            text: "2012-01-13 12:40:22 -02:30".into(),
+            mask: "YYYY-MM-DD HH24:MI:SS TZH:TZM".into(),
+        };
         assert_eq!(decode(&tz, &lit, false).unwrap(), Value::TimestampTz(m));
         assert_eq!(parse_masked("2012-13-01 00:00:00", DATE_MASK), None);
         assert_eq!(parse_masked("2012-01-01 00:00:00 junk", DATE_MASK), None);
-        assert_eq!(parse_masked("03-04-2012 01:02:03 PM", "DD-MM-YYYY HH:MI:SS AM").map(|x| x.0 % (86_400 * 1_000_000) / 3_600_000_000), Some(13));
+        assert_eq!(
+            parse_masked("03-04-2012 01:02:03 PM", "DD-MM-YYYY HH:MI:SS AM")
+                .map(|x| x.0 % (86_400 * 1_000_000) / 3_600_000_000),
+            Some(13)
+        );
         let ts = col(DataType::Timestamp, "TIMESTAMP(9)");
         assert_eq!(decode(&ts, &Literal::Str(render_timestamp(m + 7)), true).unwrap(), Value::Timestamp(m + 7));
         let iv = col(DataType::Interval, "INTERVAL YEAR(2) TO MONTH");
@@ -444,7 +477,10 @@ mod tests {
         assert_eq!(at("2020-02-01 00:00:00").unwrap(), Value::Timestamp(base));
         assert_eq!(at("2020-02-01 00:00:00.202590").unwrap(), Value::Timestamp(base + 202_590));
         let tz = col(DataType::TimestampTz, "TIMESTAMP(6) WITH TIME ZONE");
-        let lit = Literal::TimestampTz { text: "2020-02-01 01:00:00.5 +01:00".into(), mask: String::new() };
+        let lit = Literal::TimestampTz {
+            text: "2020-02-01 01:00:00.5 +01:00".into(),
+            mask: String::new(),
+        };
         assert_eq!(decode(&tz, &lit, false).unwrap(), Value::TimestampTz(base + 500_000));
         assert!(at("2020-02-01").is_err());
         let e = decode(&ts, &Literal::Unsupported, false).expect_err("unsupported");

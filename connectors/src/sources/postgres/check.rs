@@ -4,10 +4,10 @@
 
 use tributary_schemas::TableId;
 
-use super::config::PostgresSourceConfig;
 use super::client::{classify_pg, Catalog};
-use crate::pgwire::{quote_ident, quote_literal, quote_table};
+use super::config::PostgresSourceConfig;
 use crate::error::{Error, ErrorKind, Result};
+use crate::pgwire::{quote_ident, quote_literal, quote_table};
 
 pub use crate::problem::{Problem, Severity};
 
@@ -350,7 +350,11 @@ pub async fn ensure_publication(
 /// retry may cure an outage, anything else (privileges, a bad name) needs
 /// the operator, who gets the statement to run.
 fn publication_failed(err: &Error, sql: String) -> Error {
-    let kind = if err.kind() == ErrorKind::Retryable { ErrorKind::Retryable } else { ErrorKind::NeedsOperator };
+    let kind = if err.kind() == ErrorKind::Retryable {
+        ErrorKind::Retryable
+    } else {
+        ErrorKind::NeedsOperator
+    };
     Error::new(kind, err.to_string()).with_class(err.class()).with_hint(sql)
 }
 

@@ -10,10 +10,10 @@ use tributary_schemas::{Column, TableId, TableSchema};
 
 use super::config::{ConnectionParams, PostgresSourceConfig, TableFilter};
 use super::types::{decode_text, map_type, parse_array, ArrayItem, ColumnRef, PgType};
-pub(crate) use crate::pgwire::sqlstate::classify as classify_pg;
+use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::redact::redact_server_text;
 use crate::pgwire::sqlstate;
-use crate::error::{Error, ErrorKind, Result};
+pub(crate) use crate::pgwire::sqlstate::classify as classify_pg;
 
 /// Opens an ordinary connection (catalog, snapshot).
 pub async fn connect(params: &ConnectionParams) -> Result<tokio_postgres::Client> {
@@ -219,14 +219,16 @@ impl Catalog {
     /// The WAL the server keeps for `slot`: from the slot's `restart_lsn`
     /// to the current WAL position (on a standby, the last one received).
     pub async fn slot_retained_bytes(&self, slot: &str) -> Result<Option<u64>> {
-        let row = self.ask(
-            "reading the slot's retained WAL",
-            self.client.query_opt(
-                "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() \
+        let row = self
+            .ask(
+                "reading the slot's retained WAL",
+                self.client.query_opt(
+                    "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() \
                  ELSE pg_current_wal_lsn() END, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
-            ),
-        ).await?;
+                    &[&slot],
+                ),
+            )
+            .await?;
         Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|b| b.max(0) as u64))
     }
 
@@ -262,7 +264,8 @@ impl Catalog {
         what: &str,
         query: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     ) -> Result<T> {
-        self.bounded(what, async { query.await.map_err(|e| classify_pg(e, what)) }).await
+        self.bounded(what, async { query.await.map_err(|e| classify_pg(e, what)) })
+            .await
     }
 
     /// Records what a DDL message (or a Relation message, without
@@ -320,19 +323,21 @@ impl Catalog {
     /// `publish_via_partition_root` sends partitions' changes under the
     /// partitions' own relations; the source captures the root.
     pub async fn partition_root(&self, relid: u32) -> Result<Option<PartitionRoot>> {
-        let row = self.ask(
-            "reading the root of a partition",
-            self.client.query_opt(
-                "SELECT r.oid, n.nspname::text, r.relname::text, \
+        let row = self
+            .ask(
+                "reading the root of a partition",
+                self.client.query_opt(
+                    "SELECT r.oid, n.nspname::text, r.relname::text, \
                         ARRAY(SELECT a.attname::text FROM pg_attribute a \
                               WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) \
                  FROM pg_class c \
                  JOIN pg_class r ON r.oid = pg_partition_root(c.oid) \
                  JOIN pg_namespace n ON n.oid = r.relnamespace \
                  WHERE c.oid = $1 AND c.relispartition",
-                &[&relid],
-            ),
-        ).await?;
+                    &[&relid],
+                ),
+            )
+            .await?;
         Ok(row.map(|r| PartitionRoot {
             relid: r.get(0),
             id: TableId::new(r.get::<_, String>(1), r.get::<_, String>(2)),
@@ -342,28 +347,33 @@ impl Catalog {
 
     /// The leaf partitions of the partitioned table `root` now.
     pub async fn partition_leaves(&self, root: u32) -> Result<Vec<u32>> {
-        let rows = self.ask(
-            "reading the partitions of a table",
-            self.client.query("SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf", &[&root]),
-        ).await?;
+        let rows = self
+            .ask(
+                "reading the partitions of a table",
+                self.client
+                    .query("SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf", &[&root]),
+            )
+            .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Every ordinary or partitioned table outside the system schemas that
     /// `filter` selects, with its oid.
     pub async fn list_tables(&self, filter: &TableFilter) -> Result<Vec<(u32, TableId)>> {
-        let rows = self.ask(
-            "listing tables",
-            self.client.query(
-                "SELECT c.oid, n.nspname::text, c.relname::text FROM pg_class c \
+        let rows = self
+            .ask(
+                "listing tables",
+                self.client.query(
+                    "SELECT c.oid, n.nspname::text, c.relname::text FROM pg_class c \
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
                    AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
                    AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
                  ORDER BY 2, 3",
-                &[],
-            ),
-        ).await?;
+                    &[],
+                ),
+            )
+            .await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.get::<_, u32>(0), TableId::new(r.get::<_, String>(1), r.get::<_, String>(2))))
@@ -373,14 +383,17 @@ impl Catalog {
 
     /// The oid of `table`, if it exists.
     pub async fn relid(&self, table: &TableId) -> Result<Option<u32>> {
-        let row = self.ask(
-            "looking up a table",
-            self.client.query_opt(
-                "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+        let row = self
+            .ask(
+                "looking up a table",
+                self.client.query_opt(
+                    "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2",
-                &[&table.schema, &table.table],
-            ),
-        ).await.map_err(|e| e.with_table(table.clone()))?;
+                    &[&table.schema, &table.table],
+                ),
+            )
+            .await
+            .map_err(|e| e.with_table(table.clone()))?;
         Ok(row.map(|r| r.get(0)))
     }
 
@@ -388,15 +401,17 @@ impl Catalog {
         if let Some(t) = self.types.get(&(oid, typmod)) {
             return Ok(t.clone());
         }
-        let row = self.ask(
-            "describing a type",
-            self.client.query_one(
-                "SELECT t.typname::text, t.typtype::text, t.typelem, t.typbasetype, t.typcategory::text, \
+        let row = self
+            .ask(
+                "describing a type",
+                self.client.query_one(
+                    "SELECT t.typname::text, t.typtype::text, t.typelem, t.typbasetype, t.typcategory::text, \
                         format_type(t.oid, $2) \
                  FROM pg_type t WHERE t.oid = $1",
-                &[&oid, &typmod],
-            ),
-        ).await?;
+                    &[&oid, &typmod],
+                ),
+            )
+            .await?;
         let typname: String = row.get(0);
         let typtype: String = row.get(1);
         let elem: u32 = row.get(2);
@@ -427,13 +442,15 @@ impl Catalog {
             }
         };
         if t.typtype == 'e' && t.enum_labels.is_empty() {
-            let rows = self.ask(
-                "reading enum labels",
-                self.client.query(
-                    "SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder",
-                    &[&oid],
-                ),
-            ).await?;
+            let rows = self
+                .ask(
+                    "reading enum labels",
+                    self.client.query(
+                        "SELECT enumlabel::text FROM pg_enum WHERE enumtypid = $1 ORDER BY enumsortorder",
+                        &[&oid],
+                    ),
+                )
+                .await?;
             t.enum_labels = rows.iter().map(|r| r.get(0)).collect();
         }
         self.types.insert((oid, typmod), t.clone());
@@ -452,19 +469,22 @@ impl Catalog {
         relid: u32,
         columns: Option<&[(String, u32, i32)]>,
     ) -> Result<BuiltSchema> {
-        let rows = self.ask(
-            "reading columns",
-            self.client.query(
-                // `attmissingval`: the value that rows older than an
-                // `ADD COLUMN ... DEFAULT` have (PostgreSQL 11+ stores it
-                // instead of rewriting the table), as a one-element array.
-                "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull, \
+        let rows = self
+            .ask(
+                "reading columns",
+                self.client.query(
+                    // `attmissingval`: the value that rows older than an
+                    // `ADD COLUMN ... DEFAULT` have (PostgreSQL 11+ stores it
+                    // instead of rewriting the table), as a one-element array.
+                    "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull, \
                         CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attnum \
                  FROM pg_attribute a \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                &[&relid],
-            ),
-        ).await.map_err(|e| e.with_table(table.clone()))?;
+                    &[&relid],
+                ),
+            )
+            .await
+            .map_err(|e| e.with_table(table.clone()))?;
         let catalog_cols: Vec<(String, u32, i32, bool)> =
             rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
         let missing: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(4))).collect();
@@ -478,14 +498,16 @@ impl Catalog {
         if !self.renames.tables.contains_key(&relid) {
             // Renames are told apart from replays by WAL order: this read
             // sees every DDL committed before the current WAL position.
-            let lsn: i64 = self.ask(
-                "reading the WAL position",
-                self.client.query_one(
-                    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+            let lsn: i64 = self
+                .ask(
+                    "reading the WAL position",
+                    self.client.query_one(
+                        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                                   ELSE pg_current_wal_lsn() END - '0/0')::bigint",
-                    &[],
-                ),
-            ).await?
+                        &[],
+                    ),
+                )
+                .await?
                 .get(0);
             Arc::make_mut(&mut self.renames).tables.insert(
                 relid,
@@ -496,16 +518,19 @@ impl Catalog {
                 },
             );
         }
-        let pk_rows = self.ask(
-            "reading the primary key",
-            self.client.query(
-                "SELECT a.attname::text FROM pg_index i \
+        let pk_rows = self
+            .ask(
+                "reading the primary key",
+                self.client.query(
+                    "SELECT a.attname::text FROM pg_index i \
                  CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
                  WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord",
-                &[&relid],
-            ),
-        ).await.map_err(|e| e.with_table(table.clone()))?;
+                    &[&relid],
+                ),
+            )
+            .await
+            .map_err(|e| e.with_table(table.clone()))?;
         let pk: Vec<String> = pk_rows.iter().map(|r| r.get(0)).collect();
         let source: Vec<(String, u32, i32)> = match columns {
             Some(c) => c.to_vec(),
@@ -555,13 +580,22 @@ impl Catalog {
         }
         let keyed = key.is_some();
         let key = key.unwrap_or_else(|| cols.iter().map(|c| c.name.clone()).collect());
-        let partitioned: bool = self.ask(
-            "reading the table kind",
-            self.client.query_one("SELECT relkind = 'p' FROM pg_class WHERE oid = $1", &[&relid]),
-        ).await.map_err(|e| e.with_table(table.clone()))?
+        let partitioned: bool = self
+            .ask(
+                "reading the table kind",
+                self.client
+                    .query_one("SELECT relkind = 'p' FROM pg_class WHERE oid = $1", &[&relid]),
+            )
+            .await
+            .map_err(|e| e.with_table(table.clone()))?
             .get(0);
         Ok(BuiltSchema {
-            schema: Arc::new(TableSchema { id: table.clone(), columns: cols, key, dropped: Vec::new() }),
+            schema: Arc::new(TableSchema {
+                id: table.clone(),
+                columns: cols,
+                key,
+                dropped: Vec::new(),
+            }),
             keyed,
             partitioned,
             source_columns,
@@ -571,10 +605,7 @@ impl Catalog {
     /// Runs `sql` (simple protocol) and returns the first row's values as
     /// text, or `None` when there is no row.
     pub async fn query_texts(&self, sql: &str) -> Result<Option<Vec<Option<String>>>> {
-        let messages = self.ask(
-            "reading a row by key",
-            self.client.simple_query(sql),
-        ).await?;
+        let messages = self.ask("reading a row by key", self.client.simple_query(sql)).await?;
         for m in messages {
             if let tokio_postgres::SimpleQueryMessage::Row(row) = m {
                 return Ok(Some((0..row.len()).map(|i| row.get(i).map(str::to_string)).collect()));
@@ -585,14 +616,16 @@ impl Catalog {
 
     /// Whether the connected role is a superuser.
     pub async fn is_superuser(&self) -> Result<bool> {
-        let row = self.ask(
-            "reading the role",
-            self.client.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[]),
-        ).await?;
+        let row = self
+            .ask(
+                "reading the role",
+                self.client
+                    .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[]),
+            )
+            .await?;
         Ok(row.get(0))
     }
 }
-
 
 /// The value of `attmissingval`'s text (`{7}`, `{"x y"}`) for `column`, or
 /// `None` when it does not decode (the column then carries no default).
@@ -601,7 +634,12 @@ fn missing_value(column: &Column, table: &TableId, text: &str) -> Option<tributa
     let [ArrayItem::Text(item)] = items.as_slice() else {
         return None;
     };
-    let col = ColumnRef { table, column: &column.name, source_type: &column.source_type, nullable: column.nullable };
+    let col = ColumnRef {
+        table,
+        column: &column.name,
+        source_type: &column.source_type,
+        nullable: column.nullable,
+    };
     decode_text(&column.data_type, item, col).ok()
 }
 
@@ -644,7 +682,14 @@ mod tests {
     fn renames_chain_and_replays_are_ignored() {
         let t = TableId::new("s", "t");
         let mut r = Renames::default();
-        r.tables.insert(7, Tracked { name: t.clone(), columns: cols(&["id", "a"]).into_iter().collect(), as_of: (100, u64::MAX) });
+        r.tables.insert(
+            7,
+            Tracked {
+                name: t.clone(),
+                columns: cols(&["id", "a"]).into_iter().collect(),
+                as_of: (100, u64::MAX),
+            },
+        );
         // Committed before the catalog read: already in the catalog.
         assert!(!r.is_news(7, (90, 5), &t, Some(&cols(&["id", "x"]))));
         assert!(!r.is_news(8, (200, 5), &t, Some(&cols(&["id", "x"]))), "unknown table");

@@ -14,8 +14,8 @@ pub use tributary_operations::config::redact_url;
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::TableId;
 
-pub use crate::pgwire::tls::{validate_tls, TlsMode};
 use crate::error::{Error, Result};
+pub use crate::pgwire::tls::{validate_tls, TlsMode};
 pub use crate::selection::{TableFilter, TablePattern};
 
 /// Default replication slot name. One slot per runner: two runners on one

@@ -28,15 +28,15 @@ use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use tributary_schemas::{SnapshotMarker, TableId, TableSchema};
 
-pub use self::client::{classify_wire, BuiltSchema, Catalog, Renames};
 use self::client::classify_pg;
+pub use self::client::{classify_wire, BuiltSchema, Catalog, Renames};
 pub use self::config::PostgresSourceConfig;
 use self::config::{ConnectionParams, NewTables, SnapshotMode, TableFilter};
 use self::snapshot::{Chunk, ExportedSnapshot, SnapshotProgress, SnapshotRun, SnapshotState, SnapshotTable, TablePlan};
 use self::stream::{PartialTxn, StreamContext, Streamer};
-use crate::pgwire::tls::TlsMode;
-use crate::pgwire::quote_ident;
 use crate::error::{Error, Result};
+use crate::pgwire::quote_ident;
+use crate::pgwire::tls::TlsMode;
 use crate::{Checkpoint, Source, SourceBatch, SourceMessage};
 
 pub use self::config::PostgresSourceConfig as Config;
@@ -580,8 +580,7 @@ impl PostgresSource {
                     seg.done |= chunk.done;
                     // The chunk that ends a table waits below as the
                     // pending one: the table is done once it is given out.
-                    let complete: Vec<bool> =
-                        snap.tables.iter().map(|t| t.segments.iter().all(|s| s.done)).collect();
+                    let complete: Vec<bool> = snap.tables.iter().map(|t| t.segments.iter().all(|s| s.done)).collect();
                     if chunk.messages.is_empty() {
                         active.mark_done_if_given_out(&self.progress, &complete, chunk.table);
                         continue;
@@ -850,7 +849,10 @@ impl Source for PostgresSource {
             }
         }
         let renames = self.catalog.as_ref().map(Catalog::renames).unwrap_or_default();
-        self.emitted = self.state.clone().map(|state| Emitted { state, announced: self.announced.clone(), renames });
+        self.emitted = self
+            .state
+            .clone()
+            .map(|state| Emitted { state, announced: self.announced.clone(), renames });
         Ok(())
     }
 
@@ -1029,8 +1031,11 @@ impl PostgresSource {
                 tables.insert(id.to_string());
             }
         }
-        let plan: Vec<TablePlan> =
-            selected.iter().filter(|id| tables.contains(&id.to_string())).map(TablePlan::new).collect();
+        let plan: Vec<TablePlan> = selected
+            .iter()
+            .filter(|id| tables.contains(&id.to_string()))
+            .map(TablePlan::new)
+            .collect();
         self.state = Some(SourceState {
             version: CHECKPOINT_VERSION,
             slot: self.config.slot_name.clone(),

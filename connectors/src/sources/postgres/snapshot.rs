@@ -49,15 +49,15 @@ use tributary_schemas::{
     ChangeEvent, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, Value,
 };
 
+use super::client::{classify_pg, connect};
 use super::config::ConnectionParams;
 use super::types::{
     binary_columns, binary_key_ok, copy_fields, decode_binary, decode_text, key_literal_text, unescape_copy_field,
     BinaryType, ColumnRef, BINARY_COPY_SIGNATURE,
 };
-use crate::pgwire::{quote_ident, quote_literal, quote_table};
-use super::client::{classify_pg, connect};
 use super::{format_lsn, EventContext};
 use crate::error::{Error, Result};
+use crate::pgwire::{quote_ident, quote_literal, quote_table};
 use crate::SourceMessage;
 
 /// How often snapshot progress is logged.
@@ -814,7 +814,7 @@ fn decode_copy_row(line: &[u8], schema: &TableSchema) -> Result<Row> {
                         table: &schema.id,
                         column: &col.name,
                         source_type: &col.source_type,
-                nullable: col.nullable,
+                        nullable: col.nullable,
                     },
                 )?
             }

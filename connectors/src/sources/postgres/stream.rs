@@ -33,12 +33,12 @@ use tributary_schemas::{
     ChangeEvent, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
 };
 
-use super::config::{NewTables, PostgresSourceConfig, TableFilter};
 use super::client::{classify_wire, BuiltSchema, Catalog, PartitionRoot};
+use super::config::{NewTables, PostgresSourceConfig, TableFilter};
 use super::types::{decode_text, value_size, ColumnRef};
 use super::{format_lsn, EventContext};
-use crate::pgwire::{quote_ident, quote_literal, quote_table};
 use crate::error::{Error, Result};
+use crate::pgwire::{quote_ident, quote_literal, quote_table};
 use crate::SourceMessage;
 
 /// Prefix of the logical messages written by the DDL event trigger.
@@ -832,7 +832,7 @@ async fn rel_row(
                         table: &schema.id,
                         column: &col.name,
                         source_type: &col.source_type,
-                nullable: col.nullable,
+                        nullable: col.nullable,
                     },
                 )?
             }
@@ -863,7 +863,7 @@ async fn rel_row(
                                 table: &schema.id,
                                 column: &col.name,
                                 source_type: &col.source_type,
-                nullable: col.nullable,
+                                nullable: col.nullable,
                             },
                         )?
                     }
@@ -946,7 +946,7 @@ async fn fetch_unchanged(
                             table: &schema.id,
                             column: &col.name,
                             source_type: &col.source_type,
-                nullable: col.nullable,
+                            nullable: col.nullable,
                         },
                     )?,
                 };

@@ -12,8 +12,8 @@
 use tributary_schemas::mapping::{self, SourceType};
 use tributary_schemas::{DataType, TableId, Value};
 
-pub use crate::pgwire::{BinaryType, BINARY_COPY_SIGNATURE, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 use crate::error::{Error, Result};
+pub use crate::pgwire::{BinaryType, BINARY_COPY_SIGNATURE, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 
 /// What the catalog says about a column's type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -974,7 +974,12 @@ mod tests {
     }
 
     fn col<'a>(t: &'a TableId) -> ColumnRef<'a> {
-        ColumnRef { table: t, column: "c", source_type: "x", nullable: true }
+        ColumnRef {
+            table: t,
+            column: "c",
+            source_type: "x",
+            nullable: true,
+        }
     }
 
     fn pg(name: &str, typmod: i32) -> PgType {
@@ -1006,7 +1011,12 @@ mod tests {
     #[test]
     fn decodes_money_bits_and_hstore() {
         let t = TableId::new("s", "t");
-        let c = |st: &'static str| ColumnRef { table: &t, column: "c", source_type: st, nullable: true };
+        let c = |st: &'static str| ColumnRef {
+            table: &t,
+            column: "c",
+            source_type: st,
+            nullable: true,
+        };
         let money = DataType::Decimal { precision: 19, scale: 2 };
         assert_eq!(decode_text(&money, "-$1,234.50", c("money")).unwrap(), Value::Decimal("-1234.50".into()));
         assert_eq!(decode_text(&DataType::Boolean, "1", c("bit(1)")).unwrap(), Value::Boolean(true));
@@ -1108,10 +1118,7 @@ mod tests {
         assert_eq!(parse_timestamp("294276-12-31 23:59:59.999999+00", true), Some(i64::MAX));
         assert_eq!(parse_timestamp("294247-01-10 04:00:54.775807", false), Some(i64::MAX));
         assert_eq!(parse_timestamp("294247-01-10 04:00:54.775806", false), Some(i64::MAX - 1));
-        assert_eq!(
-            parse_timestamp("4713-01-01 00:00:00+00 BC", true),
-            Some(-2_440_550 * 86_400_000_000)
-        );
+        assert_eq!(parse_timestamp("4713-01-01 00:00:00+00 BC", true), Some(-2_440_550 * 86_400_000_000));
         let t = TableId::new("s", "t");
         let pg_max = 9_223_371_331_200_000_000i64 - 1; // END_TIMESTAMP - 1, since 2000
         assert_eq!(

@@ -14,12 +14,19 @@ pub async fn check(config: &SqlServerSourceConfig, connector: &dyn Connector) ->
     let facts = async {
         let mut client = connector.connect().await?;
         let facts = client.facts().await?;
-        let instances = if facts.cdc_enabled { client.capture_instances().await? } else { Vec::new() };
+        let instances = if facts.cdc_enabled {
+            client.capture_instances().await?
+        } else {
+            Vec::new()
+        };
         Ok::<_, crate::Error>((facts, instances))
     };
     match facts.await {
         Ok((facts, instances)) => problems(config, &facts, &instances),
-        Err(e) => vec![Problem::error(format!("cannot check the source: {e}"), e.hint().map(str::to_string))],
+        Err(e) => vec![Problem::error(
+            format!("cannot check the source: {e}"),
+            e.hint().map(str::to_string),
+        )],
     }
 }
 
@@ -91,7 +98,10 @@ pub fn problems(
         );
         let of: Vec<_> = instances.iter().filter(|i| i.table == t.table).collect();
         if facts.cdc_enabled && of.is_empty() {
-            out.push(Problem::error("CDC is not enabled on the table: its changes are not captured", Some(enable)).on(&t.table));
+            out.push(
+                Problem::error("CDC is not enabled on the table: its changes are not captured", Some(enable))
+                    .on(&t.table),
+            );
             continue;
         }
         if !t.select {

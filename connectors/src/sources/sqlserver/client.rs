@@ -152,8 +152,12 @@ pub trait CdcClient: Send {
     /// Up to `limit` rows of `instance.table` (its `columns`) in key order,
     /// after the key `after` (`None`: from the first), in the snapshot
     /// transaction.
-    async fn snapshot_rows(&mut self, instance: &CaptureInstance, after: Option<&[Value]>, limit: usize)
-        -> Result<Vec<Row>>;
+    async fn snapshot_rows(
+        &mut self,
+        instance: &CaptureInstance,
+        after: Option<&[Value]>,
+        limit: usize,
+    ) -> Result<Vec<Row>>;
     /// Ends the snapshot transaction.
     async fn end_snapshot(&mut self) -> Result<()>;
 }
@@ -300,7 +304,11 @@ impl TiberiusClient {
     /// Runs a batch of statements, discarding any rows (tests and tools:
     /// the env-gated suite sets its database up with it).
     pub async fn execute(&mut self, sql: &str) -> Result<()> {
-        let stream = self.client.simple_query(sql).await.map_err(|e| classify(e, "running a batch"))?;
+        let stream = self
+            .client
+            .simple_query(sql)
+            .await
+            .map_err(|e| classify(e, "running a batch"))?;
         stream.into_results().await.map_err(|e| classify(e, "running a batch"))?;
         Ok(())
     }
@@ -396,7 +404,9 @@ impl CdcClient for TiberiusClient {
                 "reading the database's CDC settings",
             )
             .await?;
-        let r = rows.first().ok_or_else(|| Error::retryable("sys.databases has no row for this database"))?;
+        let r = rows
+            .first()
+            .ok_or_else(|| Error::retryable("sys.databases has no row for this database"))?;
         let mut facts = DatabaseFacts {
             database: text(r, 0),
             user: text(r, 1),
@@ -418,14 +428,14 @@ impl CdcClient for TiberiusClient {
             .and_then(|r| r.first().and_then(|r| r.get::<i32, _>(0)))
             .map(|s| s == 1);
         let jobs = self
-            .rows(
-                "SELECT job_type FROM msdb.dbo.cdc_jobs WHERE database_id = DB_ID()",
-                "reading the CDC jobs",
-            )
+            .rows("SELECT job_type FROM msdb.dbo.cdc_jobs WHERE database_id = DB_ID()", "reading the CDC jobs")
             .await
             .ok();
         if let Some(jobs) = jobs {
-            let has = |t: &str| jobs.iter().any(|r| r.get::<&str, _>(0).is_some_and(|j| j.eq_ignore_ascii_case(t)));
+            let has = |t: &str| {
+                jobs.iter()
+                    .any(|r| r.get::<&str, _>(0).is_some_and(|j| j.eq_ignore_ascii_case(t)))
+            };
             facts.capture_job = Some(has("capture"));
             facts.cleanup_job = Some(has("cleanup"));
         }
@@ -512,7 +522,11 @@ impl CdcClient for TiberiusClient {
                 _ => base,
             };
             if let Some(ci) = out.iter_mut().find(|c| c.name == name) {
-                ci.columns.push(ColumnDef { name: text(r, 1), type_text, nullable: r.get::<i32, _>(6) == Some(1) });
+                ci.columns.push(ColumnDef {
+                    name: text(r, 1),
+                    type_text,
+                    nullable: r.get::<i32, _>(6) == Some(1),
+                });
             }
         }
         let keys = self
@@ -532,7 +546,9 @@ impl CdcClient for TiberiusClient {
     }
 
     async fn max_lsn(&mut self) -> Result<Lsn> {
-        let rows = self.rows("SELECT sys.fn_cdc_get_max_lsn()", "reading sys.fn_cdc_get_max_lsn()").await?;
+        let rows = self
+            .rows("SELECT sys.fn_cdc_get_max_lsn()", "reading sys.fn_cdc_get_max_lsn()")
+            .await?;
         lsn_of(rows.first().and_then(|r| r.cells().next().map(|(_, d)| d)), "the max LSN")
     }
 
@@ -573,7 +589,13 @@ impl CdcClient for TiberiusClient {
                 Some(tiberius::ColumnData::I64(Some(ms))) => *ms,
                 _ => 0,
             };
-            out.push(ChangeRow { start_lsn, seqval, operation, ts_ms, row: Self::decode_row(instance, rest)? });
+            out.push(ChangeRow {
+                start_lsn,
+                seqval,
+                operation,
+                ts_ms,
+                row: Self::decode_row(instance, rest)?,
+            });
         }
         Ok(out)
     }
@@ -614,7 +636,9 @@ impl CdcClient for TiberiusClient {
             order = key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", "),
         );
         let rows = self.rows(&sql, &format!("reading {} for the snapshot", instance.table)).await?;
-        rows.into_iter().map(|r| Self::decode_row(instance, r.into_iter().collect())).collect()
+        rows.into_iter()
+            .map(|r| Self::decode_row(instance, r.into_iter().collect()))
+            .collect()
     }
 
     async fn end_snapshot(&mut self) -> Result<()> {
@@ -637,7 +661,11 @@ mod tests {
     #[test]
     fn keyset_paging_after_a_composite_key() {
         let key = vec!["a".to_string(), "b".to_string(), "c".to_string()];
-        let cols = [ColumnDef::new("a", "int", false), ColumnDef::new("b", "nvarchar", false), ColumnDef::new("c", "varchar", false)];
+        let cols = [
+            ColumnDef::new("a", "int", false),
+            ColumnDef::new("b", "nvarchar", false),
+            ColumnDef::new("c", "varchar", false),
+        ];
         let after = [Value::Int32(3), Value::Text("o'k".into()), Value::Text("x".into())];
         let sql = keyset_after(&cols, &key, &after).expect("renders");
         assert_eq!(

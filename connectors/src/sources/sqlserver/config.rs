@@ -154,7 +154,9 @@ type UrlParts = (String, Option<String>, String, u16, String);
 /// error says which part is wrong (never the password).
 pub fn parse_url(url: &str) -> std::result::Result<UrlParts, &'static str> {
     let rest = url.strip_prefix("sqlserver://").ok_or("must be a sqlserver:// URL")?;
-    let (auth, rest) = rest.rsplit_once('@').ok_or("must name a user (sqlserver://user@host/database)")?;
+    let (auth, rest) = rest
+        .rsplit_once('@')
+        .ok_or("must name a user (sqlserver://user@host/database)")?;
     let (user, password) = match auth.split_once(':') {
         Some((u, p)) => (u, Some(p.to_string())),
         None => (auth, None),
@@ -162,7 +164,9 @@ pub fn parse_url(url: &str) -> std::result::Result<UrlParts, &'static str> {
     if user.is_empty() {
         return Err("must name a user (sqlserver://user@host/database)");
     }
-    let (hostport, database) = rest.split_once('/').ok_or("must name a database (sqlserver://user@host/database)")?;
+    let (hostport, database) = rest
+        .split_once('/')
+        .ok_or("must name a database (sqlserver://user@host/database)")?;
     if database.is_empty() || database.contains(['/', '?']) {
         return Err("must name one database after the host (no query parameters)");
     }
@@ -260,7 +264,11 @@ impl SqlServerSourceConfig {
 
     /// The table filter; without `include`, every table.
     pub fn filter(&self) -> TableFilter {
-        let include = if self.include.is_empty() { vec!["*.*".to_string()] } else { self.include.clone() };
+        let include = if self.include.is_empty() {
+            vec!["*.*".to_string()]
+        } else {
+            self.include.clone()
+        };
         TableFilter::from_patterns(&include, &self.exclude, &self.exclude_columns)
     }
 }
@@ -282,7 +290,8 @@ impl crate::SourceConfig for SqlServerSourceConfig {
     }
 
     fn build(&self, runner_name: &str) -> Result<Box<dyn crate::Source>> {
-        self.validate_as("sqlserver").map_err(|e| Error::needs_operator(e.to_string()))?;
+        self.validate_as("sqlserver")
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
         let connector = super::client::TiberiusConnector::new(self.connection()?);
         Ok(Box::new(super::SqlServerSource::new(self.clone(), std::sync::Arc::new(connector), runner_name)?))
     }

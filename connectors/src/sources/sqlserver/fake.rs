@@ -186,7 +186,11 @@ impl FakeServer {
 
     /// `CREATE TABLE`.
     pub fn create_table(&self, id: &TableId, columns: Vec<ColumnDef>, key: &[&str]) {
-        let t = Table { columns, key: key.iter().map(|k| k.to_string()).collect(), rows: BTreeMap::new() };
+        let t = Table {
+            columns,
+            key: key.iter().map(|k| k.to_string()).collect(),
+            rows: BTreeMap::new(),
+        };
         self.lock().tables.insert(id.clone(), t);
     }
 
@@ -194,7 +198,11 @@ impl FakeServer {
     /// the table's columns as they are now, from the next LSN.
     pub fn enable_table(&self, id: &TableId, name: &str) -> Result<()> {
         let mut s = self.lock();
-        let t = s.tables.get(id).ok_or_else(|| Error::permanent(format!("no table {id}")))?.clone();
+        let t = s
+            .tables
+            .get(id)
+            .ok_or_else(|| Error::permanent(format!("no table {id}")))?
+            .clone();
         if s.instances.iter().filter(|i| i.ci.table == *id).count() >= 2 {
             // Error 22962: a table has at most two capture instances.
             return Err(Error::permanent(format!("{id} already has two capture instances")));
@@ -250,7 +258,11 @@ impl FakeServer {
 
     /// The current rows of a table, in key order.
     pub fn rows(&self, id: &TableId) -> Vec<Row> {
-        self.lock().tables.get(id).map(|t| t.rows.values().cloned().collect()).unwrap_or_default()
+        self.lock()
+            .tables
+            .get(id)
+            .map(|t| t.rows.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The tables that have a capture instance.
@@ -278,7 +290,10 @@ impl FakeServer {
                     FakeOp::Update(id, old, new) => (id, Some(old), Some(new)),
                     FakeOp::Delete(id, old) => (id, Some(old), None),
                 };
-                let t = s.tables.get_mut(&id).ok_or_else(|| Error::permanent(format!("no table {id}")))?;
+                let t = s
+                    .tables
+                    .get_mut(&id)
+                    .ok_or_else(|| Error::permanent(format!("no table {id}")))?;
                 let old = match &before {
                     Some(b) => Some(
                         t.rows
@@ -318,10 +333,19 @@ impl FakeServer {
                     .columns
                     .iter()
                     .map(|c| {
-                        t.columns.iter().position(|tc| tc.name == c.name).map_or(Value::Null, |i| row[i].clone())
+                        t.columns
+                            .iter()
+                            .position(|tc| tc.name == c.name)
+                            .map_or(Value::Null, |i| row[i].clone())
                     })
                     .collect();
-                inst.changes.push(ChangeRow { start_lsn: commit, seqval: seq, operation: op, ts_ms, row: projected });
+                inst.changes.push(ChangeRow {
+                    start_lsn: commit,
+                    seqval: seq,
+                    operation: op,
+                    ts_ms,
+                    row: projected,
+                });
             }
         }
         Ok(commit)
@@ -373,7 +397,10 @@ impl CdcClient for FakeClient {
             // cdc.change_tables does not exist before sp_cdc_enable_db.
             return Err(Error::needs_operator("Invalid object name 'cdc.change_tables'").with_class("sqlserver.208"));
         }
-        Ok(s.instances.iter().map(|i| CaptureInstance { start_lsn: i.min_lsn, ..i.ci.clone() }).collect())
+        Ok(s.instances
+            .iter()
+            .map(|i| CaptureInstance { start_lsn: i.min_lsn, ..i.ci.clone() })
+            .collect())
     }
 
     async fn max_lsn(&mut self) -> Result<Lsn> {
@@ -381,7 +408,13 @@ impl CdcClient for FakeClient {
     }
 
     async fn min_lsn(&mut self, instance: &str) -> Result<Lsn> {
-        Ok(self.server.lock().instances.iter().find(|i| i.ci.name == instance).map_or(Lsn::ZERO, |i| i.min_lsn))
+        Ok(self
+            .server
+            .lock()
+            .instances
+            .iter()
+            .find(|i| i.ci.name == instance)
+            .map_or(Lsn::ZERO, |i| i.min_lsn))
     }
 
     async fn changes(&mut self, instance: &CaptureInstance, from: Lsn, to: Lsn) -> Result<Vec<ChangeRow>> {
@@ -408,7 +441,11 @@ impl CdcClient for FakeClient {
                     .columns
                     .iter()
                     .map(|want| {
-                        inst.ci.columns.iter().position(|c| c.name == want.name).map_or(Value::Null, |i| c.row[i].clone())
+                        inst.ci
+                            .columns
+                            .iter()
+                            .position(|c| c.name == want.name)
+                            .map_or(Value::Null, |i| c.row[i].clone())
                     })
                     .collect();
                 ChangeRow { row, ..c.clone() }
@@ -437,20 +474,32 @@ impl CdcClient for FakeClient {
         limit: usize,
     ) -> Result<Vec<Row>> {
         injected_failure(&mut self.server.lock().settings)?;
-        let tables = self.snapshot.as_ref().ok_or_else(|| Error::retryable("no snapshot transaction"))?;
+        let tables = self
+            .snapshot
+            .as_ref()
+            .ok_or_else(|| Error::retryable("no snapshot transaction"))?;
         let Some(t) = tables.get(&instance.table) else {
             return Ok(Vec::new());
         };
         let after: Option<Vec<SortKey>> = after.map(|a| a.iter().map(sort_key).collect());
         Ok(t.rows
             .iter()
-            .filter(|(k, _)| after.as_ref().is_none_or(|a| k.as_slice().cmp(a.as_slice()) == Ordering::Greater))
+            .filter(|(k, _)| {
+                after
+                    .as_ref()
+                    .is_none_or(|a| k.as_slice().cmp(a.as_slice()) == Ordering::Greater)
+            })
             .take(limit)
             .map(|(_, row)| {
                 instance
                     .columns
                     .iter()
-                    .map(|c| t.columns.iter().position(|tc| tc.name == c.name).map_or(Value::Null, |i| row[i].clone()))
+                    .map(|c| {
+                        t.columns
+                            .iter()
+                            .position(|tc| tc.name == c.name)
+                            .map_or(Value::Null, |i| row[i].clone())
+                    })
                     .collect()
             })
             .collect())

@@ -129,7 +129,9 @@ pub struct SqlServerSource {
 
 impl std::fmt::Debug for SqlServerSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlServerSource").field("connector", &self.connector).finish_non_exhaustive()
+        f.debug_struct("SqlServerSource")
+            .field("connector", &self.connector)
+            .finish_non_exhaustive()
     }
 }
 
@@ -184,7 +186,11 @@ impl SqlServerSource {
             col.source_type = c.type_text.clone();
             columns.push(col);
         }
-        let key = if ci.key.is_empty() { columns.iter().map(|c| c.name.clone()).collect() } else { ci.key.clone() };
+        let key = if ci.key.is_empty() {
+            columns.iter().map(|c| c.name.clone()).collect()
+        } else {
+            ci.key.clone()
+        };
         for k in &key {
             if !columns.iter().any(|c| &c.name == k) {
                 return Err(Error::needs_operator(format!("key column {k} is excluded by sqlserver.exclude_columns"))
@@ -192,7 +198,12 @@ impl SqlServerSource {
                     .with_column(k.clone()));
             }
         }
-        Ok(Arc::new(TableSchema { id: ci.table.clone(), columns, key, dropped: Vec::new() }))
+        Ok(Arc::new(TableSchema {
+            id: ci.table.clone(),
+            columns,
+            key,
+            dropped: Vec::new(),
+        }))
     }
 
     fn announce(&mut self, schema: &Arc<TableSchema>, out: &mut Vec<SourceMessage>) {
@@ -202,7 +213,14 @@ impl SqlServerSource {
         }
     }
 
-    fn info(&self, lsn: Lsn, position: tributary_schemas::Position, ts_ms: i64, native: String, snapshot: SnapshotMarker) -> SourceInfo {
+    fn info(
+        &self,
+        lsn: Lsn,
+        position: tributary_schemas::Position,
+        ts_ms: i64,
+        native: String,
+        snapshot: SnapshotMarker,
+    ) -> SourceInfo {
         SourceInfo {
             connector: Arc::from(CONNECTOR),
             name: self.name.clone(),
@@ -241,7 +259,12 @@ impl SqlServerSource {
         plan.copy_again(&table_key(table));
         self.progress.insert(
             table.clone(),
-            SnapshotTableProgress { table: table.clone(), rows: 0, estimated_rows: None, done: false },
+            SnapshotTableProgress {
+                table: table.clone(),
+                rows: 0,
+                estimated_rows: None,
+                done: false,
+            },
         );
         Ok(())
     }
@@ -257,7 +280,10 @@ impl SqlServerSource {
             let mut snap = self.connector.connect().await?;
             let at = snap.begin_snapshot().await?;
             let instances = self.client().await?.capture_instances().await?;
-            let state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
+            let state = self
+                .state
+                .clone()
+                .ok_or_else(|| Error::retryable("the source is not started"))?;
             let mut plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
             let mut messages = Vec::new();
             let mut new_state = state.clone();
@@ -278,7 +304,10 @@ impl SqlServerSource {
                 plan = SnapshotState {
                     initial: false,
                     mid_stream: false,
-                    tables: tables.iter().map(|t| TablePlan { table: table_key(t), last_key: None, done: false }).collect(),
+                    tables: tables
+                        .iter()
+                        .map(|t| TablePlan { table: table_key(t), last_key: None, done: false })
+                        .collect(),
                 };
                 new_state.lsn = at;
             } else if at > state.lsn {
@@ -289,7 +318,9 @@ impl SqlServerSource {
             // a capture-instance switch included), and streams from it.
             for key in plan.not_begun() {
                 if let Some(ci) = Self::choose(&instances, &parse_table(key), at) {
-                    new_state.instances.insert(key.to_string(), InstanceState { name: ci.name.clone(), since: ci.start_lsn });
+                    new_state
+                        .instances
+                        .insert(key.to_string(), InstanceState { name: ci.name.clone(), since: ci.start_lsn });
                 }
             }
             for (t, inst) in &new_state.instances {
@@ -323,7 +354,10 @@ impl SqlServerSource {
         let chunk = usize::try_from(self.config.snapshot_chunk_rows).unwrap_or(usize::MAX);
         let instances = self.client().await?.capture_instances().await?;
         let mut messages = std::mem::take(&mut self.prelude);
-        let mut state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let mut state = self
+            .state
+            .clone()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         let mut plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
         let (mut snap, at) = self.snap.take().ok_or_else(|| Error::retryable("no snapshot transaction"))?;
         // The rows are the state after every change of the transaction at
@@ -338,7 +372,10 @@ impl SqlServerSource {
                 break;
             }
             let id = parse_table(&p.table);
-            let Some(inst) = state.instances.get(&p.table).and_then(|s| instances.iter().find(|i| i.name == s.name))
+            let Some(inst) = state
+                .instances
+                .get(&p.table)
+                .and_then(|s| instances.iter().find(|i| i.name == s.name))
             else {
                 // Gone since: the stream reports it (dropped or disabled).
                 p.done = true;
@@ -350,7 +387,10 @@ impl SqlServerSource {
             let ci = self.captured(inst);
             let key_idx = schema.key_indexes();
             let after: Option<Vec<Value>> = p.last_key.as_ref().map(|k| {
-                k.iter().zip(&key_idx).map(|(kv, i)| kv.to_value(&schema.columns[*i].data_type)).collect()
+                k.iter()
+                    .zip(&key_idx)
+                    .map(|(kv, i)| kv.to_value(&schema.columns[*i].data_type))
+                    .collect()
             });
             let mut rows = snap.snapshot_rows(&ci, after.as_deref(), chunk.saturating_add(1)).await?;
             p.done = rows.len() <= chunk;
@@ -399,7 +439,10 @@ impl SqlServerSource {
     /// Reads the next window `(state.lsn, to]` into `pending`; returns
     /// whether there was one (else the caller waits).
     async fn read_window(&mut self) -> Result<bool> {
-        let state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let state = self
+            .state
+            .clone()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         let max = self.client().await?.max_lsn().await?;
         let to = self.catch_up.map_or(max, |c| c.min(max));
         // A table whose capture was enabled is copied in a transaction that
@@ -642,7 +685,10 @@ impl SqlServerSource {
                 self.state_mut()?.lsn = to;
             }
         }
-        let state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
+        let state = self
+            .state
+            .clone()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         Ok(SourceBatch { messages, checkpoint: Checkpoint::encode(&state) })
     }
 
@@ -679,7 +725,10 @@ impl SqlServerSource {
             }
             if started.elapsed() >= heartbeat || !self.prelude.is_empty() {
                 let messages = std::mem::take(&mut self.prelude);
-                let state = self.state.clone().ok_or_else(|| Error::retryable("the source is not started"))?;
+                let state = self
+                    .state
+                    .clone()
+                    .ok_or_else(|| Error::retryable("the source is not started"))?;
                 return Ok(SourceBatch { messages, checkpoint: Checkpoint::encode(&state) });
             }
             // CDC is polled: nothing to wait on but the clock (Debezium's
@@ -740,7 +789,11 @@ impl Source for SqlServerSource {
                     version: CHECKPOINT_VERSION,
                     lsn: Lsn::ZERO,
                     instances: BTreeMap::new(),
-                    snapshot: Some(SnapshotState { initial: true, mid_stream: false, tables: Vec::new() }),
+                    snapshot: Some(SnapshotState {
+                        initial: true,
+                        mid_stream: false,
+                        tables: Vec::new(),
+                    }),
                 },
                 SnapshotMode::Never => {
                     let client = self.client().await?;
@@ -758,9 +811,10 @@ impl Source for SqlServerSource {
                             continue;
                         }
                         if let Some(chosen) = Self::choose(&instances, &ci.table, lsn) {
-                            state
-                                .instances
-                                .insert(table_key(&ci.table), InstanceState { name: chosen.name.clone(), since: chosen.start_lsn });
+                            state.instances.insert(
+                                table_key(&ci.table),
+                                InstanceState { name: chosen.name.clone(), since: chosen.start_lsn },
+                            );
                             let schema = self.schema_of(chosen)?;
                             self.announce(&schema, &mut messages);
                         }

@@ -114,7 +114,11 @@ impl SnapshotState {
                 p.last_key = None;
                 p.done = false;
             }
-            None => self.tables.push(TablePlan { table: table.to_string(), last_key: None, done: false }),
+            None => self.tables.push(TablePlan {
+                table: table.to_string(),
+                last_key: None,
+                done: false,
+            }),
         }
     }
 
@@ -123,7 +127,10 @@ impl SnapshotState {
     /// anything the stream reads before it, so the stream leaves their
     /// changes to the copy.
     pub fn not_begun(&self) -> impl Iterator<Item = &str> {
-        self.tables.iter().filter(|p| p.last_key.is_none() && !p.done).map(|p| p.table.as_str())
+        self.tables
+            .iter()
+            .filter(|p| p.last_key.is_none() && !p.done)
+            .map(|p| p.table.as_str())
     }
 }
 

@@ -57,8 +57,10 @@ pub struct Txn {
 /// reverse) is a permanent error: the change table is not what SQL Server
 /// writes.
 pub fn merge(reads: Vec<(usize, Vec<ChangeRow>)>, tables: &[TableId]) -> Result<Vec<Txn>> {
-    let mut all: Vec<(usize, ChangeRow)> =
-        reads.into_iter().flat_map(|(i, rows)| rows.into_iter().map(move |r| (i, r))).collect();
+    let mut all: Vec<(usize, ChangeRow)> = reads
+        .into_iter()
+        .flat_map(|(i, rows)| rows.into_iter().map(move |r| (i, r)))
+        .collect();
     // Stable: equal keys keep their read order (they cannot be equal across
     // tables: one seqval is one log record of one table).
     all.sort_by_key(|(_, r)| r.order_key());
@@ -67,12 +69,23 @@ pub fn merge(reads: Vec<(usize, Vec<ChangeRow>)>, tables: &[TableId]) -> Result<
     while let Some((read, row)) = it.next() {
         let table = || tables.get(read).cloned().unwrap_or_else(|| TableId::new("", ""));
         let change = match row.operation {
-            operation::INSERT => Change { read, seqval: row.seqval, op: Op::Create, before: None, after: Some(row.row) },
-            operation::DELETE => Change { read, seqval: row.seqval, op: Op::Delete, before: Some(row.row), after: None },
+            operation::INSERT => Change {
+                read,
+                seqval: row.seqval,
+                op: Op::Create,
+                before: None,
+                after: Some(row.row),
+            },
+            operation::DELETE => Change {
+                read,
+                seqval: row.seqval,
+                op: Op::Delete,
+                before: Some(row.row),
+                after: None,
+            },
             operation::UPDATE_BEFORE => {
-                let pair = it.next_if(|(r, n)| {
-                    *r == read && n.operation == operation::UPDATE_AFTER && n.seqval == row.seqval
-                });
+                let pair =
+                    it.next_if(|(r, n)| *r == read && n.operation == operation::UPDATE_AFTER && n.seqval == row.seqval);
                 let Some((_, after)) = pair else {
                     return Err(Error::permanent(format!(
                         "an update's before image at {} has no after image (__$operation 4)",
@@ -80,7 +93,13 @@ pub fn merge(reads: Vec<(usize, Vec<ChangeRow>)>, tables: &[TableId]) -> Result<
                     ))
                     .with_table(table()));
                 };
-                Change { read, seqval: row.seqval, op: Op::Update, before: Some(row.row), after: Some(after.row) }
+                Change {
+                    read,
+                    seqval: row.seqval,
+                    op: Op::Update,
+                    before: Some(row.row),
+                    after: Some(after.row),
+                }
             }
             operation::UPDATE_AFTER => {
                 return Err(Error::permanent(format!(
@@ -91,12 +110,18 @@ pub fn merge(reads: Vec<(usize, Vec<ChangeRow>)>, tables: &[TableId]) -> Result<
                 .with_table(table()))
             }
             other => {
-                return Err(Error::permanent(format!("unknown __$operation {other} at {}", row.seqval)).with_table(table()))
+                return Err(
+                    Error::permanent(format!("unknown __$operation {other} at {}", row.seqval)).with_table(table())
+                )
             }
         };
         match out.last_mut() {
             Some(t) if t.lsn == row.start_lsn => t.changes.push(change),
-            _ => out.push(Txn { lsn: row.start_lsn, ts_ms: row.ts_ms, changes: vec![change] }),
+            _ => out.push(Txn {
+                lsn: row.start_lsn,
+                ts_ms: row.ts_ms,
+                changes: vec![change],
+            }),
         }
     }
     Ok(out)
@@ -160,8 +185,10 @@ mod tests {
         // A key update in b: delete and insert share the seqval; read out of order.
         let b = vec![row(5, 2, 2, 9), row(6, 1, 2, 20), row(6, 1, 1, 10)];
         let txns = merge(vec![(0, a), (1, b)], &t).expect("merges");
-        let shape: Vec<(u16, Vec<(usize, Op)>)> =
-            txns.iter().map(|t| (t.lsn.slot(), t.changes.iter().map(|c| (c.read, c.op)).collect())).collect();
+        let shape: Vec<(u16, Vec<(usize, Op)>)> = txns
+            .iter()
+            .map(|t| (t.lsn.slot(), t.changes.iter().map(|c| (c.read, c.op)).collect()))
+            .collect();
         assert_eq!(
             shape,
             vec![

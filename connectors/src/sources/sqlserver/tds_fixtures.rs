@@ -143,7 +143,9 @@ fn every_type() -> Vec<Fixture> {
     let blob: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
     let xml = "<a b=\"1\">é</a>";
     let nvarchar_ci = [0x09, 0x04, 0xD0, 0x00, 0x34];
-    let mut text = (u16::try_from(utf16("héllo, 世界").len()).expect("short")).to_le_bytes().to_vec();
+    let mut text = (u16::try_from(utf16("héllo, 世界").len()).expect("short"))
+        .to_le_bytes()
+        .to_vec();
     text.extend(utf16("héllo, 世界"));
     vec![
         Fixture {

@@ -24,7 +24,11 @@ fn row(id: i32, qty: i32) -> Vec<Value> {
 fn server() -> FakeServer {
     let db = FakeServer::new(Lsn::new(7, u32::MAX - 20, 0));
     for name in ["a", "b"] {
-        db.create_table(&t(name), vec![ColumnDef::new("id", "int", false), ColumnDef::new("qty", "int", true)], &["id"]);
+        db.create_table(
+            &t(name),
+            vec![ColumnDef::new("id", "int", false), ColumnDef::new("qty", "int", true)],
+            &["id"],
+        );
         db.enable_table(&t(name), &format!("dbo_{name}")).expect("enable");
     }
     db
@@ -76,7 +80,9 @@ impl Mirror {
 
     /// Whether the runner drops `ev` while its table is held.
     fn holds(&mut self, ev: &ChangeEvent) -> bool {
-        let Some(hold) = self.held.get_mut(&ev.schema.id) else { return false };
+        let Some(hold) = self.held.get_mut(&ev.schema.id) else {
+            return false;
+        };
         let (held, ends) = hold.admit(ev);
         if ends {
             self.held.remove(&ev.schema.id);
@@ -134,7 +140,10 @@ fn caught_up(db: &FakeServer, checkpoint: &Checkpoint) -> bool {
     let state = SourceState::from_checkpoint(checkpoint).expect("state");
     state.snapshot.is_none()
         && state.lsn >= db.max_lsn()
-        && db.captured_tables().iter().all(|t| state.instances.contains_key(&t.to_string()))
+        && db
+            .captured_tables()
+            .iter()
+            .all(|t| state.instances.contains_key(&t.to_string()))
 }
 
 /// A source over `db` started from scratch and caught up, reading
@@ -193,11 +202,17 @@ async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() 
     db.commit(vec![FakeOp::Insert(t("a"), row(1, 1))]).expect("insert");
     // ALTER TABLE: the old instance still captures two columns.
     db.add_column(&t("a"), ColumnDef::new("note", "nvarchar(10)", true), Value::Null);
-    db.commit(vec![FakeOp::Insert(t("a"), vec![Value::Int32(3), Value::Int32(3), Value::Text("lost".into())])])
-        .expect("insert");
+    db.commit(vec![FakeOp::Insert(
+        t("a"),
+        vec![Value::Int32(3), Value::Int32(3), Value::Text("lost".into())],
+    )])
+    .expect("insert");
     db.enable_table(&t("a"), "dbo_a_v2").expect("second instance");
-    db.commit(vec![FakeOp::Insert(t("a"), vec![Value::Int32(2), Value::Int32(2), Value::Text("n".into())])])
-        .expect("insert");
+    db.commit(vec![FakeOp::Insert(
+        t("a"),
+        vec![Value::Int32(2), Value::Int32(2), Value::Text("n".into())],
+    )])
+    .expect("insert");
     let mut out = Vec::new();
     let mut checkpoint = None;
     while checkpoint.as_ref().is_none_or(|c| !caught_up(&db, c)) {
@@ -226,7 +241,11 @@ async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() 
     assert_eq!(state.instances.get("dbo.a").map(|i| i.name.as_str()), Some("dbo_a_v2"));
     // The operator disables the old instance: the stream goes on.
     db.disable_instance("dbo_a");
-    db.commit(vec![FakeOp::Delete(t("a"), vec![Value::Int32(1), Value::Int32(1), Value::Null])]).expect("delete");
+    db.commit(vec![FakeOp::Delete(
+        t("a"),
+        vec![Value::Int32(1), Value::Int32(1), Value::Null],
+    )])
+    .expect("delete");
     let mut m = Mirror::default();
     drain(&db, &mut s, &mut m).await;
     assert_eq!(m.seen.last().map(|e| e.3), Some(Op::Delete));
@@ -237,7 +256,9 @@ async fn commits_to_uncaptured_tables_move_the_checkpoint() {
     let db = server();
     db.create_table(&t("plain"), vec![ColumnDef::new("id", "int", false)], &["id"]);
     let (mut s, _, _) = caught_up_source(&db, 10).await;
-    let at = db.commit(vec![FakeOp::Insert(t("plain"), vec![Value::Int32(1)])]).expect("insert");
+    let at = db
+        .commit(vec![FakeOp::Insert(t("plain"), vec![Value::Int32(1)])])
+        .expect("insert");
     let b = tokio::time::timeout(std::time::Duration::from_secs(10), s.next_batch())
         .await
         .expect("a batch, not a busy loop")
@@ -335,7 +356,9 @@ async fn check_names_every_problem_with_its_fix() {
     assert_eq!(fix("@capture_instance = N'dbo_a_v2'").severity, Severity::Warning);
     db.settings(|s| s.facts.cdc_enabled = false);
     let problems = check::check(&config, &db).await;
-    assert!(problems.iter().any(|p| p.fix.as_deref().is_some_and(|f| f.contains("EXEC sys.sp_cdc_enable_db"))));
+    assert!(problems
+        .iter()
+        .any(|p| p.fix.as_deref().is_some_and(|f| f.contains("EXEC sys.sp_cdc_enable_db"))));
 }
 
 #[tokio::test]
@@ -356,7 +379,9 @@ fn events_of(b: &SourceBatch, table: &TableId) -> Vec<(Op, i32, SnapshotMarker, 
         .iter()
         .filter_map(|m| match m {
             SourceMessage::Change(ev) if ev.schema.id == *table => {
-                let Value::Int32(id) = ev.key_row().expect("key")[0] else { panic!("id") };
+                let Value::Int32(id) = ev.key_row().expect("key")[0] else {
+                    panic!("id")
+                };
                 Some((ev.op, id, ev.source.snapshot, ev.source.position))
             }
             _ => None,
@@ -377,7 +402,11 @@ async fn a_resync_copies_the_table_at_an_lsn_the_stream_hands_off_at() {
         "the runner must not take the old snapshot's end for the new copy's"
     );
     // Before the copy's transaction begins: its rows show these.
-    db.commit(vec![FakeOp::Update(t("a"), row(1, 0), row(1, 1)), FakeOp::Insert(t("b"), row(1, 1))]).expect("txn");
+    db.commit(vec![
+        FakeOp::Update(t("a"), row(1, 0), row(1, 1)),
+        FakeOp::Insert(t("b"), row(1, 1)),
+    ])
+    .expect("txn");
     db.commit(vec![FakeOp::Delete(t("a"), row(2, 0))]).expect("delete");
     let mut copied = Vec::new();
     let mut handoff = None;
@@ -427,7 +456,11 @@ async fn a_resync_resumes_after_a_restart_from_its_last_key() {
     m.sweep(&s.snapshot_progress());
     // The source stops; meanwhile a copied and a not yet copied row change.
     drop(s);
-    db.commit(vec![FakeOp::Update(t("a"), row(1, 0), row(1, 7)), FakeOp::Delete(t("a"), row(4, 0))]).expect("txn");
+    db.commit(vec![
+        FakeOp::Update(t("a"), row(1, 0), row(1, 7)),
+        FakeOp::Delete(t("a"), row(4, 0)),
+    ])
+    .expect("txn");
     let mut s = source(&db, 2, 100);
     s.start(Some(first.checkpoint)).await.expect("start");
     let before = m.seen.len();
@@ -435,7 +468,16 @@ async fn a_resync_resumes_after_a_restart_from_its_last_key() {
     let rest: Vec<(i32, Op)> = m.seen[before..].iter().map(|e| (e.1, e.3)).collect();
     // The changes up to the new transaction stream (the copy has begun:
     // row 1 is copied), then the rest of the copy, from key 3 on.
-    assert_eq!(rest, vec![(1, Op::Update), (4, Op::Delete), (3, Op::Read), (5, Op::Read), (6, Op::Read)]);
+    assert_eq!(
+        rest,
+        vec![
+            (1, Op::Update),
+            (4, Op::Delete),
+            (3, Op::Read),
+            (5, Op::Read),
+            (6, Op::Read)
+        ]
+    );
     assert_eq!(m.live(&t("a")), db.rows(&t("a")));
 }
 
@@ -445,10 +487,15 @@ async fn a_table_whose_capture_is_enabled_while_streaming_is_copied_then_streams
     let (mut s, mut m, _) = caught_up_source(&db, 10).await;
     // Rows from before CDC was enabled on the table: in no change table.
     db.create_table(&t("c"), vec![ColumnDef::new("id", "int", false), ColumnDef::new("qty", "int", true)], &["id"]);
-    db.commit(vec![FakeOp::Insert(t("c"), row(1, 1)), FakeOp::Insert(t("c"), row(2, 2))]).expect("insert");
+    db.commit(vec![FakeOp::Insert(t("c"), row(1, 1)), FakeOp::Insert(t("c"), row(2, 2))])
+        .expect("insert");
     db.enable_table(&t("c"), "dbo_c").expect("enable");
     // Captured, and before the copy's transaction: in the copy, not streamed.
-    db.commit(vec![FakeOp::Update(t("c"), row(2, 2), row(2, 3)), FakeOp::Insert(t("a"), row(1, 1))]).expect("txn");
+    db.commit(vec![
+        FakeOp::Update(t("c"), row(2, 2), row(2, 3)),
+        FakeOp::Insert(t("a"), row(1, 1)),
+    ])
+    .expect("txn");
     let mut out = Vec::new();
     let mut checkpoint = None;
     let mut once = true;

@@ -37,7 +37,11 @@ pub struct ColumnDef {
 impl ColumnDef {
     /// A column definition.
     pub fn new(name: &str, type_text: &str, nullable: bool) -> Self {
-        Self { name: name.into(), type_text: type_text.into(), nullable }
+        Self {
+            name: name.into(),
+            type_text: type_text.into(),
+            nullable,
+        }
     }
 
     /// The base type name, lower case (`datetime2(7)` -> `datetime2`).
@@ -118,12 +122,9 @@ pub fn datetime_micros(days: i32, ticks: u32) -> i64 {
 }
 
 fn mismatch(table: &TableId, column: &ColumnDef, got: &str) -> Error {
-    Error::permanent(format!(
-        "column {} of type {} came as a {got} value",
-        column.name, column.type_text
-    ))
-    .with_table(table.clone())
-    .with_column(column.name.clone())
+    Error::permanent(format!("column {} of type {} came as a {got} value", column.name, column.type_text))
+        .with_table(table.clone())
+        .with_column(column.name.clone())
 }
 
 /// The model's value of a column of type `dt` as tiberius decoded it. A
@@ -245,8 +246,8 @@ fn int(v: i64, dt: &DataType) -> Option<Value> {
 mod tests {
     use super::*;
     use std::borrow::Cow;
-    use tiberius::time::{Date, DateTime, DateTime2, DateTimeOffset, SmallDateTime, Time};
     use tiberius::numeric::Numeric;
+    use tiberius::time::{Date, DateTime, DateTime2, DateTimeOffset, SmallDateTime, Time};
     use tiberius::ColumnData as C;
 
     fn t() -> TableId {
@@ -331,7 +332,10 @@ mod tests {
             Value::Timestamp(-DAYS_1900_TO_1970 * MICROS_PER_DAY + 3333)
         );
         // 1970-01-01 00:00:01.000 = 300 ticks.
-        assert_eq!(dec("datetime", C::DateTime(Some(DateTime::new(25_567, 300)))).unwrap(), Value::Timestamp(1_000_000));
+        assert_eq!(
+            dec("datetime", C::DateTime(Some(DateTime::new(25_567, 300)))).unwrap(),
+            Value::Timestamp(1_000_000)
+        );
         // smalldatetime: days since 1900 and minutes.
         assert_eq!(
             dec("smalldatetime", C::SmallDateTime(Some(SmallDateTime::new(25_567, 61)))).unwrap(),
@@ -339,10 +343,7 @@ mod tests {
         );
         // datetime2(3): 1970-01-02 00:00:00.500.
         let d2 = DateTime2::new(Date::new(719_163), Time::new(500, 3));
-        assert_eq!(
-            dec("datetime2(3)", C::DateTime2(Some(d2))).unwrap(),
-            Value::Timestamp(MICROS_PER_DAY + 500_000)
-        );
+        assert_eq!(dec("datetime2(3)", C::DateTime2(Some(d2))).unwrap(), Value::Timestamp(MICROS_PER_DAY + 500_000));
         // datetimeoffset: the date and time are UTC; +02:00 changes nothing.
         let off = DateTimeOffset::new(DateTime2::new(Date::new(719_162), Time::new(0, 7)), 120);
         assert_eq!(dec("datetimeoffset(7)", C::DateTimeOffset(Some(off))).unwrap(), Value::TimestampTz(0));
