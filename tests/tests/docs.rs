@@ -263,6 +263,7 @@ fn runner_config_parses(block: &str) -> Result<(), String> {
             "[postgres]",
             "[mysql]",
             "[sqlserver]",
+            "[oracle]",
             "[bigquery]",
             "[redshift]",
             "[snowflake]",
@@ -275,7 +276,10 @@ fn runner_config_parses(block: &str) -> Result<(), String> {
         }
         t
     };
-    let tries = [block.to_string(), wrap(""), wrap(base)];
+    // A source section alone: the keys a source runner needs, without the
+    // sink's (`prefix` is not a source runner's).
+    let source_base = "name = \"n\"\nschema_registry_url = \"http://127.0.0.1:8081/apis/ccompat/v7\"\n";
+    let tries = [block.to_string(), wrap(""), wrap(source_base), wrap(base)];
     let mut errors = Vec::new();
     for t in &tries {
         match toml::from_str::<source_runner::config::SourceRunnerConfig>(t) {
