@@ -25,7 +25,9 @@ pub mod pgwire;
 pub use error::{policy, Decision, Error, ErrorKind, Result};
 pub use problem::{Problem, Severity};
 pub use sink::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkConfig, SinkRecord};
-pub use source::{Checkpoint, CopyHold, SnapshotTableProgress, Source, SourceBatch, SourceConfig, SourceMessage};
+pub use source::{
+    Checkpoint, CopyHold, CopyHolds, SnapshotTableProgress, Source, SourceBatch, SourceConfig, SourceMessage,
+};
 
 /// Milliseconds since the Unix epoch, for events' processing time.
 pub(crate) fn now_ms() -> i64 {

@@ -126,6 +126,56 @@ impl CopyHold {
     }
 }
 
+/// The tables held back while copied again, each with its [`CopyHold`]:
+/// the runner's rule over all of them, for the mirrors in tests that play
+/// the runner (the conformance suite's, the SQL Server source's).
+#[derive(Debug, Clone, Default)]
+pub struct CopyHolds(BTreeMap<TableId, CopyHold>);
+
+impl std::ops::Deref for CopyHolds {
+    type Target = BTreeMap<TableId, CopyHold>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl CopyHolds {
+    /// Holds `table` back until its copy's rows come (a resync asked).
+    pub fn hold(&mut self, table: TableId) {
+        self.0.insert(table, CopyHold::default());
+    }
+
+    /// Whether `event` is held back ([`CopyHold::admit`]); the change that
+    /// ends its table's hold removes it.
+    pub fn admit(&mut self, event: &ChangeEvent) -> bool {
+        let Some(hold) = self.0.get_mut(&event.schema.id) else {
+            return false;
+        };
+        let (held, ends) = hold.admit(event);
+        if ends {
+            self.0.remove(&event.schema.id);
+        }
+        held
+    }
+
+    /// The holds whose copy `progress` says is complete and not swept yet,
+    /// marked swept: the rows older than each copy ([`CopyHold::keeps`])
+    /// are to be removed now (the runner's table-copied record). An empty
+    /// copy's hold ends with its sweep: nothing streamed is older.
+    pub fn sweep(&mut self, progress: &[SnapshotTableProgress]) -> Vec<(TableId, CopyHold)> {
+        let mut due = Vec::new();
+        for (table, hold) in self.0.iter_mut() {
+            if hold.swept || !progress.iter().any(|p| &p.table == table && p.done) {
+                continue;
+            }
+            hold.swept = true;
+            due.push((table.clone(), *hold));
+        }
+        self.0.retain(|_, hold| !(hold.swept && hold.from.is_none()));
+        due
+    }
+}
+
 /// A group of messages that the runner commits atomically, with the
 /// checkpoint that holds once they are all durable.
 #[derive(Debug, Clone, PartialEq)]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tributary_connectors::{Checkpoint, CopyHold, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_connectors::{Checkpoint, CopyHolds, ErrorKind, Source, SourceBatch, SourceMessage};
 use tributary_schemas::{Op, Position, SnapshotMarker, TableId, TableSchema, Value};
 
 use crate::{counters, kafka_bootstrap, schema_registry_url, unique, wait_for, Runner};
@@ -68,7 +68,7 @@ pub struct Mirror {
     pub snapshot_done: bool,
     /// Tables being copied again: the position of the copy's first row
     /// once it came, and whether the rows older than it were swept.
-    pub held: BTreeMap<TableId, CopyHold>,
+    pub held: CopyHolds,
     /// How many times each row came in a copy (snapshot rows), per table.
     pub copied: BTreeMap<TableId, BTreeMap<i64, usize>>,
     /// The sweeps made when a copy was complete, with the copy's position
@@ -93,40 +93,22 @@ impl Mirror {
     pub async fn resync(&mut self, source: &mut dyn Source, table: &TableId) -> Vec<TableId> {
         let copying = source.resync(std::slice::from_ref(table)).await.expect("resync");
         if copying.contains(table) {
-            self.held.insert(table.clone(), CopyHold::default());
+            self.held.hold(table.clone());
             self.copied.remove(table);
         }
         copying
-    }
-
-    /// Whether the runner holds `ev` back ([`CopyHold::admit`]).
-    fn holds(&mut self, ev: &tributary_schemas::ChangeEvent) -> bool {
-        let Some(hold) = self.held.get_mut(&ev.schema.id) else {
-            return false;
-        };
-        let (held, ends) = hold.admit(ev);
-        if ends {
-            self.held.remove(&ev.schema.id);
-        }
-        held
     }
 
     /// After a batch: each held table whose copy `progress` says is
     /// complete loses the rows older than the copy (the runner's
     /// table-copied record), once.
     pub fn sweep(&mut self, progress: &[tributary_connectors::SnapshotTableProgress]) {
-        for (table, hold) in self.held.iter_mut() {
-            if hold.swept || !progress.iter().any(|p| &p.table == table && p.done) {
-                continue;
-            }
-            if let Some(rows) = self.tables.get_mut(table) {
+        for (table, hold) in self.held.sweep(progress) {
+            if let Some(rows) = self.tables.get_mut(&table) {
                 rows.retain(|_, (p, _)| hold.keeps(*p));
             }
-            self.swept.push((table.clone(), hold.from));
-            hold.swept = true;
+            self.swept.push((table, hold.from));
         }
-        // An empty copy ends the hold: nothing streamed is older.
-        self.held.retain(|_, hold| !(hold.swept && hold.from.is_none()));
     }
 
     /// Applies a batch: schemas, changes (highest position wins), drops.
@@ -142,7 +124,7 @@ impl Mirror {
                 }
                 SourceMessage::TableFailed(id, reason) => panic!("{id} failed: {reason}"),
                 SourceMessage::Change(ev) => {
-                    if self.holds(ev) {
+                    if self.held.admit(ev) {
                         continue;
                     }
                     assert!(

@@ -64,7 +64,7 @@ struct Mirror {
     /// Tables copied again, held back as the source runner holds them:
     /// the position of the copy's first row once seen, and whether the
     /// rows older than it were swept.
-    held: BTreeMap<TableId, crate::CopyHold>,
+    held: crate::CopyHolds,
 }
 
 impl Mirror {
@@ -73,40 +73,23 @@ impl Mirror {
     async fn resync(&mut self, source: &mut SqlServerSource, table: &TableId) -> bool {
         let copying = source.resync(std::slice::from_ref(table)).await.expect("resync");
         if copying.contains(table) {
-            self.held.insert(table.clone(), crate::CopyHold::default());
+            self.held.hold(table.clone());
         }
         copying.contains(table)
-    }
-
-    /// Whether the runner drops `ev` while its table is held.
-    fn holds(&mut self, ev: &ChangeEvent) -> bool {
-        let Some(hold) = self.held.get_mut(&ev.schema.id) else {
-            return false;
-        };
-        let (held, ends) = hold.admit(ev);
-        if ends {
-            self.held.remove(&ev.schema.id);
-        }
-        held
     }
 
     /// After a batch: a held table whose copy is complete loses the rows
     /// older than the copy (the runner's table-copied record).
     fn sweep(&mut self, progress: &[SnapshotTableProgress]) {
-        for (table, hold) in self.held.iter_mut() {
-            if hold.swept || !progress.iter().any(|p| &p.table == table && p.done) {
-                continue;
-            }
-            self.rows.entry(table.clone()).or_default().retain(|_, (p, _)| hold.keeps(*p));
-            hold.swept = true;
+        for (table, hold) in self.held.sweep(progress) {
+            self.rows.entry(table).or_default().retain(|_, (p, _)| hold.keeps(*p));
         }
-        self.held.retain(|_, hold| !(hold.swept && hold.from.is_none()));
     }
 
     fn apply(&mut self, batch: &SourceBatch) {
         for m in &batch.messages {
             let SourceMessage::Change(ev) = m else { continue };
-            if self.holds(ev) {
+            if self.held.admit(ev) {
                 continue;
             }
             let r = ev.key_row().expect("key row");
