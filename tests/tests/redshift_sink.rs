@@ -257,3 +257,66 @@ async fn postgres_to_kafka_to_redshift_equals_the_source_across_kill_9() {
     let column = tributary_tests::header(&dead, sink_runner::dlq::HEADER_COLUMN);
     assert_eq!(column.as_deref(), Some("due"), "{message}");
 }
+
+/// Two members of a consumer group each meet a reset on their own
+/// partition at the same time. Only the first forgets the table's
+/// positions: a second forgetting, after the first member had written its
+/// copy rows, made those rows look older than the copy, and the copy's
+/// end removed them (the fault suite's postgres-redshift, seed
+/// 9948827786508112435, lost 163 copy rows of one partition that way).
+/// A third session holds the table's lock so that both members are at the
+/// reset at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_meeting_one_reset_at_once_keep_each_others_copy_rows() {
+    let wh = Warehouse::new("resetrace").await;
+    let group = unique("resetrace");
+    let s = items();
+    let t = "redshift.resetrace";
+    let mut first = RedshiftSink::new(wh.config(&group)).expect("config");
+    let mut second = RedshiftSink::new(wh.config(&group)).expect("config");
+    let before = (1..=4).map(|i| event(&s, Op::Read, None, Some(row(i, &format!("old{i}"), i, "1.00")), 10, 0));
+    first.apply(&batch(t, 0, before.collect())).await.expect("the first copy");
+
+    // The reset, then copy rows at the copy's position, on partition 0
+    // (rows 1 and 2) and on partition 1 (rows 3 and 4).
+    let reset_batch = |partition: i32, first_offset: i64, ids: [i32; 2]| {
+        let copy = ids.map(|i| event(&s, Op::Read, None, Some(row(i, &format!("new{i}"), i, "2.00")), 40, 0));
+        let mut b = batch(t, first_offset, copy.into());
+        let at = b.records[0].0.clone();
+        b.records.insert(0, (at, SinkRecord::Reset(s.id.clone(), 7)));
+        for (i, (p, _)) in b.records.iter_mut().enumerate() {
+            p.partition = partition;
+            p.offset = first_offset + i as i64;
+        }
+        b.next_offsets = vec![(t.into(), partition, first_offset + 3)];
+        b
+    };
+    let (on_0, on_1) = (reset_batch(0, 4, [1, 2]), reset_batch(1, 0, [3, 4]));
+    wh.admin
+        .batch_execute(&format!("BEGIN; LOCK {}", wh.table()))
+        .await
+        .expect("hold the table");
+    let a = tokio::spawn(async move { first.apply(&on_0).await.map(|_| first) });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let b = tokio::spawn(async move { second.apply(&on_1).await.map(|_| second) });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    wh.admin.batch_execute("COMMIT").await.expect("let go of the table");
+    let mut first = a.await.expect("first member").expect("the first member's reset");
+    b.await.expect("second member").expect("the second member's reset");
+
+    // The copy's end: rows older than the copy are gone at the source.
+    let mut end = batch(t, 7, Vec::new());
+    end.table = s.id.clone();
+    end.records = vec![(
+        tributary_connectors::KafkaPosition { topic: t.into(), partition: 0, offset: 7 },
+        SinkRecord::Copied(s.id.clone(), Position { commit: 40, index: 0 }),
+    )];
+    end.next_offsets = vec![(t.into(), 0, 8)];
+    first.apply(&end).await.expect("the copy's end");
+    assert_eq!(
+        wh.rows().await,
+        vec!["1|new1|1|2.00", "2|new2|2|2.00", "3|new3|3|2.00", "4|new4|4|2.00"],
+        "every copy row of both partitions stays"
+    );
+    wh.cleanup(&[group]).await;
+}

@@ -78,7 +78,7 @@ pub use self::config::{DestinationTable, Loader, RedshiftSinkConfig, S3Config};
 use self::dialect::{
     apply_sql, bookkeeping_ddl, change_sql, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
     delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, load_error_sql, lock_sql,
-    offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, reset_of_sql, staging_table_sql,
+    offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, reset_of_sql, resets_table, staging_table_sql,
     stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery, COLUMNS_SQL,
     PRIMARY_KEY_SQL, SCHEMA_EXISTS_SQL,
 };
@@ -954,16 +954,27 @@ impl Warehouse for RedshiftSink {
     async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {
         let ctx = self.ctx().in_table(dest.to_string());
         let reset = reset_i64(reset)?;
-        let done = self.query(&reset_of_sql(dest), &ctx).await?;
-        if done.first().is_some_and(|r| r.get::<_, i64>(0) >= reset) {
-            return Ok(());
-        }
         if !self.tables.contains_key(dest) {
             self.load_table(dest).await?;
         }
         let exists = self.state(dest)?.shape.exists && !self.dropped.contains(dest);
+        // The locks come before the look at the resets table: each member
+        // sees a reset on its own partitions, and a member that read it
+        // while another's forgetting was not committed forgot again, after
+        // the other had written copy rows, which the copy's end then
+        // removed as older than the copy (the fault suite's
+        // postgres-redshift, seed 9948827786508112435). The table first,
+        // then the resets table: a batch writes one table, so no two
+        // batches take them in the other order.
         if exists {
             self.lock_for_write(dest);
+        }
+        let lock = lock_sql(&resets_table());
+        self.record(&lock);
+        self.session.defer(&lock);
+        let done = self.query(&reset_of_sql(dest), &ctx).await?;
+        if done.first().is_some_and(|r| r.get::<_, i64>(0) >= reset) {
+            return Ok(());
         }
         self.exec(&forget_positions_sql(dest, exists, reset), &ctx).await
     }

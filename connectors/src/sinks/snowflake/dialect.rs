@@ -422,8 +422,13 @@ pub fn resets_table_ddl(resets: &str) -> String {
 
 /// Forgets every row's position of `table` unless the resets table
 /// `resets` already holds reset `reset` (or a later one) of it, then
-/// records `reset`: statements of the batch's transaction, in this order
-/// (the first reads the resets row as it was).
+/// records `reset`: statements of the batch's transaction, in this order.
+/// The first writes the resets table, so it waits for another member's
+/// transaction that is recording the same reset; the statements after it
+/// begin after that commit and see it. Looking first (a statement sees
+/// what was committed when it began) let two members both forget, the
+/// second after the first had written copy rows, which the copy's end
+/// then removed (found on the Redshift sink, which reads the same way).
 pub fn forget_positions_sql(
     table: &DestinationTable,
     exists: bool,
@@ -433,7 +438,9 @@ pub fn forget_positions_sql(
 ) -> Vec<String> {
     let d = quote_string(&table.to_string());
     let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
-    let mut out = Vec::new();
+    let mut out = vec![format!(
+        "DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"
+    )];
     if exists {
         let (c, i) = positions("");
         let (commit, index) = FORGOTTEN_POSITION;
@@ -442,7 +449,6 @@ pub fn forget_positions_sql(
     // Deleted rows' entries hold positions of the old domain: they would
     // keep the copy's rows out.
     out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
-    out.push(format!("DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"));
     out.push(format!(
         "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} \
          WHERE NOT EXISTS (SELECT 1 FROM {resets} WHERE destination = {d})"
