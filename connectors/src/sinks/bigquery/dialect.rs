@@ -310,13 +310,17 @@ pub fn deleted_merge_sql(deleted: &str, dest: &DestinationTable, source: &str) -
 }
 
 /// A staged batch (`source`) without the upserts that are not newer than
-/// their key's deleted-rows entry, or older than the table-wide one.
+/// their key's deleted-rows entry, or older than the table-wide one. Two
+/// anti-joins, each on an equality, not one with `OR` (which leaves the
+/// engine nothing to join on but every pair: see the PostgreSQL sink's
+/// `merge_sql`).
 pub fn not_deleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
     let (dc, di) = positions("d.");
     let (sc, si) = positions("s.");
     format!(
-        "(SELECT s.* FROM {source} AS s WHERE s.{del} OR NOT EXISTS (SELECT 1 FROM {deleted} AS d \
-         WHERE d.dest_table = {name} AND (d.row_key = s.{k} AND {removed} OR d.row_key = {whole} AND {removed_table})))",
+        "(SELECT s.* FROM {source} AS s WHERE s.{del} OR (NOT EXISTS (SELECT 1 FROM {deleted} AS d \
+         WHERE d.dest_table = {name} AND d.row_key = s.{k} AND {removed}) AND NOT EXISTS (SELECT 1 FROM {deleted} AS d \
+         WHERE d.dest_table = {name} AND d.row_key = {whole} AND {removed_table})))",
         del = quote_ident(DELETE_COLUMN),
         k = quote_ident(KEY_COLUMN),
         name = quote_string(&dest.to_string()),

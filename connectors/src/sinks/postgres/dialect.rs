@@ -225,8 +225,10 @@ pub fn merge_sql(
         let _ = write!(
             merge,
             "INSERT INTO {t} AS t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} AS s WHERE NOT {d} \
-             AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} \
-             AND (d.row_key = s.{k} AND {removed} OR d.row_key = {whole} AND {removed_table})) \
+             AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key = s.{k} \
+             AND {removed}) \
+             AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key = {whole} \
+             AND {removed_table}) \
              ORDER BY {keys}, {c} DESC, {i} DESC \
              ON CONFLICT ({keys}) DO UPDATE SET {set} WHERE {guard}; \
              DELETE FROM {deleted} AS d USING {s} AS s WHERE d.dest_table = {name} AND d.row_key = s.{k} \
@@ -235,6 +237,11 @@ pub fn merge_sql(
             cols = all.join(", "),
             keys = keys.join(", "),
             whole = quote_literal(TABLE_ROW_KEY),
+            // Two anti-joins, not one with `OR`: with the key's equality
+            // under an OR, PostgreSQL joined every staged row with every
+            // entry of the table (a nested loop, 86 million comparisons for
+            // a 10,000-row batch beside 8,500 entries: 10 s), and the
+            // sink fell minutes behind a delete-heavy workload.
             removed = position_before(PositionSyntax::RowValue, (&sc, &si), (&dc, &di), true),
             // A row at the table-wide entry's own position is the copy's
             // (see `sink::memory`): only older ones stay out.

@@ -487,12 +487,19 @@ pub fn apply_sql(
         ));
     }
     if upserts {
-        // The position guard, on the staging rows first.
+        // The position guard, on the staging rows first. Two statements,
+        // each joining on an equality, not one with `OR` (which leaves
+        // nothing to hash-join on but every pair: see the PostgreSQL sink's
+        // `merge_sql`).
         out.push(format!(
             "DELETE FROM {s} USING {deleted} AS x WHERE NOT {s}.{d} AND x.dest_table = {name} \
-             AND ((x.row_key = {s}.{k} AND {removed}) OR (x.row_key = {whole} AND {removed_table}))",
-            whole = literal(TABLE_ROW_KEY),
+             AND x.row_key = {s}.{k} AND {removed}",
             removed = position_before(GUARD, (&stc, &sti), (&xc, &xi), true),
+        ));
+        out.push(format!(
+            "DELETE FROM {s} USING {deleted} AS x WHERE NOT {s}.{d} AND x.dest_table = {name} \
+             AND x.row_key = {whole} AND {removed_table}",
+            whole = literal(TABLE_ROW_KEY),
             // A row at the table-wide entry's own position is the copy's.
             removed_table = position_before(GUARD, (&stc, &sti), (&xc, &xi), false),
         ));
