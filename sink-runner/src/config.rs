@@ -36,6 +36,10 @@ pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// source commit to destination at 1,000 events/s, against a 500 ms target;
 /// 100 ms still gathers ~100 events per transaction at that rate.
 pub const DEFAULT_BATCH_LINGER_MS: u64 = 100;
+/// How long the consumer must have given nothing before a batch is applied
+/// without waiting for the rest of its linger, on destinations where a
+/// write costs only time (see `SinkConfig::writes_when_idle`).
+pub const DEFAULT_BATCH_IDLE_MS: u64 = 2;
 /// How long the bytes of all tables' pending batches may add up to before
 /// the largest is flushed early (4 batches' worth).
 pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
@@ -98,6 +102,12 @@ pub struct SinkRunnerConfig {
     /// How long a batch waits for more records, in milliseconds.
     #[serde(default = "default_batch_linger_ms")]
     pub batch_linger_ms: u64,
+    /// A batch is applied once the consumer has given nothing more for this
+    /// long (and no batch is being applied), in milliseconds; 0: it waits
+    /// the whole linger. Default: DEFAULT_BATCH_IDLE_MS, or 0 on
+    /// destinations that bill or queue each write.
+    #[serde(default)]
+    pub batch_idle_ms: Option<u64>,
     /// Bytes of all pending batches together before the largest is flushed.
     #[serde(default = "default_max_buffered_bytes")]
     pub max_buffered_bytes: usize,
@@ -184,6 +194,9 @@ impl Validate for SinkRunnerConfig {
         }
         if self.batch_linger_ms == 0 || self.batch_linger_ms > 60_000 {
             return Err(ConfigError::invalid("batch_linger_ms", "must be between 1 and 60000"));
+        }
+        if self.batch_idle_ms.is_some_and(|ms| ms >= self.batch_linger_ms) {
+            return Err(ConfigError::invalid("batch_idle_ms", "must be shorter than batch_linger_ms (0 turns it off)"));
         }
         if !(10..=86_400).contains(&self.group_rejoin_after_secs) {
             return Err(ConfigError::invalid("group_rejoin_after_secs", "must be between 10 and 86400"));
@@ -273,6 +286,19 @@ impl SinkRunnerConfig {
     pub fn linger(&self) -> Duration {
         Duration::from_millis(self.batch_linger_ms)
     }
+
+    /// `batch_idle_ms` as a duration, its default taken from the
+    /// destination; `None`: batches wait the whole linger.
+    pub fn idle(&self) -> Option<Duration> {
+        let ms = match self.batch_idle_ms {
+            Some(ms) => ms,
+            None => match self.destination.one() {
+                Ok((_, d)) if d.writes_when_idle() => DEFAULT_BATCH_IDLE_MS,
+                _ => 0,
+            },
+        };
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
 }
 
 /// The sink's admin address: next to a source runner's default.
@@ -305,6 +331,7 @@ url = "postgres://u@127.0.0.1/db"
         let c: SinkRunnerConfig = parse(MINIMAL, "test").unwrap();
         assert_eq!(c.topic_pattern(), "^shop\\.[^.]+\\.[^.]+$");
         assert_eq!(c.batch_linger_ms, DEFAULT_BATCH_LINGER_MS);
+        assert_eq!(c.idle(), Some(Duration::from_millis(DEFAULT_BATCH_IDLE_MS)));
         assert!(c.is_excluded("shop.public.orders.dlq"));
         assert!(c.is_excluded("shop.tributary.offsets"));
         assert!(!c.is_excluded("shop.public.orders"));

@@ -165,6 +165,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
         info!(pattern = %pattern, "subscribed");
         let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group);
         let registry = config.schema_registry.registry(&config.schema_registry_url)?;
+        let idle = config.idle();
         let mut state = Loop {
             config,
             sink,
@@ -189,6 +190,8 @@ pub async fn run_with_sink<S: Sink + 'static>(
             tables: HashMap::new(),
             in_flight: None,
             ready: None,
+            last_received: None,
+            idle,
             stopped: BTreeMap::new(),
             stopped_probe: None,
             group,
@@ -727,6 +730,10 @@ struct Loop<S: Sink + 'static> {
     /// The next batch, decoded while `in_flight` is applied. Only ever set
     /// while `in_flight` is: it bounds how far the loop reads ahead.
     ready: Option<Prepared>,
+    /// When the consumer last gave a record (see [`Loop::idle_at`]).
+    last_received: Option<Instant>,
+    /// `batch_idle_ms`, resolved.
+    idle: Option<Duration>,
     /// Partitions stopped because their stored offset is out of the topic's
     /// range, until an operator fixes the stored offset.
     stopped: BTreeMap<(String, i32), OutOfRange>,
@@ -893,6 +900,7 @@ impl<S: Sink + 'static> Loop<S> {
                             None => break,
                         }
                     }
+                    self.last_received = Some(Instant::now());
                 }
                 Some(Err(e)) => {
                     consumer_errors = consumer_errors.saturating_add(1);
@@ -953,13 +961,29 @@ impl<S: Sink + 'static> Loop<S> {
             return None;
         }
         let linger = self.config.linger();
+        let idle = self.idle_at();
+        // A table an operator paused is not flushed (see `flush_due`): its
+        // buffer's linger, long past, would wake the loop at once, for ever.
         self.buffers
-            .values()
-            .filter_map(|b| match &b.retry {
+            .iter()
+            .filter(|(topic, _)| !self.operator_paused.contains(*topic))
+            .filter_map(|(_, b)| match &b.retry {
                 Some(r) => Some(r.at),
-                None => b.first_at.map(|t| t + linger),
+                None => b.first_at.map(|t| idle.map_or(t + linger, |i| i.min(t + linger))),
             })
             .min()
+    }
+
+    /// When buffered records are applied for want of more: no batch being
+    /// applied, and nothing received for `batch_idle_ms`. Waiting the whole
+    /// linger made every change wait for it, also when nothing else was
+    /// coming. Under load batches still grow: what arrives while a batch
+    /// is applied waits for that apply, and goes in the next.
+    fn idle_at(&self) -> Option<Instant> {
+        match (&self.in_flight, self.last_received, self.idle) {
+            (None, Some(t), Some(idle)) => Some(t + idle),
+            _ => None,
+        }
     }
 
     /// Subscribes again when the consumer has been out of a settled group
@@ -1139,6 +1163,7 @@ impl<S: Sink + 'static> Loop<S> {
     async fn flush_due(&mut self) {
         let now = Instant::now();
         let linger = self.config.linger();
+        let idle = self.idle_at().is_some_and(|t| t <= now);
         let total: usize = self.buffers.values().map(|b| b.bytes).sum();
         let largest = if total > self.config.max_buffered_bytes {
             self.buffers
@@ -1158,7 +1183,7 @@ impl<S: Sink + 'static> Loop<S> {
                 None => {
                     b.records.len() >= self.config.batch_max_records
                         || b.bytes >= self.config.batch_max_bytes
-                        || b.first_at.is_some_and(|t| t + linger <= now)
+                        || b.first_at.is_some_and(|t| idle || t + linger <= now)
                         || largest.as_deref() == Some(topic.as_str())
                 }
             })

@@ -201,4 +201,13 @@ pub trait SinkConfig: fmt::Debug + Send + Sync {
     /// nothing: a destination that is down pauses the runner, it does not
     /// fail its start.
     fn build(&self, consumer_group: &str) -> Result<Box<dyn Sink>, ConfigError>;
+
+    /// Whether the runner applies a batch as soon as the consumer gives
+    /// nothing more (the default of its `batch_idle_ms`), rather than after
+    /// the whole `batch_linger_ms`. False where each write costs money, a
+    /// quota or a commit the warehouse serializes, so that the linger keeps
+    /// setting how often it writes.
+    fn writes_when_idle(&self) -> bool {
+        true
+    }
 }

@@ -272,6 +272,11 @@ impl fmt::Display for DestinationTable {
 }
 
 impl SinkConfig for BigQuerySinkConfig {
+    /// Batches wait for the whole linger: every MERGE is a billed job under a per-table DML quota.
+    fn writes_when_idle(&self) -> bool {
+        false
+    }
+
     fn validate_at(&self, section: &str) -> Result<(), ConfigError> {
         BigQuerySinkConfig::validate_at(self, section)
     }

@@ -313,6 +313,11 @@ impl Validate for RedshiftSinkConfig {
 }
 
 impl SinkConfig for RedshiftSinkConfig {
+    /// Batches wait for the whole linger: Redshift serializes commits in one queue; small frequent ones slow the cluster.
+    fn writes_when_idle(&self) -> bool {
+        false
+    }
+
     fn validate_at(&self, section: &str) -> Result<(), ConfigError> {
         RedshiftSinkConfig::validate_at(self, section)
     }

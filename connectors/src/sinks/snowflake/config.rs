@@ -347,6 +347,11 @@ impl fmt::Display for DestinationTable {
 }
 
 impl SinkConfig for SnowflakeSinkConfig {
+    /// Batches wait for the whole linger: every write runs the warehouse, which bills by the second it runs.
+    fn writes_when_idle(&self) -> bool {
+        false
+    }
+
     fn validate_at(&self, section: &str) -> Result<(), ConfigError> {
         SnowflakeSinkConfig::validate_at(self, section)
     }

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
@@ -52,6 +52,14 @@ pub const FENCE_MESSAGE_PREFIX: &str = "tributary-fence";
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// How long a streamed batch waits for the next transaction once it has
+/// changes (`batch_linger_ms` bounds the whole wait). Waiting the whole
+/// linger made every change wait for it, also when nothing else was coming.
+/// Under load batches still grow: the transactions that arrive while the
+/// previous batch is produced and committed are waiting already, and the
+/// next batch takes them at once.
+pub const STREAM_IDLE: Duration = Duration::from_millis(1);
 
 /// One value of a pgoutput tuple.
 #[derive(Debug, Clone, PartialEq)]
@@ -425,7 +433,8 @@ impl Streamer {
     }
 
     /// Collects transactions until a batch limit, the linger after the
-    /// first transaction, or the heartbeat interval. A transaction that
+    /// first transaction, a pause of [`STREAM_IDLE`] between transactions,
+    /// or the heartbeat interval. A transaction that
     /// alone exceeds a limit is returned in parts ([`PartialTxn`]).
     ///
     /// With `stop_at`, the batch also ends where the stream reaches that LSN
@@ -436,9 +445,12 @@ impl Streamer {
         let heartbeat_at = Instant::now() + sc.config.heartbeat_interval();
         let mut out = StreamBatch { lsn: self.safe_lsn, ..StreamBatch::default() };
         let mut linger_at: Option<Instant> = None;
+        // Set between transactions once the batch has changes: the batch
+        // ends when the stream gives nothing more for STREAM_IDLE.
+        let mut idle_at: Option<Instant> = None;
         let mut bytes = 0usize;
         loop {
-            let deadline = linger_at.map_or(heartbeat_at, |l| l.min(heartbeat_at));
+            let deadline = [linger_at, idle_at].into_iter().flatten().fold(heartbeat_at, Instant::min);
             let event = match tokio::time::timeout_at(deadline.into(), self.client.recv()).await {
                 Err(_) => break,
                 Ok(r) => r.map_err(|e| classify_wire(e, "reading the replication stream"))?,
@@ -448,6 +460,7 @@ impl Streamer {
             };
             match event {
                 ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
+                    idle_at = None;
                     if stop_at.is_some_and(|stop| final_lsn.as_u64() >= stop) {
                         out.reached_stop = true;
                         break;
@@ -518,8 +531,10 @@ impl Streamer {
                     if out.messages.len() >= sc.config.max_batch_events || bytes >= sc.config.max_batch_bytes {
                         break;
                     }
-                    if !out.messages.is_empty() && linger_at.is_none() {
-                        linger_at = Some(Instant::now() + sc.config.batch_linger());
+                    if !out.messages.is_empty() {
+                        let now = Instant::now();
+                        linger_at.get_or_insert(now + sc.config.batch_linger());
+                        idle_at = Some(now + STREAM_IDLE);
                     }
                 }
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
