@@ -281,22 +281,38 @@ async fn ensure_topic(
     Ok(partitions)
 }
 
-/// The partition count of `topic` in the broker's metadata (asked now).
+/// How long a topic just created may show no partitions in the metadata
+/// before the runner gives up and starts again. The controller's metadata
+/// reaches the broker a moment after `CreateTopics` answers; on a busy
+/// machine the first look found none, and the whole start (an initial
+/// snapshot included) was done again for it.
+const NEW_TOPIC_METADATA_WAIT: Duration = Duration::from_secs(10);
+/// Pause between two looks at a new topic's metadata.
+const NEW_TOPIC_METADATA_POLL: Duration = Duration::from_millis(50);
+
+/// The partition count of `topic` in the broker's metadata, asked until it
+/// shows partitions or [`NEW_TOPIC_METADATA_WAIT`] has passed.
 async fn partition_count(producer: &Arc<SourceProducer>, topic: &str) -> Result<i32, Error> {
-    let producer = producer.clone();
-    let name = topic.to_string();
-    let partitions = blocking(move || {
-        producer
-            .client()
-            .fetch_metadata(Some(&name), Duration::from_secs(10))
-            .map(|m| m.topics().first().map(|t| t.partitions().len() as i32).unwrap_or(0))
-    })
-    .await?
-    .map_err(|e| kafka_error("topic metadata", e))?;
-    if partitions == 0 {
-        return Err(Error::retryable(format!("topic {topic} has no partitions yet")));
+    let deadline = Instant::now() + NEW_TOPIC_METADATA_WAIT;
+    loop {
+        let producer = producer.clone();
+        let name = topic.to_string();
+        let partitions = blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(10))
+                .map(|m| m.topics().first().map(|t| t.partitions().len() as i32).unwrap_or(0))
+        })
+        .await?
+        .map_err(|e| kafka_error("topic metadata", e))?;
+        if partitions > 0 {
+            return Ok(partitions);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::retryable(format!("topic {topic} has no partitions yet")));
+        }
+        tokio::time::sleep(NEW_TOPIC_METADATA_POLL).await;
     }
-    Ok(partitions)
 }
 
 /// Refuses an offsets topic that is not compacted: with `delete` alone its
