@@ -15,14 +15,19 @@ DEBEZIUM_SOURCE_VERSION = "3.6.1.Final"
 # debezium-connector-jdbc 3.6.1.Final is not on Maven Central (404 on
 # 2026-11-30); 3.6.0.Final is the newest JDBC sink published there.
 DEBEZIUM_JDBC_VERSION = "3.6.0.Final"
-# No Avro converter: Confluent's kafka-connect-avro-converter is not on Maven
-# Central, and no Apicurio 3.x converter can be assembled from Central
-# (2026-11-30): apicurio-registry-utils-converter 3.3.3 has a pom but no jar;
-# 3.1.x/3.2.x are absent; 3.0.9's jar is there but its parent pom
+# The Avro converter: Apicurio Registry's 2.x converter
+# (io.apicurio.registry.utils.converter.AvroConverter), which resolves from
+# Maven Central with its dependencies and talks to the stack's Apicurio 3.3.3
+# through the v2 REST API that 3.x still serves. Confluent's
+# kafka-connect-avro-converter is not on Maven Central, and no Apicurio 3.x
+# converter can be assembled from it (2026-11-30):
+# apicurio-registry-utils-converter 3.3.3 has a pom but no jar; 3.1.x/3.2.x
+# are absent; 3.0.9's jar is there but its parent pom
 # (io.apicurio:apicurio-registry:3.0.9) is not, so it does not resolve, and
 # next to the 3.1.7 serde it fails to load (ClassNotFoundException:
-# io.apicurio.registry.serde.KafkaSerializer). Debezium runs with Kafka's
-# JsonConverter, schemas enabled; bench/run says so in its output.
+# io.apicurio.registry.serde.KafkaSerializer). The untuned Debezium row
+# keeps Kafka's JsonConverter (schemas enabled), as measured first.
+APICURIO_CONVERTER_VERSION = "2.6.13.Final"
 LOG4J_VERSION = "2.24.3"
 
 PARTS = {
@@ -42,6 +47,9 @@ PARTS = {
     ],
     "plugins/debezium-connector-jdbc": [
         ("io.debezium", "debezium-connector-jdbc", DEBEZIUM_JDBC_VERSION, "tar.gz", "plugin"),
+    ],
+    "plugins/apicurio-converter": [
+        ("io.apicurio", "apicurio-registry-utils-converter", APICURIO_CONVERTER_VERSION),
     ],
 }
 

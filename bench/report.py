@@ -5,11 +5,13 @@ import statistics
 
 TARGETS = {
     "snapshot_vs_debezium": 5.0,      # Tributary snapshot rows/s >= 5x Debezium
-    "snapshot_vs_dump": 0.5,          # >= 50% of pg_dump | psql
+    "snapshot_vs_dump": 0.9,          # >= 90% of pg_dump | psql (issue #31; 50% before)
     "streaming_vs_debezium": 3.0,     # max-rate events/s >= 3x Debezium
-    "p99_fixed_ms": 500.0,            # p99 latency at the fixed rate < 500 ms
+    "p99_fixed_ms": 100.0,            # p99 latency at the fixed rate < 100 ms (#31; 500 ms before)
     "source_rss_mib": 64.0,
-    "sink_rss_mib": 128.0,
+    "sink_rss_mib": 64.0,             # during the snapshot (#31; 128 MiB before)
+    "catch_up_vs_recvlogical": 0.5,   # backlog catch-up >= 50% of pg_recvlogical's decoding rate
+    "sustained_events_s": 20_000.0,   # single-row txn/s sustained with p99 < 500 ms
 }
 
 
@@ -54,6 +56,7 @@ def verdict(ok):
 
 def summary(reps):
     L, D, T = reps["limits"], reps["debezium"], reps["tributary"]
+    DT = reps.get("debezium_tuned", [])
     kib = 1024.0
     s = {
         "copy": pick(L, "copy_rows_s"),
@@ -63,16 +66,37 @@ def summary(reps):
         "dbz_steady": pick(D, "snapshot_steady_rows_s"),
         "trib_steady": pick(T, "snapshot_steady_rows_s"),
         "dbz_rss": (pick(D, "rss_kib") or 0) / kib or None,
+        "dbzt_snap": pick(DT, "snapshot_rows_s"),
+        "dbzt_steady": pick(DT, "snapshot_steady_rows_s"),
+        "dbzt_rss": (pick(DT, "rss_kib") or 0) / kib or None,
         "src_rss": (pick(T, "source_rss_kib") or 0) / kib or None,
         "sink_rss": (pick(T, "sink_rss_kib") or 0) / kib or None,
         "trib_alone": pick(T, "sink_alone_rows_s"),
         "alone_rss": (pick(T, "sink_alone_rss_kib") or 0) / kib or None,
     }
-    for sysname, R in (("dbz", D), ("trib", T)):
+    s["snap_sink_rss"] = (pick(T, "snapshot_sink_rss_kib") or 0) / kib or None
+    for k in CATCH_UP_TXN_ROWS:
+        for key in ("events_s", "recvlogical_events_s", "written_events_s"):
+            s[f"catch_up_{k}_{key}"] = pick(T, "catch_up", k, key)
+        s[f"catch_up_{k}_ratio"] = med([ratio(pick([r], "catch_up", k, "events_s"),
+                                               pick([r], "catch_up", k, "recvlogical_events_s")) for r in T])
+    s["sweep_ok"] = med([sweep_break(r.get("sweep")) for r in T if r.get("sweep")])
+    s["sweep_top"] = med([max((x["offered_events_s"] for x in r["sweep"]), default=None) for r in T if r.get("sweep")])
+    for sysname, R in (("dbz", D), ("dbzt", DT), ("trib", T)):
         for phase in ("fixed", "max"):
             for k in ("offered_events_s", "sustained_events_s", "p50_ms", "p99_ms", "catch_up_s", "samples"):
                 s[f"{sysname}_{phase}_{k}"] = pick(R, "streaming", phase, k)
     return s
+
+
+# The transaction sizes of bench/run's catch-up (rows per transaction).
+CATCH_UP_TXN_ROWS = (1, 10, 100)
+
+
+def sweep_break(steps):
+    """The highest offered rate of a sweep whose p99 stayed under the target's 500 ms."""
+    ok = [x["offered_events_s"] for x in steps if x["p99_ms"] < 500.0]
+    return max(ok) if ok else 0.0
 
 
 def render(args, info, reps, errors, converter, run_id):
@@ -83,52 +107,78 @@ def render(args, info, reps, errors, converter, run_id):
             "json": "**JSON converter with schemas** (not Avro)",
             None: "not run"}[converter]
     snap_vs_dbz = ratio(s["trib_snap"], s["dbz_snap"])
+    snap_vs_dbzt = ratio(s["trib_snap"], s["dbzt_snap"])
     snap_vs_dump = ratio(s["trib_snap"], s["dump"])
     max_vs_dbz = ratio(s["trib_max_sustained_events_s"], s["dbz_max_sustained_events_s"])
+    max_vs_dbzt = ratio(s["trib_max_sustained_events_s"], s["dbzt_max_sustained_events_s"])
     fixed_vs_dbz = ratio(s["trib_fixed_sustained_events_s"], s["dbz_fixed_sustained_events_s"])
     p99 = s["trib_fixed_p99_ms"]
     rows = []
 
-    def row(metric, copy, dump, d, tr, r_dbz, r_dump, target, ok, pair=None):
-        v = verdict(ok) if ok != "both" else f"{verdict(pair[0])}; {verdict(pair[1])}"
-        rows.append(f"| {metric} | {copy} | {dump} | {d} | {tr} | {r_dbz} | {r_dump} | {target} | {v} |")
+    def both(a, b, unit="x"):
+        """`untuned; tuned` ratios."""
+        return f"{fmt(a, unit)}; {fmt(b, unit)}" if b is not None else fmt(a, unit)
 
-    row("snapshot, rows/s end to end", fmt(s["copy"]), fmt(s["dump"]), fmt(s["dbz_snap"]), fmt(s["trib_snap"]),
-        fmt(snap_vs_dbz, "x"), fmt(snap_vs_dump, "%"), ">= 5x Debezium; >= 50% of pg_dump\\|psql",
-        "both", (None if snap_vs_dbz is None else snap_vs_dbz >= t["snapshot_vs_debezium"],
+    def row(metric, copy, dump, d, dt, tr, r_dbz, r_dump, target, ok, pair=None):
+        v = verdict(ok) if ok != "both" else f"{verdict(pair[0])}; {verdict(pair[1])}"
+        rows.append(f"| {metric} | {copy} | {dump} | {d} | {dt} | {tr} | {r_dbz} | {r_dump} | {target} | {v} |")
+
+    # The targets against Debezium are judged against the tuned row when it ran.
+    dbz_judge = snap_vs_dbzt if snap_vs_dbzt is not None else snap_vs_dbz
+    row("snapshot, rows/s end to end", fmt(s["copy"]), fmt(s["dump"]), fmt(s["dbz_snap"]), fmt(s["dbzt_snap"]),
+        fmt(s["trib_snap"]), both(snap_vs_dbz, snap_vs_dbzt), fmt(snap_vs_dump, "%"),
+        ">= 5x Debezium; >= 90% of pg_dump\\|psql",
+        "both", (None if dbz_judge is None else dbz_judge >= t["snapshot_vs_debezium"],
                  None if snap_vs_dump is None else snap_vs_dump >= t["snapshot_vs_dump"]))
     row("snapshot, rows/s after the first row arrived (start-up left out)", "", "", fmt(s["dbz_steady"]),
-        fmt(s["trib_steady"]), fmt(ratio(s["trib_steady"], s["dbz_steady"]), "x"),
+        fmt(s["dbzt_steady"]), fmt(s["trib_steady"]),
+        both(ratio(s["trib_steady"], s["dbz_steady"]), ratio(s["trib_steady"], s["dbzt_steady"])),
         fmt(ratio(s["trib_steady"], s["dump"]), "%"), "", None)
-    row("apply rate of the sink alone, from the snapshot in Kafka (rows/s)", "", "", "", fmt(s["trib_alone"]), "",
+    row("apply rate of the sink alone, from the snapshot in Kafka (rows/s)", "", "", "", "", fmt(s["trib_alone"]), "",
         fmt(ratio(s["trib_alone"], s["dump"]), "%"), "", None)
     row(f"streaming at {args.rate}/s offered, events/s end to end", "", "",
-        fmt(s["dbz_fixed_sustained_events_s"]), fmt(s["trib_fixed_sustained_events_s"]),
-        fmt(fixed_vs_dbz, "x"), "", "keeps up", None)
-    row(f"latency p50 at {args.rate}/s", "", "", fmt(s["dbz_fixed_p50_ms"], "ms"), fmt(s["trib_fixed_p50_ms"], "ms"),
-        "", "", "", None)
-    row(f"latency p99 at {args.rate}/s", "", "", fmt(s["dbz_fixed_p99_ms"], "ms"), fmt(p99, "ms"),
-        "", "", "< 500 ms", None if p99 is None else p99 < t["p99_fixed_ms"])
+        fmt(s["dbz_fixed_sustained_events_s"]), fmt(s["dbzt_fixed_sustained_events_s"]),
+        fmt(s["trib_fixed_sustained_events_s"]),
+        both(fixed_vs_dbz, ratio(s["trib_fixed_sustained_events_s"], s["dbzt_fixed_sustained_events_s"])), "",
+        "keeps up", None)
+    row(f"latency p50 at {args.rate}/s", "", "", fmt(s["dbz_fixed_p50_ms"], "ms"), fmt(s["dbzt_fixed_p50_ms"], "ms"),
+        fmt(s["trib_fixed_p50_ms"], "ms"), "", "", "", None)
+    row(f"latency p99 at {args.rate}/s", "", "", fmt(s["dbz_fixed_p99_ms"], "ms"), fmt(s["dbzt_fixed_p99_ms"], "ms"),
+        fmt(p99, "ms"), "", "", "< 100 ms", None if p99 is None else p99 < t["p99_fixed_ms"])
+    max_judge = max_vs_dbzt if max_vs_dbzt is not None else max_vs_dbz
     row("streaming at max rate, events/s end to end", "", "",
-        fmt(s["dbz_max_sustained_events_s"]), fmt(s["trib_max_sustained_events_s"]),
-        fmt(max_vs_dbz, "x"), "", ">= 3x Debezium",
-        None if max_vs_dbz is None else max_vs_dbz >= t["streaming_vs_debezium"])
+        fmt(s["dbz_max_sustained_events_s"]), fmt(s["dbzt_max_sustained_events_s"]),
+        fmt(s["trib_max_sustained_events_s"]), both(max_vs_dbz, max_vs_dbzt), "", ">= 3x Debezium",
+        None if max_judge is None else max_judge >= t["streaming_vs_debezium"])
     row("(workload offered at max rate, events/s)", "", "",
-        fmt(s["dbz_max_offered_events_s"]), fmt(s["trib_max_offered_events_s"]), "", "", "", None)
-    row("latency p50 at max rate", "", "", fmt(s["dbz_max_p50_ms"], "ms"), fmt(s["trib_max_p50_ms"], "ms"),
-        "", "", "", None)
-    row("latency p99 at max rate", "", "", fmt(s["dbz_max_p99_ms"], "ms"), fmt(s["trib_max_p99_ms"], "ms"),
-        "", "", "", None)
+        fmt(s["dbz_max_offered_events_s"]), fmt(s["dbzt_max_offered_events_s"]),
+        fmt(s["trib_max_offered_events_s"]), "", "", "", None)
+    row("latency p50 at max rate", "", "", fmt(s["dbz_max_p50_ms"], "ms"), fmt(s["dbzt_max_p50_ms"], "ms"),
+        fmt(s["trib_max_p50_ms"], "ms"), "", "", "", None)
+    row("latency p99 at max rate", "", "", fmt(s["dbz_max_p99_ms"], "ms"), fmt(s["dbzt_max_p99_ms"], "ms"),
+        fmt(s["trib_max_p99_ms"], "ms"), "", "", "", None)
+    for k in CATCH_UP_TXN_ROWS:
+        r = s[f"catch_up_{k}_ratio"]
+        if s[f"catch_up_{k}_events_s"] is None:
+            continue
+        row(f"backlog catch-up, {k} row(s) per transaction, events/s (PostgreSQL decoding: pg_recvlogical)",
+            "", fmt(s[f"catch_up_{k}_recvlogical_events_s"]), "", "", fmt(s[f"catch_up_{k}_events_s"]), "",
+            fmt(r, "%"), ">= 50% of pg_recvlogical", None if r is None else r >= t["catch_up_vs_recvlogical"])
+    if s["sweep_ok"] is not None:
+        row(f"sustained load, 8 writers: highest offered txn/s with p99 < 500 ms (highest offered: "
+            f"{fmt(s['sweep_top'])})", "", "", "", "", fmt(s["sweep_ok"]), "", "", ">= 20,000",
+            s["sweep_ok"] >= t["sustained_events_s"])
     row("peak RSS, source side (VmHWM)", "", "", fmt(s["dbz_rss"], "MiB") + " (one JVM: source + sink)",
-        fmt(s["src_rss"], "MiB"), "", "", "< 64 MiB",
+        fmt(s["dbzt_rss"], "MiB"), fmt(s["src_rss"], "MiB"), "", "", "< 64 MiB",
         None if s["src_rss"] is None else s["src_rss"] < t["source_rss_mib"])
-    row("peak RSS, sink side (VmHWM)", "", "", "(same JVM)", fmt(s["sink_rss"], "MiB"), "", "", "< 128 MiB",
-        None if s["sink_rss"] is None else s["sink_rss"] < t["sink_rss_mib"])
-    row("peak RSS, the sink alone (VmHWM)", "", "", "", fmt(s["alone_rss"], "MiB"), "", "", "< 128 MiB",
-        None if s["alone_rss"] is None else s["alone_rss"] < t["sink_rss_mib"])
+    row("peak RSS, sink side (VmHWM)", "", "", "(same JVM)", "(same JVM)", fmt(s["sink_rss"], "MiB"), "", "", "",
+        None)
+    row("peak RSS, sink side during the snapshot (VmHWM)", "", "", "", "", fmt(s["snap_sink_rss"], "MiB"), "", "",
+        "< 64 MiB", None if s["snap_sink_rss"] is None else s["snap_sink_rss"] < t["sink_rss_mib"])
+    row("peak RSS, the sink alone (VmHWM)", "", "", "", "", fmt(s["alone_rss"], "MiB"), "", "", "", None)
     tot = (s["src_rss"] or 0) + (s["sink_rss"] or 0) if s["src_rss"] else None
-    row("peak RSS, all processes", "", "", fmt(s["dbz_rss"], "MiB"), fmt(tot, "MiB"),
-        fmt(ratio(tot, s["dbz_rss"]), "x"), "", "", None)
+    row("peak RSS, all processes", "", "", fmt(s["dbz_rss"], "MiB"), fmt(s["dbzt_rss"], "MiB"), fmt(tot, "MiB"),
+        both(ratio(tot, s["dbz_rss"]), ratio(tot, s["dbzt_rss"])), "", "", None)
 
     nrep = {k: len(v) for k, v in reps.items()}
     lines = [
@@ -142,15 +192,20 @@ def render(args, info, reps, errors, converter, run_id):
            else "the destination databases in the source's PostgreSQL instance (--destination same)."),
         "",
         f"Debezium: {dbz}, converter: {conv}, heap -Xms256M -Xmx2G (connect-standalone.sh default).",
+        "Debezium tuned: the same with Apicurio's Avro converter 2.6.13.Final (registry v2 API) and, as "
+        "Debezium's documentation advises, source `max.batch.size=10000`, `max.queue.size=40000`, "
+        "`snapshot.fetch.size=10240`; JDBC sink `batch.size=10000`, `consumer.override.max.poll.records=10000`, "
+        "`use.reduction.buffer=true` (both rows `insert.mode=upsert`)." if reps.get("debezium_tuned") else "",
         f"Tributary: source-runner + sink-runner, Avro (Confluent wire format, registry ccompat API), "
         f"exactly-once (Kafka transactions, offsets in the destination).",
-        f"Reps measured: limits {nrep['limits']}, Debezium {nrep['debezium']}, Tributary {nrep['tributary']}. "
+        f"Reps measured: limits {nrep['limits']}, Debezium {nrep['debezium']}, "
+        f"Debezium tuned {nrep.get('debezium_tuned', 0)}, Tributary {nrep['tributary']}. "
         f"Streaming workloads: {args.duration} s each, 60% updates / 25% inserts / 15% deletes, one row per "
         f"transaction (pgbench).",
         "",
-        "| metric | COPY TO STDOUT | pg_dump \\| psql | Debezium | Tributary | Tributary / Debezium "
-        "| Tributary / pg_dump\\|psql | target | met |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| metric | COPY TO STDOUT | pg_dump \\| psql | Debezium | Debezium tuned, Avro | Tributary "
+        "| Tributary / Debezium (untuned; tuned) | Tributary / pg_dump\\|psql | target | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ] + rows
     if errors:
         lines += ["", "Failures:"]
@@ -169,7 +224,8 @@ def render(args, info, reps, errors, converter, run_id):
               "transactions (one row change each) / (workload start -> destination count and "
               "sum(qty) equal the source's). Latency = destination clock_timestamp() when a "
               "row is first seen - its created_at (set to clock_timestamp() by the source "
-              "statement); destination polled every 50 ms (adds 0-50 ms), inserts and updates only. "
+              "statement); destination polled every 20 ms (adds 0-20 ms), inserts and updates only. "
+              "Catch-up = a backlog of row updates written with the runners stopped, from their start to the destination equal to the source; pg_recvlogical = PostgreSQL decoding the same backlog (pgoutput) into /dev/null. Sweep = 8 pgbench clients at rising offered rates. "
               "RSS = VmHWM of each process."]
     return "\n".join(lines)
 
