@@ -268,6 +268,12 @@ impl RedshiftSink {
         }
     }
 
+    /// Sends `sql` with the next statement (recorded like every statement).
+    fn defer(&self, sql: &str) {
+        self.record(sql);
+        self.session.defer(sql);
+    }
+
     fn ctx(&self) -> Ctx {
         self.session.ctx()
     }
@@ -465,8 +471,7 @@ impl RedshiftSink {
     async fn restart_transaction(&mut self) -> Result<()> {
         self.rollback().await;
         self.session.connected()?;
-        self.record(BEGIN);
-        self.session.defer(BEGIN);
+        self.defer(BEGIN);
         Ok(())
     }
 
@@ -479,8 +484,7 @@ impl RedshiftSink {
     fn lock_for_write(&mut self, dest: &DestinationTable) {
         if self.touched.insert(dest.clone()) {
             let sql = lock_sql(&dest.quoted());
-            self.record(&sql);
-            self.session.defer(&sql);
+            self.defer(&sql);
         }
     }
 
@@ -814,8 +818,7 @@ impl Warehouse for RedshiftSink {
             self.load_table(&dest).await?;
             self.change_table(&dest, &schema, &origin).await?;
         }
-        self.record(BEGIN);
-        self.session.defer(BEGIN);
+        self.defer(BEGIN);
         self.staging_in_txn.clear();
         self.touched.clear();
         self.dropped.clear();
@@ -838,8 +841,7 @@ impl Warehouse for RedshiftSink {
             // Runners commit their offsets one at a time: the fence check
             // and the replacement see no other runner's move in between.
             let sql = lock_sql(&offsets_table());
-            self.record(&sql);
-            self.session.defer(&sql);
+            self.defer(&sql);
         }
         if offsets.iter().any(|m| m.fence != Fence::Unchecked) {
             let rows = self.query(&stored_offsets_sql(&self.consumer_group), &ctx).await?;
@@ -969,9 +971,7 @@ impl Warehouse for RedshiftSink {
         if exists {
             self.lock_for_write(dest);
         }
-        let lock = lock_sql(&resets_table());
-        self.record(&lock);
-        self.session.defer(&lock);
+        self.defer(&lock_sql(&resets_table()));
         let done = self.query(&reset_of_sql(dest), &ctx).await?;
         if done.first().is_some_and(|r| r.get::<_, i64>(0) >= reset) {
             return Ok(());
