@@ -342,6 +342,47 @@ async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resu
     runner.await.expect("join").expect("runner");
 }
 
+/// A lone change is applied once the consumer gives nothing more
+/// (`batch_idle_ms`, on by default for a destination whose writes cost
+/// only time), not after the whole `batch_linger_ms`; with
+/// `batch_idle_ms = 0` it waits for the linger. Both runners have a linger
+/// of a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lone_change_is_applied_when_nothing_more_comes_not_after_the_linger() {
+    let s = items();
+    let mut topic = EventTopic::new("memidle", 1).await;
+    topic
+        .produce(&[event(&s, Op::Create, None, Some(row(1, "one", 1, "1.00")), 10, 0)])
+        .await;
+    let start = |idle: &str| {
+        let store = MemoryStore::new();
+        let group = unique("memidle");
+        let text = topic
+            .sink_runner_config(&group, UNUSED_POSTGRES)
+            .replace("batch_linger_ms = 100\n", &format!("batch_linger_ms = 60000\n{idle}"));
+        let config: SinkRunnerConfig = tributary_operations::config::parse(&text, "test").expect("config");
+        let (stop, stopped) = watch::channel(false);
+        let runner = spawn_sink(&config, Box::new(store.sink(&group)), Telemetry::new(&group, "sink"), stopped);
+        (store, stop, runner)
+    };
+    let (idle, stop_idle, idle_runner) = start("");
+    let (lingering, stop_lingering, lingering_runner) = start("batch_idle_ms = 0\n");
+    wait_for("the change, long before the linger", Duration::from_secs(30), || async {
+        (idle.rows("public.items").len() == 1).then_some(())
+    })
+    .await;
+    // The other runner joined its group as soon and has fetched the change
+    // by now; it holds it for the rest of its minute.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(lingering.rows("public.items").is_empty(), "batch_idle_ms = 0 applied before the linger");
+    for (stop, runner) in [(stop_idle, idle_runner), (stop_lingering, lingering_runner)] {
+        stop.send(true).expect("stop");
+        runner.await.expect("join").expect("runner");
+    }
+    // Stopping applies what is buffered.
+    assert_eq!(lingering.rows("public.items").len(), 1);
+}
+
 /// A sink that dead-lettered a record and stopped before it stored the
 /// offsets past it: the next one consumes the record again and does not
 /// dead-letter it a second time (it reads what its predecessor sent).

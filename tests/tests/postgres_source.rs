@@ -558,6 +558,39 @@ async fn large_transaction_goes_out_in_parts_and_resumes_inside_it() {
     fx.cleanup().await;
 }
 
+/// A streamed batch ends when the stream gives nothing more after a
+/// transaction (`STREAM_IDLE`), not after the whole `batch_linger_ms`: with
+/// a linger of a minute (and a heartbeat of two), a lone insert still comes
+/// within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_transaction_is_given_out_when_nothing_more_comes_not_after_the_linger() {
+    let fx = Fixture::new("idle").await;
+    let s = &fx.schema;
+    fx.exec(&format!("CREATE TABLE {s}.t (id int PRIMARY KEY, n int)")).await;
+    let mut config = fx.config();
+    config.heartbeat_interval_ms = 120_000;
+    config.batch_linger_ms = 60_000;
+    let mut source = PostgresSource::new(config, "test").expect("config");
+    start(&mut source, None).await;
+    fx.exec(&format!("INSERT INTO {s}.t VALUES (1, 1)")).await;
+    let inserted = async {
+        loop {
+            let b = next(&mut source).await;
+            if b.messages
+                .iter()
+                .any(|m| matches!(m, SourceMessage::Change(e) if e.op == Op::Create))
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), inserted)
+        .await
+        .expect("the insert waited for the linger");
+    drop(source);
+    fx.cleanup().await;
+}
+
 /// A source whose sessions all pass a proxy (its config from `fx`, then
 /// `adjust`), started and synced on table `t`.
 async fn started_through_proxy(
