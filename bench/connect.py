@@ -28,6 +28,10 @@ DEBEZIUM_JDBC_VERSION = "3.6.0.Final"
 # io.apicurio.registry.serde.KafkaSerializer). The untuned Debezium row
 # keeps Kafka's JsonConverter (schemas enabled), as measured first.
 APICURIO_CONVERTER_VERSION = "2.6.13.Final"
+# debezium-connector-mariadb's plugin archive is not on Maven Central for
+# 3.6.1.Final or 3.6.0.Final (2026-12-04); 3.5.0.Final is the newest there.
+# A plugin archive carries its own Debezium core, so it runs beside 3.6.1.
+DEBEZIUM_MARIADB_VERSION = "3.5.0.Final"
 LOG4J_VERSION = "2.24.3"
 
 PARTS = {
@@ -44,6 +48,11 @@ PARTS = {
     # only has as org.hibernate.orm).
     "plugins/debezium-connector-postgres": [
         ("io.debezium", "debezium-connector-postgres", DEBEZIUM_SOURCE_VERSION, "tar.gz", "plugin"),
+    ],
+    # The MySQL source's row measures Debezium's MariaDB connector (its own
+    # since Debezium 2.7; the MySQL connector no longer takes MariaDB's GTIDs).
+    "plugins/debezium-connector-mariadb": [
+        ("io.debezium", "debezium-connector-mariadb", DEBEZIUM_MARIADB_VERSION, "tar.gz", "plugin"),
     ],
     "plugins/debezium-connector-jdbc": [
         ("io.debezium", "debezium-connector-jdbc", DEBEZIUM_JDBC_VERSION, "tar.gz", "plugin"),

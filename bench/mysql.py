@@ -58,6 +58,32 @@ def wait_metric(port, name, table, target, proc, timeout, on_poll=None):
     return time.time()
 
 
+def peak_rss_kib(pid):
+    """The process's peak RSS so far (VmHWM), KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def create_table(db, rows):
+    """`db.items` with `rows` rows (the database exists)."""
+    mariadb("CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(40) NOT NULL, qty INT, "
+            "price DECIMAL(10,2), updated DATETIME(6))", db)
+    mariadb(f"INSERT INTO items SELECT seq, CONCAT('item ', seq), seq % 100, seq / 7, "
+            f"'2024-01-01 00:00:00' + INTERVAL seq SECOND FROM seq_1_to_{rows}", db)
+
+
+def streaming_changes(rows):
+    """Row changes of the streaming workload for a table of `rows` rows."""
+    return min(rows, 100_000)
+
+
+def update_sql(changes):
+    """The streaming workload: `changes` row updates in ROWS_PER_TXN-row transactions."""
+    return ";".join(
+        f"START TRANSACTION; UPDATE items SET qty = qty + 1 WHERE id BETWEEN {a} AND {a + ROWS_PER_TXN - 1}; COMMIT"
+        for a in range(1, changes + 1, ROWS_PER_TXN))
+
+
 def run(rows, bin_dir, kafka, registry, log):
     run_id = "benchmy_" + time.strftime("%m%d%H%M%S") + f"_{os.getpid() % 1000}"
     db = run_id
@@ -67,11 +93,7 @@ def run(rows, bin_dir, kafka, registry, log):
     mariadb(f"CREATE DATABASE {db}")
     proc = None
     try:
-        mariadb("CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(40) NOT NULL, qty INT, "
-                "price DECIMAL(10,2), updated DATETIME(6))", db)
-        mariadb(f"INSERT INTO items SELECT seq, CONCAT('item ', seq), seq % 100, seq / 7, "
-                f"'2024-01-01 00:00:00' + INTERVAL seq SECOND FROM seq_1_to_{rows}", db)
-
+        create_table(db, rows)
         t0 = time.time()
         subprocess.run(["mariadb", "--no-defaults", "-h", MY_HOST, "-P", MY_PORT, "-u", MY_USER,
                         f"-p{MY_PASSWORD}", "--quick", "--batch", db, "-e", "SELECT * FROM items"],
@@ -100,12 +122,9 @@ server_id = {7000 + os.getpid() % 1000}
         # Streaming starts once the snapshot's events are all counted.
         wait_metric(port, "tributary_events_total", table, rows, proc, 60)
 
-        changes = min(rows, 100_000)
-        stmts = ";".join(
-            f"START TRANSACTION; UPDATE items SET qty = qty + 1 WHERE id BETWEEN {a} AND {a + ROWS_PER_TXN - 1}; COMMIT"
-            for a in range(1, changes + 1, ROWS_PER_TXN))
+        changes = streaming_changes(rows)
         t0 = time.time()
-        mariadb(stmts, db)
+        mariadb(update_sql(changes), db)
         t_written = time.time()
         t1 = wait_metric(port, "tributary_events_total", table, rows + changes, proc, 300)
         res = {
@@ -115,6 +134,7 @@ server_id = {7000 + os.getpid() % 1000}
             "changes": changes,
             "source_write_events_s": changes / (t_written - t0),
             "streaming_events_s": changes / (t1 - t0),
+            "rss_kib": peak_rss_kib(proc.pid),
         }
     finally:
         if proc is not None:

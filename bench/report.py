@@ -185,6 +185,8 @@ def render(args, info, reps, errors, converter, run_id):
     row("peak RSS, all processes", "", "", fmt(s["dbz_rss"], "MiB"), fmt(s["dbzt_rss"], "MiB"), fmt(tot, "MiB"),
         both(ratio(tot, s["dbz_rss"]), ratio(tot, s["dbzt_rss"])), "", "", None)
 
+    connector_rows(reps.get("connectors", []), row)
+
     nrep = {k: len(v) for k, v in reps.items()}
     lines = [
         f"# Benchmark {run_id}: {args.rows:,} rows, {args.reps} rep(s) (medians)",
@@ -208,8 +210,9 @@ def render(args, info, reps, errors, converter, run_id):
         f"Streaming workloads: {args.duration} s each, 60% updates / 25% inserts / 15% deletes, one row per "
         f"transaction (pgbench).",
         "",
-        "| metric | COPY TO STDOUT | pg_dump \\| psql | Debezium | Debezium tuned, Avro | Tributary "
-        "| Tributary / Debezium (untuned; tuned) | Tributary / pg_dump\\|psql | target | met |",
+        "| metric | COPY TO STDOUT | pg_dump \\| psql (connector rows: the row's limit) | Debezium "
+        "| Debezium tuned, Avro | Tributary | Tributary / Debezium (untuned; tuned) "
+        "| Tributary / pg_dump\\|psql (or the row's limit) | target | met |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ] + rows
     if errors:
@@ -233,6 +236,74 @@ def render(args, info, reps, errors, converter, run_id):
               "Catch-up = a backlog of row updates written with the runners stopped, from their start to the destination equal to the source; pg_recvlogical = PostgreSQL decoding the same backlog (pgoutput) into /dev/null. Sweep = 8 pgbench clients at rising offered rates. "
               "RSS = VmHWM of each process."]
     return "\n".join(lines)
+
+
+# The connector rows: what each sink's benchmark calls its destination, and
+# the run's baseline for them (bench/run CONNECTOR_SINKS).
+SINK_TITLES = {
+    "bigquery": "BigQuery sink into bqemulator",
+    "spanner": "Spanner sink into the Cloud Spanner emulator",
+    "snowflake": "Snowflake sink into fakesnow",
+    "redshift": "Redshift sink in its test mode (PostgreSQL 15 + moto S3)",
+}
+
+
+def connector_rows(C, row):
+    """The connector rows of the one table, from bench/run's connectors_rep
+    results (medians over the reps); a connector that failed in every rep
+    says so in its row."""
+    if not C:
+        return
+
+    def failed(rs):
+        errs = [r.get("error") for r in rs if r and r.get("error")]
+        return errs[0].splitlines()[0][:120] if errs and len(errs) == len(rs) else None
+
+    my = [r.get("mysql") or {} for r in C]
+    dz = [r.get("debezium_mysql") or {} for r in C]
+    err, dz_err = failed(my), failed([d for d in dz if d])
+    ok = [r for r in my if r and "error" not in r]
+    dz_ok = [d for d in dz if d and "error" not in d]
+    dz_cell = (lambda k: f"failed: {dz_err}") if dz_err else (
+        (lambda k: fmt(pick(dz_ok, k))) if dz_ok else (lambda k: "not run"))
+    if err:
+        row("MySQL source (MariaDB) alone", "", "", "", dz_cell("snapshot_rows_s"), f"failed: {err}", "", "", "",
+            None)
+    elif ok:
+        snap, lim = pick(ok, "snapshot_rows_s"), pick(ok, "raw_select_rows_s")
+        row(f"MySQL source (MariaDB) alone, {ok[0]['rows']:,} rows: snapshot rows/s into Kafka "
+            "(limit: `SELECT *` through the mariadb client; Debezium: its MariaDB connector into Kafka)", "",
+            fmt(lim), "", dz_cell("snapshot_rows_s"), fmt(snap), fmt(ratio(snap, pick(dz_ok, "snapshot_rows_s")), "x"),
+            fmt(ratio(snap, lim), "%"), "", None)
+        ev, lim = pick(ok, "streaming_events_s"), pick(ok, "source_write_events_s")
+        row(f"MySQL source (MariaDB) alone: streaming events/s into Kafka, {ok[0]['changes']:,} changes in "
+            "1,000-row transactions (limit: MariaDB executing them)", "", fmt(lim), "",
+            dz_cell("streaming_events_s"), fmt(ev), fmt(ratio(ev, pick(dz_ok, "streaming_events_s")), "x"),
+            fmt(ratio(ev, lim), "%"), "", None)
+        mib = (lambda rs: fmt((pick(rs, "rss_kib") or 0) / 1024 or None, "MiB"))
+        row("peak RSS, MySQL source alone (VmHWM)", "", "", "", mib(dz_ok) if dz_ok else "", mib(ok), "", "",
+            "", None)
+    base = [(r.get("sinks") or {}).get("postgres") or {} for r in C]
+    base_ok = [b for b in base if b and "error" not in b]
+    base_rate = pick(base_ok, "changes_s")
+    if base_ok:
+        b = base_ok[0]
+        row(f"PostgreSQL sink alone (stack's PostgreSQL): changes/s, {b['changes']:,} changes in batches of "
+            f"{b['batch']:,} ({pick(base_ok, 'cost_per_1m'):,.0f} {b['unit']} per 1M changes)", "", "", "", "",
+            fmt(base_rate), "", "", "", None)
+    for name, title in SINK_TITLES.items():
+        rs = [(r.get("sinks") or {}).get(name) or {} for r in C]
+        err = failed(rs)
+        ok = [r for r in rs if r and "error" not in r]
+        if err:
+            row(f"{title}, alone", "", "", "", "", f"failed: {err}", "", "", "", None)
+            continue
+        if not ok:
+            continue
+        rate = pick(ok, "changes_s")
+        row(f"{title}, alone: changes/s, {ok[0]['changes']:,} changes in batches of {ok[0]['batch']:,} "
+            f"({pick(ok, 'cost_per_1m'):,.0f} {ok[0]['unit']} per 1M changes; limit: the PostgreSQL sink above)",
+            "", fmt(base_rate), "", "", fmt(rate), "", fmt(ratio(rate, base_rate), "%"), "", None)
 
 
 def svg(reps):
