@@ -26,11 +26,20 @@ use tributary_operations::registry::SchemaRegistryConfig;
 /// transaction over thousands of rows during a snapshot; a batch is flushed
 /// earlier by bytes or time.
 pub const DEFAULT_BATCH_MAX_RECORDS: usize = 20_000;
-/// Bytes of raw (Avro) record data per batch. Decoded rows take a few times
-/// this, and the staged `COPY` text once more, so 4 MiB keeps a runner well
-/// under its 128 MiB RSS budget while one `COPY` still moves tens of
-/// thousands of rows.
-pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of raw (Avro) record data per batch, on destinations where a write
+/// costs only time (`SinkConfig::writes_when_idle`). Three batches are in
+/// memory at once (applied, decoded, buffering), and a decoded row takes
+/// several times its Avro bytes: in the benchmark's 1M-row snapshot each
+/// MiB here cost about 11 MiB of the sink's peak RSS. At 1 MiB (about 4,000
+/// of its rows per `COPY`) the peak was 56 MiB against 94 MiB at 4 MiB
+/// (both with a 2 MiB prefetch queue), for 147-160k against 193-200k rows/s
+/// applied by the sink alone; end to end the snapshot stayed at 104-114k
+/// rows/s, where the source bounds it.
+pub const DEFAULT_BATCH_MAX_BYTES: usize = 1024 * 1024;
+/// `batch_max_bytes` on destinations that bill or queue each write
+/// (BigQuery, Snowflake, Redshift): four times fewer statements per
+/// snapshot, for the memory.
+pub const DEFAULT_BATCH_MAX_BYTES_BILLED: usize = 4 * 1024 * 1024;
 /// How long the first record of a batch waits for more. Short: it only
 /// groups bursts. At 500 ms the benchmark measured a p99 of 922 ms from
 /// source commit to destination at 1,000 events/s, against a 500 ms target;
@@ -44,9 +53,12 @@ pub const DEFAULT_BATCH_IDLE_MS: u64 = 2;
 /// the largest is flushed early (4 batches' worth).
 pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
 /// librdkafka's prefetch queue per runner, in KiB. Its default (64 MiB)
-/// alone would take half the memory budget; 16 MiB still keeps the
-/// consumer ahead of a destination doing 100k rows/s.
-pub const DEFAULT_QUEUED_MAX_KBYTES: u32 = 16 * 1024;
+/// alone would take half the memory budget. 16 MiB cost 25 MiB of peak RSS
+/// over 4 MiB in the 1M-row snapshot, and the sink alone applied no faster
+/// with it (172-230k against 193-200k rows/s); 2 MiB is a few batches of
+/// the broker's fetches (`max.partition.fetch.bytes`, 1 MiB), refilled
+/// within `fetch.queue.backoff.ms`.
+pub const DEFAULT_QUEUED_MAX_KBYTES: u32 = 2 * 1024;
 /// How long librdkafka waits before fetching again once its prefetch queue
 /// was full, in ms. Its default (1000 ms) stalled a snapshot for up to a
 /// second each time the runner caught up with the queue: a 1M-row snapshot
@@ -96,9 +108,11 @@ pub struct SinkRunnerConfig {
     /// Change events per batch.
     #[serde(default = "default_batch_max_records")]
     pub batch_max_records: usize,
-    /// Raw record bytes per batch.
-    #[serde(default = "default_batch_max_bytes")]
-    pub batch_max_bytes: usize,
+    /// Raw record bytes per batch. Default: DEFAULT_BATCH_MAX_BYTES, or
+    /// DEFAULT_BATCH_MAX_BYTES_BILLED on destinations that bill or queue
+    /// each write; see [`SinkRunnerConfig::batch_max_bytes`].
+    #[serde(default)]
+    pub batch_max_bytes: Option<usize>,
     /// How long a batch waits for more records, in milliseconds.
     #[serde(default = "default_batch_linger_ms")]
     pub batch_linger_ms: u64,
@@ -130,9 +144,6 @@ pub struct SinkRunnerConfig {
 
 fn default_batch_max_records() -> usize {
     DEFAULT_BATCH_MAX_RECORDS
-}
-fn default_batch_max_bytes() -> usize {
-    DEFAULT_BATCH_MAX_BYTES
 }
 fn default_batch_linger_ms() -> u64 {
     DEFAULT_BATCH_LINGER_MS
@@ -186,10 +197,10 @@ impl Validate for SinkRunnerConfig {
         if self.batch_max_records == 0 {
             return Err(ConfigError::invalid("batch_max_records", "must be greater than 0"));
         }
-        if self.batch_max_bytes < 1024 {
+        if self.batch_max_bytes.is_some_and(|b| b < 1024) {
             return Err(ConfigError::invalid("batch_max_bytes", "must be at least 1024"));
         }
-        if self.max_buffered_bytes < self.batch_max_bytes {
+        if self.max_buffered_bytes < self.batch_max_bytes() {
             return Err(ConfigError::invalid("max_buffered_bytes", "must be at least batch_max_bytes"));
         }
         if self.batch_linger_ms == 0 || self.batch_linger_ms > 60_000 {
@@ -287,6 +298,16 @@ impl SinkRunnerConfig {
         Duration::from_millis(self.batch_linger_ms)
     }
 
+    /// `batch_max_bytes`, its default taken from the destination: small
+    /// batches where a write costs only time, large ones where each write
+    /// is billed or queued.
+    pub fn batch_max_bytes(&self) -> usize {
+        self.batch_max_bytes.unwrap_or(match self.destination.one() {
+            Ok((_, d)) if !d.writes_when_idle() => DEFAULT_BATCH_MAX_BYTES_BILLED,
+            _ => DEFAULT_BATCH_MAX_BYTES,
+        })
+    }
+
     /// `batch_idle_ms` as a duration, its default taken from the
     /// destination; `None`: batches wait the whole linger.
     pub fn idle(&self) -> Option<Duration> {
@@ -337,6 +358,34 @@ url = "postgres://u@127.0.0.1/db"
         assert!(!c.is_excluded("shop.public.orders"));
         assert!(c.destination.postgres.is_some());
         assert!(c.sink().is_ok());
+    }
+
+    #[test]
+    fn batch_defaults_follow_what_a_write_costs() {
+        let pg: SinkRunnerConfig = parse(MINIMAL, "test").unwrap();
+        assert_eq!(pg.batch_max_bytes(), DEFAULT_BATCH_MAX_BYTES);
+        let bq_text = MINIMAL.replace(
+            "[postgres]\nurl = \"postgres://u@127.0.0.1/db\"",
+            "[bigquery]\nproject = \"p\"\nemulator_url = \"http://127.0.0.1:9050\"",
+        );
+        let bq: SinkRunnerConfig = parse(&bq_text, "test").unwrap();
+        assert_eq!(bq.batch_max_bytes(), DEFAULT_BATCH_MAX_BYTES_BILLED);
+        assert_eq!(bq.idle(), None);
+        let set: SinkRunnerConfig =
+            parse(&bq_text.replace("consumer_group", "batch_max_bytes = 2048\nconsumer_group"), "t").unwrap();
+        assert_eq!(set.batch_max_bytes(), 2048, "an operator's setting wins");
+        let e = parse::<SinkRunnerConfig>(
+            &MINIMAL.replace("consumer_group", "max_buffered_bytes = 2000000\nconsumer_group"),
+            "t",
+        )
+        .expect("above the 1 MiB default");
+        assert_eq!(e.max_buffered_bytes, 2_000_000);
+        let e = parse::<SinkRunnerConfig>(
+            &bq_text.replace("consumer_group", "max_buffered_bytes = 2000000\nconsumer_group"),
+            "t",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("max_buffered_bytes"), "{e}");
     }
 
     #[test]

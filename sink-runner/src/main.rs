@@ -100,7 +100,7 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
     });
     // Everything buffered across tables, plus the batch being applied.
     tributary_operations::memory::report_budget(
-        (config.max_buffered_bytes + config.batch_max_bytes) as u64,
+        (config.max_buffered_bytes + config.batch_max_bytes()) as u64,
         "max_buffered_bytes or batch_max_bytes",
     );
     let telemetry = tributary_operations::telemetry::Telemetry::new(&config.consumer_group, "sink");

@@ -836,7 +836,7 @@ impl<S: Sink + 'static> Loop<S> {
             // instead of one costs RSS: the 128 MiB budget leaves no room
             // for `max_buffered_bytes` on top.
             let full = self.ready.is_some()
-                && self.buffers.values().map(|b| b.bytes).sum::<usize>() >= self.config.batch_max_bytes;
+                && self.buffers.values().map(|b| b.bytes).sum::<usize>() >= self.config.batch_max_bytes();
             let mut applied = None;
             let probe = (self.assigned.is_empty() && next_probe < probe_until).then_some(next_probe);
             let received = tokio::select! {
@@ -1182,7 +1182,7 @@ impl<S: Sink + 'static> Loop<S> {
                 Some(r) => r.at <= now,
                 None => {
                     b.records.len() >= self.config.batch_max_records
-                        || b.bytes >= self.config.batch_max_bytes
+                        || b.bytes >= self.config.batch_max_bytes()
                         || b.first_at.is_some_and(|t| idle || t + linger <= now)
                         || largest.as_deref() == Some(topic.as_str())
                 }

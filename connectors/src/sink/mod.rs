@@ -204,9 +204,10 @@ pub trait SinkConfig: fmt::Debug + Send + Sync {
 
     /// Whether the runner applies a batch as soon as the consumer gives
     /// nothing more (the default of its `batch_idle_ms`), rather than after
-    /// the whole `batch_linger_ms`. False where each write costs money, a
-    /// quota or a commit the warehouse serializes, so that the linger keeps
-    /// setting how often it writes.
+    /// the whole `batch_linger_ms`, and keeps its batches small in memory
+    /// (the default of its `batch_max_bytes`). False where each write costs
+    /// money, a quota or a commit the warehouse serializes, so that the
+    /// linger and large batches keep setting how often it writes.
     fn writes_when_idle(&self) -> bool {
         true
     }
