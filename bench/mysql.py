@@ -58,10 +58,17 @@ def wait_metric(port, name, table, target, proc, timeout, on_poll=None):
     return time.time()
 
 
-def peak_rss_kib(pid):
-    """The process's peak RSS so far (VmHWM), KiB."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+def vm_hwm_kib(pid):
+    """The process's peak RSS so far (VmHWM), KiB; 0 once it is gone. The
+    one reader of it for bench/run, bench/pg_source.py and this file."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def create_table(db, rows):
@@ -134,7 +141,7 @@ server_id = {7000 + os.getpid() % 1000}
             "changes": changes,
             "source_write_events_s": changes / (t_written - t0),
             "streaming_events_s": changes / (t1 - t0),
-            "rss_kib": peak_rss_kib(proc.pid),
+            "rss_kib": vm_hwm_kib(proc.pid),
         }
     finally:
         if proc is not None:

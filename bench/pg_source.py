@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mysql  # noqa: E402  (its metric reader and waiter)
+import mysql  # noqa: E402  (its metric reader and waiter, and the VmHWM reader)
 
 REPO = Path(__file__).resolve().parent.parent
 PG = dict(host="127.0.0.1", port=os.environ.get("TRIBUTARY_PG_PORT", "5432"), user="tributary", db="source")
@@ -59,16 +59,6 @@ def psql(sql, out=subprocess.PIPE):
     args = ["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", PG["host"], "-p", PG["port"],
             "-U", PG["user"], "-d", PG["db"], "-c", sql]
     return subprocess.run(args, env=ENV, stdout=out, stderr=subprocess.PIPE, text=True, check=True).stdout
-
-
-def vm_hwm_kib(pid):
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except FileNotFoundError:
-        pass
-    return 0
 
 
 def runner_config(run_id, rep, table):
@@ -105,7 +95,7 @@ def rep_once(binary, work, run_id, rep, table, rows, changes):
         with open(work / f"source-runner-r{rep}.log", "w") as out:
             proc = subprocess.Popen([str(binary), "--config", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
                                     env=dict(env, RUST_LOG=os.environ.get("RUST_LOG", "info")))
-        poll_rss = lambda: hwm.__setitem__(0, max(hwm[0], vm_hwm_kib(proc.pid)))  # noqa: E731
+        poll_rss = lambda: hwm.__setitem__(0, max(hwm[0], mysql.vm_hwm_kib(proc.pid)))  # noqa: E731
         t1 = mysql.wait_metric(ADMIN_PORT, "tributary_events_total", table, rows, proc, max(300, rows / 1000), poll_rss)
         poll_rss()
         res["snapshot_rows_s"] = rows / (t1 - t0)

@@ -238,8 +238,9 @@ def render(args, info, reps, errors, converter, run_id):
     return "\n".join(lines)
 
 
-# The connector rows: what each sink's benchmark calls its destination, and
-# the run's baseline for them (bench/run CONNECTOR_SINKS).
+# The sinks measured into a stand-in of their destination (bench/run's
+# --sink and its connector rows), with the name of that stand-in; the
+# PostgreSQL sink is the baseline each is read beside.
 SINK_TITLES = {
     "bigquery": "BigQuery sink into bqemulator",
     "spanner": "Spanner sink into the Cloud Spanner emulator",

@@ -166,6 +166,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
         let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group);
         let registry = config.schema_registry.registry(&config.schema_registry_url)?;
         let idle = config.idle();
+        let batch_max_bytes = config.batch_max_bytes();
         let mut state = Loop {
             config,
             sink,
@@ -192,6 +193,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
             ready: None,
             last_received: None,
             idle,
+            batch_max_bytes,
             stopped: BTreeMap::new(),
             stopped_probe: None,
             group,
@@ -734,6 +736,8 @@ struct Loop<S: Sink + 'static> {
     last_received: Option<Instant>,
     /// `batch_idle_ms`, resolved.
     idle: Option<Duration>,
+    /// `batch_max_bytes`, resolved (its default depends on the destination).
+    batch_max_bytes: usize,
     /// Partitions stopped because their stored offset is out of the topic's
     /// range, until an operator fixes the stored offset.
     stopped: BTreeMap<(String, i32), OutOfRange>,
@@ -835,8 +839,8 @@ impl<S: Sink + 'static> Loop<S> {
             // apply. Three batches in memory (applying, decoded, buffered)
             // instead of one costs RSS: the 128 MiB budget leaves no room
             // for `max_buffered_bytes` on top.
-            let full = self.ready.is_some()
-                && self.buffers.values().map(|b| b.bytes).sum::<usize>() >= self.config.batch_max_bytes();
+            let full =
+                self.ready.is_some() && self.buffers.values().map(|b| b.bytes).sum::<usize>() >= self.batch_max_bytes;
             let mut applied = None;
             let probe = (self.assigned.is_empty() && next_probe < probe_until).then_some(next_probe);
             let received = tokio::select! {
@@ -1182,7 +1186,7 @@ impl<S: Sink + 'static> Loop<S> {
                 Some(r) => r.at <= now,
                 None => {
                     b.records.len() >= self.config.batch_max_records
-                        || b.bytes >= self.config.batch_max_bytes()
+                        || b.bytes >= self.batch_max_bytes
                         || b.first_at.is_some_and(|t| idle || t + linger <= now)
                         || largest.as_deref() == Some(topic.as_str())
                 }
