@@ -191,6 +191,61 @@ pub fn position_before(syntax: PositionSyntax, left: (&str, &str), right: (&str,
     }
 }
 
+/// How a dialect quotes names and strings: what the deleted-rows statements
+/// that dialects without row comparison (BigQuery, Snowflake) share need.
+#[derive(Debug, Clone, Copy)]
+pub struct Quoting {
+    /// A quoted identifier.
+    pub ident: fn(&str) -> String,
+    /// A string literal.
+    pub string: fn(&str) -> String,
+}
+
+impl Quoting {
+    /// The position column pair behind a table alias (`t.`, `s.`, or `""`).
+    pub fn positions(&self, alias: &str) -> (String, String) {
+        (format!("{alias}{}", (self.ident)(COMMIT_COLUMN)), format!("{alias}{}", (self.ident)(INDEX_COLUMN)))
+    }
+
+    /// A staged batch (`source`) without the upserts that are not newer
+    /// than their key's deleted-rows entry, or older than the table-wide
+    /// one. Two anti-joins, each on an equality, not one with `OR` (which
+    /// leaves the engine nothing to join on but every pair: see the
+    /// PostgreSQL sink's `merge_sql`).
+    pub fn not_deleted_sql(&self, deleted: &str, dest: &impl std::fmt::Display, source: &str) -> String {
+        let (dc, di) = self.positions("d.");
+        let (sc, si) = self.positions("s.");
+        format!(
+            "(SELECT s.* FROM {source} AS s WHERE s.{del} OR (NOT EXISTS (SELECT 1 FROM {deleted} AS d \
+             WHERE d.dest_table = {name} AND d.row_key = s.{k} AND {removed}) AND NOT EXISTS (SELECT 1 FROM {deleted} AS d \
+             WHERE d.dest_table = {name} AND d.row_key = {whole} AND {removed_table})))",
+            del = (self.ident)(DELETE_COLUMN),
+            k = (self.ident)(KEY_COLUMN),
+            name = (self.string)(&dest.to_string()),
+            whole = (self.string)(TABLE_ROW_KEY),
+            removed = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), true),
+            // A row at the table-wide entry's own position is the copy's (see
+            // `sink::memory`): only older ones stay out.
+            removed_table = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), false),
+        )
+    }
+
+    /// Removes the deleted-rows entries of keys a staged upsert (`source`)
+    /// wrote again, newer.
+    pub fn undeleted_sql(&self, deleted: &str, dest: &impl std::fmt::Display, source: &str) -> String {
+        let (dc, di) = self.positions("d.");
+        let (sc, si) = self.positions("s.");
+        format!(
+            "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND EXISTS (SELECT 1 FROM {source} AS s \
+             WHERE NOT s.{del} AND s.{k} = d.row_key AND {older})",
+            del = (self.ident)(DELETE_COLUMN),
+            k = (self.ident)(KEY_COLUMN),
+            name = (self.string)(&dest.to_string()),
+            older = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
+        )
+    }
+}
+
 /// A staging table's name: `prefix` and a hash of the destination table and
 /// its column set, so that a schema change gets a fresh staging table and
 /// never an `ALTER`.

@@ -63,8 +63,8 @@ use self::client::{redact, BqClient, Ctx};
 pub use self::config::{BigQuerySinkConfig, DestinationTable};
 use self::dialect::{
     change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, forget_positions_sql, merge_sql,
-    not_deleted_sql, offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql,
-    truncate_older_sql, undeleted_sql, BigQueryDialect, BATCH_COLUMN,
+    offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql, truncate_older_sql,
+    BigQueryDialect, BATCH_COLUMN, QUOTING,
 };
 use self::types::{bigquery_type, from_metadata, to_json, BqType};
 use crate::error::{Error, ErrorKind, Result};
@@ -677,9 +677,9 @@ impl Warehouse for BigQuerySink {
             self.script.push(deleted_merge_sql(&deleted, dest, &source));
         }
         self.script
-            .push(merge_sql(dest, &not_deleted_sql(&deleted, dest, &source), &columns, &key));
+            .push(merge_sql(dest, &QUOTING.not_deleted_sql(&deleted, dest, &source), &columns, &key));
         if changes.groups.iter().any(|g| g.upserts > 0) {
-            self.script.push(undeleted_sql(&deleted, dest, &source));
+            self.script.push(QUOTING.undeleted_sql(&deleted, dest, &source));
         }
         debug!(table = %dest, rows = rows.len(), "staged");
         Ok(())

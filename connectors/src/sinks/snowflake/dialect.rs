@@ -16,8 +16,8 @@ use super::config::DestinationTable;
 use super::types::{fit, from_staged, snowflake_type, staged_text, SfType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
-    position_before, OffsetMove, PositionSyntax, COMMIT_COLUMN, DELETE_COLUMN, FORGOTTEN_POSITION, INDEX_COLUMN,
-    KEY_COLUMN, TABLE_ROW_KEY,
+    position_before, OffsetMove, PositionSyntax, Quoting, COMMIT_COLUMN, DELETE_COLUMN, FORGOTTEN_POSITION,
+    INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -158,8 +158,11 @@ fn literal(value: &Value, ty: &SfType) -> Option<Literal> {
     })
 }
 
+/// This dialect's quoting, for the statements the core writes once.
+pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: quote_string };
+
 fn positions(alias: &str) -> (String, String) {
-    (format!("{alias}{}", quote_ident(COMMIT_COLUMN)), format!("{alias}{}", quote_ident(INDEX_COLUMN)))
+    QUOTING.positions(alias)
 }
 
 /// The session's temporary staging table of a column set: every data
@@ -246,29 +249,6 @@ pub fn staged_source(stage: &str, batch: &str) -> String {
         quote_ident(stage),
         quote_ident(BATCH_COLUMN),
         quote_string(batch)
-    )
-}
-
-/// A staged batch (`source`) without the upserts that are not newer than
-/// their key's deleted-rows entry, or older than the table-wide one. Two
-/// anti-joins, each on an equality, not one with `OR` (which leaves the
-/// engine nothing to join on but every pair: see the PostgreSQL sink's
-/// `merge_sql`).
-pub fn not_deleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
-    let (dc, di) = positions("d.");
-    let (sc, si) = positions("s.");
-    format!(
-        "(SELECT s.* FROM {source} AS s WHERE s.{del} OR (NOT EXISTS (SELECT 1 FROM {deleted} AS d \
-         WHERE d.dest_table = {name} AND d.row_key = s.{k} AND {removed}) AND NOT EXISTS (SELECT 1 FROM {deleted} AS d \
-         WHERE d.dest_table = {name} AND d.row_key = {whole} AND {removed_table})))",
-        del = quote_ident(DELETE_COLUMN),
-        k = quote_ident(KEY_COLUMN),
-        name = quote_string(&dest.to_string()),
-        whole = quote_string(TABLE_ROW_KEY),
-        removed = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), true),
-        // A row at the table-wide entry's own position is the copy's (see
-        // `sink::memory`): only older ones stay out.
-        removed_table = position_before(PositionSyntax::Expanded, (&sc, &si), (&dc, &di), false),
     )
 }
 
@@ -362,21 +342,6 @@ pub fn deleted_keep_sql(deleted: &str, dest: &DestinationTable, source: &str) ->
              NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key = s.{k})"
         ),
     ]
-}
-
-/// Removes the deleted-rows entries of keys a staged upsert (`source`)
-/// wrote again, newer.
-pub fn undeleted_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
-    let (dc, di) = positions("d.");
-    let (sc, si) = positions("s.");
-    format!(
-        "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND EXISTS (SELECT 1 FROM {source} AS s \
-         WHERE NOT s.{del} AND s.{k} = d.row_key AND {older})",
-        del = quote_ident(DELETE_COLUMN),
-        k = quote_ident(KEY_COLUMN),
-        name = quote_string(&dest.to_string()),
-        older = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
-    )
 }
 
 /// Removes the rows written before `(commit, index)`.

@@ -67,10 +67,10 @@ use self::client::{upload_url, Credentials, KeyError, KeyPair, SfClient, SESSION
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
-    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, not_deleted_sql, offsets_table_ddl,
-    prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql,
-    resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql,
-    undeleted_sql, write_offsets_sql, SnowflakeDialect,
+    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, offsets_table_ddl, prune_deleted_sql,
+    put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl,
+    staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql, write_offsets_sql,
+    SnowflakeDialect, QUOTING,
 };
 use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
@@ -792,11 +792,11 @@ impl Warehouse for SnowflakeSink {
         if changes.groups.iter().any(|g| g.deletes > 0) {
             self.script.extend(deleted_keep_sql(&deleted, dest, &source));
         }
-        let live = not_deleted_sql(&deleted, dest, &source);
+        let live = QUOTING.not_deleted_sql(&deleted, dest, &source);
         self.script.push(replaced_rows_sql(dest, &live, &key));
         if changes.groups.iter().any(|g| g.upserts > 0) {
             self.script.push(insert_rows_sql(dest, &live, &columns, &key));
-            self.script.push(undeleted_sql(&deleted, dest, &source));
+            self.script.push(QUOTING.undeleted_sql(&deleted, dest, &source));
         }
         Ok(())
     }
