@@ -19,6 +19,7 @@ pub mod fuzzing;
 pub mod hashing;
 pub mod mapping;
 pub mod model;
+pub mod records;
 pub mod registry;
 pub mod temporal;
 pub mod topic;

@@ -103,3 +103,68 @@ async fn tombstones_can_be_turned_off() {
     let (_, delete) = fixtures::events().into_iter().find(|(op, _)| *op == "d").expect("delete");
     assert_eq!(encoder.tombstone(&delete, fixtures::TOPIC).expect("ok"), None);
 }
+
+/// The records between the runners besides change events, as written: each
+/// control record's headers and each offsets-topic record's key and value,
+/// one per line, in `records.txt`. A change of their bytes (which sinks and
+/// restarted runners of other versions read) shows up here.
+#[test]
+fn control_and_offsets_records_match_their_golden_file() {
+    use tributary_schemas::records::{ControlRecord, CopyProgress, Held, HeldTable, OffsetsRecord};
+    use tributary_schemas::{Position, TableId};
+
+    let table = TableId::new("public", "order items$2");
+    let mut out = String::new();
+    for record in [
+        ControlRecord::TableDropped { table: table.clone() },
+        ControlRecord::TableCopied {
+            table: table.clone(),
+            at: Position { commit: 42, index: 7 },
+        },
+        ControlRecord::TableReset { table: table.clone(), reset: 1_733_500_000_123 },
+    ] {
+        out.push_str("control");
+        for (k, v) in record.headers() {
+            out.push_str(&format!(" {k}={v}"));
+        }
+        out.push('\n');
+    }
+    let held = |copy, reset| Held {
+        reason: "a schema change the topic cannot carry".into(),
+        copy,
+        reset,
+    };
+    for record in [
+        OffsetsRecord::Checkpoint(Some(r#"{"epoch":"7","lsn":"0/16B3748"}"#.into())),
+        OffsetsRecord::HeldTables(vec![
+            HeldTable {
+                schema: "public".into(),
+                table: "a".into(),
+                held: held(CopyProgress::Paused, None),
+            },
+            HeldTable {
+                schema: "public".into(),
+                table: "b".into(),
+                held: held(CopyProgress::Asked, Some(5)),
+            },
+            HeldTable {
+                schema: "public".into(),
+                table: "c".into(),
+                held: held(CopyProgress::From { commit: 9, index: 2, swept: false }, None),
+            },
+        ]),
+        OffsetsRecord::ResetAll(Some(1_733_500_000_123)),
+        OffsetsRecord::ResetAll(None),
+        OffsetsRecord::Side {
+            key: "schema/shop.orders".into(),
+            value: Some("{}".into()),
+        },
+        OffsetsRecord::Side { key: "schema/shop.gone".into(), value: None },
+    ] {
+        let value = record
+            .value()
+            .map_or("<null>".to_string(), |v| String::from_utf8(v).expect("text"));
+        out.push_str(&format!("offsets {} = {value}\n", record.key().encode("pg-1")));
+    }
+    check("records.txt", out.as_bytes());
+}

@@ -1,0 +1,230 @@
+//! Control records on change topics: a null key, a null value, and the
+//! meaning in headers (docs/CONTRACTS.md, "Control records on change
+//! topics"). The source runner writes them in order with the changes of
+//! their table; a sink applies them in that order (`SinkRecord`'s control
+//! variants). A record that goes "on every partition" is written once per
+//! partition the topic has when it is sent.
+//!
+//! A new kind is one variant here, its header value, and its arm in
+//! [`ControlRecord::headers`] and [`ControlRecord::decode`].
+
+use super::{header, RecordError};
+use crate::{Position, TableId};
+
+/// Header that marks a control record, its value the kind
+/// ([`ControlRecord::kind`]).
+pub const CONTROL_HEADER: &str = "tributary.control";
+/// Kind: the source table was dropped.
+pub const TABLE_DROPPED: &str = "table-dropped";
+/// Kind: the table was copied again (after its changes were held back).
+pub const TABLE_COPIED: &str = "table-copied";
+/// Kind: the table's rows are about to be copied again from a source whose
+/// positions may not compare with those the destination holds.
+pub const TABLE_RESET: &str = "table-reset";
+/// Header of a table-copied record: the copy's position as `commit:index`.
+pub const POSITION_HEADER: &str = "tributary.position";
+/// Header of a table-reset record: the reset's id, a decimal number.
+pub const RESET_HEADER: &str = "tributary.reset";
+/// Header of every control record: the source table's schema (a topic's
+/// name may not say it: see [`crate::topic::legal_topic_name`]).
+pub const SCHEMA_HEADER: &str = "tributary.source.schema";
+/// Header of every control record: the source table's name.
+pub const TABLE_NAME_HEADER: &str = "tributary.source.table";
+
+/// One control record of a change topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlRecord {
+    /// The source table was dropped: after every earlier change of it.
+    /// Sinks drop the destination table when `drop_tables = true`.
+    TableDropped {
+        /// The dropped table.
+        table: TableId,
+    },
+    /// The table was copied again after its changes were held back: every
+    /// destination row older than `at` is gone at the source (the copy
+    /// rewrote the rows that exist, at or after `at`). On every partition,
+    /// after the copy's last row.
+    TableCopied {
+        /// The table.
+        table: TableId,
+        /// The copy's position (an empty copy: the greatest position a
+        /// destination stores, so every row is older).
+        at: Position,
+    },
+    /// The table is about to be copied again in another position domain
+    /// (a source epoch change, `source-runner reset`, `POST /resync`):
+    /// sinks forget the position of every row of the table, once per
+    /// reset id, whichever partition's record comes first. On every
+    /// partition, before any row of the copy.
+    TableReset {
+        /// The table.
+        table: TableId,
+        /// The reset's id: greater than every earlier reset's of the table
+        /// (the source runner's clock in milliseconds when it was decided).
+        reset: u64,
+    },
+}
+
+impl ControlRecord {
+    /// The table the record is about.
+    pub fn table(&self) -> &TableId {
+        match self {
+            ControlRecord::TableDropped { table }
+            | ControlRecord::TableCopied { table, .. }
+            | ControlRecord::TableReset { table, .. } => table,
+        }
+    }
+
+    /// Its kind: the value of [`CONTROL_HEADER`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ControlRecord::TableDropped { .. } => TABLE_DROPPED,
+            ControlRecord::TableCopied { .. } => TABLE_COPIED,
+            ControlRecord::TableReset { .. } => TABLE_RESET,
+        }
+    }
+
+    /// The record's headers, in the order they are written: the kind, what
+    /// the kind carries, then the table's names.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![(CONTROL_HEADER, self.kind().to_string())];
+        match self {
+            ControlRecord::TableDropped { .. } => {}
+            ControlRecord::TableCopied { at, .. } => {
+                out.push((POSITION_HEADER, format!("{}:{}", at.commit, at.index)));
+            }
+            ControlRecord::TableReset { reset, .. } => out.push((RESET_HEADER, reset.to_string())),
+        }
+        let table = self.table();
+        out.push((SCHEMA_HEADER, table.schema.clone()));
+        out.push((TABLE_NAME_HEADER, table.table.clone()));
+        out
+    }
+
+    /// The control record a null-valued record's headers hold: `Ok(None)`
+    /// when they hold none (a tombstone). `topic_table` names the table
+    /// when the headers do not (records of runners older than the name
+    /// headers). A kind this build does not know (a newer source runner's)
+    /// is an error naming it; the caller decides what to do with it.
+    pub fn decode(
+        headers: &[(String, Option<Vec<u8>>)],
+        topic_table: &TableId,
+    ) -> Result<Option<ControlRecord>, RecordError> {
+        let Some(kind) = header(headers, CONTROL_HEADER) else {
+            return Ok(None);
+        };
+        let table = match (header(headers, SCHEMA_HEADER), header(headers, TABLE_NAME_HEADER)) {
+            (Some(schema), Some(table)) => TableId::new(schema, table),
+            _ => topic_table.clone(),
+        };
+        let record = match kind {
+            TABLE_DROPPED => ControlRecord::TableDropped { table },
+            TABLE_COPIED => {
+                let at = header(headers, POSITION_HEADER)
+                    .and_then(|p| {
+                        let (commit, index) = p.split_once(':')?;
+                        Some(Position {
+                            commit: commit.parse().ok()?,
+                            index: index.parse().ok()?,
+                        })
+                    })
+                    .ok_or_else(|| {
+                        RecordError::unreadable(
+                            format!("a {TABLE_COPIED} control record of {table}"),
+                            format!("no readable {POSITION_HEADER} header (commit:index)"),
+                        )
+                    })?;
+                ControlRecord::TableCopied { table, at }
+            }
+            TABLE_RESET => {
+                let reset = header(headers, RESET_HEADER).and_then(|r| r.parse().ok()).ok_or_else(|| {
+                    RecordError::unreadable(
+                        format!("a {TABLE_RESET} control record of {table}"),
+                        format!("no readable {RESET_HEADER} header (a decimal reset id)"),
+                    )
+                })?;
+                ControlRecord::TableReset { table, reset }
+            }
+            other => return Err(RecordError::UnknownKind { table, kind: other.to_string() }),
+        };
+        Ok(Some(record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(headers: &[(&str, String)]) -> Vec<(String, Option<Vec<u8>>)> {
+        headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), Some(v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    fn table() -> TableId {
+        TableId::new("public", "order items$2")
+    }
+
+    #[test]
+    fn every_kind_decodes_to_what_was_encoded() {
+        let topic_table = TableId::new("public", "order_items_2_0c2b1c53");
+        for record in [
+            ControlRecord::TableDropped { table: table() },
+            ControlRecord::TableCopied {
+                table: table(),
+                at: Position { commit: 9_223_372_036_854_775_807, index: 3 },
+            },
+            ControlRecord::TableReset { table: table(), reset: 1_733_500_000_123 },
+        ] {
+            let decoded = ControlRecord::decode(&owned(&record.headers()), &topic_table).expect("decodes");
+            assert_eq!(decoded, Some(record));
+        }
+    }
+
+    #[test]
+    fn records_without_names_are_the_topics_table_and_tombstones_are_none() {
+        let topic_table = TableId::new("public", "orders");
+        let old = owned(&[(CONTROL_HEADER, TABLE_DROPPED.into())]);
+        assert_eq!(
+            ControlRecord::decode(&old, &topic_table),
+            Ok(Some(ControlRecord::TableDropped { table: topic_table.clone() }))
+        );
+        let old = owned(&[(CONTROL_HEADER, TABLE_COPIED.into()), (POSITION_HEADER, "12:0".into())]);
+        assert_eq!(
+            ControlRecord::decode(&old, &topic_table),
+            Ok(Some(ControlRecord::TableCopied {
+                table: topic_table.clone(),
+                at: Position { commit: 12, index: 0 }
+            }))
+        );
+        assert_eq!(ControlRecord::decode(&[], &topic_table), Ok(None));
+        assert_eq!(ControlRecord::decode(&owned(&[("trace", "x".into())]), &topic_table), Ok(None));
+    }
+
+    #[test]
+    fn unreadable_records_name_kind_table_and_header() {
+        let t = TableId::new("public", "orders");
+        let e = ControlRecord::decode(&owned(&[(CONTROL_HEADER, TABLE_COPIED.into())]), &t).unwrap_err();
+        assert!(e.to_string().contains("table-copied control record of public.orders"), "{e}");
+        assert!(e.to_string().contains(POSITION_HEADER), "{e}");
+        let bad = owned(&[(CONTROL_HEADER, TABLE_RESET.into()), (RESET_HEADER, "soon".into())]);
+        assert!(ControlRecord::decode(&bad, &t).unwrap_err().to_string().contains(RESET_HEADER));
+        let newer = owned(&[(CONTROL_HEADER, "table-verified".into())]);
+        assert_eq!(
+            ControlRecord::decode(&newer, &t),
+            Err(RecordError::UnknownKind { table: t.clone(), kind: "table-verified".into() })
+        );
+    }
+
+    #[test]
+    fn a_later_header_of_the_same_name_wins() {
+        let t = TableId::new("s", "t");
+        let h = owned(&[
+            (CONTROL_HEADER, TABLE_RESET.into()),
+            (RESET_HEADER, "1".into()),
+            (RESET_HEADER, "2".into()),
+        ]);
+        assert_eq!(ControlRecord::decode(&h, &t), Ok(Some(ControlRecord::TableReset { table: t, reset: 2 })));
+    }
+}
