@@ -89,6 +89,14 @@ impl Error {
         Self::new(ErrorKind::Permanent, message)
     }
 
+    /// The same error with another kind: where the caller knows more than
+    /// the classifier (a dead-letter producer's fence is a hand-over, not
+    /// a fault).
+    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
+        self.0.kind = kind;
+        self
+    }
+
     /// Names the table the error is about.
     pub fn with_table(mut self, table: TableId) -> Self {
         self.0.table = Some(table);

@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod kafka;
 pub mod problem;
 #[macro_use]
 pub mod registry;

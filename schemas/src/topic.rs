@@ -219,36 +219,6 @@ impl TopicNaming {
     }
 }
 
-/// Header that marks a control record on a change topic (a null key and
-/// value; see docs/CONTRACTS.md).
-pub const CONTROL_HEADER: &str = "tributary.control";
-/// Control record: the source table was dropped.
-pub const CONTROL_TABLE_DROPPED: &str = "table-dropped";
-/// Control record: the table was copied again (after its changes were held
-/// back); every row older than the position in [`CONTROL_POSITION_HEADER`]
-/// is gone (the copy rewrote the rows that exist).
-pub const CONTROL_TABLE_COPIED: &str = "table-copied";
-/// Header of a [`CONTROL_TABLE_COPIED`] record: the copy's position as
-/// `commit:index`.
-pub const CONTROL_POSITION_HEADER: &str = "tributary.position";
-/// Control record: the table's rows are about to be copied again from a
-/// source whose positions may not compare with those the destination holds
-/// (a source epoch change, or `source-runner reset`): every existing row's
-/// position is forgotten (older than any change), once per reset id in
-/// [`CONTROL_RESET_HEADER`], whichever partition's record comes first. The
-/// copy's rows then pass the position guard, and the
-/// [`CONTROL_TABLE_COPIED`] record after them removes the rows not copied.
-pub const CONTROL_TABLE_RESET: &str = "table-reset";
-/// Header of a [`CONTROL_TABLE_RESET`] record: the reset's id, a decimal
-/// number greater than that of every earlier reset of the table (the
-/// source runner's clock in milliseconds when the reset was decided).
-pub const CONTROL_RESET_HEADER: &str = "tributary.reset";
-/// Header of a control record: the source table's schema (a topic's name
-/// may not say it: see [`legal_topic_name`]).
-pub const CONTROL_SCHEMA_HEADER: &str = "tributary.source.schema";
-/// Header of a control record: the source table's name.
-pub const CONTROL_TABLE_NAME_HEADER: &str = "tributary.source.table";
-
 #[cfg(test)]
 mod tests {
     use super::*;

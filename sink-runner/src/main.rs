@@ -131,7 +131,7 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
 }
 
 async fn check(config: SinkRunnerConfig) -> ExitCode {
-    match sink_runner::check::check(&config).await {
+    match sink_runner::commands::check::check(&config).await {
         Ok(findings) => {
             let problems = findings.iter().filter(|f| f.problem).count();
             for f in &findings {
@@ -153,7 +153,7 @@ async fn check(config: SinkRunnerConfig) -> ExitCode {
 }
 
 async fn replay(config: SinkRunnerConfig, dlq: &str, dry_run: bool) -> ExitCode {
-    match sink_runner::replay::replay(&config, dlq, dry_run).await {
+    match sink_runner::commands::replay::replay(&config, dlq, dry_run).await {
         Ok(report) => {
             let verb = if dry_run { "would apply" } else { "applied" };
             println!(
@@ -208,7 +208,7 @@ async fn delete(config: SinkRunnerConfig, yes: bool, drop_destination: bool) -> 
             return ExitCode::FAILURE;
         }
     }
-    match sink_runner::runner::delete(&config, drop_destination).await {
+    match sink_runner::commands::delete::delete(&config, drop_destination).await {
         Ok(done) => {
             for d in done {
                 println!("deleted {d}");

@@ -82,12 +82,12 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             },
-            Command::Check { fix } => source_runner::check(config, fix).await,
+            Command::Check { fix } => source_runner::commands::check::check(config, fix).await,
             Command::Status { json } => client::command(&config.admin, Request::Status { json }).await,
             Command::Pause => client::command(&config.admin, Request::Pause(None)).await,
             Command::Resume => client::command(&config.admin, Request::Resume(None)).await,
-            Command::Reset { tables } => source_runner::reset(config, tables).await,
-            Command::Delete { yes } => source_runner::delete(config, yes).await,
+            Command::Reset { tables } => source_runner::commands::reset::reset(config, tables).await,
+            Command::Delete { yes } => source_runner::commands::delete::delete(config, yes).await,
         }
     })
 }

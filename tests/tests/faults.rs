@@ -2321,11 +2321,11 @@ async fn run(pipeline: &Pipeline) {
     for t in &TABLES {
         for m in read_all(&format!("{name}.{name}.{}.dlq", t.name)) {
             assert_eq!(t.name, "notes", "only bad notes are dead-lettered, found one of {}", t.name);
-            let reason = header(&m, sink_runner::dlq::HEADER_REASON).unwrap_or_default();
+            let reason = header(&m, sink_runner::dead_letters::HEADER_REASON).unwrap_or_default();
             assert!(reason.starts_with("permanent"), "reason header: {reason}");
             let at = (
-                header(&m, sink_runner::dlq::HEADER_PARTITION).unwrap_or_default(),
-                header(&m, sink_runner::dlq::HEADER_OFFSET).unwrap_or_default(),
+                header(&m, sink_runner::dead_letters::HEADER_PARTITION).unwrap_or_default(),
+                header(&m, sink_runner::dead_letters::HEADER_OFFSET).unwrap_or_default(),
             );
             *dead.entry(at).or_default() += 1;
         }

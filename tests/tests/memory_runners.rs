@@ -64,7 +64,7 @@ async fn the_source_runner_copies_a_memory_database_exactly_once_across_a_restar
         let name = name.clone();
         tokio::spawn(async move {
             let source = Box::new(MemorySource::new(db, &name).with_chunk_rows(100));
-            source_runner::runner::run(config, source, Telemetry::new(&name, "source"), Control::new(), async {
+            source_runner::run(config, source, Telemetry::new(&name, "source"), Control::new(), async {
                 let _ = stop.await;
             })
             .await
@@ -199,7 +199,7 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let logs = tributary_tests::logs::Captured::default();
     let runner = tokio::spawn(tracing::instrument::WithSubscriber::with_subscriber(
-        source_runner::runner::run(config, source, Telemetry::new(&name, "source"), Control::new(), async {
+        source_runner::run(config, source, Telemetry::new(&name, "source"), Control::new(), async {
             let _ = stopped.await;
         }),
         logs.dispatch(),
@@ -243,7 +243,7 @@ async fn a_snapshot_chunk_slower_than_the_transaction_timeout_is_waited_for() {
     let resource = described.into_iter().next().expect("one").expect("described");
     let value = |k: &str| resource.get(k).and_then(|e| e.value.clone());
     assert_eq!(value("cleanup.policy").as_deref(), Some("compact"));
-    assert_eq!(value("segment.ms"), Some(source_runner::runner::OFFSETS_SEGMENT_MS.to_string()));
+    assert_eq!(value("segment.ms"), Some(source_runner::kafka::admin::OFFSETS_SEGMENT_MS.to_string()));
 }
 
 /// A sink runner over `sink`, until `stop`.
@@ -310,8 +310,8 @@ async fn the_sink_runner_dead_letters_what_a_memory_destination_refuses_and_resu
     assert!(rows.iter().all(|r| r.get("id") != Some(&Value::Int32(2))), "the delete is");
     let dead = topic.read_topic(&format!("{}.dlq", topic.topic), 1, Duration::from_secs(30));
     assert_eq!(dead.len(), 1);
-    assert_eq!(header(&dead[0], sink_runner::dlq::HEADER_TABLE).as_deref(), Some("public.items"));
-    assert!(header(&dead[0], sink_runner::dlq::HEADER_REASON).is_some_and(|r| r.starts_with("permanent")));
+    assert_eq!(header(&dead[0], sink_runner::dead_letters::HEADER_TABLE).as_deref(), Some("public.items"));
+    assert!(header(&dead[0], sink_runner::dead_letters::HEADER_REASON).is_some_and(|r| r.starts_with("permanent")));
     // The status tells the group membership (from librdkafka's statistics).
     wait_for("the consumer group in the status", Duration::from_secs(30), || async {
         telemetry
@@ -432,7 +432,7 @@ async fn a_record_dead_lettered_before_a_crash_is_not_dead_lettered_again() {
     second.await.expect("join").expect("second runner");
     let dead = topic.read_topic(&dlq, 2, Duration::from_secs(10));
     assert_eq!(dead.len(), 1, "dead-lettered once");
-    assert_eq!(header(&dead[0], sink_runner::dlq::HEADER_OFFSET).as_deref(), Some("20"));
+    assert_eq!(header(&dead[0], sink_runner::dead_letters::HEADER_OFFSET).as_deref(), Some("20"));
     assert_eq!(telemetry.failed_records("public.items"), 0, "not counted again either");
 }
 
@@ -707,7 +707,7 @@ async fn oauth_client_credentials() {
         .expect("source config")
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let source = tokio::spawn(source_runner::runner::run(
+    let source = tokio::spawn(source_runner::run(
         source_config("right-secret", &name),
         Box::new(MemorySource::new(db.clone(), &name)),
         Telemetry::new(&name, "source"),
@@ -743,7 +743,7 @@ async fn oauth_client_credentials() {
     let (stop_wrong, wrong_stopped) = tokio::sync::oneshot::channel::<()>();
     let logs = tributary_tests::logs::Captured::default();
     let refused = tokio::spawn(tracing::instrument::WithSubscriber::with_subscriber(
-        source_runner::runner::run(
+        source_runner::run(
             source_config("wrong-secret", &wrong),
             Box::new(MemorySource::new(db.clone(), &wrong)),
             telemetry.clone(),

@@ -946,7 +946,7 @@ mod e2e {
     use rdkafka::message::Message;
 
     use sink_runner::config::SinkRunnerConfig;
-    use sink_runner::dlq;
+    use sink_runner::dead_letters as dlq;
     use tokio::sync::watch;
     use tributary_operations::admin::Control;
     use tributary_operations::telemetry::{TableState, Telemetry};
@@ -1155,18 +1155,22 @@ mod e2e {
         // The operator fixes the cause; replay lands the record, and what
         // still fails (the garbage) stays reported.
         let dlq_topic = format!("{}.dlq", p.topic);
-        let dry = sink_runner::replay::replay(&config, &dlq_topic, true).await.expect("dry run");
+        let dry = sink_runner::commands::replay::replay(&config, &dlq_topic, true)
+            .await
+            .expect("dry run");
         assert_eq!((dry.applied, dry.failing.len()), (0, 2), "still refused before the fix");
         p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table()))
             .await;
-        let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
+        let report = sink_runner::commands::replay::replay(&config, &dlq_topic, false)
+            .await
+            .expect("replay");
         assert_eq!(report.read, 2);
         assert_eq!(report.applied, 1);
         assert_eq!(report.failing.len(), 1, "the undecodable record still fails");
         assert!(p.fx.rows().await.contains(&"3|bad|5000|1.00".to_string()));
         // Replaying again changes nothing.
         let versions = p.fx.versions().await;
-        sink_runner::replay::replay(&config, &dlq_topic, false)
+        sink_runner::commands::replay::replay(&config, &dlq_topic, false)
             .await
             .expect("replay again");
         assert_eq!(p.fx.versions().await, versions);
@@ -1186,7 +1190,9 @@ mod e2e {
                 (dlq::HEADER_OFFSET, "999999"),
             ],
         );
-        let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
+        let report = sink_runner::commands::replay::replay(&config, &dlq_topic, false)
+            .await
+            .expect("replay");
         assert_eq!((report.read, report.control, report.applied), (3, 1, 1), "the control record is not applied");
         assert_eq!(p.fx.versions().await, versions, "no row removed");
         p.fx.cleanup().await;
@@ -1273,7 +1279,9 @@ mod e2e {
         p.fx.exec(&format!("ALTER TABLE {} DROP CONSTRAINT items_qty_check", p.fx.table()))
             .await;
         let versions = p.fx.versions().await;
-        let report = sink_runner::replay::replay(&config, &dlq_topic, false).await.expect("replay");
+        let report = sink_runner::commands::replay::replay(&config, &dlq_topic, false)
+            .await
+            .expect("replay");
         assert_eq!(
             (report.read, report.applied, report.duplicates, report.failing.len()),
             (2, 1, 1, 0),
@@ -1293,7 +1301,8 @@ mod e2e {
     /// replay test above had to de-duplicate it.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_frozen_member_cannot_dead_letter_what_the_new_owner_sent() {
-        use sink_runner::dlq::{DeadLetters, Failure, RawRecord, Stage};
+        use sink_runner::buffer::RawRecord;
+        use sink_runner::dead_letters::{DeadLetters, Failure, Stage};
         let (mut p, s) = a_good_and_a_bad_row("dlqfence").await;
         let config = p.config();
         let dlq_topic = format!("{}.dlq", p.topic);
@@ -1337,7 +1346,11 @@ mod e2e {
         let dead = p.read_topic(&dlq_topic, 3, Duration::from_secs(10));
         let origins: Vec<i64> = dead
             .iter()
-            .map(|m| RawRecord::from_message(m).origin().expect("origin headers").offset)
+            .map(|m| {
+                sink_runner::dead_letters::origin(&RawRecord::from_message(m))
+                    .expect("origin headers")
+                    .offset
+            })
             .collect();
         let third = p.read_topic(&p.topic, 3, Duration::from_secs(10));
         assert_eq!(third.len(), 3);

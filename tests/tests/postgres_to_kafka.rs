@@ -202,7 +202,7 @@ mod checkpoint {
         let config = s.config.clone();
         let telemetry = telemetry.clone();
         let task = tokio::spawn(async move {
-            source_runner::runner::run(config, source, telemetry, Control::new(), async {
+            source_runner::run(config, source, telemetry, Control::new(), async {
                 let _ = stopped.await;
             })
             .await
@@ -273,10 +273,9 @@ mod checkpoint {
         stop(running).await;
 
         // source-runner reset (of every table), then a start: copied again.
-        let mut kafka = source_runner::runner::KafkaSide::connect(&s.config).await.expect("kafka");
-        kafka.last_checkpoint().await.expect("offsets topic");
-        kafka.record_reset(&[]).await.expect("reset recorded");
-        drop(kafka);
+        source_runner::commands::reset::record_reset(&s.config, &[])
+            .await
+            .expect("reset recorded");
         let telemetry = Telemetry::new(&s.name, "source");
         let running = run(&s, &telemetry);
         wait_for("the table copied again after the reset", Duration::from_secs(120), || async {

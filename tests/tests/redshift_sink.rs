@@ -249,14 +249,14 @@ async fn postgres_to_kafka_to_redshift_equals_the_source_across_kill_9() {
         .expect("a dead letter");
     // Redshift's reason, from the (stand-in) stl_load_errors row the
     // refused COPY left: PostgreSQL's message there, never the value.
-    let message = tributary_tests::header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
+    let message = tributary_tests::header(&dead, sink_runner::dead_letters::HEADER_MESSAGE).unwrap_or_default();
     assert!(
         message.contains("date out of range") && message.contains("stl_load_errors: column due"),
         "{message}"
     );
     // (The staged value: the date PostgreSQL's infinity is staged as.)
     assert!(!message.contains("5881580"), "no value in the message: {message}");
-    let column = tributary_tests::header(&dead, sink_runner::dlq::HEADER_COLUMN);
+    let column = tributary_tests::header(&dead, sink_runner::dead_letters::HEADER_COLUMN);
     assert_eq!(column.as_deref(), Some("due"), "{message}");
 }
 

@@ -203,7 +203,7 @@ async fn an_unreachable_emulator_is_retryable() {
 async fn postgres_to_kafka_to_snowflake_equals_the_source_across_kill_9() {
     let fx = Schemas::new("e2e");
     let dead = kill_9_across_the_pipeline(&unique("sfe2e"), &fx).await.expect("a dead letter");
-    let message = header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
+    let message = header(&dead, sink_runner::dead_letters::HEADER_MESSAGE).unwrap_or_default();
     assert!(message.contains("Snowflake refused"), "{message}");
 }
 

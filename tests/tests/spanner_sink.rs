@@ -152,7 +152,7 @@ async fn aborted_transactions_are_retried() {
 async fn postgres_to_kafka_to_spanner_equals_the_source_across_kill_9() {
     let db = Database::new("e2e").await;
     let dead = kill_9_across_the_pipeline(&unique("spe2e"), &db).await.expect("a dead letter");
-    let message = header(&dead, sink_runner::dlq::HEADER_MESSAGE).unwrap_or_default();
+    let message = header(&dead, sink_runner::dead_letters::HEADER_MESSAGE).unwrap_or_default();
     assert!(message.contains("due"), "{message}");
 }
 

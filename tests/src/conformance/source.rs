@@ -52,8 +52,8 @@ pub trait SourceFixture: Send + Sync {
 
 /// A table rebuilt from events: key text -> (position, row), and the
 /// schemas announced. A table copied again ([`Mirror::resync`]) is held
-/// back as the source runner holds it (`KafkaSide::hold` and
-/// `sweep_copied` in `source-runner/src/runner.rs`).
+/// back as the source runner holds it (`HeldTables::hold` and
+/// `due_sweeps` in `source-runner/src/held_tables.rs`).
 #[derive(Default)]
 pub struct Mirror {
     /// Rows per table: `id` -> (position of the change, `name|qty[|note]`).

@@ -6,7 +6,8 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::config::SinkRunnerConfig;
-use crate::runner::{consumer_config, RunError};
+use crate::consumer::consumer_config;
+use crate::RunError;
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 

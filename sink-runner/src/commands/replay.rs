@@ -23,9 +23,11 @@ use tracing::{info, warn};
 use tributary_connectors::{policy, Decision, Error, KafkaPosition, Sink, SinkBatch};
 use tributary_schemas::EventDecoder;
 
+use crate::buffer::RawRecord;
 use crate::config::SinkRunnerConfig;
-use crate::dlq::{DlqReader, RawRecord};
-use crate::runner::{decode_record, table_from_topic, RunError};
+use crate::dead_letters::{origin, DlqReader};
+use crate::decode::{decode_record, table_from_topic};
+use crate::RunError;
 
 /// Attempts per record on errors that may clear by themselves.
 const RETRYABLE_ATTEMPTS: u32 = 5;
@@ -76,7 +78,7 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
             partition: raw.partition,
             offset: raw.offset,
         };
-        let original = raw.origin();
+        let original = origin(&raw);
         if let Some(o) = &original {
             if !origins.insert((o.topic.clone(), o.partition, o.offset)) {
                 report.duplicates += 1;
@@ -174,6 +176,7 @@ async fn read_all(config: &SinkRunnerConfig, topic: &str) -> Result<Vec<RawRecor
         .map_err(|e| RunError::Kafka(e.to_string()))?;
     let ranges = reader
         .ranges(topic)
+        .await
         .map_err(|e| RunError::Kafka(e.to_string()))?
         .ok_or_else(|| RunError::Kafka(format!("topic {topic} does not exist")))?;
     reader.read(topic, &ranges).await.map_err(|e| RunError::Kafka(e.to_string()))

@@ -1,0 +1,404 @@
+//! Applying batches: one at a time, in its own task, while the pipeline
+//! goes on consuming and decoding; a record the destination refuses for
+//! good is dead-lettered and the rest applied again; anything that may
+//! clear pauses the table and retries the same batch.
+//!
+//! At most one batch is being applied, one more waits decoded, and one
+//! more buffers (up to `batch_max_bytes`; then consuming waits). One apply
+//! at a time keeps each table's batches in Kafka order; when an apply
+//! fails, its records go back in front of what arrived since and the
+//! table pauses, so nothing moves past unapplied data. The benchmark's
+//! 1M-row snapshot: the sink had been busy 80-90% of each second decoding
+//! and applying, and fell ~5 s behind the source; with the overlap it
+//! keeps up with it.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::oneshot;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use tributary_connectors::sink::bookkeeping::FENCED_CLASS;
+use tributary_connectors::{policy, ApplyError, Decision, Error, KafkaPosition, Sink, SinkBatch, SinkRecord};
+use tributary_operations::telemetry::TableState;
+use tributary_schemas::TableId;
+
+use crate::buffer::Buffer;
+use crate::dead_letters::Stage;
+use crate::partitions::Partition;
+use crate::pipeline::Pipeline;
+
+/// The raw side of a batch taken out of its topic's buffer and decoded:
+/// what the pipeline keeps of it while it waits ([`DecodedBatch`]) and
+/// while it is applied ([`InFlight`]).
+pub(crate) struct RawBatch {
+    pub(crate) topic: String,
+    pub(crate) table: TableId,
+    /// The raw records (for the dead-letter topic, and to retry).
+    pub(crate) buf: Buffer,
+    /// Index into `buf.records` of each of the batch's records.
+    pub(crate) raw_index: Vec<usize>,
+    pub(crate) started: Instant,
+    pub(crate) decoded: Duration,
+    /// The oldest source time among its changes: the table's lag counts
+    /// from it until the batch is applied.
+    pub(crate) oldest: Option<i64>,
+}
+
+/// A batch decoded and waiting for the one being applied to end.
+pub(crate) struct DecodedBatch {
+    pub(crate) raw: RawBatch,
+    pub(crate) batch: SinkBatch,
+}
+
+/// What an apply task hands back. A batch that was applied comes back
+/// without its records: the task frees them after handing this back, while
+/// the next batch is applied. Freed on the pipeline's thread, a snapshot
+/// batch's rows took 5-8 ms with the destination idle until the next batch
+/// started; freed in the task before it ended, they still delayed the next
+/// batch (the destination sat 11 ms idle between one batch's `COMMIT` and
+/// the next one's first statement).
+pub(crate) struct ApplyOutcome {
+    batch: SinkBatch,
+    result: Result<(), ApplyError>,
+    /// Events in the batch, and the newest source time among them.
+    events: usize,
+    newest: Option<i64>,
+}
+
+impl ApplyOutcome {
+    /// The outcome of `batch`, and its records when they are no longer
+    /// needed (applied) for the caller to free.
+    fn new(mut batch: SinkBatch, result: Result<(), ApplyError>) -> (Self, Vec<(KafkaPosition, SinkRecord)>) {
+        let events = batch.records.len();
+        let newest = newest_source_ts(&batch.records);
+        let done = if result.is_ok() {
+            std::mem::take(&mut batch.records)
+        } else {
+            Vec::new()
+        };
+        (Self { batch, result, events, newest }, done)
+    }
+}
+
+/// The source times of a batch's changes.
+pub(crate) fn source_ts(records: &[(KafkaPosition, SinkRecord)]) -> impl Iterator<Item = i64> + '_ {
+    records.iter().filter_map(|(_, r)| match r {
+        SinkRecord::Change(ev) => Some(ev.source.ts_ms),
+        SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) => None,
+    })
+}
+
+fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
+    source_ts(records).max()
+}
+
+/// The batch being applied in its own task.
+pub(crate) struct InFlight {
+    pub(crate) raw: RawBatch,
+    /// Partitions revoked while it was applied: if it fails, none of their
+    /// records go back into a buffer (they may be assigned again, and are
+    /// then consumed again from the destination's offsets).
+    pub(crate) revoked: BTreeSet<i32>,
+    /// The task's outcome; closed without one if the task panicked.
+    done: oneshot::Receiver<ApplyOutcome>,
+}
+
+/// The end of the batch being applied; never, when there is none.
+pub(crate) async fn wait_applied(in_flight: &mut Option<InFlight>) -> Result<ApplyOutcome, oneshot::error::RecvError> {
+    match in_flight {
+        Some(f) => (&mut f.done).await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// How a batch that was not applied ends: its records (what is left of
+/// them), the partitions revoked meanwhile, and why.
+type NotApplied = (Buffer, BTreeSet<i32>, Error);
+
+impl<S: Sink + 'static> Pipeline<S> {
+    /// Decodes `topic`'s buffer and starts applying it, or, while another
+    /// batch is being applied, keeps it decoded to start right after (so
+    /// decoding overlaps the destination's work). A retryable failure to
+    /// decode pauses the table, as a failed apply does.
+    pub(crate) async fn flush(&mut self, topic: &str) {
+        let table = self.table_of(topic);
+        let label = (self.labeler)(&table);
+        let records = self.buffers.get(topic).map_or(0, |b| b.records.len());
+        let span = info_span!("batch", table = %label, topic, records);
+        let prepared = self.prepare(topic).instrument(span).await;
+        match prepared {
+            Ok(Some(p)) => {
+                if self.in_flight.is_none() {
+                    self.start(p);
+                } else {
+                    self.ready = Some(p);
+                }
+            }
+            Ok(None) => {}
+            Err((table, error)) => self.schedule_retry(topic, &table, &error),
+        }
+    }
+
+    /// Applies a prepared batch in its own task: the pipeline goes on
+    /// consuming and decoding. One batch at a time, so a table's batches
+    /// are applied in order and a failed one is retried before anything
+    /// after it.
+    pub(crate) fn start(&mut self, p: DecodedBatch) {
+        if self.operator.paused_topics.contains(&p.raw.topic) {
+            // Paused while it waited: nothing buffered is applied.
+            self.restore(p.raw.topic, p.raw.buf, &BTreeSet::new());
+            return;
+        }
+        let sink = self.sink.clone();
+        let mut batch = p.batch;
+        // Set now, not when decoded: the batch before it may have moved them.
+        batch.expected_offsets = batch
+            .next_offsets
+            .iter()
+            .filter_map(|(t, p, _)| self.partitions.get(t, *p).map(|s| (t.clone(), *p, s.stored)))
+            .collect();
+        let (tx, done) = oneshot::channel();
+        tokio::spawn(async move {
+            let result = sink.lock().await.apply(&batch).await;
+            let (applied, records) = ApplyOutcome::new(batch, result);
+            // The pipeline may have stopped waiting (shutting down): then
+            // there is nobody to tell.
+            let _ = tx.send(applied);
+            drop(records);
+        });
+        self.in_flight = Some(InFlight { raw: p.raw, revoked: BTreeSet::new(), done });
+    }
+
+    /// Puts the records of a batch that was not applied back in front of
+    /// what arrived for its topic since, without the partitions revoked
+    /// meanwhile (their next owner consumes them again from the
+    /// destination's offsets).
+    pub(crate) fn restore(&mut self, topic: String, older: Buffer, revoked: &BTreeSet<i32>) {
+        let partitions = &self.partitions;
+        let t = topic.clone();
+        self.buffers
+            .restore(topic, older, |p| !revoked.contains(&p) && partitions.contains(&t, p));
+    }
+
+    /// Waits for the batch being applied and the one decoded meanwhile.
+    pub(crate) async fn finish_applying(&mut self) {
+        while self.in_flight.is_some() {
+            let r = wait_applied(&mut self.in_flight).await;
+            self.finish(r).await;
+        }
+    }
+
+    /// Handles the end of the batch applied in its task, then starts the
+    /// one decoded meanwhile.
+    pub(crate) async fn finish(&mut self, joined: Result<ApplyOutcome, oneshot::error::RecvError>) {
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
+        let label = (self.labeler)(&f.raw.table);
+        let span = info_span!("batch", table = %label, topic = %f.raw.topic, records = f.raw.raw_index.len());
+        let topic = f.raw.topic.clone();
+        let table = f.raw.table.clone();
+        // The raw records of an applied batch are freed once the next batch
+        // is on its way.
+        let applied = match self.finish_inner(f, joined).instrument(span).await {
+            Ok(buf) => Some(buf),
+            Err((_, revoked, error)) if error.class() == FENCED_CLASS => {
+                // Another runner (or an operator) stored offsets for these
+                // partitions: nothing of the batch was written. Everything
+                // buffered for the topic is dropped and its partitions go
+                // on from what is stored now.
+                let label = (self.labeler)(&table);
+                warn!(table = %label, topic = %topic, error = %error, "batch fenced: reading the stored offsets again");
+                self.telemetry
+                    .record_error(&label, &error.to_string(), &error.kind().to_string());
+                if self.ready.as_ref().is_some_and(|r| r.raw.topic == topic) {
+                    self.ready = None;
+                }
+                self.buffers.clear(&topic);
+                let parts: Vec<Partition> = self
+                    .partitions
+                    .of_topic(&topic)
+                    .filter(|(p, _)| !revoked.contains(p))
+                    .map(|(p, _)| Partition::new(topic.clone(), p))
+                    .collect();
+                self.restart_from_stored(parts).await;
+                None
+            }
+            Err((buf, revoked, error)) => {
+                // Newer records of the table go back behind the failed ones.
+                if self.ready.as_ref().is_some_and(|r| r.raw.topic == topic) {
+                    if let Some(r) = self.ready.take() {
+                        self.restore(r.raw.topic, r.raw.buf, &revoked);
+                    }
+                }
+                self.restore(topic.clone(), buf, &revoked);
+                self.schedule_retry(&topic, &table, &error);
+                None
+            }
+        };
+        if self.in_flight.is_none() {
+            if let Some(p) = self.ready.take() {
+                self.start(p);
+            }
+        }
+        drop(applied);
+    }
+
+    async fn finish_inner(
+        &mut self,
+        f: InFlight,
+        joined: Result<ApplyOutcome, oneshot::error::RecvError>,
+    ) -> Result<Buffer, NotApplied> {
+        let InFlight {
+            raw:
+                RawBatch {
+                    topic,
+                    table,
+                    mut buf,
+                    mut raw_index,
+                    started,
+                    decoded,
+                    ..
+                },
+            revoked,
+            ..
+        } = f;
+        let ApplyOutcome { mut batch, mut result, mut events, mut newest } = match joined {
+            Ok(r) => r,
+            Err(_) => {
+                // The task panicked or was cancelled: nothing is known to
+                // be applied, so the batch is retried.
+                let error = Error::retryable("the apply task ended without an outcome (it panicked or was cancelled)");
+                return Err((buf, revoked, error));
+            }
+        };
+        // A record the destination refuses is dead-lettered and the rest
+        // applied again (here, in the pipeline: a rare path).
+        loop {
+            match result {
+                Ok(()) => break,
+                Err(ApplyError { error, record }) => match policy(error.kind(), 1) {
+                    Decision::DeadLetter => {
+                        let blamed: Vec<usize> = match record {
+                            Some(r) if r < batch.records.len() => vec![r],
+                            _ => {
+                                error!(error = %error, "a permanent error without a record to blame: dead-lettering the whole batch");
+                                (0..batch.records.len()).collect()
+                            }
+                        };
+                        if blamed.is_empty() {
+                            return Err((buf, revoked, error));
+                        }
+                        // A control record (table-reset, table-copied,
+                        // table-dropped) is never dead-lettered: skipping
+                        // it loses what it does to every row of the table,
+                        // and a replay would apply it out of order (a reset
+                        // replayed later forgets the positions of newer
+                        // rows). The table waits for an operator instead.
+                        if let Some(&b) = blamed.iter().find(|&&b| !matches!(batch.records[b].1, SinkRecord::Change(_)))
+                        {
+                            let at = &batch.records[b].0;
+                            let error = Error::needs_operator(format!(
+                                "a control record ({} partition {} offset {}) cannot be applied: {error}",
+                                at.topic, at.partition, at.offset
+                            ))
+                            .with_class("tributary.control_refused")
+                            .with_hint(
+                                "control records are never dead-lettered: fix what the destination refuses (the \
+                                 error above; a table-reset rewrites every row's position, so a row that breaks a \
+                                 constraint added later refuses it); the table goes on by itself",
+                            );
+                            return Err((buf, revoked, error));
+                        }
+                        for &b in blamed.iter().rev() {
+                            let ri = raw_index[b];
+                            let raw = buf.records[ri].clone();
+                            if let Err(e) = self.dead_letter(&raw, Stage::Apply, &error, &table).await {
+                                return Err((buf, revoked, e));
+                            }
+                            batch.records.remove(b);
+                            raw_index.remove(b);
+                            buf.remove(ri);
+                            for r in raw_index.iter_mut().filter(|r| **r > ri) {
+                                *r -= 1;
+                            }
+                        }
+                        result = {
+                            let mut sink = self.sink.lock().await;
+                            sink.apply(&batch).await
+                        };
+                        events = batch.records.len();
+                        newest = newest_source_ts(&batch.records);
+                    }
+                    _ => return Err((buf, revoked, error)),
+                },
+            }
+        }
+        // Done: tell Kafka (for monitoring) and the status.
+        let label = (self.labeler)(&table);
+        self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
+        self.telemetry.record_applied(&label, newest);
+        // The batch decoded meanwhile is seen and not applied.
+        if let Some(ts) = self.ready.as_ref().filter(|r| r.raw.topic == topic).and_then(|r| r.raw.oldest) {
+            self.telemetry.record_pending(&label, ts);
+        }
+        self.telemetry.record_batch_seconds(started.elapsed().as_secs_f64());
+        if buf.retry.is_some() {
+            self.pause(&topic, false);
+            info!(table = %label, "resumed");
+        }
+        self.set_streaming(&topic, &label);
+        // Stored now: what was dead-lettered below these offsets is never
+        // consumed again.
+        self.dead_letters.stored(&batch.next_offsets);
+        let mut tpl = TopicPartitionList::new();
+        for (t, p, o) in &batch.next_offsets {
+            if revoked.contains(p) {
+                continue;
+            }
+            if let Some(state) = self.partitions.get_mut(t, *p) {
+                state.stored = Some(*o);
+                let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*o));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                debug!(error = %e, "cannot mirror offsets to Kafka");
+            }
+        }
+        debug!(
+            table = %label,
+            events,
+            decode_ms = decoded.as_millis() as u64,
+            apply_ms = (started.elapsed() - decoded).as_millis() as u64,
+            "applied"
+        );
+        Ok(buf)
+    }
+
+    /// Schedules a retry of `topic`'s batch after `error`, per [`policy`]:
+    /// the table pauses (its partitions fetch nothing meanwhile) and says
+    /// why.
+    pub(crate) fn schedule_retry(&mut self, topic: &str, table: &TableId, error: &Error) {
+        let label = (self.labeler)(table);
+        let now = Instant::now();
+        let retry = self.buffers.schedule_retry(topic, error.kind(), now);
+        if retry.attempt == 1 {
+            self.pause(topic, true);
+        }
+        self.telemetry.set_state(&label, TableState::Paused(error.to_string()));
+        self.telemetry
+            .record_error(&label, &error.to_string(), &error.kind().to_string());
+        warn!(
+            table = %label,
+            kind = %error.kind(),
+            error = %error,
+            hint = error.hint().unwrap_or(""),
+            attempt = retry.attempt,
+            retry_in_ms = (retry.at - now).as_millis() as u64,
+            "paused"
+        );
+    }
+}

@@ -1,0 +1,389 @@
+//! Per-topic batches waiting to be applied: the raw records, their bytes,
+//! the offsets they cover, when the first came, and the retry a failed
+//! batch waits for. When a topic's batch is due is decided here, without
+//! Kafka or a destination.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::message::{Headers, Message};
+use tributary_connectors::{policy, Decision, ErrorKind, KafkaPosition};
+
+/// A record as it came from Kafka, kept until it is applied or
+/// dead-lettered.
+#[derive(Debug, Clone)]
+pub struct RawRecord {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Headers, in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl RawRecord {
+    /// Copies a consumed message.
+    pub fn from_message<M: Message>(m: &M) -> Self {
+        let headers = m
+            .headers()
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default();
+        Self {
+            topic: m.topic().to_string(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
+    /// The value of a header, as text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// Where it is in Kafka.
+    pub fn position(&self) -> KafkaPosition {
+        KafkaPosition {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset: self.offset,
+        }
+    }
+
+    /// Bytes it holds (for batch limits).
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+            + 64
+    }
+}
+
+/// A pending batch of one topic.
+#[derive(Debug)]
+pub struct Buffer {
+    /// The records, in the order they came.
+    pub records: Vec<RawRecord>,
+    /// Their bytes ([`RawRecord::size`]).
+    pub bytes: usize,
+    /// When the first came.
+    pub first_at: Option<Instant>,
+    /// Next offset per partition covered by everything received (applied,
+    /// buffered or dead-lettered) and not yet stored.
+    pub next_offsets: BTreeMap<i32, i64>,
+    /// The retry a failed batch of the topic waits for.
+    pub retry: Option<Retry>,
+}
+
+/// When a failed batch is tried again, and how many times it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Failures so far.
+    pub attempt: u32,
+    /// When the next try is due.
+    pub at: Instant,
+}
+
+impl Buffer {
+    fn new() -> Self {
+        Self {
+            records: Vec::new(),
+            bytes: 0,
+            first_at: None,
+            next_offsets: BTreeMap::new(),
+            retry: None,
+        }
+    }
+
+    /// Removes the record at `i` (dead-lettered).
+    pub fn remove(&mut self, i: usize) -> RawRecord {
+        let gone = self.records.remove(i);
+        self.bytes = self.bytes.saturating_sub(gone.size());
+        gone
+    }
+}
+
+/// How batches are cut: the runner's settings, resolved.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    /// `batch_max_records`.
+    pub max_records: usize,
+    /// `batch_max_bytes`.
+    pub max_bytes: usize,
+    /// `batch_linger_ms`: a batch is due this long after its first record.
+    pub linger: Duration,
+    /// `batch_idle_ms`: buffered records are applied once the consumer
+    /// gave nothing for this long while no batch is applied.
+    pub idle: Option<Duration>,
+    /// `max_buffered_bytes`: past it, the largest buffer is due.
+    pub max_buffered: usize,
+}
+
+/// The buffers of every topic.
+#[derive(Debug, Default)]
+pub struct Buffers {
+    topics: BTreeMap<String, Buffer>,
+}
+
+impl Buffers {
+    /// Adds a record taken from Kafka; `now` is asked only for a buffer's
+    /// first record.
+    pub fn push(&mut self, raw: RawRecord, now: impl FnOnce() -> Instant) {
+        // Looked up by reference first: the topic is copied only for a new
+        // buffer.
+        let buf = match self.topics.get_mut(&raw.topic) {
+            Some(buf) => buf,
+            None => self.topics.entry(raw.topic.clone()).or_insert_with(Buffer::new),
+        };
+        buf.next_offsets.insert(raw.partition, raw.offset + 1);
+        buf.bytes += raw.size();
+        buf.first_at.get_or_insert_with(now);
+        buf.records.push(raw);
+    }
+
+    /// `topic`'s buffer.
+    pub fn get(&self, topic: &str) -> Option<&Buffer> {
+        self.topics.get(topic)
+    }
+
+    /// `topic`'s buffer, to change.
+    pub fn get_mut(&mut self, topic: &str) -> Option<&mut Buffer> {
+        self.topics.get_mut(topic)
+    }
+
+    /// Takes `topic`'s buffer out: records that arrive meanwhile start a
+    /// new one.
+    pub fn take(&mut self, topic: &str) -> Option<Buffer> {
+        self.topics.remove(topic)
+    }
+
+    /// Drops everything buffered for `topic` (a fenced batch's topic).
+    pub fn clear(&mut self, topic: &str) {
+        self.topics.remove(topic);
+    }
+
+    /// Whether `topic`'s batch waits for a retry.
+    pub fn retrying(&self, topic: &str) -> bool {
+        self.topics.get(topic).is_some_and(|b| b.retry.is_some())
+    }
+
+    /// Bytes buffered in all.
+    pub fn total_bytes(&self) -> usize {
+        self.topics.values().map(|b| b.bytes).sum()
+    }
+
+    /// The topics with a buffer, not waiting for a retry.
+    pub fn not_retrying(&self) -> Vec<String> {
+        self.topics
+            .iter()
+            .filter(|(_, b)| b.retry.is_none())
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// Drops what is buffered of `partition` of `topic` (revoked, or older
+    /// than a fixed stored offset).
+    pub fn drop_partition(&mut self, topic: &str, partition: i32) {
+        if let Some(buf) = self.topics.get_mut(topic) {
+            buf.records.retain(|r| r.partition != partition);
+            buf.bytes = buf.records.iter().map(RawRecord::size).sum();
+            buf.next_offsets.remove(&partition);
+            if buf.next_offsets.is_empty() {
+                self.topics.remove(topic);
+            }
+        }
+    }
+
+    /// Puts the records of a batch that was not applied (`older`) back in
+    /// front of what arrived for its topic since, keeping only the
+    /// partitions `keep` says are still this runner's.
+    pub fn restore(&mut self, topic: String, mut older: Buffer, keep: impl Fn(i32) -> bool) {
+        older.records.retain(|r| keep(r.partition));
+        older.next_offsets.retain(|p, _| keep(*p));
+        if let Some(newer) = self.topics.remove(&topic) {
+            older.records.extend(newer.records);
+            older.next_offsets.extend(newer.next_offsets);
+            older.first_at = older.first_at.or(newer.first_at);
+            older.retry = older.retry.or(newer.retry);
+        }
+        older.bytes = older.records.iter().map(RawRecord::size).sum();
+        if !older.next_offsets.is_empty() {
+            self.topics.insert(topic, older);
+        }
+    }
+
+    /// Schedules the next try of `topic`'s batch after an error of `kind`,
+    /// per [`policy`]: the attempt and when. A permanent error without a
+    /// record to blame is probed slowly.
+    pub fn schedule_retry(&mut self, topic: &str, kind: ErrorKind, now: Instant) -> Retry {
+        let attempt = self.topics.get(topic).and_then(|b| b.retry.as_ref()).map_or(0, |r| r.attempt) + 1;
+        let delay = match policy(kind, attempt) {
+            Decision::RetryAfter(d) | Decision::PauseAndProbe(d) => d,
+            Decision::DeadLetter => tributary_connectors::error::OPERATOR_PROBE_DELAY,
+        };
+        let retry = Retry { attempt, at: now + delay };
+        if let Some(buf) = self.topics.get_mut(topic) {
+            buf.retry = Some(retry);
+        }
+        retry
+    }
+
+    /// The topics whose batch is due at `now`: a retry due, or, without
+    /// one, a batch full by records or bytes, lingered long enough, due for
+    /// want of more (`idle`), or the largest when all buffers together are
+    /// over their bound. `paused` topics (an operator's) are never due.
+    pub fn due(&self, now: Instant, limits: &BatchLimits, idle: bool, paused: &BTreeSet<String>) -> Vec<String> {
+        let largest = if self.total_bytes() > limits.max_buffered {
+            self.topics
+                .iter()
+                .filter(|(_, b)| b.retry.is_none())
+                .max_by_key(|(_, b)| b.bytes)
+                .map(|(t, _)| t.as_str())
+        } else {
+            None
+        };
+        self.topics
+            .iter()
+            .filter(|(topic, _)| !paused.contains(*topic))
+            .filter(|(topic, b)| match &b.retry {
+                Some(r) => r.at <= now,
+                None => {
+                    b.records.len() >= limits.max_records
+                        || b.bytes >= limits.max_bytes
+                        || b.first_at.is_some_and(|t| idle || t + limits.linger <= now)
+                        || largest == Some(topic.as_str())
+                }
+            })
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// When the next batch is due, given when buffered records are due for
+    /// want of more (`idle_at`). A table an operator paused is not due (see
+    /// [`Buffers::due`]): its buffer's linger, long past, would wake the
+    /// pipeline at once, for ever.
+    pub fn next_due(&self, linger: Duration, idle_at: Option<Instant>, paused: &BTreeSet<String>) -> Option<Instant> {
+        self.topics
+            .iter()
+            .filter(|(topic, _)| !paused.contains(*topic))
+            .filter_map(|(_, b)| match &b.retry {
+                Some(r) => Some(r.at),
+                None => b.first_at.map(|t| idle_at.map_or(t + linger, |i| i.min(t + linger))),
+            })
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_connectors::error::{OPERATOR_PROBE_DELAY, RETRY_INITIAL_DELAY};
+
+    fn raw(topic: &str, partition: i32, offset: i64, bytes: usize) -> RawRecord {
+        RawRecord {
+            topic: topic.into(),
+            partition,
+            offset,
+            key: None,
+            value: Some(vec![0; bytes]),
+            headers: Vec::new(),
+        }
+    }
+
+    fn limits() -> BatchLimits {
+        BatchLimits {
+            max_records: 3,
+            max_bytes: 10_000,
+            linger: Duration::from_millis(100),
+            idle: Some(Duration::from_millis(2)),
+            max_buffered: 50_000,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_due_when_full_lingered_idle_or_the_largest_over_the_bound() {
+        let t0 = Instant::now();
+        let none = BTreeSet::new();
+        let mut b = Buffers::default();
+        b.push(raw("a", 0, 0, 10), || t0);
+        assert!(b.due(t0, &limits(), false, &none).is_empty());
+        assert_eq!(b.due(t0, &limits(), true, &none), vec!["a"], "nothing more is coming");
+        assert_eq!(b.due(t0 + Duration::from_millis(100), &limits(), false, &none), vec!["a"], "lingered");
+        assert_eq!(b.next_due(limits().linger, None, &none), Some(t0 + Duration::from_millis(100)));
+        let idle_at = t0 + Duration::from_millis(2);
+        assert_eq!(b.next_due(limits().linger, Some(idle_at), &none), Some(idle_at));
+        b.push(raw("a", 0, 1, 10), || t0);
+        b.push(raw("a", 1, 7, 10), || t0);
+        assert_eq!(b.due(t0, &limits(), false, &none), vec!["a"], "full by records");
+        b.push(raw("b", 0, 0, 10_000), || t0);
+        assert_eq!(b.due(t0, &limits(), false, &none), vec!["a", "b"], "full by bytes");
+        let paused: BTreeSet<String> = ["a".to_string()].into();
+        assert_eq!(b.due(t0, &limits(), false, &paused), vec!["b"], "an operator's pause wins");
+        let small = BatchLimits {
+            max_buffered: 1_000,
+            max_bytes: 100_000,
+            max_records: 100,
+            ..limits()
+        };
+        assert_eq!(b.due(t0, &small, false, &none), vec!["b"], "the largest, when all are over the bound");
+        assert_eq!(b.get("a").map(|a| a.next_offsets.clone()), Some([(0, 2), (1, 8)].into()));
+    }
+
+    #[test]
+    fn a_failed_batch_is_retried_later_and_later_and_goes_back_in_front() {
+        let t0 = Instant::now();
+        let none = BTreeSet::new();
+        let mut b = Buffers::default();
+        b.push(raw("a", 0, 0, 10), || t0);
+        b.push(raw("a", 1, 0, 10), || t0);
+        let failed = b.take("a").expect("taken");
+        // Newer records came meanwhile.
+        b.push(raw("a", 0, 1, 10), || t0);
+        b.restore("a".into(), failed, |p| p != 1);
+        let a = b.get("a").expect("restored");
+        assert_eq!(a.records.iter().map(|r| (r.partition, r.offset)).collect::<Vec<_>>(), vec![(0, 0), (0, 1)]);
+        assert_eq!(a.next_offsets, [(0, 2)].into(), "partition 1 was revoked meanwhile");
+        let first = b.schedule_retry("a", ErrorKind::Retryable, t0);
+        assert_eq!(first, Retry { attempt: 1, at: t0 + RETRY_INITIAL_DELAY });
+        assert!(b.retrying("a"));
+        assert!(b.due(t0, &limits(), true, &none).is_empty(), "waits for its retry, idle or not");
+        assert_eq!(b.due(first.at, &limits(), false, &none), vec!["a"]);
+        assert_eq!(b.next_due(limits().linger, None, &none), Some(first.at));
+        let second = b.schedule_retry("a", ErrorKind::Retryable, t0);
+        assert_eq!(second, Retry { attempt: 2, at: t0 + RETRY_INITIAL_DELAY * 2 }, "backs off");
+        let probe = b.schedule_retry("a", ErrorKind::NeedsOperator, t0);
+        assert_eq!(probe.at, t0 + OPERATOR_PROBE_DELAY);
+        assert_eq!(b.schedule_retry("a", ErrorKind::Permanent, t0).at, t0 + OPERATOR_PROBE_DELAY);
+        assert_eq!(b.not_retrying(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_revoked_partition_leaves_nothing_behind() {
+        let t0 = Instant::now();
+        let mut b = Buffers::default();
+        b.push(raw("a", 0, 0, 10), || t0);
+        b.push(raw("a", 1, 0, 10), || t0);
+        b.drop_partition("a", 0);
+        assert_eq!(b.get("a").map(|a| a.records.len()), Some(1));
+        assert_eq!(b.total_bytes(), raw("a", 1, 0, 10).size());
+        b.drop_partition("a", 1);
+        assert!(b.get("a").is_none(), "an empty buffer is gone");
+    }
+}

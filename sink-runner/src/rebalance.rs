@@ -1,0 +1,313 @@
+//! Rebalances: partitions assigned at the offsets the destination stores,
+//! and revoked only after the write that covers them committed or failed.
+//!
+//! The destination holds the authoritative offsets (written in the same
+//! transaction as the rows). Kafka's group protocol only decides which
+//! runner owns which partition; the consumer's context hands each
+//! rebalance to the pipeline ([`RebalanceEvent`]), which looks the assigned
+//! partitions' offsets up in the destination and assigns them *at* those
+//! offsets, so no record is consumed from anywhere else. librdkafka waits
+//! for that call (join state `wait-assign-call`) and heartbeats meanwhile;
+//! nothing else is applied during the look-up anyway (the sink is one
+//! session, and the look-up waits for the batch being applied).
+//!
+//! The protocol is whatever `partition.assignment.strategy` says: with the
+//! default eager strategies every rebalance revokes everything first, so a
+//! partition is never owned by two runners at once (a revoke waits for the
+//! batch being applied to commit or fail before it unassigns, so the next
+//! owner reads offsets that include it). With `cooperative-sticky` only
+//! moved partitions are revoked and assigned (incrementally), with the same
+//! look-up. Records of a revoked partition still buffered are dropped; its
+//! new owner consumes them again from the destination's offsets. The
+//! offsets committed to Kafka are a mirror for monitoring tools
+//! (`kafka-consumer-groups --describe` shows the lag); they are never read.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{error, info, warn};
+use tributary_connectors::{policy, Decision, Sink};
+
+use crate::out_of_range::OutOfRange;
+use crate::partitions::Partition;
+use crate::pipeline::Pipeline;
+
+/// Kafka's answer to a watermarks request.
+pub(crate) const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A rebalance, as the consumer's context hands it to the pipeline.
+#[derive(Debug)]
+pub enum RebalanceEvent {
+    /// Partitions assigned: `wanted` to copy, `excluded` matched by the
+    /// pattern but not copied (dead-letter and offsets topics, `exclude`).
+    Assign {
+        /// Partitions to copy.
+        wanted: Vec<Partition>,
+        /// Partitions assigned that never fetch.
+        excluded: Vec<Partition>,
+        /// Whether the group's protocol is cooperative (incremental).
+        cooperative: bool,
+    },
+    /// Partitions revoked.
+    Revoke {
+        /// The partitions.
+        parts: Vec<Partition>,
+        /// Whether the group's protocol is cooperative (incremental).
+        cooperative: bool,
+    },
+    /// The rebalance failed: whatever was assigned is given up.
+    Failed {
+        /// The partitions it named.
+        parts: Vec<Partition>,
+        /// Whether the group's protocol is cooperative (incremental).
+        cooperative: bool,
+        /// librdkafka's error.
+        error: String,
+    },
+}
+
+impl<S: Sink + 'static> Pipeline<S> {
+    /// Serves one rebalance.
+    pub(crate) async fn rebalance(&mut self, event: RebalanceEvent) {
+        match event {
+            RebalanceEvent::Assign { wanted, excluded, cooperative } => {
+                self.assign(wanted, excluded, cooperative).await
+            }
+            RebalanceEvent::Revoke { parts, cooperative } => {
+                self.revoke(&parts).await;
+                info!(partitions = parts.len(), "partitions revoked");
+                let r = if cooperative {
+                    self.consumer.incremental_unassign(&list(&parts, |_| None))
+                } else {
+                    self.consumer.unassign()
+                };
+                if let Err(e) = r {
+                    error!(error = %e, "cannot unassign partitions");
+                }
+            }
+            RebalanceEvent::Failed { parts, cooperative, error } => {
+                self.revoke(&parts).await;
+                error!(error = %error, "rebalance failed");
+                if !cooperative {
+                    let _ = self.consumer.unassign();
+                }
+            }
+        }
+    }
+
+    /// Assigns `wanted` at the destination's offsets (a partition without
+    /// one from its beginning), checked against each topic's range, and
+    /// `excluded` paused at their end.
+    async fn assign(&mut self, wanted: Vec<Partition>, excluded: Vec<Partition>, cooperative: bool) {
+        let offsets = self.lookup(&wanted).await;
+        let mut tpl = TopicPartitionList::new();
+        let mut out_of_range = Vec::new();
+        let mut idle = TopicPartitionList::new();
+        match &offsets {
+            Some(offsets) => {
+                for (p, offset) in wanted.iter().zip(offsets) {
+                    // No stored offset: a new topic (or partition), read
+                    // from its beginning. A stored one: exactly there, if
+                    // the topic still holds it.
+                    let mut at = offset.map_or(Offset::Beginning, Offset::Offset);
+                    if let Some(stored) = offset {
+                        // If this look-up fails, a fetch out of range is
+                        // still reported (auto.offset.reset=error) and the
+                        // pipeline checks again.
+                        match self.watermarks(&p.topic, p.partition).await {
+                            Ok(range) => {
+                                if let Some(o) = OutOfRange::check(&p.topic, p.partition, *stored, range) {
+                                    // Assigned paused at a valid offset (so
+                                    // librdkafka keeps it fetchable for a
+                                    // seek later); anything fetched before
+                                    // the pause is dropped.
+                                    at = Offset::End;
+                                    idle.add_partition(&p.topic, p.partition);
+                                    out_of_range.push(o);
+                                }
+                            }
+                            Err(e) => {
+                                warn!(topic = %p.topic, partition = p.partition, error = %e, "cannot read the topic's range")
+                            }
+                        }
+                    }
+                    if let Err(e) = tpl.add_partition_offset(&p.topic, p.partition, at) {
+                        error!(topic = %p.topic, partition = p.partition, error = %e, "cannot set the start offset");
+                    }
+                }
+            }
+            // Stopping: assigned, never fetched.
+            None => {
+                for p in &wanted {
+                    let _ = tpl.add_partition_offset(&p.topic, p.partition, Offset::End);
+                    idle.add_partition(&p.topic, p.partition);
+                }
+            }
+        }
+        // Partitions not copied never fetch, but need a valid start offset:
+        // without one librdkafka would report "no offset to reset to"
+        // (auto.offset.reset=error).
+        for p in &excluded {
+            let _ = tpl.add_partition_offset(&p.topic, p.partition, Offset::End);
+            idle.add_partition(&p.topic, p.partition);
+        }
+        let r = if cooperative {
+            self.consumer.incremental_assign(&tpl)
+        } else {
+            self.consumer.assign(&tpl)
+        };
+        if let Err(e) = r {
+            error!(error = %e, "cannot assign partitions");
+        }
+        if idle.count() > 0 {
+            if let Err(e) = self.consumer.pause(&idle) {
+                warn!(error = %e, "cannot pause excluded partitions");
+            }
+        }
+        let Some(offsets) = offsets else {
+            return;
+        };
+        // librdkafka keeps a partition's pause flag across a revoke and a
+        // new assignment: a partition paused for a retry before the
+        // rebalance would never fetch again (found by the fault suite).
+        // What still waits for a retry or an operator is paused again below.
+        let mut run = TopicPartitionList::new();
+        for p in wanted
+            .iter()
+            .filter(|p| !out_of_range.iter().any(|o| o.topic == p.topic && o.partition == p.partition))
+        {
+            run.add_partition(&p.topic, p.partition);
+        }
+        if run.count() > 0 {
+            if let Err(e) = self.consumer.resume(&run) {
+                warn!(error = %e, "cannot resume newly assigned partitions");
+            }
+        }
+        info!(partitions = wanted.len(), excluded = excluded.len(), "partitions assigned");
+        let mut topics = std::collections::BTreeSet::new();
+        for (p, offset) in wanted.iter().zip(offsets) {
+            self.partitions.assign(&p.topic, p.partition, offset);
+            topics.insert(p.topic.clone());
+        }
+        for o in out_of_range {
+            self.stop_partition(o);
+        }
+        // A table still waiting for its retry stays paused until the retry
+        // succeeds.
+        for topic in topics {
+            if self.buffers.retrying(&topic) {
+                self.pause(&topic, true);
+            }
+        }
+    }
+
+    /// The destination's offsets of `parts`, retried per [`policy`] until
+    /// they come or the runner stops (`None`). Nothing is consumed
+    /// meanwhile: the status says why.
+    async fn lookup(&mut self, parts: &[Partition]) -> Option<Vec<Option<i64>>> {
+        if parts.is_empty() {
+            return Some(Vec::new());
+        }
+        let pairs: Vec<(String, i32)> = parts.iter().map(Partition::pair).collect();
+        let mut attempt = 0u32;
+        loop {
+            let result = self.sink.lock().await.committed_offsets(&pairs).await;
+            match result {
+                Ok(offsets) => {
+                    self.offsets_unreadable.store(false, Ordering::Relaxed);
+                    if attempt > 0 {
+                        // Back to what the operator asked for.
+                        let all = self.operator.control.paused().all;
+                        self.telemetry.set_paused(all.then(|| "paused by an operator".to_string()));
+                    }
+                    return Some(offsets);
+                }
+                Err(e) => {
+                    attempt += 1;
+                    self.offsets_unreadable.store(true, Ordering::Relaxed);
+                    self.operator.control.set_ready(false);
+                    self.telemetry
+                        .set_paused(Some(format!("cannot read the stored offsets of newly assigned partitions: {e}")));
+                    let delay = match policy(e.kind(), attempt) {
+                        Decision::RetryAfter(d) | Decision::PauseAndProbe(d) => d,
+                        Decision::DeadLetter => tributary_connectors::error::OPERATOR_PROBE_DELAY,
+                    };
+                    warn!(
+                        error = %e,
+                        hint = e.hint().unwrap_or(""),
+                        retry_in_ms = delay.as_millis() as u64,
+                        "paused: cannot read the stored offsets of newly assigned partitions"
+                    );
+                    if *self.stop.borrow() {
+                        return None;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.stop.changed() => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first offset `topic` / `partition` holds and the one after its
+    /// last, asked of Kafka off the async path.
+    pub(crate) async fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), String> {
+        let consumer = self.consumer.clone();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, WATERMARKS_TIMEOUT))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Gives `parts` up: what is buffered or decoded of them is dropped
+    /// (their next owner consumes it again from the destination's
+    /// offsets), and the batch being applied commits or fails before the
+    /// caller unassigns them, so that their next owner reads offsets that
+    /// include it and never applies beside it. If it fails, its records of
+    /// these partitions do not go back into a buffer.
+    async fn revoke(&mut self, parts: &[Partition]) {
+        for p in parts {
+            if let Some(f) = self.in_flight.as_mut().filter(|f| f.raw.topic == p.topic) {
+                f.revoked.insert(p.partition);
+            }
+            // Decoded but not applied: back into its buffer, to be dropped
+            // below with the rest of the partition.
+            if self.ready.as_ref().is_some_and(|r| r.raw.topic == p.topic) {
+                if let Some(r) = self.ready.take() {
+                    self.restore(r.raw.topic, r.raw.buf, &Default::default());
+                }
+            }
+            self.partitions.revoke(&p.topic, p.partition);
+            self.dead_letters.release(&p.topic, p.partition);
+            if !self.partitions.has_topic(&p.topic) {
+                // Paused again (if still wanted) once reassigned.
+                self.operator.paused_topics.remove(&p.topic);
+            }
+            self.buffers.drop_partition(&p.topic, p.partition);
+        }
+        if self.in_flight.is_some() {
+            let applied = crate::apply::wait_applied(&mut self.in_flight).await;
+            self.finish(applied).await;
+        }
+    }
+}
+
+/// `parts` as a partition list, each at `offset(p)` when it gives one.
+pub(crate) fn list(parts: &[Partition], offset: impl Fn(&Partition) -> Option<Offset>) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for p in parts {
+        match offset(p) {
+            Some(o) => {
+                let _ = tpl.add_partition_offset(&p.topic, p.partition, o);
+            }
+            None => {
+                tpl.add_partition(&p.topic, p.partition);
+            }
+        }
+    }
+    tpl
+}

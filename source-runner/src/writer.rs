@@ -1,0 +1,476 @@
+//! The topic writer: a source's batches into Kafka transactions. Registers
+//! each table's schema versions, encodes its changes into its topic, adds
+//! the control records the held tables call for, and commits each
+//! transaction with the checkpoint and the offsets-topic records that
+//! cover it.
+//!
+//! Exactly once rests on three facts:
+//! 1. the events of the batches and the checkpoint that covers them are
+//!    written in one Kafka transaction, so `read_committed` consumers see
+//!    both or neither;
+//! 2. the transactional id is stable per runner, so a restarted runner
+//!    fences its crashed predecessor and the broker aborts whatever it
+//!    left open before the last checkpoint is read;
+//! 3. the source releases history (slot flush LSN) only after the commit.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::message::{Header, OwnedHeaders};
+use tracing::{info, warn};
+use tributary_connectors::kafka::kafka_error;
+use tributary_connectors::{Checkpoint, Error, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_schemas::avro::EnvelopeOptions;
+use tributary_schemas::encoder::EventEncoder;
+use tributary_schemas::records::{ControlRecord, OffsetsRecord};
+use tributary_schemas::topic::TopicNaming;
+use tributary_schemas::{Op, SchemaError, SnapshotMarker, TableId, TableSchema};
+
+use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
+use crate::held_tables::{new_reset_id, HeldTables};
+use crate::kafka::admin::Topics;
+use crate::kafka::producer::TransactionalProducer;
+use crate::offsets_topic;
+use crate::transaction::TableCounts;
+
+/// The Kafka side of a source runner: its producer, its topics, the
+/// encoder and the held tables.
+pub struct TopicWriter {
+    config: SourceRunnerConfig,
+    producer: TransactionalProducer,
+    topics: Topics,
+    encoder: EventEncoder,
+    naming: TopicNaming,
+    /// The schema each table's last produced event used.
+    schemas: HashMap<TableId, Arc<TableSchema>>,
+    /// The tables whose changes are held back; kept in the offsets topic
+    /// beside the checkpoint, in the same transaction.
+    pub(crate) held: HeldTables,
+    /// Side records of batches in the open transaction, written with its
+    /// checkpoint (`None`: deleted).
+    side_pending: BTreeMap<String, Option<String>>,
+}
+
+/// What the offsets topic held for the runner at start, besides the held
+/// tables (which the writer keeps).
+pub struct Restored {
+    /// The last committed checkpoint.
+    pub checkpoint: Option<Checkpoint>,
+    /// The source's side records, for `Source::restore_side_records`.
+    pub side_records: BTreeMap<String, String>,
+}
+
+/// The Kafka headers of a control record.
+fn control_headers(record: &ControlRecord) -> OwnedHeaders {
+    record
+        .headers()
+        .into_iter()
+        .fold(OwnedHeaders::new(), |h, (key, value)| h.insert(Header { key, value: Some(value.as_str()) }))
+}
+
+impl TopicWriter {
+    /// Connects to Kafka and the registry and fences any earlier instance of
+    /// this runner (`init_transactions`).
+    pub async fn connect(config: &SourceRunnerConfig) -> Result<Self, Error> {
+        let client = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
+        let producer = TransactionalProducer::create(config)?;
+        // Started now, awaited below: the admin and registry clients and the
+        // offsets topic are made meanwhile (the start-up is a snapshot's
+        // first second, with the machine mostly idle).
+        let fencing = producer.fence();
+        let admin: AdminClient<DefaultClientContext> =
+            client.create().map_err(|e| kafka_error("cannot create the admin client", e))?;
+        let registry = config
+            .schema_registry
+            .registry(&config.schema_registry_url)
+            .map_err(|e| Error::needs_operator(e.to_string()))?;
+        let encoder = EventEncoder::new(
+            registry,
+            EnvelopeOptions {
+                connector: config.connector().to_string(),
+                tombstones: config.tombstones,
+            },
+        )
+        .register_incompatible(config.incompatible_schema_changes == IncompatibleSchemaChanges::Register);
+        let mut topics = Topics::new(admin, producer.client());
+        let offsets_topic = config.offsets_topic();
+        // A refused login fails the start at once, with its reason.
+        let (fenced, offsets) = tokio::select! {
+            both = async { tokio::join!(fencing, topics.ensure(&offsets_topic, true)) } => both,
+            refused = producer.authentication_failed() => return Err(refused),
+        };
+        fenced?;
+        offsets?;
+        topics
+            .check_offsets_topic(&offsets_topic, &config.kafka.bootstrap_servers)
+            .await?;
+        Ok(TopicWriter {
+            config: config.clone(),
+            producer,
+            topics,
+            encoder,
+            naming: TopicNaming::new(config.topic_template.clone()),
+            schemas: HashMap::new(),
+            held: HeldTables::default(),
+            side_pending: BTreeMap::new(),
+        })
+    }
+
+    /// Reads this runner's records from the offsets topic: its last
+    /// committed checkpoint and side records, and its held tables (kept).
+    ///
+    /// Must run after [`TopicWriter::connect`]: `init_transactions` has
+    /// aborted whatever a crashed predecessor left open, so
+    /// `read_committed` sees the final state.
+    pub async fn restore(&mut self) -> Result<Restored, Error> {
+        let stored = offsets_topic::read(&self.config).await?;
+        self.held = HeldTables::restore(stored.held, stored.reset_all);
+        self.side_pending.clear();
+        Ok(Restored {
+            checkpoint: stored.checkpoint,
+            side_records: stored.side,
+        })
+    }
+
+    /// Side records of a batch just added: written with the open
+    /// transaction's checkpoint.
+    pub fn stage_side_records(&mut self, records: Vec<(String, Option<String>)>) {
+        self.side_pending.extend(records);
+    }
+
+    /// Records a reset asked by `source-runner reset`, to be carried out at
+    /// the runner's next start: of `tables`, or of every table when there
+    /// is none. Commits it alone (no checkpoint) in the runner's own
+    /// transactional id: [`TopicWriter::connect`] fenced a running runner,
+    /// which fails its next commit and starts again, finding the request.
+    pub async fn record_reset(&mut self, tables: &[TableId]) -> Result<u64, Error> {
+        let reset = new_reset_id();
+        self.held.record_reset(tables, reset);
+        self.producer.begin().await?;
+        let records = self.held.records();
+        if let Err(e) = self.send_offsets_records(&records).await {
+            self.producer.abort().await;
+            return Err(e);
+        }
+        self.producer.commit().await?;
+        self.held.committed();
+        Ok(reset)
+    }
+
+    /// Copies `table` (`schema.table`) again while the stream goes on, as
+    /// `POST /resync` asks: what a reset does at a start (see
+    /// [`TopicWriter::record_reset`] and the pipeline's start), done between
+    /// two batches instead, without a restart. The state after a committed
+    /// batch is the state a start from its checkpoint makes, so the source
+    /// copies as it would right after `Source::start`. The held table and
+    /// the source's plan reach the offsets topic with the next checkpoint;
+    /// a crash before that loses the request, never a change. The outer
+    /// result is the runner's (an error restarts it from its checkpoint),
+    /// the inner one the operator's answer.
+    pub async fn resync_live(&mut self, source: &mut dyn Source, table: &str) -> Result<Result<String, String>, Error> {
+        let Some(id) = table
+            .split_once('.')
+            .filter(|(s, t)| !s.is_empty() && !t.is_empty())
+            .map(|(s, t)| TableId::new(s, t))
+        else {
+            return Ok(Err(format!("table {table}: expected schema.table")));
+        };
+        let reset = new_reset_id();
+        let before = match self.held.copy_again_live(&id, reset) {
+            Ok(before) => before,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let copying = match source.resync(std::slice::from_ref(&id)).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.held.restore_table(&id, before);
+                return Err(e);
+            }
+        };
+        if !copying.contains(&id) {
+            self.held.restore_table(&id, before);
+            return Ok(Err(format!(
+                "{table} is not copied again: the source does not capture it, or cannot copy tables again \
+                 (snapshot_mode = \"never\")"
+            )));
+        }
+        self.held.copy_taken_on(&id);
+        info!(table = %id, reset, "copying a table again while the others stream, as asked");
+        Ok(Ok(format!(
+            "copying {table} again (reset {reset}) while the other tables stream; the destination rows the new copy \
+             does not see are removed at its end"
+        )))
+    }
+
+    /// Produces the table-reset record of each held table whose reset is
+    /// due on every partition of its topic, into the open transaction
+    /// (before any row of its copy).
+    async fn send_resets(&mut self) -> Result<(), Error> {
+        let due = self.held.due_resets();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.producer.begin().await?;
+        for (table, reset) in due {
+            self.send_control(ControlRecord::TableReset { table: table.clone(), reset })
+                .await
+                .map_err(|e| e.or_table(&table))?;
+            info!(table = %table, reset, "reset sent: sinks forget the positions of its rows before its copy");
+            self.held.reset_sent(&table);
+        }
+        Ok(())
+    }
+
+    /// Produces `record` on every partition of its table's topic, into the
+    /// open transaction.
+    async fn send_control(&mut self, record: ControlRecord) -> Result<(), Error> {
+        let topic = self.naming.topic(self.config.prefix(), record.table());
+        let partitions = self.topics.every_partition(&topic).await?;
+        for p in 0..partitions {
+            self.producer
+                .send(&topic, Some(p), None, None, Some(control_headers(&record)))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Adds a batch's events to the open Kafka transaction, beginning one
+    /// when none is open. [`TopicWriter::commit`] makes them durable.
+    ///
+    /// On error the transaction is aborted; nothing of it is visible to
+    /// `read_committed` consumers.
+    ///
+    /// Returns what was produced per table.
+    pub async fn add_batch(&mut self, batch: &SourceBatch) -> Result<HashMap<TableId, TableCounts>, Error> {
+        if let Err(e) = self.send_resets().await {
+            self.producer.abort().await;
+            return Err(e);
+        }
+        let held = self.held.hold(batch);
+        // Register new schema versions before producing anything that
+        // needs them: an incompatible change stops us (and aborts the
+        // transaction) before any event of it is produced.
+        if let Err(e) = self.prepare_schemas(batch, &held).await {
+            self.producer.abort().await;
+            return Err(e);
+        }
+        self.producer.begin().await?;
+        match self.produce_all(batch, &held).await {
+            Ok(counts) => Ok(counts),
+            Err(e) => {
+                // A record refused earlier puts the transaction in an
+                // error state that fails later sends: name that record.
+                let e = if e.kind() == ErrorKind::Retryable {
+                    self.refused_or(e)
+                } else {
+                    e
+                };
+                self.producer.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes each table's topic and registers each schema the batch's
+    /// messages use for the first time. A schema change the topic cannot
+    /// carry pauses its table alone under `incompatible_schema_changes =
+    /// "pause_table"`; else it fails the batch.
+    async fn prepare_schemas(&mut self, batch: &SourceBatch, held: &[bool]) -> Result<(), Error> {
+        // The schema of the message before: a batch is mostly one table's
+        // rows sharing one Arc, so most messages need no lookup at all.
+        let mut previous: Option<&Arc<TableSchema>> = None;
+        for (i, msg) in batch.messages.iter().enumerate() {
+            let schema = match msg {
+                SourceMessage::SchemaChanged(s) => s,
+                SourceMessage::Change(e) => &e.schema,
+                SourceMessage::TableDropped(_) | SourceMessage::TableFailed(..) => continue,
+            };
+            if self.held.is_held(held, i, &schema.id) {
+                continue;
+            }
+            if previous.is_some_and(|p| Arc::ptr_eq(p, schema)) {
+                continue;
+            }
+            previous = Some(schema);
+            // Same Arc as last time: nothing to compare (the common case).
+            if self.schemas.get(&schema.id).is_some_and(|s| Arc::ptr_eq(s, schema)) {
+                continue;
+            }
+            // An equal schema in another Arc is prepared again too (which
+            // costs nothing but remembering this Arc), so that later
+            // events of it are recognised by pointer, not compared column
+            // by column.
+            let schema = schema.clone();
+            let topic = self.naming.topic(self.config.prefix(), &schema.id);
+            // The topic's creation and the schemas' registration at once:
+            // each is a few round trips, and neither needs the other.
+            let (created, registered) =
+                tokio::join!(self.topics.ensure(&topic, false), self.encoder.prepare(&schema, &topic));
+            self.topics.name_table(topic, schema.id.clone());
+            created.map_err(|e| e.or_table(&schema.id))?;
+            match registered {
+                Ok(()) => {}
+                Err(e @ SchemaError::Incompatible { .. })
+                    if self.config.incompatible_schema_changes == IncompatibleSchemaChanges::PauseTable =>
+                {
+                    // That table alone waits; its changes are held back
+                    // until it is copied again (see the pipeline's start).
+                    let e = Error::from(e).with_hint(
+                        "set incompatible_schema_changes = \"register\" in the source runner's config (readers of \
+                         the topic must then read the new type) or revert the column, and restart the runner: the \
+                         table is copied again (see docs/schema-changes.md)",
+                    );
+                    warn!(table = %schema.id, error = %e, hint = e.hint().unwrap_or(""),
+                        "table paused: its changes are held back, the other tables go on");
+                    self.held.pause(schema.id.clone(), e.to_string());
+                    continue;
+                }
+                Err(e) => return Err(Error::from(e).or_table(&schema.id)),
+            }
+            self.schemas.insert(schema.id.clone(), schema);
+        }
+        Ok(())
+    }
+
+    async fn produce_all(
+        &mut self,
+        batch: &SourceBatch,
+        held: &[bool],
+    ) -> Result<HashMap<TableId, TableCounts>, Error> {
+        // Keyed by reference while producing: no clone per event.
+        let mut counts: HashMap<&TableId, TableCounts> = HashMap::new();
+        // The run of consecutive events of one table (a snapshot chunk,
+        // most transactions), by its schema's Arc: its topic is named once
+        // and its counts are added up before they go into `counts`.
+        let mut run: Option<(&Arc<TableSchema>, String, TableCounts)> = None;
+        for (i, msg) in batch.messages.iter().enumerate() {
+            match msg {
+                // Nothing to produce: `prepare_schemas` registered the
+                // schemas, a failed table is held (see `HeldTables::hold`).
+                SourceMessage::SchemaChanged(_) | SourceMessage::TableFailed(..) => {}
+                SourceMessage::Change(event) if self.held.is_held(held, i, &event.schema.id) => {}
+                SourceMessage::Change(event) => {
+                    if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {
+                        if let Some((schema, _, c)) = run.take() {
+                            counts.entry(&schema.id).or_default().add(c);
+                        }
+                        let topic = self.naming.topic(self.config.prefix(), &event.schema.id);
+                        run = Some((&event.schema, topic, TableCounts::default()));
+                    }
+                    let Some((_, topic, run_counts)) = run.as_mut() else {
+                        continue;
+                    };
+                    let topic = topic.as_str();
+                    let encoded = self.encoder.encode(event, topic)?;
+                    let table = &event.schema.id;
+                    run_counts.events += 1;
+                    run_counts.latest_ts = run_counts.latest_ts.max(event.source.ts_ms);
+                    run_counts.oldest_ts = run_counts.oldest_ts.min(event.source.ts_ms);
+                    run_counts.snapshot |= event.source.snapshot != SnapshotMarker::False;
+                    run_counts.bytes += (encoded.key.as_ref().map_or(0, |k| k.len())
+                        + encoded.value.as_ref().map_or(0, |v| v.len())) as u64;
+                    if event.op == Op::Truncate {
+                        // A truncate concerns every key, so every partition
+                        // gets it, in order with that partition's rows.
+                        let partitions = self.topics.every_partition(topic).await.map_err(|e| e.or_table(table))?;
+                        for p in 0..partitions {
+                            self.producer
+                                .send(topic, Some(p), encoded.key.as_deref(), encoded.value.as_deref(), None)
+                                .await
+                                .map_err(|e| e.or_table(table))?;
+                        }
+                    } else {
+                        self.producer
+                            .send(topic, None, encoded.key.as_deref(), encoded.value.as_deref(), None)
+                            .await
+                            .map_err(|e| e.or_table(table))?;
+                        if let Some(tombstone) = self.encoder.tombstone(event, topic)? {
+                            self.producer
+                                .send(topic, None, tombstone.key.as_deref(), None, None)
+                                .await
+                                .map_err(|e| e.or_table(table))?;
+                        }
+                    }
+                }
+                SourceMessage::TableDropped(table) => {
+                    self.send_control(ControlRecord::TableDropped { table: table.clone() }).await?;
+                    self.schemas.remove(table);
+                }
+            }
+        }
+        if let Some((schema, _, c)) = run {
+            counts.entry(&schema.id).or_default().add(c);
+        }
+        Ok(counts.into_iter().map(|(id, c)| (id.clone(), c)).collect())
+    }
+
+    /// For each held table whose new copy is complete (per `progress`): a
+    /// table-copied record after the copy's rows says that every row older
+    /// than the copy is gone, so that a row deleted while the table was
+    /// held back does not stay in the destination. An empty copy (no row
+    /// to take the position from) removes every row. Produced into the
+    /// open transaction.
+    pub async fn sweep_copied(
+        &mut self,
+        progress: &[tributary_connectors::SnapshotTableProgress],
+    ) -> Result<(), Error> {
+        let due = self.held.due_sweeps(progress);
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.producer.begin().await?;
+        for (table, at) in due {
+            self.send_control(ControlRecord::TableCopied { table: table.clone(), at })
+                .await?;
+            info!(table = %table, "copied again; rows deleted while it was held back are removed downstream");
+            self.held.swept(&table);
+        }
+        Ok(())
+    }
+
+    /// Writes `checkpoint` into the open transaction (beginning one for a
+    /// checkpoint alone), with the offsets-topic records that changed, and
+    /// commits it.
+    pub async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), Error> {
+        self.producer.begin().await?;
+        let mut records = self.held.records();
+        records.extend(
+            std::mem::take(&mut self.side_pending)
+                .into_iter()
+                .map(|(key, value)| OffsetsRecord::Side { key, value }),
+        );
+        records.push(OffsetsRecord::Checkpoint(Some(checkpoint.0.clone())));
+        if let Err(e) = self.send_offsets_records(&records).await {
+            // This life ends: the next reads what is durable.
+            let e = self.refused_or(e);
+            self.producer.abort().await;
+            return Err(e);
+        }
+        if let Err(e) = self.producer.commit().await {
+            return Err(self.refused_or(e));
+        }
+        self.held.committed();
+        Ok(())
+    }
+
+    /// Produces `records` to the offsets topic, into the open transaction.
+    async fn send_offsets_records(&self, records: &[OffsetsRecord]) -> Result<(), Error> {
+        let topic = self.config.offsets_topic();
+        for record in records {
+            let key = record.key().encode(&self.config.name);
+            let value = record.value();
+            self.producer
+                .send(&topic, Some(0), Some(key.as_bytes()), value.as_deref(), None)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// `err`, or, when Kafka refused a record as too large meanwhile, an
+    /// error naming that record's size, its table and what to raise.
+    fn refused_or(&self, err: Error) -> Error {
+        self.producer.refused_or(err, |topic| self.topics.table_of(topic))
+    }
+}
