@@ -399,9 +399,20 @@ impl OracleSource {
                 });
             };
             let rows = client.mine(&plan.files, lo, hi, &self.owners).await?;
-            let filter = &self.filter;
-            let committed =
-                stream::feed(&mut self.buffer, rows, |owner, table| filter.captures(&TableId::new(owner, table)))?;
+            // Off the async path: a buffer over its memory budget writes
+            // (and a commit reads back) its spill files. Should the task
+            // not finish, `dirty` rebuilds the buffer at the next batch.
+            let filter = self.filter.clone();
+            let mut buffer = std::mem::replace(&mut self.buffer, TxBuffer::new(0, None));
+            let (buffer, committed) = tokio::task::spawn_blocking(move || {
+                let committed =
+                    stream::feed(&mut buffer, rows, |owner, table| filter.captures(&TableId::new(owner, table)));
+                (buffer, committed)
+            })
+            .await
+            .map_err(|e| Error::retryable(format!("the transaction buffer's work did not finish: {e}")))?;
+            self.buffer = buffer;
+            let committed = committed?;
             // Ranks among the commits of one SCN, over all of them (also
             // those emitted before a restart): mined again, they get the
             // same positions.
