@@ -11,6 +11,7 @@ pub mod e2e;
 pub mod items;
 pub mod kafka;
 pub mod logs;
+pub mod matrix;
 pub mod mysql;
 pub mod postgres;
 pub mod proxy;

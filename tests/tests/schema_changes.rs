@@ -8,38 +8,10 @@
 //! each one and started again, so that it replays the changes written
 //! before the DDL under their older shape.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use mysql_async::prelude::Queryable;
-use tributary_tests::bigquery::{query as bigquery, Datasets};
-use tributary_tests::mysql::Database as MariaDb;
-use tributary_tests::postgres::{connect, has_column, Destination as PgDestination, SourceSchema};
-use tributary_tests::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
-use tributary_tests::snowflake::Schemas as SnowflakeSchemas;
-use tributary_tests::spanner::Database as SpannerDatabase;
-use tributary_tests::{kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, Runner};
-
-/// How long one step may take to reach the destination.
-const STEP_DEADLINE: Duration = Duration::from_secs(90);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SourceKind {
-    Postgres,
-    MariaDb,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SinkKind {
-    Postgres,
-    BigQuery,
-    /// PostgreSQL 15 in the Redshift sink's test mode, staging in moto.
-    Redshift,
-    /// Google's Cloud Spanner emulator.
-    Spanner,
-    /// fakesnow (Snowflake's protocol over DuckDB).
-    Snowflake,
-}
+use tributary_tests::matrix::{converge, Runners, Sink, SinkKind, Source, SourceKind};
+use tributary_tests::{kafka_bootstrap, schema_registry_url};
 
 /// One migration, in each source's SQL (`{t}` is the table); `None` where
 /// the source has no such statement.
@@ -184,8 +156,8 @@ async fn an_incompatible_change_pauses_its_mariadb_table_until_it_can_be_carried
 /// `extra_columns`, whose values `extra_values` gives), copied to a
 /// PostgreSQL sink by running runners.
 async fn two_tables_copied(kind: SourceKind, extra_columns: &str, extra_values: &str) -> (Source, Sink, Runners) {
-    let mut source = Source::new(kind).await;
-    let sink = Sink::new(SinkKind::Postgres).await;
+    let mut source = Source::new(kind, "ddl").await;
+    let sink = Sink::new(SinkKind::Postgres, "ddl").await;
     for table in ["items", "other"] {
         let t = source.qualified(table);
         source
@@ -362,8 +334,8 @@ async fn a_changed_mariadb_epoch_copies_every_table_again() {
 }
 
 async fn epoch_change(kind: SourceKind, other_epoch: &str) {
-    let mut source = Source::new(kind).await;
-    let sink = Sink::new(SinkKind::Postgres).await;
+    let mut source = Source::new(kind, "ddl").await;
+    let sink = Sink::new(SinkKind::Postgres, "ddl").await;
     for table in ["items", "other"] {
         let t = source.qualified(table);
         source
@@ -434,8 +406,8 @@ async fn epoch_change(kind: SourceKind, other_epoch: &str) {
 /// it out.
 #[tokio::test]
 async fn source_runner_reset_copies_a_table_again_and_removes_rows_it_did_not_see() {
-    let mut source = Source::new(SourceKind::Postgres).await;
-    let sink = Sink::new(SinkKind::Postgres).await;
+    let mut source = Source::new(SourceKind::Postgres, "ddl").await;
+    let sink = Sink::new(SinkKind::Postgres, "ddl").await;
     for table in ["items", "other"] {
         let t = source.qualified(table);
         source
@@ -558,417 +530,6 @@ async fn rewrite_checkpoint(name: &str, edit: impl FnOnce(&mut serde_json::Value
     producer.flush(Duration::from_secs(10)).expect("flush");
 }
 
-// ---------------------------------------------------------------- source
-
-enum Source {
-    Postgres(SourceSchema),
-    MariaDb(MariaDb),
-}
-
-impl Source {
-    async fn new(kind: SourceKind) -> Self {
-        match kind {
-            SourceKind::Postgres => Source::Postgres(SourceSchema::new("ddl").await),
-            SourceKind::MariaDb => Source::MariaDb(MariaDb::new("ddl").await),
-        }
-    }
-
-    fn kind(&self) -> SourceKind {
-        match self {
-            Source::Postgres(_) => SourceKind::Postgres,
-            Source::MariaDb(_) => SourceKind::MariaDb,
-        }
-    }
-
-    /// The schema (PostgreSQL) or database (MariaDB): also the runners' name.
-    fn name(&self) -> &str {
-        match self {
-            Source::Postgres(s) => &s.schema,
-            Source::MariaDb(d) => &d.db,
-        }
-    }
-
-    fn qualified(&self, table: &str) -> String {
-        format!("{}.{table}", self.name())
-    }
-
-    async fn sql(&mut self, sql: &str) {
-        match self {
-            Source::Postgres(s) => s.exec(sql).await,
-            Source::MariaDb(d) => {
-                for statement in sql.split("; ") {
-                    d.sql(statement).await;
-                }
-            }
-        }
-    }
-
-    fn runner_section(&self) -> String {
-        match self {
-            Source::Postgres(s) => format!(
-                "[postgres]\nurl = \"{}\"\nslot_name = \"{}\"\npublication_name = \"{}\"\ninclude = [\"{}.*\"]\n\
-                 heartbeat_interval_ms = 500\n",
-                pg_source_url(),
-                s.slot,
-                s.publication,
-                s.schema
-            ),
-            Source::MariaDb(d) => {
-                let c = d.config();
-                format!(
-                    "[mysql]\nurl = \"{}\"\nserver_id = {}\ninclude = [\"{}.*\"]\nheartbeat_interval_ms = 500\n",
-                    secrecy::ExposeSecret::expose_secret(&c.url),
-                    c.server_id,
-                    d.db
-                )
-            }
-        }
-    }
-
-    /// The table's columns now, in order.
-    async fn columns(&mut self, table: &str) -> Vec<String> {
-        let name = self.name().to_string();
-        match self {
-            Source::Postgres(s) => s
-                .admin
-                .query(
-                    "SELECT column_name::text FROM information_schema.columns \
-                     WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
-                    &[&name, &table],
-                )
-                .await
-                .expect("source columns")
-                .iter()
-                .map(|r| r.get(0))
-                .collect(),
-            Source::MariaDb(d) => d
-                .conn
-                .exec(
-                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
-                     WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
-                    (name, table),
-                )
-                .await
-                .expect("source columns"),
-        }
-    }
-
-    async fn rows(&mut self, table: &str, columns: &[String]) -> Vec<String> {
-        let t = self.qualified(table);
-        match self {
-            Source::Postgres(s) => {
-                let cols: Vec<String> = columns.iter().map(|c| format!("{c}::text")).collect();
-                let sql = format!("SELECT {} FROM {t} ORDER BY id", cols.join(", "));
-                let rows = s.admin.query(sql.as_str(), &[]).await.expect("source rows");
-                rows.iter()
-                    .map(|r| canonical((0..columns.len()).map(|i| r.get::<_, Option<String>>(i))))
-                    .collect()
-            }
-            Source::MariaDb(d) => {
-                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(`{c}` AS CHAR)")).collect();
-                let sql = format!("SELECT {} FROM {t} ORDER BY id", cols.join(", "));
-                let rows: Vec<mysql_async::Row> = d.conn.query(sql).await.expect("source rows");
-                rows.into_iter()
-                    .map(|r| canonical((0..columns.len()).map(|i| r.get::<Option<String>, _>(i).flatten())))
-                    .collect()
-            }
-        }
-    }
-
-    async fn cleanup(self) {
-        match self {
-            Source::Postgres(s) => s.cleanup().await,
-            Source::MariaDb(d) => d.drop().await,
-        }
-    }
-}
-
-// ---------------------------------------------------------------- sink
-
-enum Sink {
-    Postgres(PgDestination),
-    BigQuery(Datasets),
-    Redshift(RedshiftWarehouse, String),
-    Spanner(SpannerDatabase),
-    Snowflake(Box<SnowflakeSchemas>),
-}
-
-impl Sink {
-    async fn new(kind: SinkKind) -> Self {
-        match kind {
-            SinkKind::Postgres => Sink::Postgres(PgDestination::new("ddl").await),
-            SinkKind::BigQuery => Sink::BigQuery(Datasets::new("ddl")),
-            SinkKind::Redshift => Sink::Redshift(RedshiftWarehouse::new("ddl").await, tributary_tests::unique("ddl")),
-            SinkKind::Spanner => Sink::Spanner(SpannerDatabase::new("ddl").await),
-            SinkKind::Snowflake => Sink::Snowflake(Box::new(SnowflakeSchemas::new("ddl"))),
-        }
-    }
-
-    fn group(&self) -> &str {
-        match self {
-            Sink::Postgres(d) => &d.group,
-            Sink::BigQuery(d) => &d.group,
-            Sink::Redshift(_, group) => group,
-            Sink::Spanner(d) => &d.group,
-            Sink::Snowflake(d) => &d.group,
-        }
-    }
-
-    /// The destination section; columns the source drops are dropped.
-    fn runner_section(&self) -> String {
-        let section = match self {
-            Sink::Postgres(d) => format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), d.schema),
-            Sink::BigQuery(d) => d.runner_section(),
-            Sink::Redshift(w, _) => w.runner_section(),
-            // Tables named as in the source (not `<schema>_<table>`).
-            Sink::Spanner(d) => format!("{}table = \"{{table}}\"\n", d.runner_section()),
-            Sink::Snowflake(d) => d.runner_section(),
-        };
-        format!("{}\ndrop_columns = true\n", section.trim_end())
-    }
-
-    /// Whether the destination's `table` has `column`.
-    async fn has_column(&self, table: &str, column: &str) -> bool {
-        match self {
-            Sink::Postgres(d) => has_column(&connect(&pg_destination_url()).await, &d.schema, table, column).await,
-            Sink::Redshift(w, _) => has_column(&w.admin, &w.schema, table, column).await,
-            // A query naming a column the table lacks fails.
-            Sink::BigQuery(d) => bigquery(&format!("SELECT `{column}` FROM {} LIMIT 1", d.table(table)))
-                .await
-                .is_ok(),
-            Sink::Spanner(d) => d.query(&format!("SELECT `{column}` FROM `{table}` LIMIT 1")).await.is_ok(),
-            Sink::Snowflake(d) => d
-                .query(&format!("SELECT \"{column}\" FROM {} LIMIT 1", d.table(table)))
-                .await
-                .is_ok(),
-        }
-    }
-
-    /// The destination's rows over `columns`, or `None` while the table or
-    /// one of the columns is not there yet.
-    async fn rows(&self, table: &str, columns: &[String]) -> Option<Vec<String>> {
-        match self {
-            Sink::Postgres(_) | Sink::Redshift(..) => {
-                let (url, schema) = match self {
-                    Sink::Redshift(w, _) => (redshift_url(), w.schema.clone()),
-                    Sink::Postgres(d) => (pg_destination_url(), d.schema.clone()),
-                    _ => return None,
-                };
-                let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
-                let sql = format!("SELECT {} FROM \"{schema}\".\"{table}\" ORDER BY id", cols.join(", "));
-                let client = connect(&url).await;
-                let rows = client.query(sql.as_str(), &[]).await.ok()?;
-                Some(
-                    rows.iter()
-                        .map(|r| canonical((0..columns.len()).map(|i| r.get::<_, Option<String>>(i))))
-                        .collect(),
-                )
-            }
-            Sink::BigQuery(d) => {
-                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(`{c}` AS STRING)")).collect();
-                let sql = format!("SELECT {} FROM {} ORDER BY id", cols.join(", "), d.table(table));
-                let rows = bigquery(&sql).await.ok()?;
-                Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
-            }
-            Sink::Spanner(d) => {
-                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(`{c}` AS STRING)")).collect();
-                let sql = format!("SELECT {} FROM `{table}` ORDER BY id", cols.join(", "));
-                let rows = d.query(&sql).await.ok()?;
-                Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
-            }
-            Sink::Snowflake(d) => {
-                let cols: Vec<String> = columns.iter().map(|c| format!("CAST(\"{c}\" AS VARCHAR)")).collect();
-                let sql = format!("SELECT {} FROM {} ORDER BY \"id\"", cols.join(", "), d.table(table));
-                let rows = d.query(&sql).await.ok()?;
-                Some(rows.into_iter().map(|r| canonical(r.into_iter())).collect())
-            }
-        }
-    }
-
-    async fn cleanup(self) {
-        match self {
-            Sink::Postgres(d) => d.cleanup().await,
-            Sink::BigQuery(d) => d.cleanup().await,
-            Sink::Redshift(w, group) => w.cleanup(&[group]).await,
-            Sink::Spanner(d) => d.cleanup().await,
-            Sink::Snowflake(d) => d.cleanup().await,
-        }
-    }
-}
-
-/// A row as `a|b|...`; numbers without trailing zeros (`1.50` and `1.5`
-/// are the same NUMERIC in two engines' text).
-fn canonical(cells: impl Iterator<Item = Option<String>>) -> String {
-    cells
-        .map(|c| match c {
-            None => "NULL".to_string(),
-            Some(v) if v.contains('.') && v.parse::<f64>().is_ok() => {
-                v.trim_end_matches('0').trim_end_matches('.').to_string()
-            }
-            Some(v) => v,
-        })
-        .collect::<Vec<_>>()
-        .join("|")
-}
-
-/// Rows sorted by their id (the first cell) as a number: `ORDER BY id`
-/// over `id::text AS id` sorts text in PostgreSQL.
-fn by_id(mut rows: Vec<String>) -> Vec<String> {
-    rows.sort_by_key(|r| r.split('|').next().and_then(|id| id.parse::<i64>().ok()));
-    rows
-}
-
-// ---------------------------------------------------------------- runners
-
-struct Proc {
-    bin: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
-    running: Option<Runner>,
-}
-
-impl Proc {
-    fn start(&mut self) {
-        self.running = Some(Runner::spawn(&self.bin, &self.config, &self.log));
-    }
-
-    fn kill9(&mut self) {
-        if let Some(r) = self.running.take() {
-            r.kill9();
-        }
-    }
-
-    fn assert_alive(&mut self, when: &str) {
-        if let Some(status) = self.running.as_mut().and_then(Runner::exited) {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            panic!("{} exited by itself ({status}) {when}; log tail:\n{}", self.bin.display(), tail.join("\n"));
-        }
-    }
-}
-
-struct Runners {
-    source: Proc,
-    sink: Proc,
-    /// The source's admin server.
-    source_admin: String,
-}
-
-impl Runners {
-    fn new(source: &Source, sink: &Sink) -> Self {
-        let name = source.name();
-        let dir = std::env::temp_dir().join(format!("{name}-ddl"));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let (registry, kafka) = (schema_registry_url(), kafka_bootstrap());
-        let source_port = tributary_tests::free_port();
-        let source_config = format!(
-            "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\n\
-             [admin]\nlisten = \"127.0.0.1:{source_port}\"\n\n{}",
-            source.runner_section()
-        );
-        let sink_config = format!(
-            "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_linger_ms = 200\n\n\
-             [kafka]\nbootstrap_servers = \"{kafka}\"\n\n[admin]\nlisten = \"127.0.0.1:{}\"\n\n{}",
-            sink.group(),
-            tributary_tests::free_port(),
-            sink.runner_section()
-        );
-        std::fs::write(dir.join("source.toml"), source_config).expect("source config");
-        std::fs::write(dir.join("sink.toml"), sink_config).expect("sink config");
-        eprintln!("logs: {}/{{source,sink}}.log", dir.display());
-        let proc = |package: &str, what: &str| Proc {
-            bin: runner_binary(package),
-            config: dir.join(format!("{what}.toml")),
-            log: dir.join(format!("{what}.log")),
-            running: None,
-        };
-        Self {
-            source: proc("source-runner", "source"),
-            sink: proc("sink-runner", "sink"),
-            source_admin: format!("http://127.0.0.1:{source_port}"),
-        }
-    }
-
-    fn assert_alive(&mut self, when: &str) {
-        self.source.assert_alive(when);
-        self.sink.assert_alive(when);
-    }
-
-    /// `source-runner reset --table` of `tables`; must succeed.
-    fn reset(&self, tables: &[&str]) {
-        let mut command = std::process::Command::new(&self.source.bin);
-        command.arg("--config").arg(&self.source.config).arg("reset");
-        for t in tables {
-            command.args(["--table", t]);
-        }
-        let out = command.output().expect("source-runner reset");
-        assert!(
-            out.status.success(),
-            "source-runner reset failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Kills both and deletes the source's topics and subjects.
-    fn delete(&mut self) {
-        self.source.kill9();
-        self.sink.kill9();
-        let _ = std::process::Command::new(&self.source.bin)
-            .arg("--config")
-            .arg(&self.source.config)
-            .args(["delete", "--yes"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
-
-// ---------------------------------------------------------------- the matrix
-
-/// Waits until the destination's `table` equals the source's over the
-/// source's columns; the runners must stay alive meanwhile.
-async fn converge(source: &mut Source, sink: &Sink, runners: &mut Runners, table: &str, step: &str) {
-    let deadline = tokio::time::Instant::now() + STEP_DEADLINE;
-    let mut last = None;
-    loop {
-        runners.assert_alive(&format!("at step {step:?} of {table}"));
-        let columns = source.columns(table).await;
-        let want = by_id(source.rows(table, &columns).await);
-        let got = sink.rows(table, &columns).await.map(by_id);
-        if got.as_ref() == Some(&want) {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let diff: Vec<String> = match &got {
-                None => vec![format!(
-                    "the destination has no table {table} with columns {columns:?} yet"
-                )],
-                Some(got) => {
-                    let missing = want.iter().filter(|r| !got.contains(r)).take(5).map(|r| format!("- {r}"));
-                    let extra = got.iter().filter(|r| !want.contains(r)).take(5).map(|r| format!("+ {r}"));
-                    let order = want
-                        .iter()
-                        .zip(got)
-                        .find(|(w, g)| w != g)
-                        .map(|(w, g)| format!("first out of order: - {w} / + {g}"));
-                    missing.chain(extra).chain(order).collect()
-                }
-            };
-            panic!(
-                "{table}: the destination did not reach the source after step {step:?} within {STEP_DEADLINE:?} \
-                 (columns {columns:?}; source - / destination +):\n{}\n(rows: source {}, destination {:?}, the poll before {last:?})",
-                diff.join("\n"),
-                want.len(),
-                got.as_ref().map(Vec::len)
-            );
-        }
-        last = got.map(|g| g.len());
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 /// A few writes: two new rows naming only the columns every step keeps
 /// (the rest of their columns take the table's defaults), an update of an
 /// old row, a delete, and values written into every column the steps
@@ -1014,8 +575,8 @@ async fn assert_gone(sink: &Sink, table: &str, step: &Step) {
 }
 
 async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
-    let mut source = Source::new(source_kind).await;
-    let sink = Sink::new(sink_kind).await;
+    let mut source = Source::new(source_kind, "ddl").await;
+    let sink = Sink::new(sink_kind, "ddl").await;
     let tables = ["items", "items_killed"];
     for table in tables {
         let t = source.qualified(table);
