@@ -137,8 +137,21 @@ pub struct TableStatus {
     pub dead_letter_topic: Option<String>,
     /// Last error.
     pub last_error: Option<LastError>,
+    /// Why the table was last copied again while the others streamed (a
+    /// rewrite the log does not carry, `POST /resync`), and when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_copy_again: Option<CopyAgain>,
     #[serde(skip)]
     window: (Option<Instant>, u64),
+}
+
+/// Why and when a table was copied again.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyAgain {
+    /// Why (never row values).
+    pub reason: String,
+    /// When it was asked, ms since the epoch.
+    pub at_ms: i64,
 }
 
 impl Default for TableStatus {
@@ -158,6 +171,7 @@ impl Default for TableStatus {
             dead_letter_topic: None,
             consumer_lag_records: None,
             last_error: None,
+            last_copy_again: None,
             window: (None, 0),
         }
     }
@@ -478,6 +492,11 @@ impl Telemetry {
     pub fn lag_history(&self) -> BTreeMap<String, Vec<(i64, f64)>> {
         let history = self.inner.history.lock().unwrap_or_else(|p| p.into_inner());
         history.iter().map(|(t, h)| (t.clone(), h.iter().copied().collect())).collect()
+    }
+
+    /// Records that a table is copied again, and why.
+    pub fn record_copy_again(&self, table: &str, reason: &str) {
+        self.with_table(table, |t| t.last_copy_again = Some(CopyAgain { reason: reason.to_string(), at_ms: now_ms() }));
     }
 
     /// Records an error of a table without a failed record (e.g. a retry).

@@ -57,6 +57,10 @@ pub struct HeldTables {
     /// (`source-runner reset`), or its end (`None`) once the tables' resets
     /// are held.
     reset_all_write: Option<Option<u64>>,
+    /// Tables held for a copy the source asked for (a rewrite), to be
+    /// asked of the source once the batch that asked is committed. Held
+    /// `Paused` meanwhile, so a crash before that copies them at the start.
+    copies_asked: Vec<TableId>,
 }
 
 impl HeldTables {
@@ -67,6 +71,7 @@ impl HeldTables {
             changed: false,
             reset_all,
             reset_all_write: None,
+            copies_asked: Vec::new(),
         }
     }
 
@@ -172,6 +177,22 @@ impl HeldTables {
         }
     }
 
+    /// The tables whose copy the source asked for since the last call
+    /// (see [`SourceMessage::TableRewritten`]), still waiting for it: to be
+    /// asked of the source now that the batch that asked is committed.
+    pub fn take_copies_asked(&mut self) -> Vec<TableId> {
+        let asked = std::mem::take(&mut self.copies_asked);
+        asked
+            .into_iter()
+            .filter(|t| self.held.get(t).is_some_and(|h| h.copy == CopyProgress::Paused))
+            .collect()
+    }
+
+    /// Whether the source asked for a copy not asked of it yet.
+    pub fn copies_asked(&self) -> bool {
+        !self.copies_asked.is_empty()
+    }
+
     /// Holds `table` for a copy asked while the stream goes on (`POST
     /// /resync`), with reset `reset` due before its rows, until the source
     /// takes it on ([`HeldTables::copy_taken_on`]) or refuses
@@ -219,8 +240,8 @@ impl HeldTables {
     /// Which of `batch`'s messages are held back, moving each held table's
     /// copy along: the state machine of the module's doc.
     pub fn hold(&mut self, batch: &SourceBatch) -> Vec<bool> {
-        let failed = |m: &SourceMessage| matches!(m, SourceMessage::TableFailed(..));
-        if self.held.is_empty() && !batch.messages.iter().any(failed) {
+        let holds = |m: &SourceMessage| matches!(m, SourceMessage::TableFailed(..) | SourceMessage::TableRewritten(..));
+        if self.held.is_empty() && !batch.messages.iter().any(holds) {
             return Vec::new();
         }
         let mut out = vec![false; batch.messages.len()];
@@ -233,6 +254,26 @@ impl HeldTables {
                 SourceMessage::TableDropped(t) => {
                     if self.held.remove(t).is_some() {
                         self.changed = true;
+                    }
+                    self.copies_asked.retain(|c| c != t);
+                }
+                SourceMessage::TableRewritten(t, why) => {
+                    warn!(table = %t, reason = %why, "the table's rows changed without row changes in the log: it is \
+                        copied again while the others stream");
+                    // Held from here (a copy under way read it before the
+                    // rewrite: it is asked again), with a reset, as `POST
+                    // /resync` does.
+                    self.held.insert(
+                        t.clone(),
+                        Held {
+                            reason: format!("copied again: {why}"),
+                            copy: CopyProgress::Paused,
+                            reset: Some(new_reset_id()),
+                        },
+                    );
+                    self.changed = true;
+                    if !self.copies_asked.contains(t) {
+                        self.copies_asked.push(t.clone());
                     }
                 }
                 SourceMessage::SchemaChanged(s) => out[i] = self.held.contains_key(&s.id),
@@ -323,10 +364,11 @@ impl HeldTables {
         self.changed = true;
     }
 
-    /// Shows the paused tables in status and metrics.
+    /// Shows the paused tables in status and metrics (not those held for
+    /// a copy the source asked for, about to be asked of it).
     pub fn show_paused(&self, telemetry: &Telemetry) {
         for (table, held) in &self.held {
-            if held.copy == CopyProgress::Paused {
+            if held.copy == CopyProgress::Paused && !self.copies_asked.contains(table) {
                 let table = table.to_string();
                 telemetry.record_error(&table, &held.reason, &ErrorKind::NeedsOperator.to_string());
                 telemetry.set_state(&table, TableState::Paused(held.reason.clone()));
@@ -537,6 +579,31 @@ mod tests {
         held.copy_taken_on(&b.id);
         assert_eq!(before, None);
         assert_eq!(held.get(&b.id).map(|h| (h.copy, h.reset)), Some((CopyProgress::Asked, Some(7))));
+    }
+
+    #[test]
+    fn a_rewritten_table_is_held_from_its_message_and_its_copy_asked_once_committed() {
+        let (a, b) = (schema("a"), schema("b"));
+        let mut held = HeldTables::default();
+        let rewritten = SourceMessage::TableRewritten(a.id.clone(), "ALTER TABLE rewrote it".into());
+        let out = held.hold(&batch(vec![
+            change(&a, 1, SnapshotMarker::False),
+            rewritten,
+            change(&a, 2, SnapshotMarker::False),
+            change(&b, 3, SnapshotMarker::False),
+        ]));
+        assert_eq!(out, vec![false, false, true, false], "its changes after the rewrite wait for the copy");
+        assert!(held.copies_asked());
+        let h = held.get(&a.id).expect("held").clone();
+        assert_eq!(h.copy, CopyProgress::Paused, "a crash now copies it at the start");
+        assert!(h.reason.contains("ALTER TABLE rewrote it"), "{}", h.reason);
+        let reset = h.reset.expect("a reset before the copy, as POST /resync");
+        assert!(held.due_resets().is_empty(), "not before the source takes the copy on");
+        assert_eq!(held.records().len(), 1, "committed with the batch");
+        assert_eq!(held.take_copies_asked(), vec![a.id.clone()]);
+        assert!(!held.copies_asked() && held.take_copies_asked().is_empty(), "asked once");
+        held.copy_taken_on(&a.id);
+        assert_eq!(held.due_resets(), vec![(a.id.clone(), reset)]);
     }
 
     #[test]

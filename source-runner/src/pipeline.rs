@@ -179,6 +179,9 @@ async fn stream(
             writer.held.show_paused(telemetry);
             match answer {
                 Ok(a) => {
+                    if a.is_ok() {
+                        telemetry.record_copy_again(&req.table, "copied again, as asked (POST /resync)");
+                    }
                     let _ = req.reply.send(a);
                 }
                 Err(e) => {
@@ -186,6 +189,16 @@ async fn stream(
                     return Err(e);
                 }
             }
+        }
+        if writer.held.copies_asked() {
+            // The batch that asked is committed first: the copy must read
+            // the table after the rewrite, and a crash before the copy is
+            // asked finds the table held (and copies it at the start).
+            if let Some(txn) = open.take() {
+                txn.commit(writer, source, telemetry).await?;
+            }
+            writer.copy_rewritten(source, telemetry).await?;
+            writer.held.show_paused(telemetry);
         }
         if Instant::now() >= next_retained {
             next_retained = Instant::now() + RETAINED_EVERY;

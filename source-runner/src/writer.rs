@@ -22,6 +22,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use tracing::{info, warn};
 use tributary_connectors::kafka::kafka_error;
 use tributary_connectors::{Checkpoint, Error, ErrorKind, Source, SourceBatch, SourceMessage};
+use tributary_operations::telemetry::Telemetry;
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
 use tributary_schemas::records::{ControlRecord, OffsetsRecord};
@@ -204,6 +205,26 @@ impl TopicWriter {
         )))
     }
 
+    /// Asks the source to copy again the tables it said were rewritten
+    /// (`SourceMessage::TableRewritten`), held `Paused` since the batch
+    /// that said so, which is committed. A table the source does not copy
+    /// stays paused (it is asked again at the next start), loudly.
+    pub async fn copy_rewritten(&mut self, source: &mut dyn Source, telemetry: &Telemetry) -> Result<(), Error> {
+        for table in self.held.take_copies_asked() {
+            let copying = source.resync(std::slice::from_ref(&table)).await?;
+            if copying.contains(&table) {
+                self.held.copy_taken_on(&table);
+                let reason = self.held.get(&table).map(|h| h.reason.clone()).unwrap_or_default();
+                telemetry.record_copy_again(&table.to_string(), &reason);
+                info!(table = %table, reason = %reason, "copying a rewritten table again while the others stream");
+            } else {
+                warn!(table = %table, "the source cannot copy the rewritten table again now: it stays paused until \
+                    the next start");
+            }
+        }
+        Ok(())
+    }
+
     /// Produces the table-reset record of each held table whose reset is
     /// due on every partition of its topic, into the open transaction
     /// (before any row of its copy).
@@ -285,7 +306,9 @@ impl TopicWriter {
             let schema = match msg {
                 SourceMessage::SchemaChanged(s) => s,
                 SourceMessage::Change(e) => &e.schema,
-                SourceMessage::TableDropped(_) | SourceMessage::TableFailed(..) => continue,
+                SourceMessage::TableDropped(_) | SourceMessage::TableFailed(..) | SourceMessage::TableRewritten(..) => {
+                    continue
+                }
             };
             if self.held.is_held(held, i, &schema.id) {
                 continue;
@@ -349,7 +372,9 @@ impl TopicWriter {
             match msg {
                 // Nothing to produce: `prepare_schemas` registered the
                 // schemas, a failed table is held (see `HeldTables::hold`).
-                SourceMessage::SchemaChanged(_) | SourceMessage::TableFailed(..) => {}
+                SourceMessage::SchemaChanged(_)
+                | SourceMessage::TableFailed(..)
+                | SourceMessage::TableRewritten(..) => {}
                 SourceMessage::Change(event) if self.held.is_held(held, i, &event.schema.id) => {}
                 SourceMessage::Change(event) => {
                     if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {
@@ -363,8 +388,19 @@ impl TopicWriter {
                         continue;
                     };
                     let topic = topic.as_str();
-                    let encoded = self.encoder.encode(event, topic)?;
                     let table = &event.schema.id;
+                    let encoded = match self.encoder.encode(event, topic) {
+                        Ok(encoded) => encoded,
+                        Err(e @ SchemaError::Value { .. }) => {
+                            // A value its column's type cannot carry: that
+                            // table alone waits, the others go on, and
+                            // nothing is skipped (it is copied again once
+                            // fixed, at a start or on `POST /resync`).
+                            self.pause_unencodable(table, e);
+                            continue;
+                        }
+                        Err(e) => return Err(Error::from(e).or_table(table)),
+                    };
                     run_counts.events += 1;
                     run_counts.latest_ts = run_counts.latest_ts.max(event.source.ts_ms);
                     run_counts.oldest_ts = run_counts.oldest_ts.min(event.source.ts_ms);
@@ -404,6 +440,20 @@ impl TopicWriter {
             counts.entry(&schema.id).or_default().add(c);
         }
         Ok(counts.into_iter().map(|(id, c)| (id.clone(), c)).collect())
+    }
+
+    /// Pauses `table` for a change that cannot be encoded: its changes are
+    /// held back from this one on, and the table is copied again at the
+    /// next start or `POST /resync`.
+    fn pause_unencodable(&mut self, table: &TableId, e: SchemaError) {
+        let e = Error::from(e).with_kind(ErrorKind::NeedsOperator).with_hint(
+            "the table's changes are held back from this change on, the other tables go on; fix the column's type \
+             or value at the source (or report the type if the source should carry it), then copy the table \
+             again: POST /resync, or restart the source runner (see docs/schema-changes.md)",
+        );
+        warn!(table = %table, error = %e, hint = e.hint().unwrap_or(""),
+            "table paused: a change of it cannot be encoded; the other tables go on");
+        self.held.pause(table.clone(), e.to_string());
     }
 
     /// For each held table whose new copy is complete (per `progress`): a

@@ -65,6 +65,8 @@ struct Mirror {
     dropped: Vec<TableId>,
     events: Vec<ChangeEvent>,
     schema_changes: Vec<Arc<TableSchema>>,
+    /// Tables the source said were rewritten, with why.
+    rewritten: Vec<(TableId, String)>,
 }
 
 /// Moves one key of the mirror forward to `pos`; never backwards.
@@ -91,6 +93,7 @@ impl Mirror {
                     self.tables.remove(t);
                 }
                 SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
+                SourceMessage::TableRewritten(t, reason) => self.rewritten.push((t.clone(), reason.clone())),
                 SourceMessage::Change(e) => {
                     assert!(
                         self.schemas.get(&e.schema.id).is_some_and(|s| **s == *e.schema),
@@ -919,6 +922,129 @@ async fn pull_until(source: &mut PostgresSource, mirror: &mut Mirror, what: &str
         mirror.apply(&b);
         source.acknowledge(&b.checkpoint).await.expect("ack");
     }
+}
+
+/// `ALTER TYPE ... ADD VALUE` sends no Relation message: a change holding
+/// the new label (in an enum column and in an enum array) comes with its
+/// table's schema read again first, listing the label, so the event
+/// encodes (the encoder refuses a label its column does not list: the
+/// runner once stopped on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enum_label_added_while_streaming_flows_with_a_schema_that_lists_it() {
+    use tributary_schemas::{DataType, EnvelopeOptions, EventEncoder, Registry};
+    let fx = Fixture::new("enumadd").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE TYPE {s}.mood AS ENUM ('sad', 'ok'); \
+         CREATE TABLE {s}.t (id int PRIMARY KEY, m {s}.mood, ms {s}.mood[]); \
+         INSERT INTO {s}.t VALUES (1, 'ok', '{{sad,ok}}');"
+    ))
+    .await;
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    fx.exec(&format!("ALTER TYPE {s}.mood ADD VALUE 'ecstatic'")).await;
+    fx.exec(&format!(
+        "INSERT INTO {s}.t VALUES (2, 'ecstatic', '{{ok}}'), (3, 'sad', '{{ecstatic,sad}}'); \
+         UPDATE {s}.t SET m = 'ecstatic' WHERE id = 1;"
+    ))
+    .await;
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    let labels = |schema: &TableSchema| match &schema.columns[1].data_type {
+        DataType::Enum { symbols } => symbols.clone(),
+        other => panic!("m is {other:?}"),
+    };
+    let last = mirror.schema_changes.last().expect("a schema");
+    assert_eq!(labels(last), ["sad", "ok", "ecstatic"], "the new label is listed");
+    let mut encoder = EventEncoder::new(Registry::in_memory(), EnvelopeOptions::default());
+    let streamed: Vec<&ChangeEvent> = mirror.events.iter().filter(|e| e.op != Op::Read).collect();
+    assert_eq!(streamed.len(), 3);
+    for e in streamed {
+        encoder.prepare(&e.schema, "p.s.t").await.expect("registers");
+        encoder.encode(e, "p.s.t").expect("a change with the new label encodes");
+    }
+    drop(source);
+    fx.cleanup().await;
+}
+
+/// A rewrite that changes values without row changes in the log (a
+/// volatile default added, `ALTER COLUMN ... TYPE ... USING`) is said in
+/// the stream, in its transaction's place, so the runner copies the table
+/// again; one that keeps every value (`VACUUM FULL`, `CLUSTER`, a
+/// non-volatile default) is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrites_that_change_values_are_said_and_others_are_not() {
+    let fx = Fixture::new("rewrite").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, a int); INSERT INTO {s}.t SELECT g, g FROM generate_series(1, 5) g; \
+         CREATE TABLE {s}.u (id int PRIMARY KEY, b int); INSERT INTO {s}.u VALUES (1, 1);"
+    ))
+    .await;
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["t", "u"]).await;
+    // Keep every value: no message.
+    // Each alone: VACUUM runs outside a transaction block.
+    fx.exec(&format!("VACUUM FULL {s}.t")).await;
+    fx.exec(&format!("CLUSTER {s}.u USING u_pkey")).await;
+    // (Every row is touched after an ADD COLUMN: this test's copy applies
+    // no default to older rows, as a sink does.)
+    fx.exec(&format!(
+        "ALTER TABLE {s}.u ADD COLUMN c int DEFAULT 7; INSERT INTO {s}.u VALUES (2, 2, 2); UPDATE {s}.u SET b = b;"
+    ))
+    .await;
+    sync(&mut source, &mut mirror, &fx, &["t", "u"]).await;
+    assert_eq!(mirror.rewritten, vec![], "VACUUM FULL, CLUSTER and a constant default keep every value");
+    // Change values: said, before the changes that follow them.
+    fx.exec(&format!(
+        "ALTER TABLE {s}.t ADD COLUMN r float8 DEFAULT random(); INSERT INTO {s}.t VALUES (6, 6); \
+         UPDATE {s}.t SET a = a;"
+    ))
+    .await;
+    fx.exec(&format!("ALTER TABLE {s}.u ALTER COLUMN b TYPE text USING (b * 10)::text; UPDATE {s}.u SET c = 3;"))
+        .await;
+    pull_until(&mut source, &mut mirror, "both rewrites", |m| m.rewritten.len() >= 2).await;
+    sync(&mut source, &mut mirror, &fx, &["t", "u"]).await;
+    let rewritten: Vec<(String, bool)> = mirror
+        .rewritten
+        .iter()
+        .map(|(t, why)| (t.table.clone(), why.contains("changed without row changes")))
+        .collect();
+    assert_eq!(rewritten, vec![("t".to_string(), true), ("u".to_string(), true)]);
+    assert!(mirror.rewritten[1].1.contains("type"), "{}", mirror.rewritten[1].1);
+    drop(source);
+    fx.cleanup().await;
+}
+
+/// A stored generated column: PostgreSQL's logical replication does not
+/// publish it, so the source leaves it out of the snapshot too; its copy
+/// never goes stale (the snapshot's value once outlived every update).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_columns_are_left_out_of_snapshot_and_stream() {
+    let fx = Fixture::new("generated").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, sm int, g int GENERATED ALWAYS AS (sm * 2) STORED, z text); \
+         INSERT INTO {s}.t (id, sm, z) VALUES (1, -32768, 'a');"
+    ))
+    .await;
+    let mut source = PostgresSource::new(fx.config(), "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    fx.exec(&format!("UPDATE {s}.t SET sm = sm + 1; INSERT INTO {s}.t (id, sm, z) VALUES (2, 5, 'b');"))
+        .await;
+    sync(&mut source, &mut mirror, &fx, &["t"]).await;
+    let names = |schema: &TableSchema| schema.columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+    for schema in &mirror.schema_changes {
+        assert_eq!(names(schema), ["id", "sm", "z"], "no generated column, in no schema");
+    }
+    assert!(mirror.events.iter().all(|e| e.after.as_ref().is_none_or(|r| r.len() == 3)));
+    drop(source);
+    fx.cleanup().await;
 }
 
 /// RENAME COLUMN: the new name carries the earlier ones (oldest first) in

@@ -84,6 +84,13 @@ pub enum SourceMessage {
     /// changes held back) until it is copied again, at the next start
     /// ([`Source::resync`]). Never a reason to stop every table.
     TableFailed(TableId, String),
+    /// The table's rows changed without row changes in the log (a rewrite
+    /// by `ALTER TABLE ... TYPE ... USING`, a volatile default, a generated
+    /// column added; the reason says which): the runner copies it again
+    /// while the other tables stream, as `POST /resync` does, once the
+    /// batch holding this message is committed. Its changes are held back
+    /// from here until the copy's rows come.
+    TableRewritten(TableId, String),
 }
 
 /// A table the source runner holds back while the source copies it again

@@ -123,6 +123,7 @@ impl Mirror {
                     self.tables.remove(id);
                 }
                 SourceMessage::TableFailed(id, reason) => panic!("{id} failed: {reason}"),
+                SourceMessage::TableRewritten(id, reason) => panic!("{id} rewritten: {reason}"),
                 SourceMessage::Change(ev) => {
                     if self.held.admit(ev) {
                         continue;

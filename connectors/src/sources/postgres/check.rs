@@ -33,6 +33,18 @@ BEGIN
           'event', TG_EVENT, 'tag', 'DROP TABLE', 'identity', r.object_identity,
           'schema', r.schema_name, 'table', r.object_name)::text;
       END LOOP;
+    ELSIF TG_EVENT = 'table_rewrite' THEN
+      -- A partition's rewrite is its partitioned table's (captured through
+      -- its root).
+      FOR r IN SELECT n.nspname AS schema_name, c.relname AS table_name FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE c.oid = COALESCE(pg_partition_root(pg_event_trigger_table_rewrite_oid())::oid,
+                                      pg_event_trigger_table_rewrite_oid()) LOOP
+        msgs := msgs || json_build_object(
+          'event', TG_EVENT, 'tag', 'TABLE REWRITE', 'command', TG_TAG,
+          'schema', r.schema_name, 'table', r.table_name,
+          'reason', pg_event_trigger_table_rewrite_reason())::text;
+      END LOOP;
     ELSE
       FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE object_type IN ('table', 'table column') LOOP
         msgs := msgs || json_build_object(
@@ -59,27 +71,31 @@ BEGIN
   END IF;
 END
 $fn$;
-COMMENT ON FUNCTION tributary.emit_ddl() IS 'tributary DDL messages v3';
+COMMENT ON FUNCTION tributary.emit_ddl() IS 'tributary DDL messages v4';
 CREATE EVENT TRIGGER tributary_ddl_end ON ddl_command_end EXECUTE FUNCTION tributary.emit_ddl();
-CREATE EVENT TRIGGER tributary_sql_drop ON sql_drop EXECUTE FUNCTION tributary.emit_ddl();"#;
+CREATE EVENT TRIGGER tributary_sql_drop ON sql_drop EXECUTE FUNCTION tributary.emit_ddl();
+CREATE EVENT TRIGGER tributary_table_rewrite ON table_rewrite EXECUTE FUNCTION tributary.emit_ddl();"#;
 
 /// The comment marking the current version of the DDL trigger function, so
 /// that an older installation is replaced.
-const DDL_TRIGGER_VERSION: &str = "tributary DDL messages v3";
+const DDL_TRIGGER_VERSION: &str = "tributary DDL messages v4";
+/// The event triggers [`DDL_TRIGGER_SQL`] makes.
+const DDL_TRIGGERS: [&str; 3] = ["tributary_ddl_end", "tributary_sql_drop", "tributary_table_rewrite"];
 
 async fn ddl_trigger_installed(client: &tokio_postgres::Client) -> Result<bool> {
     let row = client
         .query_one(
             "SELECT (SELECT count(*) FROM pg_event_trigger \
-                     WHERE evtname IN ('tributary_ddl_end', 'tributary_sql_drop') AND evtenabled <> 'D'), \
+                     WHERE evtname = ANY($1) AND evtenabled <> 'D'), \
                     (SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p \
                      JOIN pg_namespace n ON n.oid = p.pronamespace \
                      WHERE n.nspname = 'tributary' AND p.proname = 'emit_ddl')",
-            &[],
+            &[&DDL_TRIGGERS.as_slice()],
         )
         .await
         .map_err(|e| classify_pg(e, "reading event triggers"))?;
-    Ok(row.get::<_, i64>(0) == 2 && row.get::<_, Option<String>>(1).as_deref() == Some(DDL_TRIGGER_VERSION))
+    Ok(row.get::<_, i64>(0) == DDL_TRIGGERS.len() as i64
+        && row.get::<_, Option<String>>(1).as_deref() == Some(DDL_TRIGGER_VERSION))
 }
 
 /// Installs the DDL event trigger when it is missing and the role is a
@@ -103,18 +119,13 @@ pub async fn install_ddl_trigger(client: &tokio_postgres::Client) -> Result<()> 
     }
     // Two sources may install at once: a lost race is fine as long as the
     // trigger ends up installed.
-    let sql = format!(
-        "BEGIN; {} COMMIT;",
-        DDL_TRIGGER_SQL
-            .replace(
-                "CREATE EVENT TRIGGER tributary_ddl_end",
-                "DROP EVENT TRIGGER IF EXISTS tributary_ddl_end; CREATE EVENT TRIGGER tributary_ddl_end"
-            )
-            .replace(
-                "CREATE EVENT TRIGGER tributary_sql_drop",
-                "DROP EVENT TRIGGER IF EXISTS tributary_sql_drop; CREATE EVENT TRIGGER tributary_sql_drop"
-            )
-    );
+    let sql = DDL_TRIGGERS.iter().fold(DDL_TRIGGER_SQL.to_string(), |sql, t| {
+        sql.replace(
+            &format!("CREATE EVENT TRIGGER {t} "),
+            &format!("DROP EVENT TRIGGER IF EXISTS {t}; CREATE EVENT TRIGGER {t} "),
+        )
+    });
+    let sql = format!("BEGIN; {sql} COMMIT;");
     if let Err(e) = client.batch_execute(&sql).await {
         let _ = client.batch_execute("ROLLBACK").await;
         if !ddl_trigger_installed(client).await? {

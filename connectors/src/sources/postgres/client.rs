@@ -204,6 +204,8 @@ pub struct Catalog {
     /// The longest wait for one answer (`catalog_timeout_ms`).
     timeout: std::time::Duration,
     types: HashMap<(u32, i32), PgType>,
+    /// Tables whose generated columns were said to be left out (once each).
+    generated_noted: std::collections::HashSet<u32>,
     /// Renames seen while streaming (see [`Renames`]); shared with the
     /// copy the source rolls back to after an error, cloned on change.
     renames: Arc<Renames>,
@@ -238,6 +240,7 @@ impl Catalog {
             client: connect(params).await?,
             timeout: params.catalog_timeout,
             types: HashMap::new(),
+            generated_noted: std::collections::HashSet::new(),
             renames: Arc::default(),
         })
     }
@@ -397,6 +400,16 @@ impl Catalog {
         Ok(row.map(|r| r.get(0)))
     }
 
+    /// Forgets the enum types read so far (and arrays and domains of
+    /// them), so that their labels are read again: `ALTER TYPE ... ADD
+    /// VALUE` changes them without a Relation message.
+    pub fn forget_enum_types(&mut self) {
+        fn is_enum(t: &PgType) -> bool {
+            t.typtype == 'e' || t.element.as_deref().is_some_and(is_enum)
+        }
+        self.types.retain(|_, t| !is_enum(t));
+    }
+
     async fn pg_type(&mut self, oid: u32, typmod: i32) -> Result<PgType> {
         if let Some(t) = self.types.get(&(oid, typmod)) {
             return Ok(t.clone());
@@ -477,7 +490,8 @@ impl Catalog {
                     // `ADD COLUMN ... DEFAULT` have (PostgreSQL 11+ stores it
                     // instead of rewriting the table), as a one-element array.
                     "SELECT a.attname::text, a.atttypid, a.atttypmod, a.attnotnull, \
-                        CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attnum \
+                        CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attnum, \
+                        a.attgenerated <> '' \
                  FROM pg_attribute a \
                  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
                     &[&relid],
@@ -532,10 +546,28 @@ impl Catalog {
             .await
             .map_err(|e| e.with_table(table.clone()))?;
         let pk: Vec<String> = pk_rows.iter().map(|r| r.get(0)).collect();
+        // Generated columns: pgoutput (PostgreSQL 12 to 17) publishes none,
+        // so a value the snapshot read would never change again in the
+        // destination. They are left out of the catalog's columns too, so
+        // the snapshot does not read them (a Relation message that carries
+        // one, from a server that publishes them, keeps it).
+        let generated: Vec<String> = rows.iter().filter(|r| r.get::<_, bool>(6)).map(|r| r.get(0)).collect();
         let source: Vec<(String, u32, i32)> = match columns {
             Some(c) => c.to_vec(),
-            None => catalog_cols.iter().map(|(n, o, m, _)| (n.clone(), *o, *m)).collect(),
+            None => catalog_cols
+                .iter()
+                .filter(|(n, ..)| !generated.contains(n) || pk.contains(n))
+                .map(|(n, o, m, _)| (n.clone(), *o, *m))
+                .collect(),
         };
+        if columns.is_none() && !generated.is_empty() && self.generated_noted.insert(relid) {
+            tracing::info!(
+                table = %table,
+                columns = %generated.join(", "),
+                "generated columns are not carried: PostgreSQL's logical replication does not publish them, so \
+                 their copy would go stale (docs/sources/postgresql.md)"
+            );
+        }
         let key = match config.configured_key(table) {
             Some(k) => Some(k.clone()),
             None if !pk.is_empty() => Some(pk),

@@ -30,6 +30,7 @@ use bytes::{Buf, Bytes};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use serde::{Deserialize, Serialize};
 use tributary_schemas::{
+    DataType,
     ChangeEvent, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
 };
 
@@ -322,6 +323,11 @@ struct Relation {
     /// The partitioned table's oid when this is a partition published
     /// under its own name (its changes are the root's).
     root: Option<u32>,
+    /// How `built` was made: the Relation message's columns and the
+    /// partition root they map onto, to build it again when a type changed
+    /// without a Relation message (an enum's new label).
+    columns: Vec<(String, u32, i32)>,
+    partition_root: Option<PartitionRoot>,
 }
 
 /// The transaction being decoded.
@@ -589,7 +595,26 @@ impl Streamer {
         let partition = doc.get("partition").and_then(|v| v.as_bool()).unwrap_or(false);
         let Some(txn) = self.txn.as_mut() else { return };
         let commit_lsn = txn.commit_lsn;
-        if tag == "DROP TABLE" {
+        if tag == "TABLE REWRITE" {
+            // Bits of `pg_event_trigger_table_rewrite_reason()`: a
+            // default's value (a volatile default or a generated column
+            // added) or a column's type rewrote the rows, which the log does
+            // not carry; a persistence (1) or access method (8) change
+            // keeps every value.
+            const VALUES_CHANGED: u64 = 2 | 4;
+            let reason = doc.get("reason").and_then(|v| v.as_u64()).unwrap_or(VALUES_CHANGED);
+            if reason & VALUES_CHANGED != 0 && sc.filter.captures(&id) {
+                let command = doc.get("command").and_then(|v| v.as_str()).unwrap_or("ALTER TABLE");
+                let what = if reason & 4 != 0 {
+                    "a column's type changed"
+                } else {
+                    "a volatile default or a generated column was added"
+                };
+                let why = format!("{command} rewrote the table ({what}): its rows changed without row changes in the log");
+                tracing::info!(table = %id, reason = %why, "captured table rewritten: it is copied again");
+                txn.messages.push(SourceMessage::TableRewritten(id, why));
+            }
+        } else if tag == "DROP TABLE" {
             if sc.announced.remove(&id).is_some() {
                 tracing::info!(table = %id, "captured table dropped");
                 txn.messages.push(SourceMessage::TableDropped(id.clone()));
@@ -675,6 +700,7 @@ impl Streamer {
                     columns.iter().map(|c| (c.name.clone(), c.type_oid, c.typmod)).collect();
                 let mut id = id;
                 let mut root = None;
+                let mut partition_root = None;
                 let built = if sc.announced.contains_key(&id) {
                     Some(sc.catalog.build_schema(sc.config, sc.filter, &id, relid, Some(&cols)).await?)
                 } else if let Some(r) = sc.catalog.partition_root(relid).await? {
@@ -686,6 +712,7 @@ impl Streamer {
                         let built = partition_schema(sc, &r, &cols).await?;
                         id = r.id.clone();
                         root = Some(r.relid);
+                        partition_root = Some(r);
                         Some(built)
                     } else {
                         None
@@ -698,17 +725,18 @@ impl Streamer {
                     _ => false,
                 };
                 self.relations
-                    .insert(relid, Relation { id, replica_identity, built, announced, root });
+                    .insert(relid, Relation { id, replica_identity, built, announced, root, columns: cols, partition_root });
             }
             PgOutput::Insert { relid, new } => {
-                let Some((rel, txn)) = self.target(relid)? else {
+                let Some((rel, _)) = self.target(relid)? else {
                     return Ok(());
                 };
                 let after = rel_row(rel, &new, None, sc).await?;
+                let (rel, txn) = self.labels_known(relid, [Some(&after)], sc).await?;
                 push_change(rel, txn, sc, Op::Create, None, Some(after));
             }
             PgOutput::Update { relid, old, new } => {
-                let Some((rel, txn)) = self.target(relid)? else {
+                let Some((rel, _)) = self.target(relid)? else {
                     return Ok(());
                 };
                 let before = match &old {
@@ -720,13 +748,15 @@ impl Streamer {
                     _ => None,
                 };
                 let after = rel_row(rel, &new, Some(RowFill { old: full_old, new: &new }), sc).await?;
+                let (rel, txn) = self.labels_known(relid, [before.as_ref(), Some(&after)], sc).await?;
                 push_change(rel, txn, sc, Op::Update, before, Some(after));
             }
             PgOutput::Delete { relid, old } => {
-                let Some((rel, txn)) = self.target(relid)? else {
+                let Some((rel, _)) = self.target(relid)? else {
                     return Ok(());
                 };
                 let before = rel_row(rel, &old.1, None, sc).await?;
+                let (rel, txn) = self.labels_known(relid, [Some(&before)], sc).await?;
                 push_change(rel, txn, sc, Op::Delete, Some(before), None);
             }
             PgOutput::Truncate { relids } => {
@@ -763,6 +793,40 @@ impl Streamer {
             PgOutput::Type { .. } | PgOutput::Origin { .. } | PgOutput::Other(_) => {}
         }
         Ok(())
+    }
+
+    /// The relation and open transaction of `relid`, with its schema built
+    /// again first when `rows` hold an enum label its schema does not know:
+    /// `ALTER TYPE ... ADD VALUE` sends no Relation message, and a label the
+    /// schema does not list cannot be encoded. The new schema (its enum's
+    /// labels read again) is announced before the change.
+    async fn labels_known<const N: usize>(
+        &mut self,
+        relid: u32,
+        rows: [Option<&Row>; N],
+        sc: &mut StreamContext<'_>,
+    ) -> Result<(&mut Relation, &mut Txn)> {
+        let stale = self
+            .relations
+            .get(&relid)
+            .and_then(|r| r.built.as_ref())
+            .is_some_and(|b| rows.iter().flatten().any(|row| unknown_enum_label(&b.schema, row)));
+        if stale {
+            let rel = self
+                .relations
+                .get_mut(&relid)
+                .ok_or_else(|| protocol(&format!("row for relation {relid} before its Relation message")))?;
+            sc.catalog.forget_enum_types();
+            let built = match &rel.partition_root {
+                Some(root) => partition_schema(sc, root, &rel.columns).await?,
+                None => sc.catalog.build_schema(sc.config, sc.filter, &rel.id, relid, Some(&rel.columns)).await?,
+            };
+            tracing::info!(table = %rel.id, "an enum type of the table has a new label: its schema is read again");
+            rel.announced = sc.announced.get(&rel.id).is_some_and(|prev| **prev == *built.schema);
+            rel.built = Some(built);
+        }
+        self.target(relid)?
+            .ok_or_else(|| protocol(&format!("relation {relid} is no longer captured")))
     }
 
     /// The relation and open transaction a row message belongs to, or `None`
@@ -976,6 +1040,20 @@ async fn fetch_unchanged(
         }
     }
     Ok(())
+}
+
+/// Whether `row` holds an enum label (alone or in an array) that its
+/// column's type did not have when `schema` was built.
+fn unknown_enum_label(schema: &TableSchema, row: &Row) -> bool {
+    let unknown = |symbols: &[String], v: &Value| matches!(v, Value::Enum(l) if !symbols.contains(l));
+    schema.columns.iter().zip(row).any(|(c, v)| match (&c.data_type, v) {
+        (DataType::Enum { symbols }, v) => unknown(symbols, v),
+        (DataType::Array(inner), Value::Array(items)) => match inner.as_ref() {
+            DataType::Enum { symbols } => items.iter().any(|i| unknown(symbols, i)),
+            _ => false,
+        },
+        _ => false,
+    })
 }
 
 fn push_change(
