@@ -15,6 +15,8 @@ pub mod decoder;
 pub mod defaults;
 pub mod encoder;
 pub mod error;
+// The fuzz target's entry point, not the runners' (`fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod hashing;
 pub mod mapping;

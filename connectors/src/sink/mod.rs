@@ -12,13 +12,17 @@
 //! * [`warehouse`]: the order in which a batch is applied, over a
 //!   [`warehouse::Warehouse`];
 //! * [`text`]: values as SQL text;
-//! * [`memory`]: the reference sink, in memory.
+//! * `memory`: the reference sink, in memory (with the `test-utils`
+//!   feature).
 //!
 //! `docs/CONNECTORS.md` says how a new sink uses them.
 
 pub mod batch;
 pub mod bisect;
 pub mod bookkeeping;
+// A test double: in the crate's own tests and in crates that turn on
+// `test-utils`, never in the runners' builds.
+#[cfg(any(test, feature = "test-utils"))]
 pub mod memory;
 pub mod reduce;
 pub mod schema;

@@ -47,7 +47,8 @@ pub enum Mode {
 }
 
 /// A destination the core drives. Each method's contract is what [`apply`]
-/// relies on; the reference implementation is [`super::memory::MemorySink`].
+/// relies on; the reference implementation is `sink::memory::MemorySink`
+/// (built with the `test-utils` feature).
 ///
 /// Errors carry their kind; a method never retries, pauses or dead-letters
 /// on its own.
