@@ -139,7 +139,8 @@ pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
 ///   them moves offsets.
 ///
 /// Destinations that keep tables implement [`warehouse::Warehouse`] and
-/// delegate `apply` and `trial_apply` to [`warehouse::apply`].
+/// [`warehouse::WarehouseSink`], which makes them a `Sink` (over
+/// [`warehouse::apply`]).
 #[async_trait]
 pub trait Sink: Send {
     /// The next offset to consume for each partition, as last stored by
@@ -168,8 +169,10 @@ pub trait Sink: Send {
     }
 }
 
+// For `Box<dyn Sink>` only, not every `Box<S>`: the blanket implementation
+// over `warehouse::WarehouseSink` would overlap with one for every box.
 #[async_trait]
-impl<S: Sink + ?Sized> Sink for Box<S> {
+impl<'a> Sink for Box<dyn Sink + 'a> {
     async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         (**self).committed_offsets(partitions).await
     }

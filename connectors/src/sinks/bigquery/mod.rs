@@ -48,14 +48,13 @@ pub mod types;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use gcp_bigquery_client::error::BQError;
 use gcp_bigquery_client::model::query_response::{QueryResponse, ResultSet};
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use serde_json::{Map, Value as Json};
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
@@ -75,8 +74,8 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
+use crate::sink::{ApplyError, SinkBatch};
 
 /// Prefix of staging table names.
 const STAGING_PREFIX: &str = "stage_";
@@ -96,7 +95,7 @@ struct StagedRow {
     json: Map<String, Json>,
 }
 
-/// The BigQuery [`Sink`].
+/// The BigQuery [`Sink`](crate::Sink).
 pub struct BigQuerySink {
     config: BigQuerySinkConfig,
     consumer_group: String,
@@ -714,8 +713,12 @@ fn staging_base(dest: &DestinationTable) -> String {
 }
 
 #[async_trait]
-impl Sink for BigQuerySink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for BigQuerySink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("bigquery_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         if let Err(e) = self.connect().await {
             return Err(self.failed(e));
         }
@@ -743,27 +746,16 @@ impl Sink for BigQuerySink {
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("bigquery_apply", table = %batch.table, records = batch.records.len());
-        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
-    }
-
-    /// Schema changes it needs are made (they are additive and would be made
-    /// by the real apply anyway).
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::run(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         BigQuerySink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }

@@ -52,11 +52,10 @@ pub mod types;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value as Json};
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
@@ -81,8 +80,8 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
+use crate::sink::{ApplyError, SinkBatch};
 
 /// How long a transaction asks again for the group's writer lock when the
 /// store answers a conflict instead of waiting (fakesnow; Snowflake waits
@@ -113,7 +112,7 @@ struct TableState {
     reconciled: HashSet<u64>,
 }
 
-/// The Snowflake [`Sink`].
+/// The Snowflake [`Sink`](crate::Sink).
 pub struct SnowflakeSink {
     config: SnowflakeSinkConfig,
     consumer_group: String,
@@ -820,8 +819,12 @@ impl Warehouse for SnowflakeSink {
 }
 
 #[async_trait]
-impl Sink for SnowflakeSink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for SnowflakeSink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("snowflake_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         let stored = match self.connect().await {
             Ok(()) => self.stored_offsets().await,
             Err(e) => Err(e),
@@ -830,28 +833,17 @@ impl Sink for SnowflakeSink {
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("snowflake_apply", table = %batch.table, records = batch.records.len());
-        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
-    }
-
-    /// Schema changes it needs are made (they are additive and would be made
-    /// by the real apply anyway).
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::run(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         SnowflakeSink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }
 
