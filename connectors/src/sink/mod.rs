@@ -11,6 +11,8 @@
 //! * [`bisect`]: finding the record a destination refuses;
 //! * [`warehouse`]: the order in which a batch is applied, over a
 //!   [`warehouse::Warehouse`];
+//! * [`script`]: the unit of a warehouse that collects its statements and
+//!   runs them at the end, as one transaction (BigQuery, Snowflake);
 //! * [`text`]: values as SQL text;
 //! * `memory`: the reference sink, in memory (with the `test-utils`
 //!   feature).
@@ -26,6 +28,7 @@ pub mod bookkeeping;
 pub mod memory;
 pub mod reduce;
 pub mod schema;
+pub mod script;
 pub mod text;
 pub mod warehouse;
 

@@ -75,11 +75,12 @@ use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
-    fenced, keeps_removal, key_text, position_i64, reset_i64, staging_name, Fence, OffsetMove,
-    DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, OFFSETS_TABLE, RESETS_TABLE,
+    fenced, keeps_removal, key_text, position_i64, reset_i64, staging_name, Fence, OffsetMove, DELETED_TABLE,
+    OFFSETS_TABLE, RESETS_TABLE,
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::script::{self, Script, Scripted};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -135,12 +136,8 @@ pub struct SnowflakeSink {
     staged_files: u64,
     /// Statements committed (a cost proxy for the benchmark).
     statements: u64,
-    /// When expired deleted-rows entries are removed next.
-    prune_at: std::time::Instant,
-    /// How the open attempt ends.
-    mode: Mode,
     /// The open attempt's statements, run as one transaction at its end.
-    script: Vec<String>,
+    script: Script,
     /// Staging tables the open attempt wrote to.
     staged: Vec<String>,
 }
@@ -194,9 +191,7 @@ impl SnowflakeSink {
             upload_refused: None,
             staged_files: 0,
             statements: 0,
-            prune_at: std::time::Instant::now(),
-            mode: Mode::Commit,
-            script: Vec::new(),
+            script: Script::default(),
             staged: Vec::new(),
         })
     }
@@ -361,26 +356,6 @@ impl SnowflakeSink {
         Ok(stored)
     }
 
-    /// Runs the attempt's statements and, when there are some, the offsets,
-    /// as one transaction: committed or rolled back.
-    async fn run_script(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
-        if self.script.is_empty() && offsets.is_empty() {
-            return Ok(());
-        }
-        let result = match self.begin_locked().await {
-            Ok(()) => self.in_transaction(offsets, commit).await,
-            Err(e) => Err(e),
-        };
-        if result.is_err() {
-            // Nothing of the batch stays; a session that cannot even roll
-            // back is dropped (Snowflake aborts its transaction with it).
-            if self.client.query("ROLLBACK").await.is_err() {
-                self.client.reset();
-            }
-        }
-        result
-    }
-
     /// `BEGIN` and the group's writer lock ([`lock_sql`]), its first
     /// statement. Snowflake's UPDATE waits for the lock; a store that
     /// answers a lock conflict at once with an error instead (fakesnow:
@@ -434,12 +409,11 @@ impl SnowflakeSink {
                 }
             }
         }
-        if commit && !self.script.is_empty() && std::time::Instant::now() >= self.prune_at {
-            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+        if self.script.prune_due(commit) {
             let sql = prune_deleted_sql(&self.deleted_table(), self.config.deleted_rows_retention_hours);
             self.client.query(&sql).await?;
         }
-        let script = self.script.clone();
+        let script = self.script.statements().to_vec();
         for sql in &script {
             self.client.query(sql).await?;
         }
@@ -453,22 +427,6 @@ impl SnowflakeSink {
             self.statements += script.len() as u64;
         }
         Ok(())
-    }
-
-    /// A fresh attempt: no statements.
-    fn new_attempt(&mut self) {
-        self.script.clear();
-    }
-
-    /// Deletes the staged rows of the attempt, whatever happened to it
-    /// (each write reads only its own rows: what a failure leaves is never
-    /// read again, and goes with the session).
-    async fn clean_staging(&mut self) {
-        for stage in std::mem::take(&mut self.staged) {
-            if let Err(e) = self.client.query(&format!("DELETE FROM {}", quote_ident(&stage))).await {
-                debug!(staging = %stage, error = %e, "staged rows left in place");
-            }
-        }
     }
 
     /// Reads a table's columns from information_schema.
@@ -593,6 +551,41 @@ impl SnowflakeSink {
     }
 }
 
+#[async_trait]
+impl Scripted for SnowflakeSink {
+    fn script(&mut self) -> &mut Script {
+        &mut self.script
+    }
+
+    /// `BEGIN` with the writer lock, the fence, the statements and, when
+    /// there are some, the offsets, then `COMMIT` or `ROLLBACK`.
+    async fn run_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
+        let result = match self.begin_locked().await {
+            Ok(()) => self.in_transaction(offsets, commit).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            // Nothing of the batch stays; a session that cannot even roll
+            // back is dropped (Snowflake aborts its transaction with it).
+            if self.client.query("ROLLBACK").await.is_err() {
+                self.client.reset();
+            }
+        }
+        result
+    }
+
+    /// Deletes the staged rows of the attempt, whatever happened to it
+    /// (each write reads only its own rows: what a failure leaves is never
+    /// read again, and goes with the session).
+    async fn clean_staging(&mut self) {
+        for stage in std::mem::take(&mut self.staged) {
+            if let Err(e) = self.client.query(&format!("DELETE FROM {}", quote_ident(&stage))).await {
+                debug!(staging = %stage, error = %e, "staged rows left in place");
+            }
+        }
+    }
+}
+
 /// The staged rows of `changes` for the column set `names`: the values as
 /// text, then the delete flag, key, position and write id `batch`.
 fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<StagedRows, ApplyError> {
@@ -653,21 +646,15 @@ impl Warehouse for SnowflakeSink {
     }
 
     async fn begin(&mut self, mode: Mode) -> Result<()> {
-        self.mode = mode;
-        self.new_attempt();
-        Ok(())
+        script::begin(self, mode)
     }
 
     async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
-        let result = self.run_script(offsets, self.mode == Mode::Commit).await;
-        self.clean_staging().await;
-        self.script.clear();
-        result
+        script::finish(self, offsets).await
     }
 
     async fn abort(&mut self) {
-        self.clean_staging().await;
-        self.script.clear();
+        script::abort(self).await;
     }
 
     /// Forgets cached state after an error that is not about the data, and
@@ -716,20 +703,12 @@ impl Warehouse for SnowflakeSink {
     }
 
     async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
-        if self.mode == Mode::Commit {
-            // DDL commits any open transaction: what came before the drop
-            // is committed first (without offsets: a replay of it is
-            // harmless, guarded by position).
-            self.run_script(&[], true).await?;
-            self.script.clear();
+        // DDL commits any open transaction (`script::commit_before_ddl`).
+        if script::commit_before_ddl(self).await? {
             self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted())).await?;
             self.client.query(&forget_deleted_sql(&self.deleted_table(), dest)).await?;
             self.tables.remove(dest);
             info!(table = %dest, "dropped destination table (the source table was dropped)");
-        } else {
-            // A trial cannot undo a drop: it makes none (nor what came
-            // before it).
-            self.script.clear();
         }
         Ok(())
     }
@@ -801,19 +780,17 @@ impl Warehouse for SnowflakeSink {
     }
 
     async fn savepoint(&mut self) -> Result<()> {
-        self.new_attempt();
-        Ok(())
+        script::savepoint(self)
     }
 
     /// A probe's statements run now, in a transaction rolled back, so that
     /// Snowflake itself tries every value.
     async fn verify(&mut self) -> Result<(), ApplyError> {
-        self.run_script(&[], false).await.map_err(ApplyError::from)
+        script::verify(self).await
     }
 
     async fn rollback_to_savepoint(&mut self) -> Result<()> {
-        self.clean_staging().await;
-        self.script.clear();
+        script::abort(self).await;
         Ok(())
     }
 }
