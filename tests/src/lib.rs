@@ -3,6 +3,7 @@
 //! deadline (never a fixed sleep).
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod bigquery;
 pub mod browser;
 pub mod conformance;
