@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value as Json};
 use tributary_connectors::sinks::bigquery::{BigQuerySink, BigQuerySinkConfig};
 
+use crate::bench::BenchDestination;
 use crate::{bigquery_emulator_url, bigquery_project, unique};
 
 /// Runs a query on the emulator and returns its rows as text cells, every
@@ -171,6 +172,31 @@ impl Datasets {
         for d in [&self.dataset, &self.bookkeeping] {
             let _ = query(&format!("DROP SCHEMA IF EXISTS `{}.{d}` CASCADE", bigquery_project())).await;
         }
+    }
+}
+
+/// Each MERGE is one BigQuery job (the cost proxy).
+#[async_trait::async_trait]
+impl BenchDestination for Datasets {
+    const UNIT: &'static str = "MERGE statements";
+    type Sink = BigQuerySink;
+
+    async fn create(name: &str) -> (Self, BigQuerySink) {
+        let datasets = Self::new(name);
+        let sink = datasets.sink();
+        (datasets, sink)
+    }
+
+    async fn rows(&self) -> usize {
+        self.rows().await.len()
+    }
+
+    fn units(&self, sink: &BigQuerySink, _batches: u64) -> u64 {
+        sink.merges()
+    }
+
+    async fn cleanup(self) {
+        Datasets::cleanup(&self).await;
     }
 }
 

@@ -10,6 +10,7 @@ use tributary_connectors::sinks::postgres::{PostgresSink, PostgresSinkConfig};
 use tributary_connectors::sources::postgres::config::{PostgresSourceConfig, SESSION_OPTIONS};
 use tributary_schemas::TableId;
 
+use crate::bench::BenchDestination;
 use crate::{pg_destination_url, unique};
 
 /// A session of the destination database (`PG_DESTINATION_URL`).
@@ -174,6 +175,31 @@ impl Destination {
             .admin
             .execute("DELETE FROM tributary.offsets WHERE consumer_group = $1", &[&self.group])
             .await;
+    }
+}
+
+/// Each batch is one transaction.
+#[async_trait::async_trait]
+impl BenchDestination for Destination {
+    const UNIT: &'static str = "transactions";
+    type Sink = PostgresSink;
+
+    async fn create(name: &str) -> (Self, PostgresSink) {
+        let destination = Self::new(name).await;
+        let sink = destination.sink();
+        (destination, sink)
+    }
+
+    async fn rows(&self) -> usize {
+        self.rows().await.len()
+    }
+
+    fn units(&self, _sink: &PostgresSink, batches: u64) -> u64 {
+        batches
+    }
+
+    async fn cleanup(self) {
+        Destination::cleanup(self).await;
     }
 }
 

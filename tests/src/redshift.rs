@@ -4,6 +4,7 @@
 //! that holds every statement the sink sends to what Redshift accepts.
 
 use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex};
 
 use sqlparser::ast::{
     AlterColumnOperation, AlterTableOperation, CopySource, DataType, Expr, MergeClauseKind, OnInsert, Query, SetExpr,
@@ -13,8 +14,9 @@ use sqlparser::dialect::RedshiftSqlDialect;
 use sqlparser::parser::Parser;
 use tokio::sync::OnceCell;
 use tokio_postgres::Client;
-use tributary_connectors::sinks::redshift::{Loader, RedshiftSinkConfig};
+use tributary_connectors::sinks::redshift::{Loader, RedshiftSink, RedshiftSinkConfig};
 
+use crate::bench::BenchDestination;
 use crate::postgres::connect;
 use crate::{env_or, pg_destination_url, unique};
 
@@ -139,6 +141,43 @@ impl Warehouse {
             .admin
             .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
             .await;
+    }
+}
+
+/// A [`Warehouse`] with a sink of its own consumer group that records the
+/// statements it runs: the sink benchmark's destination.
+pub struct BenchWarehouse {
+    warehouse: Warehouse,
+    group: String,
+    recorded: Arc<Mutex<Vec<String>>>,
+}
+
+/// Each statement is a query in Redshift's queue (the staged file's upload
+/// is not one).
+#[async_trait::async_trait]
+impl BenchDestination for BenchWarehouse {
+    const UNIT: &'static str = "statements";
+    type Sink = RedshiftSink;
+
+    async fn create(name: &str) -> (Self, RedshiftSink) {
+        let warehouse = Warehouse::new(name).await;
+        let group = unique(name);
+        let recorded = Arc::new(Mutex::new(Vec::new()));
+        let mut sink = RedshiftSink::new(warehouse.config(&group)).expect("config");
+        sink.record_statements(recorded.clone());
+        (BenchWarehouse { warehouse, group, recorded }, sink)
+    }
+
+    async fn rows(&self) -> usize {
+        self.warehouse.rows().await.len()
+    }
+
+    fn units(&self, _sink: &RedshiftSink, _batches: u64) -> u64 {
+        self.recorded.lock().map(|r| r.len()).unwrap_or_default() as u64
+    }
+
+    async fn cleanup(self) {
+        self.warehouse.cleanup(&[self.group]).await;
     }
 }
 

@@ -4,6 +4,7 @@
 
 use tributary_connectors::sinks::snowflake::{Rows, SnowflakeSink, SnowflakeSinkConfig};
 
+use crate::bench::BenchDestination;
 use crate::{snowflake_emulator_url, unique};
 
 /// The database every test writes into (fakesnow creates it at login; in
@@ -112,6 +113,31 @@ impl Schemas {
                 .query(&format!("DROP SCHEMA IF EXISTS \"{DATABASE}\".\"{s}\" CASCADE"))
                 .await;
         }
+    }
+}
+
+/// Snowflake bills warehouse time, which grows with statements.
+#[async_trait::async_trait]
+impl BenchDestination for Schemas {
+    const UNIT: &'static str = "statements";
+    type Sink = SnowflakeSink;
+
+    async fn create(name: &str) -> (Self, SnowflakeSink) {
+        let schemas = Self::new(name);
+        let sink = SnowflakeSink::new(schemas.config()).expect("config");
+        (schemas, sink)
+    }
+
+    async fn rows(&self) -> usize {
+        self.rows().await.len()
+    }
+
+    fn units(&self, sink: &SnowflakeSink, _batches: u64) -> u64 {
+        sink.statements()
+    }
+
+    async fn cleanup(self) {
+        Schemas::cleanup(&self).await;
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value as Json};
 use tributary_connectors::sinks::spanner::{SpannerSink, SpannerSinkConfig};
 
+use crate::bench::BenchDestination;
 use crate::{env_or, unique};
 
 /// The emulator's gRPC endpoint (`SPANNER_EMULATOR_HOST`).
@@ -195,6 +196,33 @@ impl Database {
     /// Drops the database.
     pub async fn cleanup(&self) {
         let _ = self.client.delete(self.url()).send().await;
+    }
+}
+
+/// Each commit is one read-write transaction (a batch above the mutation
+/// limit is several).
+#[async_trait::async_trait]
+impl BenchDestination for Database {
+    const UNIT: &'static str = "commits";
+    type Sink = SpannerSink;
+
+    async fn create(name: &str) -> (Self, SpannerSink) {
+        let database = Self::new(name).await;
+        let sink = database.sink();
+        (database, sink)
+    }
+
+    async fn rows(&self) -> usize {
+        // The destination table of `public.items`.
+        self.rows("public_items").await.len()
+    }
+
+    fn units(&self, sink: &SpannerSink, _batches: u64) -> u64 {
+        sink.commits()
+    }
+
+    async fn cleanup(self) {
+        Database::cleanup(&self).await;
     }
 }
 

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use tributary_connectors::sinks::bigquery::BigQuerySink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Column, DataType, Op, Value};
+use tributary_tests::bench;
 use tributary_tests::e2e::kill_9_across_the_pipeline;
 use tributary_tests::items::{
-    apply_in_batches, assert_after_mixed_changes, batch, bench_batch_sizes, bench_changes, bench_header, bench_row,
-    event, items, key_row, mixed_changes, row, truncate_changes,
+    assert_after_mixed_changes, batch, event, items, key_row, mixed_changes, row, truncate_changes,
 };
 use tributary_tests::{header, unique};
 
@@ -242,15 +242,5 @@ async fn postgres_to_kafka_to_bigquery_equals_the_source_across_kill_9() {
 #[tokio::test]
 #[ignore = "benchmark; run explicitly"]
 async fn bench_apply_rates_per_batch_size() {
-    bench_header("MERGE statements");
-    for size in bench_batch_sizes() {
-        let fx = Fixture::new("bench");
-        let mut sink = fx.sink();
-        let (events, expected) = bench_changes();
-        let total = events.len();
-        let took = apply_in_batches(&mut sink, events, size).await;
-        assert_eq!(fx.rows().await.len(), expected, "the copy holds what the changes leave");
-        bench_row(size, total, took, sink.merges());
-        fx.cleanup().await;
-    }
+    bench::apply_rates_per_batch_size::<Fixture>().await;
 }

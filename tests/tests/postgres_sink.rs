@@ -30,9 +30,9 @@ fn url() -> String {
     tributary_tests::pg_destination_url()
 }
 
+use tributary_tests::bench;
 use tributary_tests::items::{
-    apply_in_batches, assert_after_mixed_changes, batch, bench_batch_sizes, bench_changes, bench_header, bench_row,
-    column, event, items, key_row, mixed_changes, row, truncate_changes,
+    assert_after_mixed_changes, batch, column, event, items, key_row, mixed_changes, row, truncate_changes,
 };
 
 #[tokio::test]
@@ -2074,15 +2074,5 @@ mod e2e {
 #[tokio::test]
 #[ignore = "benchmark; run explicitly"]
 async fn bench_apply_rates_per_batch_size() {
-    bench_header("transactions");
-    for size in bench_batch_sizes() {
-        let fx = Fixture::new("bench").await;
-        let mut sink = fx.sink();
-        let (events, expected) = bench_changes();
-        let total = events.len();
-        let took = apply_in_batches(&mut sink, events, size).await;
-        assert_eq!(fx.rows().await.len(), expected, "the copy holds what the changes leave");
-        bench_row(size, total, took, total.div_ceil(size) as u64);
-        fx.cleanup().await;
-    }
+    bench::apply_rates_per_batch_size::<Fixture>().await;
 }

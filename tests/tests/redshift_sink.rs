@@ -18,10 +18,9 @@ use tributary_connectors::sinks::postgres::DestinationTable;
 use tributary_connectors::sinks::redshift::RedshiftSink;
 use tributary_connectors::{ErrorKind, Sink, SinkRecord};
 use tributary_schemas::{Column, DataType, Op, Position, TableSchema, Value};
-use tributary_tests::items::{
-    apply_in_batches, batch, bench_batch_sizes, bench_changes, bench_header, bench_row, event, items, key_row, row,
-};
-use tributary_tests::redshift::{dialect_violations, s3_endpoint, Warehouse, BUCKET};
+use tributary_tests::bench;
+use tributary_tests::items::{batch, event, items, key_row, row};
+use tributary_tests::redshift::{dialect_violations, s3_endpoint, BenchWarehouse, Warehouse, BUCKET};
 use tributary_tests::unique;
 
 /// `items` with `name` a longer VARCHAR and a new `note` column.
@@ -333,19 +332,5 @@ async fn two_members_meeting_one_reset_at_once_keep_each_others_copy_rows() {
 #[tokio::test]
 #[ignore = "benchmark; run explicitly"]
 async fn bench_apply_rates_per_batch_size() {
-    bench_header("statements");
-    for size in bench_batch_sizes() {
-        let wh = Warehouse::new("bench").await;
-        let group = unique("bench");
-        let recorded = Arc::new(Mutex::new(Vec::new()));
-        let mut sink = RedshiftSink::new(wh.config(&group)).expect("config");
-        sink.record_statements(recorded.clone());
-        let (events, expected) = bench_changes();
-        let total = events.len();
-        let took = apply_in_batches(&mut sink, events, size).await;
-        assert_eq!(wh.rows().await.len(), expected, "the copy holds what the changes leave");
-        let statements = recorded.lock().map(|r| r.len()).unwrap_or_default();
-        bench_row(size, total, took, statements as u64);
-        wh.cleanup(&[group]).await;
-    }
+    bench::apply_rates_per_batch_size::<BenchWarehouse>().await;
 }

@@ -13,10 +13,9 @@ use std::sync::Arc;
 use tributary_connectors::sinks::snowflake::SnowflakeSink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{Column, DataType, Op, Value};
+use tributary_tests::bench;
 use tributary_tests::e2e::kill_9_across_the_pipeline;
-use tributary_tests::items::{
-    apply_in_batches, batch, bench_batch_sizes, bench_changes, bench_header, bench_row, event, items, row,
-};
+use tributary_tests::items::{batch, event, items, row};
 use tributary_tests::snowflake::Schemas;
 use tributary_tests::{header, unique};
 
@@ -217,15 +216,5 @@ async fn postgres_to_kafka_to_snowflake_equals_the_source_across_kill_9() {
 #[tokio::test]
 #[ignore = "benchmark; run explicitly"]
 async fn bench_apply_rates_per_batch_size() {
-    bench_header("statements");
-    for size in bench_batch_sizes() {
-        let fx = Schemas::new("bench");
-        let mut sink = SnowflakeSink::new(fx.config()).expect("config");
-        let (events, expected) = bench_changes();
-        let total = events.len();
-        let took = apply_in_batches(&mut sink, events, size).await;
-        assert_eq!(fx.rows().await.len(), expected, "the copy holds what the changes leave");
-        bench_row(size, total, took, sink.statements());
-        fx.cleanup().await;
-    }
+    bench::apply_rates_per_batch_size::<Schemas>().await;
 }

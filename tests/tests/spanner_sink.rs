@@ -13,10 +13,9 @@ use std::process::Command;
 use tributary_connectors::sinks::spanner::SpannerSink;
 use tributary_connectors::{ErrorKind, Sink};
 use tributary_schemas::{ChangeEvent, Op, Value};
+use tributary_tests::bench;
 use tributary_tests::e2e::kill_9_across_the_pipeline;
-use tributary_tests::items::{
-    apply_in_batches, batch, bench_batch_sizes, bench_changes, bench_header, bench_row, event, items, row,
-};
+use tributary_tests::items::{batch, event, items, row};
 use tributary_tests::spanner::Database;
 use tributary_tests::{header, unique};
 
@@ -166,15 +165,5 @@ async fn postgres_to_kafka_to_spanner_equals_the_source_across_kill_9() {
 #[tokio::test]
 #[ignore = "benchmark; run explicitly"]
 async fn bench_apply_rates_per_batch_size() {
-    bench_header("commits");
-    for size in bench_batch_sizes() {
-        let db = Database::new("bench").await;
-        let mut sink = db.sink();
-        let (events, expected) = bench_changes();
-        let total = events.len();
-        let took = apply_in_batches(&mut sink, events, size).await;
-        assert_eq!(db.rows(ITEMS).await.len(), expected, "the copy holds what the changes leave");
-        bench_row(size, total, took, sink.commits());
-        db.cleanup().await;
-    }
+    bench::apply_rates_per_batch_size::<Database>().await;
 }

@@ -191,8 +191,9 @@ pub fn position_before(syntax: PositionSyntax, left: (&str, &str), right: (&str,
     }
 }
 
-/// How a dialect quotes names and strings: what the deleted-rows statements
-/// that dialects without row comparison (BigQuery, Snowflake) share need.
+/// How a dialect quotes names and strings: what the deleted-rows and reset
+/// statements that dialects without row comparison (BigQuery, Snowflake)
+/// share need.
 #[derive(Debug, Clone, Copy)]
 pub struct Quoting {
     /// A quoted identifier.
@@ -230,6 +231,46 @@ impl Quoting {
         )
     }
 
+    /// Forgets every row's position of `dest` (its quoted name `table`
+    /// when it exists; else there is no row) unless the resets table
+    /// `resets` already holds reset `reset` (or a later one) of it, drops
+    /// its deleted-rows entries (in `deleted`) likewise, then records
+    /// `reset`: statements of the batch's transaction, in the order
+    /// `syntax` says.
+    pub fn forget_positions_sql(
+        &self,
+        syntax: ResetSyntax,
+        dest: &impl std::fmt::Display,
+        table: Option<&str>,
+        resets: &str,
+        deleted: &str,
+        reset: i64,
+    ) -> Vec<String> {
+        let d = (self.string)(&dest.to_string());
+        let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
+        // (Not a MERGE: BigQuery's sink counts its MERGEs as row writes.)
+        let mut older = Some(format!("DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"));
+        let mut out = Vec::new();
+        if syntax.resets_first {
+            out.extend(older.take());
+        }
+        if let Some(table) = table {
+            let (c, i) = self.positions("");
+            let (commit, index) = FORGOTTEN_POSITION;
+            out.push(format!("UPDATE {table} SET {c} = {commit}, {i} = {index} WHERE NOT {taken}"));
+        }
+        // Deleted rows' entries hold positions of the old domain: they would
+        // keep the copy's rows out.
+        out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
+        out.extend(older);
+        out.push(format!(
+            "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} {}WHERE NOT EXISTS \
+             (SELECT 1 FROM {resets} WHERE destination = {d})",
+            syntax.constants_from
+        ));
+        out
+    }
+
     /// Removes the deleted-rows entries of keys a staged upsert (`source`)
     /// wrote again, newer.
     pub fn undeleted_sql(&self, deleted: &str, dest: &impl std::fmt::Display, source: &str) -> String {
@@ -244,6 +285,21 @@ impl Quoting {
             older = position_before(PositionSyntax::Expanded, (&dc, &di), (&sc, &si), false),
         )
     }
+}
+
+/// How a dialect's reset statements ([`Quoting::forget_positions_sql`])
+/// differ.
+#[derive(Debug, Clone, Copy)]
+pub struct ResetSyntax {
+    /// Whether the table's older entry in the resets table is deleted
+    /// first, before the rows' positions are forgotten, rather than last,
+    /// beside the insert. First where a write waits for another member's
+    /// transaction that wrote the same row (Snowflake): the statements
+    /// after it then begin after that commit and see its reset.
+    pub resets_first: bool,
+    /// What a `SELECT` of constants needs before its `WHERE`, with a
+    /// trailing space (BigQuery: `FROM (SELECT 1) `), or nothing.
+    pub constants_from: &'static str,
 }
 
 /// A staging table's name: `prefix` and a hash of the destination table and

@@ -13,13 +13,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
+use tracing::Span;
 use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value};
 
 use super::bookkeeping::{fenced, is_bookkeeping, keeps_removal, Fence, OffsetMove};
 use super::reduce::{key_bytes, Reduction};
 use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape};
-use super::warehouse::{self, Mode, Warehouse};
-use super::{ApplyError, Labeler, Sink, SinkBatch};
+use super::warehouse::{Mode, Warehouse, WarehouseSink};
+use super::{ApplyError, SinkBatch};
 use crate::error::{Error, Result};
 use crate::problem::Problem;
 
@@ -109,7 +110,7 @@ impl MemoryStore {
     }
 }
 
-/// The memory [`Sink`].
+/// The memory [`Sink`](super::Sink).
 #[derive(Debug)]
 pub struct MemorySink {
     store: MemoryStore,
@@ -427,8 +428,13 @@ impl Warehouse for MemorySink {
 }
 
 #[async_trait]
-impl Sink for MemorySink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for MemorySink {
+    /// None: nothing of the memory sink takes time worth a span.
+    fn apply_span(&self, _batch: &SinkBatch) -> Span {
+        Span::none()
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         self.down()?;
         let state = self.store.state();
         Ok(partitions
@@ -437,15 +443,7 @@ impl Sink for MemorySink {
             .collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Commit).await
-    }
-
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         match self.down() {
             Ok(()) => Vec::new(),
             Err(e) => vec![Problem::error(
@@ -455,7 +453,7 @@ impl Sink for MemorySink {
         }
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         self.down()?;
         let mut state = self.store.state();
         let before = state.offsets.len();
@@ -473,7 +471,7 @@ impl Sink for MemorySink {
         Ok(done)
     }
 
-    fn labeler(&self) -> Labeler {
-        Arc::new(|t: &TableId| t.to_string())
+    fn destinations(&self) -> impl Fn(&TableId) -> String + Send + Sync + 'static {
+        |t: &TableId| t.to_string()
     }
 }

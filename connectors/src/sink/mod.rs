@@ -11,17 +11,24 @@
 //! * [`bisect`]: finding the record a destination refuses;
 //! * [`warehouse`]: the order in which a batch is applied, over a
 //!   [`warehouse::Warehouse`];
+//! * [`script`]: the unit of a warehouse that collects its statements and
+//!   runs them at the end, as one transaction (BigQuery, Snowflake);
 //! * [`text`]: values as SQL text;
-//! * [`memory`]: the reference sink, in memory.
+//! * `memory`: the reference sink, in memory (with the `test-utils`
+//!   feature).
 //!
 //! `docs/CONNECTORS.md` says how a new sink uses them.
 
 pub mod batch;
 pub mod bisect;
 pub mod bookkeeping;
+// A test double: in the crate's own tests and in crates that turn on
+// `test-utils`, never in the runners' builds.
+#[cfg(any(test, feature = "test-utils"))]
 pub mod memory;
 pub mod reduce;
 pub mod schema;
+pub mod script;
 pub mod text;
 pub mod warehouse;
 
@@ -135,7 +142,8 @@ pub type Labeler = Arc<dyn Fn(&TableId) -> String + Send + Sync>;
 ///   them moves offsets.
 ///
 /// Destinations that keep tables implement [`warehouse::Warehouse`] and
-/// delegate `apply` and `trial_apply` to [`warehouse::apply`].
+/// [`warehouse::WarehouseSink`], which makes them a `Sink` (over
+/// [`warehouse::apply`]).
 #[async_trait]
 pub trait Sink: Send {
     /// The next offset to consume for each partition, as last stored by
@@ -164,8 +172,10 @@ pub trait Sink: Send {
     }
 }
 
+// For `Box<dyn Sink>` only, not every `Box<S>`: the blanket implementation
+// over `warehouse::WarehouseSink` would overlap with one for every box.
 #[async_trait]
-impl<S: Sink + ?Sized> Sink for Box<S> {
+impl<'a> Sink for Box<dyn Sink + 'a> {
     async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         (**self).committed_offsets(partitions).await
     }

@@ -20,9 +20,15 @@
 //! ([`locate_failed_record`]): prefixes of the batch are applied between
 //! [`Warehouse::savepoint`] and [`Warehouse::rollback_to_savepoint`] until
 //! the first record that fails is found. Nothing of a probe stays.
+//!
+//! A destination that also implements [`WarehouseSink`] (what it does
+//! besides applying) is a [`Sink`]: that implementation is written once,
+//! here.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use tracing::{debug, info_span, Instrument};
+use tracing::{debug, info_span, Instrument, Span};
 use tributary_schemas::{ChangeEvent, Position, TableId, TableSchema};
 
 use super::batch::{group_by_destination, segments, Segment};
@@ -30,8 +36,9 @@ use super::bisect::{locate_failed_record, PrefixProbe};
 use super::bookkeeping::{offset_moves, OffsetMove};
 use super::reduce::{newest_truncate, Group, Reduction};
 use super::schema::Evolution;
-use super::{ApplyError, KafkaPosition, SinkBatch, SinkRecord};
+use super::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkRecord};
 use crate::error::{Error, ErrorKind, Result};
+use crate::problem::Problem;
 
 /// What the batch's unit ends with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +54,8 @@ pub enum Mode {
 }
 
 /// A destination the core drives. Each method's contract is what [`apply`]
-/// relies on; the reference implementation is [`super::memory::MemorySink`].
+/// relies on; the reference implementation is `sink::memory::MemorySink`
+/// (built with the `test-utils` feature).
 ///
 /// Errors carry their kind; a method never retries, pauses or dead-letters
 /// on its own.
@@ -158,6 +166,79 @@ pub trait Warehouse: Send {
 
     /// Undoes everything since [`Warehouse::savepoint`].
     async fn rollback_to_savepoint(&mut self) -> Result<()>;
+}
+
+/// What a [`Warehouse`] destination does besides applying batches, each
+/// the part of a [`Sink`] method that differs between destinations; the
+/// [`Sink`] implementation over it is this module's, the same for all.
+/// Its methods are named apart from [`Sink`]'s, so that a call with both
+/// traits in scope is never ambiguous.
+#[async_trait]
+pub trait WarehouseSink: Warehouse + Sized {
+    /// The span [`Sink::apply`] runs in: the destination's name with the
+    /// batch's table and record count (`info_span!("postgres_apply", table
+    /// = %batch.table, records = batch.records.len())`), or
+    /// `Span::none()` for none. Each sink writes its own, as a span's name
+    /// is fixed where it is declared.
+    fn apply_span(&self, batch: &SinkBatch) -> Span;
+
+    /// What [`Sink::apply`] runs in that span: [`apply`] in
+    /// [`Mode::Commit`]. A destination that must commit a batch in parts
+    /// (Spanner, under its mutation limit) does so here; a trial
+    /// ([`Sink::trial_apply`]) is always [`apply`] in [`Mode::Trial`], one
+    /// unit.
+    async fn commit(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        apply(self, batch, Mode::Commit).await
+    }
+
+    /// [`Sink::committed_offsets`]: the next offset stored for each of
+    /// `partitions`, connecting first.
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>>;
+
+    /// [`Sink::check`]: the destination's setup problems.
+    async fn problems(&mut self) -> Vec<Problem>;
+
+    /// [`Sink::delete_copy`]: removes the stored offsets and the
+    /// destination tables of `drop`; what it removed.
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>>;
+
+    /// [`Warehouse::destination`] without the sink, for [`Sink::labeler`],
+    /// which outlives it: a source table's destination table.
+    fn destinations(&self) -> impl Fn(&TableId) -> Self::Table + Send + Sync + 'static;
+}
+
+/// The one [`Sink`] over a [`Warehouse`]: `apply` and `trial_apply` are
+/// the core's [`apply`] (a trial on a destination whose DDL cannot be
+/// undone keeps the schema changes it made: they are additive and the real
+/// apply would make them anyway, see [`Mode::Trial`]); the labeler names a
+/// table after its destination table.
+#[async_trait]
+impl<W: WarehouseSink> Sink for W {
+    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+        self.read_offsets(partitions).await
+    }
+
+    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        let span = self.apply_span(batch);
+        self.commit(batch).instrument(span).await
+    }
+
+    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        apply(self, batch, Mode::Trial).await
+    }
+
+    async fn check(&mut self) -> Vec<Problem> {
+        self.problems().await
+    }
+
+    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+        self.remove_copy(drop).await
+    }
+
+    fn labeler(&self) -> Labeler {
+        let destination = self.destinations();
+        Arc::new(move |t: &TableId| destination(t).to_string())
+    }
 }
 
 /// Applies `batch` in `mode`: the whole batch and its offsets in one

@@ -1,7 +1,11 @@
 //! The `Source` trait: what every source connector gives the source runner;
 //! [`SourceConfig`]: what the runner needs of a source's config section;
-//! and [`memory`], the reference source.
+//! and `memory`, the reference source (with the `test-utils` feature).
 
+// A test double: in the crate's own tests and in crates that turn on
+// `test-utils` (tests/, connectors' own integration tests), never in the
+// runners' builds.
+#[cfg(any(test, feature = "test-utils"))]
 pub mod memory;
 
 use std::collections::BTreeMap;

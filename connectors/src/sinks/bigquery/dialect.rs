@@ -8,8 +8,8 @@ use super::config::DestinationTable;
 use super::types::{bigquery_type, fit, to_json, BqType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
-    position_before, Fence, OffsetMove, PositionSyntax, Quoting, COMMIT_COLUMN, DELETE_COLUMN, FENCED_CLASS,
-    FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
+    position_before, Fence, OffsetMove, PositionSyntax, Quoting, ResetSyntax, COMMIT_COLUMN, DELETE_COLUMN,
+    FENCED_CLASS, INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -172,13 +172,9 @@ pub fn staging_table_sql(stage: &str, columns: &[ShapeColumn<BqType>], partition
 /// This dialect's quoting, for the statements the core writes once.
 pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: quote_string };
 
-fn positions(alias: &str) -> (String, String) {
-    QUOTING.positions(alias)
-}
-
 /// Removes the rows written before `(commit, index)`.
 pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
-    let (c, i) = positions("");
+    let (c, i) = QUOTING.positions("");
     let (ac, ai) = (commit.to_string(), index.to_string());
     format!(
         "DELETE FROM {} WHERE {}",
@@ -189,8 +185,9 @@ pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> 
 
 /// Forgets every row's position of `table` unless the resets table
 /// `resets` already holds reset `reset` (or a later one) of it, then
-/// records `reset`: statements of the batch's transaction, in this
-/// order (the first reads the resets row as it was).
+/// records `reset` ([`Quoting::forget_positions_sql`]): the rows first
+/// (they read the resets row as it was); a `SELECT` of constants with a
+/// `WHERE` needs a `FROM` in BigQuery.
 pub fn forget_positions_sql(
     table: &DestinationTable,
     exists: bool,
@@ -198,32 +195,20 @@ pub fn forget_positions_sql(
     deleted: &str,
     reset: i64,
 ) -> Vec<String> {
-    let d = quote_string(&table.to_string());
-    let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
-    let mut out = Vec::new();
-    if exists {
-        let (c, i) = positions("");
-        let (commit, index) = FORGOTTEN_POSITION;
-        out.push(format!("UPDATE {} SET {c} = {commit}, {i} = {index} WHERE NOT {taken}", table.quoted()));
-    }
-    // Deleted rows' entries hold positions of the old domain: they would
-    // keep the copy's rows out.
-    out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
-    // (Not a MERGE: the sink counts its MERGEs as row writes.)
-    out.push(format!("DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"));
-    out.push(format!(
-        "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} FROM (SELECT 1) \
-         WHERE NOT EXISTS (SELECT 1 FROM {resets} WHERE destination = {d})"
-    ));
-    out
+    let syntax = ResetSyntax {
+        resets_first: false,
+        constants_from: "FROM (SELECT 1) ",
+    };
+    let quoted = table.quoted();
+    QUOTING.forget_positions_sql(syntax, table, exists.then_some(quoted.as_str()), resets, deleted, reset)
 }
 
 /// The one `MERGE` of a staged batch: deletes, updates and inserts, each
 /// guarded by the stored position.
 pub fn merge_sql(table: &DestinationTable, stage: &str, columns: &[ShapeColumn<BqType>], key: &[String]) -> String {
-    let (c, i) = positions("");
-    let (tc, ti) = positions("t.");
-    let (sc, si) = positions("s.");
+    let (c, i) = QUOTING.positions("");
+    let (tc, ti) = QUOTING.positions("t.");
+    let (sc, si) = QUOTING.positions("s.");
     let d = quote_ident(DELETE_COLUMN);
     let on = key
         .iter()
@@ -296,9 +281,9 @@ pub fn deleted_table_ddl(table: &str) -> String {
 /// Keeps the deletes of a staged batch (`source`) in the deleted-rows table
 /// `deleted`: each key's newest position.
 pub fn deleted_merge_sql(deleted: &str, dest: &DestinationTable, source: &str) -> String {
-    let (c, i) = positions("");
-    let (dc, di) = positions("d.");
-    let (sc, si) = positions("s.");
+    let (c, i) = QUOTING.positions("");
+    let (dc, di) = QUOTING.positions("d.");
+    let (sc, si) = QUOTING.positions("s.");
     let k = quote_ident(KEY_COLUMN);
     format!(
         "MERGE {deleted} AS d USING (SELECT * FROM {source} WHERE {del}) AS s \
@@ -315,8 +300,8 @@ pub fn deleted_merge_sql(deleted: &str, dest: &DestinationTable, source: &str) -
 /// Keeps `(commit, index)` as the table-wide deleted-rows entry of `dest`
 /// and drops its older key entries (after a truncate or a copy at it).
 pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, index: i64) -> Vec<String> {
-    let (c, i) = positions("");
-    let (dc, di) = positions("d.");
+    let (c, i) = QUOTING.positions("");
+    let (dc, di) = QUOTING.positions("d.");
     let name = quote_string(&dest.to_string());
     let whole = quote_string(TABLE_ROW_KEY);
     let at = (commit.to_string(), index.to_string());
@@ -409,6 +394,28 @@ pub fn quote_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The statements as BigQuery's own copy wrote them, before the core
+    /// wrote them once: the rows first, the resets row last.
+    #[test]
+    fn reset_statements_keep_their_text_and_order() {
+        let t = DestinationTable {
+            project: "p".into(),
+            dataset: "d".into(),
+            table: "t".into(),
+        };
+        let taken = "EXISTS (SELECT 1 FROM `p.b.resets` WHERE destination = 'd.t' AND reset >= 7)";
+        let want = [
+            format!("UPDATE `p.d.t` SET `__tributary_commit` = -1, `__tributary_index` = -1 WHERE NOT {taken}"),
+            format!("DELETE FROM `p.b.deleted_rows` WHERE dest_table = 'd.t' AND NOT {taken}"),
+            "DELETE FROM `p.b.resets` WHERE destination = 'd.t' AND reset < 7".to_string(),
+            "INSERT INTO `p.b.resets` (destination, reset) SELECT 'd.t', 7 FROM (SELECT 1) WHERE NOT EXISTS \
+             (SELECT 1 FROM `p.b.resets` WHERE destination = 'd.t')"
+                .to_string(),
+        ];
+        assert_eq!(forget_positions_sql(&t, true, "`p.b.resets`", "`p.b.deleted_rows`", 7), want);
+        assert_eq!(forget_positions_sql(&t, false, "`p.b.resets`", "`p.b.deleted_rows`", 7), want[1..]);
+    }
 
     #[test]
     fn literals_and_identifiers_are_escaped() {

@@ -48,14 +48,13 @@ pub mod types;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use gcp_bigquery_client::error::BQError;
 use gcp_bigquery_client::model::query_response::{QueryResponse, ResultSet};
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use serde_json::{Map, Value as Json};
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
@@ -70,13 +69,14 @@ use self::types::{bigquery_type, from_metadata, to_json, BqType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
-    key_text, staging_name, OffsetMove, COMMIT_COLUMN, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, DELETE_COLUMN,
-    INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
+    key_text, staging_name, OffsetMove, COMMIT_COLUMN, DELETED_TABLE, DELETE_COLUMN, INDEX_COLUMN, KEY_COLUMN,
+    OFFSETS_TABLE, RESETS_TABLE,
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::sink::script::{self, Script, Scripted};
+use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
+use crate::sink::{ApplyError, SinkBatch};
 
 /// Prefix of staging table names.
 const STAGING_PREFIX: &str = "stage_";
@@ -96,7 +96,7 @@ struct StagedRow {
     json: Map<String, Json>,
 }
 
-/// The BigQuery [`Sink`].
+/// The BigQuery [`Sink`](crate::Sink).
 pub struct BigQuerySink {
     config: BigQuerySinkConfig,
     consumer_group: String,
@@ -108,12 +108,8 @@ pub struct BigQuerySink {
     /// Staging tables known to exist.
     stages: HashSet<String>,
     merges: u64,
-    /// When expired deleted-rows entries are removed next.
-    prune_at: std::time::Instant,
-    /// How the open attempt ends.
-    mode: Mode,
     /// The open attempt's statements, run as one transaction at its end.
-    script: Vec<String>,
+    script: Script,
     /// What the open attempt staged: each write's staging table and id.
     /// Every write has its own id, and its `MERGE` reads only its rows: a
     /// unit writes a table once per run of changes between its reset,
@@ -148,9 +144,7 @@ impl BigQuerySink {
             tables: HashMap::new(),
             stages: HashSet::new(),
             merges: 0,
-            prune_at: std::time::Instant::now(),
-            mode: Mode::Commit,
-            script: Vec::new(),
+            script: Script::default(),
             staged: Vec::new(),
         })
     }
@@ -271,82 +265,6 @@ impl BigQuerySink {
         self.client.query(sql, &Ctx::default()).await
     }
 
-    /// Runs the attempt's statements and, when there are some, the offsets
-    /// `MERGE`, as one transaction: committed or rolled back.
-    async fn run_script(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
-        if self.script.is_empty() && offsets.is_empty() {
-            return Ok(());
-        }
-        let mut sql = String::from("BEGIN TRANSACTION;\n");
-        // First: a member that lost its partitions writes nothing.
-        if let Some(fence) = fence_sql(&self.offsets_table(), &self.consumer_group, offsets) {
-            sql.push_str(&fence);
-            sql.push_str(";\n");
-        }
-        if commit && !self.script.is_empty() && std::time::Instant::now() >= self.prune_at {
-            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
-            sql.push_str(&prune_deleted_sql(&self.deleted_table(), self.config.deleted_rows_retention_hours));
-            sql.push_str(";\n");
-        }
-        for s in &self.script {
-            sql.push_str(s);
-            sql.push_str(";\n");
-        }
-        if !offsets.is_empty() {
-            sql.push_str(&offsets_merge_sql(&self.offsets_table(), &self.consumer_group, offsets));
-            sql.push_str(";\n");
-        }
-        sql.push_str(if commit {
-            "COMMIT TRANSACTION;"
-        } else {
-            "ROLLBACK TRANSACTION;"
-        });
-        // Row writes: the MERGEs into destination tables, not those that
-        // keep deleted rows' positions.
-        let bookkeeping = format!("MERGE {}", self.deleted_table());
-        let merges = self
-            .script
-            .iter()
-            .filter(|s| s.starts_with("MERGE") && !s.starts_with(&bookkeeping))
-            .count() as u64;
-        self.client.query(&sql, &Ctx::default()).await?;
-        if commit {
-            self.merges += merges;
-        }
-        Ok(())
-    }
-
-    /// A fresh attempt: no statements (what was staged is deleted at its
-    /// end).
-    fn new_attempt(&mut self) {
-        self.script.clear();
-    }
-
-    /// Deletes the attempt's staged rows, whatever happened to it.
-    async fn clean_staging(&mut self) {
-        let mut by_stage: Vec<(String, Vec<String>)> = Vec::new();
-        for (stage, write) in std::mem::take(&mut self.staged) {
-            match by_stage.iter_mut().find(|(s, _)| *s == stage) {
-                Some((_, writes)) => writes.push(quote_string(&write)),
-                None => by_stage.push((stage, vec![quote_string(&write)])),
-            }
-        }
-        for (stage, writes) in by_stage {
-            let sql = format!(
-                "DELETE FROM {} WHERE {} IN ({})",
-                self.staging_table(&stage),
-                dialect::quote_ident(BATCH_COLUMN),
-                writes.join(", ")
-            );
-            if let Err(e) = self.client.query(&sql, &Ctx::table(&stage)).await {
-                // BigQuery refuses DML on rows still in the streaming
-                // buffer; they are never read again (each MERGE filters on
-                // its own write id) and go with the partition expiry.
-                debug!(staging = %stage, error = %e, "staged rows left in place");
-            }
-        }
-    }
-
     /// Reads a table's columns from `tables.get` (free, unlike
     /// INFORMATION_SCHEMA).
     async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
@@ -432,6 +350,80 @@ impl BigQuerySink {
     }
 }
 
+#[async_trait]
+impl Scripted for BigQuerySink {
+    fn script(&mut self) -> &mut Script {
+        &mut self.script
+    }
+
+    /// One multi-statement request: the fence, the statements and, when
+    /// there are some, the offsets `MERGE`, committed or rolled back.
+    async fn run_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
+        let mut sql = String::from("BEGIN TRANSACTION;\n");
+        // First: a member that lost its partitions writes nothing.
+        if let Some(fence) = fence_sql(&self.offsets_table(), &self.consumer_group, offsets) {
+            sql.push_str(&fence);
+            sql.push_str(";\n");
+        }
+        if self.script.prune_due(commit) {
+            sql.push_str(&prune_deleted_sql(&self.deleted_table(), self.config.deleted_rows_retention_hours));
+            sql.push_str(";\n");
+        }
+        for s in self.script.statements() {
+            sql.push_str(s);
+            sql.push_str(";\n");
+        }
+        if !offsets.is_empty() {
+            sql.push_str(&offsets_merge_sql(&self.offsets_table(), &self.consumer_group, offsets));
+            sql.push_str(";\n");
+        }
+        sql.push_str(if commit {
+            "COMMIT TRANSACTION;"
+        } else {
+            "ROLLBACK TRANSACTION;"
+        });
+        // Row writes: the MERGEs into destination tables, not those that
+        // keep deleted rows' positions.
+        let bookkeeping = format!("MERGE {}", self.deleted_table());
+        let merges = self
+            .script
+            .statements()
+            .iter()
+            .filter(|s| s.starts_with("MERGE") && !s.starts_with(&bookkeeping))
+            .count() as u64;
+        self.client.query(&sql, &Ctx::default()).await?;
+        if commit {
+            self.merges += merges;
+        }
+        Ok(())
+    }
+
+    /// Deletes the attempt's staged rows, whatever happened to it.
+    async fn clean_staging(&mut self) {
+        let mut by_stage: Vec<(String, Vec<String>)> = Vec::new();
+        for (stage, write) in std::mem::take(&mut self.staged) {
+            match by_stage.iter_mut().find(|(s, _)| *s == stage) {
+                Some((_, writes)) => writes.push(quote_string(&write)),
+                None => by_stage.push((stage, vec![quote_string(&write)])),
+            }
+        }
+        for (stage, writes) in by_stage {
+            let sql = format!(
+                "DELETE FROM {} WHERE {} IN ({})",
+                self.staging_table(&stage),
+                dialect::quote_ident(BATCH_COLUMN),
+                writes.join(", ")
+            );
+            if let Err(e) = self.client.query(&sql, &Ctx::table(&stage)).await {
+                // BigQuery refuses DML on rows still in the streaming
+                // buffer; they are never read again (each MERGE filters on
+                // its own write id) and go with the partition expiry.
+                debug!(staging = %stage, error = %e, "staged rows left in place");
+            }
+        }
+    }
+}
+
 /// The staging rows of `changes`: per live line its columns (a delete only
 /// its key) as BigQuery JSON in the destination's types, the delete flag and
 /// the position.
@@ -494,21 +486,15 @@ impl Warehouse for BigQuerySink {
     }
 
     async fn begin(&mut self, mode: Mode) -> Result<()> {
-        self.mode = mode;
-        self.new_attempt();
-        Ok(())
+        script::begin(self, mode)
     }
 
     async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
-        let result = self.run_script(offsets, self.mode == Mode::Commit).await;
-        self.clean_staging().await;
-        self.script.clear();
-        result
+        script::finish(self, offsets).await
     }
 
     async fn abort(&mut self) {
-        self.clean_staging().await;
-        self.script.clear();
+        script::abort(self).await;
     }
 
     /// Forgets cached state after an error that is not about the data: the
@@ -572,12 +558,8 @@ impl Warehouse for BigQuerySink {
     }
 
     async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
-        if self.mode == Mode::Commit {
-            // DDL cannot run inside a transaction: what came before the drop
-            // is committed first (without offsets: a replay of it is
-            // harmless, guarded by position).
-            self.run_script(&[], true).await?;
-            self.script.clear();
+        // DDL cannot run inside a transaction (`script::commit_before_ddl`).
+        if script::commit_before_ddl(self).await? {
             self.client
                 .query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &Ctx::table(dest))
                 .await?;
@@ -586,10 +568,6 @@ impl Warehouse for BigQuerySink {
                 .await?;
             self.tables.remove(dest);
             info!(table = %dest, "dropped destination table (the source table was dropped)");
-        } else {
-            // A trial cannot undo a drop: it makes none (nor what came
-            // before it).
-            self.script.clear();
         }
         Ok(())
     }
@@ -686,19 +664,17 @@ impl Warehouse for BigQuerySink {
     }
 
     async fn savepoint(&mut self) -> Result<()> {
-        self.new_attempt();
-        Ok(())
+        script::savepoint(self)
     }
 
     /// A probe's statements run now, in a transaction rolled back, so that
     /// the `MERGE` itself is tried.
     async fn verify(&mut self) -> Result<(), ApplyError> {
-        self.run_script(&[], false).await.map_err(ApplyError::from)
+        script::verify(self).await
     }
 
     async fn rollback_to_savepoint(&mut self) -> Result<()> {
-        self.clean_staging().await;
-        self.script.clear();
+        script::abort(self).await;
         Ok(())
     }
 }
@@ -714,8 +690,12 @@ fn staging_base(dest: &DestinationTable) -> String {
 }
 
 #[async_trait]
-impl Sink for BigQuerySink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for BigQuerySink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("bigquery_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         if let Err(e) = self.connect().await {
             return Err(self.failed(e));
         }
@@ -743,27 +723,16 @@ impl Sink for BigQuerySink {
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("bigquery_apply", table = %batch.table, records = batch.records.len());
-        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
-    }
-
-    /// Schema changes it needs are made (they are additive and would be made
-    /// by the real apply anyway).
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::run(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         BigQuerySink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }

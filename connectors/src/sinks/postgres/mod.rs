@@ -56,7 +56,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::SinkExt;
 use tokio_postgres::error::SqlState;
-use tracing::{debug, info, info_span, Instrument};
+use tracing::{debug, info, info_span, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
@@ -81,8 +81,8 @@ use crate::sink::bookkeeping::{
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
+use crate::sink::{ApplyError, SinkBatch};
 
 /// Bytes per `COPY` data message: rows are rendered one chunk ahead of
 /// PostgreSQL parsing them, so smaller chunks overlap the two better; 256
@@ -121,7 +121,7 @@ impl TableState {
     }
 }
 
-/// The PostgreSQL [`Sink`].
+/// The PostgreSQL [`Sink`](crate::Sink).
 pub struct PostgresSink {
     config: PostgresSinkConfig,
     consumer_group: String,
@@ -777,8 +777,12 @@ impl Warehouse for PostgresSink {
 }
 
 #[async_trait]
-impl Sink for PostgresSink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for PostgresSink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("postgres_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         self.connect().await?;
         let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
         let sql = format!("SELECT topic, partition, next_offset FROM {} WHERE consumer_group = $1", offsets_table());
@@ -796,26 +800,17 @@ impl Sink for PostgresSink {
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("postgres_apply", table = %batch.table, records = batch.records.len());
-        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
-    }
-
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::check(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         PostgresSink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        std::sync::Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }
 

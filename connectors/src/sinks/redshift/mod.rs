@@ -67,7 +67,7 @@ use async_trait::async_trait;
 use futures::SinkExt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
@@ -93,8 +93,8 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
+use crate::sink::{ApplyError, SinkBatch};
 
 /// Prefix of the session-local staging tables.
 const STAGING_PREFIX: &str = "__tributary_stage_";
@@ -176,7 +176,7 @@ impl TableState {
 /// module docs, step 1).
 type PendingChange = (DestinationTable, Arc<TableSchema>, String);
 
-/// The Redshift [`Sink`].
+/// The Redshift [`Sink`](crate::Sink).
 pub struct RedshiftSink {
     config: RedshiftSinkConfig,
     consumer_group: String,
@@ -1006,8 +1006,12 @@ impl Warehouse for RedshiftSink {
 }
 
 #[async_trait]
-impl Sink for RedshiftSink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for RedshiftSink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("redshift_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         self.connect().await?;
         let ctx = self.ctx().in_table(format!("{BOOKKEEPING_SCHEMA}.{OFFSETS_TABLE}"));
         let sql = stored_offsets_sql(&self.consumer_group);
@@ -1022,26 +1026,17 @@ impl Sink for RedshiftSink {
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("redshift_apply", table = %batch.table, records = batch.records.len());
-        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
-    }
-
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::check(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         RedshiftSink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }
 

@@ -16,8 +16,8 @@ use super::config::DestinationTable;
 use super::types::{fit, from_staged, snowflake_type, staged_text, SfType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
-    position_before, OffsetMove, PositionSyntax, Quoting, COMMIT_COLUMN, DELETE_COLUMN, FORGOTTEN_POSITION,
-    INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
+    position_before, OffsetMove, PositionSyntax, Quoting, ResetSyntax, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN,
+    KEY_COLUMN, TABLE_ROW_KEY,
 };
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
@@ -161,10 +161,6 @@ fn literal(value: &Value, ty: &SfType) -> Option<Literal> {
 /// This dialect's quoting, for the statements the core writes once.
 pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: quote_string };
 
-fn positions(alias: &str) -> (String, String) {
-    QUOTING.positions(alias)
-}
-
 /// The session's temporary staging table of a column set: every data
 /// column as VARCHAR (the values are bound as text and converted by the
 /// statements that read them, so a value the column refuses fails there,
@@ -267,8 +263,8 @@ fn key_match(key: &[ShapeColumn<SfType>]) -> String {
 /// upserts the deleted rows keep out) replaces: a delete's row if it is not
 /// newer than the delete, an upsert's row if it is older than the upsert.
 pub fn replaced_rows_sql(table: &DestinationTable, source: &str, key: &[ShapeColumn<SfType>]) -> String {
-    let (tc, ti) = positions("t.");
-    let (sc, si) = positions("s.");
+    let (tc, ti) = QUOTING.positions("t.");
+    let (sc, si) = QUOTING.positions("s.");
     format!(
         "DELETE FROM {t} AS t WHERE EXISTS (SELECT 1 FROM {source} AS s WHERE {on} AND \
          (s.{d} AND {deleted} OR NOT s.{d} AND {updated}))",
@@ -288,7 +284,7 @@ pub fn insert_rows_sql(
     columns: &[ShapeColumn<SfType>],
     key: &[ShapeColumn<SfType>],
 ) -> String {
-    let (c, i) = positions("");
+    let (c, i) = QUOTING.positions("");
     let names: Vec<String> = columns
         .iter()
         .map(|col| quote_ident(&col.name))
@@ -324,9 +320,9 @@ pub fn deleted_table_ddl(table: &str) -> String {
 /// table: each key's newest position (an older entry goes, then an entry is
 /// added where the key has none).
 pub fn deleted_keep_sql(deleted: &str, dest: &DestinationTable, source: &str) -> [String; 2] {
-    let (c, i) = positions("");
-    let (dc, di) = positions("d.");
-    let (sc, si) = positions("s.");
+    let (c, i) = QUOTING.positions("");
+    let (dc, di) = QUOTING.positions("d.");
+    let (sc, si) = QUOTING.positions("s.");
     let k = quote_ident(KEY_COLUMN);
     let del = quote_ident(DELETE_COLUMN);
     let name = quote_string(&dest.to_string());
@@ -346,7 +342,7 @@ pub fn deleted_keep_sql(deleted: &str, dest: &DestinationTable, source: &str) ->
 
 /// Removes the rows written before `(commit, index)`.
 pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> String {
-    let (c, i) = positions("");
+    let (c, i) = QUOTING.positions("");
     let (ac, ai) = (commit.to_string(), index.to_string());
     format!(
         "DELETE FROM {} WHERE {}",
@@ -358,7 +354,7 @@ pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> 
 /// Keeps `(commit, index)` as the table-wide deleted-rows entry of `dest`
 /// (unless a newer one is there) and drops its older key entries.
 pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, index: i64) -> [String; 3] {
-    let (c, i) = positions("");
+    let (c, i) = QUOTING.positions("");
     let name = quote_string(&dest.to_string());
     let whole = quote_string(TABLE_ROW_KEY);
     let at = (commit.to_string(), index.to_string());
@@ -391,13 +387,13 @@ pub fn resets_table_ddl(resets: &str) -> String {
 
 /// Forgets every row's position of `table` unless the resets table
 /// `resets` already holds reset `reset` (or a later one) of it, then
-/// records `reset`: statements of the batch's transaction, in this order.
-/// The first writes the resets table, so it waits for another member's
-/// transaction that is recording the same reset; the statements after it
-/// begin after that commit and see it. Looking first (a statement sees
-/// what was committed when it began) let two members both forget, the
-/// second after the first had written copy rows, which the copy's end
-/// then removed (found on the Redshift sink, which reads the same way).
+/// records `reset` ([`Quoting::forget_positions_sql`]). The resets table
+/// is written first, so it waits for another member's transaction that is
+/// recording the same reset; the statements after it begin after that
+/// commit and see it. Looking first (a statement sees what was committed
+/// when it began) let two members both forget, the second after the first
+/// had written copy rows, which the copy's end then removed (found on the
+/// Redshift sink, which reads the same way).
 pub fn forget_positions_sql(
     table: &DestinationTable,
     exists: bool,
@@ -405,24 +401,9 @@ pub fn forget_positions_sql(
     deleted: &str,
     reset: i64,
 ) -> Vec<String> {
-    let d = quote_string(&table.to_string());
-    let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = {d} AND reset >= {reset})");
-    let mut out = vec![format!(
-        "DELETE FROM {resets} WHERE destination = {d} AND reset < {reset}"
-    )];
-    if exists {
-        let (c, i) = positions("");
-        let (commit, index) = FORGOTTEN_POSITION;
-        out.push(format!("UPDATE {} SET {c} = {commit}, {i} = {index} WHERE NOT {taken}", table.quoted()));
-    }
-    // Deleted rows' entries hold positions of the old domain: they would
-    // keep the copy's rows out.
-    out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
-    out.push(format!(
-        "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} \
-         WHERE NOT EXISTS (SELECT 1 FROM {resets} WHERE destination = {d})"
-    ));
-    out
+    let syntax = ResetSyntax { resets_first: true, constants_from: "" };
+    let quoted = table.quoted();
+    QUOTING.forget_positions_sql(syntax, table, exists.then_some(quoted.as_str()), resets, deleted, reset)
 }
 
 /// The offsets table.
@@ -506,6 +487,28 @@ mod tests {
             schema: "public".into(),
             table: "items".into(),
         }
+    }
+
+    /// The statements as Snowflake's own copy wrote them, before the core
+    /// wrote them once: the resets row first.
+    #[test]
+    fn reset_statements_keep_their_text_and_order() {
+        let (resets, deleted) = (r#""DB"."bk"."resets""#, r#""DB"."bk"."deleted_rows""#);
+        let taken = format!("EXISTS (SELECT 1 FROM {resets} WHERE destination = 'public.items' AND reset >= 7)");
+        let want = [
+            format!("DELETE FROM {resets} WHERE destination = 'public.items' AND reset < 7"),
+            format!(
+                r#"UPDATE "DB"."public"."items" SET "__tributary_commit" = -1, "__tributary_index" = -1 WHERE NOT {taken}"#
+            ),
+            format!("DELETE FROM {deleted} WHERE dest_table = 'public.items' AND NOT {taken}"),
+            format!(
+                "INSERT INTO {resets} (destination, reset) SELECT 'public.items', 7 WHERE NOT EXISTS \
+                 (SELECT 1 FROM {resets} WHERE destination = 'public.items')"
+            ),
+        ];
+        assert_eq!(forget_positions_sql(&dest(), true, resets, deleted, 7), want);
+        let without_rows = [&want[..1], &want[2..]].concat();
+        assert_eq!(forget_positions_sql(&dest(), false, resets, deleted, 7), without_rows);
     }
 
     #[test]

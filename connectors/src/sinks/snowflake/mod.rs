@@ -52,11 +52,10 @@ pub mod types;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value as Json};
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema};
 
@@ -76,13 +75,14 @@ use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
-    fenced, keeps_removal, key_text, position_i64, reset_i64, staging_name, Fence, OffsetMove,
-    DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, OFFSETS_TABLE, RESETS_TABLE,
+    fenced, keeps_removal, key_text, position_i64, reset_i64, staging_name, Fence, OffsetMove, DELETED_TABLE,
+    OFFSETS_TABLE, RESETS_TABLE,
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{ApplyError, Labeler, Sink, SinkBatch};
+use crate::sink::script::{self, Script, Scripted};
+use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
+use crate::sink::{ApplyError, SinkBatch};
 
 /// How long a transaction asks again for the group's writer lock when the
 /// store answers a conflict instead of waiting (fakesnow; Snowflake waits
@@ -113,7 +113,7 @@ struct TableState {
     reconciled: HashSet<u64>,
 }
 
-/// The Snowflake [`Sink`].
+/// The Snowflake [`Sink`](crate::Sink).
 pub struct SnowflakeSink {
     config: SnowflakeSinkConfig,
     consumer_group: String,
@@ -136,12 +136,8 @@ pub struct SnowflakeSink {
     staged_files: u64,
     /// Statements committed (a cost proxy for the benchmark).
     statements: u64,
-    /// When expired deleted-rows entries are removed next.
-    prune_at: std::time::Instant,
-    /// How the open attempt ends.
-    mode: Mode,
     /// The open attempt's statements, run as one transaction at its end.
-    script: Vec<String>,
+    script: Script,
     /// Staging tables the open attempt wrote to.
     staged: Vec<String>,
 }
@@ -195,9 +191,7 @@ impl SnowflakeSink {
             upload_refused: None,
             staged_files: 0,
             statements: 0,
-            prune_at: std::time::Instant::now(),
-            mode: Mode::Commit,
-            script: Vec::new(),
+            script: Script::default(),
             staged: Vec::new(),
         })
     }
@@ -362,26 +356,6 @@ impl SnowflakeSink {
         Ok(stored)
     }
 
-    /// Runs the attempt's statements and, when there are some, the offsets,
-    /// as one transaction: committed or rolled back.
-    async fn run_script(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
-        if self.script.is_empty() && offsets.is_empty() {
-            return Ok(());
-        }
-        let result = match self.begin_locked().await {
-            Ok(()) => self.in_transaction(offsets, commit).await,
-            Err(e) => Err(e),
-        };
-        if result.is_err() {
-            // Nothing of the batch stays; a session that cannot even roll
-            // back is dropped (Snowflake aborts its transaction with it).
-            if self.client.query("ROLLBACK").await.is_err() {
-                self.client.reset();
-            }
-        }
-        result
-    }
-
     /// `BEGIN` and the group's writer lock ([`lock_sql`]), its first
     /// statement. Snowflake's UPDATE waits for the lock; a store that
     /// answers a lock conflict at once with an error instead (fakesnow:
@@ -435,12 +409,11 @@ impl SnowflakeSink {
                 }
             }
         }
-        if commit && !self.script.is_empty() && std::time::Instant::now() >= self.prune_at {
-            self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
+        if self.script.prune_due(commit) {
             let sql = prune_deleted_sql(&self.deleted_table(), self.config.deleted_rows_retention_hours);
             self.client.query(&sql).await?;
         }
-        let script = self.script.clone();
+        let script = self.script.statements().to_vec();
         for sql in &script {
             self.client.query(sql).await?;
         }
@@ -454,22 +427,6 @@ impl SnowflakeSink {
             self.statements += script.len() as u64;
         }
         Ok(())
-    }
-
-    /// A fresh attempt: no statements.
-    fn new_attempt(&mut self) {
-        self.script.clear();
-    }
-
-    /// Deletes the staged rows of the attempt, whatever happened to it
-    /// (each write reads only its own rows: what a failure leaves is never
-    /// read again, and goes with the session).
-    async fn clean_staging(&mut self) {
-        for stage in std::mem::take(&mut self.staged) {
-            if let Err(e) = self.client.query(&format!("DELETE FROM {}", quote_ident(&stage))).await {
-                debug!(staging = %stage, error = %e, "staged rows left in place");
-            }
-        }
     }
 
     /// Reads a table's columns from information_schema.
@@ -594,6 +551,41 @@ impl SnowflakeSink {
     }
 }
 
+#[async_trait]
+impl Scripted for SnowflakeSink {
+    fn script(&mut self) -> &mut Script {
+        &mut self.script
+    }
+
+    /// `BEGIN` with the writer lock, the fence, the statements and, when
+    /// there are some, the offsets, then `COMMIT` or `ROLLBACK`.
+    async fn run_transaction(&mut self, offsets: &[OffsetMove<'_>], commit: bool) -> Result<()> {
+        let result = match self.begin_locked().await {
+            Ok(()) => self.in_transaction(offsets, commit).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            // Nothing of the batch stays; a session that cannot even roll
+            // back is dropped (Snowflake aborts its transaction with it).
+            if self.client.query("ROLLBACK").await.is_err() {
+                self.client.reset();
+            }
+        }
+        result
+    }
+
+    /// Deletes the staged rows of the attempt, whatever happened to it
+    /// (each write reads only its own rows: what a failure leaves is never
+    /// read again, and goes with the session).
+    async fn clean_staging(&mut self) {
+        for stage in std::mem::take(&mut self.staged) {
+            if let Err(e) = self.client.query(&format!("DELETE FROM {}", quote_ident(&stage))).await {
+                debug!(staging = %stage, error = %e, "staged rows left in place");
+            }
+        }
+    }
+}
+
 /// The staged rows of `changes` for the column set `names`: the values as
 /// text, then the delete flag, key, position and write id `batch`.
 fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<StagedRows, ApplyError> {
@@ -654,21 +646,15 @@ impl Warehouse for SnowflakeSink {
     }
 
     async fn begin(&mut self, mode: Mode) -> Result<()> {
-        self.mode = mode;
-        self.new_attempt();
-        Ok(())
+        script::begin(self, mode)
     }
 
     async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
-        let result = self.run_script(offsets, self.mode == Mode::Commit).await;
-        self.clean_staging().await;
-        self.script.clear();
-        result
+        script::finish(self, offsets).await
     }
 
     async fn abort(&mut self) {
-        self.clean_staging().await;
-        self.script.clear();
+        script::abort(self).await;
     }
 
     /// Forgets cached state after an error that is not about the data, and
@@ -717,20 +703,12 @@ impl Warehouse for SnowflakeSink {
     }
 
     async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
-        if self.mode == Mode::Commit {
-            // DDL commits any open transaction: what came before the drop
-            // is committed first (without offsets: a replay of it is
-            // harmless, guarded by position).
-            self.run_script(&[], true).await?;
-            self.script.clear();
+        // DDL commits any open transaction (`script::commit_before_ddl`).
+        if script::commit_before_ddl(self).await? {
             self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted())).await?;
             self.client.query(&forget_deleted_sql(&self.deleted_table(), dest)).await?;
             self.tables.remove(dest);
             info!(table = %dest, "dropped destination table (the source table was dropped)");
-        } else {
-            // A trial cannot undo a drop: it makes none (nor what came
-            // before it).
-            self.script.clear();
         }
         Ok(())
     }
@@ -802,26 +780,28 @@ impl Warehouse for SnowflakeSink {
     }
 
     async fn savepoint(&mut self) -> Result<()> {
-        self.new_attempt();
-        Ok(())
+        script::savepoint(self)
     }
 
     /// A probe's statements run now, in a transaction rolled back, so that
     /// Snowflake itself tries every value.
     async fn verify(&mut self) -> Result<(), ApplyError> {
-        self.run_script(&[], false).await.map_err(ApplyError::from)
+        script::verify(self).await
     }
 
     async fn rollback_to_savepoint(&mut self) -> Result<()> {
-        self.clean_staging().await;
-        self.script.clear();
+        script::abort(self).await;
         Ok(())
     }
 }
 
 #[async_trait]
-impl Sink for SnowflakeSink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for SnowflakeSink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("snowflake_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         let stored = match self.connect().await {
             Ok(()) => self.stored_offsets().await,
             Err(e) => Err(e),
@@ -830,28 +810,17 @@ impl Sink for SnowflakeSink {
         Ok(partitions.iter().map(|(t, p)| stored.get(&(t.clone(), *p)).copied()).collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("snowflake_apply", table = %batch.table, records = batch.records.len());
-        warehouse::apply(self, batch, Mode::Commit).instrument(span).await
-    }
-
-    /// Schema changes it needs are made (they are additive and would be made
-    /// by the real apply anyway).
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::run(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         SnowflakeSink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }
 

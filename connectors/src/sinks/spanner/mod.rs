@@ -39,7 +39,6 @@ pub mod types;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use gcloud_gax::grpc::Status;
@@ -51,7 +50,7 @@ use gcloud_spanner::statement::{Statement, ToKind};
 use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use prost_types::value::Kind;
 use prost_types::ListValue;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema, Value};
 
@@ -72,8 +71,8 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
-use crate::sink::warehouse::{self, Mode, Warehouse};
-use crate::sink::{split_by_weight, ApplyError, Labeler, Sink, SinkBatch, SinkRecord};
+use crate::sink::warehouse::{self, Mode, Warehouse, WarehouseSink};
+use crate::sink::{split_by_weight, ApplyError, SinkBatch, SinkRecord};
 
 /// Mutations of a deleted-rows entry (its five columns).
 const DELETED_ENTRY_MUTATIONS: usize = 5;
@@ -196,7 +195,7 @@ impl TxError {
     }
 }
 
-/// The Spanner [`Sink`].
+/// The Spanner [`Sink`](crate::Sink).
 pub struct SpannerSink {
     config: SpannerSinkConfig,
     consumer_group: String,
@@ -1119,8 +1118,12 @@ impl Warehouse for SpannerSink {
 }
 
 #[async_trait]
-impl Sink for SpannerSink {
-    async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
+impl WarehouseSink for SpannerSink {
+    fn apply_span(&self, batch: &SinkBatch) -> Span {
+        info_span!("spanner_apply", table = %batch.table, records = batch.records.len())
+    }
+
+    async fn read_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>> {
         if let Err(e) = self.connect().await {
             return Err(self.failed(e));
         }
@@ -1148,25 +1151,21 @@ impl Sink for SpannerSink {
             .collect())
     }
 
-    async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        let span = info_span!("spanner_apply", table = %batch.table, records = batch.records.len());
-        self.apply_split(batch).instrument(span).await
+    /// Committed in parts under the mutation limit (`apply_split`).
+    async fn commit(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
+        self.apply_split(batch).await
     }
 
-    async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
-        warehouse::apply(self, batch, Mode::Trial).await
-    }
-
-    async fn check(&mut self) -> Vec<Problem> {
+    async fn problems(&mut self) -> Vec<Problem> {
         check::run(self).await
     }
 
-    async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
+    async fn remove_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
         SpannerSink::delete_copy(self, drop).await
     }
 
-    fn labeler(&self) -> Labeler {
+    fn destinations(&self) -> impl Fn(&TableId) -> DestinationTable + Send + Sync + 'static {
         let config = self.config.clone();
-        Arc::new(move |t: &TableId| config.destination(t).to_string())
+        move |t: &TableId| config.destination(t)
     }
 }

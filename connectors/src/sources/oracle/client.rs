@@ -3,7 +3,7 @@
 //! ([`OracleClient`]), and the classification of Oracle's errors.
 //!
 //! The source and `check` see only the trait: the in-memory fake
-//! ([`super::fake`]) drives them in tests; [`OracleClient`] runs only
+//! (`super::fake`) drives them in tests; [`OracleClient`] runs only
 //! against a real database (the env-gated suite, `TRIBUTARY_ORACLE_URL`).
 //! ODPI-C is blocking: every call runs on tokio's blocking pool.
 

@@ -3,7 +3,7 @@
 //!
 //! [`OracleSource`] talks to the database only through
 //! [`client::LogMinerClient`]: [`client::OracleClient`] over the `oracle`
-//! crate in production, [`fake::FakeOracle`] (which follows the documented
+//! crate in production, `fake::FakeOracle` (which follows the documented
 //! semantics of `V$LOGMNR_CONTENTS`) in the tests. Each poll mines one
 //! window of SCNs ([`logs`]) whose rows go through the transaction buffer
 //! ([`txbuffer`], [`stream`]); committed transactions are parsed
@@ -25,6 +25,8 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod ddl;
+// The tests' LogMiner: never in the runners' builds (`test-utils`).
+#[cfg(any(test, feature = "test-utils"))]
 pub mod fake;
 pub mod lob;
 pub mod logs;

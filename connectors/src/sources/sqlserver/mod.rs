@@ -6,7 +6,7 @@
 //! ([`snapshot`]), then polls every capture instance from that LSN up to
 //! `sys.fn_cdc_get_max_lsn()` and merges their rows into transactions in
 //! commit order ([`stream`]). Everything it asks of the server goes through
-//! [`client::CdcClient`]: tiberius against a real server, [`fake`] in the
+//! [`client::CdcClient`]: tiberius against a real server, `fake` in the
 //! tests. See `docs/sources/sqlserver.md`; this source has not run against
 //! a real SQL Server yet.
 //!
@@ -22,6 +22,8 @@
 pub mod check;
 pub mod client;
 pub mod config;
+// The tests' SQL Server: never in the runners' builds (`test-utils`).
+#[cfg(any(test, feature = "test-utils"))]
 pub mod fake;
 pub mod lsn;
 pub mod snapshot;
