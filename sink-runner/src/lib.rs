@@ -20,7 +20,6 @@
 //!
 //! The binary (`src/main.rs`) is a thin command line over this library, so
 //! that integration tests can run the pipeline in-process.
-#![deny(missing_docs)]
 
 pub mod apply;
 pub mod buffer;

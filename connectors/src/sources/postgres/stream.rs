@@ -30,8 +30,7 @@ use bytes::{Buf, Bytes};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use serde::{Deserialize, Serialize};
 use tributary_schemas::{
-    DataType,
-    ChangeEvent, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
+    ChangeEvent, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
 };
 
 use super::client::{classify_wire, BuiltSchema, Catalog, PartitionRoot};
@@ -610,7 +609,8 @@ impl Streamer {
                 } else {
                     "a volatile default or a generated column was added"
                 };
-                let why = format!("{command} rewrote the table ({what}): its rows changed without row changes in the log");
+                let why =
+                    format!("{command} rewrote the table ({what}): its rows changed without row changes in the log");
                 tracing::info!(table = %id, reason = %why, "captured table rewritten: it is copied again");
                 txn.messages.push(SourceMessage::TableRewritten(id, why));
             }
@@ -724,8 +724,18 @@ impl Streamer {
                     (Some(b), Some(prev)) => *b.schema == **prev,
                     _ => false,
                 };
-                self.relations
-                    .insert(relid, Relation { id, replica_identity, built, announced, root, columns: cols, partition_root });
+                self.relations.insert(
+                    relid,
+                    Relation {
+                        id,
+                        replica_identity,
+                        built,
+                        announced,
+                        root,
+                        columns: cols,
+                        partition_root,
+                    },
+                );
             }
             PgOutput::Insert { relid, new } => {
                 let Some((rel, _)) = self.target(relid)? else {
@@ -819,7 +829,11 @@ impl Streamer {
             sc.catalog.forget_enum_types();
             let built = match &rel.partition_root {
                 Some(root) => partition_schema(sc, root, &rel.columns).await?,
-                None => sc.catalog.build_schema(sc.config, sc.filter, &rel.id, relid, Some(&rel.columns)).await?,
+                None => {
+                    sc.catalog
+                        .build_schema(sc.config, sc.filter, &rel.id, relid, Some(&rel.columns))
+                        .await?
+                }
             };
             tracing::info!(table = %rel.id, "an enum type of the table has a new label: its schema is read again");
             rel.announced = sc.announced.get(&rel.id).is_some_and(|prev| **prev == *built.schema);
