@@ -31,7 +31,7 @@ pub use decoder::{CompiledEnvelope, Decoded, EventDecoder};
 pub use encoder::{EncodedRecord, EventEncoder};
 pub use error::SchemaError;
 pub use model::{
-    ChangeEvent, Column, DataType, Op, Position, Row, SnapshotMarker, SourceInfo, TableId, TableSchema,
+    ChangeEvent, Column, DataType, Op, Position, Row, SequenceState, SnapshotMarker, SourceInfo, TableId, TableSchema,
     TransactionInfo, Value,
 };
 pub use registry::Registry;

@@ -392,6 +392,59 @@ pub struct Position {
     pub index: u64,
 }
 
+/// A sequence a captured table's column takes its values from (an identity
+/// or `serial` column's, or one its default calls), as the source has it
+/// at one moment: enough to make it in a destination and keep it at or
+/// above the source, so that a destination promoted to primary never hands
+/// out a value the source used.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SequenceState {
+    /// The sequence's schema.
+    pub schema: String,
+    /// The sequence's name.
+    pub name: String,
+    /// Its type (`bigint`, `integer`, `smallint`).
+    pub data_type: String,
+    /// `INCREMENT BY`.
+    pub increment: i64,
+    /// `MINVALUE`.
+    pub min: i64,
+    /// `MAXVALUE`.
+    pub max: i64,
+    /// Whether it wraps around.
+    pub cycle: bool,
+    /// Its `last_value`.
+    pub last_value: i64,
+    /// Whether `last_value` was handed out (`is_called`); if not, it is the
+    /// next value.
+    pub is_called: bool,
+}
+
+impl SequenceState {
+    /// The sequence, named as a table is.
+    pub fn id(&self) -> TableId {
+        TableId::new(self.schema.clone(), self.name.clone())
+    }
+
+    /// The next value it hands out (without wrapping around).
+    pub fn next_value(&self) -> i128 {
+        if self.is_called {
+            i128::from(self.last_value) + i128::from(self.increment)
+        } else {
+            i128::from(self.last_value)
+        }
+    }
+
+    /// Whether it is ahead of `other` (further in its direction).
+    pub fn ahead_of(&self, other: &SequenceState) -> bool {
+        if self.increment >= 0 {
+            self.next_value() > other.next_value()
+        } else {
+            self.next_value() < other.next_value()
+        }
+    }
+}
+
 /// Snapshot marker of an event (Debezium's `source.snapshot`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SnapshotMarker {

@@ -122,6 +122,20 @@ fn control_and_offsets_records_match_their_golden_file() {
             at: Position { commit: 42, index: 7 },
         },
         ControlRecord::TableReset { table: table.clone(), reset: 1_733_500_000_123 },
+        ControlRecord::Sequence {
+            table: table.clone(),
+            state: tributary_schemas::SequenceState {
+                schema: "public".into(),
+                name: "order items$2_id_seq".into(),
+                data_type: "bigint".into(),
+                increment: 1,
+                min: 1,
+                max: i64::MAX,
+                cycle: false,
+                last_value: 42,
+                is_called: true,
+            },
+        },
     ] {
         out.push_str("control");
         for (k, v) in record.headers() {

@@ -86,7 +86,7 @@ impl ApplyOutcome {
 pub(crate) fn source_ts(records: &[(KafkaPosition, SinkRecord)]) -> impl Iterator<Item = i64> + '_ {
     records.iter().filter_map(|(_, r)| match r {
         SinkRecord::Change(ev) => Some(ev.source.ts_ms),
-        SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) => None,
+        SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) | SinkRecord::Sequence(..) => None,
     })
 }
 

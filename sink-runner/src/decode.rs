@@ -30,6 +30,7 @@ pub async fn decode_record(
             Ok(Some(ControlRecord::TableDropped { table })) => Ok(Some(SinkRecord::TableDropped(table))),
             Ok(Some(ControlRecord::TableCopied { table, at })) => Ok(Some(SinkRecord::Copied(table, at))),
             Ok(Some(ControlRecord::TableReset { table, reset })) => Ok(Some(SinkRecord::Reset(table, reset))),
+            Ok(Some(ControlRecord::Sequence { table, state })) => Ok(Some(SinkRecord::Sequence(table, state))),
             Err(e @ RecordError::UnknownKind { .. }) => {
                 // A newer source runner's kind: this sink has nothing to
                 // do with it (as with a tombstone), and says so.
@@ -50,10 +51,7 @@ pub async fn decode_record(
 
 /// The table a record is about.
 pub fn record_table(record: &SinkRecord) -> &TableId {
-    match record {
-        SinkRecord::Change(ev) => &ev.schema.id,
-        SinkRecord::TableDropped(t) | SinkRecord::Copied(t, _) | SinkRecord::Reset(t, _) => t,
-    }
+    record.table()
 }
 
 /// The source table of a topic named `<prefix>.<schema>.<table>` (or, without

@@ -277,6 +277,9 @@ impl HeldTables {
                     }
                 }
                 SourceMessage::SchemaChanged(s) => out[i] = self.held.contains_key(&s.id),
+                // A sequence only ever moves a destination's forward: never
+                // held back.
+                SourceMessage::Sequence(..) => {}
                 SourceMessage::Change(e) => {
                     let Some(h) = self.held.get_mut(&e.schema.id) else {
                         continue;

@@ -306,9 +306,10 @@ impl TopicWriter {
             let schema = match msg {
                 SourceMessage::SchemaChanged(s) => s,
                 SourceMessage::Change(e) => &e.schema,
-                SourceMessage::TableDropped(_) | SourceMessage::TableFailed(..) | SourceMessage::TableRewritten(..) => {
-                    continue
-                }
+                SourceMessage::TableDropped(_)
+                | SourceMessage::TableFailed(..)
+                | SourceMessage::TableRewritten(..)
+                | SourceMessage::Sequence(..) => continue,
             };
             if self.held.is_held(held, i, &schema.id) {
                 continue;
@@ -433,6 +434,17 @@ impl TopicWriter {
                 SourceMessage::TableDropped(table) => {
                     self.send_control(ControlRecord::TableDropped { table: table.clone() }).await?;
                     self.schemas.remove(table);
+                }
+                SourceMessage::Sequence(table, state) => {
+                    // One partition is enough: applying it only moves a
+                    // sequence forward, whichever member does.
+                    let record = ControlRecord::Sequence { table: table.clone(), state: state.clone() };
+                    let topic = self.naming.topic(self.config.prefix(), table);
+                    self.topics.ensure(&topic, false).await.map_err(|e| e.or_table(table))?;
+                    self.producer
+                        .send(&topic, Some(0), None, None, Some(control_headers(&record)))
+                        .await
+                        .map_err(|e| e.or_table(table))?;
                 }
             }
         }

@@ -57,6 +57,90 @@ async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
     fx.cleanup().await;
 }
 
+/// A sequence record makes the sequence (named as the sink names tables)
+/// and moves it to at least the source's next value: never back, in the
+/// sequence's own direction, in the batch's transaction.
+#[tokio::test]
+async fn sequences_are_made_and_only_moved_forward() {
+    use tributary_schemas::SequenceState;
+    let fx = Fixture::new("seq").await;
+    let mut sink = fx.sink();
+    let state = |name: &str, increment: i64, last_value: i64, is_called: bool| SequenceState {
+        schema: "public".into(),
+        name: name.into(),
+        data_type: "bigint".into(),
+        increment,
+        min: -1_000_000,
+        max: 1_000_000,
+        cycle: false,
+        last_value,
+        is_called,
+    };
+    let table = TableId::new("public", "items");
+    let mut offset = 0;
+    let mut apply = |states: Vec<SequenceState>| {
+        let records: Vec<(KafkaPosition, SinkRecord)> = states
+            .into_iter()
+            .map(|st| {
+                offset += 1;
+                (
+                    KafkaPosition {
+                        topic: "t".into(),
+                        partition: 0,
+                        offset: offset - 1,
+                    },
+                    SinkRecord::Sequence(table.clone(), st),
+                )
+            })
+            .collect();
+        SinkBatch {
+            table: table.clone(),
+            next_offsets: vec![("t".into(), 0, offset)],
+            records,
+            expected_offsets: vec![],
+        }
+    };
+    let next = |name: &'static str| {
+        let fx = &fx;
+        async move {
+            let q = format!(
+                "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM \"{}\".\"{name}\"",
+                fx.schema
+            );
+            let admin = connect(&url()).await;
+            admin.query_one(q.as_str(), &[]).await.expect("sequence").get::<_, i64>(0)
+        }
+    };
+    sink.apply(&apply(vec![state("up", 1, 41, true), state("fresh", 1, 7, false)]))
+        .await
+        .expect("made");
+    assert_eq!(next("up").await, 42);
+    assert_eq!(next("fresh").await, 7, "not called yet: 7 comes next");
+    // An older read (a zombie's, a replay's) never moves it back.
+    sink.apply(&apply(vec![state("up", 1, 10, true), state("up", 1, 99, true)]))
+        .await
+        .expect("moved");
+    assert_eq!(next("up").await, 100);
+    sink.apply(&apply(vec![state("up", 1, 50, true)])).await.expect("older");
+    assert_eq!(next("up").await, 100, "never back");
+    // Ahead at the destination (a value handed out there): kept.
+    connect(&url())
+        .await
+        .batch_execute(&format!("SELECT nextval('\"{}\".\"up\"')", fx.schema))
+        .await
+        .expect("nextval");
+    sink.apply(&apply(vec![state("up", 1, 99, true)])).await.expect("behind");
+    assert_eq!(next("up").await, 101);
+    // A descending sequence moves down.
+    sink.apply(&apply(vec![state("down", -1, -5, true)])).await.expect("down");
+    let q = format!("SELECT last_value FROM \"{}\".\"down\"", fx.schema);
+    let admin = connect(&url()).await;
+    assert_eq!(admin.query_one(q.as_str(), &[]).await.expect("down").get::<_, i64>(0), -5);
+    sink.apply(&apply(vec![state("down", -1, -2, true)])).await.expect("down again");
+    assert_eq!(admin.query_one(q.as_str(), &[]).await.expect("down").get::<_, i64>(0), -5, "never back up");
+    fx.cleanup().await;
+}
+
 #[tokio::test]
 async fn replaying_a_batch_changes_nothing() {
     let fx = Fixture::new("replay").await;

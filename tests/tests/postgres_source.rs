@@ -67,6 +67,8 @@ struct Mirror {
     schema_changes: Vec<Arc<TableSchema>>,
     /// Tables the source said were rewritten, with why.
     rewritten: Vec<(TableId, String)>,
+    /// Sequence states the source sent, with their table.
+    sequences: Vec<(TableId, tributary_schemas::SequenceState)>,
 }
 
 /// Moves one key of the mirror forward to `pos`; never backwards.
@@ -94,6 +96,7 @@ impl Mirror {
                 }
                 SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                 SourceMessage::TableRewritten(t, reason) => self.rewritten.push((t.clone(), reason.clone())),
+                SourceMessage::Sequence(t, state) => self.sequences.push((t.clone(), state.clone())),
                 SourceMessage::Change(e) => {
                     assert!(
                         self.schemas.get(&e.schema.id).is_some_and(|s| **s == *e.schema),
@@ -1043,6 +1046,64 @@ async fn generated_columns_are_left_out_of_snapshot_and_stream() {
         assert_eq!(names(schema), ["id", "sm", "z"], "no generated column, in no schema");
     }
     assert!(mirror.events.iter().all(|e| e.after.as_ref().is_none_or(|r| r.len() == 3)));
+    drop(source);
+    fx.cleanup().await;
+}
+
+/// The sequences the captured tables' columns take values from (identity,
+/// `serial`, one shared by two tables' defaults) are read at intervals and
+/// sent when they moved, each once with its first table; a sequence no
+/// table uses is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tables_sequences_are_sent_when_they_move() {
+    let fx = Fixture::new("sequences").await;
+    let s = &fx.schema;
+    fx.exec(&format!(
+        "CREATE SEQUENCE {s}.shared START 1000 INCREMENT 10; CREATE SEQUENCE {s}.unused; \
+         CREATE TABLE {s}.a (id bigserial PRIMARY KEY, n int DEFAULT nextval('{s}.shared')); \
+         CREATE TABLE {s}.b (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, n int DEFAULT nextval('{s}.shared')); \
+         INSERT INTO {s}.a (n) SELECT NULL FROM generate_series(1, 3); INSERT INTO {s}.b DEFAULT VALUES;"
+    ))
+    .await;
+    let mut config = fx.config();
+    config.sequence_interval_ms = 100;
+    let mut source = PostgresSource::new(config, "test").expect("config");
+    start(&mut source, None).await;
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, &fx, &["a", "b"]).await;
+    let latest = |m: &Mirror, name: &str| {
+        m.sequences
+            .iter()
+            .rev()
+            .find(|(_, st)| st.name == name)
+            .map(|(t, st)| (t.table.clone(), st.clone()))
+    };
+    pull_until(&mut source, &mut mirror, "the three sequences", |m| {
+        ["a_id_seq", "b_id_seq", "shared"].iter().all(|n| latest(m, n).is_some())
+    })
+    .await;
+    let (table, a) = latest(&mirror, "a_id_seq").expect("a's");
+    assert_eq!((table.as_str(), a.last_value, a.is_called, a.data_type.as_str()), ("a", 3, true, "bigint"));
+    let (_, b) = latest(&mirror, "b_id_seq").expect("b's");
+    assert_eq!((b.last_value, b.is_called, b.data_type.as_str()), (1, true, "integer"));
+    let (_, shared) = latest(&mirror, "shared").expect("shared");
+    assert_eq!((shared.increment, shared.last_value), (10, 1000), "{shared:?}");
+    assert!(latest(&mirror, "unused").is_none(), "no captured table uses it");
+    let sent = mirror.sequences.len();
+    // Nothing moved: nothing sent again. Then values are handed out
+    // (outside any row change too: nextval() alone).
+    for _ in 0..5 {
+        let b = next(&mut source).await;
+        mirror.apply(&b);
+    }
+    assert_eq!(mirror.sequences.len(), sent, "sent again without moving");
+    fx.exec(&format!("SELECT nextval('{s}.shared'); INSERT INTO {s}.a (n) VALUES (1);"))
+        .await;
+    pull_until(&mut source, &mut mirror, "the moved sequences", |m| {
+        latest(m, "shared").is_some_and(|(_, st)| st.last_value == 1010)
+            && latest(m, "a_id_seq").is_some_and(|(_, st)| st.last_value == 4)
+    })
+    .await;
     drop(source);
     fx.cleanup().await;
 }

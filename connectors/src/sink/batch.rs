@@ -53,6 +53,8 @@ pub enum Segment<'a> {
     /// The source table is copied again in another position domain: its
     /// rows' positions are forgotten (once per reset id).
     Reset(&'a TableId, u64),
+    /// A sequence's state (see [`SinkRecord::Sequence`]).
+    Sequence(&'a TableId, &'a tributary_schemas::SequenceState),
     /// Change records with no drop in between; `start` is the index of the
     /// first one in the batch.
     Changes {
@@ -80,6 +82,10 @@ pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
             }
             SinkRecord::Reset(id, reset) => {
                 out.push(Segment::Reset(id, *reset));
+                i += 1;
+            }
+            SinkRecord::Sequence(id, state) => {
+                out.push(Segment::Sequence(id, state));
                 i += 1;
             }
             SinkRecord::Change(_) => {

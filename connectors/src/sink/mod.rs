@@ -73,6 +73,23 @@ pub enum SinkRecord {
     /// existing row's position is forgotten, once per reset id (the same
     /// reset arrives on every partition of the table's topic).
     Reset(TableId, u64),
+    /// A sequence one of the table's columns takes values from, as the
+    /// source had it: a destination that keeps sequences moves its own to
+    /// at least that (never back).
+    Sequence(TableId, tributary_schemas::SequenceState),
+}
+
+impl SinkRecord {
+    /// The source table the record is about.
+    pub fn table(&self) -> &TableId {
+        match self {
+            SinkRecord::Change(ev) => &ev.schema.id,
+            SinkRecord::TableDropped(t)
+            | SinkRecord::Copied(t, _)
+            | SinkRecord::Reset(t, _)
+            | SinkRecord::Sequence(t, _) => t,
+        }
+    }
 }
 
 /// A batch of records of one destination table, with the Kafka offsets it

@@ -111,6 +111,19 @@ pub trait Warehouse: Send {
     /// [`Mode::Trial`] a destination whose DDL cannot be undone does nothing.
     async fn drop_table(&mut self, table: &Self::Table) -> Result<()>;
 
+    /// Makes `sequence` (named as a table, by [`Warehouse::destination`])
+    /// exist with `state`'s definition and hand out no value before
+    /// `state`'s next one: moved forward, never back. A destination without
+    /// sequences keeps none (the default).
+    async fn advance_sequence(
+        &mut self,
+        sequence: &Self::Table,
+        state: &tributary_schemas::SequenceState,
+    ) -> Result<()> {
+        let _ = (sequence, state);
+        Ok(())
+    }
+
     /// Removes every row of `table` older than `at` (a truncate; rows newer
     /// than it are a replay's and stay), and keeps `at` as the table-wide
     /// entry of the deleted-rows table ([`super::bookkeeping::TABLE_ROW_KEY`],
@@ -366,6 +379,10 @@ async fn apply_records<W: Warehouse>(
             Segment::Dropped(id) => table_dropped(w, id).await?,
             Segment::Copied(id, at) => table_copied(w, id, at).await?,
             Segment::Reset(id, reset) => table_reset(w, id, reset).await?,
+            Segment::Sequence(id, state) => {
+                let sequence = w.destination(&state.id());
+                w.advance_sequence(&sequence, state).await.map_err(|e| e.or_table(id))?
+            }
             Segment::Changes { start, records: run } => {
                 for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
                     let span = info_span!("table", table = %table, events = events.len());
@@ -494,6 +511,8 @@ async fn reconcile_all<W: Warehouse>(w: &mut W, records: &[(KafkaPosition, SinkR
             SinkRecord::TableDropped(id) => table_dropped(w, id).await?,
             SinkRecord::Copied(id, at) => table_copied(w, id, *at).await?,
             SinkRecord::Reset(id, reset) => table_reset(w, id, *reset).await?,
+            // Nothing to reconcile; applied with the prefix that holds it.
+            SinkRecord::Sequence(..) => {}
         }
     }
     Ok(())

@@ -95,6 +95,11 @@ pub enum SourceMessage {
     /// batch holding this message is committed. Its changes are held back
     /// from here until the copy's rows come.
     TableRewritten(TableId, String),
+    /// A sequence one of the table's columns takes values from, as the
+    /// source has it now (read at intervals, sent when it moved): the
+    /// runner writes it as a control record on the table's topic, for sinks
+    /// that keep sequences.
+    Sequence(TableId, tributary_schemas::SequenceState),
 }
 
 /// A table the source runner holds back while the source copies it again

@@ -9,7 +9,7 @@
 //! [`ControlRecord::headers`] and [`ControlRecord::decode`].
 
 use super::{header, RecordError};
-use crate::{Position, TableId};
+use crate::{Position, SequenceState, TableId};
 
 /// Header that marks a control record, its value the kind
 /// ([`ControlRecord::kind`]).
@@ -21,6 +21,11 @@ pub const TABLE_COPIED: &str = "table-copied";
 /// Kind: the table's rows are about to be copied again from a source whose
 /// positions may not compare with those the destination holds.
 pub const TABLE_RESET: &str = "table-reset";
+/// Kind: the state of a sequence one of the table's columns takes values
+/// from.
+pub const SEQUENCE: &str = "sequence";
+/// Header of a sequence record: the [`SequenceState`] as JSON.
+pub const SEQUENCE_HEADER: &str = "tributary.sequence";
 /// Header of a table-copied record: the copy's position as `commit:index`.
 pub const POSITION_HEADER: &str = "tributary.position";
 /// Header of a table-reset record: the reset's id, a decimal number.
@@ -63,6 +68,17 @@ pub enum ControlRecord {
         /// (the source runner's clock in milliseconds when it was decided).
         reset: u64,
     },
+    /// A sequence one of the table's columns takes values from (identity,
+    /// `serial`, a default's `nextval`), as the source has it now: sinks
+    /// that have sequences keep theirs at or above it. On one partition
+    /// (whichever member applies it, it only moves forward), read at
+    /// intervals: values handed out since are not in it.
+    Sequence {
+        /// The table.
+        table: TableId,
+        /// The sequence.
+        state: SequenceState,
+    },
 }
 
 impl ControlRecord {
@@ -71,7 +87,8 @@ impl ControlRecord {
         match self {
             ControlRecord::TableDropped { table }
             | ControlRecord::TableCopied { table, .. }
-            | ControlRecord::TableReset { table, .. } => table,
+            | ControlRecord::TableReset { table, .. }
+            | ControlRecord::Sequence { table, .. } => table,
         }
     }
 
@@ -81,6 +98,7 @@ impl ControlRecord {
             ControlRecord::TableDropped { .. } => TABLE_DROPPED,
             ControlRecord::TableCopied { .. } => TABLE_COPIED,
             ControlRecord::TableReset { .. } => TABLE_RESET,
+            ControlRecord::Sequence { .. } => SEQUENCE,
         }
     }
 
@@ -94,6 +112,10 @@ impl ControlRecord {
                 out.push((POSITION_HEADER, format!("{}:{}", at.commit, at.index)));
             }
             ControlRecord::TableReset { reset, .. } => out.push((RESET_HEADER, reset.to_string())),
+            // Plain data: serializing it cannot fail.
+            ControlRecord::Sequence { state, .. } => {
+                out.push((SEQUENCE_HEADER, serde_json::to_string(state).unwrap_or_default()))
+            }
         }
         let table = self.table();
         out.push((SCHEMA_HEADER, table.schema.clone()));
@@ -145,6 +167,17 @@ impl ControlRecord {
                 })?;
                 ControlRecord::TableReset { table, reset }
             }
+            SEQUENCE => {
+                let state = header(headers, SEQUENCE_HEADER)
+                    .and_then(|s| serde_json::from_str::<SequenceState>(s).ok())
+                    .ok_or_else(|| {
+                        RecordError::unreadable(
+                            format!("a {SEQUENCE} control record of {table}"),
+                            format!("no readable {SEQUENCE_HEADER} header (the sequence's state as JSON)"),
+                        )
+                    })?;
+                ControlRecord::Sequence { table, state }
+            }
             other => return Err(RecordError::UnknownKind { table, kind: other.to_string() }),
         };
         Ok(Some(record))
@@ -166,6 +199,20 @@ mod tests {
         TableId::new("public", "order items$2")
     }
 
+    fn sequence() -> SequenceState {
+        SequenceState {
+            schema: "public".into(),
+            name: "order items$2_id_seq".into(),
+            data_type: "bigint".into(),
+            increment: 1,
+            min: 1,
+            max: i64::MAX,
+            cycle: false,
+            last_value: 42,
+            is_called: true,
+        }
+    }
+
     #[test]
     fn every_kind_decodes_to_what_was_encoded() {
         let topic_table = TableId::new("public", "order_items_2_0c2b1c53");
@@ -176,6 +223,7 @@ mod tests {
                 at: Position { commit: 9_223_372_036_854_775_807, index: 3 },
             },
             ControlRecord::TableReset { table: table(), reset: 1_733_500_000_123 },
+            ControlRecord::Sequence { table: table(), state: sequence() },
         ] {
             let decoded = ControlRecord::decode(&owned(&record.headers()), &topic_table).expect("decodes");
             assert_eq!(decoded, Some(record));

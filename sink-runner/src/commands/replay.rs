@@ -113,7 +113,8 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
             tributary_connectors::SinkRecord::Change(ev) => ev.schema.id.clone(),
             tributary_connectors::SinkRecord::TableDropped(t)
             | tributary_connectors::SinkRecord::Copied(t, _)
-            | tributary_connectors::SinkRecord::Reset(t, _) => {
+            | tributary_connectors::SinkRecord::Reset(t, _)
+            | tributary_connectors::SinkRecord::Sequence(t, _) => {
                 warn!(
                     table = %t,
                     dlq_partition = dlq_pos.partition,

@@ -396,6 +396,32 @@ pub fn create_resets_sql() -> String {
     )
 }
 
+/// Makes `sequence` exist (with the source's definition, when it is new)
+/// and moves it to at least `state`'s next value, never back: one
+/// statement after the `CREATE`, comparing in the sequence's direction.
+pub fn advance_sequence_sql(sequence: &DestinationTable, state: &tributary_schemas::SequenceState) -> String {
+    // Only the three types a sequence may have.
+    let data_type = match state.data_type.as_str() {
+        "smallint" | "integer" | "bigint" => state.data_type.as_str(),
+        _ => "bigint",
+    };
+    let cycle = if state.cycle { "CYCLE" } else { "NO CYCLE" };
+    let name = sequence.quoted();
+    let ahead = if state.increment >= 0 { "<" } else { ">" };
+    format!(
+        "CREATE SEQUENCE IF NOT EXISTS {name} AS {data_type} INCREMENT BY {inc} MINVALUE {min} MAXVALUE {max} {cycle}; \
+         SELECT setval({literal}, {last}, {called}) FROM {name} \
+         WHERE (CASE WHEN is_called THEN last_value::numeric + {inc} ELSE last_value::numeric END) {ahead} {source_next}",
+        inc = state.increment,
+        min = state.min,
+        max = state.max,
+        literal = quote_literal(&name),
+        last = state.last_value,
+        called = state.is_called,
+        source_next = state.next_value(),
+    )
+}
+
 /// Records reset `reset` of `table` and, when `table` exists and took no
 /// reset as late yet, forgets every row's position (one statement, so the
 /// check and the update see the same resets row).

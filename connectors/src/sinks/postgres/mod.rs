@@ -58,16 +58,16 @@ use futures::SinkExt;
 use tokio_postgres::error::SqlState;
 use tracing::{debug, info, info_span, Span};
 use tributary_operations::config::{ConfigError, Validate};
-use tributary_schemas::{Position, TableId, TableSchema};
+use tributary_schemas::{Position, SequenceState, TableId, TableSchema};
 
 use self::client::{classify, CopyFailure, Ctx, HintIfNone, Session};
 pub use self::config::{
     DestinationTable, PostgresSinkConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_TABLE_TEMPLATE,
 };
 use self::dialect::{
-    change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl, forget_deleted_sql,
-    forget_positions_sql, has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table, prune_deleted_sql,
-    removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
+    advance_sequence_sql, change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl,
+    forget_deleted_sql, forget_positions_sql, has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table,
+    prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 pub use self::types::render_copy;
@@ -181,6 +181,25 @@ impl PostgresSink {
     /// The destination table of a source table.
     pub fn destination(&self, source: &TableId) -> DestinationTable {
         self.config.destination(source)
+    }
+
+    /// Creates `schema` in the open transaction unless it exists (asked
+    /// first: `CREATE SCHEMA IF NOT EXISTS` needs the database's `CREATE`
+    /// privilege even when the schema is there).
+    async fn ensure_schema(&mut self, schema: &str, ctx: &Ctx) -> Result<()> {
+        let exists: bool = self
+            .session
+            .client()
+            .await?
+            .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&schema])
+            .await
+            .map_err(|e| classify(&e, ctx))?
+            .get(0);
+        if !exists {
+            let sql = format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema));
+            self.session.execute(&sql, ctx).await?;
+        }
+        Ok(())
     }
 
     /// Connects (if not connected) and makes sure the bookkeeping tables exist.
@@ -622,18 +641,7 @@ impl Warehouse for PostgresSink {
             let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
             if !changes.is_empty() {
                 if !self.state(dest)?.shape.exists {
-                    let exists: bool = self
-                        .session
-                        .client()
-                        .await?
-                        .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&dest.schema])
-                        .await
-                        .map_err(|e| classify(&e, &ctx))?
-                        .get(0);
-                    if !exists {
-                        let sql = format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&dest.schema));
-                        self.session.execute(&sql, &ctx).await?;
-                    }
+                    self.ensure_schema(&dest.schema, &ctx).await?;
                 }
                 let statements: Vec<String> = changes.iter().map(|c| change_sql(dest, c)).collect();
                 for statement in &statements {
@@ -697,6 +705,13 @@ impl Warehouse for PostgresSink {
             sql
         };
         self.session.execute(&sql, &ctx).await
+    }
+
+    async fn advance_sequence(&mut self, sequence: &DestinationTable, state: &SequenceState) -> Result<()> {
+        let ctx = self.ctx().in_table(sequence.to_string());
+        self.ensure_schema(&sequence.schema, &ctx).await?;
+        debug!(sequence = %sequence, next = %state.next_value(), "keeping the sequence at or above the source's");
+        self.session.execute(&advance_sequence_sql(sequence, state), &ctx).await
     }
 
     async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {

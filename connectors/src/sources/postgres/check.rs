@@ -529,6 +529,24 @@ async fn check_inner(config: &PostgresSourceConfig) -> Result<Vec<Problem>> {
     }
 
     let ids: Vec<TableId> = tables.iter().map(|(_, id)| id.clone()).collect();
+    if config.sequence_interval_ms > 0 {
+        // The sequences kept in the destinations must be readable.
+        for (table, state, readable) in catalog.sequences(&ids).await? {
+            if !readable {
+                let sequence = state.id();
+                problems.push(
+                    Problem::warning(
+                        format!(
+                            "role {user} may not read sequence {sequence}: it is not kept in the destinations \
+                             (a destination promoted to primary could hand out its values again)"
+                        ),
+                        Some(format!("GRANT SELECT ON SEQUENCE {} TO {};", quote_table(&sequence), quote_ident(&user))),
+                    )
+                    .on(&table),
+                );
+            }
+        }
+    }
     let may_create: bool = client
         .query_one("SELECT has_database_privilege(current_user, current_database(), 'CREATE')", &[])
         .await

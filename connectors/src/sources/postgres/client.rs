@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use pgwire_replication::PgWireError;
-use tributary_schemas::{Column, TableId, TableSchema};
+use tributary_schemas::{Column, SequenceState, TableId, TableSchema};
 
 use super::config::{ConnectionParams, PostgresSourceConfig, TableFilter};
 use super::types::{decode_text, map_type, parse_array, ArrayItem, ColumnRef, PgType};
@@ -632,6 +632,63 @@ impl Catalog {
             partitioned,
             source_columns,
         })
+    }
+
+    /// The sequences `tables`' columns take values from: owned by one of
+    /// them (identity, `serial`: `pg_depend` kinds `a` and `i`) or called
+    /// by a column's default (`nextval('s')`), each with the first of those
+    /// tables, its definition, its state now, and whether this role may
+    /// read it (`None` state when it may not).
+    pub async fn sequences(&self, tables: &[TableId]) -> Result<Vec<(TableId, SequenceState, bool)>> {
+        if tables.is_empty() {
+            return Ok(Vec::new());
+        }
+        let schemas: Vec<&str> = tables.iter().map(|t| t.schema.as_str()).collect();
+        let names: Vec<&str> = tables.iter().map(|t| t.table.as_str()).collect();
+        let rows = self
+            .ask(
+                "reading the captured tables' sequences",
+                self.client.query(
+                    "WITH t AS (SELECT c.oid, n.nspname, c.relname FROM unnest($1::text[], $2::text[]) AS w(s, r) \
+                         JOIN pg_namespace n ON n.nspname = w.s JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.r), \
+                     deps AS ( \
+                         SELECT t.nspname, t.relname, d.objid AS seq FROM t JOIN pg_depend d \
+                           ON d.refobjid = t.oid AND d.refclassid = 'pg_class'::regclass \
+                          AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i') \
+                         UNION \
+                         SELECT t.nspname, t.relname, d.refobjid FROM t JOIN pg_attrdef ad ON ad.adrelid = t.oid \
+                         JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid \
+                          AND d.refclassid = 'pg_class'::regclass) \
+                     SELECT DISTINCT ON (s.oid) deps.nspname::text, deps.relname::text, sn.nspname::text, s.relname::text, \
+                         format_type(q.seqtypid, NULL), q.seqincrement, q.seqmin, q.seqmax, q.seqcycle, q.seqstart, \
+                         has_sequence_privilege(s.oid, 'SELECT'), \
+                         CASE WHEN has_sequence_privilege(s.oid, 'SELECT') THEN pg_sequence_last_value(s.oid) END \
+                     FROM deps JOIN pg_class s ON s.oid = deps.seq AND s.relkind = 'S' \
+                     JOIN pg_namespace sn ON sn.oid = s.relnamespace JOIN pg_sequence q ON q.seqrelid = s.oid \
+                     ORDER BY s.oid, deps.nspname, deps.relname",
+                    &[&schemas, &names],
+                ),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let last: Option<i64> = r.get(11);
+                let state = SequenceState {
+                    schema: r.get(2),
+                    name: r.get(3),
+                    data_type: r.get(4),
+                    increment: r.get(5),
+                    min: r.get(6),
+                    max: r.get(7),
+                    cycle: r.get(8),
+                    // Never called (or not readable): its start is next.
+                    last_value: last.unwrap_or_else(|| r.get(9)),
+                    is_called: last.is_some(),
+                };
+                (TableId::new(r.get::<_, String>(0), r.get::<_, String>(1)), state, r.get(10))
+            })
+            .collect())
     }
 
     /// Runs `sql` (simple protocol) and returns the first row's values as

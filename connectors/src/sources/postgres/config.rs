@@ -37,6 +37,11 @@ pub const DEFAULT_SNAPSHOT_PARALLELISM: usize = 2;
 /// moves the slot's flush position). 10 s keeps WAL retention on a quiet
 /// database small without writing many offsets records.
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 10_000;
+/// How often the sequences of captured tables are read and, when they
+/// moved, sent to the sinks. Sequences are not in the WAL's changes: a
+/// destination is behind its source by at most this much (plus the copy's
+/// lag); 5 s is one cheap catalog query.
+pub const DEFAULT_SEQUENCE_INTERVAL_MS: u64 = 5_000;
 /// Events per streamed batch. Batches end at transaction boundaries, so one
 /// large transaction can exceed this; it only stops collecting more.
 pub const DEFAULT_MAX_BATCH_EVENTS: usize = 10_000;
@@ -115,6 +120,10 @@ pub struct PostgresSourceConfig {
     /// Heartbeat interval in milliseconds.
     #[serde(default = "default_heartbeat")]
     pub heartbeat_interval_ms: u64,
+    /// How often the captured tables' sequences are read, in milliseconds
+    /// (0: never).
+    #[serde(default = "default_sequence_interval")]
+    pub sequence_interval_ms: u64,
     /// Most events per streamed batch.
     #[serde(default = "default_max_events")]
     pub max_batch_events: usize,
@@ -157,6 +166,7 @@ impl std::fmt::Debug for PostgresSourceConfig {
             .field("snapshot_chunk_rows", &self.snapshot_chunk_rows)
             .field("snapshot_parallelism", &self.snapshot_parallelism)
             .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
+            .field("sequence_interval_ms", &self.sequence_interval_ms)
             .field("max_batch_events", &self.max_batch_events)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("batch_linger_ms", &self.batch_linger_ms)
@@ -182,6 +192,9 @@ fn default_parallelism() -> usize {
 }
 fn default_heartbeat() -> u64 {
     DEFAULT_HEARTBEAT_INTERVAL_MS
+}
+fn default_sequence_interval() -> u64 {
+    DEFAULT_SEQUENCE_INTERVAL_MS
 }
 fn default_max_events() -> usize {
     DEFAULT_MAX_BATCH_EVENTS
@@ -225,6 +238,7 @@ impl PostgresSourceConfig {
             snapshot_chunk_rows: DEFAULT_SNAPSHOT_CHUNK_ROWS,
             snapshot_parallelism: DEFAULT_SNAPSHOT_PARALLELISM,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            sequence_interval_ms: DEFAULT_SEQUENCE_INTERVAL_MS,
             max_batch_events: DEFAULT_MAX_BATCH_EVENTS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             batch_linger_ms: DEFAULT_BATCH_LINGER_MS,
@@ -295,6 +309,9 @@ impl PostgresSourceConfig {
         }
         if self.heartbeat_interval_ms < 100 {
             return Err(ConfigError::invalid(field("heartbeat_interval_ms"), "must be at least 100"));
+        }
+        if self.sequence_interval_ms != 0 && self.sequence_interval_ms < 100 {
+            return Err(ConfigError::invalid(field("sequence_interval_ms"), "must be 0 (never) or at least 100"));
         }
         if self.max_batch_events < 1 {
             return Err(ConfigError::invalid(field("max_batch_events"), "must be at least 1"));

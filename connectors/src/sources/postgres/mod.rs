@@ -176,6 +176,20 @@ pub struct PostgresSource {
     domain_change: Option<String>,
     /// The next start starts over (see [`Source::start_over`]).
     start_over: bool,
+    /// The captured tables' sequences as last sent, and when they are read
+    /// next (see [`PostgresSource::sequences_moved`]).
+    sequences: SequencesSent,
+}
+
+/// The sequences a source sent, and when it reads them again.
+#[derive(Debug, Default)]
+struct SequencesSent {
+    /// When they are read next (`None`: at the next batch).
+    next_read: Option<std::time::Instant>,
+    /// Each sequence's state as last sent.
+    sent: HashMap<TableId, tributary_schemas::SequenceState>,
+    /// Sequences this role may not read, warned about once.
+    unreadable: std::collections::HashSet<TableId>,
 }
 
 impl std::fmt::Debug for PostgresSource {
@@ -220,6 +234,7 @@ impl PostgresSource {
             emitted: None,
             domain_change: None,
             start_over: false,
+            sequences: SequencesSent::default(),
         })
     }
 
@@ -858,7 +873,8 @@ impl Source for PostgresSource {
 
     async fn next_batch(&mut self) -> Result<SourceBatch> {
         match self.next_batch_inner().await {
-            Ok(batch) => {
+            Ok(mut batch) => {
+                self.sequences_moved(&mut batch).await;
                 // The batch's own checkpoint, not `self.state`: a snapshot
                 // chunk held back for the last-row marker is already
                 // counted in `self.state` but not returned yet.
@@ -976,6 +992,50 @@ impl Source for PostgresSource {
 }
 
 impl PostgresSource {
+    /// Every `sequence_interval_ms`: reads the sequences the announced
+    /// tables' columns take values from, and adds to `batch` those that
+    /// moved since they were last sent (every one, the first time in this
+    /// process). Sequences are not in the WAL's changes; a failed read is
+    /// said and tried again at the next interval (it never fails a batch).
+    async fn sequences_moved(&mut self, batch: &mut SourceBatch) {
+        let every = self.config.sequence_interval_ms;
+        let now = std::time::Instant::now();
+        if every == 0 || self.sequences.next_read.is_some_and(|at| now < at) {
+            return;
+        }
+        self.sequences.next_read = Some(now + std::time::Duration::from_millis(every));
+        let (Some(catalog), false) = (self.catalog.as_ref(), self.announced.is_empty()) else {
+            return;
+        };
+        let tables: Vec<TableId> = self.announced.keys().cloned().collect();
+        let found = match catalog.sequences(&tables).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the captured tables' sequences; trying again later");
+                return;
+            }
+        };
+        for (table, state, readable) in found {
+            let id = state.id();
+            if !readable {
+                if self.sequences.unreadable.insert(id.clone()) {
+                    tracing::warn!(
+                        table = %table,
+                        sequence = %id,
+                        "this role may not read the sequence: it is not kept in the destinations \
+                         (GRANT SELECT ON SEQUENCE {} TO <role>)",
+                        crate::pgwire::quote_table(&id)
+                    );
+                }
+                continue;
+            }
+            if self.sequences.sent.get(&id) != Some(&state) {
+                self.sequences.sent.insert(id, state.clone());
+                batch.messages.push(SourceMessage::Sequence(table, state));
+            }
+        }
+    }
+
     /// Starts over in the cluster's own position domain after
     /// [`Source::start`] found the checkpoint's to be another's: streaming
     /// from the slot (made now when this cluster has none; else from where
