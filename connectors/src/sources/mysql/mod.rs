@@ -23,6 +23,7 @@ pub mod client;
 pub mod config;
 pub mod gtid;
 pub mod history;
+pub mod rewrites;
 pub mod snapshot;
 pub mod stream;
 pub mod types;
@@ -227,6 +228,7 @@ fn added_default(col: &Column, codec: &ColumnCodec, default: &AddedDefault, tabl
             | DataType::Decimal { .. } => "0".to_string(),
             DataType::Text | DataType::Bytes => String::new(),
             DataType::Enum { symbols } => symbols.first()?.clone(),
+            DataType::Time | DataType::TimeSpan => "00:00:00".to_string(),
             // The zero date: the epoch in a NOT NULL column, as its rows read.
             DataType::Date | DataType::Timestamp | DataType::TimestampTz => "0000-00-00 00:00:00".to_string(),
             _ => return None,
@@ -1020,6 +1022,7 @@ mod tests {
                     nullable: false,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 }],
                 primary_key: vec!["id".into()],
             },
@@ -1067,6 +1070,7 @@ mod tests {
                     nullable: false,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 },
                 ColumnDef {
                     name: "secret".into(),
@@ -1074,6 +1078,7 @@ mod tests {
                     nullable: true,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 },
                 ColumnDef {
                     name: "n".into(),
@@ -1081,6 +1086,7 @@ mod tests {
                     nullable: true,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 },
             ],
             primary_key: vec![],
