@@ -713,6 +713,58 @@ async fn alters_that_change_values_without_row_events_are_said_and_others_are_no
     fx.drop().await;
 }
 
+/// Copies asked while a run is under way (two tables rewritten by one
+/// migration, a `POST /resync` as the snapshot ends): a table the run read
+/// already is copied by a run of its own after it, one it has not started
+/// keeps its place and its progress, and one it lacks waits for its end.
+/// Before, a table the run had read was never copied again (the runner
+/// held it for ever), a table added went into a plan the run overwrote with
+/// its next chunk, and a table asked again before its rows lost its
+/// progress, so the runner never heard its copy was complete (nor removed
+/// the rows deleted meanwhile: tests/tests/schema_changes.rs,
+/// `an_incompatible_change_pauses_its_mariadb_table_until_it_can_be_carried`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_asked_while_another_is_under_way_is_made_and_completes() {
+    let mut fx = Fixture::new("myresync").await;
+    fx.sql("CREATE TABLE a (id INT PRIMARY KEY, v INT)").await;
+    fx.sql("CREATE TABLE b (id INT PRIMARY KEY, v INT)").await;
+    fx.sql("INSERT INTO a VALUES (1, 1), (2, 2)").await;
+    fx.sql("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await;
+    let (a, b) = (fx.table("a"), fx.table("b"));
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    start(&mut source, None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&a).len() == 2 && m.ids(&b).len() == 3).await;
+
+    fx.sql("INSERT INTO a VALUES (3, 3)").await;
+    assert_eq!(source.resync(std::slice::from_ref(&a)).await.expect("resync a"), vec![a.clone()]);
+    // Until a's copy is open (its progress starts over), catching up.
+    let deadline = Instant::now() + DEADLINE;
+    while !source.snapshot_progress().iter().any(|p| p.table == a && !p.done) {
+        assert!(Instant::now() < deadline, "a's copy opens");
+        mirror.apply(next(&mut source).await);
+    }
+    fx.sql("INSERT INTO b VALUES (4, 4)").await;
+    let ab = [a.clone(), b.clone()];
+    assert_eq!(source.resync(&ab).await.expect("resync a and b"), ab.to_vec());
+    let reads = |m: &Mirror, t: &TableId| m.events.iter().filter(|e| e.schema.id == *t && e.op == Op::Read).count();
+    let done = |s: &MySqlSource, t: &TableId| s.snapshot_progress().iter().any(|p| p.table == *t && p.done);
+    let deadline = Instant::now() + DEADLINE;
+    // The first snapshot read 2 + 3 rows; the copies read 3 + 4 more.
+    while !(reads(&mirror, &a) >= 5 && reads(&mirror, &b) >= 7 && done(&source, &a) && done(&source, &b)) {
+        assert!(
+            Instant::now() < deadline,
+            "both copies complete: a read {}, b read {}",
+            reads(&mirror, &a),
+            reads(&mirror, &b)
+        );
+        mirror.apply(next(&mut source).await);
+    }
+    assert_eq!(mirror.ids(&b), [1, 2, 3, 4].into());
+    drop(source);
+    fx.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renamed_columns_carry_their_earlier_names_as_aliases() {
     let mut fx = Fixture::new("mycolren").await;
