@@ -36,6 +36,9 @@ pub const ATTR_DROPPED: &str = "tributary.dropped";
 /// Type attribute listing enum labels exactly (Debezium's `allowed`
 /// parameter is comma-separated and cannot carry a label with a comma).
 pub const ATTR_SYMBOLS: &str = "tributary.symbols";
+/// Type attribute (`true`) of a `MicroTime` that may be negative or beyond
+/// a day (`DataType::TimeSpan`, MySQL's `TIME`).
+pub const ATTR_TIME_SPAN: &str = "tributary.time_span";
 
 /// Labels of `source.snapshot`, as Debezium declares them.
 const SNAPSHOT_ALLOWED: &str = "true,last,false,incremental";
@@ -364,6 +367,15 @@ fn column_type(
             "connect.version": 1,
             "connect.name": "io.debezium.time.MicroTime",
         }),
+        // Debezium's MicroTime without `time-micros`: Avro's time-micros is
+        // a time of day, and its readers (Java's LocalTime, fastavro's
+        // time) fail on -838:59:59 or 100:00:00.
+        DataType::TimeSpan => json!({
+            "type": "long",
+            "connect.version": 1,
+            "connect.name": "io.debezium.time.MicroTime",
+            ATTR_TIME_SPAN: true,
+        }),
         DataType::Timestamp => json!({
             "type": "long",
             "logicalType": "local-timestamp-micros",
@@ -446,6 +458,7 @@ mod tests {
             DataType::Bytes,
             DataType::Date,
             DataType::Time,
+            DataType::TimeSpan,
             DataType::Timestamp,
             DataType::TimestampTz,
             DataType::Interval,
@@ -481,5 +494,34 @@ mod tests {
         };
         let err = envelope(&table, "p.s.t", &EnvelopeOptions::default()).expect_err("collision");
         assert_eq!(err.table(), Some(&table.id));
+    }
+
+    #[test]
+    fn a_time_span_is_debeziums_micro_time_without_time_micros_and_decodes_as_a_span() {
+        let table = TableSchema {
+            id: TableId::new("db", "t"),
+            columns: vec![col("id", DataType::Int32, false), col("t", DataType::TimeSpan, true)],
+            key: vec!["id".into()],
+            dropped: Vec::new(),
+        };
+        let s = envelope(&table, "p.db.t", &EnvelopeOptions::for_connector("mysql")).expect("schemas");
+        let value: Json = serde_json::from_str(&s.value).expect("json");
+        let text = value.to_string();
+        assert!(text.contains(r#""connect.name":"io.debezium.time.MicroTime""#), "{text}");
+        assert!(text.contains(r#""tributary.time_span":true"#), "{text}");
+        assert!(!text.contains("time-micros"), "a span is no time of day: {text}");
+        let compiled = crate::decoder::CompiledEnvelope::new("t", &s.value, None).expect("compiles");
+        assert_eq!(compiled.columns()[1].data_type, DataType::TimeSpan);
+        // Debezium's own MicroTime (no attribute) stays a time of day.
+        let debezium = s
+            .value
+            .replace(r#""tributary.time_span":true,"#, "")
+            .replace(r#","tributary.time_span":true"#, "");
+        assert!(!debezium.contains("time_span"));
+        let compiled = crate::decoder::CompiledEnvelope::new("t", &debezium, None).expect("compiles");
+        assert_eq!(compiled.columns()[1].data_type, DataType::Time);
+        // A MySQL TIME topic registered as a time of day widens to a span.
+        assert!(crate::compat::widens(&DataType::Time, &DataType::TimeSpan));
+        assert!(!crate::compat::widens(&DataType::TimeSpan, &DataType::Time));
     }
 }

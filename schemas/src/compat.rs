@@ -174,6 +174,9 @@ pub fn widens(old: &DataType, new: &DataType) -> bool {
         (D::Int16, D::Int32 | D::Int64 | D::Float32 | D::Float64) => true,
         (D::Int32, D::Int64 | D::Float64) => true,
         (D::Float32, D::Float64) => true,
+        // A time of day is a span of the same microseconds (a MySQL TIME
+        // topic registered before spans had their own type).
+        (D::Time, D::TimeSpan) => true,
         (D::Decimal { precision: p1, scale: s1 }, D::Decimal { precision: p2, scale: s2 }) => s1 == s2 && p2 >= p1,
         (D::Enum { symbols: a }, D::Enum { symbols: b }) => a.iter().all(|s| b.contains(s)),
         (D::Enum { .. } | D::Json | D::Uuid, D::Text) => true,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::avro::{
     ATTR_ALIASES, ATTR_COLUMN_ID, ATTR_DEFAULT, ATTR_DROPPED, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE,
-    ATTR_SYMBOLS,
+    ATTR_SYMBOLS, ATTR_TIME_SPAN,
 };
 use crate::binary::{split_header, ReadError, Reader};
 use crate::decimal;
@@ -828,6 +828,9 @@ fn compile_conv(s: &Schema) -> std::result::Result<(Conv, DataType), String> {
         (Kind::Int, Some("date"), _)
         | (Kind::Int, _, Some("io.debezium.time.Date"))
         | (Kind::Int, _, Some("org.apache.kafka.connect.data.Date")) => (Conv::Date, D::Date),
+        (Kind::Long, _, _) if s.attrs.get(ATTR_TIME_SPAN).and_then(serde_json::Value::as_bool) == Some(true) => {
+            (Conv::TimeMicros, D::TimeSpan)
+        }
         (Kind::Long, Some("time-micros"), _) | (Kind::Long, _, Some("io.debezium.time.MicroTime")) => {
             (Conv::TimeMicros, D::Time)
         }

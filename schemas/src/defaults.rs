@@ -43,7 +43,9 @@ pub fn to_avro_json(data_type: &DataType, value: &Value) -> Option<Json> {
         (DataType::Uuid, Value::Uuid(u)) => json!(u.hyphenated().to_string()),
         (DataType::Bytes, Value::Bytes(b)) => Json::String(bytes_to_json(b)),
         (DataType::Date, Value::Date(d)) => json!(d),
-        (DataType::Time, Value::Time(t)) | (DataType::Timestamp, Value::Timestamp(t)) => json!(t),
+        (DataType::Time | DataType::TimeSpan, Value::Time(t)) | (DataType::Timestamp, Value::Timestamp(t)) => {
+            json!(t)
+        }
         (DataType::TimestampTz, Value::TimestampTz(t)) => json!(t),
         _ => return None,
     })
@@ -82,7 +84,7 @@ pub fn from_avro_json(data_type: &DataType, json: &Json) -> Option<Value> {
         DataType::Uuid => Value::Uuid(uuid::Uuid::parse_str(json.as_str()?).ok()?),
         DataType::Bytes => Value::Bytes(bytes_from_json(json.as_str()?)?),
         DataType::Date => Value::Date(i32::try_from(json.as_i64()?).ok()?),
-        DataType::Time => Value::Time(json.as_i64()?),
+        DataType::Time | DataType::TimeSpan => Value::Time(json.as_i64()?),
         DataType::Timestamp => Value::Timestamp(json.as_i64()?),
         DataType::TimestampTz => Value::TimestampTz(json.as_i64()?),
         DataType::Interval | DataType::Array(_) | DataType::Geometry => return None,

@@ -652,7 +652,7 @@ fn write_typed(out: &mut Vec<u8>, dt: &DataType, v: &Value) -> std::result::Resu
         }
         (DataType::Bytes, Value::Bytes(b)) => write_bytes(out, b),
         (DataType::Date, Value::Date(d)) => write_int(out, *d),
-        (DataType::Time, Value::Time(t)) => write_long(out, *t),
+        (DataType::Time | DataType::TimeSpan, Value::Time(t)) => write_long(out, *t),
         (DataType::Timestamp, Value::Timestamp(t)) => write_long(out, *t),
         (DataType::TimestampTz, Value::TimestampTz(t)) => write_long(out, *t),
         (DataType::Interval, Value::Interval { months, days, micros }) => {

@@ -31,6 +31,7 @@ fn every_type_table() -> TableSchema {
         DataType::Bytes,
         DataType::Date,
         DataType::Time,
+        DataType::TimeSpan,
         DataType::Timestamp,
         DataType::TimestampTz,
         DataType::Interval,

@@ -69,8 +69,17 @@ pub enum DataType {
     Bytes,
     /// Calendar date: days since 1970-01-01 (logical type `date`).
     Date,
-    /// Time of day in microseconds (logical type `time-micros`).
+    /// Time of day in microseconds (logical type `time-micros`), from
+    /// 00:00:00 to 24:00:00.
     Time,
+    /// A signed span of time in microseconds, which may be negative or
+    /// beyond a day: MySQL's `TIME` (-838:59:59 to 838:59:59, a time of day
+    /// or an elapsed time). Carried as Debezium does, a `long` named
+    /// `io.debezium.time.MicroTime`, without Avro's `time-micros` (whose
+    /// readers take a time of day and fail or wrap on the rest), and with
+    /// `tributary.time_span` so that a sink keeps every value (PostgreSQL
+    /// `interval`, text elsewhere: docs/type-mapping.md).
+    TimeSpan,
     /// Date and time without zone, microseconds since the epoch of the
     /// wall clock (logical type `local-timestamp-micros`).
     Timestamp,
@@ -109,6 +118,7 @@ impl fmt::Display for DataType {
             DataType::Bytes => f.write_str("bytes"),
             DataType::Date => f.write_str("date"),
             DataType::Time => f.write_str("time"),
+            DataType::TimeSpan => f.write_str("time span"),
             DataType::Timestamp => f.write_str("timestamp"),
             DataType::TimestampTz => f.write_str("timestamptz"),
             DataType::Interval => f.write_str("interval"),
@@ -278,7 +288,8 @@ pub enum Value {
     Bytes(Vec<u8>),
     /// Days since 1970-01-01.
     Date(i32),
-    /// Microseconds since midnight.
+    /// Microseconds since midnight ([`DataType::Time`]), or a signed span
+    /// of microseconds ([`DataType::TimeSpan`]).
     Time(i64),
     /// Wall-clock microseconds since 1970-01-01T00:00:00 (no zone).
     Timestamp(i64),

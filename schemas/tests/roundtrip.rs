@@ -38,6 +38,7 @@ fn leaf_type() -> impl Strategy<Value = DataType> {
         Just(DataType::Bytes),
         Just(DataType::Date),
         Just(DataType::Time),
+        Just(DataType::TimeSpan),
         Just(DataType::Timestamp),
         Just(DataType::TimestampTz),
         Just(DataType::Interval),
@@ -104,7 +105,7 @@ fn value_of(t: &DataType) -> BoxedStrategy<Value> {
         DataType::Uuid => any::<u128>().prop_map(|u| Value::Uuid(uuid::Uuid::from_u128(u))).boxed(),
         DataType::Bytes => prop::collection::vec(any::<u8>(), 0..20).prop_map(Value::Bytes).boxed(),
         DataType::Date => any::<i32>().prop_map(Value::Date).boxed(),
-        DataType::Time => any::<i64>().prop_map(Value::Time).boxed(),
+        DataType::Time | DataType::TimeSpan => any::<i64>().prop_map(Value::Time).boxed(),
         DataType::Timestamp => any::<i64>().prop_map(Value::Timestamp).boxed(),
         DataType::TimestampTz => any::<i64>().prop_map(Value::TimestampTz).boxed(),
         DataType::Interval => (any::<i32>(), any::<i32>(), any::<i64>())

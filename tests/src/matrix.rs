@@ -309,10 +309,33 @@ pub fn canonical(cells: impl Iterator<Item = Option<String>>) -> String {
             Some(v) if v.contains('.') && v.parse::<f64>().is_ok() => {
                 v.trim_end_matches('0').trim_end_matches('.').to_string()
             }
-            Some(v) => v,
+            Some(v) => without_trailing_fraction_zeros(v),
         })
         .collect::<Vec<_>>()
         .join("|")
+}
+
+/// A time or date-time's text (`-838:59:59.500000`, `2024-01-01
+/// 10:00:00.120000`) without the fraction's trailing zeros: MariaDB writes
+/// as many digits as the column's precision, PostgreSQL and BigQuery only
+/// those that count. Other text is kept.
+fn without_trailing_fraction_zeros(v: String) -> String {
+    let Some((whole, fraction)) = v.rsplit_once('.') else {
+        return v;
+    };
+    let clock = whole.rsplit(' ').next().unwrap_or(whole).trim_start_matches('-');
+    let parts: Vec<&str> = clock.split(':').collect();
+    let is_clock = parts.len() == 3
+        && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts[1].len() == 2
+        && parts[2].len() == 2;
+    if !is_clock || fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return v;
+    }
+    match fraction.trim_end_matches('0') {
+        "" => whole.to_string(),
+        f => format!("{whole}.{f}"),
+    }
 }
 
 /// Rows sorted by their id (the first cell) as a number: `ORDER BY id`

@@ -634,6 +634,137 @@ async fn ddl_mid_stream_decodes_rows_with_the_schema_they_were_written_under() {
     fx.drop().await;
 }
 
+/// Issue #46: an ALTER that may change the values of rows the binlog logs
+/// no change for is said (`TableRewritten`, after the table's new shape and
+/// before the changes after it), one that keeps every value is not; the
+/// QUERY event's `sql_mode` decides the conversions strict mode refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alters_that_change_values_without_row_events_are_said_and_others_are_not() {
+    let mut fx = Fixture::new("myrewrite").await;
+    fx.sql("CREATE TABLE t (id INT PRIMARY KEY, a BIGINT, v VARCHAR(20), n INT, tm TIME(6))")
+        .await;
+    fx.sql("INSERT INTO t VALUES (1, 1, 'one', 1, '-838:59:59'), (2, 2, 'two', 2, '100:00:00.5')")
+        .await;
+    fx.sql("CREATE TABLE u (id INT PRIMARY KEY, w VARCHAR(20)) CHARACTER SET utf8mb4")
+        .await;
+    fx.sql("INSERT INTO u VALUES (1, 'plain')").await;
+    let (t, u) = (fx.table("t"), fx.table("u"));
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    start(&mut source, None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&t).len() == 2 && m.ids(&u).len() == 1).await;
+    // MySQL's TIME beyond a day, as it is.
+    assert_eq!(mirror.row(&t, 1).expect("row 1")[4], Value::Time(-3_020_399_000_000));
+    assert_eq!(mirror.row(&t, 2).expect("row 2")[4], Value::Time(360_000_500_000));
+
+    // Every value kept (the session is strict: narrowing values that fit
+    // keeps them, or the ALTER fails).
+    for sql in [
+        "ALTER TABLE t MODIFY v VARCHAR(40), ADD COLUMN k INT DEFAULT 7",
+        "ALTER TABLE t MODIFY a INT",
+        "ALTER TABLE t MODIFY n INT NOT NULL",
+        "ALTER TABLE t ENGINE=InnoDB",
+        "ALTER TABLE t FORCE, ADD INDEX (n)",
+        "ALTER ONLINE TABLE t ADD COLUMN IF NOT EXISTS z INT",
+        "ALTER TABLE u CONVERT TO CHARACTER SET utf8mb4",
+        "INSERT INTO t (id, a, v, n) VALUES (3, 3, 'three', 3)",
+    ] {
+        fx.sql(sql).await;
+    }
+    sync(&mut source, &mut mirror, "the kept changes", |m| m.ids(&t).contains(&3)).await;
+    let said = |m: &Mirror| -> Vec<(String, String)> {
+        m.messages
+            .iter()
+            .filter_map(|msg| match msg {
+                SourceMessage::TableRewritten(t, why) => Some((t.table.clone(), why.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(said(&mirror), [], "nothing changed a value");
+
+    // Values changed: each said, with why.
+    fx.sql("ALTER TABLE t ADD COLUMN g INT AS (a * 2) PERSISTENT").await;
+    fx.sql("INSERT INTO t (id, a, v, n) VALUES (4, 4, 'four', 4)").await;
+    fx.sql("SET SESSION sql_mode = ''").await;
+    fx.sql("ALTER TABLE t MODIFY n SMALLINT").await;
+    fx.sql("ALTER TABLE u CONVERT TO CHARACTER SET latin1").await;
+    fx.sql("SET SESSION sql_mode = DEFAULT").await;
+    fx.sql("ALTER TABLE t MODIFY tm TIME").await;
+    fx.sql("INSERT INTO u VALUES (2, 'after')").await;
+    sync(&mut source, &mut mirror, "the rewrites", |m| m.ids(&u).contains(&2)).await;
+    let said = said(&mirror);
+    let tables: Vec<&str> = said.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(tables, ["t", "t", "u", "t"], "{said:?}");
+    assert!(said[0].1.contains("stored generated column g added"), "{}", said[0].1);
+    assert!(said[1].1.contains("to SMALLINT"), "{}", said[1].1);
+    assert!(said[2].1.contains("latin1"), "{}", said[2].1);
+    assert!(said[3].1.contains("6 to 0 fractional digits"), "{}", said[3].1);
+    // The generated column's message follows its new shape and comes
+    // before the insert after it.
+    let at = |f: &dyn Fn(&SourceMessage) -> bool| mirror.messages.iter().position(f).expect("message");
+    let shape = at(&|m| matches!(m, SourceMessage::SchemaChanged(s) if s.id == t && s.column_index("g").is_some()));
+    let rewritten = at(&|m| matches!(m, SourceMessage::TableRewritten(..)));
+    let insert = at(
+        &|m| matches!(m, SourceMessage::Change(e) if e.schema.id == t && int(&e.after.as_ref().expect("after")[0]) == 4),
+    );
+    assert!(shape < rewritten && rewritten < insert, "{shape} < {rewritten} < {insert}");
+    drop(source);
+    fx.drop().await;
+}
+
+/// Copies asked while a run is under way (two tables rewritten by one
+/// migration, a `POST /resync` as the snapshot ends): a table the run read
+/// already is copied by a run of its own after it, one it has not started
+/// keeps its place and its progress, and one it lacks waits for its end.
+/// Before, a table the run had read was never copied again (the runner
+/// held it for ever), a table added went into a plan the run overwrote with
+/// its next chunk, and a table asked again before its rows lost its
+/// progress, so the runner never heard its copy was complete (nor removed
+/// the rows deleted meanwhile: tests/tests/schema_changes.rs,
+/// `an_incompatible_change_pauses_its_mariadb_table_until_it_can_be_carried`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_asked_while_another_is_under_way_is_made_and_completes() {
+    let mut fx = Fixture::new("myresync").await;
+    fx.sql("CREATE TABLE a (id INT PRIMARY KEY, v INT)").await;
+    fx.sql("CREATE TABLE b (id INT PRIMARY KEY, v INT)").await;
+    fx.sql("INSERT INTO a VALUES (1, 1), (2, 2)").await;
+    fx.sql("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await;
+    let (a, b) = (fx.table("a"), fx.table("b"));
+    let mut source = MySqlSource::new(fx.config(), "t").expect("config");
+    start(&mut source, None).await.expect("start");
+    let mut mirror = Mirror::default();
+    sync(&mut source, &mut mirror, "the snapshot", |m| m.ids(&a).len() == 2 && m.ids(&b).len() == 3).await;
+
+    fx.sql("INSERT INTO a VALUES (3, 3)").await;
+    assert_eq!(source.resync(std::slice::from_ref(&a)).await.expect("resync a"), vec![a.clone()]);
+    // Until a's copy is open (its progress starts over), catching up.
+    let deadline = Instant::now() + DEADLINE;
+    while !source.snapshot_progress().iter().any(|p| p.table == a && !p.done) {
+        assert!(Instant::now() < deadline, "a's copy opens");
+        mirror.apply(next(&mut source).await);
+    }
+    fx.sql("INSERT INTO b VALUES (4, 4)").await;
+    let ab = [a.clone(), b.clone()];
+    assert_eq!(source.resync(&ab).await.expect("resync a and b"), ab.to_vec());
+    let reads = |m: &Mirror, t: &TableId| m.events.iter().filter(|e| e.schema.id == *t && e.op == Op::Read).count();
+    let done = |s: &MySqlSource, t: &TableId| s.snapshot_progress().iter().any(|p| p.table == *t && p.done);
+    let deadline = Instant::now() + DEADLINE;
+    // The first snapshot read 2 + 3 rows; the copies read 3 + 4 more.
+    while !(reads(&mirror, &a) >= 5 && reads(&mirror, &b) >= 7 && done(&source, &a) && done(&source, &b)) {
+        assert!(
+            Instant::now() < deadline,
+            "both copies complete: a read {}, b read {}",
+            reads(&mirror, &a),
+            reads(&mirror, &b)
+        );
+        mirror.apply(next(&mut source).await);
+    }
+    assert_eq!(mirror.ids(&b), [1, 2, 3, 4].into());
+    drop(source);
+    fx.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renamed_columns_carry_their_earlier_names_as_aliases() {
     let mut fx = Fixture::new("mycolren").await;

@@ -150,13 +150,15 @@ fn render_time_of_day(out: &mut String, micros: i64) {
     push_digits(out, micros % 1_000_000, 6);
 }
 
+/// `[-]HH:MM:SS.ffffff`, hours as many as it takes: every value exactly
+/// (a MySQL TIME spans -838:59:59 to 838:59:59). PostgreSQL's `interval`
+/// reads it as it is; a time-of-day column (`time`, `TIME`) refuses what
+/// is outside a day, loudly, where it was once taken modulo a day (the
+/// destination held `01:00:01` for `-838:59:59`).
 fn render_time(out: &mut String, micros: i64) {
-    // time allows 24:00:00 exactly; anything else is taken modulo a day.
-    let micros = if micros == 86_400_000_000 {
-        micros
-    } else {
-        micros.rem_euclid(86_400_000_000)
-    };
+    if micros < 0 {
+        out.push('-');
+    }
     render_time_of_day(out, micros);
 }
 
@@ -197,6 +199,12 @@ mod tests {
         assert_eq!(text(&Value::Timestamp(-1)), "1969-12-31 23:59:59.999999");
         assert_eq!(text(&Value::TimestampTz(1_000_000)), "1970-01-01 00:00:01.000000+00");
         assert_eq!(text(&Value::Time(3_723_000_001)), "01:02:03.000001");
+        // MySQL TIME's range, never taken modulo a day.
+        assert_eq!(text(&Value::Time(-3_020_399_000_000)), "-838:59:59.000000");
+        assert_eq!(text(&Value::Time(3_020_399_000_000)), "838:59:59.000000");
+        assert_eq!(text(&Value::Time(-1)), "-00:00:00.000001");
+        assert_eq!(text(&Value::Time(86_400_000_000)), "24:00:00.000000");
+        assert_eq!(text(&Value::Time(i64::MIN)), "-2562047788:00:54.775808");
         assert_eq!(text(&Value::Float64(f64::NAN)), "NaN");
         assert_eq!(text(&Value::Bytes(vec![0, 255])), "\\x00ff");
         assert_eq!(

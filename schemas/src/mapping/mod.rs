@@ -72,7 +72,7 @@ impl<'a> SourceType<'a> {
 /// A type's text taken apart: lower-case base name (words joined by one
 /// space), the arguments in parentheses, and the words after them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TypeText {
+pub struct TypeText {
     /// `character varying`, `decimal`, `timestamp`.
     pub base: String,
     /// `["12", "2"]`; quoted labels are unquoted.

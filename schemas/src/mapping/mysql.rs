@@ -51,7 +51,8 @@ pub fn data_type(st: &SourceType<'_>) -> Result<DataType, SchemaError> {
         // Debezium's EnumSet: the comma-separated members as text.
         "set" => DataType::Text,
         "date" => DataType::Date,
-        "time" => DataType::Time,
+        // -838:59:59 to 838:59:59: not a time of day.
+        "time" => DataType::TimeSpan,
         "datetime" => DataType::Timestamp,
         "timestamp" => DataType::TimestampTz,
         "year" => DataType::Int32,
@@ -81,6 +82,7 @@ mod tests {
         assert_eq!(map("bigint(20)").ok(), Some(DataType::Int64));
         assert_eq!(map("datetime(6)").ok(), Some(DataType::Timestamp));
         assert_eq!(map("timestamp(3)").ok(), Some(DataType::TimestampTz));
+        assert_eq!(map("time(6)").ok(), Some(DataType::TimeSpan));
         assert_eq!(map("enum('a','b')").ok(), Some(DataType::Enum { symbols: vec!["a".into(), "b".into()] }));
         assert_eq!(map("varchar(255)").ok(), Some(DataType::Text));
         assert_eq!(map("longblob").ok(), Some(DataType::Bytes));

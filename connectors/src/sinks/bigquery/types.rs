@@ -103,6 +103,9 @@ pub fn bigquery_type(data_type: &DataType) -> BqType {
         DataType::Bytes => BqType::Bytes,
         DataType::Date => BqType::Date,
         DataType::Time => BqType::Time,
+        // MySQL's TIME (-838:59:59 to 838:59:59): TIME holds one day, so
+        // the exact text, `-838:59:59.000000` (as STRING holds intervals).
+        DataType::TimeSpan => BqType::String,
         DataType::Timestamp => BqType::Datetime,
         DataType::TimestampTz => BqType::Timestamp,
         DataType::Geometry => BqType::Geography,
@@ -166,6 +169,10 @@ pub fn fit(have: &BqType, want: &BqType) -> Fit<BqType> {
         (Int64, Numeric(_) | BigNumeric(_) | Float64) => Fit::Widen(want.clone()),
         (Numeric(_), BigNumeric(_)) => Fit::Widen(want.clone()),
         (Numeric(Some(_)), Numeric(None)) => Fit::Widen(Numeric(None)),
+        // A MySQL TIME column made TIME before spans had their own type
+        // (BigQuery cannot make it STRING in place): it keeps its type, and
+        // a value outside a day is refused (dead-lettered), never wrapped.
+        (Time, String) => Fit::Keep,
         (BigNumeric(Some(_)), BigNumeric(None)) => Fit::Widen(BigNumeric(None)),
         _ => Fit::Incompatible,
     }
@@ -210,7 +217,9 @@ pub fn to_json(value: &Value, ty: &BqType) -> Result<Json, Reason> {
         (Value::Uuid(u), _) => Json::String(u.to_string()),
         (Value::Bytes(b), _) => Json::String(base64::engine::general_purpose::STANDARD.encode(b)),
         (Value::Date(days), _) => Json::String(date_text(i64::from(*days))?),
-        (Value::Time(micros), _) => Json::String(time_text(*micros)?),
+        (Value::Time(micros), BqType::Time) => Json::String(time_text(*micros)?),
+        // A span (MySQL's TIME) in its exact text.
+        (Value::Time(_), _) => Json::String(span_text(value)?),
         (Value::Timestamp(micros), _) => Json::String(datetime_text(*micros, "")?),
         (Value::TimestampTz(micros), _) => Json::String(datetime_text(*micros, "Z")?),
         (Value::Interval { months, days, micros }, _) => {
@@ -291,6 +300,13 @@ fn date_of(days: i64) -> Result<chrono::NaiveDate, Reason> {
 
 fn date_text(days: i64) -> Result<String, Reason> {
     Ok(date_of(days)?.format("%Y-%m-%d").to_string())
+}
+
+/// A span's SQL text, `[-]HH:MM:SS.ffffff` with as many hours as it takes.
+fn span_text(value: &Value) -> Result<String, Reason> {
+    let mut out = String::new();
+    crate::sink::text::render_text(&mut out, value)?;
+    Ok(out)
 }
 
 fn time_text(micros: i64) -> Result<String, Reason> {
@@ -487,6 +503,21 @@ mod tests {
             Json::String("01:02:03.000001".into())
         );
         assert!(to_json(&Value::Time(MICROS_PER_DAY), &BqType::Time).is_err());
+        assert!(to_json(&Value::Time(-1), &BqType::Time).is_err());
+    }
+
+    #[test]
+    fn mysql_times_are_held_exactly_as_text_or_refused_by_a_time_column() {
+        assert_eq!(bigquery_type(&DataType::TimeSpan), BqType::String);
+        assert_eq!(bigquery_type(&DataType::Time), BqType::Time);
+        let span = |micros: i64| to_json(&Value::Time(micros), &BqType::String).unwrap();
+        assert_eq!(span(-3_020_399_000_000), Json::String("-838:59:59.000000".into()));
+        assert_eq!(span(3_020_398_999_999), Json::String("838:59:58.999999".into()));
+        assert_eq!(span(360_000_500_000), Json::String("100:00:00.500000".into()));
+        assert_eq!(span(-1), Json::String("-00:00:00.000001".into()));
+        // A table made before: TIME stays, a value outside a day is refused.
+        assert_eq!(fit(&BqType::Time, &BqType::String), Fit::Keep);
+        assert!(to_json(&Value::Time(-3_020_399_000_000), &BqType::Time).is_err());
         assert!(to_json(&Value::Date(3_000_000), &BqType::Date).is_err());
         assert_eq!(to_json(&Value::Bytes(vec![1, 2]), &BqType::Bytes).unwrap(), Json::String("AQI=".into()));
         assert_eq!(to_json(&Value::Float64(f64::NAN), &BqType::Float64).unwrap(), Json::String("NaN".into()));

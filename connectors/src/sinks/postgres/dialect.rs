@@ -626,6 +626,8 @@ pub fn logical_type(data_type: &DataType) -> PgType {
         DataType::Bytes | DataType::Geometry => PgType::new("bytea"),
         DataType::Date => PgType::new("date"),
         DataType::Time => PgType::new("time without time zone"),
+        // MySQL's TIME, -838:59:59 to 838:59:59: `time` holds one day.
+        DataType::TimeSpan => PgType::new("interval"),
         DataType::Timestamp => PgType::new("timestamp without time zone"),
         DataType::TimestampTz => PgType::new("timestamp with time zone"),
         DataType::Interval => PgType::new("interval"),
@@ -723,6 +725,9 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit<PgType> {
         },
         ("character", "character varying" | "text") => widen(w, want.mods.clone()),
         ("json", "jsonb") | ("jsonb", "json") => Fit::Keep,
+        // A MySQL TIME column made `time` before spans had their own type:
+        // PostgreSQL casts every time of day to the same interval.
+        ("time without time zone", "interval") => widen(w, vec![]),
         (
             "timestamp without time zone"
             | "timestamp with time zone"
@@ -790,6 +795,10 @@ mod tests {
         assert_eq!(fit(&p("text"), &p("integer")), Fit::Incompatible);
         assert_eq!(fit(&p("integer[]"), &p("integer")), Fit::Incompatible);
         assert_eq!(fit(&p("real"), &p("double precision")), Fit::Widen(p("double precision")));
+        assert_eq!(fit(&p("time"), &p("interval")), Fit::Widen(p("interval")));
+        assert_eq!(fit(&p("interval"), &p("time")), Fit::Incompatible);
+        assert_eq!(logical_type(&DataType::TimeSpan), p("interval"));
+        assert_eq!(logical_type(&DataType::Time), p("time"));
         assert_eq!(fit(&p("timestamp(3)"), &p("timestamp")), Fit::Widen(p("timestamp")));
     }
 

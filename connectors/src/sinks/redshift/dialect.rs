@@ -39,6 +39,9 @@ pub const MAX_NUMERIC_PRECISION: u32 = 38;
 pub const DEFAULT_NUMERIC_SCALE: i64 = 10;
 /// Length of an interval's text (`-178000000 mons -2147483648 days ...`).
 const INTERVAL_CHARS: i64 = 80;
+/// A MySQL TIME's text, `-838:59:59.000000` (17 characters; room for the
+/// hours of any 64-bit span).
+const TIME_SPAN_CHARS: i64 = 32;
 
 /// Redshift as the core's [`Dialect`].
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +93,9 @@ fn logical_type(data_type: &DataType, source_type: &str) -> PgType {
         DataType::Bytes | DataType::Geometry => ty("varbyte", vec![]),
         DataType::Date => ty("date", vec![]),
         DataType::Time => ty("time without time zone", vec![]),
+        // MySQL's TIME, -838:59:59 to 838:59:59: Redshift's TIME holds one
+        // day, so the exact text (as intervals).
+        DataType::TimeSpan => varchar(TIME_SPAN_CHARS),
         DataType::Timestamp => ty("timestamp without time zone", vec![]),
         DataType::TimestampTz => ty("timestamp with time zone", vec![]),
         DataType::Interval => varchar(INTERVAL_CHARS),
@@ -180,6 +186,10 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit<PgType> {
             _ => Fit::Incompatible,
         },
         ("double precision", "real") => Fit::Keep,
+        // A MySQL TIME column made TIME before spans had their own type
+        // (Redshift changes no type in place): it keeps its type, and a
+        // value outside a day is refused by the load, never wrapped.
+        ("time without time zone", "character varying") => Fit::Keep,
         // The catalog may spell a type with a length the source mapping
         // leaves out (`varbyte(64000)`); the kind is what matters.
         ("super", "super") | ("varbyte", "varbyte") => Fit::Keep,
@@ -699,6 +709,11 @@ mod tests {
         assert_eq!(r(&col("", DataType::Decimal { precision: 12, scale: 2 })), "numeric(38,2)");
         assert_eq!(r(&col("smallint", DataType::Int16)), "bigint", "integers never need widening");
         assert_eq!(r(&col("real", DataType::Float32)), "double precision");
+        // MySQL's TIME spans -838:59:59..838:59:59: its exact text.
+        assert_eq!(r(&col("time(6)", DataType::TimeSpan)), "character varying(32)");
+        assert_eq!(r(&col("time", DataType::Time)), "time without time zone");
+        let p = PgType::parse;
+        assert_eq!(fit(&p("time"), &p("varchar(32)")), Fit::Keep, "a TIME column made before keeps its type");
     }
 
     #[test]

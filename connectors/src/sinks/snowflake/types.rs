@@ -85,6 +85,9 @@ pub fn snowflake_type(data_type: &DataType) -> SfType {
         DataType::Bytes | DataType::Geometry => SfType::Binary,
         DataType::Date => SfType::Date,
         DataType::Time => SfType::Time,
+        // MySQL's TIME, -838:59:59 to 838:59:59: Snowflake's TIME holds one
+        // day (and it has no interval column), so the exact text.
+        DataType::TimeSpan => SfType::Varchar(None),
         DataType::Timestamp => SfType::TimestampNtz,
         DataType::TimestampTz => SfType::TimestampTz,
         DataType::Array(_) => SfType::Array,
@@ -145,6 +148,10 @@ pub fn fit(have: &SfType, want: &SfType) -> Fit<SfType> {
         (SfType::Varchar(Some(h)), SfType::Varchar(Some(w))) if w <= h => Fit::Keep,
         (SfType::Varchar(Some(_)), SfType::Varchar(w)) => Fit::Widen(SfType::Varchar(*w)),
         (SfType::Variant, SfType::Array) => Fit::Keep,
+        // A MySQL TIME column made TIME before spans had their own type
+        // (Snowflake changes no type in place): it keeps its type, and
+        // Snowflake refuses a value outside a day, never wrapped.
+        (SfType::Time, SfType::Varchar(_)) => Fit::Keep,
         _ => Fit::Incompatible,
     }
 }
@@ -245,6 +252,10 @@ mod tests {
         assert_eq!(staged(Value::Bytes(vec![0, 0xab])), "00ab");
         assert_eq!(staged(Value::Float64(f64::INFINITY)), "inf");
         assert_eq!(staged(Value::TimestampTz(0)), "1970-01-01 00:00:00.000000+00:00");
+        // A MySQL TIME: exact, into VARCHAR.
+        assert_eq!(snowflake_type(&DataType::TimeSpan), SfType::Varchar(None));
+        assert_eq!(staged(Value::Time(-3_020_399_000_000)), "-838:59:59.000000");
+        assert_eq!(staged(Value::Time(360_000_500_000)), "100:00:00.500000");
         assert_eq!(
             staged(Value::Array(vec![Value::Int32(1), Value::Null, Value::Text("a\"b".into())])),
             "[1,null,\"a\\\"b\"]"

@@ -90,9 +90,14 @@ pub fn spanner_type(data_type: &DataType) -> SpType {
         // Any scale: NUMERIC keeps 9 digits after the point; a value with
         // more is refused (dead-lettered), never rounded.
         DataType::VariableDecimal => SpType::Numeric,
-        DataType::Text | DataType::Uuid | DataType::Enum { .. } | DataType::Interval | DataType::Time => {
-            SpType::String(None)
-        }
+        // Spanner has no time type: a time of day, and MySQL's TIME
+        // (-838:59:59 to 838:59:59), as their exact text.
+        DataType::Text
+        | DataType::Uuid
+        | DataType::Enum { .. }
+        | DataType::Interval
+        | DataType::Time
+        | DataType::TimeSpan => SpType::String(None),
         DataType::Json => SpType::Json,
         DataType::Bytes | DataType::Geometry => SpType::Bytes(None),
         DataType::Date => SpType::Date,
@@ -334,6 +339,18 @@ mod tests {
         assert!(encode(&Value::Decimal("123.123456789000".into()), &SpType::Numeric).is_ok());
         assert!(encode(&Value::Text("x".repeat(11)), &SpType::String(Some(10))).is_err());
         assert!(encode(&Value::Date(3_000_000), &SpType::Date).is_err());
+    }
+
+    #[test]
+    fn mysql_times_are_their_exact_text() {
+        assert_eq!(spanner_type(&DataType::TimeSpan), SpType::String(None));
+        let text = |micros: i64| match encode(&Value::Time(micros), &SpType::String(None)) {
+            Ok(Kind::StringValue(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(text(-3_020_399_000_000), "-838:59:59.000000");
+        assert_eq!(text(3_020_398_999_999), "838:59:58.999999");
+        assert_eq!(text(45_296_000_001), "12:34:56.000001");
     }
 
     #[test]

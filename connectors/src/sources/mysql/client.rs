@@ -109,7 +109,7 @@ pub async fn list_tables(conn: &mut mysql_async::Conn, filter: &TableFilter) -> 
 pub async fn table_def(conn: &mut impl Queryable, table: &TableId) -> Result<Option<TableDef>> {
     let rows: Vec<(String, String, String, Option<String>)> = conn
         .exec(
-            "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY FROM information_schema.COLUMNS \
+            "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, EXTRA FROM information_schema.COLUMNS \
              WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
             (table.schema.as_str(), table.table.as_str()),
         )
@@ -130,12 +130,13 @@ pub async fn table_def(conn: &mut impl Queryable, table: &TableId) -> Result<Opt
     Ok(Some(TableDef {
         columns: rows
             .into_iter()
-            .map(|(name, type_text, nullable, _)| ColumnDef {
+            .map(|(name, type_text, nullable, extra)| ColumnDef {
                 name,
                 type_text,
                 nullable: nullable == "YES",
                 added_default: None,
                 aliases: Vec::new(),
+                auto_increment: extra.is_some_and(|e| e.to_ascii_lowercase().contains("auto_increment")),
             })
             .collect(),
         primary_key: key,

@@ -21,6 +21,8 @@ use sqlparser::dialect::MySqlDialect;
 use sqlparser::parser::Parser;
 use tributary_schemas::TableId;
 
+use super::rewrites::{self, AlterContext, Session};
+
 /// One column as the history keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnDef {
@@ -39,6 +41,11 @@ pub struct ColumnDef {
     /// instead of adding an empty column. Absent in older checkpoints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
+    /// Whether the column is AUTO_INCREMENT: making a column so numbers
+    /// its zeros, restating it on one that is does not. Absent in older
+    /// checkpoints (read as not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_increment: bool,
 }
 
 impl ColumnDef {
@@ -107,6 +114,15 @@ pub enum DdlEffect {
     },
     /// A table was truncated.
     Truncated(TableId),
+    /// The statement may have changed the values of rows the binlog holds
+    /// no change for (see `rewrites`): the table is to be copied again.
+    Rewritten {
+        /// The table.
+        table: TableId,
+        /// Why, for the status and the logs (names columns and types,
+        /// never values).
+        reason: String,
+    },
 }
 
 /// Table definitions by `database.table`.
@@ -206,15 +222,97 @@ impl SchemaHistory {
         default_db: &str,
         tracked: &dyn Fn(&TableId) -> bool,
     ) -> Result<Vec<DdlEffect>, DdlError> {
-        let statements = Parser::parse_sql(&MySqlDialect {}, sql).map_err(|e| DdlError {
-            table: None,
-            message: format!("DDL statement not understood: {e}"),
-        })?;
+        self.apply_in(sql, default_db, tracked, Session::default())
+    }
+
+    /// [`SchemaHistory::apply`] of a statement the binlog says `session`
+    /// ran: an `ALTER TABLE` that may have changed the values of existing
+    /// rows also gives a [`DdlEffect::Rewritten`] (after its other
+    /// effects). An `ALTER TABLE` sqlparser cannot read whole (MariaDB's
+    /// `PERSISTENT`, `ALTER ONLINE`/`IGNORE`, table options, partition
+    /// maintenance, `CONVERT TO CHARACTER SET`) is read clause by clause:
+    /// the clauses it reads apply, the others are judged by their words,
+    /// and one not understood copies the table again (it may have changed
+    /// values; the history cannot follow a column it changed).
+    pub fn apply_in(
+        &mut self,
+        sql: &str,
+        default_db: &str,
+        tracked: &dyn Fn(&TableId) -> bool,
+        session: Session,
+    ) -> Result<Vec<DdlEffect>, DdlError> {
+        let alter = alter_statement(sql);
+        let normalized = alter.as_ref().map_or_else(|| sql.to_string(), |a| a.normalized.clone());
+        let ctx = AlterContext {
+            session,
+            ignore: alter.as_ref().is_some_and(|a| a.ignore),
+        };
         let mut effects = Vec::new();
-        for st in statements {
-            self.apply_one(st, default_db, tracked, &mut effects)?;
+        match Parser::parse_sql(&MySqlDialect {}, &normalized) {
+            Ok(statements) => {
+                for st in statements {
+                    self.apply_one(st, default_db, tracked, &ctx, &mut effects)?;
+                }
+            }
+            Err(e) => {
+                let Some(alter) = alter else {
+                    return Err(DdlError {
+                        table: None,
+                        message: format!("DDL statement not understood: {e}"),
+                    });
+                };
+                self.apply_clauses(&alter, default_db, tracked, &ctx, &mut effects)?;
+            }
         }
         Ok(effects)
+    }
+
+    /// An `ALTER TABLE` clause by clause (see [`SchemaHistory::apply_in`]).
+    fn apply_clauses(
+        &mut self,
+        alter: &AlterStatement,
+        default_db: &str,
+        tracked: &dyn Fn(&TableId) -> bool,
+        ctx: &AlterContext,
+        effects: &mut Vec<DdlEffect>,
+    ) -> Result<(), DdlError> {
+        let Some(table) = alter.table.as_deref().map(|n| name_id(n, default_db)) else {
+            return Err(DdlError {
+                table: None,
+                message: "ALTER TABLE without a table name".into(),
+            });
+        };
+        if self.get(&table).is_none() {
+            return Ok(());
+        }
+        let mut operations = Vec::new();
+        let mut reasons = Vec::new();
+        for clause in &alter.clauses {
+            if let Some(op) = parse_clause(alter.table.as_deref().unwrap_or_default(), clause) {
+                operations.push(op);
+                continue;
+            }
+            let mut exchanged = None;
+            match rewrites::unparsed_clause(clause, &mut exchanged) {
+                Ok(None) => {}
+                Ok(Some(reason)) => reasons.push(reason),
+                Err(not_understood) => {
+                    tracing::warn!(table = %table, clause = %rewrites::clause_head(clause),
+                        "an ALTER TABLE clause is not understood: the table is copied again, and a column it \
+                         changed is not followed by the schema history");
+                    reasons.push(format!("{not_understood}: it may have changed values"));
+                }
+            }
+            if let Some(other) = exchanged.map(|n| name_id(&n, default_db)) {
+                if self.get(&other).is_some() && tracked(&other) {
+                    effects.push(DdlEffect::Rewritten {
+                        table: other,
+                        reason: format!("EXCHANGE PARTITION with {table} swapped its rows with a partition's"),
+                    });
+                }
+            }
+        }
+        self.apply_alter(table, operations, reasons, ctx, default_db, effects)
     }
 
     fn apply_one(
@@ -222,6 +320,7 @@ impl SchemaHistory {
         st: Statement,
         default_db: &str,
         tracked: &dyn Fn(&TableId) -> bool,
+        ctx: &AlterContext,
         effects: &mut Vec<DdlEffect>,
     ) -> Result<(), DdlError> {
         let id = |name: &ObjectName| table_id(name, default_db);
@@ -264,109 +363,8 @@ impl SchemaHistory {
             }
             Statement::AlterTable(at) => {
                 let table = id(&at.name);
-                let Some(mut def) = self.get(&table).cloned() else {
-                    return Ok(());
-                };
-                let mut renamed_to = None;
-                for op in at.operations {
-                    match op {
-                        AlterTableOperation::AddColumn { column_def, column_position, if_not_exists, .. } => {
-                            if if_not_exists && def.columns.iter().any(|c| c.name == column_def.name.value) {
-                                continue;
-                            }
-                            let (mut col, pk) = column_def_of(&column_def);
-                            if pk {
-                                def.primary_key = vec![col.name.clone()];
-                            }
-                            col.added_default = match literal_default(&column_def.options) {
-                                Some(text) => Some(AddedDefault::Literal(text)),
-                                None if !col.nullable && !has_default(&column_def.options) => {
-                                    Some(AddedDefault::Implicit)
-                                }
-                                None => None,
-                            };
-                            insert_at(&mut def, col, column_position.as_ref(), &table)?;
-                        }
-                        AlterTableOperation::DropColumn { column_names, if_exists, .. } => {
-                            for name in column_names {
-                                let before = def.columns.len();
-                                def.columns.retain(|c| c.name != name.value);
-                                def.primary_key.retain(|k| *k != name.value);
-                                if before == def.columns.len() && !if_exists {
-                                    return Err(unknown_column(&table, &name.value));
-                                }
-                            }
-                        }
-                        AlterTableOperation::ModifyColumn { col_name, data_type, options, column_position } => {
-                            let options: Vec<ColumnOptionDef> = options
-                                .into_iter()
-                                .map(|option| ColumnOptionDef { name: None, option })
-                                .collect();
-                            let (col, _) = column_def(&col_name.value, &data_type.to_string(), &options);
-                            replace_column(&mut def, &col_name.value, col, column_position.as_ref(), &table)?;
-                        }
-                        AlterTableOperation::ChangeColumn {
-                            old_name,
-                            new_name,
-                            data_type,
-                            options,
-                            column_position,
-                        } => {
-                            let options: Vec<ColumnOptionDef> = options
-                                .into_iter()
-                                .map(|option| ColumnOptionDef { name: None, option })
-                                .collect();
-                            let (col, _) = column_def(&new_name.value, &data_type.to_string(), &options);
-                            replace_column(&mut def, &old_name.value, col, column_position.as_ref(), &table)?;
-                            for k in &mut def.primary_key {
-                                if *k == old_name.value {
-                                    *k = new_name.value.clone();
-                                }
-                            }
-                        }
-                        AlterTableOperation::RenameColumn { old_column_name, new_column_name } => {
-                            let col = def
-                                .columns
-                                .iter_mut()
-                                .find(|c| c.name == old_column_name.value)
-                                .ok_or_else(|| unknown_column(&table, &old_column_name.value))?;
-                            col.rename(&new_column_name.value);
-                            for k in &mut def.primary_key {
-                                if *k == old_column_name.value {
-                                    *k = new_column_name.value.clone();
-                                }
-                            }
-                        }
-                        AlterTableOperation::AddConstraint { constraint, .. } => {
-                            if let Some(pk) = primary_key_columns(&constraint) {
-                                def.primary_key = pk;
-                                mark_key_not_null(&mut def);
-                            }
-                        }
-                        AlterTableOperation::DropPrimaryKey { .. } => def.primary_key.clear(),
-                        AlterTableOperation::RenameTable { table_name } => {
-                            let name = match table_name {
-                                RenameTableNameKind::As(n) | RenameTableNameKind::To(n) => n,
-                            };
-                            renamed_to = Some(id(&name));
-                        }
-                        // Indexes, defaults, engine, comments: no effect on row images.
-                        _ => {}
-                    }
-                }
-                match renamed_to {
-                    Some(to) => {
-                        self.remove(&table);
-                        self.insert(to.clone(), def);
-                        effects.push(DdlEffect::Renamed { from: table, to });
-                    }
-                    None => {
-                        if self.get(&table) != Some(&def) {
-                            self.insert(table.clone(), def);
-                            effects.push(DdlEffect::Altered(table));
-                        }
-                    }
-                }
+                let operations = at.operations.into_iter().map(|op| (op, false)).collect();
+                self.apply_alter(table, operations, Vec::new(), ctx, default_db, effects)?;
             }
             Statement::Drop { object_type: ObjectType::Table, names, .. } => {
                 for name in names {
@@ -397,6 +395,386 @@ impl SchemaHistory {
             _ => {}
         }
         Ok(())
+    }
+    /// The operations of one `ALTER TABLE` of `table` (each with whether a
+    /// clause said `IF [NOT] EXISTS` where sqlparser's MySQL dialect reads
+    /// none), in order; `reasons` are those of clauses read by their words.
+    fn apply_alter(
+        &mut self,
+        table: TableId,
+        operations: Vec<(AlterTableOperation, bool)>,
+        mut reasons: Vec<String>,
+        ctx: &AlterContext,
+        default_db: &str,
+        effects: &mut Vec<DdlEffect>,
+    ) -> Result<(), DdlError> {
+        let Some(mut def) = self.get(&table).cloned() else {
+            return Ok(());
+        };
+        let mut renamed_to = None;
+        for (op, if_exists) in operations {
+            if let Some(reason) = rewrites::other_operation(&op, ctx) {
+                reasons.push(reason);
+            }
+            match op {
+                AlterTableOperation::AddColumn { column_def, column_position, if_not_exists, .. } => {
+                    if (if_not_exists || if_exists) && def.columns.iter().any(|c| c.name == column_def.name.value) {
+                        continue;
+                    }
+                    reasons.extend(rewrites::added_column(&column_def));
+                    let (mut col, pk) = column_def_of(&column_def);
+                    if pk {
+                        def.primary_key = vec![col.name.clone()];
+                    }
+                    col.added_default = match literal_default(&column_def.options) {
+                        Some(text) => Some(AddedDefault::Literal(text)),
+                        None if !col.nullable && !has_default(&column_def.options) => Some(AddedDefault::Implicit),
+                        None => None,
+                    };
+                    insert_at(&mut def, col, column_position.as_ref(), &table)?;
+                }
+                AlterTableOperation::DropColumn { column_names, if_exists: drop_if_exists, .. } => {
+                    for name in column_names {
+                        let before = def.columns.len();
+                        def.columns.retain(|c| c.name != name.value);
+                        def.primary_key.retain(|k| *k != name.value);
+                        if before == def.columns.len() && !(drop_if_exists || if_exists) {
+                            return Err(unknown_column(&table, &name.value));
+                        }
+                    }
+                }
+                AlterTableOperation::ModifyColumn { col_name, data_type, options, column_position } => {
+                    let Some(old) = def.columns.iter().find(|c| c.name == col_name.value) else {
+                        if if_exists {
+                            continue;
+                        }
+                        return Err(unknown_column(&table, &col_name.value));
+                    };
+                    reasons.extend(rewrites::modified_column(old, &data_type.to_string(), &options, ctx));
+                    let options: Vec<ColumnOptionDef> = options
+                        .into_iter()
+                        .map(|option| ColumnOptionDef { name: None, option })
+                        .collect();
+                    let (col, _) = column_def(&col_name.value, &data_type.to_string(), &options);
+                    replace_column(&mut def, &col_name.value, col, column_position.as_ref(), &table)?;
+                }
+                AlterTableOperation::ChangeColumn {
+                    old_name,
+                    new_name,
+                    data_type,
+                    options,
+                    column_position,
+                } => {
+                    let Some(old) = def.columns.iter().find(|c| c.name == old_name.value) else {
+                        if if_exists {
+                            continue;
+                        }
+                        return Err(unknown_column(&table, &old_name.value));
+                    };
+                    reasons.extend(rewrites::modified_column(old, &data_type.to_string(), &options, ctx));
+                    let options: Vec<ColumnOptionDef> = options
+                        .into_iter()
+                        .map(|option| ColumnOptionDef { name: None, option })
+                        .collect();
+                    let (col, _) = column_def(&new_name.value, &data_type.to_string(), &options);
+                    replace_column(&mut def, &old_name.value, col, column_position.as_ref(), &table)?;
+                    for k in &mut def.primary_key {
+                        if *k == old_name.value {
+                            *k = new_name.value.clone();
+                        }
+                    }
+                }
+                AlterTableOperation::RenameColumn { old_column_name, new_column_name } => {
+                    let col = def
+                        .columns
+                        .iter_mut()
+                        .find(|c| c.name == old_column_name.value)
+                        .ok_or_else(|| unknown_column(&table, &old_column_name.value))?;
+                    col.rename(&new_column_name.value);
+                    for k in &mut def.primary_key {
+                        if *k == old_column_name.value {
+                            *k = new_column_name.value.clone();
+                        }
+                    }
+                }
+                AlterTableOperation::AddConstraint { constraint, .. } => {
+                    if let Some(pk) = primary_key_columns(&constraint) {
+                        def.primary_key = pk;
+                        mark_key_not_null(&mut def);
+                    }
+                }
+                AlterTableOperation::DropPrimaryKey { .. } => def.primary_key.clear(),
+                AlterTableOperation::RenameTable { table_name } => {
+                    let name = match table_name {
+                        RenameTableNameKind::As(n) | RenameTableNameKind::To(n) => n,
+                    };
+                    renamed_to = Some(table_id(&name, default_db));
+                }
+                // Indexes, defaults, engine, comments: no effect on row images.
+                _ => {}
+            }
+        }
+        match renamed_to {
+            // A renamed table is copied again under its new name anyway.
+            Some(to) => {
+                self.remove(&table);
+                self.insert(to.clone(), def);
+                effects.push(DdlEffect::Renamed { from: table, to });
+            }
+            None => {
+                if self.get(&table) != Some(&def) {
+                    self.insert(table.clone(), def);
+                    effects.push(DdlEffect::Altered(table.clone()));
+                }
+                if !reasons.is_empty() {
+                    effects.push(DdlEffect::Rewritten { table, reason: reasons.join("; ") });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An `ALTER TABLE` statement taken apart before sqlparser reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AlterStatement {
+    /// The statement in words sqlparser reads: `ALTER ONLINE` and `ALTER
+    /// IGNORE` made `ALTER`, MariaDB's `PERSISTENT` made `STORED`,
+    /// `CHARSET` made `CHARACTER SET`.
+    normalized: String,
+    /// `ALTER IGNORE TABLE`.
+    ignore: bool,
+    /// The table's name as written (`db`.`t`).
+    table: Option<String>,
+    /// The operations, as written (split at the commas outside
+    /// parentheses and quotes).
+    clauses: Vec<String>,
+}
+
+/// A lexical piece of a statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    /// A word (keyword, bare name, number).
+    Word,
+    /// A quoted string or name.
+    Quoted,
+    /// Whitespace or a comment.
+    Space,
+    /// One character of anything else (`(`, `,`, `.`, `=`...).
+    Other,
+}
+
+/// The pieces of `sql`, each with its byte range and its depth in
+/// parentheses (a parenthesis has the depth inside it).
+fn pieces(sql: &str) -> Vec<(Piece, std::ops::Range<usize>, usize)> {
+    let bytes = sql.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    let mut out = Vec::new();
+    let (mut i, mut depth) = (0usize, 0usize);
+    while i < bytes.len() {
+        let start = i;
+        let c = bytes[i];
+        let piece = if c == b'\'' || c == b'"' || c == b'`' {
+            i += 1;
+            while i < bytes.len() {
+                let escaped = bytes[i] == b'\\' && c != b'`';
+                if escaped || (bytes[i] == c && bytes.get(i + 1) == Some(&c)) {
+                    i += 2;
+                } else if bytes[i] == c {
+                    i += 1;
+                    break;
+                } else {
+                    i += 1;
+                }
+            }
+            Piece::Quoted
+        } else if c == b'/' && bytes.get(i + 1) == Some(&b'*') {
+            i = sql[i + 2..].find("*/").map_or(bytes.len(), |e| i + 2 + e + 2);
+            Piece::Space
+        } else if c == b'#' || (c == b'-' && bytes.get(i + 1) == Some(&b'-')) {
+            i = sql[i..].find('\n').map_or(bytes.len(), |e| i + e);
+            Piece::Space
+        } else if c.is_ascii_whitespace() {
+            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            Piece::Space
+        } else if word(c) {
+            while i < bytes.len() && word(bytes[i]) {
+                i += 1;
+            }
+            Piece::Word
+        } else {
+            i += 1;
+            if c == b'(' {
+                depth += 1;
+            }
+            Piece::Other
+        };
+        let end = i.min(bytes.len());
+        out.push((piece, start..end, depth));
+        if c == b')' && piece == Piece::Other {
+            depth = depth.saturating_sub(1);
+        }
+        i = end;
+    }
+    out
+}
+
+/// `sql` taken apart when it is an `ALTER [ONLINE] [IGNORE] TABLE`.
+fn alter_statement(sql: &str) -> Option<AlterStatement> {
+    let is = |w: &str, k: &str| w.eq_ignore_ascii_case(k);
+    let pieces = pieces(sql);
+    let words: Vec<(std::ops::Range<usize>, &str)> = pieces
+        .iter()
+        .filter(|p| p.0 == Piece::Word)
+        .map(|p| (p.1.clone(), &sql[p.1.clone()]))
+        .collect();
+    if !words.first().is_some_and(|(_, w)| is(w, "ALTER")) {
+        return None;
+    }
+    let mut ignore = false;
+    let mut dropped: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut found_table = false;
+    for (range, w) in words.iter().skip(1) {
+        if is(w, "ONLINE") || is(w, "IGNORE") {
+            ignore |= is(w, "IGNORE");
+            dropped.push(range.clone());
+            continue;
+        }
+        found_table = is(w, "TABLE");
+        break;
+    }
+    if !found_table {
+        return None;
+    }
+    // The statement without ONLINE / IGNORE, with PERSISTENT and CHARSET
+    // in the words sqlparser knows.
+    let mut normalized = String::with_capacity(sql.len() + 16);
+    let mut at = 0;
+    for (range, w) in &words {
+        let replacement = if dropped.contains(range) {
+            ""
+        } else if is(w, "PERSISTENT") {
+            "STORED"
+        } else if is(w, "CHARSET") {
+            "CHARACTER SET"
+        } else {
+            continue;
+        };
+        normalized.push_str(&sql[at..range.start]);
+        normalized.push_str(replacement);
+        at = range.end;
+    }
+    normalized.push_str(&sql[at..]);
+    // The table's name (after TABLE [IF EXISTS]: words, quoted names and
+    // dots with no space between), then the clauses.
+    let pn = self::pieces(&normalized);
+    let mut k = pn
+        .iter()
+        .position(|p| p.0 == Piece::Word && is(&normalized[p.1.clone()], "TABLE"))?
+        + 1;
+    while let Some(p) = pn.get(k) {
+        let text = &normalized[p.1.clone()];
+        if p.0 == Piece::Space || (p.0 == Piece::Word && (is(text, "IF") || is(text, "EXISTS"))) {
+            k += 1;
+        } else {
+            break;
+        }
+    }
+    let name_start = pn.get(k)?.1.start;
+    let mut name_end = name_start;
+    while let Some(p) = pn.get(k) {
+        let dot = p.0 == Piece::Other && &normalized[p.1.clone()] == ".";
+        if p.0 == Piece::Word || p.0 == Piece::Quoted || dot {
+            name_end = p.1.end;
+            k += 1;
+        } else {
+            break;
+        }
+    }
+    let table = normalized[name_start..name_end].to_string();
+    let mut clauses = Vec::new();
+    let mut start = name_end;
+    for p in &pn[k..] {
+        if p.0 == Piece::Other && p.2 == 0 && &normalized[p.1.clone()] == "," {
+            clauses.push(normalized[start..p.1.start].to_string());
+            start = p.1.end;
+        }
+    }
+    clauses.push(normalized[start..].to_string());
+    let clauses: Vec<String> = clauses
+        .into_iter()
+        .map(|c| c.trim().trim_end_matches(';').trim().to_string())
+        .filter(|c| !c.is_empty())
+        .collect();
+    Some(AlterStatement {
+        normalized,
+        ignore,
+        table: (!table.is_empty()).then_some(table),
+        clauses,
+    })
+}
+
+/// One clause of an `ALTER TABLE name` read by sqlparser alone, with
+/// whether it said `IF [NOT] EXISTS` (which sqlparser's MySQL dialect
+/// does not read after ADD, MODIFY and CHANGE).
+fn parse_clause(table: &str, clause: &str) -> Option<(AlterTableOperation, bool)> {
+    let one = |text: &str| -> Option<AlterTableOperation> {
+        let mut statements = Parser::parse_sql(&MySqlDialect {}, &format!("ALTER TABLE {table} {text}")).ok()?;
+        match statements.pop()? {
+            Statement::AlterTable(mut at) if statements.is_empty() && at.operations.len() == 1 => at.operations.pop(),
+            _ => None,
+        }
+    };
+    if let Some(op) = one(clause) {
+        return Some((op, false));
+    }
+    // ADD [COLUMN] IF NOT EXISTS, MODIFY / CHANGE / DROP [COLUMN] IF EXISTS.
+    let pieces = pieces(clause);
+    let words: Vec<&std::ops::Range<usize>> =
+        pieces.iter().filter(|p| p.0 == Piece::Word).map(|p| &p.1).take(5).collect();
+    let word = |i: usize| words.get(i).map(|r| &clause[(*r).clone()]).unwrap_or("");
+    let is = |w: &str, k: &str| w.eq_ignore_ascii_case(k);
+    let verb = word(0);
+    if !["ADD", "MODIFY", "CHANGE", "DROP"].iter().any(|v| is(verb, v)) {
+        return None;
+    }
+    let at = if is(word(1), "COLUMN") { 2 } else { 1 };
+    let guard: &[&str] = if is(verb, "ADD") {
+        &["IF", "NOT", "EXISTS"]
+    } else {
+        &["IF", "EXISTS"]
+    };
+    if !guard.iter().enumerate().all(|(k, g)| is(word(at + k), g)) {
+        return None;
+    }
+    let (from, to) = (words.get(at)?.start, words.get(at + guard.len() - 1)?.end);
+    let op = one(&format!("{}{}", &clause[..from], &clause[to..]))?;
+    Some((op, true))
+}
+
+/// A table named as written (`t`, `db`.`t`, `db.t`).
+fn name_id(name: &str, default_db: &str) -> TableId {
+    let mut parts: Vec<String> = Vec::new();
+    let (mut current, mut quoted) = (String::new(), false);
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '`' if quoted && chars.peek() == Some(&'`') => {
+                chars.next();
+                current.push('`');
+            }
+            '`' => quoted = !quoted,
+            '.' if !quoted => parts.push(std::mem::take(&mut current)),
+            c => current.push(c),
+        }
+    }
+    parts.push(current);
+    match parts.as_slice() {
+        [db, table] => TableId::new(db.clone(), table.clone()),
+        [.., table] => TableId::new(default_db, table.clone()),
+        [] => TableId::new(default_db, ""),
     }
 }
 
@@ -442,6 +820,7 @@ fn column_def(name: &str, type_text: &str, options: &[ColumnOptionDef]) -> (Colu
             nullable,
             added_default: None,
             aliases: Vec::new(),
+            auto_increment: rewrites::marks_auto_increment(options),
         },
         pk,
     )
@@ -703,5 +1082,152 @@ mod tests {
         let back: SchemaHistory = serde_json::from_str(&json).expect("parse");
         assert_eq!(back, h);
         assert_eq!(aliases(&back, &TableId::new("db", "t"), "b"), ["a"]);
+    }
+    fn rewritten(effects: &[DdlEffect]) -> Vec<(String, String)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                DdlEffect::Rewritten { table, reason } => Some((table.table.clone(), reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn history_of(sql: &str) -> SchemaHistory {
+        let mut h = SchemaHistory::default();
+        h.apply(sql, "db", &all).expect("create");
+        h
+    }
+
+    const STRICT: Session = Session { strict: true };
+
+    #[test]
+    fn alters_that_may_change_values_say_so_after_their_other_effects() {
+        let create = "CREATE TABLE t (id INT PRIMARY KEY, a INT, d DECIMAL(8,2), v VARCHAR(20), n INT)";
+        for (sql, what) in [
+            ("ALTER TABLE t ADD COLUMN g INT AS (a * 3) STORED", "stored generated"),
+            ("ALTER TABLE t ADD COLUMN g INT AS (a * 3) PERSISTENT", "stored generated"),
+            ("ALTER TABLE t ADD COLUMN g INT AS (a * 3) VIRTUAL", "generated"),
+            ("ALTER TABLE t ADD COLUMN c DATETIME DEFAULT CURRENT_TIMESTAMP", "CURRENT_TIMESTAMP"),
+            ("ALTER TABLE t ADD COLUMN u CHAR(36) DEFAULT (uuid())", "uuid"),
+            ("ALTER TABLE t MODIFY d DECIMAL(8,1)", "rounds"),
+            ("ALTER TABLE t CHANGE COLUMN v v2 VARCHAR(5)", "truncates"),
+            ("ALTER TABLE t CONVERT TO CHARACTER SET latin1", "latin1"),
+            ("ALTER TABLE t MODIFY v VARCHAR(20) CHARSET latin1", "latin1"),
+            ("ALTER IGNORE TABLE t ADD UNIQUE KEY (a)", "deleted"),
+            ("ALTER TABLE t TRUNCATE PARTITION p0", "TRUNCATE PARTITION"),
+            ("ALTER TABLE t FORCE, FROBNICATE", "FROBNICATE"),
+            ("ALTER TABLE t ADD COLUMN n2 INT NOT NULL AUTO_INCREMENT, ADD UNIQUE (n2)", "AUTO_INCREMENT"),
+        ] {
+            let mut h = history_of(create);
+            let e = h.apply_in(sql, "db", &all, STRICT).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+            let r = rewritten(&e);
+            assert_eq!(r.len(), 1, "{sql}: {e:?}");
+            assert!(r[0].1.contains(what), "{sql}: {}", r[0].1);
+            assert!(matches!(e.last(), Some(DdlEffect::Rewritten { .. })), "{sql}: the rewrite comes last");
+        }
+        // Narrowing and NULL to NOT NULL fail in strict mode instead.
+        for sql in ["ALTER TABLE t MODIFY a TINYINT", "ALTER TABLE t MODIFY n INT NOT NULL"] {
+            let mut h = history_of(create);
+            assert_eq!(rewritten(&h.apply_in(sql, "db", &all, STRICT).expect(sql)), [], "{sql} strict");
+            let mut h = history_of(create);
+            assert_eq!(rewritten(&h.apply_in(sql, "db", &all, Session::default()).expect(sql)).len(), 1, "{sql}");
+        }
+    }
+
+    #[test]
+    fn alters_that_keep_every_value_say_nothing() {
+        let create = "CREATE TABLE t (id INT PRIMARY KEY, a INT, d DECIMAL(8,2), v VARCHAR(20), n INT)";
+        for sql in [
+            "ALTER TABLE t ADD COLUMN x INT",
+            "ALTER TABLE t ADD COLUMN x INT NOT NULL DEFAULT 7",
+            "ALTER TABLE t ADD COLUMN x VARCHAR(10) NOT NULL",
+            "ALTER TABLE t MODIFY a BIGINT, MODIFY d DECIMAL(12,2), MODIFY v VARCHAR(40)",
+            "ALTER TABLE t RENAME COLUMN a TO a2",
+            "ALTER TABLE t CHANGE a a2 BIGINT",
+            "ALTER TABLE t DROP COLUMN n",
+            "ALTER TABLE t ALTER COLUMN a SET DEFAULT 4",
+            "ALTER TABLE t ADD INDEX (a), ALGORITHM=INPLACE, LOCK=NONE",
+            "ALTER TABLE t ENGINE=InnoDB",
+            "ALTER TABLE t FORCE",
+            "ALTER ONLINE TABLE t ADD COLUMN y INT",
+            "ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
+            "ALTER TABLE t MODIFY v VARCHAR(30) CHARACTER SET utf8mb4",
+            "ALTER TABLE t ADD COLUMN IF NOT EXISTS z INT DEFAULT 1",
+            "ALTER TABLE t RENAME TO t2, MODIFY d DECIMAL(8,1)",
+        ] {
+            let mut h = history_of(create);
+            let e = h.apply_in(sql, "db", &all, STRICT).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+            assert_eq!(rewritten(&e), [], "{sql}");
+        }
+    }
+
+    #[test]
+    fn alters_sqlparser_cannot_read_whole_still_move_the_history() {
+        let t = TableId::new("db", "t");
+        let mut h = history_of("CREATE TABLE t (id INT PRIMARY KEY, a INT)");
+        // MariaDB's PERSISTENT, ALTER ONLINE, IF NOT EXISTS (twice: the
+        // second does nothing), a table option sqlparser does not know.
+        h.apply_in("ALTER ONLINE TABLE `db`.`t` ADD COLUMN g INT AS (a + 1) PERSISTENT", "x", &all, STRICT)
+            .expect("persistent");
+        h.apply_in("ALTER TABLE t ADD COLUMN IF NOT EXISTS b INT, ENGINE=InnoDB", "db", &all, STRICT)
+            .expect("if not exists");
+        let e = h
+            .apply_in("ALTER TABLE t ADD COLUMN IF NOT EXISTS b INT, ROW_FORMAT=DYNAMIC", "db", &all, STRICT)
+            .expect("again");
+        assert_eq!(e, []);
+        assert_eq!(names(&h, &t), ["id", "a", "g", "b"]);
+        // A clause not understood still lets the others apply.
+        let e = h
+            .apply_in("ALTER TABLE t ADD COLUMN c INT, MODIFY a BIGINT FROBNICATE", "db", &all, STRICT)
+            .expect("partly");
+        assert_eq!(names(&h, &t), ["id", "a", "g", "b", "c"]);
+        assert!(matches!(&e[..], [DdlEffect::Altered(_), DdlEffect::Rewritten { .. }]), "{e:?}");
+        // EXCHANGE PARTITION copies both tables.
+        h.apply("CREATE TABLE u (id INT PRIMARY KEY)", "db", &all).expect("u");
+        let e = h
+            .apply_in("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE `db`.u", "db", &all, STRICT)
+            .expect("x");
+        let tables: Vec<String> = rewritten(&e).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(tables, ["u", "t"]);
+        // Another table's ALTER is nothing.
+        assert_eq!(h.apply_in("ALTER TABLE other CONVERT TO CHARSET latin1", "db", &all, STRICT), Ok(vec![]));
+    }
+
+    #[test]
+    fn auto_increment_is_remembered_and_restating_it_keeps_values() {
+        let mut h = history_of("CREATE TABLE t (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, a INT)");
+        assert!(h.get(&TableId::new("db", "t")).expect("t").columns[0].auto_increment);
+        let e = h
+            .apply_in("ALTER TABLE t MODIFY id BIGINT NOT NULL AUTO_INCREMENT", "db", &all, STRICT)
+            .expect("id");
+        assert_eq!(rewritten(&e), []);
+        let e = h
+            .apply_in("ALTER TABLE t MODIFY a INT NOT NULL AUTO_INCREMENT", "db", &all, STRICT)
+            .expect("a");
+        assert_eq!(rewritten(&e).len(), 1);
+    }
+
+    #[test]
+    fn alter_statements_are_taken_apart_outside_quotes_and_parentheses() {
+        let a = alter_statement(
+            "ALTER IGNORE TABLE IF EXISTS `my db`.`t,1` ADD COLUMN c VARCHAR(3) DEFAULT 'a,b' COMMENT 'persistent', \
+             ADD INDEX (a, b) /* x, y */, ENGINE=InnoDB;",
+        )
+        .expect("an ALTER");
+        assert!(a.ignore);
+        assert_eq!(a.table.as_deref(), Some("`my db`.`t,1`"));
+        assert_eq!(
+            a.clauses,
+            [
+                "ADD COLUMN c VARCHAR(3) DEFAULT 'a,b' COMMENT 'persistent'",
+                "ADD INDEX (a, b) /* x, y */",
+                "ENGINE=InnoDB"
+            ]
+        );
+        assert!(a.normalized.starts_with("ALTER  TABLE"), "{}", a.normalized);
+        assert_eq!(name_id(a.table.as_deref().unwrap_or_default(), "db"), TableId::new("my db", "t,1"));
+        assert_eq!(alter_statement("ALTER VIEW v AS SELECT 1"), None);
+        assert_eq!(alter_statement("CREATE TABLE t (a INT)"), None);
     }
 }

@@ -23,6 +23,7 @@ pub mod client;
 pub mod config;
 pub mod gtid;
 pub mod history;
+pub mod rewrites;
 pub mod snapshot;
 pub mod stream;
 pub mod types;
@@ -227,6 +228,7 @@ fn added_default(col: &Column, codec: &ColumnCodec, default: &AddedDefault, tabl
             | DataType::Decimal { .. } => "0".to_string(),
             DataType::Text | DataType::Bytes => String::new(),
             DataType::Enum { symbols } => symbols.first()?.clone(),
+            DataType::Time | DataType::TimeSpan => "00:00:00".to_string(),
             // The zero date: the epoch in a NOT NULL column, as its rows read.
             DataType::Date | DataType::Timestamp | DataType::TimestampTz => "0000-00-00 00:00:00".to_string(),
             _ => return None,
@@ -316,6 +318,10 @@ pub struct MySqlSource {
     catch_up: Option<BinlogPosition>,
     streamer: Option<Streamer>,
     progress: BTreeMap<TableId, SnapshotTableProgress>,
+    /// Tables asked to be copied again ([`Source::resync`]) while a copy
+    /// was under way that read them already, or could not take them on:
+    /// copied by a run of their own once it is over.
+    copy_after_run: Vec<TableId>,
     /// State and announced schemas as of the last batch returned: what
     /// `next_batch` rolls back to after an error.
     emitted: Option<(SourceState, BTreeMap<TableId, Arc<TableSchema>>)>,
@@ -361,6 +367,7 @@ impl MySqlSource {
             catch_up: None,
             streamer: None,
             progress: BTreeMap::new(),
+            copy_after_run: Vec::new(),
             emitted: None,
             domain_change: None,
             start_over: false,
@@ -483,6 +490,15 @@ impl MySqlSource {
                 self.snapshot = None;
                 state.snapshot = None;
                 tracing::info!("snapshot finished");
+                if !self.copy_after_run.is_empty() {
+                    // Copies asked while it ran: the next run, at a later
+                    // point the stream catches up to first.
+                    state.snapshot = Some(SnapshotState {
+                        initial: false,
+                        position: Some(state.binlog.clone()),
+                        tables: self.copy_after_run.drain(..).map(|t| TablePlan::new(&t)).collect(),
+                    });
+                }
                 // A copy taken after the stream's position (a resumed or a
                 // mid-stream one) read the tables' later shape; the stream
                 // goes on with the history's, announced again before its rows.
@@ -576,6 +592,7 @@ impl Source for MySqlSource {
         self.announced.clear();
         self.prelude.clear();
         self.progress.clear();
+        self.copy_after_run.clear();
         let mut resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
         // The history as the side records hold it: the durable one (a
         // checkpoint written before side records holds its own).
@@ -769,6 +786,18 @@ impl Source for MySqlSource {
         if self.config.snapshot_mode == SnapshotMode::Never {
             return Ok(Vec::new());
         }
+        // The tables a copy under way has not started reading: it reads them
+        // at its point, which the stream reaches first, so after every
+        // change said before. (A table it read already, or is reading, was
+        // read before: it is copied again once the run is over.)
+        let untouched: Option<Vec<TableId>> = self.snapshot.as_ref().map(|run| {
+            run.plan
+                .tables
+                .iter()
+                .filter(|t| !t.done && t.last_key.is_none() && t.rows_done == 0)
+                .map(TablePlan::id)
+                .collect()
+        });
         let filter = &self.filter;
         let state = self
             .state
@@ -779,17 +808,33 @@ impl Source for MySqlSource {
             if !filter.captures(id) || state.history.get(id).is_none() {
                 continue;
             }
-            let position = state.binlog.clone();
-            let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
-                initial: false,
-                position: Some(position),
-                tables: Vec::new(),
-            });
-            if !plan.tables.iter().any(|t| t.id() == *id) {
-                plan.tables.push(TablePlan::new(id));
-            }
-            self.progress.remove(id);
             out.push(id.clone());
+            match &untouched {
+                // Its progress stays: the runner removes the destination's
+                // older rows when it says the copy is complete (a removed
+                // one never said so, and rows deleted meanwhile stayed).
+                Some(u) if u.contains(id) => continue,
+                // The run's plan would overwrite a table added to it with
+                // its next chunk: it waits for the run's end.
+                Some(_) => {
+                    if !self.copy_after_run.contains(id) {
+                        self.copy_after_run.push(id.clone());
+                    }
+                }
+                None => {
+                    let position = state.binlog.clone();
+                    let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
+                        initial: false,
+                        position: Some(position),
+                        tables: Vec::new(),
+                    });
+                    if !plan.tables.iter().any(|t| t.id() == *id) {
+                        plan.tables.push(TablePlan::new(id));
+                    }
+                }
+            }
+            // A copy made before must not count as this one's.
+            self.progress.remove(id);
         }
         Ok(out)
     }
@@ -1020,6 +1065,7 @@ mod tests {
                     nullable: false,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 }],
                 primary_key: vec!["id".into()],
             },
@@ -1067,6 +1113,7 @@ mod tests {
                     nullable: false,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 },
                 ColumnDef {
                     name: "secret".into(),
@@ -1074,6 +1121,7 @@ mod tests {
                     nullable: true,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 },
                 ColumnDef {
                     name: "n".into(),
@@ -1081,6 +1129,7 @@ mod tests {
                     nullable: true,
                     added_default: None,
                     aliases: vec![],
+                    auto_increment: false,
                 },
             ],
             primary_key: vec![],

@@ -41,6 +41,7 @@ use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, T
 use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, SnapshotMode, TableFilter};
 use super::gtid::{self, MariaGtidEvent, MariaGtidPos, MySqlGtidSet};
 use super::history::DdlEffect;
+use super::rewrites::Session;
 use super::snapshot::{SnapshotState, TablePlan};
 use super::types::quote_literal;
 use super::{classify_my, connect, BinlogPosition, BuiltSchema, EventContext, ServerKind, SourceState};
@@ -455,8 +456,9 @@ impl Streamer {
                     return Ok(None);
                 }
                 let schema = q.schema().to_string();
+                let session = session_of(&q);
                 let mut txn = self.txn.take().unwrap_or_default();
-                self.apply_ddl(trimmed, &schema, &mut txn, sc)?;
+                self.apply_ddl(trimmed, &schema, session, &mut txn, sc)?;
                 // A statement outside BEGIN/COMMIT (DDL) commits on its own.
                 let ends = !txn.begun;
                 self.txn = Some(txn);
@@ -521,12 +523,27 @@ impl Streamer {
         Ok(messages)
     }
 
-    fn apply_ddl(&mut self, sql: &str, schema: &str, txn: &mut OpenTxn, sc: &mut StreamContext<'_>) -> Result<()> {
+    fn apply_ddl(
+        &mut self,
+        sql: &str,
+        schema: &str,
+        session: Session,
+        txn: &mut OpenTxn,
+        sc: &mut StreamContext<'_>,
+    ) -> Result<()> {
         let filter = sc.filter;
         let capture_new = sc.config.new_tables == NewTables::Capture;
         let known: Vec<TableId> = sc.state.history.tables().collect();
         let tracked = |t: &TableId| filter.captures(t) && (capture_new || known.contains(t));
-        let effects = match sc.state.history.apply(sql, schema, &tracked) {
+        // The columns each table had: an added column whose default the
+        // topic cannot carry is a value the binlog does not say either.
+        let columns_before: BTreeMap<TableId, Vec<String>> = known
+            .iter()
+            .filter_map(|t| {
+                Some((t.clone(), sc.state.history.get(t)?.columns.iter().map(|c| c.name.clone()).collect()))
+            })
+            .collect();
+        let effects = match sc.state.history.apply_in(sql, schema, &tracked, session) {
             Ok(e) => e,
             Err(e) => {
                 return match e.table {
@@ -543,9 +560,17 @@ impl Streamer {
                 };
             }
         };
+        let mut rewritten: Vec<(TableId, String)> = Vec::new();
         for effect in effects {
             match effect {
-                DdlEffect::Created(t) | DdlEffect::Altered(t) => self.announce(&t, txn, sc)?,
+                DdlEffect::Created(t) => self.announce(&t, txn, sc)?,
+                DdlEffect::Altered(t) => {
+                    self.announce(&t, txn, sc)?;
+                    if let Some(reason) = self.defaults_not_carried(&t, columns_before.get(&t), sc)? {
+                        rewritten.push((t, reason));
+                    }
+                }
+                DdlEffect::Rewritten { table, reason } => rewritten.push((table, reason)),
                 DdlEffect::Dropped(t) => {
                     self.built.remove(&t);
                     sc.announced.remove(&t);
@@ -586,7 +611,62 @@ impl Streamer {
                 }
             }
         }
+        // One message per table, after its new shape: the runner holds the
+        // table from here and copies it again while the others stream.
+        let mut said: Vec<TableId> = Vec::new();
+        for (table, _) in &rewritten {
+            if said.contains(table) || !filter.captures(table) || sc.state.history.get(table).is_none() {
+                continue;
+            }
+            let reasons: Vec<&str> = rewritten.iter().filter(|(t, _)| t == table).map(|(_, r)| r.as_str()).collect();
+            let why = format!(
+                "{} changed the rows' values without row events in the binlog: {}",
+                first_word(sql).to_ascii_uppercase(),
+                reasons.join("; ")
+            );
+            said.push(table.clone());
+            if sc.config.snapshot_mode == SnapshotMode::Never {
+                tracing::error!(table = %table, reason = %why, "captured table's rows changed without row events, \
+                    and snapshot_mode = \"never\" cannot copy it again: the destination differs from the source \
+                    until the table is copied (source-runner reset --table)");
+                continue;
+            }
+            tracing::info!(table = %table, reason = %why, "captured table rewritten: it is copied again");
+            txn.messages.push(SourceMessage::TableRewritten(table.clone(), why));
+        }
         Ok(())
+    }
+
+    /// Why the columns `table` has now and had not (`before`) gave its rows
+    /// a value the topic does not carry: a column the history says the rows
+    /// got a default for, whose default did not decode as a value of its
+    /// type (see `added_default`).
+    fn defaults_not_carried(
+        &mut self,
+        table: &TableId,
+        before: Option<&Vec<String>>,
+        sc: &StreamContext<'_>,
+    ) -> Result<Option<String>> {
+        let (Some(before), Some(def)) = (before, sc.state.history.get(table)) else {
+            return Ok(None);
+        };
+        let added: Vec<String> = def
+            .columns
+            .iter()
+            .filter(|c| c.added_default.is_some() && !before.contains(&c.name))
+            .map(|c| c.name.clone())
+            .collect();
+        let Some(b) = self.built(table, sc)? else {
+            return Ok(None);
+        };
+        let lost: Vec<&str> = added
+            .iter()
+            .filter(|name| b.schema.columns.iter().any(|c| &c.name == *name && c.default.is_none()))
+            .map(String::as_str)
+            .collect();
+        Ok((!lost.is_empty()).then(|| {
+            format!("the value the rows got in added column {} is not carried as its default", lost.join(", "))
+        }))
     }
 
     fn announce(&mut self, table: &TableId, txn: &mut OpenTxn, sc: &mut StreamContext<'_>) -> Result<()> {
@@ -864,6 +944,26 @@ fn change(
         ts_ms: now,
         transaction: None,
     }
+}
+
+/// What a QUERY event says of its session: strict `sql_mode` (absent:
+/// not strict, the conservative reading).
+fn session_of(q: &QueryEvent<'_>) -> Session {
+    use mysql_common::binlog::consts::StatusVarKey;
+    use mysql_common::binlog::events::StatusVarVal;
+    use mysql_common::constants::SqlMode;
+    let strict = q
+        .status_vars()
+        .get_status_var(StatusVarKey::SqlMode)
+        .and_then(|v| match v.get_value() {
+            Ok(StatusVarVal::SqlMode(mode)) => Some(
+                mode.get()
+                    .intersects(SqlMode::MODE_STRICT_TRANS_TABLES | SqlMode::MODE_STRICT_ALL_TABLES),
+            ),
+            _ => None,
+        })
+        .unwrap_or(false);
+    Session { strict }
 }
 
 fn first_word(sql: &str) -> String {

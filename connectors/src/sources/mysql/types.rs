@@ -143,7 +143,7 @@ impl ColumnCodec {
                 Some(days) => Value::Date(days),
                 None => zero_date(text()?).then(|| self.zero_date()).ok_or_else(|| bad("a date"))?,
             },
-            DataType::Time => Value::Time(parse_time(text()?).ok_or_else(|| bad("a time"))?),
+            DataType::TimeSpan => Value::Time(parse_time(text()?).ok_or_else(|| bad("a time"))?),
             DataType::Timestamp => match parse_datetime(text()?) {
                 Some(us) => Value::Timestamp(us),
                 None => zero_date(text()?).then(|| self.zero_date()).ok_or_else(|| bad("a datetime"))?,
@@ -282,7 +282,7 @@ impl ColumnCodec {
                 Some(days) => Value::Timestamp(days * MICROS_PER_DAY + clock_micros(*h, *mi, *s, *us)),
                 None => self.zero_date(),
             },
-            (DataType::Time, MyValue::Time(neg, days, h, mi, s, us)) => {
+            (DataType::TimeSpan, MyValue::Time(neg, days, h, mi, s, us)) => {
                 let v = i64::from(*days) * MICROS_PER_DAY + clock_micros(*h, *mi, *s, *us);
                 Value::Time(if *neg { -v } else { v })
             }

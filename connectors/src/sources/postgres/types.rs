@@ -164,7 +164,9 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
         DataType::Bytes => Value::Bytes(parse_bytea(text).ok_or_else(|| col.error("not hex bytea"))?),
         DataType::Geometry => Value::Geometry(parse_bytea_or_hex(text).ok_or_else(|| col.error("not hex WKB"))?),
         DataType::Date => Value::Date(parse_date(text).ok_or_else(|| col.error("not an ISO date"))?),
-        DataType::Time => Value::Time(parse_time(text).ok_or_else(|| col.error("not an ISO time"))?),
+        DataType::Time | DataType::TimeSpan => {
+            Value::Time(parse_time(text).ok_or_else(|| col.error("not an ISO time"))?)
+        }
         DataType::Timestamp => {
             Value::Timestamp(parse_timestamp(text, false).ok_or_else(|| col.error("not an ISO timestamp"))?)
         }
