@@ -309,10 +309,24 @@ pub fn canonical(cells: impl Iterator<Item = Option<String>>) -> String {
             Some(v) if v.contains('.') && v.parse::<f64>().is_ok() => {
                 v.trim_end_matches('0').trim_end_matches('.').to_string()
             }
-            Some(v) => without_trailing_fraction_zeros(v),
+            Some(v) => without_trailing_fraction_zeros(in_utc(v)),
         })
         .collect::<Vec<_>>()
         .join("|")
+}
+
+/// A timestamp with an offset (`2026-12-06 10:10:34.063378-08`) as the
+/// same instant in UTC (`2026-12-06 18:10:34.063378+00`): Spanner's `CAST(ts
+/// AS STRING)` writes its default zone, America/Los_Angeles. Other text is
+/// kept.
+fn in_utc(v: String) -> String {
+    match chrono::DateTime::parse_from_str(&v, "%Y-%m-%d %H:%M:%S%.f%#z") {
+        Ok(t) if !v.ends_with("+00") => {
+            let utc = t.with_timezone(&chrono::Utc);
+            format!("{}+00", utc.format("%Y-%m-%d %H:%M:%S%.f"))
+        }
+        _ => v,
+    }
 }
 
 /// A time or date-time's text (`-838:59:59.500000`, `2024-01-01

@@ -87,10 +87,16 @@ fn column_ddl(c: &ShapeColumn<SpType>) -> String {
     format!("{} {}{}", quote_ident(&c.name), c.ty, if c.not_null { " NOT NULL" } else { "" })
 }
 
-/// A simple source default as a DDL literal (`ADD COLUMN ... DEFAULT (7)`
-/// fills the rows already there); `None` for anything else, which leaves
-/// them NULL.
+/// A source default as a DDL expression (`ADD COLUMN ... DEFAULT (7)`
+/// fills the rows already there); `None` for a value without one here
+/// (arrays), which leaves them NULL, said in the log by the caller.
 fn default_literal(v: &Value, ty: &SpType) -> Option<String> {
+    // The SQL text form (ISO dates and timestamps with their offset, as
+    // Spanner's CAST reads them).
+    let text = |v: &Value| {
+        let mut out = String::new();
+        crate::sink::text::render_text(&mut out, v).ok().map(|()| quote_string(&out))
+    };
     match (v, ty) {
         (Value::Boolean(b), SpType::Bool) => Some(if *b { "TRUE" } else { "FALSE" }.into()),
         (Value::Int16(i), SpType::Int64) => Some(i.to_string()),
@@ -100,6 +106,23 @@ fn default_literal(v: &Value, ty: &SpType) -> Option<String> {
         (Value::Decimal(s), SpType::Numeric) if s.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-') => {
             Some(format!("NUMERIC {}", quote_string(s)))
         }
+        (Value::Float32(_) | Value::Float64(_), SpType::Float64) => Some(format!("CAST({} AS FLOAT64)", text(v)?)),
+        (Value::Date(_), SpType::Date) => Some(format!("CAST({} AS DATE)", text(v)?)),
+        (Value::Timestamp(_) | Value::TimestampTz(_), SpType::Timestamp) => {
+            // A timestamp without a zone is UTC wall-clock time here, as
+            // the sink writes its values.
+            let t = match v {
+                Value::Timestamp(m) => text(&Value::TimestampTz(*m))?,
+                _ => text(v)?,
+            };
+            Some(format!("CAST({t} AS TIMESTAMP)"))
+        }
+        (Value::Json(s), SpType::Json) => Some(format!("PARSE_JSON({})", quote_string(s))),
+        (Value::Bytes(b), SpType::Bytes(_)) => {
+            use base64::Engine as _;
+            Some(format!("FROM_BASE64({})", quote_string(&base64::engine::general_purpose::STANDARD.encode(b))))
+        }
+        (Value::Uuid(_) | Value::Date(_) | Value::Timestamp(_) | Value::TimestampTz(_), SpType::String(_)) => text(v),
         _ => None,
     }
 }
@@ -116,11 +139,17 @@ pub fn change_ddl(table: &str, change: &TableChange<SpType>, shape: &[ShapeColum
             vec![format!("CREATE TABLE IF NOT EXISTS {t} ({cols}) PRIMARY KEY ({key})")]
         }
         TableChange::AddColumn { column, backfill } => {
-            let default = backfill
-                .as_ref()
-                .and_then(|v| default_literal(v, &column.ty))
-                .map(|l| format!(" DEFAULT ({l})"))
-                .unwrap_or_default();
+            let literal = backfill.as_ref().and_then(|v| default_literal(v, &column.ty));
+            if backfill.is_some() && literal.is_none() {
+                tracing::warn!(
+                    table,
+                    column = %column.name,
+                    r#type = %column.ty,
+                    "the source's value for the rows already there has no Spanner literal here: they keep NULL in \
+                     this column until they change (copy the table again to fill it)"
+                );
+            }
+            let default = literal.map(|l| format!(" DEFAULT ({l})")).unwrap_or_default();
             vec![format!(
                 "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {}{default}",
                 column_ddl(column)
