@@ -66,8 +66,8 @@ pub use self::config::{
 };
 use self::dialect::{
     change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl, forget_deleted_sql,
-    forget_positions_sql, has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table, prune_deleted_sql,
-    removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
+    forget_positions_sql, has_current_rows_sql, has_deleted_sql, has_newer_sql, keyless_sql, merge_sql, offsets_sql,
+    offsets_table, prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 pub use self::types::render_copy;
@@ -80,7 +80,7 @@ use crate::sink::bookkeeping::{
 };
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::reduce::{Group, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -357,6 +357,34 @@ impl PostgresSink {
         Ok(())
     }
 
+    /// A destination table made for a keyed source table whose source has
+    /// no key now, or the reverse (`changed`, see
+    /// [`crate::sink::schema::key_changed`]): dropped, to be made anew in
+    /// the open transaction, when none of its rows is current (a reset
+    /// forgot every position: the source copies the table again after
+    /// such a change); else `changed` stands.
+    async fn make_anew(&mut self, dest: &DestinationTable, changed: Error) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let lock =
+            format!("SELECT pg_advisory_xact_lock(hashtext({}))", quote_literal(&format!("tributary table {dest}")));
+        self.session.execute(&lock, &ctx).await?;
+        let current: bool = self
+            .session
+            .client()
+            .await?
+            .query_one(has_current_rows_sql(dest).as_str(), &[])
+            .await
+            .map_err(|e| classify(&e, &ctx))?
+            .get(0);
+        if current {
+            return Err(changed);
+        }
+        info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");
+        let sql = format!("DROP TABLE {}; {}", dest.quoted(), forget_deleted_sql(dest));
+        self.session.execute(&sql, &ctx).await?;
+        self.load_table(dest).await
+    }
+
     fn state(&self, dest: &DestinationTable) -> Result<&TableState> {
         self.tables
             .get(dest)
@@ -375,7 +403,7 @@ impl PostgresSink {
     ) -> Result<bool, ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
         self.session.execute("SAVEPOINT tributary_fast", &ctx).await?;
-        let copy = copy_sql(&dest.quoted(), names, false);
+        let copy = copy_sql(&dest.quoted(), names, false, false);
         match self.copy_lines(&copy, group, false, binary).await {
             Ok(()) => {
                 self.session.defer("RELEASE SAVEPOINT tributary_fast");
@@ -437,7 +465,10 @@ impl PostgresSink {
     /// `probe` (bisecting, or this batch's direct copy was already refused
     /// or skipped) the direct copy is not tried.
     async fn merge(&mut self, dest: &DestinationTable, group: &Group<'_>, probe: bool) -> Result<(), ApplyError> {
-        if !probe && self.copy_fast(dest, group).await? == Some(true) {
+        // A keyless table's rows carry their content key and name, which
+        // the direct copy does not write.
+        let keyless = group.key.is_empty();
+        if !probe && !keyless && self.copy_fast(dest, group).await? == Some(true) {
             return Ok(());
         }
         let ctx = self.ctx().in_table(dest.to_string());
@@ -461,14 +492,18 @@ impl PostgresSink {
         }
         self.staging_filled.insert(stage.clone());
         let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
-        let copy = copy_sql(&quote_ident(&stage), &names, true);
+        let copy = copy_sql(&quote_ident(&stage), &names, true, keyless);
         match self.copy_lines(&copy, group, true, binary.as_deref()).await {
             Ok(()) => {}
             Err(CopyFailure::Db(e)) => return Err(classify(&e, &ctx).into()),
             Err(CopyFailure::Session(e)) => return Err(e.into()),
             Err(CopyFailure::Render(e)) => return Err(e),
         }
-        let merge = merge_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0);
+        let merge = if keyless {
+            keyless_sql(dest, &stage, &names, group.upserts > 0, group.deletes > 0)
+        } else {
+            merge_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0)
+        };
         self.session.execute(&merge, &ctx).await?;
         debug!(table = %dest, upserts = group.upserts, deletes = group.deletes, "merged");
         Ok(())
@@ -608,7 +643,13 @@ impl Warehouse for PostgresSink {
             return Ok(());
         }
         let name = dest.quoted();
-        let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
+        let changes = match plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution()) {
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                self.make_anew(dest, e).await?;
+                plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?
+            }
+            other => other?,
+        };
         if !changes.is_empty() {
             let ctx = self.ctx().in_table(dest.to_string());
             // Serialise DDL on this table across sink runners, then look
@@ -619,7 +660,14 @@ impl Warehouse for PostgresSink {
             );
             self.session.execute(&lock, &ctx).await?;
             self.load_table(dest).await?;
-            let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
+            let changes =
+                match plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution()) {
+                    Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                        self.make_anew(dest, e).await?;
+                        plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?
+                    }
+                    other => other?,
+                };
             if !changes.is_empty() {
                 if !self.state(dest)?.shape.exists {
                     let exists: bool = self
