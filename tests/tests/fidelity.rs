@@ -150,8 +150,8 @@ const KEYLESS_POSTGRES: &[Case] = &[
         table: "loses_key",
         create: "CREATE TABLE {t} (id int PRIMARY KEY, b text); INSERT INTO {t} VALUES (1, 'a'), (2, 'b')",
         steps: &[
-            "ALTER TABLE {t} DROP CONSTRAINT loses_key_pkey; ALTER TABLE {t} REPLICA IDENTITY FULL; \
-             INSERT INTO {t} VALUES (1, 'a'), (NULL, NULL)",
+            "ALTER TABLE {t} DROP CONSTRAINT loses_key_pkey; ALTER TABLE {t} ALTER COLUMN id DROP NOT NULL; \
+             ALTER TABLE {t} REPLICA IDENTITY FULL; INSERT INTO {t} VALUES (1, 'a'), (NULL, NULL)",
             "DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE id = 1 LIMIT 1); UPDATE {t} SET b = 'e' WHERE id = 2",
         ],
         absent: &[],
