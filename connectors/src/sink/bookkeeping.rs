@@ -270,7 +270,8 @@ impl Quoting {
         }
         // Deleted rows' entries hold positions of the old domain: they would
         // keep the copy's rows out.
-        out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
+        let pending = (self.string)(&super::keyless::pending_table(&dest.to_string()));
+        out.push(format!("DELETE FROM {deleted} WHERE dest_table IN ({d}, {pending}) AND NOT {taken}"));
         out.extend(older);
         out.push(format!(
             "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} {}WHERE NOT EXISTS \
@@ -278,6 +279,18 @@ impl Quoting {
             syntax.constants_from
         ));
         out
+    }
+
+    /// Removes every entry of destination table `dest` from the deleted-rows
+    /// table `deleted`, its pending deletes too (see [`super::keyless`]):
+    /// the table was dropped, or its copy deleted.
+    pub fn forget_deleted_sql(&self, deleted: &str, dest: &impl std::fmt::Display) -> String {
+        let name = dest.to_string();
+        format!(
+            "DELETE FROM {deleted} WHERE dest_table IN ({}, {})",
+            (self.string)(&name),
+            (self.string)(&super::keyless::pending_table(&name))
+        )
     }
 
     /// Removes the deleted-rows entries of keys a staged upsert (`source`)

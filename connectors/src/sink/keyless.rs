@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 use tributary_schemas::{TableSchema, Value};
 
 use super::bookkeeping::{
-    position_before, PositionSyntax, Quoting, DELETE_COLUMN, KEY_COLUMN, ROW_COLUMN, TABLE_ROW_KEY,
+    position_before, PositionSyntax, Quoting, DELETE_COLUMN, FORGOTTEN_POSITION, KEY_COLUMN, ROW_COLUMN, TABLE_ROW_KEY,
 };
 use super::reduce::key_value_text;
 use super::KafkaPosition;
@@ -199,8 +199,10 @@ pub struct KeylessSql<'a> {
     /// the source's columns, [`DELETE_COLUMN`], [`KEY_COLUMN`] (the content
     /// key), [`ROW_COLUMN`] and the position columns.
     pub source: &'a str,
-    /// The staged source columns, quoted, as the destination names them.
-    pub columns: &'a [String],
+    /// The staged source columns: each one's quoted name in the
+    /// destination, and its value in a staged row `s` (`s."a"`, or a
+    /// conversion of it where staging holds another type).
+    pub columns: &'a [(String, String)],
     /// The current timestamp (`now()`, `CURRENT_TIMESTAMP()`).
     pub now: &'a str,
 }
@@ -276,13 +278,19 @@ pub fn statements(k: &KeylessSql<'_>, inserts: bool, deletes: bool) -> Vec<Strin
              (SELECT x.row_key FROM {deleted} AS x WHERE x.dest_table = {name})",
             record_of("row_key"),
         ));
-        let cols: Vec<String> = k
+        let bookkeeping = [c.clone(), i.clone(), kc.clone(), rc.clone()];
+        let cols: Vec<&str> = k
             .columns
             .iter()
-            .cloned()
-            .chain([c.clone(), i.clone(), kc.clone(), rc.clone()])
+            .map(|(n, _)| n.as_str())
+            .chain(bookkeeping.iter().map(String::as_str))
             .collect();
-        let values: Vec<String> = cols.iter().map(|n| format!("s.{n}")).collect();
+        let values: Vec<String> = k
+            .columns
+            .iter()
+            .map(|(_, v)| v.clone())
+            .chain(bookkeeping.iter().map(|n| format!("s.{n}")))
+            .collect();
         out.push(format!(
             "INSERT INTO {table} ({}) SELECT {} FROM {source} AS s WHERE {insert}",
             cols.join(", "),
@@ -310,6 +318,41 @@ pub fn statements(k: &KeylessSql<'_>, inserts: bool, deletes: bool) -> Vec<Strin
         ));
     }
     out
+}
+
+/// [`statements`] for destination table `dest` (quoted: `table`), staged
+/// rows `source` with `columns`, in a dialect's `quoting` and `now`.
+#[allow(clippy::too_many_arguments)]
+pub fn statements_for(
+    quoting: Quoting,
+    dest: &impl std::fmt::Display,
+    table: &str,
+    deleted: &str,
+    source: &str,
+    columns: &[(String, String)],
+    now: &str,
+    (inserts, deletes): (bool, bool),
+) -> Vec<String> {
+    let name = dest.to_string();
+    let k = KeylessSql {
+        quoting,
+        table,
+        name: &name,
+        deleted,
+        source,
+        columns,
+        now,
+    };
+    statements(&k, inserts, deletes)
+}
+
+/// How many rows of `table` (quoted) have a position not forgotten: a
+/// table made anew when its source table gained or lost its key must have
+/// none (see `schema::key_changed`).
+pub fn current_rows_sql(quoting: Quoting, table: &str) -> String {
+    let (c, i) = quoting.positions("");
+    let (fc, fi) = FORGOTTEN_POSITION;
+    format!("SELECT COUNT(*) FROM {table} WHERE {c} <> {fc} OR {i} <> {fi}")
 }
 
 /// [`pair`] in SQL, over `items` (a `SELECT` of `p_g` the content key,
@@ -400,7 +443,7 @@ mod tests {
             ident: |n| format!("\"{n}\""),
             string: |s| format!("'{}'", s.replace('\'', "''")),
         };
-        let columns = vec!["\"a\"".to_string()];
+        let columns = vec![("\"a\"".to_string(), "s.\"a\"".to_string())];
         let k = KeylessSql {
             quoting,
             table: "\"s\".\"t\"",

@@ -152,6 +152,11 @@ impl<'a> Reduction<'a> {
         self.keyless
     }
 
+    /// Whether some live line is an upsert, and whether some is a delete.
+    pub fn parts(&self) -> (bool, bool) {
+        (self.groups.iter().any(|g| g.upserts > 0), self.groups.iter().any(|g| g.deletes > 0))
+    }
+
     fn add_keyless(&mut self, record: usize, ev: &'a ChangeEvent, name: &impl Fn(usize) -> String) -> Result<()> {
         let row = |r: Option<&'a Vec<Value>>, what: &str| {
             r.ok_or_else(|| Error::permanent(format!("a {:?} event without its {what} row", ev.op)))

@@ -15,7 +15,7 @@ use crate::sink::bookkeeping::{
     DELETE_COLUMN, FENCED_CLASS, FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE, ROW_COLUMN,
     TABLE_ROW_KEY,
 };
-use crate::sink::keyless::{self, pending_table, KeylessSql};
+use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
 /// The origin (`source.connector`) whose type spellings are PostgreSQL's.
@@ -178,34 +178,16 @@ pub fn copy_sql(target: &str, names: &[String], delete_flag: bool, row: bool) ->
 
 /// The statements that apply a filled staging table to a table without a
 /// key (see [`crate::sink::keyless::statements`]); `names` are the quoted
-/// columns.
-pub fn keyless_sql(table: &DestinationTable, stage: &str, names: &[String], inserts: bool, deletes: bool) -> String {
-    let name = table.to_string();
-    let quoted = table.quoted();
-    let deleted = deleted_table();
+/// columns, `parts` whether the batch has inserts and deletes.
+pub fn keyless_sql(table: &DestinationTable, stage: &str, names: &[String], parts: (bool, bool)) -> String {
+    let names: Vec<(String, String)> = names.iter().map(|n| (n.clone(), format!("s.{n}"))).collect();
     let source = quote_ident(stage);
-    let k = KeylessSql {
-        quoting: QUOTING,
-        table: &quoted,
-        name: &name,
-        deleted: &deleted,
-        source: &source,
-        columns: names,
-        now: "now()",
-    };
-    keyless::statements(&k, inserts, deletes).join("; ")
+    keyless::statements_for(QUOTING, table, &table.quoted(), &deleted_table(), &source, &names, "now()", parts)
+        .join("; ")
 }
 
 /// PostgreSQL's quoting, for the statements the core writes once.
 pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: quote_literal };
-
-/// Whether `table` has a row whose position is not forgotten (a table made
-/// anew when its source table gained or lost its key must have none).
-pub fn has_current_rows_sql(table: &DestinationTable) -> String {
-    let (c, i) = positions("");
-    let (fc, fi) = FORGOTTEN_POSITION;
-    format!("SELECT EXISTS (SELECT 1 FROM {} WHERE ({c}, {i}) <> ({fc}, {fi}))", table.quoted())
-}
 
 /// The merge of a filled staging table into `table`: deletes and upserts,
 /// each only where the stored row is older (a delete also at the same
@@ -334,13 +316,7 @@ pub fn removed_before_sql(table: &DestinationTable, commit: i64, index: i64) -> 
 /// Removes every deleted-rows entry of `table` (dropped, or its copy
 /// deleted), its pending deletes too.
 pub fn forget_deleted_sql(table: &DestinationTable) -> String {
-    let name = table.to_string();
-    format!(
-        "DELETE FROM {} WHERE dest_table IN ({}, {})",
-        deleted_table(),
-        quote_literal(&name),
-        quote_literal(&pending_table(&name))
-    )
+    QUOTING.forget_deleted_sql(&deleted_table(), table)
 }
 
 /// Removes the deleted-rows entries older than `hours`.

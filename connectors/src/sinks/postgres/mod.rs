@@ -66,8 +66,8 @@ pub use self::config::{
 };
 use self::dialect::{
     change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl, forget_deleted_sql,
-    forget_positions_sql, has_current_rows_sql, has_deleted_sql, has_newer_sql, keyless_sql, merge_sql, offsets_sql,
-    offsets_table, prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
+    forget_positions_sql, has_deleted_sql, has_newer_sql, keyless_sql, merge_sql, offsets_sql, offsets_table,
+    prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql, QUOTING,
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 pub use self::types::render_copy;
@@ -79,6 +79,7 @@ use crate::sink::bookkeeping::{
     position_i64, reset_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
 };
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
+use crate::sink::keyless;
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
@@ -368,15 +369,15 @@ impl PostgresSink {
         let lock =
             format!("SELECT pg_advisory_xact_lock(hashtext({}))", quote_literal(&format!("tributary table {dest}")));
         self.session.execute(&lock, &ctx).await?;
-        let current: bool = self
+        let current: i64 = self
             .session
             .client()
             .await?
-            .query_one(has_current_rows_sql(dest).as_str(), &[])
+            .query_one(keyless::current_rows_sql(QUOTING, &dest.quoted()).as_str(), &[])
             .await
             .map_err(|e| classify(&e, &ctx))?
             .get(0);
-        if current {
+        if current > 0 {
             return Err(changed);
         }
         info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");
@@ -500,7 +501,7 @@ impl PostgresSink {
             Err(CopyFailure::Render(e)) => return Err(e),
         }
         let merge = if keyless {
-            keyless_sql(dest, &stage, &names, group.upserts > 0, group.deletes > 0)
+            keyless_sql(dest, &stage, &names, (group.upserts > 0, group.deletes > 0))
         } else {
             merge_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0)
         };
