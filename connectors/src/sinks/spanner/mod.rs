@@ -54,7 +54,7 @@ use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema, Value};
 
-use self::client::{cell_text, classify, classify_client, is_aborted, Raw, SpClient, ROLES_HINT};
+use self::client::{all_rows, cell_text, classify, classify_client, is_aborted, Raw, SpClient, ROLES_HINT};
 pub use self::config::{DestinationTable, SpannerSinkConfig};
 use self::dialect::{
     change_ddl, columns_sql, deleted_ddl, deleted_keys_older_sql, forget_deleted_sql, forget_positions_sql, key_sql,
@@ -310,16 +310,8 @@ async fn read_rows(
 /// The rows of a query run in `tx` (what the transaction's mutations
 /// buffered is not in them).
 async fn query_rows(tx: &mut ReadWriteTransaction, sql: &str) -> std::result::Result<Vec<Vec<Raw>>, TxError> {
-    let mut rows = tx.query(Statement::new(sql)).await?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next().await? {
-        let width = rows.columns_metadata().len();
-        let cells = (0..width)
-            .map(|i| row.column::<Raw>(i))
-            .collect::<std::result::Result<Vec<_>, _>>();
-        out.push(cells.map_err(|e| Error::retryable(format!("unreadable row: {e}")))?);
-    }
-    Ok(out)
+    let rows = tx.query(Statement::new(sql)).await?;
+    all_rows(rows).await.map_err(|e| e.either(TxError::Spanner))
 }
 
 /// The names of the sink's own tables.
