@@ -56,6 +56,7 @@ conformance!(sink, postgres: Postgres {
     keyless_replayed_batch,
     keyless_across_partitions,
     keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 conformance!(sink, bigquery: BigQuery {
@@ -88,6 +89,7 @@ conformance!(sink, bigquery: BigQuery {
     keyless_replayed_batch,
     keyless_across_partitions,
     keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 // Left out: `refused_row_is_named`. Redshift cannot drop a NOT NULL in
@@ -124,6 +126,7 @@ conformance!(sink, redshift: Redshift {
     keyless_replayed_batch,
     keyless_across_partitions,
     keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 conformance!(sink, snowflake: Snowflake {
@@ -156,6 +159,7 @@ conformance!(sink, snowflake: Snowflake {
     keyless_replayed_batch,
     keyless_across_partitions,
     keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 conformance!(sink, spanner: Spanner {
@@ -188,6 +192,7 @@ conformance!(sink, spanner: Spanner {
     keyless_replayed_batch,
     keyless_across_partitions,
     keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 // The memory sink lives in the test process: the runner binary cannot
@@ -222,6 +227,7 @@ conformance!(sink, memory: Memory {
     keyless_replayed_batch,
     keyless_across_partitions,
     keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 // ---------------------------------------------------------------- PostgreSQL

@@ -19,7 +19,7 @@ use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value}
 use super::bookkeeping::{fenced, is_bookkeeping, keeps_removal, Fence, OffsetMove, FORGOTTEN_POSITION};
 use super::keyless::{delete_done, pair, row_gone, PairItem};
 use super::reduce::{key_bytes, Group, Instance, Line, Reduction};
-use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape};
+use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape, KEY_CHANGED_CLASS};
 use super::warehouse::{Mode, Warehouse, WarehouseSink};
 use super::{ApplyError, SinkBatch};
 use crate::error::{Error, Result};
@@ -288,7 +288,19 @@ impl Warehouse for MemorySink {
         let drop_columns = self.drop_columns;
         let unit = self.unit()?;
         let stored = unit.tables.entry(table.clone()).or_default();
-        let changes = plan(&MemoryDialect, table, schema, origin, &stored.shape, Evolution { drop_columns })?;
+        let evolution = Evolution { drop_columns };
+        let changes = match plan(&MemoryDialect, table, schema, origin, &stored.shape, evolution) {
+            // Its source table gained or lost its key: made anew once a
+            // reset forgot every row (the source copies it again).
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                if stored.rows.values().any(|r| r.position.is_some()) {
+                    return Err(e);
+                }
+                *stored = MemoryTable::default();
+                plan(&MemoryDialect, table, schema, origin, &stored.shape, evolution)?
+            }
+            other => other?,
+        };
         stored.shape.apply(&changes);
         for change in &changes {
             match change {

@@ -1179,3 +1179,59 @@ pub async fn keyless_reset_then_copy(fx: &dyn SinkFixture) {
     .expect("an insert older than the truncate");
     assert_eq!(keyless_rows(fx).await, kexpect(&[&a]), "the truncate removed the older rows and keeps them out");
 }
+
+/// A table copied again after its source table lost its key, then again
+/// after it gained one (the source sends a reset, the copy's rows and
+/// table-copied, see `docs/schema-changes.md`): once the reset forgot
+/// every row, the destination table is made anew in the other shape, in
+/// the same unit as the reset or a later one. Without a reset, a change of
+/// the other shape is refused for the operator (the rows are current),
+/// naming the fix.
+pub async fn keyless_key_gained_and_lost(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let keyed = items();
+    let keyless = keyless_items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&keyed, 3)))
+        .await
+        .expect("the keyed copy");
+    let a = krow(Some(1), Some("a"), None, None);
+    let b = krow(None, Some("b"), None, None);
+    let stray = batch(TOPIC, 3, vec![event(&keyless, Op::Create, None, Some(a.clone()), 8, 0)]);
+    let e = sink
+        .apply(&stray)
+        .await
+        .expect_err("a keyless change into the keyed table's current rows");
+    assert_eq!(e.error.kind(), ErrorKind::NeedsOperator, "{}", e.error);
+    assert_eq!(e.error.class(), "tributary.key_changed", "{}", e.error);
+    assert!(e.error.hint().is_some_and(|h| h.contains("source-runner reset --table")), "{}", e.error);
+    let at = tributary_schemas::Position { commit: 10, index: 0 };
+    let read = |r: &Vec<Value>| SinkRecord::Change(event(&keyless, Op::Read, None, Some(r.clone()), 10, 0));
+    sink.apply(&on_partitions(
+        &keyless.id,
+        vec![
+            (0, 3, SinkRecord::Reset(keyless.id.clone(), 7)),
+            (0, 4, read(&a)),
+            (0, 5, read(&a)),
+            (0, 6, read(&b)),
+            (0, 7, SinkRecord::Copied(keyless.id.clone(), at)),
+        ],
+    ))
+    .await
+    .expect("the reset and the keyless copy in one unit");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &a, &b]), "the table made anew without a key");
+    sink.apply(&on_partitions(&keyed.id, vec![(0, 8, SinkRecord::Reset(keyed.id.clone(), 9))]))
+        .await
+        .expect("the next reset");
+    let at = tributary_schemas::Position { commit: 20, index: 0 };
+    sink.apply(&on_partitions(
+        &keyed.id,
+        vec![
+            (0, 9, SinkRecord::Change(event(&keyed, Op::Read, None, Some(row(7, "keyed", 7, "7.00")), 20, 0))),
+            (0, 10, SinkRecord::Copied(keyed.id.clone(), at)),
+            (0, 11, SinkRecord::Change(event(&keyed, Op::Update, None, Some(row(7, "again", 7, "7.00")), 21, 0))),
+        ],
+    ))
+    .await
+    .expect("the keyed copy after it");
+    assert_eq!(fx.rows().await, vec!["7|again|7|7.00"], "the table made anew with its key");
+}

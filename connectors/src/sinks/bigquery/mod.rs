@@ -268,6 +268,11 @@ impl BigQuerySink {
     /// stands. DDL commits the unit's statements so far (see
     /// [`script::commit_before_ddl`]); a trial makes nothing anew.
     async fn make_anew(&mut self, dest: &DestinationTable, changed: Error) -> Result<()> {
+        // The unit's statements so far first: its reset forgets the rows'
+        // positions.
+        if !script::commit_before_ddl(self).await? {
+            return Err(changed);
+        }
         let ctx = Ctx::table(dest);
         let response = self
             .client
@@ -275,7 +280,7 @@ impl BigQuerySink {
             .await?;
         let mut rs = ResultSet::new_from_query_response(response);
         let current = rs.next_row() && rs.get_i64(0).ok().flatten().unwrap_or(1) > 0;
-        if current || !script::commit_before_ddl(self).await? {
+        if current {
             return Err(changed);
         }
         info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");

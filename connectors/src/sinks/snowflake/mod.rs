@@ -348,6 +348,11 @@ impl SnowflakeSink {
     /// stands. DDL commits the unit's statements so far (see
     /// [`script::commit_before_ddl`]); a trial makes nothing anew.
     async fn make_anew(&mut self, dest: &DestinationTable, changed: Error) -> Result<()> {
+        // The unit's statements so far first: its reset forgets the rows'
+        // positions.
+        if !script::commit_before_ddl(self).await? {
+            return Err(changed);
+        }
         let rows = self.client.query(&keyless::current_rows_sql(QUOTING, &dest.quoted())).await?;
         let current = rows
             .first()
@@ -356,7 +361,7 @@ impl SnowflakeSink {
             .flatten()
             .and_then(|n| n.parse::<i64>().ok())
             .is_none_or(|n| n > 0);
-        if current || !script::commit_before_ddl(self).await? {
+        if current {
             return Err(changed);
         }
         info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");

@@ -1276,6 +1276,13 @@ impl Warehouse for SpannerSink {
             Err(e) if e.class() == KEY_CHANGED_CLASS => {
                 // Made anew (the source copies the table again after its
                 // key changed), when no row of it is current.
+                if self.mode != Mode::Commit {
+                    return Err(e);
+                }
+                // The batch's steps so far first (without offsets, as
+                // before a drop): its reset forgets the rows' positions.
+                let ops = std::mem::take(&mut self.ops);
+                self.run_transaction(&ops, &[], true).await?;
                 let count = keyless::current_rows_sql(QUOTING, &quote_ident(&dest.0));
                 let current = self
                     .client
@@ -1283,7 +1290,7 @@ impl Warehouse for SpannerSink {
                     .await?
                     .first()
                     .and_then(|r| r.first().and_then(cell_i64));
-                if current.is_none_or(|n| n > 0) || self.mode != Mode::Commit {
+                if current.is_none_or(|n| n > 0) {
                     return Err(e);
                 }
                 info!(table = %dest, reason = %e, "making the destination table anew: its source table gained or lost its key");
