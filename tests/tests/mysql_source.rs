@@ -1138,7 +1138,12 @@ async fn a_keyless_table_interrupted_mid_snapshot_is_copied_again_from_its_start
         let rows = reads(&batch, asked);
         assert!(asked || rows.is_empty(), "a row of the interrupted copy before the copy again");
         copy.extend(rows);
-        if !asked && batch.messages.iter().any(|m| matches!(m, SourceMessage::TableRewritten(t, _) if *t == k)) {
+        if !asked
+            && batch
+                .messages
+                .iter()
+                .any(|m| matches!(m, SourceMessage::TableRewritten(t, _) if *t == k))
+        {
             // What the runner does once that batch is committed.
             assert_eq!(source.resync(std::slice::from_ref(&k)).await.expect("resync"), vec![k.clone()]);
             asked = true;

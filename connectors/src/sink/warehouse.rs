@@ -153,6 +153,13 @@ pub trait Warehouse: Send {
     /// when [`Warehouse::load_new`] was tried for this batch (or in a
     /// probe), so nothing cached about the session is to be trusted. A value
     /// the destination refuses is a permanent error naming its record.
+    ///
+    /// The changes of a table without a key ([`Reduction::is_keyless`])
+    /// are not reduced and not guarded by the stored position: they are
+    /// applied as [`super::keyless`] says (every insert a row named after
+    /// its record, every delete removing one older row of its content or
+    /// waiting for one), so that each counts once however often and in
+    /// whatever order it arrives.
     async fn write(&mut self, table: &Self::Table, changes: &Reduction<'_>, after_load: bool)
         -> Result<(), ApplyError>;
 
