@@ -30,7 +30,8 @@ pub use error::{policy, Decision, Error, ErrorKind, Result};
 pub use problem::{Problem, Severity};
 pub use sink::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkConfig, SinkRecord};
 pub use source::{
-    Checkpoint, CopyHold, CopyHolds, SnapshotTableProgress, Source, SourceBatch, SourceConfig, SourceMessage,
+    copy_for_key_change, keyless_shape, Checkpoint, CopyHold, CopyHolds, SnapshotTableProgress, Source, SourceBatch,
+    SourceConfig, SourceMessage,
 };
 
 /// Milliseconds since the Unix epoch, for events' processing time (`ts_ms`)

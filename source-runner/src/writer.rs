@@ -419,8 +419,13 @@ impl TopicWriter {
                                 .map_err(|e| e.or_table(table))?;
                         }
                     } else {
+                        // A table without a key: its events carry a null key
+                        // (as Debezium's do), which Kafka's partitioner would
+                        // spread over the partitions; all on partition 0, a
+                        // stock consumer reads them in source order.
+                        let partition = encoded.key.is_none().then_some(0);
                         self.producer
-                            .send(topic, None, encoded.key.as_deref(), encoded.value.as_deref(), None)
+                            .send(topic, partition, encoded.key.as_deref(), encoded.value.as_deref(), None)
                             .await
                             .map_err(|e| e.or_table(table))?;
                         if let Some(tombstone) = self.encoder.tombstone(event, topic)? {

@@ -480,16 +480,46 @@ impl Runners {
 
 // ---------------------------------------------------------------- the matrix
 
+/// How [`converge_as`] lines up the source's rows and the destination's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    /// Ordered by `id` as a number (a key: one row per id).
+    ById,
+    /// As multisets: every row sorted as text, equal rows counted (a table
+    /// without a key, where equal rows and NULL ids are legal).
+    Multiset,
+}
+
 /// Waits until the destination's `table` equals the source's over the
 /// source's columns; the runners must stay alive meanwhile.
 pub async fn converge(source: &mut Source, sink: &Sink, runners: &mut Runners, table: &str, step: &str) {
+    converge_as(source, sink, runners, table, step, Compare::ById).await;
+}
+
+/// [`converge`], the rows lined up as `compare` says.
+pub async fn converge_as(
+    source: &mut Source,
+    sink: &Sink,
+    runners: &mut Runners,
+    table: &str,
+    step: &str,
+    compare: Compare,
+) {
+    let order = |rows: Vec<String>| match compare {
+        Compare::ById => by_id(rows),
+        Compare::Multiset => {
+            let mut rows = rows;
+            rows.sort();
+            rows
+        }
+    };
     let deadline = tokio::time::Instant::now() + STEP_DEADLINE;
     let mut last = None;
     loop {
         runners.assert_alive(&format!("at step {step:?} of {table}"));
         let columns = source.columns(table).await;
-        let want = by_id(source.rows(table, &columns).await);
-        let got = sink.rows(table, &columns).await.map(by_id);
+        let want = order(source.rows(table, &columns).await);
+        let got = sink.rows(table, &columns).await.map(order);
         if got.as_ref() == Some(&want) {
             return;
         }
@@ -499,8 +529,19 @@ pub async fn converge(source: &mut Source, sink: &Sink, runners: &mut Runners, t
                     "the destination has no table {table} with columns {columns:?} yet"
                 )],
                 Some(got) => {
-                    let missing = want.iter().filter(|r| !got.contains(r)).take(5).map(|r| format!("- {r}"));
-                    let extra = got.iter().filter(|r| !want.contains(r)).take(5).map(|r| format!("+ {r}"));
+                    // Counted: a row twice in one and once in the other is
+                    // a difference (a table without a key).
+                    let count = |rows: &[String], r: &String| rows.iter().filter(|x| *x == r).count();
+                    let missing = want
+                        .iter()
+                        .filter(|r| count(got, r) < count(&want, r))
+                        .take(5)
+                        .map(|r| format!("- {r} (source {}, destination {})", count(&want, r), count(got, r)));
+                    let extra = got
+                        .iter()
+                        .filter(|r| count(got, r) > count(&want, r))
+                        .take(5)
+                        .map(|r| format!("+ {r} (source {}, destination {})", count(&want, r), count(got, r)));
                     let order = want
                         .iter()
                         .zip(got)

@@ -26,7 +26,7 @@ pub async fn connect(url: &str) -> Client {
 /// ordered by id.
 pub async fn items_rows(client: &Client, table: &str) -> Vec<String> {
     let q = format!(
-        "SELECT concat_ws('|', id, coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
+        "SELECT concat_ws('|', coalesce(id::text, '∅'), coalesce(name, '∅'), coalesce(qty::text, '∅'), coalesce(price::text, '∅')) \
          FROM {table} ORDER BY id"
     );
     client

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tributary_tests::matrix::{converge, Runners, Sink, SinkKind, Source, SourceKind};
+use tributary_tests::matrix::{converge, converge_as, Compare, Runners, Sink, SinkKind, Source, SourceKind};
 
 /// One table and what is done to it.
 struct Case {
@@ -314,6 +314,124 @@ async fn postgres_sequences_to_postgres() {
     source.cleanup().await;
 }
 
+/// Tables without a key (issue #46, item 4): equal rows and NULLs in
+/// every column are legal rows, an UPDATE or DELETE changes exactly the
+/// rows it names (one of two equal ones here, by `ctid`), and a table that
+/// gains or loses its primary key is copied again in its new shape. The
+/// destination is compared with the source as a multiset.
+const KEYLESS_POSTGRES: &[Case] = &[
+    Case {
+        table: "keyless",
+        create: "CREATE TABLE {t} (id int, b text, n numeric(10,2)); ALTER TABLE {t} REPLICA IDENTITY FULL; \
+                 INSERT INTO {t} VALUES (1, 'x', 1.5), (1, 'x', 1.5), (2, 'y', NULL), (3, NULL, NULL), \
+                 (NULL, NULL, NULL), (NULL, NULL, NULL)",
+        steps: &[
+            "UPDATE {t} SET b = 'z' WHERE ctid = (SELECT ctid FROM {t} WHERE id = 1 LIMIT 1)",
+            "DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE id IS NULL LIMIT 1)",
+            "INSERT INTO {t} VALUES (2, 'y', NULL), (4, 'w', 2.25), (NULL, NULL, NULL); \
+             DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE id = 2 LIMIT 1)",
+            "UPDATE {t} SET n = 9 WHERE id = 1; UPDATE {t} SET b = 'v' WHERE id IS NULL",
+            "DELETE FROM {t} WHERE id = 1; INSERT INTO {t} VALUES (5, 'x', 1.5), (5, 'x', 1.5)",
+        ],
+        absent: &[],
+    },
+    Case {
+        table: "gains_key",
+        create: "CREATE TABLE {t} (id int NOT NULL, b text); ALTER TABLE {t} REPLICA IDENTITY FULL; \
+                 INSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, NULL)",
+        steps: &[
+            "ALTER TABLE {t} ADD PRIMARY KEY (id); UPDATE {t} SET b = 'c' WHERE id = 2",
+            "INSERT INTO {t} VALUES (4, 'd'); DELETE FROM {t} WHERE id = 1",
+        ],
+        absent: &[],
+    },
+    Case {
+        table: "loses_key",
+        create: "CREATE TABLE {t} (id int PRIMARY KEY, b text); INSERT INTO {t} VALUES (1, 'a'), (2, 'b')",
+        steps: &[
+            "ALTER TABLE {t} DROP CONSTRAINT loses_key_pkey; ALTER TABLE {t} ALTER COLUMN id DROP NOT NULL; \
+             ALTER TABLE {t} REPLICA IDENTITY FULL; INSERT INTO {t} VALUES (1, 'a'), (NULL, NULL)",
+            "DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE id = 1 LIMIT 1); UPDATE {t} SET b = 'e' WHERE id = 2",
+        ],
+        absent: &[],
+    },
+];
+
+/// [`KEYLESS_POSTGRES`] in MariaDB: tables without any key (their binlog
+/// rows carry FULL images), one of two equal rows named by `LIMIT 1`.
+const KEYLESS_MARIADB: &[Case] = &[
+    Case {
+        table: "keyless",
+        create: "CREATE TABLE {t} (id int, b varchar(20), n decimal(10,2)); \
+                 INSERT INTO {t} VALUES (1, 'x', 1.5), (1, 'x', 1.5), (2, 'y', NULL), (3, NULL, NULL), \
+                 (NULL, NULL, NULL), (NULL, NULL, NULL)",
+        steps: &[
+            "UPDATE {t} SET b = 'z' WHERE id = 1 LIMIT 1",
+            "DELETE FROM {t} WHERE id IS NULL LIMIT 1",
+            "INSERT INTO {t} VALUES (2, 'y', NULL), (4, 'w', 2.25), (NULL, NULL, NULL); \
+             DELETE FROM {t} WHERE id = 2 LIMIT 1",
+            "UPDATE {t} SET n = 9 WHERE id = 1; UPDATE {t} SET b = 'v' WHERE id IS NULL",
+            "DELETE FROM {t} WHERE id = 1; INSERT INTO {t} VALUES (5, 'x', 1.5), (5, 'x', 1.5)",
+        ],
+        absent: &[],
+    },
+    Case {
+        table: "gains_key",
+        create:
+            "CREATE TABLE {t} (id int NOT NULL, b varchar(20)); INSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, NULL)",
+        steps: &[
+            "ALTER TABLE {t} ADD PRIMARY KEY (id); UPDATE {t} SET b = 'c' WHERE id = 2",
+            "INSERT INTO {t} VALUES (4, 'd'); DELETE FROM {t} WHERE id = 1",
+        ],
+        absent: &[],
+    },
+    Case {
+        table: "loses_key",
+        create:
+            "CREATE TABLE {t} (id int NOT NULL PRIMARY KEY, b varchar(20)); INSERT INTO {t} VALUES (1, 'a'), (2, 'b')",
+        steps: &[
+            "ALTER TABLE {t} DROP PRIMARY KEY; INSERT INTO {t} VALUES (1, 'a'), (1, 'a')",
+            "DELETE FROM {t} WHERE id = 1 LIMIT 1; UPDATE {t} SET b = 'e' WHERE id = 2",
+        ],
+        absent: &[],
+    },
+];
+
+#[tokio::test]
+async fn keyless_postgres_to_postgres() {
+    fidelity_as(SourceKind::Postgres, SinkKind::Postgres, KEYLESS_POSTGRES, Compare::Multiset).await;
+}
+
+#[tokio::test]
+async fn keyless_postgres_to_bigquery() {
+    fidelity_as(SourceKind::Postgres, SinkKind::BigQuery, KEYLESS_POSTGRES, Compare::Multiset).await;
+}
+
+#[tokio::test]
+async fn keyless_postgres_to_redshift() {
+    fidelity_as(SourceKind::Postgres, SinkKind::Redshift, KEYLESS_POSTGRES, Compare::Multiset).await;
+}
+
+#[tokio::test]
+async fn keyless_postgres_to_spanner() {
+    fidelity_as(SourceKind::Postgres, SinkKind::Spanner, KEYLESS_POSTGRES, Compare::Multiset).await;
+}
+
+#[tokio::test]
+async fn keyless_postgres_to_snowflake() {
+    fidelity_as(SourceKind::Postgres, SinkKind::Snowflake, KEYLESS_POSTGRES, Compare::Multiset).await;
+}
+
+#[tokio::test]
+async fn keyless_mariadb_to_postgres() {
+    fidelity_as(SourceKind::MariaDb, SinkKind::Postgres, KEYLESS_MARIADB, Compare::Multiset).await;
+}
+
+#[tokio::test]
+async fn keyless_mariadb_to_bigquery() {
+    fidelity_as(SourceKind::MariaDb, SinkKind::BigQuery, KEYLESS_MARIADB, Compare::Multiset).await;
+}
+
 /// A case's SQL for the source: `{s}` its schema or database, `{t}` the
 /// qualified table.
 fn sql(source: &Source, template: &str, table: &str) -> String {
@@ -321,6 +439,12 @@ fn sql(source: &Source, template: &str, table: &str) -> String {
 }
 
 async fn fidelity(source_kind: SourceKind, sink_kind: SinkKind, cases: &[Case]) {
+    fidelity_as(source_kind, sink_kind, cases, Compare::ById).await;
+}
+
+/// [`fidelity`], the destination compared with the source as `compare`
+/// says.
+async fn fidelity_as(source_kind: SourceKind, sink_kind: SinkKind, cases: &[Case], compare: Compare) {
     let mut source = Source::new(source_kind, "fid").await;
     let sink = Sink::new(sink_kind, "fid").await;
     for case in cases {
@@ -331,7 +455,7 @@ async fn fidelity(source_kind: SourceKind, sink_kind: SinkKind, cases: &[Case]) 
     runners.source.start();
     runners.sink.start();
     for case in cases {
-        converge(&mut source, &sink, &mut runners, case.table, "snapshot").await;
+        converge_as(&mut source, &sink, &mut runners, case.table, "snapshot", compare).await;
     }
     let steps = cases.iter().map(|c| c.steps.len()).max().unwrap_or(0);
     for i in 0..steps {
@@ -345,7 +469,7 @@ async fn fidelity(source_kind: SourceKind, sink_kind: SinkKind, cases: &[Case]) 
             tokio::time::sleep(Duration::from_millis(150)).await;
             runners.source.kill9();
             runners.source.start();
-            converge(&mut source, &sink, &mut runners, case.table, step).await;
+            converge_as(&mut source, &sink, &mut runners, case.table, step, compare).await;
         }
     }
     for case in cases {

@@ -51,6 +51,12 @@ conformance!(sink, postgres: Postgres {
     renamed_column_keeps_its_values,
     dropped_column_when_configured,
     kill_9_mid_apply,
+    keyless_duplicates_and_nulls,
+    keyless_changes_in_one_batch,
+    keyless_replayed_batch,
+    keyless_across_partitions,
+    keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 conformance!(sink, bigquery: BigQuery {
@@ -78,6 +84,12 @@ conformance!(sink, bigquery: BigQuery {
     renamed_column_keeps_its_values,
     dropped_column_when_configured,
     kill_9_mid_apply,
+    keyless_duplicates_and_nulls,
+    keyless_changes_in_one_batch,
+    keyless_replayed_batch,
+    keyless_across_partitions,
+    keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 // Left out: `refused_row_is_named`. Redshift cannot drop a NOT NULL in
@@ -109,6 +121,12 @@ conformance!(sink, redshift: Redshift {
     renamed_column_keeps_its_values,
     dropped_column_when_configured,
     kill_9_mid_apply,
+    keyless_duplicates_and_nulls,
+    keyless_changes_in_one_batch,
+    keyless_replayed_batch,
+    keyless_across_partitions,
+    keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 conformance!(sink, snowflake: Snowflake {
@@ -136,6 +154,12 @@ conformance!(sink, snowflake: Snowflake {
     renamed_column_keeps_its_values,
     dropped_column_when_configured,
     kill_9_mid_apply,
+    keyless_duplicates_and_nulls,
+    keyless_changes_in_one_batch,
+    keyless_replayed_batch,
+    keyless_across_partitions,
+    keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 conformance!(sink, spanner: Spanner {
@@ -163,6 +187,12 @@ conformance!(sink, spanner: Spanner {
     renamed_column_keeps_its_values,
     dropped_column_when_configured,
     kill_9_mid_apply,
+    keyless_duplicates_and_nulls,
+    keyless_changes_in_one_batch,
+    keyless_replayed_batch,
+    keyless_across_partitions,
+    keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 // The memory sink lives in the test process: the runner binary cannot
@@ -192,6 +222,12 @@ conformance!(sink, memory: Memory {
     schema_changes_evolve_the_table,
     renamed_column_keeps_its_values,
     dropped_column_when_configured,
+    keyless_duplicates_and_nulls,
+    keyless_changes_in_one_batch,
+    keyless_replayed_batch,
+    keyless_across_partitions,
+    keyless_reset_then_copy,
+    keyless_key_gained_and_lost,
 });
 
 // ---------------------------------------------------------------- PostgreSQL

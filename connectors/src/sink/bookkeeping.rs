@@ -26,8 +26,13 @@ pub const DELETED_TABLE: &str = "deleted_rows";
 /// The row key under which the deleted-rows table keeps a table-wide
 /// removal (a truncate, a copy): no key renders empty ([`key_text`]).
 pub const TABLE_ROW_KEY: &str = "";
-/// Staging column holding a row's key as [`key_text`] renders it.
+/// Staging column holding a row's key as [`key_text`] renders it; in a
+/// table without a key (see [`super::keyless`]) also a column of the
+/// destination table, holding each row's content key.
 pub const KEY_COLUMN: &str = "__tributary_key";
+/// Column of a destination table without a key (see [`super::keyless`])
+/// and of its staging: the name of the row, the Kafka record that wrote it.
+pub const ROW_COLUMN: &str = "__tributary_row";
 /// How long a deleted row's entry is kept unless configured otherwise: a
 /// change older than a delete that arrives later than this may bring the
 /// row back (Kafka's own `delete.retention.ms` for tombstones is one day).
@@ -57,10 +62,14 @@ pub const DELETE_COLUMN: &str = "__tributary_delete";
 /// The two position columns every destination table carries.
 pub const POSITION_COLUMNS: [&str; 2] = [COMMIT_COLUMN, INDEX_COLUMN];
 
+/// The columns a destination table without a key carries besides the
+/// position columns (see [`super::keyless`]).
+pub const KEYLESS_COLUMNS: [&str; 2] = [KEY_COLUMN, ROW_COLUMN];
+
 /// Whether `column` is one of the sink's own columns, which the source never
 /// sends and a schema change never touches.
 pub fn is_bookkeeping(column: &str) -> bool {
-    POSITION_COLUMNS.contains(&column)
+    POSITION_COLUMNS.contains(&column) || KEYLESS_COLUMNS.contains(&column)
 }
 
 /// A position as the two signed 64-bit integers destinations store (none of
@@ -261,7 +270,8 @@ impl Quoting {
         }
         // Deleted rows' entries hold positions of the old domain: they would
         // keep the copy's rows out.
-        out.push(format!("DELETE FROM {deleted} WHERE dest_table = {d} AND NOT {taken}"));
+        let pending = (self.string)(&super::keyless::pending_table(&dest.to_string()));
+        out.push(format!("DELETE FROM {deleted} WHERE dest_table IN ({d}, {pending}) AND NOT {taken}"));
         out.extend(older);
         out.push(format!(
             "INSERT INTO {resets} (destination, reset) SELECT {d}, {reset} {}WHERE NOT EXISTS \
@@ -269,6 +279,18 @@ impl Quoting {
             syntax.constants_from
         ));
         out
+    }
+
+    /// Removes every entry of destination table `dest` from the deleted-rows
+    /// table `deleted`, its pending deletes too (see [`super::keyless`]):
+    /// the table was dropped, or its copy deleted.
+    pub fn forget_deleted_sql(&self, deleted: &str, dest: &impl std::fmt::Display) -> String {
+        let name = dest.to_string();
+        format!(
+            "DELETE FROM {deleted} WHERE dest_table IN ({}, {})",
+            (self.string)(&name),
+            (self.string)(&super::keyless::pending_table(&name))
+        )
     }
 
     /// Removes the deleted-rows entries of keys a staged upsert (`source`)

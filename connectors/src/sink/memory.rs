@@ -16,9 +16,10 @@ use async_trait::async_trait;
 use tracing::Span;
 use tributary_schemas::{Column, DataType, Position, TableId, TableSchema, Value};
 
-use super::bookkeeping::{fenced, is_bookkeeping, keeps_removal, Fence, OffsetMove};
-use super::reduce::{key_bytes, Reduction};
-use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape};
+use super::bookkeeping::{fenced, is_bookkeeping, keeps_removal, Fence, OffsetMove, FORGOTTEN_POSITION};
+use super::keyless::{delete_done, pair, row_gone, PairItem};
+use super::reduce::{key_bytes, Group, Instance, Line, Reduction};
+use super::schema::{plan, Dialect, Evolution, Fit, TableChange, TableShape, KEY_CHANGED_CLASS};
 use super::warehouse::{Mode, Warehouse, WarehouseSink};
 use super::{ApplyError, SinkBatch};
 use crate::error::{Error, Result};
@@ -48,6 +49,10 @@ pub struct MemoryTable {
     pub deleted: BTreeMap<Vec<u8>, Position>,
     /// The table-wide entry: the newest truncate or copy.
     pub removed_before: Option<Position>,
+    /// A table without a key: its pending deletes, by content key and
+    /// record (see [`super::keyless`]); its other entries are in
+    /// `deleted`, under `+<record>` and `-<record>`.
+    pub pending: BTreeMap<(String, String), Position>,
 }
 
 /// Everything the sinks of one destination share.
@@ -283,7 +288,19 @@ impl Warehouse for MemorySink {
         let drop_columns = self.drop_columns;
         let unit = self.unit()?;
         let stored = unit.tables.entry(table.clone()).or_default();
-        let changes = plan(&MemoryDialect, table, schema, origin, &stored.shape, Evolution { drop_columns })?;
+        let evolution = Evolution { drop_columns };
+        let changes = match plan(&MemoryDialect, table, schema, origin, &stored.shape, evolution) {
+            // Its source table gained or lost its key: made anew once a
+            // reset forgot every row (the source copies it again).
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                if stored.rows.values().any(|r| r.position.is_some()) {
+                    return Err(e);
+                }
+                *stored = MemoryTable::default();
+                plan(&MemoryDialect, table, schema, origin, &stored.shape, evolution)?
+            }
+            other => other?,
+        };
         stored.shape.apply(&changes);
         for change in &changes {
             match change {
@@ -324,6 +341,7 @@ impl Warehouse for MemorySink {
         let t = self.unit()?.tables.entry(table.clone()).or_default();
         t.rows.retain(|_, row| row.position >= Some(at));
         t.deleted.retain(|_, p| *p >= at);
+        t.pending.retain(|_, p| *p >= at);
         if keeps_removal(at) {
             t.removed_before = t.removed_before.max(Some(at));
         }
@@ -343,6 +361,7 @@ impl Warehouse for MemorySink {
             // Positions of another domain: a delete's or truncate's entry
             // would keep the copy's rows out.
             t.deleted.clear();
+            t.pending.clear();
             t.removed_before = None;
         }
         Ok(())
@@ -355,6 +374,9 @@ impl Warehouse for MemorySink {
             .tables
             .get_mut(table)
             .ok_or_else(|| Error::retryable(format!("table {table} is missing")))?;
+        if changes.is_keyless() {
+            return write_keyless(stored, table, changes, refused.as_ref());
+        }
         for (group, line) in changes.live() {
             let key = key_bytes(&group.schema, line.row, &group.key)?;
             let older = stored.rows.get(&key).is_none_or(|row| row.position < Some(line.position));
@@ -376,36 +398,8 @@ impl Warehouse for MemorySink {
             if deleted || stored.removed_before.is_some_and(|p| p > line.position) {
                 continue;
             }
-            let mut values = BTreeMap::new();
-            for (column, value) in group.schema.columns.iter().zip(line.row) {
-                let Some(dest) = stored.shape.column(&column.name) else {
-                    return Err(Error::retryable(format!("column {} is missing in {table}", column.name)).into());
-                };
-                if refused.as_ref() == Some(value) {
-                    // Named by bisection, like a constraint the server checks.
-                    return Err(Error::permanent(format!("column {}: the value is refused", column.name))
-                        .with_column(column.name.clone())
-                        .with_table(group.schema.id.clone())
-                        .into());
-                }
-                if dest.not_null && *value == Value::Null {
-                    // Like a server's NOT NULL check: the record is found
-                    // by bisection.
-                    return Err(Error::permanent(format!("column {} refuses NULL", column.name))
-                        .with_column(column.name.clone())
-                        .with_table(group.schema.id.clone())
-                        .into());
-                }
-                values.insert(column.name.clone(), value.clone());
-            }
-            // Columns the schema no longer has are NULL in a new row, kept
-            // in an updated one (as an UPDATE ... SET of the sent columns).
             let kept = stored.rows.get(&key).map(|r| r.values.clone()).unwrap_or_default();
-            for c in stored.shape.columns.iter().filter(|c| !is_bookkeeping(&c.name)) {
-                if !values.contains_key(&c.name) {
-                    values.insert(c.name.clone(), kept.get(&c.name).cloned().unwrap_or(Value::Null));
-                }
-            }
+            let values = row_values(stored, table, group, line, refused.as_ref(), &kept)?;
             stored.deleted.remove(&key);
             if older {
                 stored.rows.insert(key, StoredRow { values, position: Some(line.position) });
@@ -425,6 +419,181 @@ impl Warehouse for MemorySink {
         self.open = Some(saved);
         Ok(())
     }
+}
+
+/// The values `line` writes into `stored`, checked as a destination
+/// would (a refused value, NULL in a NOT NULL column: named by
+/// bisection). Columns the schema no longer has are NULL in a new row,
+/// `kept` in an updated one (as an UPDATE ... SET of the sent columns).
+fn row_values(
+    stored: &MemoryTable,
+    table: &str,
+    group: &Group<'_>,
+    line: &Line<'_>,
+    refused: Option<&Value>,
+    kept: &BTreeMap<String, Value>,
+) -> Result<BTreeMap<String, Value>, ApplyError> {
+    let mut values = BTreeMap::new();
+    for (column, value) in group.schema.columns.iter().zip(line.row) {
+        let Some(dest) = stored.shape.column(&column.name) else {
+            return Err(Error::retryable(format!("column {} is missing in {table}", column.name)).into());
+        };
+        if refused == Some(value) {
+            // Named by bisection, like a constraint the server checks.
+            return Err(Error::permanent(format!("column {}: the value is refused", column.name))
+                .with_column(column.name.clone())
+                .with_table(group.schema.id.clone())
+                .into());
+        }
+        if dest.not_null && *value == Value::Null {
+            // Like a server's NOT NULL check: the record is found by
+            // bisection.
+            return Err(Error::permanent(format!("column {} refuses NULL", column.name))
+                .with_column(column.name.clone())
+                .with_table(group.schema.id.clone())
+                .into());
+        }
+        values.insert(column.name.clone(), value.clone());
+    }
+    for c in stored.shape.columns.iter().filter(|c| !is_bookkeeping(&c.name)) {
+        if !values.contains_key(&c.name) {
+            values.insert(c.name.clone(), kept.get(&c.name).cloned().unwrap_or(Value::Null));
+        }
+    }
+    Ok(values)
+}
+
+/// A stored position as the pairing compares it (forgotten: older than
+/// any change).
+fn pair_position(p: Option<Position>) -> (i64, i64) {
+    p.map_or(FORGOTTEN_POSITION, |p| (p.commit as i64, p.index as i64))
+}
+
+/// The rows key of a keyless table's row: its content key and name.
+fn keyless_row_key(content: &str, row: &str) -> Vec<u8> {
+    format!("{content}/{row}").into_bytes()
+}
+
+/// [`Warehouse::write`] of a table without a key, as
+/// [`super::keyless::statements`] does it in SQL, step by step.
+fn write_keyless(
+    stored: &mut MemoryTable,
+    table: &str,
+    changes: &Reduction<'_>,
+    refused: Option<&Value>,
+) -> Result<(), ApplyError> {
+    let instance = |line: &Line<'_>| -> Result<Instance> {
+        line.instance
+            .as_deref()
+            .cloned()
+            .ok_or_else(|| Error::retryable("a keyless line without its row's name"))
+    };
+    let older_than_table = |t: &MemoryTable, at: Position| t.removed_before.is_some_and(|r| r > at);
+    // 1-3: inserts, some taken by pending deletes of their content.
+    let mut inserts = Vec::new();
+    for (group, line) in changes.live().filter(|(_, l)| !l.delete) {
+        let i = instance(line)?;
+        if stored.rows.contains_key(&keyless_row_key(&i.content, &i.row))
+            || stored.deleted.contains_key(row_gone(&i.row).as_bytes())
+            || older_than_table(stored, line.position)
+        {
+            continue;
+        }
+        inserts.push((group, line, i));
+    }
+    let mut items: Vec<PairItem> = Vec::new();
+    for (_, line, i) in &inserts {
+        items.push(PairItem {
+            content: i.content.clone(),
+            position: pair_position(Some(line.position)),
+            newer: false,
+            id: i.row.clone(),
+        });
+    }
+    let pending: Vec<((String, String), Position)> = stored
+        .pending
+        .iter()
+        .filter(|((content, _), _)| inserts.iter().any(|(_, _, i)| &i.content == content))
+        .map(|(k, p)| (k.clone(), *p))
+        .collect();
+    for ((content, id), at) in &pending {
+        items.push(PairItem {
+            content: content.clone(),
+            position: pair_position(Some(*at)),
+            newer: true,
+            id: id.clone(),
+        });
+    }
+    let matched = pair(&items);
+    let mut taken: Vec<bool> = matched[..inserts.len()].to_vec();
+    for (n, ((content, id), at)) in pending.iter().enumerate() {
+        if matched[inserts.len() + n] {
+            stored.pending.remove(&(content.clone(), id.clone()));
+            stored.deleted.insert(delete_done(id).into_bytes(), *at);
+        }
+    }
+    for (n, (group, line, i)) in inserts.iter().enumerate() {
+        if std::mem::take(&mut taken[n]) {
+            stored.deleted.insert(row_gone(&i.row).into_bytes(), line.position);
+            continue;
+        }
+        let values = row_values(stored, table, group, line, refused, &BTreeMap::new())?;
+        stored
+            .rows
+            .insert(keyless_row_key(&i.content, &i.row), StoredRow { values, position: Some(line.position) });
+    }
+    // 4-5: deletes, each taking a row of its content older than it, or
+    // left pending.
+    let mut deletes = Vec::new();
+    for (_, line) in changes.live().filter(|(_, l)| l.delete) {
+        let i = instance(line)?;
+        if stored.deleted.contains_key(delete_done(&i.row).as_bytes())
+            || stored.pending.contains_key(&(i.content.clone(), i.row.clone()))
+            || older_than_table(stored, line.position)
+        {
+            continue;
+        }
+        deletes.push((line.position, i));
+    }
+    let mut items: Vec<PairItem> = deletes
+        .iter()
+        .map(|(at, i)| PairItem {
+            content: i.content.clone(),
+            position: pair_position(Some(*at)),
+            newer: true,
+            id: i.row.clone(),
+        })
+        .collect();
+    let mut rows: Vec<(Vec<u8>, String, Option<Position>)> = Vec::new();
+    for (key, row) in &stored.rows {
+        let Some((content, name)) = std::str::from_utf8(key).ok().and_then(|k| k.split_once('/')) else {
+            continue;
+        };
+        if deletes.iter().any(|(_, i)| i.content == content) {
+            items.push(PairItem {
+                content: content.to_string(),
+                position: pair_position(row.position),
+                newer: false,
+                id: name.to_string(),
+            });
+            rows.push((key.clone(), name.to_string(), row.position));
+        }
+    }
+    let matched = pair(&items);
+    for (n, (at, i)) in deletes.iter().enumerate() {
+        if matched[n] {
+            stored.deleted.insert(delete_done(&i.row).into_bytes(), *at);
+        } else {
+            stored.pending.insert((i.content.clone(), i.row.clone()), *at);
+        }
+    }
+    for (n, (key, name, at)) in rows.iter().enumerate() {
+        if matched[deletes.len() + n] {
+            stored.rows.remove(key);
+            stored.deleted.insert(row_gone(name).into_bytes(), at.unwrap_or_default());
+        }
+    }
+    Ok(())
 }
 
 #[async_trait]

@@ -4,6 +4,7 @@
 //! * [`batch`]: a batch split at table drops and grouped by destination
 //!   table; destination name templates;
 //! * [`reduce`]: the last change per key;
+//! * [`keyless`]: tables without a key, kept as rows (a multiset);
 //! * [`schema`]: what a destination table must become for a source schema,
 //!   over a [`schema::Dialect`];
 //! * [`bookkeeping`]: the position columns, the staging columns, the offsets
@@ -22,6 +23,7 @@
 pub mod batch;
 pub mod bisect;
 pub mod bookkeeping;
+pub mod keyless;
 // A test double: in the crate's own tests and in crates that turn on
 // `test-utils`, never in the runners' builds.
 #[cfg(any(test, feature = "test-utils"))]

@@ -19,12 +19,19 @@ use crate::error::{Error, Result};
 
 /// The surviving changes of one destination table, grouped by schema
 /// version in the order the versions first appear.
+///
+/// A table without a key (see [`super::keyless`]) is not reduced: every
+/// insert and every delete of it counts. Its lines are all live, an
+/// update is a delete of its old row and an insert of its new one, and
+/// each line names its row ([`Line::instance`]).
 #[derive(Default)]
 pub struct Reduction<'a> {
     /// One group per schema version.
     pub groups: Vec<Group<'a>>,
     /// Key bytes -> the line of the newest change of that key so far.
     winners: FxHashMap<Vec<u8>, Winner>,
+    /// Whether the changes are a keyless table's ([`Reduction::keyless`]).
+    keyless: bool,
 }
 
 struct Winner {
@@ -68,6 +75,18 @@ pub struct Line<'a> {
     pub delete: bool,
     /// Not superseded by a later change of its key.
     pub live: bool,
+    /// In a table without a key: the row's content key and name.
+    pub instance: Option<Box<Instance>>,
+}
+
+/// A row of a table without a key, as [`super::keyless`] names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// Its content key ([`super::keyless::content_key`]).
+    pub content: String,
+    /// The record that wrote it (an insert) or that removes a row of its
+    /// content (a delete): [`super::keyless::record_id`].
+    pub row: String,
 }
 
 /// The position of the newest truncate among `events`: every older row of
@@ -89,6 +108,7 @@ impl<'a> Reduction<'a> {
         let mut reduced = Reduction {
             groups: Vec::new(),
             winners: FxHashMap::with_capacity_and_hasher(events.len(), Default::default()),
+            keyless: false,
         };
         for &(i, ev) in events {
             if ev.op == Op::Truncate || truncated.is_some_and(|t| ev.source.position <= t) {
@@ -100,6 +120,116 @@ impl<'a> Reduction<'a> {
             })?;
         }
         Ok(reduced)
+    }
+
+    /// The changes of a table without a key among `events` (each with its
+    /// index in the batch, `record(index)` naming its Kafka record), none
+    /// reduced away: every read, insert and delete, an update as the
+    /// delete of its old row then the insert of its new one; truncates and
+    /// what a truncate at `truncated` removes are left out. An event that
+    /// cannot be written (no row, an update without its old row) is a
+    /// permanent error of its record.
+    pub fn keyless(
+        events: &[(usize, &'a ChangeEvent)],
+        truncated: Option<Position>,
+        record: impl Fn(usize) -> String,
+    ) -> Result<Self, ApplyError> {
+        let mut reduced = Reduction { keyless: true, ..Reduction::default() };
+        for &(i, ev) in events {
+            if ev.op == Op::Truncate || truncated.is_some_and(|t| ev.source.position <= t) {
+                continue;
+            }
+            reduced.add_keyless(i, ev, &record).map_err(|error| ApplyError {
+                error: error.with_table(ev.schema.id.clone()),
+                record: Some(i),
+            })?;
+        }
+        Ok(reduced)
+    }
+
+    /// Whether these are the changes of a table without a key.
+    pub fn is_keyless(&self) -> bool {
+        self.keyless
+    }
+
+    /// Whether some live line is an upsert, and whether some is a delete.
+    pub fn parts(&self) -> (bool, bool) {
+        (self.groups.iter().any(|g| g.upserts > 0), self.groups.iter().any(|g| g.deletes > 0))
+    }
+
+    fn add_keyless(&mut self, record: usize, ev: &'a ChangeEvent, name: &impl Fn(usize) -> String) -> Result<()> {
+        let row = |r: Option<&'a Vec<Value>>, what: &str| {
+            r.ok_or_else(|| Error::permanent(format!("a {:?} event without its {what} row", ev.op)))
+        };
+        match ev.op {
+            Op::Read | Op::Create => self.put_keyless(record, ev, row(ev.after.as_ref(), "new")?, false, name),
+            Op::Update => {
+                let before = ev.before.as_ref().ok_or_else(|| {
+                    Error::permanent(
+                        "an update of a table without a key came without its old row: which row it changed is unknown",
+                    )
+                    .with_class("tributary.no_before_image")
+                    .with_hint(format!(
+                        "give the source table full before-images (PostgreSQL: ALTER TABLE {} REPLICA IDENTITY FULL; \
+                         MySQL: binlog_row_image = FULL), then copy it again (source-runner reset --table {})",
+                        ev.schema.id, ev.schema.id
+                    ))
+                })?;
+                self.put_keyless(record, ev, before, true, name)?;
+                self.put_keyless(record, ev, row(ev.after.as_ref(), "new")?, false, name)
+            }
+            Op::Delete => self.put_keyless(record, ev, row(ev.before.as_ref(), "old")?, true, name),
+            Op::Truncate => Ok(()),
+        }
+    }
+
+    fn put_keyless(
+        &mut self,
+        record: usize,
+        ev: &ChangeEvent,
+        row: &'a [Value],
+        delete: bool,
+        name: &impl Fn(usize) -> String,
+    ) -> Result<()> {
+        whole_row(&ev.schema, row)?;
+        let content = super::keyless::content_key(&ev.schema, row)?;
+        let instance = Instance { content, row: name(record) };
+        self.push_line(record, ev, row, delete, Some(Box::new(instance))).map(|_| ())
+    }
+
+    /// Adds a live line of `row` to its schema's group: the group's index
+    /// and the line's.
+    fn push_line(
+        &mut self,
+        record: usize,
+        ev: &ChangeEvent,
+        row: &'a [Value],
+        delete: bool,
+        instance: Option<Box<Instance>>,
+    ) -> Result<(usize, usize)> {
+        let position = ev.source.position;
+        let (commit, index) = position_i64(position)?;
+        let g = self.group_of(&ev.schema);
+        let group = &mut self.groups[g];
+        if ev.op == Op::Update {
+            group.only_inserts = false;
+        }
+        if delete {
+            group.deletes += 1;
+        } else {
+            group.upserts += 1;
+        }
+        group.lines.push(Line {
+            row,
+            record,
+            position,
+            commit,
+            index,
+            delete,
+            live: true,
+            instance,
+        });
+        Ok((g, group.lines.len() - 1))
     }
 
     /// Whether nothing is left to write.
@@ -192,42 +322,15 @@ impl<'a> Reduction<'a> {
         delete: bool,
         key_idx: &[usize],
     ) -> Result<()> {
-        let schema = &ev.schema;
-        if row.len() != schema.columns.len() {
-            return Err(Error::permanent(format!(
-                "a row of {} values for {} columns",
-                row.len(),
-                schema.columns.len()
-            )));
-        }
-        let key = key_bytes(schema, row, key_idx)?;
+        whole_row(&ev.schema, row)?;
+        let key = key_bytes(&ev.schema, row, key_idx)?;
         let position = ev.source.position;
         if let Some(w) = self.winners.get(&key) {
             if w.position > position {
                 return Ok(()); // an older event: the newer one stays
             }
         }
-        let (commit, index) = position_i64(position)?;
-        let g = self.group_of(schema);
-        let group = &mut self.groups[g];
-        if ev.op == Op::Update {
-            group.only_inserts = false;
-        }
-        group.lines.push(Line {
-            row,
-            record,
-            position,
-            commit,
-            index,
-            delete,
-            live: true,
-        });
-        if delete {
-            group.deletes += 1;
-        } else {
-            group.upserts += 1;
-        }
-        let line = group.lines.len() - 1;
+        let (g, line) = self.push_line(record, ev, row, delete, None)?;
         if let Some(old) = self.winners.insert(key, Winner { position, group: g, line }) {
             let og = &mut self.groups[old.group];
             let superseded = &mut og.lines[old.line];
@@ -273,6 +376,7 @@ impl<'a> Group<'a> {
                 index,
                 delete: false,
                 live: true,
+                instance: None,
             });
         }
         Some(Group {
@@ -297,6 +401,37 @@ impl<'a> Group<'a> {
     }
 }
 
+/// Whether `row` has a value for every column of `schema`.
+fn whole_row(schema: &TableSchema, row: &[Value]) -> Result<()> {
+    if row.len() != schema.columns.len() {
+        return Err(Error::permanent(format!("a row of {} values for {} columns", row.len(), schema.columns.len())));
+    }
+    Ok(())
+}
+
+/// A value's text as keys compare it (its SQL text; integers of any width
+/// alike), `scratch` holding it where the value does not; `None` for NULL.
+pub fn key_value_text<'v>(value: &'v Value, scratch: &'v mut String) -> Result<Option<&'v str>, String> {
+    let mut digits = itoa::Buffer::new();
+    let int = |scratch: &'v mut String, text: &str| {
+        scratch.clear();
+        scratch.push_str(text);
+        Some(&scratch[..])
+    };
+    Ok(match value {
+        Value::Null => None,
+        Value::Int16(v) => int(scratch, digits.format(*v)),
+        Value::Int32(v) => int(scratch, digits.format(*v)),
+        Value::Int64(v) => int(scratch, digits.format(*v)),
+        Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => Some(s),
+        other => {
+            scratch.clear();
+            render_text(scratch, other)?;
+            Some(&scratch[..])
+        }
+    })
+}
+
 /// Whether a key column of `row` has no value (NULL, or not sent).
 pub fn key_is_missing(row: &[Value], key: &[usize]) -> bool {
     key.iter()
@@ -313,23 +448,9 @@ pub fn key_bytes(schema: &TableSchema, row: &[Value], key: &[usize]) -> Result<V
     for &i in key {
         let name = &schema.columns[i].name;
         let value = row.get(i).ok_or_else(|| Error::permanent("a row shorter than its schema"))?;
-        let mut digits = itoa::Buffer::new();
-        let text: &str = match value {
-            Value::Null => {
-                return Err(Error::permanent(format!("key column {name} is null")).with_column(name.clone()));
-            }
-            Value::Int16(v) => digits.format(*v),
-            Value::Int32(v) => digits.format(*v),
-            Value::Int64(v) => digits.format(*v),
-            Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => s,
-            other => {
-                scratch.clear();
-                render_text(&mut scratch, other).map_err(|reason| {
-                    Error::permanent(format!("key column {name}: {reason}")).with_column(name.clone())
-                })?;
-                &scratch
-            }
-        };
+        let text = key_value_text(value, &mut scratch)
+            .map_err(|reason| Error::permanent(format!("key column {name}: {reason}")).with_column(name.clone()))?
+            .ok_or_else(|| Error::permanent(format!("key column {name} is null")).with_column(name.clone()))?;
         out.extend_from_slice(&(text.len() as u64).to_le_bytes());
         out.extend_from_slice(text.as_bytes());
     }

@@ -17,9 +17,9 @@
 
 use std::fmt;
 
-use tributary_schemas::{Column, TableSchema, Value};
+use tributary_schemas::{Column, DataType, TableSchema, Value};
 
-use super::bookkeeping::{is_bookkeeping, POSITION_COLUMNS};
+use super::bookkeeping::{is_bookkeeping, KEYLESS_COLUMNS, POSITION_COLUMNS, ROW_COLUMN};
 use crate::error::{Error, Result};
 
 /// What a sink knows of a destination table.
@@ -220,13 +220,11 @@ pub fn plan<D: Dialect>(
     evolution: Evolution,
 ) -> Result<Vec<TableChange<D::Type>>> {
     let mut plan = Vec::new();
+    // A table without a key keeps its rows as a multiset: a row's content
+    // key and its name (see `super::keyless`) are its primary key.
+    let keyless = schema.key.is_empty();
     if !shape.exists {
-        if schema.key.is_empty() {
-            return Err(Error::permanent("the source table has no key columns")
-                .with_table(schema.id.clone())
-                .with_class("tributary.no_key"));
-        }
-        let mut columns = Vec::with_capacity(schema.columns.len() + 2);
+        let mut columns = Vec::with_capacity(schema.columns.len() + 4);
         for c in &schema.columns {
             let ty = dialect.column_type(c, origin);
             let not_null = (!c.nullable || (dialect.key_refuses_null() && schema.key.contains(&c.name)))
@@ -240,8 +238,20 @@ pub fn plan<D: Dialect>(
                 not_null: true,
             });
         }
-        plan.push(TableChange::CreateTable { columns, key: schema.key.clone() });
+        let key = if keyless {
+            for name in KEYLESS_COLUMNS {
+                let ty = dialect.column_type(&Column::new(name, DataType::Text, false), origin);
+                columns.push(ShapeColumn { name: name.to_string(), ty, not_null: true });
+            }
+            KEYLESS_COLUMNS.iter().map(|c| c.to_string()).collect()
+        } else {
+            schema.key.clone()
+        };
+        plan.push(TableChange::CreateTable { columns, key });
         return Ok(plan);
+    }
+    if keyless != shape.column(ROW_COLUMN).is_some() {
+        return Err(key_changed(table, schema, keyless));
     }
     let mut renamed: Vec<&str> = Vec::new();
     for c in &schema.columns {
@@ -316,6 +326,36 @@ pub fn plan<D: Dialect>(
         }
     }
     Ok(plan)
+}
+
+/// The class of [`key_changed`] errors.
+pub const KEY_CHANGED_CLASS: &str = "tributary.key_changed";
+
+/// The error of a destination table made for a keyed source table that
+/// now has no key (`keyless`), or the reverse: its rows cannot take the
+/// other kind's changes. A sink makes the table anew instead when no row
+/// of it is current (a table-reset forgot every row's position: the
+/// source copies the table again after such a change, see
+/// `docs/schema-changes.md`).
+pub fn key_changed(table: &str, schema: &TableSchema, keyless: bool) -> Error {
+    let what = if keyless {
+        format!("source table {} has no key now, but destination table {table} was made with one", schema.id)
+    } else {
+        format!(
+            "source table {} has a key now ({}), but destination table {table} was made without one",
+            schema.id,
+            schema.key.join(", ")
+        )
+    };
+    Error::needs_operator(format!("{what}: its rows cannot take the changes"))
+        .with_table(schema.id.clone())
+        .with_class(KEY_CHANGED_CLASS)
+        .with_hint(format!(
+            "the source copies a table again when its key changes, and the sink then makes the destination table \
+             anew; if it is not copied again (a copy older than this version, or another producer's topic), drop \
+             {table} and copy the table again: source-runner reset --table {}",
+            schema.id
+        ))
 }
 
 #[cfg(test)]
@@ -447,15 +487,25 @@ mod tests {
     }
 
     #[test]
-    fn key_less_tables_are_refused_and_hand_made_tables_get_positions() {
-        let mut s = schema(vec![Column::new("id", DataType::Int32, false)]);
-        s.key.clear();
-        assert_eq!(
-            plan(&Toy, "t", &s, "test", &TableShape::default(), Evolution::default())
-                .unwrap_err()
-                .class(),
-            "tributary.no_key"
-        );
+    fn keyless_tables_get_their_own_key_and_hand_made_tables_get_positions() {
+        let mut keyless = schema(vec![Column::new("id", DataType::Int32, true)]);
+        keyless.key.clear();
+        let changes = plan(&Toy, "t", &keyless, "test", &TableShape::default(), Evolution::default()).unwrap();
+        let TableChange::CreateTable { columns, key } = &changes[0] else {
+            panic!("{changes:?}")
+        };
+        assert_eq!(key, &["__tributary_key", "__tributary_row"]);
+        assert_eq!(columns.len(), 5);
+        assert!(!columns[0].not_null, "NULL is a legal value of every column of a keyless table");
+        let mut made = TableShape::default();
+        made.apply(&changes);
+        assert!(plan(&Toy, "t", &keyless, "test", &made, Evolution::default())
+            .unwrap()
+            .is_empty());
+        // The source table gained a key: the table must be made anew.
+        let keyed = schema(vec![Column::new("id", DataType::Int32, false)]);
+        let e = plan(&Toy, "t", &keyed, "test", &made, Evolution::default()).unwrap_err();
+        assert_eq!(e.class(), KEY_CHANGED_CLASS);
         let s = schema(vec![Column::new("id", DataType::Int32, false)]);
         let hand_made = TableShape {
             exists: true,

@@ -34,6 +34,7 @@ use tributary_schemas::{ChangeEvent, Position, TableId, TableSchema};
 use super::batch::{group_by_destination, segments, Segment};
 use super::bisect::{locate_failed_record, PrefixProbe};
 use super::bookkeeping::{offset_moves, OffsetMove};
+use super::keyless::record_id;
 use super::reduce::{newest_truncate, Group, Reduction};
 use super::schema::Evolution;
 use super::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkRecord};
@@ -165,6 +166,13 @@ pub trait Warehouse: Send {
     /// when [`Warehouse::load_new`] was tried for this batch (or in a
     /// probe), so nothing cached about the session is to be trusted. A value
     /// the destination refuses is a permanent error naming its record.
+    ///
+    /// The changes of a table without a key ([`Reduction::is_keyless`])
+    /// are not reduced and not guarded by the stored position: they are
+    /// applied as [`super::keyless`] says (every insert a row named after
+    /// its record, every delete removing one older row of its content or
+    /// waiting for one), so that each counts once however often and in
+    /// whatever order it arrives.
     async fn write(&mut self, table: &Self::Table, changes: &Reduction<'_>, after_load: bool)
         -> Result<(), ApplyError>;
 
@@ -387,14 +395,17 @@ async fn apply_records<W: Warehouse>(
                 for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
                     let span = info_span!("table", table = %table, events = events.len());
                     let source = events.first().map(|(_, ev)| ev.schema.id.clone());
-                    apply_table(w, &table, &events, probe).instrument(span).await.map_err(|mut f| {
-                        // Errors name the source table (dead-letter headers,
-                        // status): the destination's own messages do not.
-                        if let Some(id) = &source {
-                            f.error = f.error.or_table(id);
-                        }
-                        f
-                    })?;
+                    apply_table(w, &table, &events, records, probe)
+                        .instrument(span)
+                        .await
+                        .map_err(|mut f| {
+                            // Errors name the source table (dead-letter headers,
+                            // status): the destination's own messages do not.
+                            if let Some(id) = &source {
+                                f.error = f.error.or_table(id);
+                            }
+                            f
+                        })?;
                 }
             }
         }
@@ -428,14 +439,37 @@ async fn table_dropped<W: Warehouse>(w: &mut W, id: &TableId) -> Result<()> {
     }
 }
 
-/// The change events of one destination table, each with its index in the
-/// batch.
+/// The change events of one destination table, each with its index in
+/// `records` (the batch). A table that gained or lost its key meanwhile
+/// has events of both kinds: each run of one kind is applied in turn.
 async fn apply_table<W: Warehouse>(
     w: &mut W,
     table: &W::Table,
     events: &[(usize, &ChangeEvent)],
+    records: &[(KafkaPosition, SinkRecord)],
     probe: bool,
 ) -> Result<(), ApplyError> {
+    let keyless = |e: &(usize, &ChangeEvent)| e.1.schema.key.is_empty();
+    let mut rest = events;
+    while let Some(first) = rest.first() {
+        let kind = keyless(first);
+        let end = rest.iter().position(|e| keyless(e) != kind).unwrap_or(rest.len());
+        apply_run(w, table, &rest[..end], records, probe).await?;
+        rest = &rest[end..];
+    }
+    Ok(())
+}
+
+/// [`apply_table`] for events of one kind: all of a keyed table, or all of
+/// a table without a key (see [`super::keyless`]).
+async fn apply_run<W: Warehouse>(
+    w: &mut W,
+    table: &W::Table,
+    events: &[(usize, &ChangeEvent)],
+    records: &[(KafkaPosition, SinkRecord)],
+    probe: bool,
+) -> Result<(), ApplyError> {
+    let keyless = events.first().is_some_and(|(_, ev)| ev.schema.key.is_empty());
     // 1. The table fits every schema version (the decoder shares one Arc
     // per version, so a version is recognised by its address).
     let mut seen: Vec<usize> = Vec::new();
@@ -468,8 +502,13 @@ async fn apply_table<W: Warehouse>(
             }
         }
     }
-    // 4. The last change per key, written under the position guard.
-    let reduced = Reduction::of(events, truncate)?;
+    // 4. The last change per key, written under the position guard; a
+    // table without a key: every change, each row named after its record.
+    let reduced = if keyless {
+        Reduction::keyless(events, truncate, |i| records.get(i).map(|(at, _)| record_id(at)).unwrap_or_default())?
+    } else {
+        Reduction::of(events, truncate)?
+    };
     if reduced.is_empty() {
         return Ok(());
     }

@@ -102,6 +102,47 @@ pub enum SourceMessage {
     Sequence(TableId, tributary_schemas::SequenceState),
 }
 
+/// What a source keeps of a table without a key to tell when it must be
+/// copied again (see [`copy_for_key_change`]): its columns' types, in
+/// order; `None` for a table with a key.
+pub fn keyless_shape(schema: &TableSchema) -> Option<Vec<String>> {
+    schema
+        .key
+        .is_empty()
+        .then(|| schema.columns.iter().map(|c| c.data_type.to_string()).collect())
+}
+
+/// Why a table whose shape was `old` ([`keyless_shape`]: `None` with a key)
+/// must be copied again now that it is `new`, if it must: it gained or lost
+/// its key, or, without a key, a change of its columns changed the
+/// content of rows already copied (a column dropped or retyped, one added
+/// with a default), by which the sinks tell its rows (see
+/// `sink::keyless`). The source then sends
+/// [`SourceMessage::TableRewritten`]. A column added at the end without a
+/// default, or renamed, changes no row.
+pub fn copy_for_key_change(old: Option<&[String]>, new: &TableSchema) -> Option<String> {
+    let now = keyless_shape(new);
+    match (old, now.as_deref()) {
+        (None, None) => None,
+        (Some(_), None) => {
+            Some(format!("it gained a key ({}): its rows are matched by it from now on", new.key.join(", ")))
+        }
+        (None, Some(_)) => Some("it lost its key: its rows are kept as a multiset from now on".to_string()),
+        (Some(old), Some(now)) => {
+            if now.len() < old.len() {
+                return Some("a column of the table without a key was dropped".to_string());
+            }
+            if let Some(c) = old.iter().zip(now).position(|(a, b)| a != b) {
+                return Some(format!("column {} of the table without a key changed type", new.columns[c].name));
+            }
+            new.columns[old.len()..]
+                .iter()
+                .find(|c| c.default.is_some())
+                .map(|c| format!("column {} was added with a default to the table without a key", c.name))
+        }
+    }
+}
+
 /// A table the source runner holds back while the source copies it again
 /// ([`Source::resync`]): the runner's rule for its changes, in one place
 /// for the runner and the test mirrors that play it. The runner keeps it
@@ -406,6 +447,40 @@ pub trait SourceConfig: fmt::Debug + Send + Sync {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_key_change_or_a_changed_content_copies_a_keyless_table_again() {
+        use tributary_schemas::{Column, DataType, Value};
+        let table = |key: Vec<&str>, columns: Vec<Column>| TableSchema {
+            id: TableId::new("s", "t"),
+            columns,
+            key: key.into_iter().map(str::to_string).collect(),
+            dropped: Vec::new(),
+        };
+        let a = Column::new("a", DataType::Int32, true);
+        let b = Column::new("b", DataType::Text, true);
+        let keyless = table(vec![], vec![a.clone(), b.clone()]);
+        let shape = super::keyless_shape(&keyless);
+        assert_eq!(super::copy_for_key_change(shape.as_deref(), &keyless), None);
+        let keyed = table(vec!["a"], vec![a.clone(), b.clone()]);
+        assert!(super::copy_for_key_change(shape.as_deref(), &keyed).is_some());
+        assert!(super::copy_for_key_change(None, &keyless).is_some());
+        assert_eq!(super::copy_for_key_change(None, &keyed), None);
+        let appended = table(vec![], vec![a.clone(), b.clone(), Column::new("c", DataType::Int32, true)]);
+        assert_eq!(super::copy_for_key_change(shape.as_deref(), &appended), None);
+        let with_default = table(
+            vec![],
+            vec![
+                a.clone(),
+                b.clone(),
+                Column::new("c", DataType::Int32, true).with_default(&Value::Int32(7)),
+            ],
+        );
+        assert!(super::copy_for_key_change(shape.as_deref(), &with_default).is_some());
+        assert!(super::copy_for_key_change(shape.as_deref(), &table(vec![], vec![a.clone()])).is_some());
+        let retyped = table(vec![], vec![Column::new("a", DataType::Int64, true), b]);
+        assert!(super::copy_for_key_change(shape.as_deref(), &retyped).is_some());
+    }
+
     use super::*;
     use crate::error::ErrorKind;
 

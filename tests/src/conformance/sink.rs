@@ -892,3 +892,346 @@ fn schema_with(s: &TableSchema, change: impl Fn(&mut Column)) -> std::sync::Arc<
 
 /// The fixture trait of this suite, by a name the `conformance!` macro knows.
 pub use SinkFixture as Fixture;
+
+// ------------------------------------------------------------ keyless tables
+
+/// `items` without a key (a PostgreSQL table without a primary key and
+/// REPLICA IDENTITY FULL, a MySQL table without a key): every column
+/// nullable, the rows a multiset. Its events carry a null Kafka key.
+fn keyless_items() -> std::sync::Arc<TableSchema> {
+    let mut s = (*items()).clone();
+    s.key = Vec::new();
+    s.columns.iter_mut().for_each(|c| c.nullable = true);
+    std::sync::Arc::new(s)
+}
+
+/// A row of [`keyless_items`]; `None` is NULL.
+fn krow(id: Option<i32>, name: Option<&str>, qty: Option<i32>, price: Option<&str>) -> Vec<Value> {
+    vec![
+        id.map_or(Value::Null, Value::Int32),
+        name.map_or(Value::Null, |n| Value::Text(n.into())),
+        qty.map_or(Value::Null, Value::Int32),
+        price.map_or(Value::Null, |p| Value::Decimal(p.into())),
+    ]
+}
+
+/// `id|name|qty|price` of a [`krow`], as [`keyless_rows`] gives it.
+fn ktext(row: &[Value]) -> String {
+    row.iter()
+        .map(|v| match v {
+            Value::Null => "∅".to_string(),
+            Value::Int32(i) => i.to_string(),
+            Value::Text(s) | Value::Decimal(s) => s.clone(),
+            other => format!("{other:?}"),
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// The rows of `items` as a sorted multiset of `id|name|qty|price` (`∅`
+/// for NULL, whichever way the destination's fixture spells it).
+async fn keyless_rows(fx: &dyn SinkFixture) -> Vec<String> {
+    let mut rows: Vec<String> = fx
+        .rows()
+        .await
+        .into_iter()
+        .map(|r| {
+            r.split('|')
+                .map(|c| if c == "NULL" { "∅" } else { c })
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The expected multiset of `rows`, sorted as [`keyless_rows`] sorts.
+fn kexpect(rows: &[&Vec<Value>]) -> Vec<String> {
+    let mut out: Vec<String> = rows.iter().map(|r| ktext(r)).collect();
+    out.sort();
+    out
+}
+
+/// A keyless table keeps equal rows as rows and NULLs in any column (also
+/// a row of NULLs only); an update or a delete changes exactly one of two
+/// equal rows.
+pub async fn keyless_duplicates_and_nulls(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = keyless_items();
+    let a = krow(Some(1), Some("x"), Some(1), Some("1.00"));
+    let b = krow(Some(2), Some("y"), Some(2), Some("2.00"));
+    let c = krow(Some(3), None, None, None);
+    let n = krow(None, None, None, None);
+    let snapshot: Vec<ChangeEvent> = [&a, &a, &b, &c, &n, &n]
+        .into_iter()
+        .map(|r| event(&s, Op::Read, None, Some(r.clone()), 10, 0))
+        .collect();
+    sink.apply(&batch(TOPIC, 0, snapshot)).await.expect("snapshot");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &a, &b, &c, &n, &n]), "every row, equal ones and NULLs too");
+    let z = krow(Some(1), Some("z"), Some(1), Some("1.00"));
+    let w = krow(Some(3), Some("w"), None, None);
+    sink.apply(&batch(
+        TOPIC,
+        6,
+        vec![
+            event(&s, Op::Update, Some(a.clone()), Some(z.clone()), 20, 0),
+            event(&s, Op::Delete, Some(n.clone()), None, 21, 0),
+            event(&s, Op::Update, Some(c.clone()), Some(w.clone()), 22, 0),
+        ],
+    ))
+    .await
+    .expect("an update and a delete of one of two equal rows");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &z, &b, &w, &n]), "exactly one of each pair changed");
+    sink.apply(&batch(
+        TOPIC,
+        9,
+        vec![
+            event(&s, Op::Delete, Some(a.clone()), None, 30, 0),
+            event(&s, Op::Delete, Some(z.clone()), None, 30, 1),
+        ],
+    ))
+    .await
+    .expect("deletes");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&b, &w, &n]));
+    assert_eq!(stored(&mut sink).await, offsets(11));
+}
+
+/// Every insert and delete of a keyless table counts, also inside one
+/// batch: an insert then a delete of the same row, two equal inserts and
+/// one delete, an update of a row inserted in the same batch, a truncate
+/// in the middle.
+pub async fn keyless_changes_in_one_batch(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = keyless_items();
+    let d = krow(Some(7), Some("a"), None, Some("1.00"));
+    let e = krow(Some(8), Some("b"), None, None);
+    let f = krow(Some(8), Some("c"), None, None);
+    let n = krow(None, None, None, None);
+    let old = krow(Some(1), Some("old"), Some(1), Some("1.00"));
+    sink.apply(&batch(TOPIC, 0, vec![event(&s, Op::Create, None, Some(old.clone()), 5, 0)]))
+        .await
+        .expect("a row before the truncate");
+    sink.apply(&batch(
+        TOPIC,
+        1,
+        vec![
+            event(&s, Op::Create, None, Some(old.clone()), 9, 0),
+            event(&s, Op::Truncate, None, None, 10, 0),
+            event(&s, Op::Create, None, Some(d.clone()), 11, 0),
+            event(&s, Op::Create, None, Some(d.clone()), 11, 1),
+            event(&s, Op::Create, None, Some(e.clone()), 12, 0),
+            event(&s, Op::Delete, Some(d.clone()), None, 13, 0),
+            event(&s, Op::Update, Some(e.clone()), Some(f.clone()), 14, 0),
+            event(&s, Op::Create, None, Some(n.clone()), 15, 0),
+            event(&s, Op::Delete, Some(n.clone()), None, 15, 1),
+            event(&s, Op::Create, None, Some(n.clone()), 16, 0),
+            event(&s, Op::Create, None, Some(e.clone()), 17, 0),
+            event(&s, Op::Delete, Some(e.clone()), None, 17, 1),
+        ],
+    ))
+    .await
+    .expect("one batch");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&d, &f, &n]));
+    assert_eq!(stored(&mut sink).await, offsets(13));
+}
+
+/// Applying a keyless table's batches again, without the offsets' fence
+/// (`sink-runner replay`, a unit committed before DDL and applied again),
+/// changes nothing: each row is named after the Kafka record that wrote it
+/// and each delete is remembered, so no count moves twice.
+pub async fn keyless_replayed_batch(fx: &dyn SinkFixture) {
+    let group = unique("g");
+    let mut sink = fx.sink(&group, false);
+    let s = keyless_items();
+    let a = krow(Some(1), Some("x"), Some(1), Some("1.00"));
+    let b = krow(Some(2), Some("y"), None, None);
+    let c = krow(Some(3), None, Some(3), None);
+    let snapshot: Vec<ChangeEvent> = [&a, &a, &b]
+        .into_iter()
+        .map(|r| event(&s, Op::Read, None, Some(r.clone()), 10, 0))
+        .collect();
+    let snapshot = batch(TOPIC, 0, snapshot);
+    sink.apply(&snapshot).await.expect("snapshot");
+    let changes = batch(
+        TOPIC,
+        3,
+        vec![
+            event(&s, Op::Delete, Some(a.clone()), None, 20, 0),
+            event(&s, Op::Create, None, Some(c.clone()), 21, 0),
+            event(&s, Op::Update, Some(b.clone()), Some(c.clone()), 22, 0),
+        ],
+    );
+    sink.apply(&changes).await.expect("changes");
+    let once = keyless_rows(fx).await;
+    assert_eq!(once, kexpect(&[&a, &c, &c]));
+    sink.apply(&changes).await.expect("the changes again");
+    sink.apply(&snapshot).await.expect("the snapshot again");
+    assert_eq!(keyless_rows(fx).await, once, "a replay moves no count");
+    let mut fresh = fx.sink(&group, false);
+    fresh.apply(&changes).await.expect("again on a fresh sink");
+    assert_eq!(keyless_rows(fx).await, once, "a replay moves no count");
+    assert_eq!(stored(&mut fresh).await, offsets(6));
+}
+
+/// A keyless table's changes applied out of source order (another
+/// partition, a replayed dead letter): a delete applied before the insert
+/// of its row is kept, and takes that older insert when it comes; an
+/// insert newer than such a delete stays; each also when applied again.
+pub async fn keyless_across_partitions(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = keyless_items();
+    let a = krow(Some(1), Some("a"), None, None);
+    let b = krow(Some(2), Some("b"), None, None);
+    let c = krow(None, Some("c"), None, None);
+    sink.apply(&batch(TOPIC, 0, vec![event(&s, Op::Read, None, Some(a.clone()), 10, 0)]))
+        .await
+        .expect("snapshot");
+    // Partition 1: deletes of b at 30 and of c at 40, before their inserts.
+    let deletes = on_partitions(
+        &s.id,
+        vec![
+            (1, 0, SinkRecord::Change(event(&s, Op::Delete, Some(b.clone()), None, 30, 0))),
+            (1, 1, SinkRecord::Change(event(&s, Op::Delete, Some(c.clone()), None, 40, 0))),
+        ],
+    );
+    sink.apply(&deletes).await.expect("deletes first");
+    sink.apply(&deletes).await.expect("the deletes again");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a]));
+    // Partition 0: b inserted at 25 (before its delete), c at 45 (after
+    // its delete), then c at 38 (before it).
+    let inserts = on_partitions(
+        &s.id,
+        vec![
+            (0, 1, SinkRecord::Change(event(&s, Op::Create, None, Some(b.clone()), 25, 0))),
+            (0, 2, SinkRecord::Change(event(&s, Op::Create, None, Some(c.clone()), 45, 0))),
+        ],
+    );
+    sink.apply(&inserts).await.expect("the inserts");
+    sink.apply(&inserts).await.expect("the inserts again");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &c]), "b's delete took its insert; c is newer than its delete");
+    sink.apply(&on_partitions(
+        &s.id,
+        vec![(0, 3, SinkRecord::Change(event(&s, Op::Create, None, Some(c.clone()), 38, 0)))],
+    ))
+    .await
+    .expect("the older insert of c");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &c]), "c's delete took its older insert");
+    // A newer b: stays.
+    sink.apply(&on_partitions(
+        &s.id,
+        vec![(0, 4, SinkRecord::Change(event(&s, Op::Create, None, Some(b.clone()), 50, 0)))],
+    ))
+    .await
+    .expect("a newer b");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &b, &c]));
+}
+
+/// A keyless table copied again in another position domain: the reset
+/// (on both partitions), the copy's rows (equal ones among them), a
+/// change after the copy, and the table-copied records leave exactly the
+/// copy and the change; a truncate then removes the older rows.
+pub async fn keyless_reset_then_copy(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = keyless_items();
+    let a = krow(Some(1), Some("a"), None, None);
+    let b = krow(Some(2), Some("b"), None, None);
+    let c = krow(None, None, None, None);
+    let old: Vec<ChangeEvent> = [&a, &a, &b, &c]
+        .into_iter()
+        .map(|r| event(&s, Op::Read, None, Some(r.clone()), 1_000_000, 0))
+        .collect();
+    sink.apply(&batch(TOPIC, 0, old)).await.expect("the old domain's rows");
+    let reset = |id: u64| SinkRecord::Reset(s.id.clone(), id);
+    let read = |r: &Vec<Value>| SinkRecord::Change(event(&s, Op::Read, None, Some(r.clone()), 10, 0));
+    sink.apply(&on_partitions(&s.id, vec![(0, 4, reset(7)), (0, 5, read(&a)), (0, 6, read(&b)), (0, 7, read(&b))]))
+        .await
+        .expect("reset and copy on partition 0");
+    let second = on_partitions(&s.id, vec![(1, 0, reset(7)), (1, 1, read(&c))]);
+    sink.apply(&second).await.expect("the same reset and copy on partition 1");
+    sink.apply(&second).await.expect("partition 1's batch again");
+    let at = tributary_schemas::Position { commit: 10, index: 0 };
+    sink.apply(&on_partitions(
+        &s.id,
+        vec![
+            (0, 8, SinkRecord::Change(event(&s, Op::Delete, Some(b.clone()), None, 20, 0))),
+            (0, 9, SinkRecord::Copied(s.id.clone(), at)),
+            (1, 2, SinkRecord::Copied(s.id.clone(), at)),
+        ],
+    ))
+    .await
+    .expect("a change after the copy and the table-copied records");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &b, &c]), "the copy's rows and the change, nothing older");
+    sink.apply(&on_partitions(
+        &s.id,
+        vec![
+            (0, 10, SinkRecord::Change(event(&s, Op::Truncate, None, None, 30, 0))),
+            (0, 11, SinkRecord::Change(event(&s, Op::Create, None, Some(a.clone()), 31, 0))),
+        ],
+    ))
+    .await
+    .expect("a truncate and an insert");
+    sink.apply(&on_partitions(
+        &s.id,
+        vec![(1, 3, SinkRecord::Change(event(&s, Op::Create, None, Some(b.clone()), 25, 0)))],
+    ))
+    .await
+    .expect("an insert older than the truncate");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a]), "the truncate removed the older rows and keeps them out");
+}
+
+/// A table copied again after its source table lost its key, then again
+/// after it gained one (the source sends a reset, the copy's rows and
+/// table-copied, see `docs/schema-changes.md`): once the reset forgot
+/// every row, the destination table is made anew in the other shape, in
+/// the same unit as the reset or a later one. Without a reset, a change of
+/// the other shape is refused for the operator (the rows are current),
+/// naming the fix.
+pub async fn keyless_key_gained_and_lost(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let keyed = items();
+    let keyless = keyless_items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&keyed, 3)))
+        .await
+        .expect("the keyed copy");
+    let a = krow(Some(1), Some("a"), None, None);
+    let b = krow(None, Some("b"), None, None);
+    let stray = batch(TOPIC, 3, vec![event(&keyless, Op::Create, None, Some(a.clone()), 8, 0)]);
+    let e = sink
+        .apply(&stray)
+        .await
+        .expect_err("a keyless change into the keyed table's current rows");
+    assert_eq!(e.error.kind(), ErrorKind::NeedsOperator, "{}", e.error);
+    assert_eq!(e.error.class(), "tributary.key_changed", "{}", e.error);
+    assert!(e.error.hint().is_some_and(|h| h.contains("source-runner reset --table")), "{}", e.error);
+    let at = tributary_schemas::Position { commit: 10, index: 0 };
+    let read = |r: &Vec<Value>| SinkRecord::Change(event(&keyless, Op::Read, None, Some(r.clone()), 10, 0));
+    sink.apply(&on_partitions(
+        &keyless.id,
+        vec![
+            (0, 3, SinkRecord::Reset(keyless.id.clone(), 7)),
+            (0, 4, read(&a)),
+            (0, 5, read(&a)),
+            (0, 6, read(&b)),
+            (0, 7, SinkRecord::Copied(keyless.id.clone(), at)),
+        ],
+    ))
+    .await
+    .expect("the reset and the keyless copy in one unit");
+    assert_eq!(keyless_rows(fx).await, kexpect(&[&a, &a, &b]), "the table made anew without a key");
+    sink.apply(&on_partitions(&keyed.id, vec![(0, 8, SinkRecord::Reset(keyed.id.clone(), 9))]))
+        .await
+        .expect("the next reset");
+    let at = tributary_schemas::Position { commit: 20, index: 0 };
+    sink.apply(&on_partitions(
+        &keyed.id,
+        vec![
+            (0, 9, SinkRecord::Change(event(&keyed, Op::Read, None, Some(row(7, "keyed", 7, "7.00")), 20, 0))),
+            (0, 10, SinkRecord::Copied(keyed.id.clone(), at)),
+            (0, 11, SinkRecord::Change(event(&keyed, Op::Update, None, Some(row(7, "again", 7, "7.00")), 21, 0))),
+        ],
+    ))
+    .await
+    .expect("the keyed copy after it");
+    assert_eq!(fx.rows().await, vec!["7|again|7|7.00"], "the table made anew with its key");
+}

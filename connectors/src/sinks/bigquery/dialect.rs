@@ -9,8 +9,9 @@ use super::types::{bigquery_type, fit, to_json, BqType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
     position_before, Fence, OffsetMove, PositionSyntax, Quoting, ResetSyntax, COMMIT_COLUMN, DELETE_COLUMN,
-    FENCED_CLASS, INDEX_COLUMN, KEY_COLUMN, TABLE_ROW_KEY,
+    FENCED_CLASS, INDEX_COLUMN, KEY_COLUMN, ROW_COLUMN, TABLE_ROW_KEY,
 };
+use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
 /// Staging column naming the write that staged a row: its MERGE reads
@@ -156,6 +157,7 @@ pub fn staging_table_sql(stage: &str, columns: &[ShapeColumn<BqType>], partition
     let mut defs: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
     defs.push(format!("{} BOOL", quote_ident(DELETE_COLUMN)));
     defs.push(format!("{} STRING", quote_ident(KEY_COLUMN)));
+    defs.push(format!("{} STRING", quote_ident(ROW_COLUMN)));
     defs.push(format!("{} INT64", quote_ident(COMMIT_COLUMN)));
     defs.push(format!("{} INT64", quote_ident(INDEX_COLUMN)));
     defs.push(format!("{} STRING", quote_ident(BATCH_COLUMN)));
@@ -318,12 +320,34 @@ pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, i
             "DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key <> {whole} AND {older}",
             older = position_before(PositionSyntax::Expanded, (&dc, &di), (&at.0, &at.1), false),
         ),
+        format!(
+            "DELETE FROM {deleted} AS d WHERE d.dest_table = {pending} AND {older}",
+            pending = quote_string(&pending_table(&dest.to_string())),
+            older = position_before(PositionSyntax::Expanded, (&dc, &di), (&at.0, &at.1), false),
+        ),
     ]
 }
 
-/// Removes every deleted-rows entry of `dest`.
+/// Removes every deleted-rows entry of `dest`, its pending deletes too.
 pub fn forget_deleted_sql(deleted: &str, dest: &DestinationTable) -> String {
-    format!("DELETE FROM {deleted} WHERE dest_table = {}", quote_string(&dest.to_string()))
+    QUOTING.forget_deleted_sql(deleted, dest)
+}
+
+/// The statements that apply a staged write (`source`) to a table without
+/// a key (see [`crate::sink::keyless::statements`]): `(inserts, deletes)`
+/// says which of its parts the write has.
+pub fn keyless_sql(
+    deleted: &str,
+    dest: &DestinationTable,
+    source: &str,
+    columns: &[ShapeColumn<BqType>],
+    parts: (bool, bool),
+) -> Vec<String> {
+    let columns: Vec<(String, String)> = columns
+        .iter()
+        .map(|c| (quote_ident(&c.name), format!("s.{}", quote_ident(&c.name))))
+        .collect();
+    keyless::statements_for(QUOTING, dest, &dest.quoted(), deleted, source, &columns, "CURRENT_TIMESTAMP()", parts)
 }
 
 /// Removes the deleted-rows entries older than `hours`.
@@ -407,7 +431,10 @@ mod tests {
         let taken = "EXISTS (SELECT 1 FROM `p.b.resets` WHERE destination = 'd.t' AND reset >= 7)";
         let want = [
             format!("UPDATE `p.d.t` SET `__tributary_commit` = -1, `__tributary_index` = -1 WHERE NOT {taken}"),
-            format!("DELETE FROM `p.b.deleted_rows` WHERE dest_table = 'd.t' AND NOT {taken}"),
+            // (And the pending deletes of a table without a key.)
+            format!(
+                "DELETE FROM `p.b.deleted_rows` WHERE dest_table IN ('d.t', 'd.t (pending deletes)') AND NOT {taken}"
+            ),
             "DELETE FROM `p.b.resets` WHERE destination = 'd.t' AND reset < 7".to_string(),
             "INSERT INTO `p.b.resets` (destination, reset) SELECT 'd.t', 7 FROM (SELECT 1) WHERE NOT EXISTS \
              (SELECT 1 FROM `p.b.resets` WHERE destination = 'd.t')"

@@ -61,19 +61,20 @@ use tributary_schemas::{Position, TableId, TableSchema};
 use self::client::{redact, BqClient, Ctx};
 pub use self::config::{BigQuerySinkConfig, DestinationTable};
 use self::dialect::{
-    change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, forget_positions_sql, merge_sql,
-    offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql, truncate_older_sql,
-    BigQueryDialect, BATCH_COLUMN, QUOTING,
+    change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, forget_positions_sql, keyless_sql,
+    merge_sql, offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql,
+    truncate_older_sql, BigQueryDialect, BATCH_COLUMN, QUOTING,
 };
 use self::types::{bigquery_type, from_metadata, to_json, BqType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
     key_text, staging_name, OffsetMove, COMMIT_COLUMN, DELETED_TABLE, DELETE_COLUMN, INDEX_COLUMN, KEY_COLUMN,
-    OFFSETS_TABLE, RESETS_TABLE,
+    OFFSETS_TABLE, RESETS_TABLE, ROW_COLUMN,
 };
+use crate::sink::keyless;
 use crate::sink::reduce::{key_bytes, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::script::{self, Script, Scripted};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
@@ -257,6 +258,40 @@ impl BigQuerySink {
         }
         self.tables.clear();
         Ok(done)
+    }
+
+    /// A destination table made for a keyed source table whose source has
+    /// no key now, or the reverse (`changed`, see
+    /// [`crate::sink::schema::key_changed`]): dropped, to be made anew,
+    /// when none of its rows is current (a reset forgot every position: the
+    /// source copies the table again after such a change); else `changed`
+    /// stands. DDL commits the unit's statements so far (see
+    /// [`script::commit_before_ddl`]); a trial makes nothing anew.
+    async fn make_anew(&mut self, dest: &DestinationTable, changed: Error) -> Result<()> {
+        // The unit's statements so far first: its reset forgets the rows'
+        // positions.
+        if !script::commit_before_ddl(self).await? {
+            return Err(changed);
+        }
+        let ctx = Ctx::table(dest);
+        let response = self
+            .client
+            .query(&keyless::current_rows_sql(QUOTING, &dest.quoted()), &ctx)
+            .await?;
+        let mut rs = ResultSet::new_from_query_response(response);
+        let current = rs.next_row() && rs.get_i64(0).ok().flatten().unwrap_or(1) > 0;
+        if current {
+            return Err(changed);
+        }
+        info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");
+        self.client
+            .query(&format!("DROP TABLE IF EXISTS {}", dest.quoted()), &ctx)
+            .await?;
+        self.client
+            .query(&forget_deleted_sql(&self.deleted_table(), dest), &ctx)
+            .await?;
+        self.tables.remove(dest);
+        Ok(())
     }
 
     /// Runs a read-only query for the setup check.
@@ -449,11 +484,18 @@ fn staging_rows(changes: &Reduction<'_>, state: &TableState) -> Result<Vec<Stage
             json.insert(col.name.clone(), v);
         }
         json.insert(DELETE_COLUMN.into(), Json::Bool(line.delete));
-        let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
-            error: error.with_table(group.schema.id.clone()),
-            record: Some(line.record),
-        })?;
-        json.insert(KEY_COLUMN.into(), Json::String(key_text(&key)));
+        let key = match &line.instance {
+            // A keyless table's row: its content key and name.
+            Some(instance) => {
+                json.insert(ROW_COLUMN.into(), Json::String(instance.row.clone()));
+                instance.content.clone()
+            }
+            None => key_text(&key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+                error: error.with_table(group.schema.id.clone()),
+                record: Some(line.record),
+            })?),
+        };
+        json.insert(KEY_COLUMN.into(), Json::String(key));
         json.insert(COMMIT_COLUMN.into(), Json::from(line.commit));
         json.insert(INDEX_COLUMN.into(), Json::from(line.index));
         rows.push(StagedRow {
@@ -527,7 +569,14 @@ impl Warehouse for BigQuerySink {
         }
         let ctx = Ctx::table(dest);
         let mut state = self.tables.get(dest).cloned().unwrap_or_default();
-        let changes = plan(&BigQueryDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution())?;
+        let changes = match plan(&BigQueryDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution()) {
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                self.make_anew(dest, e).await?;
+                state = TableState::default();
+                plan(&BigQueryDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution())?
+            }
+            other => other?,
+        };
         if !state.shape.exists {
             self.ensure_dataset(&dest.dataset).await?;
         }
@@ -629,8 +678,8 @@ impl Warehouse for BigQuerySink {
         let key = changes.groups.first().map(|g| g.schema.key.clone()).unwrap_or_default();
         let stage = staging_name(
             &format!("{STAGING_PREFIX}{}_", staging_base(dest)),
-            // Staging tables made before the key column are not reused.
-            &KEY_COLUMN,
+            // Staging tables made before the row column are not reused.
+            &ROW_COLUMN,
             &columns.iter().map(|c| (c.name.as_str(), c.ty.to_string())).collect::<Vec<_>>(),
         );
         if !self.stages.contains(&stage) {
@@ -651,6 +700,12 @@ impl Warehouse for BigQuerySink {
             quote_string(&write)
         );
         let deleted = self.deleted_table();
+        if changes.is_keyless() {
+            self.script
+                .extend(keyless_sql(&deleted, dest, &source, &columns, changes.parts()));
+            debug!(table = %dest, rows = rows.len(), "staged");
+            return Ok(());
+        }
         if changes.groups.iter().any(|g| g.deletes > 0) {
             self.script.push(deleted_merge_sql(&deleted, dest, &source));
         }

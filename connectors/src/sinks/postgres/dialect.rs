@@ -11,10 +11,11 @@ use super::config::DestinationTable;
 use crate::error::Error;
 use crate::pgwire::{quote_ident, quote_literal};
 use crate::sink::bookkeeping::{
-    position_before, Fence, OffsetMove, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETED_TABLE,
-    DELETE_COLUMN, FENCED_CLASS, FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
+    position_before, Fence, OffsetMove, PositionSyntax, Quoting, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETED_TABLE,
+    DELETE_COLUMN, FENCED_CLASS, FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE, ROW_COLUMN,
     TABLE_ROW_KEY,
 };
+use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
 /// The origin (`source.connector`) whose type spellings are PostgreSQL's.
@@ -140,11 +141,13 @@ pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "CREATE TEMP TABLE IF NOT EXISTS {s} ({defs}{comma} {d} boolean, {k} text, {c} bigint, {i} bigint) ON COMMIT DELETE ROWS",
+        "CREATE TEMP TABLE IF NOT EXISTS {s} ({defs}{comma} {d} boolean, {k} text, {c} bigint, {i} bigint, {r} text) \
+         ON COMMIT DELETE ROWS",
         s = quote_ident(stage),
         comma = if defs.is_empty() { "" } else { "," },
         d = quote_ident(DELETE_COLUMN),
         k = quote_ident(KEY_COLUMN),
+        r = quote_ident(ROW_COLUMN),
         c = quote_ident(COMMIT_COLUMN),
         i = quote_ident(INDEX_COLUMN),
     )
@@ -152,10 +155,10 @@ pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
 
 /// `COPY` of quoted column `names` and the positions into `target` (a
 /// table's quoted name); with the staging table's delete flag and key text
-/// first.
-pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
+/// first; with the row's name last for a table without a key (`row`).
+pub fn copy_sql(target: &str, names: &[String], delete_flag: bool, row: bool) -> String {
     format!(
-        "COPY {target} ({}{}{}{}, {}) FROM STDIN",
+        "COPY {target} ({}{}{}{}, {}{}) FROM STDIN",
         if delete_flag {
             format!("{}, {}, ", quote_ident(DELETE_COLUMN), quote_ident(KEY_COLUMN))
         } else {
@@ -165,8 +168,26 @@ pub fn copy_sql(target: &str, names: &[String], delete_flag: bool) -> String {
         if names.is_empty() { "" } else { ", " },
         quote_ident(COMMIT_COLUMN),
         quote_ident(INDEX_COLUMN),
+        if row {
+            format!(", {}", quote_ident(ROW_COLUMN))
+        } else {
+            String::new()
+        },
     )
 }
+
+/// The statements that apply a filled staging table to a table without a
+/// key (see [`crate::sink::keyless::statements`]); `names` are the quoted
+/// columns, `parts` whether the batch has inserts and deletes.
+pub fn keyless_sql(table: &DestinationTable, stage: &str, names: &[String], parts: (bool, bool)) -> String {
+    let names: Vec<(String, String)> = names.iter().map(|n| (n.clone(), format!("s.{n}"))).collect();
+    let source = quote_ident(stage);
+    keyless::statements_for(QUOTING, table, &table.quoted(), &deleted_table(), &source, &names, "now()", parts)
+        .join("; ")
+}
+
+/// PostgreSQL's quoting, for the statements the core writes once.
+pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: quote_literal };
 
 /// The merge of a filled staging table into `table`: deletes and upserts,
 /// each only where the stored row is older (a delete also at the same
@@ -282,8 +303,10 @@ pub fn removed_before_sql(table: &DestinationTable, commit: i64, index: i64) -> 
         "INSERT INTO {deleted} AS d (dest_table, row_key, {c}, {i}) VALUES ({name}, {whole}, {commit}, {index}) \
          ON CONFLICT (dest_table, row_key) DO UPDATE SET {c} = EXCLUDED.{c}, {i} = EXCLUDED.{i}, deleted_at = now() \
          WHERE {newer}; \
-         DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key <> {whole} AND {older}",
+         DELETE FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key <> {whole} AND {older}; \
+         DELETE FROM {deleted} AS d WHERE d.dest_table = {pending} AND {older}",
         deleted = deleted_table(),
+        pending = quote_literal(&pending_table(&table.to_string())),
         whole = quote_literal(TABLE_ROW_KEY),
         newer = position_before(PositionSyntax::RowValue, (&dc, &di), (&ec, &ei), false),
         older = position_before(PositionSyntax::RowValue, (&dc, &di), (&at.0, &at.1), false),
@@ -291,9 +314,9 @@ pub fn removed_before_sql(table: &DestinationTable, commit: i64, index: i64) -> 
 }
 
 /// Removes every deleted-rows entry of `table` (dropped, or its copy
-/// deleted).
+/// deleted), its pending deletes too.
 pub fn forget_deleted_sql(table: &DestinationTable) -> String {
-    format!("DELETE FROM {} WHERE dest_table = {}", deleted_table(), quote_literal(&table.to_string()))
+    QUOTING.forget_deleted_sql(&deleted_table(), table)
 }
 
 /// Removes the deleted-rows entries older than `hours`.
@@ -434,10 +457,12 @@ pub fn forget_positions_sql(table: &DestinationTable, exists: bool, reset: i64) 
     );
     // Deleted rows' entries hold positions of the old domain: they would
     // keep the copy's rows out.
+    let name = table.to_string();
     let gone = format!(
-        "gone AS (DELETE FROM {} WHERE dest_table = {} AND EXISTS (SELECT 1 FROM taken) RETURNING 1)",
+        "gone AS (DELETE FROM {} WHERE dest_table IN ({}, {}) AND EXISTS (SELECT 1 FROM taken) RETURNING 1)",
         deleted_table(),
-        quote_literal(&table.to_string())
+        quote_literal(&name),
+        quote_literal(&pending_table(&name))
     );
     if !exists {
         return format!("WITH taken AS ({record}), {gone} SELECT count(*) FROM gone");

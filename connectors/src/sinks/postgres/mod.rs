@@ -66,8 +66,8 @@ pub use self::config::{
 };
 use self::dialect::{
     advance_sequence_sql, change_sql, copy_sql, create_resets_sql, deleted_table, deleted_table_ddl,
-    forget_deleted_sql, forget_positions_sql, has_deleted_sql, has_newer_sql, merge_sql, offsets_sql, offsets_table,
-    prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql,
+    forget_deleted_sql, forget_positions_sql, has_deleted_sql, has_newer_sql, keyless_sql, merge_sql, offsets_sql,
+    offsets_table, prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql, QUOTING,
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
 pub use self::types::render_copy;
@@ -79,8 +79,9 @@ use crate::sink::bookkeeping::{
     position_i64, reset_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
 };
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
+use crate::sink::keyless;
 use crate::sink::reduce::{Group, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -376,6 +377,34 @@ impl PostgresSink {
         Ok(())
     }
 
+    /// A destination table made for a keyed source table whose source has
+    /// no key now, or the reverse (`changed`, see
+    /// [`crate::sink::schema::key_changed`]): dropped, to be made anew in
+    /// the open transaction, when none of its rows is current (a reset
+    /// forgot every position: the source copies the table again after
+    /// such a change); else `changed` stands.
+    async fn make_anew(&mut self, dest: &DestinationTable, changed: Error) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        let lock =
+            format!("SELECT pg_advisory_xact_lock(hashtext({}))", quote_literal(&format!("tributary table {dest}")));
+        self.session.execute(&lock, &ctx).await?;
+        let current: i64 = self
+            .session
+            .client()
+            .await?
+            .query_one(keyless::current_rows_sql(QUOTING, &dest.quoted()).as_str(), &[])
+            .await
+            .map_err(|e| classify(&e, &ctx))?
+            .get(0);
+        if current > 0 {
+            return Err(changed);
+        }
+        info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");
+        let sql = format!("DROP TABLE {}; {}", dest.quoted(), forget_deleted_sql(dest));
+        self.session.execute(&sql, &ctx).await?;
+        self.load_table(dest).await
+    }
+
     fn state(&self, dest: &DestinationTable) -> Result<&TableState> {
         self.tables
             .get(dest)
@@ -394,7 +423,7 @@ impl PostgresSink {
     ) -> Result<bool, ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
         self.session.execute("SAVEPOINT tributary_fast", &ctx).await?;
-        let copy = copy_sql(&dest.quoted(), names, false);
+        let copy = copy_sql(&dest.quoted(), names, false, false);
         match self.copy_lines(&copy, group, false, binary).await {
             Ok(()) => {
                 self.session.defer("RELEASE SAVEPOINT tributary_fast");
@@ -456,7 +485,10 @@ impl PostgresSink {
     /// `probe` (bisecting, or this batch's direct copy was already refused
     /// or skipped) the direct copy is not tried.
     async fn merge(&mut self, dest: &DestinationTable, group: &Group<'_>, probe: bool) -> Result<(), ApplyError> {
-        if !probe && self.copy_fast(dest, group).await? == Some(true) {
+        // A keyless table's rows carry their content key and name, which
+        // the direct copy does not write.
+        let keyless = group.key.is_empty();
+        if !probe && !keyless && self.copy_fast(dest, group).await? == Some(true) {
             return Ok(());
         }
         let ctx = self.ctx().in_table(dest.to_string());
@@ -480,14 +512,18 @@ impl PostgresSink {
         }
         self.staging_filled.insert(stage.clone());
         let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
-        let copy = copy_sql(&quote_ident(&stage), &names, true);
+        let copy = copy_sql(&quote_ident(&stage), &names, true, keyless);
         match self.copy_lines(&copy, group, true, binary.as_deref()).await {
             Ok(()) => {}
             Err(CopyFailure::Db(e)) => return Err(classify(&e, &ctx).into()),
             Err(CopyFailure::Session(e)) => return Err(e.into()),
             Err(CopyFailure::Render(e)) => return Err(e),
         }
-        let merge = merge_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0);
+        let merge = if keyless {
+            keyless_sql(dest, &stage, &names, (group.upserts > 0, group.deletes > 0))
+        } else {
+            merge_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0)
+        };
         self.session.execute(&merge, &ctx).await?;
         debug!(table = %dest, upserts = group.upserts, deletes = group.deletes, "merged");
         Ok(())
@@ -627,7 +663,13 @@ impl Warehouse for PostgresSink {
             return Ok(());
         }
         let name = dest.quoted();
-        let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
+        let changes = match plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution()) {
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                self.make_anew(dest, e).await?;
+                plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?
+            }
+            other => other?,
+        };
         if !changes.is_empty() {
             let ctx = self.ctx().in_table(dest.to_string());
             // Serialise DDL on this table across sink runners, then look
@@ -638,7 +680,14 @@ impl Warehouse for PostgresSink {
             );
             self.session.execute(&lock, &ctx).await?;
             self.load_table(dest).await?;
-            let changes = plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?;
+            let changes =
+                match plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution()) {
+                    Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                        self.make_anew(dest, e).await?;
+                        plan(&PostgresDialect, &name, schema, origin, &self.state(dest)?.shape, self.evolution())?
+                    }
+                    other => other?,
+                };
             if !changes.is_empty() {
                 if !self.state(dest)?.shape.exists {
                     self.ensure_schema(&dest.schema, &ctx).await?;

@@ -241,6 +241,12 @@ pub fn render_line(
     out.extend_from_slice(digits.format(line.commit).as_bytes());
     out.push(b'\t');
     out.extend_from_slice(digits.format(line.index).as_bytes());
+    if let Some(instance) = line.instance.as_deref().filter(|_| flag) {
+        // A record's name (a legal topic name, a partition and an offset)
+        // needs no COPY escape.
+        out.push(b'\t');
+        out.extend_from_slice(instance.row.as_bytes());
+    }
     out.push(b'\n');
     Ok(())
 }
@@ -271,7 +277,8 @@ pub fn render_binary_line(
     line: &Line<'_>,
     flag: bool,
 ) -> Result<(), ApplyError> {
-    let n = group.schema.columns.len() + 2 + 2 * usize::from(flag);
+    let row = line.instance.as_deref().filter(|_| flag);
+    let n = group.schema.columns.len() + 2 + 2 * usize::from(flag) + usize::from(row.is_some());
     out.extend_from_slice(&i16::try_from(n).unwrap_or(i16::MAX).to_be_bytes());
     if flag {
         BinaryType::Bool.write(out, &Value::Boolean(line.delete));
@@ -289,12 +296,19 @@ pub fn render_binary_line(
     }
     BinaryType::Int8.write(out, &Value::Int64(line.commit));
     BinaryType::Int8.write(out, &Value::Int64(line.index));
+    if let Some(instance) = row {
+        out.extend_from_slice(&i32::try_from(instance.row.len()).unwrap_or(i32::MAX).to_be_bytes());
+        out.extend_from_slice(instance.row.as_bytes());
+    }
     Ok(())
 }
 
 /// A staged line's key column (`bookkeeping::KEY_COLUMN`): what the
-/// deleted-rows table is matched on.
+/// deleted-rows table is matched on; a keyless table's content key.
 fn staged_key(group: &Group<'_>, line: &Line<'_>) -> Result<String, ApplyError> {
+    if let Some(instance) = &line.instance {
+        return Ok(instance.content.clone());
+    }
     let bytes = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
         error: error.with_table(group.schema.id.clone()),
         record: Some(line.record),

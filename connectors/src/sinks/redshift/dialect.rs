@@ -17,9 +17,11 @@ use super::config::DestinationTable;
 use crate::error::Error;
 use crate::pgwire::quote_ident;
 use crate::sink::bookkeeping::{
-    position_before, OffsetMove, PositionSyntax, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETED_TABLE, DELETE_COLUMN,
-    FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE, TABLE_ROW_KEY,
+    position_before, OffsetMove, PositionSyntax, Quoting, BOOKKEEPING_SCHEMA, COMMIT_COLUMN, DELETED_TABLE,
+    DELETE_COLUMN, FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, OFFSETS_TABLE, RESETS_TABLE, ROW_COLUMN,
+    TABLE_ROW_KEY,
 };
+use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 pub use crate::sinks::postgres::PgType;
 
@@ -346,7 +348,7 @@ pub fn lock_sql(quoted: &str) -> String {
 pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
     let defs: Vec<String> = columns.iter().map(|(n, t)| format!("{} {t}", quote_ident(n))).collect();
     format!(
-        "CREATE TEMP TABLE {s} ({defs}{comma}{d} BOOLEAN, {k} VARCHAR(65535), {c} BIGINT, {i} BIGINT)",
+        "CREATE TEMP TABLE {s} ({defs}{comma}{d} BOOLEAN, {k} VARCHAR(65535), {c} BIGINT, {i} BIGINT, {r} VARCHAR(65535))",
         s = quote_ident(stage),
         defs = defs.join(", "),
         comma = if defs.is_empty() { "" } else { ", " },
@@ -354,17 +356,39 @@ pub fn staging_table_sql(stage: &str, columns: &[(&str, &str)]) -> String {
         k = quote_ident(KEY_COLUMN),
         c = quote_ident(COMMIT_COLUMN),
         i = quote_ident(INDEX_COLUMN),
+        r = quote_ident(ROW_COLUMN),
     )
 }
 
 /// The staging table's columns in the staged files' order: the delete flag
-/// and key text first, then the columns, then the position.
+/// and key text first, then the columns, then the position and the row's
+/// name (a table without a key).
 pub fn staged_columns(names: &[String]) -> String {
     let mut all = vec![quote_ident(DELETE_COLUMN), quote_ident(KEY_COLUMN)];
     all.extend(names.iter().cloned());
     all.push(quote_ident(COMMIT_COLUMN));
     all.push(quote_ident(INDEX_COLUMN));
+    all.push(quote_ident(ROW_COLUMN));
     all.join(", ")
+}
+
+/// Redshift's quoting, for the statements the core writes once.
+pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: literal };
+
+/// The statements that apply a loaded staging table to a table without a
+/// key (see [`crate::sink::keyless::statements`]); `names` are the quoted
+/// columns, `parts` whether the batch has inserts and deletes, `now` the
+/// unit's timestamp literal.
+pub fn keyless_sql(
+    table: &DestinationTable,
+    stage: &str,
+    names: &[String],
+    parts: (bool, bool),
+    now: &str,
+) -> Vec<String> {
+    let names: Vec<(String, String)> = names.iter().map(|n| (n.clone(), format!("s.{n}"))).collect();
+    let source = quote_ident(stage);
+    keyless::statements_for(QUOTING, table, &table.quoted(), &deleted_table(), &source, &names, now, parts)
 }
 
 /// The null marker of the staged CSV files (unquoted; a quoted `"\N"` is
@@ -569,12 +593,17 @@ pub fn removed_before_sql(table: &DestinationTable, commit: i64, index: i64, rep
         "DELETE FROM {deleted} WHERE dest_table = {name} AND row_key <> {whole} AND {}",
         position_before(GUARD, (&c, &i), (&at.0, &at.1), false)
     ));
+    out.push(format!(
+        "DELETE FROM {deleted} WHERE dest_table = {} AND {}",
+        literal(&pending_table(&table.to_string())),
+        position_before(GUARD, (&c, &i), (&at.0, &at.1), false)
+    ));
     out
 }
 
-/// Removes every deleted-rows entry of `table`.
+/// Removes every deleted-rows entry of `table`, its pending deletes too.
 pub fn forget_deleted_sql(table: &DestinationTable) -> String {
-    format!("DELETE FROM {} WHERE dest_table = {}", deleted_table(), literal(&table.to_string()))
+    QUOTING.forget_deleted_sql(&deleted_table(), table)
 }
 
 /// Removes the deleted-rows entries written before `before` (a literal).

@@ -77,10 +77,10 @@ use self::client::{
 pub use self::config::{DestinationTable, Loader, RedshiftSinkConfig, S3Config};
 use self::dialect::{
     apply_sql, bookkeeping_ddl, change_sql, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
-    delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, load_error_sql, lock_sql,
-    offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, reset_of_sql, resets_table, staging_table_sql,
-    stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery, COLUMNS_SQL,
-    PRIMARY_KEY_SQL, SCHEMA_EXISTS_SQL,
+    delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, keyless_sql, load_error_sql,
+    lock_sql, offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, reset_of_sql, resets_table,
+    staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery,
+    COLUMNS_SQL, PRIMARY_KEY_SQL, QUOTING, SCHEMA_EXISTS_SQL,
 };
 pub use self::dialect::{PgType, RedshiftDialect, BEGIN};
 use self::types::{render_record, CsvKind};
@@ -91,8 +91,9 @@ use crate::sink::bookkeeping::{
     fenced, keeps_removal, position_i64, reset_i64, staging_name, Fence, OffsetMove, BOOKKEEPING_SCHEMA,
     DELETED_ROWS_PRUNE_INTERVAL, OFFSETS_TABLE,
 };
+use crate::sink::keyless;
 use crate::sink::reduce::{Group, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -516,6 +517,30 @@ impl RedshiftSink {
         Ok(())
     }
 
+    /// A destination table made for a keyed source table whose source has
+    /// no key now, or the reverse (`changed`, see
+    /// [`crate::sink::schema::key_changed`]): dropped and made anew for
+    /// `schema` in the open transaction when none of its rows is current (a
+    /// reset forgot every position: the source copies the table again after
+    /// such a change); else `changed` stands.
+    async fn make_anew(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        origin: &str,
+        changed: Error,
+    ) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        self.lock_for_write(dest);
+        let current = self.query(&keyless::current_rows_sql(QUOTING, &dest.quoted()), &ctx).await?;
+        if current.first().is_none_or(|r| r.get::<_, i64>(0) > 0) {
+            return Err(changed);
+        }
+        info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");
+        self.drop_table(dest).await?;
+        self.recreate_in_transaction(dest, schema, origin).await
+    }
+
     /// Reads a table's columns and primary key from the catalog.
     async fn load_table(&mut self, dest: &DestinationTable) -> Result<()> {
         let ctx = self.ctx().in_table(dest.to_string());
@@ -663,7 +688,11 @@ impl RedshiftSink {
             }
             return Err(self.refusal(error, copy, staged.dir_url(), &ctx).await.into());
         }
-        let statements = apply_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0, &self.now);
+        let statements = if group.key.is_empty() {
+            keyless_sql(dest, &stage, &names, (group.upserts > 0, group.deletes > 0), &self.now)
+        } else {
+            apply_sql(dest, &stage, &names, &keys, group.deletes > 0, group.upserts > 0, &self.now)
+        };
         self.exec(&statements, &ctx).await?;
         debug!(table = %dest, upserts = group.upserts, deletes = group.deletes, "applied");
         Ok(())
@@ -905,7 +934,11 @@ impl Warehouse for RedshiftSink {
         if self.tables.get(dest).is_some_and(|s| s.reconciled.contains(&fingerprint)) {
             return Ok(());
         }
-        if !self.plan_for(dest, schema, origin)?.is_empty() {
+        let planned = match self.plan_for(dest, schema, origin) {
+            Err(e) if e.class() == KEY_CHANGED_CLASS => return self.make_anew(dest, schema, origin, e).await,
+            other => other?,
+        };
+        if !planned.is_empty() {
             if self.touched.contains(dest) {
                 self.pending.push((dest.clone(), Arc::new(schema.clone()), origin.to_string()));
                 return Err(Error::retryable(format!(

@@ -90,7 +90,8 @@ fn to_json(value: &Value) -> Result<serde_json::Value, String> {
 }
 
 /// Appends `line` of `group` as one CSV record: delete flag, key text, the
-/// columns (a delete carries only its key), the position. `kinds` has one
+/// columns (a delete carries only its key), the position, the row's name
+/// (a table without a key; else NULL). `kinds` has one
 /// entry per schema column.
 pub fn render_record(
     group: &Group<'_>,
@@ -99,12 +100,16 @@ pub fn render_record(
     scratch: &mut String,
     line: &Line<'_>,
 ) -> Result<(), ApplyError> {
-    let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
-        error: error.with_table(group.schema.id.clone()),
-        record: Some(line.record),
-    })?;
+    // A keyless table's row: its content key (and its name, last).
+    let key = match &line.instance {
+        Some(instance) => instance.content.clone(),
+        None => key_text(&key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+            error: error.with_table(group.schema.id.clone()),
+            record: Some(line.record),
+        })?),
+    };
     out.extend_from_slice(if line.delete { b"t," } else { b"f," });
-    out.extend_from_slice(key_text(&key).as_bytes());
+    out.extend_from_slice(key.as_bytes());
     for (i, ((col, value), kind)) in group.schema.columns.iter().zip(line.row).zip(kinds).enumerate() {
         out.push(b',');
         if group.writes(line, i) {
@@ -123,6 +128,13 @@ pub fn render_record(
     out.extend_from_slice(digits.format(line.commit).as_bytes());
     out.push(b',');
     out.extend_from_slice(digits.format(line.index).as_bytes());
+    out.push(b',');
+    // A record's name (a legal topic name, a partition and an offset)
+    // needs no CSV quotes.
+    match &line.instance {
+        Some(instance) => out.extend_from_slice(instance.row.as_bytes()),
+        None => out.extend_from_slice(CSV_NULL.as_bytes()),
+    }
     out.push(b'\n');
     Ok(())
 }

@@ -17,8 +17,9 @@ use super::types::{fit, from_staged, snowflake_type, staged_text, SfType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
     position_before, OffsetMove, PositionSyntax, Quoting, ResetSyntax, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN,
-    KEY_COLUMN, TABLE_ROW_KEY,
+    KEY_COLUMN, ROW_COLUMN, TABLE_ROW_KEY,
 };
+use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
 /// Staging column naming the write that staged a row: the statements read
@@ -171,6 +172,7 @@ pub fn staging_table_sql(stage: &str, names: &[&str]) -> String {
     defs.push(format!("{} VARCHAR", quote_ident(KEY_COLUMN)));
     defs.push(format!("{} NUMBER(19, 0)", quote_ident(COMMIT_COLUMN)));
     defs.push(format!("{} NUMBER(19, 0)", quote_ident(INDEX_COLUMN)));
+    defs.push(format!("{} VARCHAR", quote_ident(ROW_COLUMN)));
     defs.push(format!("{} VARCHAR", quote_ident(BATCH_COLUMN)));
     format!("CREATE TEMPORARY TABLE IF NOT EXISTS {} ({})", quote_ident(stage), defs.join(", "))
 }
@@ -181,7 +183,14 @@ pub fn staging_insert_sql(stage: &str, names: &[&str]) -> String {
     let all: Vec<String> = names
         .iter()
         .copied()
-        .chain([DELETE_COLUMN, KEY_COLUMN, COMMIT_COLUMN, INDEX_COLUMN, BATCH_COLUMN])
+        .chain([
+            DELETE_COLUMN,
+            KEY_COLUMN,
+            COMMIT_COLUMN,
+            INDEX_COLUMN,
+            ROW_COLUMN,
+            BATCH_COLUMN,
+        ])
         .map(quote_ident)
         .collect();
     let marks = vec!["?"; all.len()].join(", ");
@@ -353,7 +362,7 @@ pub fn truncate_older_sql(table: &DestinationTable, commit: i64, index: i64) -> 
 
 /// Keeps `(commit, index)` as the table-wide deleted-rows entry of `dest`
 /// (unless a newer one is there) and drops its older key entries.
-pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, index: i64) -> [String; 3] {
+pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, index: i64) -> [String; 4] {
     let (c, i) = QUOTING.positions("");
     let name = quote_string(&dest.to_string());
     let whole = quote_string(TABLE_ROW_KEY);
@@ -367,12 +376,33 @@ pub fn removed_before_sql(deleted: &str, dest: &DestinationTable, commit: i64, i
              (SELECT 1 FROM {deleted} WHERE dest_table = {name} AND row_key = {whole})"
         ),
         format!("DELETE FROM {deleted} WHERE dest_table = {name} AND row_key <> {whole} AND {older}"),
+        format!(
+            "DELETE FROM {deleted} WHERE dest_table = {} AND {older}",
+            quote_string(&pending_table(&dest.to_string()))
+        ),
     ]
 }
 
-/// Removes every deleted-rows entry of `dest`.
+/// Removes every deleted-rows entry of `dest`, its pending deletes too.
 pub fn forget_deleted_sql(deleted: &str, dest: &DestinationTable) -> String {
-    format!("DELETE FROM {deleted} WHERE dest_table = {}", quote_string(&dest.to_string()))
+    QUOTING.forget_deleted_sql(deleted, dest)
+}
+
+/// The statements that apply a staged write (`source`) to a table without
+/// a key (see [`crate::sink::keyless::statements`]): `(inserts, deletes)`
+/// says which of its parts the write has.
+pub fn keyless_sql(
+    deleted: &str,
+    dest: &DestinationTable,
+    source: &str,
+    columns: &[ShapeColumn<SfType>],
+    parts: (bool, bool),
+) -> Vec<String> {
+    let columns: Vec<(String, String)> = columns
+        .iter()
+        .map(|c| (quote_ident(&c.name), from_staged(&format!("s.{}", quote_ident(&c.name)), &c.ty)))
+        .collect();
+    keyless::statements_for(QUOTING, dest, &dest.quoted(), deleted, source, &columns, "CURRENT_TIMESTAMP()", parts)
 }
 
 /// Removes the deleted-rows entries older than `hours`.
@@ -500,7 +530,11 @@ mod tests {
             format!(
                 r#"UPDATE "DB"."public"."items" SET "__tributary_commit" = -1, "__tributary_index" = -1 WHERE NOT {taken}"#
             ),
-            format!("DELETE FROM {deleted} WHERE dest_table = 'public.items' AND NOT {taken}"),
+            // (And the pending deletes of a table without a key.)
+            format!(
+                "DELETE FROM {deleted} WHERE dest_table IN ('public.items', 'public.items (pending deletes)') \
+                 AND NOT {taken}"
+            ),
             format!(
                 "INSERT INTO {resets} (destination, reset) SELECT 'public.items', 7 WHERE NOT EXISTS \
                  (SELECT 1 FROM {resets} WHERE destination = 'public.items')"

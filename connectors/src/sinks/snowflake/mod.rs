@@ -66,10 +66,10 @@ use self::client::{upload_url, Credentials, KeyError, KeyPair, SfClient, SESSION
 pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
-    insert_rows_sql, internal_stage_sql, lock_row_sql, lock_sql, locks_table_ddl, offsets_table_ddl, prune_deleted_sql,
-    put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql, resets_table_ddl,
-    staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql, write_offsets_sql,
-    SnowflakeDialect, QUOTING,
+    insert_rows_sql, internal_stage_sql, keyless_sql, lock_row_sql, lock_sql, locks_table_ddl, offsets_table_ddl,
+    prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql,
+    resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql,
+    write_offsets_sql, SnowflakeDialect, QUOTING,
 };
 use self::types::{from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
@@ -78,8 +78,9 @@ use crate::sink::bookkeeping::{
     fenced, keeps_removal, key_text, position_i64, reset_i64, staging_name, Fence, OffsetMove, DELETED_TABLE,
     OFFSETS_TABLE, RESETS_TABLE,
 };
+use crate::sink::keyless;
 use crate::sink::reduce::{key_bytes, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::script::{self, Script, Scripted};
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
@@ -339,6 +340,37 @@ impl SnowflakeSink {
     }
 
     /// The stored offsets of the consumer group.
+    /// A destination table made for a keyed source table whose source has
+    /// no key now, or the reverse (`changed`, see
+    /// [`crate::sink::schema::key_changed`]): dropped, to be made anew,
+    /// when none of its rows is current (a reset forgot every position: the
+    /// source copies the table again after such a change); else `changed`
+    /// stands. DDL commits the unit's statements so far (see
+    /// [`script::commit_before_ddl`]); a trial makes nothing anew.
+    async fn make_anew(&mut self, dest: &DestinationTable, changed: Error) -> Result<()> {
+        // The unit's statements so far first: its reset forgets the rows'
+        // positions.
+        if !script::commit_before_ddl(self).await? {
+            return Err(changed);
+        }
+        let rows = self.client.query(&keyless::current_rows_sql(QUOTING, &dest.quoted())).await?;
+        let current = rows
+            .first()
+            .and_then(|r| r.first())
+            .cloned()
+            .flatten()
+            .and_then(|n| n.parse::<i64>().ok())
+            .is_none_or(|n| n > 0);
+        if current {
+            return Err(changed);
+        }
+        info!(table = %dest, reason = %changed, "making the destination table anew: its source table gained or lost its key");
+        self.client.query(&format!("DROP TABLE IF EXISTS {}", dest.quoted())).await?;
+        self.client.query(&forget_deleted_sql(&self.deleted_table(), dest)).await?;
+        self.tables.remove(dest);
+        Ok(())
+    }
+
     async fn stored_offsets(&mut self) -> Result<HashMap<(String, i32), i64>> {
         let rows = self
             .client
@@ -492,7 +524,7 @@ impl SnowflakeSink {
         let insert = staging_insert_sql(&stage, names);
         for chunk in rows.chunks(self.config.insert_chunk_rows) {
             let mut bindings = serde_json::Map::new();
-            for n in 0..names.len() + 5 {
+            for n in 0..names.len() + 6 {
                 let ty = match n.checked_sub(names.len()) {
                     Some(0) => "BOOLEAN",
                     Some(2 | 3) => "FIXED",
@@ -591,7 +623,7 @@ impl Scripted for SnowflakeSink {
 fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<StagedRows, ApplyError> {
     let mut rows = Vec::new();
     for (group, line) in changes.live() {
-        let mut cells = Vec::with_capacity(names.len() + 5);
+        let mut cells = Vec::with_capacity(names.len() + 6);
         for name in names {
             let at = group.schema.columns.iter().position(|c| c.name == *name);
             let cell = match at {
@@ -609,15 +641,23 @@ fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<S
             };
             cells.push(cell);
         }
-        let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
-            error: error.with_table(group.schema.id.clone()),
-            record: Some(line.record),
-        })?;
+        // A keyless table's row: its content key and name.
+        let (key, row) = match &line.instance {
+            Some(instance) => (instance.content.clone(), Some(instance.row.clone())),
+            None => {
+                let key = key_bytes(&group.schema, line.row, &group.key).map_err(|error| ApplyError {
+                    error: error.with_table(group.schema.id.clone()),
+                    record: Some(line.record),
+                })?;
+                (key_text(&key), None)
+            }
+        };
         cells.extend([
             Some(line.delete.to_string()),
-            Some(key_text(&key)),
+            Some(key),
             Some(line.commit.to_string()),
             Some(line.index.to_string()),
+            row,
             Some(batch.to_string()),
         ]);
         rows.push(cells);
@@ -683,7 +723,14 @@ impl Warehouse for SnowflakeSink {
             return Ok(());
         }
         let mut state = self.tables.get(dest).cloned().unwrap_or_default();
-        let changes = plan(&SnowflakeDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution())?;
+        let changes = match plan(&SnowflakeDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution()) {
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                self.make_anew(dest, e).await?;
+                state = TableState::default();
+                plan(&SnowflakeDialect, &dest.to_string(), schema, origin, &state.shape, self.evolution())?
+            }
+            other => other?,
+        };
         if !state.shape.exists && !self.schemas.contains(&dest.schema) {
             let sql =
                 format!("CREATE SCHEMA IF NOT EXISTS {}.{}", quote_ident(&dest.database), quote_ident(&dest.schema));
@@ -756,6 +803,16 @@ impl Warehouse for SnowflakeSink {
             .into_iter()
             .filter_map(|n| state.shape.column(n).cloned())
             .collect();
+        if changes.is_keyless() {
+            let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let batch = uuid::Uuid::new_v4().simple().to_string();
+            let stage = self.stage(dest, changes, &names, &batch).await?;
+            let source = staged_source(&stage, &batch);
+            let statements = keyless_sql(&self.deleted_table(), dest, &source, &columns, changes.parts());
+            self.script.extend(statements);
+            return Ok(());
+        }
         let key_names: Vec<String> = changes.groups.first().map(|g| g.schema.key.clone()).unwrap_or_default();
         let key: Vec<ShapeColumn<SfType>> = key_names.iter().filter_map(|k| state.shape.column(k).cloned()).collect();
         if key.len() != key_names.len() || key.is_empty() {

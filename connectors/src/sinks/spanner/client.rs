@@ -154,17 +154,8 @@ impl SpClient {
     pub(super) async fn query(&mut self, sql: &str) -> Result<Vec<Vec<Raw>>> {
         let client = self.data().await?;
         let mut tx = client.single().await.map_err(classify_client)?;
-        let mut rows = tx.query(Statement::new(sql)).await.map_err(classify)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().await.map_err(classify)? {
-            // Known once the first rows arrived.
-            let width = rows.columns_metadata().len();
-            let cells = (0..width)
-                .map(|i| row.column::<Raw>(i))
-                .collect::<std::result::Result<Vec<_>, _>>();
-            out.push(cells.map_err(|e| Error::retryable(format!("unreadable row: {e}")))?);
-        }
-        Ok(out)
+        let rows = tx.query(Statement::new(sql)).await.map_err(classify)?;
+        all_rows(rows).await.map_err(|e| e.either(classify))
     }
 
     /// Runs a partitioned DML statement (outside any batch).
@@ -269,4 +260,39 @@ mod tests {
         assert_eq!(redact("Row [7, \"a\"] in table t already exists"), "Row […] in table t already exists");
         assert_eq!(redact("bad value \"secret\" here"), "bad value \"…\" here");
     }
+}
+
+/// Why [`all_rows`] stopped: Spanner's error, or a cell it cannot read.
+#[derive(Debug)]
+pub(super) enum RowsError {
+    /// Spanner's.
+    Spanner(Status),
+    /// A cell that cannot be read.
+    Cell(Error),
+}
+
+impl RowsError {
+    /// The error, Spanner's classified by `classify`.
+    pub(super) fn either<E: From<Error>>(self, classify: impl FnOnce(Status) -> E) -> E {
+        match self {
+            RowsError::Spanner(s) => classify(s),
+            RowsError::Cell(e) => E::from(e),
+        }
+    }
+}
+
+/// Every row of a query's answer, each as its cells.
+pub(super) async fn all_rows<T: gcloud_spanner::reader::Reader>(
+    mut rows: gcloud_spanner::reader::RowIterator<'_, T>,
+) -> std::result::Result<Vec<Vec<Raw>>, RowsError> {
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().await.map_err(RowsError::Spanner)? {
+        // Known once the first rows arrived.
+        let width = rows.columns_metadata().len();
+        let cells = (0..width)
+            .map(|i| row.column::<Raw>(i))
+            .collect::<std::result::Result<Vec<_>, _>>();
+        out.push(cells.map_err(|e| RowsError::Cell(Error::retryable(format!("unreadable row: {e}"))))?);
+    }
+    Ok(out)
 }

@@ -7,7 +7,10 @@ use tributary_schemas::{Column, Value};
 
 use super::types::{spanner_type, SpType};
 use crate::error::{Error, Result};
-use crate::sink::bookkeeping::{position_before, PositionSyntax, COMMIT_COLUMN, FORGOTTEN_POSITION, INDEX_COLUMN};
+use crate::sink::bookkeeping::{
+    position_before, PositionSyntax, Quoting, COMMIT_COLUMN, FORGOTTEN_POSITION, INDEX_COLUMN, KEY_COLUMN, ROW_COLUMN,
+};
+use crate::sink::keyless::pending_table;
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
 
 /// Spanner's types and rules.
@@ -296,13 +299,36 @@ pub fn truncate_older_sql(table: &str, commit: i64, index: i64) -> String {
 }
 
 /// Removes `dest`'s key entries of the deleted-rows table older than a
-/// truncate at `(commit, index)` (the table-wide entry replaces them).
+/// truncate at `(commit, index)` (the table-wide entry replaces them), and
+/// its pending deletes (a table without a key) older than it.
 pub fn deleted_keys_older_sql(deleted: &str, dest: &str, commit: i64, index: i64) -> String {
     format!(
-        "DELETE FROM {} WHERE dest_table = {} AND row_key <> '' AND {}",
+        "DELETE FROM {} WHERE (dest_table = {} AND row_key <> '' OR dest_table = {}) AND {}",
         quote_ident(deleted),
         quote_string(dest),
+        quote_string(&pending_table(dest)),
         older_than(commit, index)
+    )
+}
+
+/// The rows of a table without a key (`table`) whose content keys are
+/// `contents` (hex digests, safe as literals): content key, name, position.
+pub fn keyless_rows_sql(table: &str, contents: &[&str]) -> String {
+    let list: Vec<String> = contents.iter().map(|c| quote_string(c)).collect();
+    format!(
+        "SELECT {KEY_COLUMN}, {ROW_COLUMN}, {COMMIT_COLUMN}, {INDEX_COLUMN} FROM {} WHERE {KEY_COLUMN} IN ({})",
+        quote_ident(table),
+        list.join(", ")
+    )
+}
+
+/// The pending deletes of a table without a key (`dest`): row key and
+/// position.
+pub fn pending_deletes_sql(deleted: &str, dest: &str) -> String {
+    format!(
+        "SELECT row_key, {COMMIT_COLUMN}, {INDEX_COLUMN} FROM {} WHERE dest_table = {}",
+        quote_ident(deleted),
+        quote_string(&pending_table(dest))
     )
 }
 
@@ -312,10 +338,13 @@ pub fn forget_positions_sql(table: &str) -> String {
     format!("UPDATE {} SET {COMMIT_COLUMN} = {c}, {INDEX_COLUMN} = {i} WHERE TRUE", quote_ident(table))
 }
 
-/// Removes every deleted-rows entry of `dest`.
+/// Removes every deleted-rows entry of `dest`, its pending deletes too.
 pub fn forget_deleted_sql(deleted: &str, dest: &str) -> String {
-    format!("DELETE FROM {} WHERE dest_table = {}", quote_ident(deleted), quote_string(dest))
+    QUOTING.forget_deleted_sql(&quote_ident(deleted), &dest)
 }
+
+/// Spanner's quoting, for the statements the core writes once.
+pub const QUOTING: Quoting = Quoting { ident: quote_ident, string: quote_string };
 
 /// Removes deleted-rows entries older than the retention (a partitioned
 /// DML statement, outside the batches' transactions).

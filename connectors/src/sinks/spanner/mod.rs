@@ -54,23 +54,24 @@ use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{ConfigError, Validate};
 use tributary_schemas::{Position, TableId, TableSchema, Value};
 
-use self::client::{cell_text, classify, classify_client, is_aborted, Raw, SpClient, ROLES_HINT};
+use self::client::{all_rows, cell_text, classify, classify_client, is_aborted, Raw, SpClient, ROLES_HINT};
 pub use self::config::{DestinationTable, SpannerSinkConfig};
 use self::dialect::{
     change_ddl, columns_sql, deleted_ddl, deleted_keys_older_sql, forget_deleted_sql, forget_positions_sql, key_sql,
-    offsets_ddl, prune_deleted_sql, quote_ident, quote_string, rename_steps, resets_ddl, truncate_older_sql,
-    unfinished_rename, SpannerDialect,
+    keyless_rows_sql, offsets_ddl, pending_deletes_sql, prune_deleted_sql, quote_ident, quote_string, rename_steps,
+    resets_ddl, truncate_older_sql, unfinished_rename, SpannerDialect, QUOTING,
 };
 use self::types::{encode, from_spanner_type, key_form, SpType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
     fenced, keeps_removal, key_text, position_i64, reset_i64, Fence, OffsetMove, COMMIT_COLUMN,
-    DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, FORGOTTEN_POSITION, INDEX_COLUMN, OFFSETS_TABLE, RESETS_TABLE,
-    TABLE_ROW_KEY,
+    DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE, FORGOTTEN_POSITION, INDEX_COLUMN, KEYLESS_COLUMNS, OFFSETS_TABLE,
+    RESETS_TABLE, TABLE_ROW_KEY,
 };
-use crate::sink::reduce::{key_bytes, Reduction};
-use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape};
+use crate::sink::keyless::{self, delete_done, pair, pending_key, pending_table, row_gone, split_pending, PairItem};
+use crate::sink::reduce::{key_bytes, Group, Line, Reduction};
+use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::warehouse::{self, Mode, Warehouse, WarehouseSink};
 use crate::sink::{split_by_weight, ApplyError, SinkBatch, SinkRecord};
 
@@ -127,6 +128,24 @@ enum Op {
         reset: i64,
         exists: bool,
     },
+    /// The changes of a table without a key (see `crate::sink::keyless`).
+    Keyless {
+        table: String,
+        changes: Vec<KeylessChange>,
+    },
+}
+
+/// One change of a table without a key, encoded: an insert of a row named
+/// `row`, or a delete (`row` names the record) of a row of `content`.
+#[derive(Debug, Clone)]
+struct KeylessChange {
+    content: String,
+    row: String,
+    position: Pos,
+    delete: bool,
+    /// An insert's columns (the bookkeeping ones last) and values.
+    columns: Vec<String>,
+    values: Vec<Kind>,
 }
 
 /// A row the open transaction buffered a mutation for.
@@ -288,6 +307,13 @@ async fn read_rows(
     Ok(out)
 }
 
+/// The rows of a query run in `tx` (what the transaction's mutations
+/// buffered is not in them).
+async fn query_rows(tx: &mut ReadWriteTransaction, sql: &str) -> std::result::Result<Vec<Vec<Raw>>, TxError> {
+    let rows = tx.query(Statement::new(sql)).await?;
+    all_rows(rows).await.map_err(|e| e.either(TxError::Spanner))
+}
+
 /// The names of the sink's own tables.
 #[derive(Debug, Clone)]
 struct Names {
@@ -375,6 +401,7 @@ impl Names {
                     self.truncate(tx, &mut a, table, *at, *exists, *keep).await?
                 }
                 Op::Forget { table, reset, exists } => self.forget(tx, &mut a, table, *reset, *exists).await?,
+                Op::Keyless { table, changes } => self.keyless(tx, &mut a, table, changes).await?,
             }
         }
         self.offsets(tx, &mut a, offsets).await?;
@@ -469,6 +496,178 @@ impl Names {
         Ok(())
     }
 
+    /// A keyless table's changes, as `crate::sink::keyless::statements`
+    /// applies them in SQL: inserts (some taken by pending deletes of their
+    /// content), then deletes paired with the rows of their content, every
+    /// step over what the attempt buffered too.
+    async fn keyless(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        a: &mut Attempt,
+        table: &str,
+        changes: &[KeylessChange],
+    ) -> std::result::Result<(), TxError> {
+        let pending = pending_table(table);
+        let slot = |content: &str, row: &str| (table.to_string(), format!("{content}\u{1}{row}"));
+        // The rows of every content the changes name, as the attempt
+        // leaves them.
+        let mut contents: Vec<&str> = changes.iter().map(|c| c.content.as_str()).collect();
+        contents.sort_unstable();
+        contents.dedup();
+        let mut rows: HashMap<(String, String), Option<Pos>> = HashMap::new();
+        for r in query_rows(tx, &keyless_rows_sql(table, &contents)).await? {
+            if let (Some(content), Some(row), Some(c), Some(i)) = (
+                r.first().and_then(cell_text),
+                r.get(1).and_then(cell_text),
+                r.get(2).and_then(cell_i64),
+                r.get(3).and_then(cell_i64),
+            ) {
+                rows.insert((content.to_string(), row.to_string()), Some((c, i)));
+            }
+        }
+        for ((t, form), b) in &a.rows {
+            if let (true, Some((content, row))) = (t == table, form.split_once('\u{1}')) {
+                rows.insert((content.to_string(), row.to_string()), b.position);
+            }
+        }
+        let mut waiting: HashMap<(String, String), Pos> = HashMap::new();
+        for r in query_rows(tx, &pending_deletes_sql(&self.deleted, table)).await? {
+            let entry = r.first().and_then(cell_text).and_then(split_pending);
+            if let (Some((content, row)), Some(c), Some(i)) =
+                (entry, r.get(1).and_then(cell_i64), r.get(2).and_then(cell_i64))
+            {
+                waiting.insert((content.to_string(), row.to_string()), (c, i));
+            }
+        }
+        for ((t, k), p) in &a.deleted {
+            if let (true, Some((content, row))) = (*t == pending, split_pending(k)) {
+                match p {
+                    Some(p) => waiting.insert((content.to_string(), row.to_string()), *p),
+                    None => waiting.remove(&(content.to_string(), row.to_string())),
+                };
+            }
+        }
+        let markers: Vec<String> = changes
+            .iter()
+            .map(|c| {
+                if c.delete {
+                    delete_done(&c.row)
+                } else {
+                    row_gone(&c.row)
+                }
+            })
+            .chain(std::iter::once(TABLE_ROW_KEY.to_string()))
+            .filter(|k| !a.deleted.contains_key(&(table.to_string(), k.clone())))
+            .collect();
+        let stored = self.deleted_entries(tx, table, markers.into_iter()).await?;
+        let entry = |a: &Attempt, k: &str| match a.deleted.get(&(table.to_string(), k.to_string())) {
+            Some(p) => *p,
+            None => stored.get(k).copied(),
+        };
+        let wide = entry(a, TABLE_ROW_KEY);
+        let older_than_table = |p: Pos| wide.is_some_and(|w| w > p);
+        // 1-3: inserts.
+        let inserts: Vec<&KeylessChange> = changes
+            .iter()
+            .filter(|c| !c.delete)
+            .filter(|c| !matches!(rows.get(&(c.content.clone(), c.row.clone())), Some(Some(_))))
+            .filter(|c| entry(a, &row_gone(&c.row)).is_none() && !older_than_table(c.position))
+            .collect();
+        let taken: Vec<((String, String), Pos)> = waiting
+            .iter()
+            .filter(|((content, _), _)| inserts.iter().any(|c| &c.content == content))
+            .map(|(k, p)| (k.clone(), *p))
+            .collect();
+        let items: Vec<PairItem> = inserts
+            .iter()
+            .map(|c| PairItem {
+                content: c.content.clone(),
+                position: c.position,
+                newer: false,
+                id: c.row.clone(),
+            })
+            .chain(taken.iter().map(|((content, row), p)| PairItem {
+                content: content.clone(),
+                position: *p,
+                newer: true,
+                id: row.clone(),
+            }))
+            .collect();
+        let matched = pair(&items);
+        for (n, ((content, row), p)) in taken.iter().enumerate() {
+            if matched[inserts.len() + n] {
+                self.set_entry(a, &pending, &pending_key(content, row), None);
+                self.set_entry(a, table, &delete_done(row), Some(*p));
+            }
+        }
+        for (n, c) in inserts.iter().enumerate() {
+            if matched[n] {
+                self.set_entry(a, table, &row_gone(&c.row), Some(c.position));
+                continue;
+            }
+            a.push(upsert_mutation(table, c.columns.clone(), c.values.clone()), c.columns.len());
+            a.rows.insert(
+                slot(&c.content, &c.row),
+                Buffered {
+                    key: vec![text(&c.content), text(&c.row)],
+                    key_columns: KEYLESS_COLUMNS.iter().map(|k| k.to_string()).collect(),
+                    position: Some(c.position),
+                },
+            );
+            rows.insert((c.content.clone(), c.row.clone()), Some(c.position));
+        }
+        // 4-5: deletes, each taking a row of its content older than it.
+        let deletes: Vec<&KeylessChange> = changes
+            .iter()
+            .filter(|c| c.delete)
+            .filter(|c| entry(a, &delete_done(&c.row)).is_none())
+            .filter(|c| !waiting.contains_key(&(c.content.clone(), c.row.clone())) && !older_than_table(c.position))
+            .collect();
+        let alive: Vec<(&(String, String), Pos)> = rows
+            .iter()
+            .filter_map(|(k, p)| p.map(|p| (k, p)))
+            .filter(|((content, _), _)| deletes.iter().any(|d| &d.content == content))
+            .collect();
+        let items: Vec<PairItem> = deletes
+            .iter()
+            .map(|c| PairItem {
+                content: c.content.clone(),
+                position: c.position,
+                newer: true,
+                id: c.row.clone(),
+            })
+            .chain(alive.iter().map(|((content, row), p)| PairItem {
+                content: content.clone(),
+                position: *p,
+                newer: false,
+                id: row.clone(),
+            }))
+            .collect();
+        let matched = pair(&items);
+        for (n, c) in deletes.iter().enumerate() {
+            if matched[n] {
+                self.set_entry(a, table, &delete_done(&c.row), Some(c.position));
+            } else {
+                self.set_entry(a, &pending, &pending_key(&c.content, &c.row), Some(c.position));
+            }
+        }
+        for (n, ((content, row), p)) in alive.iter().enumerate() {
+            if matched[deletes.len() + n] {
+                a.push(delete_mutation(table, vec![text(content), text(row)]), 1);
+                a.rows.insert(
+                    slot(content, row),
+                    Buffered {
+                        key: vec![text(content), text(row)],
+                        key_columns: KEYLESS_COLUMNS.iter().map(|k| k.to_string()).collect(),
+                        position: None,
+                    },
+                );
+                self.set_entry(a, table, &row_gone(row), Some(*p));
+            }
+        }
+        Ok(())
+    }
+
     async fn truncate(
         &self,
         tx: &mut ReadWriteTransaction,
@@ -503,14 +702,15 @@ impl Names {
         }
         tx.update(Statement::new(deleted_keys_older_sql(&self.deleted, table, at.0, at.1)))
             .await?;
-        let older: Vec<String> = a
+        let pending = pending_table(table);
+        let older: Vec<(String, String)> = a
             .deleted
             .iter()
-            .filter(|((t, k), p)| t == table && k != TABLE_ROW_KEY && p.is_some_and(|p| p < at))
-            .map(|((_, k), _)| k.clone())
+            .filter(|((t, k), p)| (t == table && k != TABLE_ROW_KEY || *t == pending) && p.is_some_and(|p| p < at))
+            .map(|(k, _)| k.clone())
             .collect();
-        for k in older {
-            self.set_entry(a, table, &k, None);
+        for (t, k) in older {
+            self.set_entry(a, &t, &k, None);
         }
         Ok(())
     }
@@ -550,14 +750,15 @@ impl Names {
             }
         }
         tx.update(Statement::new(forget_deleted_sql(&self.deleted, table))).await?;
-        let buffered: Vec<String> = a
+        let pending = pending_table(table);
+        let buffered: Vec<(String, String)> = a
             .deleted
             .iter()
-            .filter(|((t, _), p)| t == table && p.is_some())
-            .map(|((_, k), _)| k.clone())
+            .filter(|((t, _), p)| (t == table || *t == pending) && p.is_some())
+            .map(|(k, _)| k.clone())
             .collect();
-        for k in buffered {
-            self.set_entry(a, table, &k, None);
+        for (t, k) in buffered {
+            self.set_entry(a, &t, &k, None);
         }
         a.push(
             upsert_mutation(&self.resets, vec!["destination".into(), "reset".into()], vec![text(table), int(reset)]),
@@ -844,6 +1045,12 @@ impl SpannerSink {
     /// The mutations a record may cost at most (before reduction).
     fn weight(record: &SinkRecord) -> usize {
         match record {
+            SinkRecord::Change(ev) if ev.schema.key.is_empty() => {
+                // A keyless table's update: its new row (with its content
+                // key and name) or its taken insert's entry; the old row's
+                // removal and two entries, or a pending delete.
+                ev.schema.columns.len() + 4 + DELETED_ENTRY_MUTATIONS + 1 + 2 * DELETED_ENTRY_MUTATIONS
+            }
             SinkRecord::Change(ev) => {
                 // An upsert: its columns and positions, and the removal of
                 // its key's deleted-rows entry; a delete: the row and the
@@ -891,63 +1098,111 @@ fn encode_changes(changes: &Reduction<'_>, shape: &TableShape<SpType>) -> Result
             error: error.with_table(schema.id.clone()),
             record: Some(line.record),
         };
-        let value_error = |column: &str, reason: String, value: &Value| {
-            fail(
-                Error::permanent(format!("column {column}: {reason} (value type {})", value.kind()))
-                    .with_column(column.to_string())
-                    .with_class("tributary.value"),
-            )
-        };
-        let column_type = |name: &str| -> Result<SpType, ApplyError> {
-            shape.column(name).map(|c| c.ty.clone()).ok_or_else(|| {
-                fail(Error::retryable(format!("column {name} is not in the destination table's cached shape")))
-            })
-        };
         let mut key = Vec::with_capacity(group.key.len());
         let mut forms = Vec::with_capacity(group.key.len());
         for &k in &group.key {
             let (col, value) = (&schema.columns[k], &line.row[k]);
-            let ty = column_type(&col.name)?;
-            let kind = encode(value, &ty).map_err(|r| value_error(&col.name, r, value))?;
+            let ty = column_type(shape, &col.name).map_err(fail)?;
+            let kind = encode(value, &ty).map_err(|r| value_error(&col.name, r, value)).map_err(fail)?;
             forms.push(key_form(&kind, &ty));
             key.push(kind);
         }
         let bytes = key_bytes(schema, line.row, &group.key).map_err(fail)?;
-        let mut change = Change {
+        let (columns, values) = if line.delete {
+            (Vec::new(), Vec::new())
+        } else {
+            encode_upsert(group, line, shape)?
+        };
+        out.push(Change {
             key,
             form: forms.join("\u{1}"),
             text: key_text(&bytes),
             position: (line.commit, line.index),
             delete: line.delete,
-            columns: Vec::new(),
-            values: Vec::new(),
-        };
-        if !line.delete {
-            for (col, value) in schema.columns.iter().zip(line.row) {
-                // Not sent (an unchanged TOAST value): insert_or_update keeps
-                // what the row has.
-                if matches!(value, Value::Unchanged) {
-                    continue;
-                }
-                let ty = column_type(&col.name)?;
-                if matches!(value, Value::Null) && shape.column(&col.name).is_some_and(|c| c.not_null) {
-                    return Err(fail(
-                        Error::permanent(format!("column {} is NOT NULL in Spanner and the change has NULL", col.name))
-                            .with_column(col.name.clone())
-                            .with_class("tributary.value"),
-                    ));
-                }
-                change
-                    .values
-                    .push(encode(value, &ty).map_err(|r| value_error(&col.name, r, value))?);
-                change.columns.push(col.name.clone());
-            }
-            change.columns.extend([COMMIT_COLUMN.to_string(), INDEX_COLUMN.to_string()]);
-            change.values.extend([int(line.commit), int(line.index)]);
-        }
-        out.push(change);
+            columns,
+            values,
+        });
     }
     Ok(out)
+}
+
+/// The encoded changes of a table without a key (`changes`): each insert's
+/// columns with its content key and name.
+fn encode_keyless(changes: &Reduction<'_>, shape: &TableShape<SpType>) -> Result<Vec<KeylessChange>, ApplyError> {
+    let mut out = Vec::new();
+    for (group, line) in changes.live() {
+        let instance = line
+            .instance
+            .as_deref()
+            .ok_or_else(|| Error::retryable("a keyless line without its row's name"))?;
+        let (mut columns, mut values) = if line.delete {
+            (Vec::new(), Vec::new())
+        } else {
+            encode_upsert(group, line, shape)?
+        };
+        if !line.delete {
+            columns.extend(KEYLESS_COLUMNS.iter().map(|c| c.to_string()));
+            values.extend([text(&instance.content), text(&instance.row)]);
+        }
+        out.push(KeylessChange {
+            content: instance.content.clone(),
+            row: instance.row.clone(),
+            position: (line.commit, line.index),
+            delete: line.delete,
+            columns,
+            values,
+        });
+    }
+    Ok(out)
+}
+
+/// The type of destination column `name` in `shape`.
+fn column_type(shape: &TableShape<SpType>, name: &str) -> Result<SpType> {
+    shape
+        .column(name)
+        .map(|c| c.ty.clone())
+        .ok_or_else(|| Error::retryable(format!("column {name} is not in the destination table's cached shape")))
+}
+
+/// The error of a value Spanner cannot take in `column`.
+fn value_error(column: &str, reason: String, value: &Value) -> Error {
+    Error::permanent(format!("column {column}: {reason} (value type {})", value.kind()))
+        .with_column(column.to_string())
+        .with_class("tributary.value")
+}
+
+/// An upsert's columns (the position columns last) and values.
+fn encode_upsert(
+    group: &Group<'_>,
+    line: &Line<'_>,
+    shape: &TableShape<SpType>,
+) -> Result<(Vec<String>, Vec<Kind>), ApplyError> {
+    let schema = &group.schema;
+    let fail = |error: Error| ApplyError {
+        error: error.with_table(schema.id.clone()),
+        record: Some(line.record),
+    };
+    let (mut columns, mut values) = (Vec::new(), Vec::new());
+    for (col, value) in schema.columns.iter().zip(line.row) {
+        // Not sent (an unchanged TOAST value): insert_or_update keeps
+        // what the row has.
+        if matches!(value, Value::Unchanged) {
+            continue;
+        }
+        let ty = column_type(shape, &col.name).map_err(fail)?;
+        if matches!(value, Value::Null) && shape.column(&col.name).is_some_and(|c| c.not_null) {
+            return Err(fail(
+                Error::permanent(format!("column {} is NOT NULL in Spanner and the change has NULL", col.name))
+                    .with_column(col.name.clone())
+                    .with_class("tributary.value"),
+            ));
+        }
+        values.push(encode(value, &ty).map_err(|r| fail(value_error(&col.name, r, value)))?);
+        columns.push(col.name.clone());
+    }
+    columns.extend([COMMIT_COLUMN.to_string(), INDEX_COLUMN.to_string()]);
+    values.extend([int(line.commit), int(line.index)]);
+    Ok((columns, values))
 }
 
 #[async_trait]
@@ -1017,7 +1272,34 @@ impl Warehouse for SpannerSink {
             self.rename_column(dest, &state.shape, &from, &to).await?;
             state.shape.columns.retain(|c| c.name != from);
         }
-        let changes = plan(&SpannerDialect, &dest.0, schema, origin, &state.shape, self.evolution())?;
+        let changes = match plan(&SpannerDialect, &dest.0, schema, origin, &state.shape, self.evolution()) {
+            Err(e) if e.class() == KEY_CHANGED_CLASS => {
+                // Made anew (the source copies the table again after its
+                // key changed), when no row of it is current.
+                if self.mode != Mode::Commit {
+                    return Err(e);
+                }
+                // The batch's steps so far first (without offsets, as
+                // before a drop): its reset forgets the rows' positions.
+                let ops = std::mem::take(&mut self.ops);
+                self.run_transaction(&ops, &[], true).await?;
+                let count = keyless::current_rows_sql(QUOTING, &quote_ident(&dest.0));
+                let current = self
+                    .client
+                    .query(&count)
+                    .await?
+                    .first()
+                    .and_then(|r| r.first().and_then(cell_i64));
+                if current.is_none_or(|n| n > 0) {
+                    return Err(e);
+                }
+                info!(table = %dest, reason = %e, "making the destination table anew: its source table gained or lost its key");
+                self.drop_table(dest).await?;
+                state = TableState::default();
+                plan(&SpannerDialect, &dest.0, schema, origin, &state.shape, self.evolution())?
+            }
+            other => other?,
+        };
         // Each statement restates a column as the one before left it.
         let mut statements = Vec::new();
         for change in &changes {
@@ -1085,6 +1367,13 @@ impl Warehouse for SpannerSink {
             .tables
             .get(dest)
             .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
+        if changes.is_keyless() {
+            let changes = encode_keyless(changes, &state.shape)?;
+            if !changes.is_empty() {
+                self.ops.push(Op::Keyless { table: dest.0.clone(), changes });
+            }
+            return Ok(());
+        }
         let encoded = encode_changes(changes, &state.shape)?;
         if encoded.is_empty() {
             return Ok(());

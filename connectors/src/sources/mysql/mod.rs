@@ -277,7 +277,9 @@ impl BuiltSchema {
             }
             (k.clone(), true)
         } else {
-            (columns.iter().map(|c| c.name.clone()).collect(), false)
+            // A table without a key: no key columns, its rows a multiset
+            // (see `sink::keyless`), its events with a null Kafka key.
+            (Vec::new(), false)
         };
         for k in &key {
             if !columns.iter().any(|c| &c.name == k) {
@@ -393,7 +395,41 @@ impl MySqlSource {
             .state
             .as_ref()
             .ok_or_else(|| Error::retryable("the source is not started"))?;
-        let plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
+        let mut plan = state.snapshot.clone().ok_or_else(|| Error::retryable("no snapshot to run"))?;
+        // A table without a key whose copy stopped part-way: read again from
+        // its start, its rows would be there twice (they have no key to be
+        // overwritten by). It is copied again as a rewritten table is: a
+        // reset first, a sweep of what the first part wrote after.
+        let interrupted: Vec<TableId> = plan
+            .tables
+            .iter()
+            .filter(|t| !t.done && t.last_key.is_none() && t.rows_done > 0)
+            .map(TablePlan::id)
+            .filter(|id| {
+                self.config.configured_key(id).is_none()
+                    && state.history.get(id).is_some_and(|d| d.primary_key.is_empty())
+            })
+            .collect();
+        if !interrupted.is_empty() {
+            plan.tables.retain(|t| !interrupted.contains(&t.id()));
+            for id in &interrupted {
+                tracing::info!(table = %id, "the copy of a table without a key stopped part-way: copying it again");
+                self.prelude.push(SourceMessage::TableRewritten(
+                    id.clone(),
+                    "its copy stopped part-way, and a table without a key cannot resume one".to_string(),
+                ));
+            }
+            let empty = plan.tables.is_empty();
+            let state = self.state_mut()?;
+            state.snapshot = (!empty).then(|| plan.clone());
+            if empty {
+                return Ok(());
+            }
+        }
+        let state = self
+            .state
+            .as_ref()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
         let first = plan.position.is_none();
         let run = SnapshotRun::open(&self.params, plan, self.config.snapshot_chunk_rows).await?;
         // A resumed (or mid-stream) snapshot reads the remaining rows at its

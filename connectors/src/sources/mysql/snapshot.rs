@@ -306,8 +306,12 @@ impl SnapshotRun {
         let cols: Vec<String> = schema.columns.iter().map(|c| quote_ident(&c.name)).collect();
         let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
         let keyed = !def.primary_key.is_empty() && pk.len() == def.primary_key.len();
+        // Without a primary key: the configured key's columns, or every
+        // column (a stable order inside the transaction for the offsets).
         let order: Vec<String> = if keyed {
             pk.iter().map(|&i| quote_ident(&schema.columns[i].name)).collect()
+        } else if schema.key.is_empty() {
+            schema.columns.iter().map(|c| quote_ident(&c.name)).collect()
         } else {
             schema
                 .key_indexes()

@@ -535,6 +535,10 @@ impl Streamer {
         let capture_new = sc.config.new_tables == NewTables::Capture;
         let known: Vec<TableId> = sc.state.history.tables().collect();
         let tracked = |t: &TableId| filter.captures(t) && (capture_new || known.contains(t));
+        // The definitions before the statement: a table that gains or loses
+        // its key, or without a key changes its rows' content, is copied
+        // again (see `crate::copy_for_key_change`).
+        let before = sc.state.history.clone();
         // The columns each table had: an added column whose default the
         // topic cannot carry is a value the binlog does not say either.
         let columns_before: BTreeMap<TableId, Vec<String>> = known
@@ -565,7 +569,21 @@ impl Streamer {
             match effect {
                 DdlEffect::Created(t) => self.announce(&t, txn, sc)?,
                 DdlEffect::Altered(t) => {
+                    let old = match before.get(&t) {
+                        Some(def) if filter.captures(&t) => {
+                            Some(BuiltSchema::build(sc.config, sc.filter, &t, def)?.schema)
+                        }
+                        _ => None,
+                    };
                     self.announce(&t, txn, sc)?;
+                    let new = self.built(&t, sc)?.map(|b| b.schema.clone());
+                    if let (Some(old), Some(new)) = (old, new) {
+                        if let Some(why) = crate::copy_for_key_change(crate::keyless_shape(&old).as_deref(), &new) {
+                            tracing::info!(table = %t, reason = %why, "captured table changed its key: it is copied again");
+                            txn.messages
+                                .push(SourceMessage::TableRewritten(t.clone(), format!("copied again: {why}")));
+                        }
+                    }
                     if let Some(reason) = self.defaults_not_carried(&t, columns_before.get(&t), sc)? {
                         rewritten.push((t, reason));
                     }

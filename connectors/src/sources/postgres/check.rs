@@ -269,19 +269,25 @@ const VIA_ROOT_MISSING: &str = "the publication lacks publish_via_partition_root
 /// Gives full before-images to the tables that need them: with replica
 /// identity DEFAULT (or USING INDEX) a DELETE's old row holds only the key,
 /// and a NOT NULL column outside the key then has no value the change event
-/// can carry. Such tables are switched to REPLICA IDENTITY FULL when the role
-/// may (it must own the table); otherwise this is a needs-operator error with
-/// the exact SQL. Done before the slot exists, so no such delete is captured;
-/// for a table added while streaming, before it joins the publication.
+/// can carry; a table without a primary key needs its whole old row (its
+/// rows are told apart by their content, see `sink::keyless`; without a
+/// replica identity its UPDATEs and DELETEs fail once published). Such
+/// tables are switched to REPLICA IDENTITY FULL when the role may (it must
+/// own the table); otherwise this is a needs-operator error with the exact
+/// SQL. Done before the slot exists, so no such delete is captured; for a
+/// table added while streaming, or copied again, before it joins the
+/// publication or is read.
 pub async fn ensure_full_before_images(client: &tokio_postgres::Client, tables: &[TableId]) -> Result<()> {
     for id in tables {
         let row = client
             .query_one(
-                "SELECT c.relreplident::text IN ('d', 'i') AND EXISTS ( \
+                "SELECT c.relreplident::text <> 'f' AND (NOT EXISTS ( \
+                     SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) \
+                   OR c.relreplident::text IN ('d', 'i') AND EXISTS ( \
                      SELECT 1 FROM pg_attribute a \
                      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull \
                        AND NOT EXISTS (SELECT 1 FROM pg_index i \
-                                       WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY (i.indkey))) \
+                                       WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY (i.indkey)))) \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2",
                 &[&id.schema, &id.table],
@@ -295,7 +301,8 @@ pub async fn ensure_full_before_images(client: &tokio_postgres::Client, tables: 
         if let Err(e) = client.batch_execute(&sql).await {
             let err = classify_pg(e, "setting REPLICA IDENTITY FULL");
             return Err(Error::needs_operator(format!(
-                "deletes would carry only the key, but the table has NOT NULL columns outside its key: {err}"
+                "deletes would not carry the whole old row (the table has no primary key, or NOT NULL columns \
+                 outside it): {err}"
             ))
             .with_table(id.clone())
             .with_class(err.class())

@@ -610,8 +610,11 @@ impl Catalog {
                 }
             }
         }
+        // A table without a key (primary or configured) has no key
+        // columns: its rows are a multiset (see `sink::keyless`), its
+        // events carry a null Kafka key, as Debezium's do.
         let keyed = key.is_some();
-        let key = key.unwrap_or_else(|| cols.iter().map(|c| c.name.clone()).collect());
+        let key = key.unwrap_or_default();
         let partitioned: bool = self
             .ask(
                 "reading the table kind",

@@ -19,7 +19,7 @@ pub mod snapshot;
 pub mod stream;
 pub mod types;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -86,9 +86,64 @@ pub struct SourceState {
     /// cluster's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<String>,
+    /// The captured tables without a key (`schema.table`), each with the
+    /// types of its columns as its rows were last copied or streamed
+    /// ([`crate::keyless_shape`]): a table that gains or loses its key, or
+    /// whose rows' content a column change alters, is copied again
+    /// ([`crate::copy_for_key_change`]), also when the change happened
+    /// while the source was away. A table captured without a key by a
+    /// checkpoint written before this field is copied again once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keyless: BTreeMap<String, Vec<String>>,
 }
 
 impl SourceState {
+    /// Records the shape `schema` gives the table's rows ([`Self::keyless`]).
+    fn note_shape(&mut self, schema: &TableSchema) {
+        let table = schema.id.to_string();
+        match crate::keyless_shape(schema) {
+            Some(shape) => {
+                self.keyless.insert(table, shape);
+            }
+            None => {
+                self.keyless.remove(&table);
+            }
+        }
+    }
+
+    /// After each announced shape of a table not being copied, a
+    /// [`SourceMessage::TableRewritten`] when its key changed or, without
+    /// a key, its rows' content ([`crate::copy_for_key_change`]): its rows
+    /// are copied again in the new shape.
+    fn copy_for_key_changes(&mut self, messages: Vec<SourceMessage>) -> Vec<SourceMessage> {
+        if !messages.iter().any(|m| matches!(m, SourceMessage::SchemaChanged(_))) {
+            return messages;
+        }
+        let copying: Vec<TableId> = self.snapshot.iter().flat_map(|s| s.tables.iter().map(TablePlan::id)).collect();
+        let mut out = Vec::with_capacity(messages.len() + 1);
+        for m in messages {
+            let SourceMessage::SchemaChanged(schema) = &m else {
+                out.push(m);
+                continue;
+            };
+            let table = schema.id.to_string();
+            if !self.tables.contains(&table) || copying.contains(&schema.id) {
+                self.note_shape(schema);
+                out.push(m);
+                continue;
+            }
+            let why = crate::copy_for_key_change(self.keyless.get(&table).map(Vec::as_slice), schema);
+            self.note_shape(schema);
+            let id = schema.id.clone();
+            out.push(m);
+            if let Some(why) = why {
+                tracing::info!(table = %id, reason = %why, "captured table changed its key: it is copied again");
+                out.push(SourceMessage::TableRewritten(id, format!("copied again: {why}")));
+            }
+        }
+        out
+    }
+
     /// Serializes the state.
     pub fn to_checkpoint(&self) -> Checkpoint {
         Checkpoint::encode(self)
@@ -469,6 +524,22 @@ impl PostgresSource {
                 continue;
             };
             let built = catalog.build_schema(&self.config, &self.filter, &id, relid, None).await?;
+            if !built.keyed && t.segments.iter().any(|s| s.started && !s.done) {
+                // A table without a key has no resume point, and its rows
+                // no name the copy's rows could overwrite: it is copied
+                // again whole, with a reset first and a sweep after, as a
+                // rewritten table is (its changes held back meanwhile).
+                tracing::info!(table = %id, "the copy of a table without a key stopped part-way: copying it again");
+                self.announced.insert(id.clone(), built.schema.clone());
+                self.prelude.push(SourceMessage::SchemaChanged(built.schema.clone()));
+                self.prelude.push(SourceMessage::TableRewritten(
+                    id.clone(),
+                    "its copy stopped part-way, and a table without a key cannot resume one".to_string(),
+                ));
+                continue;
+            }
+            // The copy's rows are of the shape it reads them in.
+            self.state_mut()?.note_shape(&built.schema);
             // Rows carry the schema they were read with; announce it unless
             // it is the one announced last.
             if self.announced.get(&id).is_none_or(|a| **a != *built.schema) {
@@ -593,6 +664,7 @@ impl PostgresSource {
                         seg.last = chunk.last.clone();
                     }
                     seg.done |= chunk.done;
+                    seg.started |= !chunk.messages.is_empty();
                     // The chunk that ends a table waits below as the
                     // pending one: the table is done once it is given out.
                     let complete: Vec<bool> = snap.tables.iter().map(|t| t.segments.iter().all(|s| s.done)).collect();
@@ -786,6 +858,7 @@ impl Source for PostgresSource {
                             }),
                             txn: None,
                             epoch: Some(epoch),
+                            keyless: BTreeMap::new(),
                         });
                         self.acked_lsn = lsn;
                         let started = self.start_snapshot_run(Some(ExportedSnapshot { name, lsn })).await;
@@ -806,6 +879,7 @@ impl Source for PostgresSource {
                             snapshot: None,
                             txn: None,
                             epoch: Some(epoch),
+                            keyless: BTreeMap::new(),
                         });
                         self.acked_lsn = lsn;
                     }
@@ -874,6 +948,23 @@ impl Source for PostgresSource {
     async fn next_batch(&mut self) -> Result<SourceBatch> {
         match self.next_batch_inner().await {
             Ok(mut batch) => {
+                // A shape announced in this batch whose key changed: the
+                // table is copied again (and the checkpoint knows it).
+                if batch.messages.iter().any(|m| matches!(m, SourceMessage::SchemaChanged(_))) {
+                    let mut state = SourceState::from_checkpoint(&batch.checkpoint)?;
+                    let before = state.keyless.clone();
+                    batch.messages = state.copy_for_key_changes(std::mem::take(&mut batch.messages));
+                    if state.keyless != before {
+                        batch.checkpoint = state.to_checkpoint();
+                    }
+                    if let Some(s) = self.state.as_mut() {
+                        for m in &batch.messages {
+                            if let SourceMessage::SchemaChanged(schema) = m {
+                                s.note_shape(schema);
+                            }
+                        }
+                    }
+                }
                 self.sequences_moved(&mut batch).await;
                 // The batch's own checkpoint, not `self.state`: a snapshot
                 // chunk held back for the last-row marker is already
@@ -1104,6 +1195,7 @@ impl PostgresSource {
             snapshot: Some(SnapshotState { initial: false, tables: plan }),
             txn: None,
             epoch: Some(epoch),
+            keyless: BTreeMap::new(),
         });
         self.acked_lsn = lsn;
         Ok(())
@@ -1205,11 +1297,46 @@ mod tests {
             snapshot: None,
             txn: Some(PartialTxn { commit_lsn: 50, changes: 10_000 }),
             epoch: Some("7714691749413639436".into()),
+            keyless: [("public.b".to_string(), vec!["int32".to_string()])].into_iter().collect(),
         };
         assert_eq!(SourceState::from_checkpoint(&s.to_checkpoint()).unwrap(), s);
         // Checkpoints written before transactions could be split still read.
         let old = r#"{"version":1,"slot":"s","lsn":42,"tables":[]}"#;
         assert_eq!(SourceState::from_checkpoint(&Checkpoint(old.into())).unwrap().txn, None);
         assert!(SourceState::from_checkpoint(&Checkpoint("{}".into())).is_err());
+    }
+
+    #[test]
+    fn a_key_gained_or_lost_copies_the_table_again_once() {
+        use tributary_schemas::{Column, DataType};
+        let mut s = SourceState::from_checkpoint(&Checkpoint(
+            r#"{"version":1,"slot":"s","lsn":42,"tables":["public.t"]}"#.into(),
+        ))
+        .unwrap();
+        let shape = |key: Vec<String>| {
+            Arc::new(TableSchema {
+                id: TableId::new("public", "t"),
+                columns: vec![Column::new("id", DataType::Int32, true)],
+                key,
+                dropped: Vec::new(),
+            })
+        };
+        let rewritten =
+            |m: &[SourceMessage]| m.iter().filter(|m| matches!(m, SourceMessage::TableRewritten(..))).count();
+        // Captured keyless by a checkpoint older than `keyless`: copied
+        // again once.
+        let out = s.copy_for_key_changes(vec![SourceMessage::SchemaChanged(shape(vec![]))]);
+        assert_eq!(rewritten(&out), 1);
+        assert_eq!(rewritten(&s.copy_for_key_changes(vec![SourceMessage::SchemaChanged(shape(vec![]))])), 0);
+        let out = s.copy_for_key_changes(vec![SourceMessage::SchemaChanged(shape(vec!["id".into()]))]);
+        assert!(matches!(&out[..], [SourceMessage::SchemaChanged(_), SourceMessage::TableRewritten(..)]));
+        assert!(s.keyless.is_empty());
+        // A table being copied only records its shape.
+        s.snapshot = Some(SnapshotState {
+            initial: false,
+            tables: vec![TablePlan::new(&TableId::new("public", "t"))],
+        });
+        assert_eq!(rewritten(&s.copy_for_key_changes(vec![SourceMessage::SchemaChanged(shape(vec![]))])), 0);
+        assert!(s.keyless.contains_key("public.t"));
     }
 }

@@ -127,6 +127,12 @@ pub struct Segment {
     /// Whether every row of the range was emitted.
     #[serde(default)]
     pub done: bool,
+    /// Whether a row of the range was emitted: a table without a key
+    /// (read without an order, so without a resume point) whose copy
+    /// stopped part-way is copied again whole, with a sweep of what the
+    /// first part wrote (see `PostgresSource::start_snapshot_run`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started: bool,
 }
 
 /// Progress of a running snapshot, readable by the runner at any time.
@@ -912,6 +918,7 @@ mod tests {
                 hi: Some(20),
                 last: Some(vec![Some("15".into())]),
                 done: false,
+                started: true,
             },
             false,
         );
@@ -958,6 +965,7 @@ mod tests {
                     hi: Some(5),
                     last: Some(vec![Some("3".into())]),
                     done: false,
+                    started: true,
                 }],
             }],
         };

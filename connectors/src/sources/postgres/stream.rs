@@ -995,6 +995,16 @@ async fn fetch_unchanged(
 ) -> Result<()> {
     let built = rel.built.as_ref().ok_or_else(|| protocol("row of an uncaptured table"))?;
     let schema = &built.schema;
+    if schema.key.is_empty() {
+        // A table without a key is read with REPLICA IDENTITY FULL: its
+        // old row fills every column.
+        return Err(Error::needs_operator(
+            "an update of a table without a key left a large (TOAST) value out and came without its old row",
+        )
+        .with_table(schema.id.clone())
+        .with_column(schema.columns[missing[0]].name.clone())
+        .with_hint(format!("ALTER TABLE {} REPLICA IDENTITY FULL;", quote_table(&schema.id))));
+    }
     let mut conds = Vec::new();
     for &k in &schema.key_indexes() {
         let col = &schema.columns[k];
