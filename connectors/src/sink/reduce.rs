@@ -322,6 +322,15 @@ pub fn key_bytes(schema: &TableSchema, row: &[Value], key: &[usize]) -> Result<V
             Value::Int32(v) => digits.format(*v),
             Value::Int64(v) => digits.format(*v),
             Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => s,
+            // The source's text: a NaN key is not the key 0 its column
+            // carries.
+            Value::SourceText { text, .. } => text,
+            // PostgreSQL's infinities by name (`render_text` has no text
+            // for an infinite timestamp).
+            Value::Date(d) if crate::sink::text::infinite_date(*d) => infinity_text(*d > 0),
+            Value::Timestamp(t) | Value::TimestampTz(t) if crate::sink::text::infinite_timestamp(*t) => {
+                infinity_text(*t > 0)
+            }
             other => {
                 scratch.clear();
                 render_text(&mut scratch, other).map_err(|reason| {
@@ -334,6 +343,14 @@ pub fn key_bytes(schema: &TableSchema, row: &[Value], key: &[usize]) -> Result<V
         out.extend_from_slice(text.as_bytes());
     }
     Ok(out)
+}
+
+fn infinity_text(positive: bool) -> &'static str {
+    if positive {
+        "infinity"
+    } else {
+        "-infinity"
+    }
 }
 
 #[cfg(test)]
