@@ -40,6 +40,15 @@ pub const ATTR_SYMBOLS: &str = "tributary.symbols";
 /// a day (`DataType::TimeSpan`, MySQL's `TIME`).
 pub const ATTR_TIME_SPAN: &str = "tributary.time_span";
 
+/// Attribute of the value record naming its source-text field (see
+/// [`has_source_text`]).
+pub const ATTR_SOURCE_TEXT: &str = "tributary.source_text";
+/// The name of the source-text field (one `_` more for each column that
+/// takes it already).
+pub const SOURCE_TEXT_FIELD: &str = "__tributary_source_text";
+/// Debezium's name of a bit string of more than one bit.
+pub const BITS: &str = "io.debezium.data.Bits";
+
 /// Labels of `source.snapshot`, as Debezium declares them.
 const SNAPSHOT_ALLOWED: &str = "true,last,false,incremental";
 
@@ -130,7 +139,15 @@ pub fn envelope(table: &TableSchema, topic: &str, options: &EnvelopeOptions) -> 
 
     let mut names = HashSet::new();
     let all: Vec<&Column> = table.columns.iter().collect();
-    let value_fields = fields(table, &all, &mut names)?;
+    let mut value_fields = fields(table, &all, &mut names)?;
+    let source_text = has_source_text(table, options).then(|| source_text_field(table));
+    if let Some(name) = &source_text {
+        value_fields.push(json!({
+            "name": name,
+            "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}],
+            "default": null,
+        }));
+    }
     let mut value_record = json!({
         "type": "record",
         "name": "Value",
@@ -143,6 +160,9 @@ pub fn envelope(table: &TableSchema, topic: &str, options: &EnvelopeOptions) -> 
     }
     if !table.dropped.is_empty() {
         value_record[ATTR_DROPPED] = json!(table.dropped);
+    }
+    if let Some(name) = source_text {
+        value_record[ATTR_SOURCE_TEXT] = json!(name);
     }
     let value_name = format!("{ns}.Value");
     let envelope = json!({
@@ -161,6 +181,43 @@ pub fn envelope(table: &TableSchema, topic: &str, options: &EnvelopeOptions) -> 
         "connect.name": format!("{ns}.Envelope"),
     });
     Ok(EnvelopeSchemas { key, value: envelope.to_string() })
+}
+
+/// Whether the value record of `table` has the source-text field: a
+/// nullable string (JSON, `io.debezium.data.Json`) after the columns,
+/// holding, per row, the source's own text of the values whose column type
+/// has no exact form for them (`Value::SourceText`), as a JSON object of
+/// column name to text; null when the row has none. PostgreSQL tables with
+/// a column that can hold such a value have it: `numeric` (NaN and the
+/// infinities), `timestamp[tz]` (the years after 294247) and arrays (several
+/// dimensions, lower bounds other than 1, and their elements).
+/// Debezium-minded consumers see one more optional JSON field; the value
+/// record names it in [`ATTR_SOURCE_TEXT`].
+pub fn has_source_text(table: &TableSchema, options: &EnvelopeOptions) -> bool {
+    options.connector == "postgresql" && table.columns.iter().any(|c| may_need_source_text(&c.data_type))
+}
+
+/// Whether a PostgreSQL column of type `t` can hold a value without an
+/// exact form in it (see [`has_source_text`]).
+pub fn may_need_source_text(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Decimal { .. }
+            | DataType::VariableDecimal
+            | DataType::Timestamp
+            | DataType::TimestampTz
+            | DataType::Array(_)
+    )
+}
+
+/// The source-text field's name in `table`'s value record: one no column
+/// takes.
+fn source_text_field(table: &TableSchema) -> String {
+    let mut name = SOURCE_TEXT_FIELD.to_string();
+    while table.columns.iter().any(|c| sanitize_name(&c.name) == name) {
+        name.push('_');
+    }
+    name
 }
 
 /// The source block's record.
@@ -355,6 +412,12 @@ fn column_type(
             "connect.name": "io.debezium.data.Uuid",
         }),
         DataType::Bytes => json!("bytes"),
+        DataType::Bits { length } => json!({
+            "type": "bytes",
+            "connect.version": 1,
+            "connect.parameters": {"length": length.to_string()},
+            "connect.name": BITS,
+        }),
         DataType::Date => json!({
             "type": "int",
             "logicalType": "date",
@@ -456,6 +519,7 @@ mod tests {
             DataType::Json,
             DataType::Uuid,
             DataType::Bytes,
+            DataType::Bits { length: 12 },
             DataType::Date,
             DataType::Time,
             DataType::TimeSpan,

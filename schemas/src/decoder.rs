@@ -14,8 +14,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::avro::{
-    ATTR_ALIASES, ATTR_COLUMN_ID, ATTR_DEFAULT, ATTR_DROPPED, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TYPE,
-    ATTR_SYMBOLS, ATTR_TIME_SPAN,
+    ATTR_ALIASES, ATTR_COLUMN_ID, ATTR_DEFAULT, ATTR_DROPPED, ATTR_KEY, ATTR_ORIGINAL_NAME, ATTR_SOURCE_TEXT,
+    ATTR_SOURCE_TYPE, ATTR_SYMBOLS, ATTR_TIME_SPAN, BITS,
 };
 use crate::binary::{split_header, ReadError, Reader};
 use crate::decimal;
@@ -195,8 +195,8 @@ pub struct CompiledEnvelope {
 
 #[derive(Debug)]
 enum EnvField {
-    Before(Optional, Vec<ColumnPlan>),
-    After(Optional, Vec<ColumnPlan>),
+    Before(Optional, Vec<RowField>),
+    After(Optional, Vec<RowField>),
     Source(Vec<(SourceSlot, ScalarReader)>),
     Op(Schema),
     TsMs(Schema),
@@ -331,6 +331,14 @@ enum Conv {
 struct ColumnPlan {
     opt: Optional,
     conv: Conv,
+}
+
+/// One field of a value record: a column, or the source-text field
+/// (`crate::avro::has_source_text`), a nullable string.
+#[derive(Debug)]
+enum RowField {
+    Column(ColumnPlan),
+    SourceText(Optional),
 }
 
 impl CompiledEnvelope {
@@ -729,13 +737,23 @@ fn column_name(f: &writer_schema::Field) -> String {
         .to_string()
 }
 
-fn compile_row(context: &str, record: &Schema) -> Result<(Vec<ColumnPlan>, Vec<Column>)> {
+fn compile_row(context: &str, record: &Schema) -> Result<(Vec<RowField>, Vec<Column>)> {
     let Kind::Record(rec) = &record.kind else {
         return Err(decode_err(context, "row type is not a record"));
     };
+    let source_text = record.attr_str(ATTR_SOURCE_TEXT);
     let mut plans = Vec::with_capacity(rec.fields.len());
     let mut columns = Vec::with_capacity(rec.fields.len());
     for f in &rec.fields {
+        if source_text == Some(f.name.as_str()) {
+            match optional(&f.schema) {
+                Some((opt, t)) if matches!(t.kind, Kind::String) => {
+                    plans.push(RowField::SourceText(opt));
+                    continue;
+                }
+                _ => return Err(decode_err(context, "the source-text field is not an optional string")),
+            }
+        }
         let name = column_name(f);
         let (plan, data_type) =
             compile_column(&f.schema).map_err(|reason| decode_err(context, format!("column {name}: {reason}")))?;
@@ -761,7 +779,7 @@ fn compile_row(context: &str, record: &Schema) -> Result<(Vec<ColumnPlan>, Vec<C
                 .unwrap_or_default(),
             column_id: f.attrs.get(ATTR_COLUMN_ID).and_then(serde_json::Value::as_u64),
         });
-        plans.push(plan);
+        plans.push(RowField::Column(plan));
     }
     Ok((plans, columns))
 }
@@ -853,6 +871,10 @@ fn compile_conv(s: &Schema) -> std::result::Result<(Conv, DataType), String> {
         (Kind::String, _, Some("io.debezium.time.Interval")) => (Conv::IntervalText, D::Interval),
         (Kind::Long, _, Some("io.debezium.time.MicroDuration")) => (Conv::DurationMicros, D::Interval),
         (Kind::String, _, Some("io.debezium.data.Json")) => (Conv::Json, D::Json),
+        (Kind::Bytes, _, Some(BITS)) => match s.connect_param("length").and_then(|l| l.parse::<u32>().ok()) {
+            Some(length) if length > 0 => (Conv::Bytes, D::Bits { length }),
+            _ => (Conv::Bytes, D::Bytes),
+        },
         (Kind::String, _, Some("io.debezium.data.Enum")) => (Conv::EnumText, D::Enum { symbols: enum_symbols(s) }),
         (Kind::Record(rec), _, _)
             if rec.name == crate::avro::VARIABLE_SCALE_DECIMAL
@@ -910,18 +932,59 @@ fn compile_conv(s: &Schema) -> std::result::Result<(Conv, DataType), String> {
     })
 }
 
-fn read_row(context: &str, columns: &[Column], plans: &[ColumnPlan], r: &mut Reader<'_>) -> Result<Row> {
-    let mut row = Vec::with_capacity(plans.len());
-    for (i, plan) in plans.iter().enumerate() {
-        match read_column(plan, r) {
-            Ok(v) => row.push(v),
-            Err(e) => {
-                let name = columns.get(i).map_or("?", |c| c.name.as_str());
-                return Err(decode_err(context, format!("column {name}: {e}")));
+fn read_row(context: &str, columns: &[Column], plans: &[RowField], r: &mut Reader<'_>) -> Result<Row> {
+    let mut row = Vec::with_capacity(columns.len());
+    let mut texts = None;
+    for plan in plans {
+        match plan {
+            RowField::Column(plan) => match read_column(plan, r) {
+                Ok(v) => row.push(v),
+                Err(e) => {
+                    let name = columns.get(row.len()).map_or("?", |c| c.name.as_str());
+                    return Err(decode_err(context, format!("column {name}: {e}")));
+                }
+            },
+            RowField::SourceText(opt) => {
+                let read = |r: &mut Reader<'_>| -> std::result::Result<Option<String>, ReadError> {
+                    Ok(if opt.present(r)? {
+                        Some(r.str()?.to_string())
+                    } else {
+                        None
+                    })
+                };
+                texts = read(r).map_err(|e| decode_err(context, format!("the source-text field: {e}")))?;
             }
         }
     }
+    if let Some(texts) = texts {
+        apply_source_texts(context, columns, &mut row, &texts)?;
+    }
     Ok(row)
+}
+
+/// Puts the source's text of each value the source-text field holds (a
+/// JSON object of column name to text) beside the value the column carries
+/// ([`Value::SourceText`]).
+fn apply_source_texts(context: &str, columns: &[Column], row: &mut Row, json: &str) -> Result<()> {
+    let bad = || decode_err(context, "the source-text field is not a JSON object of texts");
+    let serde_json::Value::Object(texts) = serde_json::from_str(json).map_err(|_| bad())? else {
+        return Err(bad());
+    };
+    for (name, text) in texts {
+        let serde_json::Value::String(text) = text else {
+            return Err(bad());
+        };
+        let i = columns
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| decode_err(context, "the source-text field names a column the record has not"))?;
+        let Some(value) = row.get_mut(i) else {
+            return Err(bad());
+        };
+        let nearest = std::mem::replace(value, Value::Null);
+        *value = Value::SourceText { text, nearest: Box::new(nearest) };
+    }
+    Ok(())
 }
 
 #[inline]
@@ -1165,4 +1228,31 @@ fn skip(schema: &Schema, r: &mut Reader<'_>) -> std::result::Result<(), ReadErro
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_texts_that_do_not_read_are_errors_not_panics() {
+        let columns = vec![Column::new("n", DataType::VariableDecimal, true)];
+        for bad in ["", "[]", "{\"n\": 1}", "{\"x\": \"NaN\"}", "{\"n\": \"NaN\"", "null"] {
+            let mut row = vec![Value::Null];
+            assert!(apply_source_texts("t", &columns, &mut row, bad).is_err(), "{bad}");
+        }
+        // A row shorter than its columns (never decoded so) is an error too.
+        assert!(apply_source_texts("t", &columns, &mut Vec::new(), "{\"n\": \"NaN\"}").is_err());
+        let mut row = vec![Value::Null];
+        apply_source_texts("t", &columns, &mut row, "{\"n\": \"NaN\"}").expect("reads");
+        assert_eq!(row, vec![Value::SourceText { text: "NaN".into(), nearest: Box::new(Value::Null) }]);
+        // Bits without a length are plain bytes.
+        let bits = writer_schema::parse(r#"{"type":"bytes","connect.name":"io.debezium.data.Bits"}"#).expect("parses");
+        assert!(matches!(compile_conv(&bits), Ok((Conv::Bytes, DataType::Bytes))));
+        let bits = writer_schema::parse(
+            r#"{"type":"bytes","connect.name":"io.debezium.data.Bits","connect.parameters":{"length":"9"}}"#,
+        )
+        .expect("parses");
+        assert!(matches!(compile_conv(&bits), Ok((Conv::Bytes, DataType::Bits { length: 9 }))));
+    }
 }

@@ -41,7 +41,7 @@ pub fn to_avro_json(data_type: &DataType, value: &Value) -> Option<Json> {
         (DataType::Text, Value::Text(s)) | (DataType::Json, Value::Json(s)) => json!(s),
         (DataType::Enum { symbols }, Value::Enum(s)) if symbols.contains(s) => json!(s),
         (DataType::Uuid, Value::Uuid(u)) => json!(u.hyphenated().to_string()),
-        (DataType::Bytes, Value::Bytes(b)) => Json::String(bytes_to_json(b)),
+        (DataType::Bytes | DataType::Bits { .. }, Value::Bytes(b)) => Json::String(bytes_to_json(b)),
         (DataType::Date, Value::Date(d)) => json!(d),
         (DataType::Time | DataType::TimeSpan, Value::Time(t)) | (DataType::Timestamp, Value::Timestamp(t)) => {
             json!(t)
@@ -82,7 +82,7 @@ pub fn from_avro_json(data_type: &DataType, json: &Json) -> Option<Value> {
             Value::Enum(s.to_string())
         }
         DataType::Uuid => Value::Uuid(uuid::Uuid::parse_str(json.as_str()?).ok()?),
-        DataType::Bytes => Value::Bytes(bytes_from_json(json.as_str()?)?),
+        DataType::Bytes | DataType::Bits { .. } => Value::Bytes(bytes_from_json(json.as_str()?)?),
         DataType::Date => Value::Date(i32::try_from(json.as_i64()?).ok()?),
         DataType::Time | DataType::TimeSpan => Value::Time(json.as_i64()?),
         DataType::Timestamp => Value::Timestamp(json.as_i64()?),

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::avro::{envelope, EnvelopeOptions, EnvelopeSchemas};
+use crate::avro::{envelope, has_source_text, EnvelopeOptions, EnvelopeSchemas};
 use crate::binary::{write_bool, write_bytes, write_double, write_float, write_header, write_int, write_long};
 use crate::compat;
 use crate::decimal;
@@ -48,6 +48,9 @@ struct Prepared {
     key_id: Option<u32>,
     value_id: u32,
     schemas: EnvelopeSchemas,
+    /// Whether the value record has the source-text field
+    /// ([`has_source_text`]).
+    source_text: bool,
     /// Size of the last value, to allocate once per record.
     size_hint: AtomicUsize,
 }
@@ -407,6 +410,7 @@ impl EventEncoder {
         versions.push(Prepared {
             table: table.clone(),
             key_indexes: written.key_indexes(),
+            source_text: has_source_text(&written, &self.options),
             written,
             key_id,
             value_id,
@@ -478,7 +482,7 @@ impl EventEncoder {
                 None => write_long(out, 0),
                 Some(row) => {
                     write_long(out, 1);
-                    write_row(out, table, row)?;
+                    write_row(out, table, row, p.source_text)?;
                 }
             }
         }
@@ -556,16 +560,63 @@ fn check_row_len(table: &TableSchema, row: &Row) -> Result<()> {
     Ok(())
 }
 
-fn write_row(out: &mut Vec<u8>, table: &TableSchema, row: &Row) -> Result<()> {
+/// Writes a value record: the columns, then, when the record has it, the
+/// source-text field (see `crate::avro::has_source_text`).
+fn write_row(out: &mut Vec<u8>, table: &TableSchema, row: &Row, source_text: bool) -> Result<()> {
     check_row_len(table, row)?;
+    let mut texts: Option<serde_json::Map<String, serde_json::Value>> = None;
     for (col, v) in table.columns.iter().zip(row) {
-        write_column(out, table, col, v)?;
+        if let Value::SourceText { text, nearest } = v {
+            if !source_text {
+                return Err(value_error(
+                    table,
+                    col,
+                    v,
+                    "a value without an exact form in the column's type, in a record without a source-text field",
+                ));
+            }
+            if matches!(**nearest, Value::SourceText { .. }) {
+                return Err(value_error(table, col, v, "a source text nearest to another source text"));
+            }
+            texts
+                .get_or_insert_with(Default::default)
+                .insert(col.name.clone(), serde_json::Value::String(text.clone()));
+            write_column(out, table, col, nearest)?;
+        } else {
+            write_column(out, table, col, v)?;
+        }
+    }
+    if source_text {
+        match texts {
+            None => write_long(out, 0),
+            Some(texts) => {
+                write_long(out, 1);
+                write_bytes(out, serde_json::Value::Object(texts).to_string().as_bytes());
+            }
+        }
     }
     Ok(())
 }
 
+fn value_error(table: &TableSchema, col: &Column, v: &Value, reason: &str) -> SchemaError {
+    SchemaError::Value {
+        table: table.id.clone(),
+        column: col.name.clone(),
+        value_kind: v.kind(),
+        data_type: col.data_type.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
 #[inline]
 fn write_column(out: &mut Vec<u8>, table: &TableSchema, col: &Column, v: &Value) -> Result<()> {
+    // A key column's value without an exact form: the key carries the
+    // nearest value (the value record, the source's text).
+    if let Value::SourceText { nearest, .. } = v {
+        if !matches!(**nearest, Value::SourceText { .. }) {
+            return write_column(out, table, col, nearest);
+        }
+    }
     let r = match v {
         Value::Null if col.nullable => {
             write_long(out, 0);
@@ -579,13 +630,7 @@ fn write_column(out: &mut Vec<u8>, table: &TableSchema, col: &Column, v: &Value)
             write_typed(out, &col.data_type, v)
         }
     };
-    r.map_err(|reason| SchemaError::Value {
-        table: table.id.clone(),
-        column: col.name.clone(),
-        value_kind: v.kind(),
-        data_type: col.data_type.to_string(),
-        reason: reason.to_string(),
-    })
+    r.map_err(|reason| value_error(table, col, v, reason))
 }
 
 /// Writes `bytes` produced by `fill` with their length prefix in front,
@@ -651,6 +696,12 @@ fn write_typed(out: &mut Vec<u8>, dt: &DataType, v: &Value) -> std::result::Resu
             write_bytes(out, u.hyphenated().encode_lower(&mut buf).as_bytes());
         }
         (DataType::Bytes, Value::Bytes(b)) => write_bytes(out, b),
+        (DataType::Bits { length }, Value::Bytes(b)) => {
+            if b.len() > length.div_ceil(8) as usize {
+                return Err("more bytes than the column's bits take");
+            }
+            write_bytes(out, b)
+        }
         (DataType::Date, Value::Date(d)) => write_int(out, *d),
         (DataType::Time | DataType::TimeSpan, Value::Time(t)) => write_long(out, *t),
         (DataType::Timestamp, Value::Timestamp(t)) => write_long(out, *t),

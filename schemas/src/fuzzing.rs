@@ -29,6 +29,7 @@ fn every_type_table() -> TableSchema {
         DataType::Json,
         DataType::Uuid,
         DataType::Bytes,
+        DataType::Bits { length: 12 },
         DataType::Date,
         DataType::Time,
         DataType::TimeSpan,

@@ -67,6 +67,15 @@ pub enum DataType {
     Uuid,
     /// Raw bytes.
     Bytes,
+    /// A bit string of a fixed number of bits (PostgreSQL `bit(n)`, n > 1):
+    /// Debezium's `io.debezium.data.Bits`, bytes with the bit count in its
+    /// `length` parameter. The value ([`Value::Bytes`]) is the bit string
+    /// read as a binary number, little-endian, in `ceil(length / 8)` bytes
+    /// (Debezium's order: the string's last bit is bit 0 of byte 0).
+    Bits {
+        /// The number of bits.
+        length: u32,
+    },
     /// Calendar date: days since 1970-01-01 (logical type `date`).
     Date,
     /// Time of day in microseconds (logical type `time-micros`), from
@@ -116,6 +125,7 @@ impl fmt::Display for DataType {
             DataType::Json => f.write_str("json"),
             DataType::Uuid => f.write_str("uuid"),
             DataType::Bytes => f.write_str("bytes"),
+            DataType::Bits { length } => write!(f, "bits({length})"),
             DataType::Date => f.write_str("date"),
             DataType::Time => f.write_str("time"),
             DataType::TimeSpan => f.write_str("time span"),
@@ -310,6 +320,22 @@ pub enum Value {
     Array(Vec<Value>),
     /// WKB bytes.
     Geometry(Vec<u8>),
+    /// A value its column's type has no exact form for (PostgreSQL's
+    /// numeric `NaN` and infinities, a timestamp after 294247-01-10, an
+    /// array of several dimensions or with a lower bound other than 1):
+    /// the source's own text of it, which a destination of the source's
+    /// kind reads back exactly, and the nearest value of the column's type,
+    /// which the change topic's column carries (what Debezium carries: NULL
+    /// or zero for a NaN, the largest timestamp, the elements in order).
+    /// The text travels beside the row (`tributary.source_text`, see
+    /// `docs/type-mapping.md`); a sink that cannot write the text refuses
+    /// the value rather than writing the nearest one.
+    SourceText {
+        /// The source's text of the value (PostgreSQL's output function).
+        text: String,
+        /// The nearest value of the column's type (never a `SourceText`).
+        nearest: Box<Value>,
+    },
     /// A value the source did not send because it did not change (see the
     /// type's doc). Encoders reject it.
     Unchanged,
@@ -340,6 +366,7 @@ impl Value {
             Value::Enum(_) => "enum",
             Value::Array(_) => "array",
             Value::Geometry(_) => "geometry",
+            Value::SourceText { .. } => "source text",
             Value::Unchanged => "unchanged",
         }
     }

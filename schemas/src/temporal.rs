@@ -143,6 +143,23 @@ pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// The proleptic Gregorian date `days` after 1970-01-01, as `(year, month,
+/// day)` with year 0 for 1 BC (Howard Hinnant's `civil_from_days`, the
+/// inverse of [`days_from_civil`]).
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    // Both fit: 1..=31 and 1..=12.
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
 /// Parses an ISO-8601 instant with offset (`2024-01-02T03:04:05.123456Z`,
 /// `...+02:00`) into microseconds since the Unix epoch, UTC.
 pub fn instant_from_iso(text: &str) -> Option<i64> {

@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use tributary_schemas::avro::may_need_source_text;
 use tributary_schemas::decoder::Decoded;
 use tributary_schemas::{
     ChangeEvent, Column, DataType, EnvelopeOptions, EventDecoder, EventEncoder, Op, Position, Registry, SnapshotMarker,
@@ -36,6 +37,7 @@ fn leaf_type() -> impl Strategy<Value = DataType> {
         Just(DataType::Json),
         Just(DataType::Uuid),
         Just(DataType::Bytes),
+        (2u32..=40).prop_map(|length| DataType::Bits { length }),
         Just(DataType::Date),
         Just(DataType::Time),
         Just(DataType::TimeSpan),
@@ -104,6 +106,9 @@ fn value_of(t: &DataType) -> BoxedStrategy<Value> {
         DataType::Json => "\\PC{0,20}".prop_map(Value::Json).boxed(),
         DataType::Uuid => any::<u128>().prop_map(|u| Value::Uuid(uuid::Uuid::from_u128(u))).boxed(),
         DataType::Bytes => prop::collection::vec(any::<u8>(), 0..20).prop_map(Value::Bytes).boxed(),
+        DataType::Bits { length } => prop::collection::vec(any::<u8>(), length.div_ceil(8) as usize)
+            .prop_map(Value::Bytes)
+            .boxed(),
         DataType::Date => any::<i32>().prop_map(Value::Date).boxed(),
         DataType::Time | DataType::TimeSpan => any::<i64>().prop_map(Value::Time).boxed(),
         DataType::Timestamp => any::<i64>().prop_map(Value::Timestamp).boxed(),
@@ -159,14 +164,34 @@ fn row_of(t: &TableSchema) -> BoxedStrategy<Vec<Value>> {
     t.columns
         .iter()
         .map(|c| {
-            if c.nullable {
+            let value = if c.nullable {
                 prop_oneof![1 => Just(Value::Null), 3 => value_of(&c.data_type)].boxed()
             } else {
                 value_of(&c.data_type)
+            };
+            if may_need_source_text(&c.data_type) {
+                // The source's text beside the nearest value the column
+                // holds (kept only in PostgreSQL events, see `event`).
+                let source_text = (value.clone(), "\\PC{0,12}")
+                    .prop_map(|(nearest, text)| Value::SourceText { text, nearest: Box::new(nearest) });
+                prop_oneof![3 => value, 1 => source_text].boxed()
+            } else {
+                value
             }
         })
         .collect::<Vec<_>>()
         .boxed()
+}
+
+/// `row` without source texts (the nearest values), for a connector whose
+/// tables have no source-text field.
+fn nearest(row: Vec<Value>) -> Vec<Value> {
+    row.into_iter()
+        .map(|v| match v {
+            Value::SourceText { nearest, .. } => *nearest,
+            v => v,
+        })
+        .collect()
 }
 
 fn event() -> impl Strategy<Value = (ChangeEvent, bool)> {
@@ -183,6 +208,7 @@ fn event() -> impl Strategy<Value = (ChangeEvent, bool)> {
         let tx = prop::option::of(("[a-z0-9:]{1,10}", any::<i64>(), any::<i64>()));
         (Just(t.clone()), op, row_of(&t), row_of(&t), any::<bool>(), source, tx, any::<i64>()).prop_map(
             |(t, op, r1, r2, with_before, (pg, commit, index, tx_id, snapshot, ts), tx, ts_ms)| {
+                let (r1, r2) = if pg { (r1, r2) } else { (nearest(r1), nearest(r2)) };
                 let (before, after) = match op {
                     Op::Read | Op::Create => (None, Some(r2)),
                     Op::Update => (with_before.then_some(r1), Some(r2)),
@@ -251,5 +277,104 @@ proptest! {
             let decoded = decoder.decode(topic, rec.key.as_deref(), rec.value.as_deref()).await.expect("decode");
             assert_eq!(decoded, Decoded::Change(event.clone()));
         });
+    }
+}
+
+/// A PostgreSQL table with a column that may hold a value without an exact
+/// form has the source-text field, a Debezium-minded reader sees the
+/// nearest values in the columns, and the decoder puts each text back
+/// beside its value; a table without such a column, or of another
+/// connector, has no such field.
+#[tokio::test]
+async fn source_texts_travel_beside_the_row() {
+    let table = Arc::new(TableSchema {
+        id: TableId::new("public", "t"),
+        columns: vec![
+            Column::new("id", DataType::Int32, false),
+            Column::new("n", DataType::VariableDecimal, true),
+            Column::new("nn", DataType::Decimal { precision: 10, scale: 2 }, false),
+            Column::new("a", DataType::Array(Box::new(DataType::Int32)), true),
+            Column::new("__tributary_source_text", DataType::Text, true),
+            Column::new("b", DataType::Bits { length: 12 }, true),
+        ],
+        key: vec!["id".into()],
+        dropped: Vec::new(),
+    });
+    let text = |t: &str, nearest: Value| Value::SourceText { text: t.into(), nearest: Box::new(nearest) };
+    let row = vec![
+        Value::Int32(1),
+        text("NaN", Value::Null),
+        text("-Infinity", Value::Decimal("0.00".into())),
+        text("[0:1]={7,8}", Value::Array(vec![Value::Int32(7), Value::Int32(8)])),
+        Value::Text("a column of the field's name".into()),
+        Value::Bytes(vec![0x05, 0x00]),
+    ];
+    let event = ChangeEvent {
+        schema: table.clone(),
+        op: Op::Create,
+        before: None,
+        after: Some(row.clone()),
+        source: SourceInfo {
+            connector: "postgresql".into(),
+            name: "app".into(),
+            db: "db".into(),
+            ts_ms: 0,
+            snapshot: SnapshotMarker::False,
+            tx_id: None,
+            position: Position { commit: 1, index: 0 },
+            native_position: "0/1".into(),
+        },
+        ts_ms: 0,
+        transaction: None,
+    };
+    let registry = Registry::in_memory();
+    let mut encoder = EventEncoder::new(registry.clone(), EnvelopeOptions::default());
+    encoder.prepare(&table, "app.public.t").await.expect("prepare");
+    let (schemas, _, _) = encoder.prepared("app.public.t").expect("prepared");
+    let value: serde_json::Value = serde_json::from_str(&schemas.value).expect("json");
+    let record = &value["fields"][0]["type"][1];
+    // The field's name is taken by a column: one `_` more.
+    assert_eq!(record["tributary.source_text"], "__tributary_source_text_");
+    let fields = record["fields"].as_array().expect("fields");
+    assert_eq!(fields.last().map(|f| f["name"].clone()), Some("__tributary_source_text_".into()));
+    let bits = &fields[5]["type"][1];
+    assert_eq!(bits["connect.name"], "io.debezium.data.Bits");
+    assert_eq!(bits["connect.parameters"]["length"], "12");
+
+    let rec = encoder.encode(&event, "app.public.t").expect("encode");
+    // apache-avro (a stock reader) reads the nearest values and the JSON.
+    let value_schema = apache_avro::Schema::parse_str(&schemas.value).expect("value schema parses");
+    let (datum, left) = fixtures::apache_read(&value_schema, &rec.value.as_deref().expect("value")[5..]);
+    assert_eq!(left, 0);
+    let shown = format!("{datum:?}");
+    assert!(shown.contains(r#"{\"a\":\"[0:1]={7,8}\",\"n\":\"NaN\",\"nn\":\"-Infinity\"}"#), "{shown}");
+
+    let mut decoder = EventDecoder::new(registry);
+    let decoded = decoder
+        .decode("app.public.t", rec.key.as_deref(), rec.value.as_deref())
+        .await
+        .expect("decode");
+    let Decoded::Change(back) = decoded else {
+        panic!("a change")
+    };
+    assert_eq!(back.after, Some(row));
+    assert_eq!(back.schema.columns.len(), 6, "the field is no column");
+    assert_eq!(back.schema.columns[5].data_type, DataType::Bits { length: 12 });
+
+    // No column that can need it, or another connector: no field.
+    for (columns, connector) in [
+        (
+            vec![
+                Column::new("id", DataType::Int32, false),
+                Column::new("s", DataType::Text, true),
+            ],
+            "postgresql",
+        ),
+        (table.columns.clone(), "mysql"),
+    ] {
+        let t = TableSchema { columns, ..(*table).clone() };
+        let s = tributary_schemas::avro::envelope(&t, "app.public.t", &EnvelopeOptions::for_connector(connector))
+            .expect("schemas");
+        assert!(!s.value.contains("tributary.source_text"), "{connector}");
     }
 }

@@ -10,7 +10,7 @@ use mysql_async::prelude::Queryable;
 
 use crate::bigquery::{query as bigquery, Datasets};
 use crate::mysql::Database as MariaDb;
-use crate::postgres::{connect, has_column, Destination as PgDestination, SourceSchema};
+use crate::postgres::{connect, connect_pinned, has_column, Destination as PgDestination, SourceSchema};
 use crate::redshift::{redshift_url, Warehouse as RedshiftWarehouse};
 use crate::snowflake::Schemas as SnowflakeSchemas;
 use crate::spanner::Database as SpannerDatabase;
@@ -259,7 +259,8 @@ impl Sink {
                 };
                 let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
                 let sql = format!("SELECT {} FROM \"{schema}\".\"{table}\" ORDER BY id", cols.join(", "));
-                let client = connect(&url).await;
+                // Read as the source's rows are (`Source::rows`).
+                let client = connect_pinned(&url).await;
                 let rows = client.query(sql.as_str(), &[]).await.ok()?;
                 Some(
                     rows.iter()
@@ -357,6 +358,194 @@ fn without_trailing_fraction_zeros(v: String) -> String {
 pub fn by_id(mut rows: Vec<String>) -> Vec<String> {
     rows.sort_by_key(|r| r.split('|').next().and_then(|id| id.parse::<i64>().ok()));
     rows
+}
+
+// ---------------------------------------------------------------- what a destination holds
+
+/// What a destination holds of a table whose values it cannot all hold as
+/// they are (`docs/type-mapping.md` says what and why): columns it holds in
+/// another text, columns it holds in a form the text comparison cannot
+/// see, and the rows it refuses (dead-lettered, absent). The default holds
+/// everything as the source has it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Holds<'a> {
+    /// Columns compared through a SQL expression of the source's column
+    /// (`{c}`) that gives the text the destination's type holds (a `real`
+    /// widened to a double: `{c}::float8::text`).
+    pub as_text: &'a [(&'a str, &'a str)],
+    /// Columns not compared (held in a form a `CAST(... AS STRING)` does not
+    /// show as the source's text, e.g. bytes), in groups, each with why.
+    pub skipped: &'a [(&'a [&'a str], &'a str)],
+    /// Ids of the rows the destination refuses: they must be absent from
+    /// it, and every one of them the source has dead-lettered
+    /// ([`dead_lettered_ids`]), no other.
+    pub refused: &'a [i64],
+}
+
+impl Holds<'_> {
+    /// The compared columns of `columns`, each with its source expression.
+    fn compared(&self, columns: &[String]) -> Vec<(String, String)> {
+        columns
+            .iter()
+            .filter(|c| !self.skipped.iter().any(|(group, _)| group.contains(&c.as_str())))
+            .map(|c| {
+                let expr = match self.as_text.iter().find(|(n, _)| n == c) {
+                    Some((_, e)) => e.replace("{c}", c),
+                    None => format!("{c}::text"),
+                };
+                (c.clone(), expr)
+            })
+            .collect()
+    }
+}
+
+impl Source {
+    /// The table's rows over `columns` (each `(name, expression)`), but the
+    /// rows of `except` ids, as text ([`canonical`]). PostgreSQL only.
+    pub async fn rows_as(&mut self, table: &str, columns: &[(String, String)], except: &[i64]) -> Vec<String> {
+        let t = self.qualified(table);
+        let Source::Postgres(s) = self else {
+            panic!("rows_as reads PostgreSQL sources");
+        };
+        let cols: Vec<&str> = columns.iter().map(|(_, e)| e.as_str()).collect();
+        let except = except.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        let filter = if except.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE id NOT IN ({except})")
+        };
+        let sql = format!("SELECT {} FROM {t}{filter} ORDER BY id", cols.join(", "));
+        let rows = s.admin.query(sql.as_str(), &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.iter()
+            .map(|r| canonical((0..columns.len()).map(|i| r.get::<_, Option<String>>(i))))
+            .collect()
+    }
+}
+
+/// Waits until the destination's `table` holds what `holds` says of the
+/// source's: the rows but the refused ones, over the compared columns; the
+/// runners must stay alive meanwhile.
+pub async fn converge_holding(
+    source: &mut Source,
+    sink: &Sink,
+    runners: &mut Runners,
+    table: &str,
+    step: &str,
+    holds: &Holds<'_>,
+) {
+    let deadline = tokio::time::Instant::now() + STEP_DEADLINE;
+    loop {
+        runners.assert_alive(&format!("at step {step:?} of {table}"));
+        let columns = holds.compared(&source.columns(table).await);
+        let names: Vec<String> = columns.iter().map(|(n, _)| n.clone()).collect();
+        let want = by_id(source.rows_as(table, &columns, holds.refused).await);
+        let got = sink.rows(table, &names).await.map(by_id);
+        if got.as_ref() == Some(&want) {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let mut diff: Vec<String> = match &got {
+                None => vec![format!(
+                    "the destination has no table {table} with columns {names:?} yet"
+                )],
+                Some(got) => {
+                    let ids = |rows: &[String]| {
+                        rows.iter()
+                            .map(|r| r.split('|').next().unwrap_or("").to_string())
+                            .collect::<Vec<_>>()
+                    };
+                    vec![format!("row ids: source {:?}, destination {:?}", ids(&want), ids(got))]
+                }
+            };
+            // Column by column: which differ, and how.
+            if got.is_some() {
+                let id = ("id".to_string(), "id::text".to_string());
+                for c in columns.iter().filter(|(n, _)| n != "id") {
+                    let pair = [id.clone(), c.clone()];
+                    let want = by_id(source.rows_as(table, &pair, holds.refused).await);
+                    let got = sink.rows(table, &[id.0.clone(), c.0.clone()]).await.map(by_id);
+                    if let Some(got) = got.filter(|g| *g != want) {
+                        let w: Vec<&String> = want.iter().filter(|r| !got.contains(r)).take(4).collect();
+                        let g: Vec<&String> = got.iter().filter(|r| !want.contains(r)).take(4).collect();
+                        diff.push(format!("column {}: - {w:?} / + {g:?}", c.0));
+                    }
+                }
+            }
+            panic!(
+                "{table}: the destination does not hold what it should after step {step:?} within {STEP_DEADLINE:?} \
+                 (columns {names:?}, refused rows {:?}; source - / destination +):\n{}",
+                holds.refused,
+                diff.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The ids (column `id`) of the records dead-lettered from `table`'s topic,
+/// each with its column and message headers; every dead letter must name
+/// the table and a column (never a value: not checked here).
+pub async fn dead_lettered_ids(source: &Source, table: &str) -> Vec<(i64, String, String)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let topic = format!("{}.{}.{table}", source.name(), source.name());
+    let dlq = format!("{topic}.dlq");
+    let consumer: BaseConsumer = crate::committed_reader("dlq")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("consumer");
+    let partitions = consumer
+        .fetch_metadata(Some(&dlq), Duration::from_secs(10))
+        .ok()
+        .and_then(|m| m.topics().first().map(|t| t.partitions().len()))
+        .unwrap_or(0);
+    if partitions == 0 {
+        return Vec::new();
+    }
+    consumer.subscribe(&[&dlq]).expect("subscribe");
+    let mut decoder = tributary_schemas::EventDecoder::new(
+        tributary_schemas::Registry::new(schema_registry_url()).expect("registry"),
+    );
+    let mut out = Vec::new();
+    let mut eof = std::collections::HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while eof.len() < partitions && std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                let header = |name: &str| {
+                    m.headers()
+                        .and_then(|h| h.iter().find(|x| x.key == name))
+                        .and_then(|x| x.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default()
+                };
+                let (column, message) =
+                    (header("tributary.errors.column"), header("__connect.errors.exception.message"));
+                assert!(
+                    header("tributary.errors.table").ends_with(table),
+                    "a dead letter of {table} names the table: {message}"
+                );
+                let event = match decoder.decode(&topic, m.key(), m.payload()).await {
+                    Ok(tributary_schemas::decoder::Decoded::Change(e)) => e,
+                    other => panic!("a dead letter of {table} that is no change event: {other:?}"),
+                };
+                let row = event.key_row().expect("a row");
+                let i = event.schema.column_index("id").expect("an id column");
+                let id = match &row[i] {
+                    tributary_schemas::Value::Int32(v) => i64::from(*v),
+                    tributary_schemas::Value::Int64(v) => *v,
+                    other => panic!("id {other:?}"),
+                };
+                out.push((id, column, message));
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                eof.insert(p);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(eof.len(), partitions, "read {dlq} to its end");
+    out
 }
 
 // ---------------------------------------------------------------- runners

@@ -22,6 +22,20 @@ pub async fn connect(url: &str) -> Client {
     client
 }
 
+/// A session of `url` with the source's pinned session settings
+/// (`SESSION_OPTIONS`: ISO dates, ISO 8601 intervals, UTC, shortest exact
+/// floats, `lc_monetary = C`), so that values read as text compare with
+/// the source's, read the same way.
+pub async fn connect_pinned(url: &str) -> Client {
+    let mut cfg: tokio_postgres::Config = url.parse().expect("a PostgreSQL URL");
+    cfg.options(SESSION_OPTIONS);
+    let (client, conn) = cfg.connect(NoTls).await.expect("connect to the destination");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
 /// `id|name|qty|price` per row of the `items` table `table` (quoted),
 /// ordered by id.
 pub async fn items_rows(client: &Client, table: &str) -> Vec<String> {

@@ -424,6 +424,15 @@ pub fn key_value_text<'v>(value: &'v Value, scratch: &'v mut String) -> Result<O
         Value::Int32(v) => int(scratch, digits.format(*v)),
         Value::Int64(v) => int(scratch, digits.format(*v)),
         Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => Some(s),
+        // The source's text: a NaN key is not the key 0 its column
+        // carries.
+        Value::SourceText { text, .. } => Some(text),
+        // PostgreSQL's infinities by name (`render_text` has no text for an
+        // infinite timestamp).
+        Value::Date(d) if crate::sink::text::infinite_date(*d) => Some(infinity_text(*d > 0)),
+        Value::Timestamp(t) | Value::TimestampTz(t) if crate::sink::text::infinite_timestamp(*t) => {
+            Some(infinity_text(*t > 0))
+        }
         other => {
             scratch.clear();
             render_text(scratch, other)?;
@@ -455,6 +464,14 @@ pub fn key_bytes(schema: &TableSchema, row: &[Value], key: &[usize]) -> Result<V
         out.extend_from_slice(text.as_bytes());
     }
     Ok(out)
+}
+
+fn infinity_text(positive: bool) -> &'static str {
+    if positive {
+        "infinity"
+    } else {
+        "-infinity"
+    }
 }
 
 #[cfg(test)]

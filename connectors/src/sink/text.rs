@@ -3,16 +3,47 @@
 //! Snowflake read the same forms from their staged files, so every SQL sink
 //! renders values here and only escapes them its own way.
 //!
+//! Values these forms cannot hold exactly are refused, never written as a
+//! nearby value: PostgreSQL's infinite timestamps (`i64::MIN` / `MAX`
+//! microseconds, as Debezium carries them: written as dates they were
+//! 294247-01-10 04:00:54.775807, a real timestamp in Redshift and
+//! Snowflake) and values the topic carries as the source's text beside the
+//! row ([`Value::SourceText`]). Infinite dates (`i32::MIN` / `MAX` days)
+//! are written as those days (5881580-07-11), which no destination has: the
+//! destination refuses them with its own reason. The PostgreSQL sink writes
+//! all of them as PostgreSQL has them (`crate::sinks::postgres::types`).
+//!
 //! Errors name the value's kind, never the value: they reach logs and
 //! dead-letter headers.
 
 use std::fmt::Write as _;
 
+use tributary_schemas::temporal::civil_from_days;
 use tributary_schemas::Value;
+
+/// Why a value without an exact form here is refused ([`Value::SourceText`]).
+pub const NO_EXACT_FORM: &str = "a value the change topic carries only as the source's text (a numeric NaN or \
+     infinity, a timestamp after 294247-01-10, an array of several dimensions or lower bounds other than 1, see \
+     docs/type-mapping.md): only a PostgreSQL destination holds it exactly";
+/// Why an infinite timestamp is refused.
+pub const INFINITE: &str = "PostgreSQL's infinity or -infinity (carried as the largest or smallest value), which \
+     this destination has no value for";
+
+/// Whether a date of `days` is PostgreSQL's `infinity` / `-infinity`.
+pub fn infinite_date(days: i32) -> bool {
+    days == i32::MAX || days == i32::MIN
+}
+
+/// Whether a timestamp of `micros` is PostgreSQL's `infinity` / `-infinity`.
+pub fn infinite_timestamp(micros: i64) -> bool {
+    micros == i64::MAX || micros == i64::MIN
+}
 
 /// The SQL text form of a (non-null) value.
 pub fn render_text(out: &mut String, value: &Value) -> Result<(), String> {
     match value {
+        Value::SourceText { .. } => return Err(NO_EXACT_FORM.into()),
+        Value::Timestamp(t) | Value::TimestampTz(t) if infinite_timestamp(*t) => return Err(INFINITE.into()),
         Value::Null => return Err("null is not a text value".into()),
         Value::Boolean(b) => out.push_str(if *b { "t" } else { "f" }),
         Value::Int16(v) => {
@@ -52,35 +83,46 @@ pub fn render_text(out: &mut String, value: &Value) -> Result<(), String> {
                 rest % 1_000_000
             );
         }
-        Value::Array(items) => {
-            out.push('{');
-            for (n, item) in items.iter().enumerate() {
-                if n > 0 {
-                    out.push(',');
-                }
-                match item {
-                    Value::Null => out.push_str("NULL"),
-                    Value::Array(_) => render_text(out, item)?,
-                    other => {
-                        let mut inner = String::new();
-                        render_text(&mut inner, other)?;
-                        out.push('"');
-                        for ch in inner.chars() {
-                            if ch == '"' || ch == '\\' {
-                                out.push('\\');
-                            }
-                            out.push(ch);
-                        }
-                        out.push('"');
-                    }
-                }
-            }
-            out.push('}');
-        }
+        Value::Array(items) => render_array(out, items, ',', &render_text)?,
         Value::Unchanged => {
             return Err("an unchanged (TOAST) value reached the sink; the source must resolve it".into())
         }
     }
+    Ok(())
+}
+
+/// An array literal `{...}` of `items`, separated by `delimiter`: NULL,
+/// nested arrays as they are, every other element's text (from `item`)
+/// quoted and escaped.
+pub fn render_array(
+    out: &mut String,
+    items: &[Value],
+    delimiter: char,
+    item: &dyn Fn(&mut String, &Value) -> Result<(), String>,
+) -> Result<(), String> {
+    out.push('{');
+    for (n, value) in items.iter().enumerate() {
+        if n > 0 {
+            out.push(delimiter);
+        }
+        match value {
+            Value::Null => out.push_str("NULL"),
+            Value::Array(_) => item(out, value)?,
+            other => {
+                let mut inner = String::new();
+                item(&mut inner, other)?;
+                out.push('"');
+                for ch in inner.chars() {
+                    if ch == '"' || ch == '\\' {
+                        out.push('\\');
+                    }
+                    out.push(ch);
+                }
+                out.push('"');
+            }
+        }
+    }
+    out.push('}');
     Ok(())
 }
 
@@ -92,21 +134,6 @@ fn render_float(out: &mut String, v: f64, shortest: String) {
     } else {
         out.push_str(&shortest);
     }
-}
-
-/// Days since 1970-01-01 to `(year, month, day)` in the proleptic Gregorian
-/// calendar (Howard Hinnant's algorithm; year 0 is 1 BC).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 /// Appends `v` with at least `width` digits, zero-padded (`format!`'s
@@ -213,5 +240,21 @@ mod tests {
         );
         assert!(render_text(&mut String::new(), &Value::Null).is_err());
         assert!(render_text(&mut String::new(), &Value::Unchanged).is_err());
+    }
+
+    #[test]
+    fn values_without_an_exact_form_are_refused() {
+        for v in [
+            Value::Timestamp(i64::MAX),
+            Value::TimestampTz(i64::MIN),
+            Value::SourceText { text: "NaN".into(), nearest: Box::new(Value::Null) },
+            Value::Array(vec![Value::TimestampTz(i64::MAX)]),
+        ] {
+            assert!(render_text(&mut String::new(), &v).is_err(), "{v:?}");
+        }
+        // The microseconds next to them are ordinary values; an infinite
+        // date is a day no destination has, which it refuses itself.
+        assert_eq!(text(&Value::Date(i32::MAX)), "5881580-07-11");
+        assert_eq!(text(&Value::Timestamp(i64::MAX - 1)), "294247-01-10 04:00:54.775806");
     }
 }

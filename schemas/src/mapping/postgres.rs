@@ -55,13 +55,24 @@ fn map_text(st: &SourceType<'_>, text: &str) -> Option<DataType> {
         "money" => DataType::Decimal { precision: 19, scale: 2 },
         "boolean" | "bool" => DataType::Boolean,
         "bit" if tt.num(0).is_none_or(|n| n == 1) => DataType::Boolean,
-        "bit" | "bit varying" | "varbit" => DataType::Bytes,
+        // Debezium's Bits: exact, the bit count being the column's.
+        "bit" => DataType::Bits { length: tt.num(0)? },
+        // Debezium's Bits would lose the value's own length (`0101` and
+        // `101` are one number): PostgreSQL's text is exact.
+        "bit varying" | "varbit" => DataType::Text,
         "character varying" | "varchar" | "character" | "char" | "bpchar" | "text" | "name" | "citext" | "xml"
         | "inet" | "cidr" | "macaddr" | "macaddr8" | "tsvector" | "tsquery" | "ltree" | "int4range" | "int8range"
         | "numrange" | "tsrange" | "tstzrange" | "daterange" | "int4multirange" | "int8multirange"
         | "nummultirange" | "tsmultirange" | "tstzmultirange" | "datemultirange" | "pg_lsn" | "txid_snapshot" => {
             DataType::Text
         }
+        // The rest of PostgreSQL 15's built-in types a table can hold, as
+        // their text: geometry, `jsonpath`, snapshots, system identifiers,
+        // the `reg*` names, ACL items, vectors of oids.
+        "point" | "line" | "lseg" | "box" | "path" | "polygon" | "circle" | "jsonpath" | "pg_snapshot" | "xid"
+        | "cid" | "tid" | "regclass" | "regcollation" | "regconfig" | "regdictionary" | "regnamespace" | "regoper"
+        | "regoperator" | "regproc" | "regprocedure" | "regrole" | "regtype" | "aclitem" | "int2vector"
+        | "oidvector" | "refcursor" | "pg_node_tree" => DataType::Text,
         // Debezium's ZonedTime is ISO text with the offset; no logical type
         // keeps the offset, so the text is the value.
         "time with time zone" | "timetz" => DataType::Text,
@@ -101,7 +112,24 @@ mod tests {
         assert_eq!(map("\"char\"").ok(), Some(DataType::Text));
         assert_eq!(map("public.geometry(Point,4326)").ok(), Some(DataType::Geometry));
         assert_eq!(map("bit(1)").ok(), Some(DataType::Boolean));
-        assert_eq!(map("bit(8)").ok(), Some(DataType::Bytes));
+        assert_eq!(map("bit(8)").ok(), Some(DataType::Bits { length: 8 }));
+        assert_eq!(map("bit varying(8)").ok(), Some(DataType::Text));
+        assert_eq!(map("bit varying").ok(), Some(DataType::Text));
+        for text in [
+            "point",
+            "box",
+            "polygon",
+            "circle",
+            "line",
+            "lseg",
+            "path",
+            "jsonpath",
+            "pg_snapshot",
+            "regtype",
+        ] {
+            assert_eq!(map(text).ok(), Some(DataType::Text), "{text}");
+        }
+        assert_eq!(map("box[]").ok(), Some(DataType::Array(Box::new(DataType::Text))));
         assert_eq!(map("jsonb").ok(), Some(DataType::Json));
     }
 
@@ -113,6 +141,6 @@ mod tests {
         assert_eq!(data_type(&st).ok(), Some(DataType::Enum { symbols: labels.clone() }));
         let err = map("USER-DEFINED").expect_err("unknown");
         assert_eq!(err.column(), Some("c"));
-        assert!(map("point").is_err());
+        assert!(map("public.pair").is_err());
     }
 }

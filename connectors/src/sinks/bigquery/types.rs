@@ -100,7 +100,8 @@ pub fn bigquery_type(data_type: &DataType) -> BqType {
         DataType::VariableDecimal => BqType::BigNumeric(None),
         DataType::Text | DataType::Uuid | DataType::Enum { .. } | DataType::Interval => BqType::String,
         DataType::Json => BqType::Json,
-        DataType::Bytes => BqType::Bytes,
+        // A bit string as Debezium's Bits bytes (docs/type-mapping.md).
+        DataType::Bytes | DataType::Bits { .. } => BqType::Bytes,
         DataType::Date => BqType::Date,
         DataType::Time => BqType::Time,
         // MySQL's TIME (-838:59:59 to 838:59:59): TIME holds one day, so
@@ -241,6 +242,7 @@ pub fn to_json(value: &Value, ty: &BqType) -> Result<Json, Reason> {
             Json::Array(out)
         }
         (Value::Array(_), t) => return Err(format!("an array value for a column of type {t}")),
+        (Value::SourceText { .. }, _) => return Err(crate::sink::text::NO_EXACT_FORM.into()),
         (Value::Unchanged, _) => {
             return Err("an unchanged-value placeholder (the source did not send the value)".into())
         }

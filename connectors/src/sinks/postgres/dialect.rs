@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use tributary_schemas::{Column, DataType, Value};
 
 use super::config::DestinationTable;
+use super::types::{render_pg_text, TextForm};
 use crate::error::Error;
 use crate::pgwire::{quote_ident, quote_literal};
 use crate::sink::bookkeeping::{
@@ -102,11 +103,12 @@ pub fn change_sql(table: &DestinationTable, change: &TableChange<PgType>) -> Str
     }
 }
 
-/// A value as a typed SQL literal (`'7'::integer`), or `None` for one that
-/// has no text form.
+/// A value as a typed SQL literal (`'7'::integer`), in the text the
+/// column's type reads ([`TextForm`]), or `None` for one that has no text
+/// form.
 fn literal(value: &Value, ty: &PgType) -> Option<String> {
     let mut text = String::new();
-    crate::sink::text::render_text(&mut text, value).ok()?;
+    render_pg_text(&mut text, value, &TextForm::of_type(ty)).ok()?;
     Some(format!("{}::{}", quote_literal(&text), ty.render()))
 }
 
@@ -582,41 +584,92 @@ impl PgType {
 
     fn is_verbatim_safe(&self) -> bool {
         // Built-in types whose text input accepts what the sink renders for
-        // the value model; user types (enums, domains, PostGIS) may not
-        // exist in the destination and fall back to the logical mapping.
-        matches!(
-            self.base.as_str(),
-            "smallint"
-                | "integer"
-                | "bigint"
-                | "real"
-                | "double precision"
-                | "numeric"
-                | "money"
-                | "character varying"
-                | "character"
-                | "text"
-                | "name"
-                | "boolean"
-                | "bytea"
-                | "date"
-                | "time without time zone"
-                | "time with time zone"
-                | "timestamp without time zone"
-                | "timestamp with time zone"
-                | "interval"
-                | "json"
-                | "jsonb"
-                | "uuid"
-                | "xml"
-                | "inet"
-                | "cidr"
-                | "macaddr"
-                | "macaddr8"
-                | "oid"
-        )
+        // the value model (`types::render_pg_text`); user types (enums,
+        // domains, composites, PostGIS) may not exist in the destination
+        // and fall back to the logical mapping, the `reg*` types name
+        // objects of the source's database, so they stay text.
+        self.base.starts_with("interval")
+            || carried_as_text(&self.base)
+            || matches!(
+                self.base.as_str(),
+                "smallint"
+                    | "integer"
+                    | "bigint"
+                    | "real"
+                    | "double precision"
+                    | "numeric"
+                    | "money"
+                    | "character varying"
+                    | "character"
+                    | "text"
+                    | "name"
+                    | "boolean"
+                    | "bytea"
+                    | "date"
+                    | "time without time zone"
+                    | "time with time zone"
+                    | "timestamp without time zone"
+                    | "timestamp with time zone"
+                    | "interval"
+                    | "json"
+                    | "jsonb"
+                    | "uuid"
+                    | "xml"
+                    | "inet"
+                    | "cidr"
+                    | "macaddr"
+                    | "macaddr8"
+                    | "oid"
+                    | "xid8"
+                    | "bit"
+            )
     }
 }
+
+/// PostgreSQL's built-in types whose values the change topic carries as
+/// their text (`DataType::Text`) and whose input reads that text back
+/// exactly: the destination column gets the type itself, and a `text`
+/// column an older sink made for one keeps taking its values.
+fn carried_as_text(base: &str) -> bool {
+    matches!(
+        base,
+        "bit varying"
+            | "tsvector"
+            | "tsquery"
+            | "point"
+            | "line"
+            | "lseg"
+            | "box"
+            | "path"
+            | "polygon"
+            | "circle"
+            | "pg_lsn"
+            | "xid"
+            | "cid"
+            | "tid"
+            | "jsonpath"
+            | "pg_snapshot"
+            | "txid_snapshot"
+            | "int2vector"
+            | "oidvector"
+            | "int4range"
+            | "int8range"
+            | "numrange"
+            | "tsrange"
+            | "tstzrange"
+            | "daterange"
+            | "int4multirange"
+            | "int8multirange"
+            | "nummultirange"
+            | "tsmultirange"
+            | "tstzmultirange"
+            | "datemultirange"
+            | "\"char\""
+    )
+}
+
+/// PostgreSQL's longest bit string (`MaxAttrSize * BITS_PER_BYTE`).
+pub(crate) const MAX_BIT_LENGTH: u32 = 83_886_080;
 
 /// The destination type of a source column: the source's own spelling when
 /// it came from PostgreSQL (a migration recreates the exact type), else the
@@ -649,6 +702,12 @@ pub fn logical_type(data_type: &DataType) -> PgType {
         DataType::Json => PgType::new("jsonb"),
         DataType::Uuid => PgType::new("uuid"),
         DataType::Bytes | DataType::Geometry => PgType::new("bytea"),
+        // bit(n) up to PostgreSQL's longest; Debezium's unbounded `bit
+        // varying` (length 2147483647) as that.
+        DataType::Bits { length } if *length <= MAX_BIT_LENGTH => {
+            PgType::new("bit").with_mods(vec![i64::from(*length)])
+        }
+        DataType::Bits { .. } => PgType::new("bit varying"),
         DataType::Date => PgType::new("date"),
         DataType::Time => PgType::new("time without time zone"),
         // MySQL's TIME, -838:59:59 to 838:59:59: `time` holds one day.
@@ -735,6 +794,22 @@ pub fn fit(have: &PgType, want: &PgType) -> Fit<PgType> {
         ("double precision", "real") => Fit::Keep,
         ("real", "double precision") => widen(w, vec![]),
         ("text", "character varying" | "character" | "text" | "name") => Fit::Keep,
+        // Columns an older sink made for types it did not recreate: a
+        // `text` column takes their text, a `bytea` column bit strings
+        // (packed, as that sink wrote them), a `boolean` column bit(1)
+        // (see `types::TextForm`).
+        ("text", w) if carried_as_text(w) || matches!(w, "inet" | "cidr" | "macaddr" | "macaddr8" | "xml") => Fit::Keep,
+        ("text", "time with time zone") => Fit::Keep,
+        ("bytea", "bit" | "bit varying") => Fit::Keep,
+        ("boolean", "bit") if want.mods == [1] => Fit::Keep,
+        // A domain over money, once made numeric(19,2).
+        ("numeric", "money") => Fit::Keep,
+        ("bit varying", "bit varying" | "bit") => match (have.mods.first(), want.mods.first()) {
+            (None, _) => Fit::Keep,
+            (Some(n), Some(m)) if m <= n => Fit::Keep,
+            (Some(_), Some(m)) => widen("bit varying", vec![*m]),
+            (Some(_), None) => widen("bit varying", vec![]),
+        },
         ("character varying", "character varying" | "character" | "text") => {
             match (have.mods.first(), want.mods.first()) {
                 (None, _) => Fit::Keep,
@@ -845,5 +920,67 @@ mod tests {
             destination_type(&col("integer[]", DataType::Array(Box::new(DataType::Int32))), true).render(),
             "integer[]"
         );
+        // Every built-in type recreates itself; a bit string too.
+        let text = |ty: &str| destination_type(&col(ty, DataType::Text), true).render();
+        for ty in [
+            "bit varying(20)",
+            "tsvector",
+            "tsquery",
+            "point",
+            "line",
+            "lseg",
+            "box",
+            "path",
+            "polygon",
+            "circle",
+            "pg_lsn",
+            "jsonpath",
+            "pg_snapshot",
+            "int4range",
+            "tstzmultirange",
+            "\"char\"",
+            "inet",
+            "time with time zone",
+        ] {
+            assert_eq!(text(ty), ty);
+        }
+        assert_eq!(destination_type(&col("bit(1)", DataType::Boolean), true).render(), "bit(1)");
+        assert_eq!(destination_type(&col("bit(12)", DataType::Bits { length: 12 }), true).render(), "bit(12)");
+        assert_eq!(
+            destination_type(&col("interval year to month", DataType::Interval), true).render(),
+            "interval year to month"
+        );
+        assert_eq!(destination_type(&col("box[]", DataType::Array(Box::new(DataType::Text))), true).render(), "box[]");
+        // Types naming the source database's objects, or the user's: text.
+        assert_eq!(text("regtype"), "text");
+        assert_eq!(text("s.pair"), "text");
+        // Without the source's spelling (another source, an older topic).
+        assert_eq!(logical_type(&DataType::Bits { length: 12 }).render(), "bit(12)");
+        assert_eq!(logical_type(&DataType::Bits { length: 2_147_483_647 }).render(), "bit varying");
+    }
+
+    #[test]
+    fn columns_an_older_sink_made_keep_taking_their_values() {
+        let p = PgType::parse;
+        for want in [
+            "point",
+            "tsvector",
+            "inet",
+            "bit varying(4)",
+            "int4range",
+            "xml",
+            "time with time zone",
+        ] {
+            assert_eq!(fit(&p("text"), &p(want)), Fit::Keep, "{want}");
+        }
+        assert_eq!(fit(&p("bytea"), &p("bit(8)")), Fit::Keep);
+        assert_eq!(fit(&p("bytea"), &p("bit varying")), Fit::Keep);
+        assert_eq!(fit(&p("boolean"), &p("bit(1)")), Fit::Keep);
+        assert_eq!(fit(&p("boolean"), &p("bit(2)")), Fit::Incompatible);
+        assert_eq!(fit(&p("numeric(19,2)"), &p("money")), Fit::Keep);
+        assert_eq!(fit(&p("bit varying(4)"), &p("bit varying(8)")), Fit::Widen(p("bit varying(8)")));
+        assert_eq!(fit(&p("bit varying(8)"), &p("bit(4)")), Fit::Keep);
+        assert_eq!(fit(&p("bit(8)"), &p("bit(16)")), Fit::Incompatible);
+        assert_eq!(fit(&p("point"), &p("text")), Fit::Incompatible);
     }
 }

@@ -70,8 +70,8 @@ use self::dialect::{
     offsets_table, prune_deleted_sql, removed_before_sql, resets_table, staging_table_sql, truncate_older_sql, QUOTING,
 };
 pub use self::dialect::{destination_type, fit, logical_type, PgType, PostgresDialect};
-pub use self::types::render_copy;
 use self::types::{binary_fields, binary_type, render_binary_line, render_line};
+pub use self::types::{render_copy, render_copy_as, render_pg_text, TextForm};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::{quote_ident, quote_literal, BinaryType, BINARY_COPY_SIGNATURE};
 use crate::problem::Problem;
@@ -420,11 +420,12 @@ impl PostgresSink {
         names: &[String],
         group: &Group<'_>,
         binary: Option<&[BinaryType]>,
+        forms: &[TextForm],
     ) -> Result<bool, ApplyError> {
         let ctx = self.ctx().in_table(dest.to_string());
         self.session.execute("SAVEPOINT tributary_fast", &ctx).await?;
         let copy = copy_sql(&dest.quoted(), names, false, false);
-        match self.copy_lines(&copy, group, false, binary).await {
+        match self.copy_lines(&copy, group, false, binary, forms).await {
             Ok(()) => {
                 self.session.defer("RELEASE SAVEPOINT tributary_fast");
                 debug!(table = %dest, rows = group.upserts, "copied directly");
@@ -469,9 +470,9 @@ impl PostgresSink {
             self.fast_skip.insert(dest.clone(), FAST_PATH_BACKOFF_BATCHES);
             return Ok(None);
         }
-        let (columns, binary) = copy_columns(dest, self.state(dest)?, group)?;
+        let (columns, binary, forms) = copy_columns(dest, self.state(dest)?, group)?;
         let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
-        if self.copy_direct(dest, &names, group, binary.as_deref()).await? {
+        if self.copy_direct(dest, &names, group, binary.as_deref(), &forms).await? {
             return Ok(Some(true));
         }
         // Some keys exist already (a snapshot taken again, a replay): use
@@ -496,7 +497,7 @@ impl PostgresSink {
             .tables
             .get(dest)
             .ok_or_else(|| Error::retryable(format!("table {dest} vanished from the cache")))?;
-        let (columns, binary) = copy_columns(dest, state, group)?;
+        let (columns, binary, forms) = copy_columns(dest, state, group)?;
         let keys: Vec<String> = state.shape.primary_key.iter().map(|k| quote_ident(k)).collect();
         let stage = staging_name(STAGING_PREFIX, dest, &columns);
         let mut sql = String::new();
@@ -513,7 +514,7 @@ impl PostgresSink {
         self.staging_filled.insert(stage.clone());
         let names: Vec<String> = columns.iter().map(|(n, _)| quote_ident(n)).collect();
         let copy = copy_sql(&quote_ident(&stage), &names, true, keyless);
-        match self.copy_lines(&copy, group, true, binary.as_deref()).await {
+        match self.copy_lines(&copy, group, true, binary.as_deref(), &forms).await {
             Ok(()) => {}
             Err(CopyFailure::Db(e)) => return Err(classify(&e, &ctx).into()),
             Err(CopyFailure::Session(e)) => return Err(e.into()),
@@ -540,6 +541,7 @@ impl PostgresSink {
         group: &Group<'_>,
         flag: bool,
         binary: Option<&[BinaryType]>,
+        forms: &[TextForm],
     ) -> Result<(), CopyFailure> {
         let copy = if binary.is_some() {
             format!("{copy} (FORMAT binary)")
@@ -561,7 +563,7 @@ impl PostgresSink {
                 Some(fields) => {
                     render_binary_line(group, &mut chunk, fields, line, flag).map_err(CopyFailure::Render)?
                 }
-                None => render_line(group, &mut chunk, &mut scratch, line, flag).map_err(CopyFailure::Render)?,
+                None => render_line(group, forms, &mut chunk, &mut scratch, line, flag).map_err(CopyFailure::Render)?,
             }
             if chunk.len() >= COPY_CHUNK_BYTES {
                 let full = std::mem::replace(&mut chunk, Vec::with_capacity(COPY_CHUNK_BYTES + COPY_CHUNK_BYTES / 4));
@@ -878,12 +880,13 @@ impl WarehouseSink for PostgresSink {
     }
 }
 
-/// Each column's name and destination type, and the binary writers (when
-/// every column and value has one).
-type CopyColumns<'s> = (Vec<(&'s str, &'s str)>, Option<Vec<BinaryType>>);
+/// Each column's name and destination type, the binary writers (when
+/// every column and value has one), and each column's text form.
+type CopyColumns<'s> = (Vec<(&'s str, &'s str)>, Option<Vec<BinaryType>>, Vec<TextForm>);
 
-/// The destination type of each of `group`'s columns, and the binary
-/// writers when every column and value has one (else the copy is text).
+/// The destination type of each of `group`'s columns, the binary writers
+/// when every column and value has one (else the copy is text), and the
+/// text form of each column's values in its destination type.
 fn copy_columns<'s>(dest: &DestinationTable, state: &'s TableState, group: &'s Group<'_>) -> Result<CopyColumns<'s>> {
     let schema = &group.schema;
     let mut columns: Vec<(&str, &str)> = Vec::with_capacity(schema.columns.len());
@@ -894,7 +897,13 @@ fn copy_columns<'s>(dest: &DestinationTable, state: &'s TableState, group: &'s G
         columns.push((c.name.as_str(), raw));
     }
     let binary = binary_fields(group, &columns.iter().map(|(_, t)| binary_type(t)).collect::<Vec<_>>());
-    Ok((columns, binary))
+    let forms = schema
+        .columns
+        .iter()
+        .zip(&columns)
+        .map(|(c, (_, dest))| TextForm::of(&c.data_type, &c.source_type, dest))
+        .collect();
+    Ok((columns, binary, forms))
 }
 
 fn schema_fingerprint(schema: &TableSchema, from_pg: bool) -> u64 {

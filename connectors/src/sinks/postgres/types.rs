@@ -1,37 +1,201 @@
 //! Values as the sink sends them in `COPY`: text (escaped as `COPY` reads
-//! it; the value's SQL text from [`crate::sink::text`]) or, where every
-//! column's type has a writer here, PostgreSQL's binary format.
+//! it; the value's SQL text from [`crate::sink::text`], in the form the
+//! destination column's type reads, [`TextForm`]) or, where every column's
+//! type has a writer here, PostgreSQL's binary format.
 
-use tributary_schemas::Value;
+use tributary_schemas::{DataType, Value};
 
 use super::dialect::PgType;
 use crate::error::Error;
 use crate::pgwire::{BinaryType, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
 use crate::sink::bookkeeping::key_text;
 use crate::sink::reduce::{key_bytes, Group, Line};
-use crate::sink::text::render_text;
+use crate::sink::text::{infinite_date, infinite_timestamp, render_array, render_text};
 use crate::sink::ApplyError;
 
 /// Appends `value` in `COPY` text format (`\N` for NULL; the caller adds
 /// the tabs). The error names the value's kind, never the value. `scratch`
 /// is reused between calls for values rendered before they are escaped.
 pub fn render_copy(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Result<(), String> {
+    render_copy_as(out, scratch, value, &TextForm::default())
+}
+
+/// [`render_copy`] in the text form of the destination column's type.
+pub fn render_copy_as(out: &mut Vec<u8>, scratch: &mut String, value: &Value, form: &TextForm) -> Result<(), String> {
     // The common types are written straight into `out` (none of their
-    // text needs escaping); the rest go through `render_text`.
+    // text needs escaping); the rest go through `render_pg_text`.
     match value {
         Value::Null => out.extend_from_slice(b"\\N"),
-        Value::Boolean(b) => out.push(if *b { b't' } else { b'f' }),
+        Value::Boolean(b) if form.bits.is_none() => out.push(if *b { b't' } else { b'f' }),
         Value::Int16(v) => out.extend_from_slice(itoa::Buffer::new().format(*v).as_bytes()),
         Value::Int32(v) => out.extend_from_slice(itoa::Buffer::new().format(*v).as_bytes()),
         Value::Int64(v) => out.extend_from_slice(itoa::Buffer::new().format(*v).as_bytes()),
-        Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Enum(s) => escape_copy(out, s),
+        Value::Decimal(s) | Value::Json(s) | Value::Enum(s) => escape_copy(out, s),
+        Value::Text(s) if form.bits.is_none() => escape_copy(out, s),
         other => {
             scratch.clear();
-            render_text(scratch, other)?;
+            render_pg_text(scratch, other, form)?;
             escape_copy(out, scratch);
         }
     }
     Ok(())
+}
+
+/// How a bit string is written for its destination column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BitsAs {
+    /// `bit(n)` / `bit varying`: the digits. Debezium's Bits bytes of
+    /// `length` bits (little-endian, see `DataType::Bits`), a boolean (a
+    /// `bit(1)`) as `1` / `0`; a text (`bit varying`) is its digits already.
+    Digits {
+        /// The bit count of Bits values (`None`: the fewest digits).
+        length: Option<u32>,
+    },
+    /// `bytea`, a column an older sink made for a bit string: the digits
+    /// packed most significant bit first, the last byte padded with
+    /// zeros, as that sink wrote them.
+    Packed {
+        /// The bit count of Bits values.
+        length: Option<u32>,
+    },
+}
+
+/// What a destination column's type reads as the text of a value, where
+/// [`render_text`]'s does not do: bit strings ([`BitsAs`]), `box` arrays
+/// (whose elements `;` separates). Beside it, whatever the column:
+/// PostgreSQL's `infinity` / `-infinity` for the dates and timestamps
+/// carried as the largest and smallest values (which `render_text` refuses,
+/// or writes as days no destination has), and the source's own text of a
+/// [`Value::SourceText`] (which PostgreSQL reads back exactly into a column
+/// of the source's type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextForm {
+    /// How bit strings are written, in a bit string column.
+    pub bits: Option<BitsAs>,
+    /// The array elements' delimiter.
+    pub delimiter: char,
+}
+
+impl Default for TextForm {
+    fn default() -> Self {
+        Self { bits: None, delimiter: ',' }
+    }
+}
+
+impl TextForm {
+    /// The form of a column of logical type `data_type` (from a source
+    /// type `source_type`) written into a destination column of type
+    /// `dest` (`format_type` spelling).
+    pub fn of(data_type: &DataType, source_type: &str, dest: &str) -> Self {
+        let mut element = data_type;
+        while let DataType::Array(inner) = element {
+            element = inner;
+        }
+        // Debezium's unbounded `bit varying` says 2147483647 bits: its
+        // values have the fewest digits.
+        let length = match element {
+            DataType::Bits { length } if *length <= super::dialect::MAX_BIT_LENGTH => Some(*length),
+            _ => None,
+        };
+        let dest = PgType::parse(dest);
+        let mut form = Self::of_type(&dest);
+        if let Some(BitsAs::Digits { length: l }) = &mut form.bits {
+            *l = length.or(*l);
+        }
+        let is_bits = matches!(element, DataType::Bits { .. });
+        let text_bits =
+            *element == DataType::Text && matches!(PgType::parse(source_type).base.as_str(), "bit varying" | "varbit");
+        if dest.base == "bytea" && (is_bits || text_bits) {
+            form.bits = Some(BitsAs::Packed { length });
+        }
+        form
+    }
+
+    /// The form of a destination column of type `dest` alone (a `bit(n)`
+    /// column's values have its `n` bits).
+    pub fn of_type(dest: &PgType) -> Self {
+        let bits = match dest.base.as_str() {
+            "bit" => Some(BitsAs::Digits {
+                length: dest.mods.first().and_then(|n| u32::try_from(*n).ok()),
+            }),
+            "bit varying" => Some(BitsAs::Digits { length: None }),
+            _ => None,
+        };
+        let delimiter = if dest.base == "box" && dest.dims > 0 { ';' } else { ',' };
+        Self { bits, delimiter }
+    }
+}
+
+/// The text of a (non-null) value as PostgreSQL reads it into a column of
+/// `form`: [`render_text`]'s, but for what [`TextForm`] says. Errors name
+/// the value's kind, never the value.
+pub fn render_pg_text(out: &mut String, value: &Value, form: &TextForm) -> Result<(), String> {
+    match value {
+        Value::SourceText { text, .. } => out.push_str(text),
+        Value::Date(d) if infinite_date(*d) => out.push_str(if *d > 0 { "infinity" } else { "-infinity" }),
+        Value::Timestamp(t) | Value::TimestampTz(t) if infinite_timestamp(*t) => {
+            out.push_str(if *t > 0 { "infinity" } else { "-infinity" })
+        }
+        Value::Boolean(b) if form.bits.is_some() => out.push(if *b { '1' } else { '0' }),
+        Value::Bytes(bytes) if form.bits.is_some() => {
+            let (BitsAs::Digits { length } | BitsAs::Packed { length }) =
+                form.bits.unwrap_or(BitsAs::Digits { length: None });
+            let digits = bits_digits(bytes, length)?;
+            match form.bits {
+                Some(BitsAs::Packed { .. }) => packed_bits(out, &digits)?,
+                _ => out.push_str(&digits),
+            }
+        }
+        Value::Text(digits) if matches!(form.bits, Some(BitsAs::Packed { .. })) => packed_bits(out, digits)?,
+        Value::Array(items) => render_array(out, items, form.delimiter, &|o, v| render_pg_text(o, v, form))?,
+        other => render_text(out, other)?,
+    }
+    Ok(())
+}
+
+/// The digits of Debezium's Bits bytes (a little-endian number): `length`
+/// of them, or the fewest (at least one) without a length.
+fn bits_digits(bytes: &[u8], length: Option<u32>) -> Result<String, String> {
+    let width = match length {
+        Some(n) => usize::try_from(n).map_err(|_| "a bit string too long")?,
+        None => {
+            let top = bytes.iter().rposition(|b| *b != 0);
+            top.map_or(1, |i| i * 8 + 8 - bytes[i].leading_zeros() as usize)
+        }
+    };
+    if bytes
+        .iter()
+        .enumerate()
+        .any(|(i, b)| *b != 0 && i * 8 + 8 - b.leading_zeros() as usize > width)
+    {
+        return Err(format!("a bit string of more than the column's {width} bits"));
+    }
+    Ok((0..width)
+        .rev()
+        .map(|i| {
+            let set = bytes.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0);
+            if set {
+                '1'
+            } else {
+                '0'
+            }
+        })
+        .collect())
+}
+
+/// `0101...` as `bytea` text: most significant bit first, the last byte
+/// padded with zero bits (how the sink wrote bit strings before they had
+/// their own type).
+fn packed_bits(out: &mut String, digits: &str) -> Result<(), String> {
+    let mut bytes = vec![0u8; digits.len().div_ceil(8)];
+    for (i, c) in digits.bytes().enumerate() {
+        match c {
+            b'1' => bytes[i / 8] |= 0x80 >> (i % 8),
+            b'0' => {}
+            _ => return Err("a bit string with a digit other than 0 and 1".into()),
+        }
+    }
+    render_text(out, &Value::Bytes(bytes))
 }
 
 fn escape_copy(out: &mut Vec<u8>, text: &str) {
@@ -81,12 +245,14 @@ impl BinaryType {
             (Self::Numeric, Value::Decimal(s)) => decimal_parts(s).is_some(),
             (Self::Text, Value::Text(_) | Value::Enum(_)) => true,
             (Self::Bytea, Value::Bytes(_)) => true,
-            (Self::Date, Value::Date(d)) => d.checked_sub(PG_EPOCH_DAYS).is_some(),
+            // i32::MIN and MAX are -infinity and infinity in both.
+            (Self::Date, Value::Date(d)) => infinite_date(*d) || d.checked_sub(PG_EPOCH_DAYS).is_some(),
             // Text input reads 24:00:00 and takes the rest modulo a day.
             (Self::Time, Value::Time(t)) => (0..=86_400_000_000).contains(t),
-            // i64::MIN and MAX are -infinity and infinity in binary only.
+            // i64::MIN and MAX are -infinity and infinity in both (and
+            // no other value may land on them).
             (Self::Timestamp, Value::Timestamp(t)) | (Self::TimestampTz, Value::TimestampTz(t)) => {
-                t.checked_sub(PG_EPOCH_MICROS).is_some_and(|v| v != i64::MIN && v != i64::MAX)
+                infinite_timestamp(*t) || t.checked_sub(PG_EPOCH_MICROS).is_some_and(|v| v != i64::MIN && v != i64::MAX)
             }
             (Self::Uuid, Value::Uuid(_)) => true,
             (Self::Json | Self::Jsonb, Value::Json(_) | Value::Text(_)) => true,
@@ -126,8 +292,14 @@ impl BinaryType {
                 out.extend_from_slice(s.as_bytes());
             }
             (Self::Bytea, Value::Bytes(b)) => field(out, b),
+            (Self::Date, Value::Date(d)) if infinite_date(*d) => field(out, &d.to_be_bytes()),
             (Self::Date, Value::Date(d)) => field(out, &(d - PG_EPOCH_DAYS).to_be_bytes()),
             (Self::Time, Value::Time(t)) => field(out, &t.to_be_bytes()),
+            (Self::Timestamp, Value::Timestamp(t)) | (Self::TimestampTz, Value::TimestampTz(t))
+                if infinite_timestamp(*t) =>
+            {
+                field(out, &t.to_be_bytes())
+            }
             (Self::Timestamp, Value::Timestamp(t)) | (Self::TimestampTz, Value::TimestampTz(t)) => {
                 field(out, &(t - PG_EPOCH_MICROS).to_be_bytes())
             }
@@ -214,6 +386,7 @@ fn write_numeric(out: &mut Vec<u8>, s: &str) {
 /// delete carries only its key), then the position.
 pub fn render_line(
     group: &Group<'_>,
+    forms: &[TextForm],
     out: &mut Vec<u8>,
     scratch: &mut String,
     line: &Line<'_>,
@@ -226,8 +399,9 @@ pub fn render_line(
     }
     for (i, (col, value)) in group.schema.columns.iter().zip(line.row).enumerate() {
         if group.writes(line, i) {
-            render_copy(out, scratch, value).map_err(|reason| ApplyError {
-                error: Error::permanent(format!("column {}: {reason}", col.name))
+            let form = forms.get(i).copied().unwrap_or_default();
+            render_copy_as(out, scratch, value, &form).map_err(|reason| ApplyError {
+                error: Error::permanent(format!("column {} of type {}: {reason}", col.name, type_name(col)))
                     .with_column(col.name.clone())
                     .with_table(group.schema.id.clone()),
                 record: Some(line.record),
@@ -249,6 +423,15 @@ pub fn render_line(
     }
     out.push(b'\n');
     Ok(())
+}
+
+/// A column's type for an error: the source's spelling, else the logical type.
+fn type_name(col: &tributary_schemas::Column) -> String {
+    if col.source_type.is_empty() {
+        col.data_type.to_string()
+    } else {
+        col.source_type.clone()
+    }
 }
 
 /// The binary `COPY` fields of `group`, when every live value can be
@@ -349,5 +532,109 @@ mod tests {
             "{\"a\\\\\"b\",NULL,\"3\"}"
         );
         assert!(render_copy(&mut Vec::new(), &mut String::new(), &Value::Unchanged).is_err());
+    }
+
+    fn pg(v: &Value, form: &TextForm) -> String {
+        let mut out = String::new();
+        render_pg_text(&mut out, v, form).unwrap();
+        out
+    }
+
+    #[test]
+    fn values_in_the_text_their_destination_type_reads() {
+        let plain = TextForm::default();
+        // PostgreSQL's infinities, which `render_text` refuses elsewhere.
+        assert_eq!(pg(&Value::Date(i32::MAX), &plain), "infinity");
+        assert_eq!(pg(&Value::Date(i32::MIN), &plain), "-infinity");
+        assert_eq!(pg(&Value::Timestamp(i64::MAX), &plain), "infinity");
+        assert_eq!(pg(&Value::TimestampTz(i64::MIN), &plain), "-infinity");
+        assert_eq!(pg(&Value::Array(vec![Value::Date(i32::MAX), Value::Null]), &plain), "{\"infinity\",NULL}");
+        // The source's own text, whatever the nearest value.
+        let nan = Value::SourceText { text: "NaN".into(), nearest: Box::new(Value::Null) };
+        assert_eq!(pg(&nan, &plain), "NaN");
+        let shaped = Value::SourceText {
+            text: "[0:1]={\"a,b\",c}".into(),
+            nearest: Box::new(Value::Array(vec![Value::Text("a,b".into()), Value::Text("c".into())])),
+        };
+        let mut out = Vec::new();
+        render_copy_as(&mut out, &mut String::new(), &shaped, &plain).unwrap();
+        assert_eq!(out, b"[0:1]={\"a,b\",c}");
+        // bit(n): Debezium's little-endian bytes as n digits.
+        let bits = TextForm::of(&DataType::Bits { length: 12 }, "bit(12)", "bit(12)");
+        assert_eq!(pg(&Value::Bytes(vec![0x05, 0x00]), &bits), "000000000101");
+        assert_eq!(pg(&Value::Bytes(vec![0xff, 0x0f]), &bits), "111111111111");
+        let bits9 = TextForm::of(&DataType::Bits { length: 9 }, "bit(9)", "bit(9)");
+        assert_eq!(pg(&Value::Bytes(vec![0b0100_0001, 1]), &bits9), "101000001");
+        // More bits than the column has: refused, never cut.
+        assert!(render_pg_text(&mut String::new(), &Value::Bytes(vec![0, 2]), &bits9).is_err());
+        let array = TextForm::of(&DataType::Array(Box::new(DataType::Bits { length: 8 })), "bit(8)[]", "bit(8)[]");
+        assert_eq!(pg(&Value::Array(vec![Value::Bytes(vec![0xaa]), Value::Null]), &array), "{\"10101010\",NULL}");
+        // bit(1) is a boolean in the topic.
+        let bit1 = TextForm::of(&DataType::Boolean, "bit(1)", "bit(1)");
+        let mut out = Vec::new();
+        render_copy_as(&mut out, &mut String::new(), &Value::Boolean(true), &bit1).unwrap();
+        assert_eq!(out, b"1");
+        assert_eq!(pg(&Value::Boolean(false), &TextForm::of(&DataType::Boolean, "boolean", "boolean")), "f");
+        // Debezium's unbounded bit varying: the fewest digits.
+        let varying = TextForm::of(&DataType::Bits { length: 2_147_483_647 }, "", "bit varying");
+        assert_eq!(pg(&Value::Bytes(vec![0x05, 0x00]), &varying), "101");
+        assert_eq!(pg(&Value::Bytes(vec![]), &varying), "0");
+        // A bytea column an older sink made for a bit string: packed most
+        // significant bit first, as it wrote them.
+        let legacy = TextForm::of(&DataType::Bits { length: 12 }, "bit(12)", "bytea");
+        assert_eq!(pg(&Value::Bytes(vec![0x05, 0x00]), &legacy), "\\x0050");
+        let legacy_varbit = TextForm::of(&DataType::Text, "bit varying(20)", "bytea");
+        assert_eq!(pg(&Value::Text("0101".into()), &legacy_varbit), "\\x50");
+        assert_eq!(
+            pg(&Value::Text("0101".into()), &TextForm::of(&DataType::Text, "bit varying", "bit varying")),
+            "0101"
+        );
+        // box arrays: `;` between elements.
+        let boxes = TextForm::of(&DataType::Array(Box::new(DataType::Text)), "box[]", "box[]");
+        assert_eq!(
+            pg(&Value::Array(vec![Value::Text("(1,1),(0,0)".into()), Value::Text("(2,2),(1,1)".into())]), &boxes),
+            "{\"(1,1),(0,0)\";\"(2,2),(1,1)\"}"
+        );
+    }
+
+    #[test]
+    fn infinities_are_written_in_binary_as_postgresql_has_them() {
+        let field = |t: BinaryType, v: &Value| {
+            assert!(t.accepts(v), "{v:?}");
+            let mut out = Vec::new();
+            t.write(&mut out, v);
+            out[4..].to_vec()
+        };
+        assert_eq!(field(BinaryType::Date, &Value::Date(i32::MAX)), i32::MAX.to_be_bytes());
+        assert_eq!(field(BinaryType::Date, &Value::Date(i32::MIN)), i32::MIN.to_be_bytes());
+        assert_eq!(field(BinaryType::Timestamp, &Value::Timestamp(i64::MAX)), i64::MAX.to_be_bytes());
+        assert_eq!(field(BinaryType::TimestampTz, &Value::TimestampTz(i64::MIN)), i64::MIN.to_be_bytes());
+        assert_eq!(field(BinaryType::Date, &Value::Date(0)), (-PG_EPOCH_DAYS).to_be_bytes());
+        // A source text goes as text.
+        assert!(!BinaryType::Numeric.accepts(&Value::SourceText { text: "NaN".into(), nearest: Box::new(Value::Null) }));
+    }
+
+    /// Bit strings from the PostgreSQL source's reader back to the digits
+    /// PostgreSQL printed, through Debezium's Bits bytes.
+    #[cfg(feature = "source-postgres")]
+    #[test]
+    fn bit_strings_survive_the_topic() {
+        use proptest::prelude::*;
+        let t = tributary_schemas::TableId::new("s", "t");
+        proptest!(|(digits in "[01]{1,70}")| {
+            let length = digits.len() as u32;
+            let col = crate::sources::postgres::types::ColumnRef {
+                table: &t,
+                column: "c",
+                source_type: "bit",
+                nullable: true,
+            };
+            let dt = DataType::Bits { length };
+            let value = crate::sources::postgres::types::decode_text(&dt, &digits, col).unwrap();
+            let Value::Bytes(bytes) = &value else { panic!("bytes") };
+            prop_assert_eq!(bytes.len(), digits.len().div_ceil(8));
+            let form = TextForm::of(&dt, "bit", &format!("bit({length})"));
+            prop_assert_eq!(pg(&value, &form), digits);
+        });
     }
 }

@@ -92,7 +92,7 @@ fn logical_type(data_type: &DataType, source_type: &str) -> PgType {
         }
         DataType::Uuid => varchar(36),
         DataType::Json | DataType::Array(_) => ty("super", vec![]),
-        DataType::Bytes | DataType::Geometry => ty("varbyte", vec![]),
+        DataType::Bytes | DataType::Bits { .. } | DataType::Geometry => ty("varbyte", vec![]),
         DataType::Date => ty("date", vec![]),
         DataType::Time => ty("time without time zone", vec![]),
         // MySQL's TIME, -838:59:59 to 838:59:59: Redshift's TIME holds one

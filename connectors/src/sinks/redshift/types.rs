@@ -21,6 +21,15 @@ pub enum CsvKind {
     Hex,
     /// `super`: JSON (an array as a JSON array, a JSON value as it is).
     Json,
+    /// `numeric(p, s)`: the SQL text, of a decimal the column holds exactly
+    /// (Redshift rounds extra fraction digits; a value with more is
+    /// refused, never rounded).
+    Numeric {
+        /// Digits before the point the column holds (`p - s`).
+        integer: u32,
+        /// Digits after it.
+        scale: u32,
+    },
 }
 
 impl CsvKind {
@@ -30,6 +39,17 @@ impl CsvKind {
         match base {
             "varbyte" | "varbinary" | "binary varying" => Self::Hex,
             "super" => Self::Json,
+            "numeric" | "decimal" => {
+                let t = super::dialect::PgType::parse(raw);
+                match t.mods.as_slice() {
+                    [p, s] if t.dims == 0 => Self::Numeric {
+                        integer: u32::try_from(p - s).unwrap_or(0),
+                        scale: u32::try_from(*s).unwrap_or(0),
+                    },
+                    [p] if t.dims == 0 => Self::Numeric { integer: u32::try_from(*p).unwrap_or(0), scale: 0 },
+                    _ => Self::Text,
+                }
+            }
             _ => Self::Text,
         }
     }
@@ -54,6 +74,10 @@ pub fn render_field(out: &mut Vec<u8>, scratch: &mut String, value: &Value, kind
             return Ok(());
         }
         (CsvKind::Json, Value::Array(_)) => scratch.push_str(&to_json(value)?.to_string()),
+        (CsvKind::Numeric { integer, scale }, Value::Decimal(text)) => {
+            fits_numeric(text, integer, scale)?;
+            scratch.push_str(text);
+        }
         _ => render_text(scratch, value)?,
     }
     out.push(b'"');
@@ -64,6 +88,24 @@ pub fn render_field(out: &mut Vec<u8>, scratch: &mut String, value: &Value, kind
         out.push(b);
     }
     out.push(b'"');
+    Ok(())
+}
+
+/// Refuses a decimal `numeric(integer + scale, scale)` cannot hold as it
+/// is: more digits before the point (Redshift refuses), or significant
+/// digits after the scale (Redshift would round them).
+fn fits_numeric(text: &str, integer: u32, scale: u32) -> Result<(), String> {
+    let digits = text.trim_start_matches(['-', '+']);
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let int_digits = int.trim_start_matches('0').len();
+    let frac_digits = frac.trim_end_matches('0').len();
+    if int_digits > integer as usize || frac_digits > scale as usize {
+        return Err(format!(
+            "a decimal of {int_digits} integer and {frac_digits} fraction digits, which NUMERIC({}, {scale}) \
+             cannot hold without rounding",
+            integer + scale
+        ));
+    }
     Ok(())
 }
 
@@ -177,6 +219,14 @@ mod tests {
         );
         assert_eq!(CsvKind::of("varbyte(64000)"), CsvKind::Hex);
         assert_eq!(CsvKind::of("super"), CsvKind::Json);
+        assert_eq!(CsvKind::of("numeric(38,10)"), CsvKind::Numeric { integer: 28, scale: 10 });
+        let n = CsvKind::of("numeric(38,10)");
+        assert_eq!(field(&Value::Decimal("-12.5000000000000".into()), n), "\"-12.5000000000000\"");
+        let refused = |v: &str| render_field(&mut Vec::new(), &mut String::new(), &Value::Decimal(v.into()), n);
+        // Redshift would round these: refused, never rounded.
+        assert!(refused("0.00000000001").is_err());
+        assert!(refused("12345678901234567890123456789").is_err());
+        assert!(refused("1234567890123456789012345678.1").is_ok());
     }
 
     #[test]

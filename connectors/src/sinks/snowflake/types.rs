@@ -82,7 +82,7 @@ pub fn snowflake_type(data_type: &DataType) -> SfType {
         DataType::Json => SfType::Variant,
         // Geometry as its WKB bytes: GEOGRAPHY/GEOMETRY would need the SRID
         // and a parse per row.
-        DataType::Bytes | DataType::Geometry => SfType::Binary,
+        DataType::Bytes | DataType::Bits { .. } | DataType::Geometry => SfType::Binary,
         DataType::Date => SfType::Date,
         DataType::Time => SfType::Time,
         // MySQL's TIME, -838:59:59 to 838:59:59: Snowflake's TIME holds one

@@ -99,7 +99,7 @@ pub fn spanner_type(data_type: &DataType) -> SpType {
         | DataType::Time
         | DataType::TimeSpan => SpType::String(None),
         DataType::Json => SpType::Json,
-        DataType::Bytes | DataType::Geometry => SpType::Bytes(None),
+        DataType::Bytes | DataType::Bits { .. } | DataType::Geometry => SpType::Bytes(None),
         DataType::Date => SpType::Date,
         // Spanner has no zoneless date-time: the wall clock is stored as if
         // it were UTC.
@@ -147,6 +147,9 @@ pub fn from_spanner_type(text: &str) -> Option<SpType> {
 pub fn encode(value: &Value, ty: &SpType) -> Result<Kind, String> {
     if matches!(value, Value::Null) {
         return Ok(Kind::NullValue(0));
+    }
+    if matches!(value, Value::SourceText { .. }) {
+        return Err(crate::sink::text::NO_EXACT_FORM.into());
     }
     Ok(match ty {
         SpType::Bool => match value {

@@ -419,7 +419,7 @@ impl Catalog {
                 "describing a type",
                 self.client.query_one(
                     "SELECT t.typname::text, t.typtype::text, t.typelem, t.typbasetype, t.typcategory::text, \
-                        format_type(t.oid, $2) \
+                        format_type(t.oid, $2), t.typtypmod \
                  FROM pg_type t WHERE t.oid = $1",
                     &[&oid, &typmod],
                 ),
@@ -431,17 +431,34 @@ impl Catalog {
         let base: u32 = row.get(3);
         let category: String = row.get(4);
         let formatted: String = row.get(5);
+        let domain_typmod: i32 = row.get(6);
         let mut t = if typtype == "d" && base != 0 {
-            // A domain maps as its base type, keeps its own spelling.
+            // A domain maps as its base type and is spelled as it, with the
+            // domain's modifier (`CREATE DOMAIN price AS numeric(12,2)`:
+            // `numeric(12,2)`): a destination can recreate the base type,
+            // the domain may not exist there. A bit string's length is the
+            // domain's (the column's typmod is -1, and `bit` alone is
+            // `bit(1)`); other bases map without it, as before (a numeric
+            // domain stays variable-scale, as its topics have it).
+            let own = typmod < 0 && domain_typmod >= 0;
             let mut b = Box::pin(self.pg_type(base, typmod)).await?;
+            if own && matches!(b.typname.as_str(), "bit" | "varbit") {
+                b = Box::pin(self.pg_type(base, domain_typmod)).await?;
+            } else if own {
+                b.formatted = Box::pin(self.pg_type(base, domain_typmod)).await?.formatted;
+            }
             b.oid = oid;
-            b.formatted = formatted;
             b
         } else {
             let element = if category == "A" && elem != 0 {
                 Some(Box::new(Box::pin(self.pg_type(elem, typmod)).await?))
             } else {
                 None
+            };
+            // An array of a domain is spelled as an array of its base type.
+            let formatted = match &element {
+                Some(e) => format!("{}[]", e.formatted),
+                None => formatted,
             };
             PgType {
                 oid,

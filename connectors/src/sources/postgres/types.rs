@@ -28,10 +28,14 @@ pub struct PgType {
     pub typtype: char,
     /// `atttypmod` (-1 when none).
     pub typmod: i32,
-    /// `format_type(oid, typmod)`, e.g. `numeric(12,2)` (the source spelling).
+    /// `format_type(oid, typmod)`, e.g. `numeric(12,2)` (the source
+    /// spelling, `Column::source_type`); for a domain its base type's, with
+    /// the domain's modifier, and for an array of one that array's
+    /// (`integer[]`): a destination can recreate the base type.
     pub formatted: String,
-    /// What the type mapping reads: `formatted` of the base type for a
-    /// domain, `formatted` otherwise.
+    /// What the type mapping reads: `format_type` of the base type with
+    /// the column's modifier for a domain (of the array type itself for an
+    /// array), `formatted` otherwise.
     pub mapping_text: String,
     /// Element type of an array type.
     pub element: Option<Box<PgType>>,
@@ -88,33 +92,19 @@ impl ColumnRef<'_> {
             .with_class("tributary.postgres.decode")
     }
 
-    /// The value a numeric `NaN`, `Infinity` or `-Infinity` is carried as:
-    /// a decimal has no representation for them, so, as Debezium does with
-    /// `decimal.handling.mode=precise`, NULL where the column is optional
-    /// and zero (the type's fallback) where it is NOT NULL. Logged once per
-    /// column and process, without the value.
-    fn special_numeric(&self) -> Value {
-        static WARNED: std::sync::Mutex<Option<std::collections::HashSet<(TableId, String)>>> =
-            std::sync::Mutex::new(None);
-        if let Ok(mut warned) = WARNED.lock() {
-            if warned
-                .get_or_insert_with(Default::default)
-                .insert((self.table.clone(), self.column.to_string()))
-            {
-                tracing::warn!(
-                    table = %self.table,
-                    column = self.column,
-                    source_type = self.source_type,
-                    "a NaN or infinite numeric has no decimal representation: carried as {} (see docs/type-mapping.md)",
-                    if self.nullable { "NULL" } else { "0 in this NOT NULL column" }
-                );
-            }
-        }
-        if self.nullable {
+    /// A numeric `NaN`, `Infinity` or `-Infinity` (`text`, as PostgreSQL
+    /// prints it): a decimal has no form for them, so the column carries
+    /// what Debezium carries with `decimal.handling.mode=precise` (NULL
+    /// where the column is optional, zero, the type's fallback, where it
+    /// is NOT NULL), and the value travels exactly as its text beside the
+    /// row ([`Value::SourceText`]).
+    fn special_numeric(&self, text: &str) -> Value {
+        let nearest = if self.nullable {
             Value::Null
         } else {
             Value::Decimal("0".to_string())
-        }
+        };
+        Value::SourceText { text: text.to_string(), nearest: Box::new(nearest) }
     }
 
     /// The same column, for one element of its arrays (elements are nullable).
@@ -139,10 +129,11 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
         DataType::Float64 => Value::Float64(parse_float(text).ok_or_else(|| col.error("not a float"))?),
         DataType::Decimal { .. } | DataType::VariableDecimal => {
             if text == "NaN" || text.ends_with("Infinity") {
-                return Ok(col.special_numeric());
+                return Ok(col.special_numeric(text));
             }
-            if col.source_type.starts_with("money") {
-                // lc_monetary is pinned to C: `-$1,234.56`.
+            if text.contains('$') {
+                // money (also under a domain's name): lc_monetary is
+                // pinned to C, `-$1,234.56`.
                 let plain: String = text.chars().filter(|c| c.is_ascii_digit() || *c == '-' || *c == '.').collect();
                 return Ok(Value::Decimal(plain));
             }
@@ -158,8 +149,8 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
         DataType::Json => Value::Json(text.to_string()),
         DataType::Enum { .. } => Value::Enum(text.to_string()),
         DataType::Uuid => Value::Uuid(uuid::Uuid::parse_str(text).map_err(|_| col.error("not a uuid"))?),
-        DataType::Bytes if col.source_type.starts_with("bit") => {
-            Value::Bytes(parse_bits(text).ok_or_else(|| col.error("not a bit string"))?)
+        DataType::Bits { length } => {
+            Value::Bytes(parse_bits(text, *length).ok_or_else(|| col.error("not a bit string of the column's length"))?)
         }
         DataType::Bytes => Value::Bytes(parse_bytea(text).ok_or_else(|| col.error("not hex bytea"))?),
         DataType::Geometry => Value::Geometry(parse_bytea_or_hex(text).ok_or_else(|| col.error("not hex WKB"))?),
@@ -168,38 +159,86 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
             Value::Time(parse_time(text).ok_or_else(|| col.error("not an ISO time"))?)
         }
         DataType::Timestamp => {
-            Value::Timestamp(parse_timestamp(text, false).ok_or_else(|| col.error("not an ISO timestamp"))?)
+            let (micros, exact) = timestamp_micros(text, false).ok_or_else(|| col.error("not an ISO timestamp"))?;
+            beyond_range(Value::Timestamp(micros), exact, text)
         }
         DataType::TimestampTz => {
-            Value::TimestampTz(parse_timestamp(text, true).ok_or_else(|| col.error("not an ISO timestamptz"))?)
+            let (micros, exact) = timestamp_micros(text, true).ok_or_else(|| col.error("not an ISO timestamptz"))?;
+            beyond_range(Value::TimestampTz(micros), exact, text)
         }
         DataType::Interval => {
             let (months, days, micros) = parse_interval(text).ok_or_else(|| col.error("not an ISO 8601 interval"))?;
             Value::Interval { months, days, micros }
         }
         DataType::Array(elem) => {
-            let items = parse_array(text).ok_or_else(|| col.error("not an array literal"))?;
-            Value::Array(array_values(elem, items, col)?)
+            let delimiter = array_delimiter(col.source_type);
+            let (items, lower_bounds) =
+                parse_array_with(text, delimiter).ok_or_else(|| col.error("not an array literal"))?;
+            let mut exact = !lower_bounds;
+            let mut out = Vec::with_capacity(items.len());
+            push_array_values(elem, items, col.element(), &mut out, &mut exact)?;
+            if exact {
+                Value::Array(out)
+            } else {
+                // The topic's `array<T>` holds one dimension from 1, and
+                // elements of T: the elements in PostgreSQL's (row-major)
+                // order, each the nearest of its type, and the value
+                // exactly as its text beside the row.
+                Value::SourceText {
+                    text: text.to_string(),
+                    nearest: Box::new(Value::Array(out)),
+                }
+            }
         }
     })
 }
 
-/// The elements of an array, a multi-dimensional one flattened in
-/// PostgreSQL's (row-major) order: the column's type cannot say how many
-/// dimensions its values have (`int[]` and `int[][]` are one type), so the
-/// topic's `array<T>` carries every element and not the shape.
-fn array_values(elem: &DataType, items: Vec<ArrayItem>, col: ColumnRef<'_>) -> Result<Vec<Value>> {
-    let mut out = Vec::with_capacity(items.len());
-    push_array_values(elem, items, col.element(), &mut out)?;
-    Ok(out)
+/// A timestamp's value, or, past the 64-bit microseconds (after
+/// 294247-01-10, which PostgreSQL has up to 294276), the largest (smallest)
+/// one with PostgreSQL's text beside it.
+fn beyond_range(value: Value, exact: bool, text: &str) -> Value {
+    if exact {
+        value
+    } else {
+        Value::SourceText { text: text.to_string(), nearest: Box::new(value) }
+    }
 }
 
-fn push_array_values(elem: &DataType, items: Vec<ArrayItem>, col: ColumnRef<'_>, out: &mut Vec<Value>) -> Result<()> {
+/// The delimiter of an array's elements: `;` for `box` (whose values hold
+/// commas), `,` for every other built-in type.
+fn array_delimiter(source_type: &str) -> char {
+    if source_type.trim_end_matches("[]").trim() == "box" {
+        ';'
+    } else {
+        ','
+    }
+}
+
+/// The elements of an array, a multi-dimensional one flattened in
+/// PostgreSQL's (row-major) order; `exact` becomes false where the value
+/// has a shape the topic's `array<T>` cannot hold (several dimensions) or
+/// an element without an exact form (a numeric NaN).
+fn push_array_values(
+    elem: &DataType,
+    items: Vec<ArrayItem>,
+    col: ColumnRef<'_>,
+    out: &mut Vec<Value>,
+    exact: &mut bool,
+) -> Result<()> {
     for item in items {
         match item {
             ArrayItem::Null => out.push(Value::Null),
-            ArrayItem::Text(t) => out.push(decode_text(elem, &t, col)?),
-            ArrayItem::Nested(inner) => push_array_values(elem, inner, col, out)?,
+            ArrayItem::Text(t) => match decode_text(elem, &t, col)? {
+                Value::SourceText { nearest, .. } => {
+                    *exact = false;
+                    out.push(*nearest);
+                }
+                v => out.push(v),
+            },
+            ArrayItem::Nested(inner) => {
+                *exact = false;
+                push_array_values(elem, inner, col, out, exact)?;
+            }
         }
     }
     Ok(())
@@ -214,13 +253,17 @@ fn parse_float(text: &str) -> Option<f64> {
     }
 }
 
-/// `0101...` packed most significant bit first; the last byte is padded
-/// with zero bits.
-fn parse_bits(text: &str) -> Option<Vec<u8>> {
+/// A `bit(length)` value (`0101...`, exactly `length` digits) as Debezium's
+/// `Bits` carries it: the bit string read as a binary number, little-endian
+/// in `ceil(length / 8)` bytes (the last digit is bit 0 of byte 0).
+fn parse_bits(text: &str, length: u32) -> Option<Vec<u8>> {
+    if text.len() != usize::try_from(length).ok()? {
+        return None;
+    }
     let mut out = vec![0u8; text.len().div_ceil(8)];
-    for (i, c) in text.bytes().enumerate() {
+    for (i, c) in text.bytes().rev().enumerate() {
         match c {
-            b'1' => out[i / 8] |= 0x80 >> (i % 8),
+            b'1' => out[i / 8] |= 1 << (i % 8),
             b'0' => {}
             _ => return None,
         }
@@ -390,9 +433,16 @@ fn parse_fraction_micros(frac: &str) -> Option<i64> {
 /// as do the instants after 294247-01-10 that PostgreSQL has (up to 294276
 /// AD) and 64-bit microseconds do not.
 pub fn parse_timestamp(text: &str, with_zone: bool) -> Option<i64> {
+    timestamp_micros(text, with_zone).map(|(micros, _)| micros)
+}
+
+/// [`parse_timestamp`], and whether the microseconds are the value (false
+/// for a value past the 64-bit microseconds, given as the largest or
+/// smallest).
+pub fn timestamp_micros(text: &str, with_zone: bool) -> Option<(i64, bool)> {
     match text {
-        "infinity" => return Some(i64::MAX),
-        "-infinity" => return Some(i64::MIN),
+        "infinity" => return Some((i64::MAX, true)),
+        "-infinity" => return Some((i64::MIN, true)),
         _ => {}
     }
     let (body, bc) = match text.strip_suffix(" BC") {
@@ -421,7 +471,10 @@ pub fn parse_timestamp(text: &str, with_zone: bool) -> Option<i64> {
     let days = i128::from(days_from_civil(year, mo, d)?);
     let tod = i128::from(parse_time(time)?);
     let micros = days * 86_400_000_000 + tod - i128::from(offset_secs) * 1_000_000;
-    Some(micros.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64)
+    // i64::MAX and MIN are the infinities: a value that lands on them is
+    // not exact either.
+    let exact = micros > i128::from(i64::MIN) && micros < i128::from(i64::MAX);
+    Some((micros.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64, exact))
 }
 
 /// ISO 8601 interval as PostgreSQL prints it with `IntervalStyle=iso_8601`,
@@ -505,21 +558,33 @@ pub enum ArrayItem {
 /// Parses PostgreSQL's array output: `{1,2,NULL}`, `{"a b","x\"y"}`,
 /// `{{1,2},{3,4}}`, with an optional `[lo:hi]=` dimension prefix.
 pub fn parse_array(text: &str) -> Option<Vec<ArrayItem>> {
+    parse_array_with(text, ',').map(|(items, _)| items)
+}
+
+/// [`parse_array`] with the element type's delimiter (`;` for `box`), and
+/// whether the text had the `[lo:hi]=` prefix (PostgreSQL prints it only
+/// when a lower bound is not 1).
+pub fn parse_array_with(text: &str, delimiter: char) -> Option<(Vec<ArrayItem>, bool)> {
     let mut s = text;
-    if s.starts_with('[') {
+    let bounds = s.starts_with('[');
+    if bounds {
         s = &s[s.find('=')? + 1..];
     }
     let bytes: Vec<char> = s.chars().collect();
     let mut pos = 0;
-    let items = parse_array_level(&bytes, &mut pos)?;
+    let items = parse_array_level(&bytes, &mut pos, delimiter, 0)?;
     if pos != bytes.len() {
         return None;
     }
-    Some(items)
+    Some((items, bounds))
 }
 
-fn parse_array_level(s: &[char], pos: &mut usize) -> Option<Vec<ArrayItem>> {
-    if s.get(*pos) != Some(&'{') {
+/// PostgreSQL's limit on an array's dimensions (`MAXDIM`): deeper text is
+/// no array it printed, and the recursion stays bounded.
+const MAX_ARRAY_DIMENSIONS: usize = 6;
+
+fn parse_array_level(s: &[char], pos: &mut usize, delimiter: char, depth: usize) -> Option<Vec<ArrayItem>> {
+    if s.get(*pos) != Some(&'{') || depth >= MAX_ARRAY_DIMENSIONS {
         return None;
     }
     *pos += 1;
@@ -530,7 +595,7 @@ fn parse_array_level(s: &[char], pos: &mut usize) -> Option<Vec<ArrayItem>> {
     }
     loop {
         match s.get(*pos)? {
-            '{' => items.push(ArrayItem::Nested(parse_array_level(s, pos)?)),
+            '{' => items.push(ArrayItem::Nested(parse_array_level(s, pos, delimiter, depth + 1)?)),
             '"' => {
                 *pos += 1;
                 let mut out = String::new();
@@ -555,7 +620,7 @@ fn parse_array_level(s: &[char], pos: &mut usize) -> Option<Vec<ArrayItem>> {
             _ => {
                 let mut out = String::new();
                 while let Some(c) = s.get(*pos) {
-                    if *c == ',' || *c == '}' {
+                    if *c == delimiter || *c == '}' {
                         break;
                     }
                     if *c == '\\' {
@@ -575,7 +640,7 @@ fn parse_array_level(s: &[char], pos: &mut usize) -> Option<Vec<ArrayItem>> {
             }
         }
         match s.get(*pos)? {
-            ',' => *pos += 1,
+            c if *c == delimiter => *pos += 1,
             '}' => {
                 *pos += 1;
                 return Some(items);
@@ -677,6 +742,7 @@ pub fn value_size(v: &Value) -> usize {
         Value::Text(s) | Value::Json(s) | Value::Decimal(s) | Value::Enum(s) => s.len() + 8,
         Value::Bytes(b) | Value::Geometry(b) => b.len() + 8,
         Value::Array(items) => items.iter().map(value_size).sum::<usize>() + 8,
+        Value::SourceText { text, nearest } => text.len() + value_size(nearest),
         _ => 8,
     }
 }
@@ -748,8 +814,8 @@ pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Resul
         BinaryType::Float4 => Value::Float32(f32::from_be_bytes(fixed(data, &col)?)),
         BinaryType::Float8 => Value::Float64(f64::from_be_bytes(fixed(data, &col)?)),
         BinaryType::Numeric => match numeric_text(data, &col)? {
-            Some(text) => Value::Decimal(text),
-            None => col.special_numeric(),
+            Ok(text) => Value::Decimal(text),
+            Err(special) => col.special_numeric(special),
         },
         BinaryType::Text => Value::Text(text(data)?),
         BinaryType::Json => Value::Json(text(data)?),
@@ -767,26 +833,55 @@ pub fn decode_binary(kind: BinaryType, data: &[u8], col: ColumnRef<'_>) -> Resul
         }),
         BinaryType::Time => Value::Time(i64::from_be_bytes(fixed(data, &col)?)),
         BinaryType::Timestamp | BinaryType::TimestampTz => {
-            let micros = match i64::from_be_bytes(fixed(data, &col)?) {
-                i64::MIN => i64::MIN,
-                i64::MAX => i64::MAX,
-                // Past 294247-01-10 (PostgreSQL goes to 294276 AD): the
-                // largest value, as `parse_timestamp` saturates.
-                t => t.saturating_add(PG_EPOCH_MICROS),
+            let zone = kind == BinaryType::TimestampTz;
+            let typed = |micros| {
+                if zone {
+                    Value::TimestampTz(micros)
+                } else {
+                    Value::Timestamp(micros)
+                }
             };
-            if kind == BinaryType::Timestamp {
-                Value::Timestamp(micros)
-            } else {
-                Value::TimestampTz(micros)
+            match i64::from_be_bytes(fixed(data, &col)?) {
+                i64::MIN => typed(i64::MIN),
+                i64::MAX => typed(i64::MAX),
+                t => match t.checked_add(PG_EPOCH_MICROS).filter(|m| *m != i64::MAX && *m != i64::MIN) {
+                    Some(micros) => typed(micros),
+                    // Past 294247-01-10 (PostgreSQL goes to 294276 AD): the
+                    // largest value, PostgreSQL's text beside it, as the
+                    // text reader gives it.
+                    None => Value::SourceText {
+                        text: timestamp_text(i128::from(t) + i128::from(PG_EPOCH_MICROS), zone),
+                        nearest: Box::new(typed(if t > 0 { i64::MAX } else { i64::MIN })),
+                    },
+                },
             }
         }
     })
 }
 
+/// PostgreSQL's text of a timestamp (`DateStyle = ISO`, `TimeZone = UTC`)
+/// `micros` after 1970-01-01, for the few past the 64-bit microseconds.
+fn timestamp_text(micros: i128, zone: bool) -> String {
+    const DAY: i128 = 86_400_000_000;
+    let days = micros.div_euclid(DAY);
+    let tod = micros.rem_euclid(DAY);
+    let (y, m, d) = tributary_schemas::temporal::civil_from_days(i64::try_from(days).unwrap_or_default());
+    let (secs, frac) = (tod / 1_000_000, tod % 1_000_000);
+    let mut out = format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
+    if frac > 0 {
+        let digits = format!(".{frac:06}");
+        out.push_str(digits.trim_end_matches('0'));
+    }
+    if zone {
+        out.push_str("+00");
+    }
+    out
+}
+
 /// A binary `numeric` as the text `numeric_out` prints: base-10000 digit
-/// groups, the weight of the first, the sign and the display scale; `None`
-/// for `NaN`, `Infinity` and `-Infinity`.
-fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<Option<String>> {
+/// groups, the weight of the first, the sign and the display scale; `Err`
+/// with the text of `NaN`, `Infinity` and `-Infinity`.
+fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<std::result::Result<String, &'static str>> {
     let short = || col.error("a binary numeric too short");
     let word = |i: usize| -> Option<u16> { Some(u16::from_be_bytes([*data.get(i)?, *data.get(i + 1)?])) };
     let ndigits = usize::from(word(0).ok_or_else(short)?);
@@ -795,8 +890,9 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<Option<String>> {
     let dscale = usize::from(word(6).ok_or_else(short)?);
     match sign {
         0x0000 | 0x4000 => {}
-        // NaN, +Infinity, -Infinity.
-        0xC000 | 0xD000 | 0xF000 => return Ok(None),
+        0xC000 => return Ok(Err("NaN")),
+        0xD000 => return Ok(Err("Infinity")),
+        0xF000 => return Ok(Err("-Infinity")),
         _ => return Err(col.error("a binary numeric of an unknown sign")),
     }
     // Read in place, no copy of the digits: this runs for every numeric
@@ -846,7 +942,7 @@ fn numeric_text(data: &[u8], col: &ColumnRef<'_>) -> Result<Option<String>> {
             i += 1;
         }
     }
-    Ok(Some(out))
+    Ok(Ok(out))
 }
 
 /// The text of a key value as a SQL literal reads it back (`'...'::type`),
@@ -859,6 +955,8 @@ pub fn key_literal_text(value: &Value) -> Option<String> {
         Value::Int64(v) => Some(v.to_string()),
         Value::Text(s) | Value::Decimal(s) => Some(s.clone()),
         Value::Uuid(u) => Some(u.hyphenated().to_string()),
+        // A numeric key's NaN or infinity.
+        Value::SourceText { text, .. } => Some(text.clone()),
         _ => None,
     }
 }
@@ -895,10 +993,11 @@ mod tests {
         assert_eq!(num(0, 0, 0, 2, &[]).unwrap(), Value::Decimal("0.00".into()));
         assert_eq!(num(1, 2, 0, 0, &[1]).unwrap(), Value::Decimal("100000000".into()));
         assert_eq!(num(2, 0, 0x4000, 2, &[1234, 5000]).unwrap(), Value::Decimal("-1234.50".into()));
-        // NaN, Infinity, -Infinity: NULL in a nullable column.
-        assert_eq!(num(0, 0, 0xC000, 0, &[]).unwrap(), Value::Null, "NaN");
-        assert_eq!(num(0, 0, 0xD000, 0, &[]).unwrap(), Value::Null, "Infinity");
-        assert_eq!(num(0, 0, 0xF000, 0, &[]).unwrap(), Value::Null, "-Infinity");
+        // NaN, Infinity, -Infinity: their text, NULL in a nullable column.
+        let special = |text: &str| Value::SourceText { text: text.into(), nearest: Box::new(Value::Null) };
+        assert_eq!(num(0, 0, 0xC000, 0, &[]).unwrap(), special("NaN"));
+        assert_eq!(num(0, 0, 0xD000, 0, &[]).unwrap(), special("Infinity"));
+        assert_eq!(num(0, 0, 0xF000, 0, &[]).unwrap(), special("-Infinity"));
         assert!(num(0, 0, 0x8000, 0, &[]).is_err(), "unknown sign");
         assert!(num(2, 0, 0, 0, &[1]).is_err(), "short");
         assert!(num(1, 0, 0, 0, &[10_000]).is_err(), "digit out of range");
@@ -1022,10 +1121,24 @@ mod tests {
         let money = DataType::Decimal { precision: 19, scale: 2 };
         assert_eq!(decode_text(&money, "-$1,234.50", c("money")).unwrap(), Value::Decimal("-1234.50".into()));
         assert_eq!(decode_text(&DataType::Boolean, "1", c("bit(1)")).unwrap(), Value::Boolean(true));
+        // Debezium's Bits: the number 0b1_0100_0001, little-endian.
         assert_eq!(
-            decode_text(&DataType::Bytes, "101000001", c("bit(9)")).unwrap(),
-            Value::Bytes(vec![0b1010_0000, 0b1000_0000])
+            decode_text(&DataType::Bits { length: 9 }, "101000001", c("bit(9)")).unwrap(),
+            Value::Bytes(vec![0b0100_0001, 0b1])
         );
+        assert_eq!(
+            decode_text(&DataType::Bits { length: 16 }, "0000000000000001", c("bit(16)")).unwrap(),
+            Value::Bytes(vec![1, 0])
+        );
+        // The column's length exactly; a domain's spelling does not matter.
+        assert!(decode_text(&DataType::Bits { length: 9 }, "10100000", c("bit(9)")).is_err());
+        assert!(decode_text(&DataType::Bits { length: 2 }, "12", c("s.flags")).is_err());
+        assert_eq!(
+            decode_text(&DataType::Bits { length: 4 }, "1010", c("s.flags")).unwrap(),
+            Value::Bytes(vec![0b1010])
+        );
+        // money under a domain's name.
+        assert_eq!(decode_text(&money, "$0.01", c("s.price")).unwrap(), Value::Decimal("0.01".into()));
         assert_eq!(
             decode_text(&DataType::Json, "\"a\"=>\"1\", \"b\"=>NULL", c("hstore")).unwrap(),
             Value::Json("{\"a\":\"1\",\"b\":null}".into())
@@ -1053,23 +1166,32 @@ mod tests {
     }
 
     #[test]
-    fn special_numerics_are_null_where_optional_and_zero_where_not_null() {
+    fn special_numerics_carry_their_text_beside_null_or_zero() {
         let t = TableId::new("s", "t");
         let optional = col(&t);
         let required = ColumnRef { nullable: false, ..optional };
+        let special = |text: &str, nearest: Value| Value::SourceText { text: text.into(), nearest: Box::new(nearest) };
         for dt in [DataType::VariableDecimal, DataType::Decimal { precision: 12, scale: 3 }] {
             for text in ["NaN", "Infinity", "-Infinity"] {
-                assert_eq!(decode_text(&dt, text, optional).unwrap(), Value::Null, "{dt} {text}");
-                assert_eq!(decode_text(&dt, text, required).unwrap(), Value::Decimal("0".into()), "{dt} {text}");
+                assert_eq!(decode_text(&dt, text, optional).unwrap(), special(text, Value::Null), "{dt} {text}");
+                assert_eq!(
+                    decode_text(&dt, text, required).unwrap(),
+                    special(text, Value::Decimal("0".into())),
+                    "{dt} {text}"
+                );
             }
         }
         // Binary COPY: the NaN sign word.
         let nan = [0u8, 0, 0, 0, 0xC0, 0, 0, 0];
-        assert_eq!(decode_binary(BinaryType::Numeric, &nan, required).unwrap(), Value::Decimal("0".into()));
-        // An element of a numeric[] of a NOT NULL column is still nullable.
+        assert_eq!(
+            decode_binary(BinaryType::Numeric, &nan, required).unwrap(),
+            special("NaN", Value::Decimal("0".into()))
+        );
+        // An array with a NaN: the array's text, its elements with NULL
+        // for the NaN (elements are nullable).
         assert_eq!(
             decode_text(&DataType::Array(Box::new(DataType::VariableDecimal)), "{1.5,NaN}", required).unwrap(),
-            Value::Array(vec![Value::Decimal("1.5".into()), Value::Null])
+            special("{1.5,NaN}", Value::Array(vec![Value::Decimal("1.5".into()), Value::Null]))
         );
         // Other garbage is still refused, naming the column and not the value.
         let e = decode_text(&DataType::VariableDecimal, "12abc", required).unwrap_err();
@@ -1079,27 +1201,49 @@ mod tests {
     }
 
     #[test]
-    fn multi_dimensional_arrays_are_flattened_in_row_major_order() {
+    fn arrays_of_other_shapes_carry_their_text_beside_the_elements() {
         let t = TableId::new("s", "t");
         let ints = DataType::Array(Box::new(DataType::Int32));
+        let shaped = |text: &str, items: Vec<Value>| Value::SourceText {
+            text: text.into(),
+            nearest: Box::new(Value::Array(items)),
+        };
         assert_eq!(
             decode_text(&ints, "{{1,2},{3,NULL}}", col(&t)).unwrap(),
-            Value::Array(vec![Value::Int32(1), Value::Int32(2), Value::Int32(3), Value::Null])
+            shaped("{{1,2},{3,NULL}}", vec![Value::Int32(1), Value::Int32(2), Value::Int32(3), Value::Null])
         );
         assert_eq!(
             decode_text(&ints, "[0:1][1:2]={{{5}},{{6}}}", col(&t)).unwrap(),
-            Value::Array(vec![Value::Int32(5), Value::Int32(6)])
+            shaped("[0:1][1:2]={{{5}},{{6}}}", vec![Value::Int32(5), Value::Int32(6)])
         );
+        assert_eq!(
+            decode_text(&ints, "[0:1]={7,8}", col(&t)).unwrap(),
+            shaped("[0:1]={7,8}", vec![Value::Int32(7), Value::Int32(8)])
+        );
+        // One dimension from 1: the array itself.
+        assert_eq!(decode_text(&ints, "{7,NULL}", col(&t)).unwrap(), Value::Array(vec![Value::Int32(7), Value::Null]));
         let texts = DataType::Array(Box::new(DataType::Text));
         assert_eq!(
             decode_text(&texts, "{{\"a,b\",c},{\"{d}\",NULL}}", col(&t)).unwrap(),
-            Value::Array(vec![
-                Value::Text("a,b".into()),
-                Value::Text("c".into()),
-                Value::Text("{d}".into()),
-                Value::Null
-            ])
+            shaped(
+                "{{\"a,b\",c},{\"{d}\",NULL}}",
+                vec![
+                    Value::Text("a,b".into()),
+                    Value::Text("c".into()),
+                    Value::Text("{d}".into()),
+                    Value::Null
+                ]
+            )
         );
+        // box: elements separated by `;`.
+        let boxes = ColumnRef { source_type: "box[]", ..col(&t) };
+        assert_eq!(
+            decode_text(&texts, "{(1,1),(0,0);(2,2),(1,1)}", boxes).unwrap(),
+            Value::Array(vec![Value::Text("(1,1),(0,0)".into()), Value::Text("(2,2),(1,1)".into())])
+        );
+        // More dimensions than PostgreSQL has: not an array it printed.
+        assert!(decode_text(&ints, "{{{{{{{1}}}}}}}", col(&t)).is_err());
+        assert!(decode_text(&ints, &"{".repeat(100_000), col(&t)).is_err());
     }
 
     #[test]
@@ -1115,17 +1259,48 @@ mod tests {
         assert_eq!(parse_date("262143-01-01"), Some(95_026_237));
         assert_eq!(parse_date("2023-02-29"), None);
         assert_eq!(parse_date("2024-13-01"), None);
-        // Timestamps past i64 microseconds (294247-01-10) saturate.
-        assert_eq!(parse_timestamp("294276-12-31 23:59:59.999999", false), Some(i64::MAX));
-        assert_eq!(parse_timestamp("294276-12-31 23:59:59.999999+00", true), Some(i64::MAX));
-        assert_eq!(parse_timestamp("294247-01-10 04:00:54.775807", false), Some(i64::MAX));
-        assert_eq!(parse_timestamp("294247-01-10 04:00:54.775806", false), Some(i64::MAX - 1));
+        // Timestamps past i64 microseconds (294247-01-10) saturate, and
+        // are not exact (nor is one landing on i64::MAX, infinity's).
+        assert_eq!(timestamp_micros("294276-12-31 23:59:59.999999", false), Some((i64::MAX, false)));
+        assert_eq!(timestamp_micros("294276-12-31 23:59:59.999999+00", true), Some((i64::MAX, false)));
+        assert_eq!(timestamp_micros("294247-01-10 04:00:54.775807", false), Some((i64::MAX, false)));
+        assert_eq!(timestamp_micros("294247-01-10 04:00:54.775806", false), Some((i64::MAX - 1, true)));
+        assert_eq!(timestamp_micros("infinity", false), Some((i64::MAX, true)));
         assert_eq!(parse_timestamp("4713-01-01 00:00:00+00 BC", true), Some(-2_440_550 * 86_400_000_000));
         let t = TableId::new("s", "t");
+        let far = "294276-12-31 23:59:59.999999+00";
+        assert_eq!(
+            decode_text(&DataType::TimestampTz, far, col(&t)).unwrap(),
+            Value::SourceText {
+                text: far.into(),
+                nearest: Box::new(Value::TimestampTz(i64::MAX))
+            }
+        );
+        // Binary COPY gives the same value, its text written as
+        // PostgreSQL prints it.
         let pg_max = 9_223_371_331_200_000_000i64 - 1; // END_TIMESTAMP - 1, since 2000
         assert_eq!(
             decode_binary(BinaryType::TimestampTz, &pg_max.to_be_bytes(), col(&t)).unwrap(),
-            Value::TimestampTz(i64::MAX)
+            Value::SourceText {
+                text: far.into(),
+                nearest: Box::new(Value::TimestampTz(i64::MAX))
+            }
+        );
+        let at_max = i64::MAX - PG_EPOCH_MICROS; // 294247-01-10 04:00:54.775807
+        assert_eq!(
+            decode_binary(BinaryType::Timestamp, &at_max.to_be_bytes(), col(&t)).unwrap(),
+            Value::SourceText {
+                text: "294247-01-10 04:00:54.775807".into(),
+                nearest: Box::new(Value::Timestamp(i64::MAX))
+            }
+        );
+        let whole = 9_223_371_331_200_000_000i64 - 86_400_000_000; // 294276-12-31 00:00:00
+        assert_eq!(
+            decode_binary(BinaryType::Timestamp, &whole.to_be_bytes(), col(&t)).unwrap(),
+            Value::SourceText {
+                text: "294276-12-31 00:00:00".into(),
+                nearest: Box::new(Value::Timestamp(i64::MAX))
+            }
         );
     }
 
@@ -1143,6 +1318,43 @@ mod tests {
                 parse_timestamp(&ts, true),
                 Some(days * 86_400_000_000 + 11 * 3_600_000_000)
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// The text decoder is total: any text, for any type (arrays of
+        /// any depth and delimiter among them), decodes or is an error.
+        #[test]
+        fn any_text_decodes_or_fails_without_a_panic(
+            text in "[{}\\[\\]:=,;\"\\\\01a-z NULinfty+-.]{0,40}",
+            which in 0usize..10,
+        ) {
+            let t = TableId::new("s", "t");
+            let types = [
+                DataType::Bits { length: 3 },
+                DataType::Array(Box::new(DataType::Bits { length: 2 })),
+                DataType::Array(Box::new(DataType::Int32)),
+                DataType::Array(Box::new(DataType::Array(Box::new(DataType::Text)))),
+                DataType::Array(Box::new(DataType::VariableDecimal)),
+                DataType::Timestamp,
+                DataType::TimestampTz,
+                DataType::Date,
+                DataType::Decimal { precision: 5, scale: 2 },
+                DataType::Array(Box::new(DataType::TimestampTz)),
+            ];
+            let boxes = ColumnRef { source_type: "box[]", ..col(&t) };
+            for c in [col(&t), boxes] {
+                let _ = decode_text(&types[which], &text, c);
+            }
+        }
+
+        /// So is the binary reader of timestamps and numerics.
+        #[test]
+        fn any_binary_timestamp_or_numeric_decodes_or_fails(bytes in proptest::collection::vec(0u8..=255, 0..24)) {
+            let t = TableId::new("s", "t");
+            for kind in [BinaryType::Timestamp, BinaryType::TimestampTz, BinaryType::Numeric, BinaryType::Date] {
+                let _ = decode_binary(kind, &bytes, col(&t));
+            }
         }
     }
 
