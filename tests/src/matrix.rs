@@ -248,8 +248,12 @@ impl Sink {
     }
 
     /// The destination's rows over `columns`, or `None` while the table or
-    /// one of the columns is not there yet.
-    pub async fn rows(&self, table: &str, columns: &[String]) -> Option<Vec<String>> {
+    /// one of the columns is not there yet, read as a `source` of that kind
+    /// reads its own: a PostgreSQL destination with a PostgreSQL source's
+    /// session settings (ISO 8601 intervals, ...), with PostgreSQL's
+    /// defaults for a MariaDB source (an interval then prints as MySQL
+    /// prints a `TIME`: `-29:59:59.654321`).
+    pub async fn rows(&self, table: &str, columns: &[String], source: SourceKind) -> Option<Vec<String>> {
         match self {
             Sink::Postgres(_) | Sink::Redshift(..) => {
                 let (url, schema) = match self {
@@ -260,7 +264,10 @@ impl Sink {
                 let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
                 let sql = format!("SELECT {} FROM \"{schema}\".\"{table}\" ORDER BY id", cols.join(", "));
                 // Read as the source's rows are (`Source::rows`).
-                let client = connect_pinned(&url).await;
+                let client = match source {
+                    SourceKind::Postgres => connect_pinned(&url).await,
+                    SourceKind::MariaDb => connect(&url).await,
+                };
                 let rows = client.query(sql.as_str(), &[]).await.ok()?;
                 Some(
                     rows.iter()
@@ -439,7 +446,7 @@ pub async fn converge_holding(
         let columns = holds.compared(&source.columns(table).await);
         let names: Vec<String> = columns.iter().map(|(n, _)| n.clone()).collect();
         let want = by_id(source.rows_as(table, &columns, holds.refused).await);
-        let got = sink.rows(table, &names).await.map(by_id);
+        let got = sink.rows(table, &names, source.kind()).await.map(by_id);
         if got.as_ref() == Some(&want) {
             return;
         }
@@ -463,7 +470,7 @@ pub async fn converge_holding(
                 for c in columns.iter().filter(|(n, _)| n != "id") {
                     let pair = [id.clone(), c.clone()];
                     let want = by_id(source.rows_as(table, &pair, holds.refused).await);
-                    let got = sink.rows(table, &[id.0.clone(), c.0.clone()]).await.map(by_id);
+                    let got = sink.rows(table, &[id.0.clone(), c.0.clone()], source.kind()).await.map(by_id);
                     if let Some(got) = got.filter(|g| *g != want) {
                         let w: Vec<&String> = want.iter().filter(|r| !got.contains(r)).take(4).collect();
                         let g: Vec<&String> = got.iter().filter(|r| !want.contains(r)).take(4).collect();
@@ -577,11 +584,16 @@ impl Proc {
     /// Fails the test, with its log's tail, if it exited by itself.
     pub fn assert_alive(&mut self, when: &str) {
         if let Some(status) = self.running.as_mut().and_then(Runner::exited) {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            panic!("{} exited by itself ({status}) {when}; log tail:\n{}", self.bin.display(), tail.join("\n"));
+            panic!("{} exited by itself ({status}) {when}; log tail:\n{}", self.bin.display(), self.log_tail(30));
         }
+    }
+
+    /// The last `n` lines of its log (what a failed wait shows, so that a
+    /// failure in CI can be read without the machine).
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(n).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -708,7 +720,7 @@ pub async fn converge_as(
         runners.assert_alive(&format!("at step {step:?} of {table}"));
         let columns = source.columns(table).await;
         let want = order(source.rows(table, &columns).await);
-        let got = sink.rows(table, &columns).await.map(order);
+        let got = sink.rows(table, &columns, source.kind()).await.map(order);
         if got.as_ref() == Some(&want) {
             return;
         }
@@ -741,10 +753,13 @@ pub async fn converge_as(
             };
             panic!(
                 "{table}: the destination did not reach the source after step {step:?} within {STEP_DEADLINE:?} \
-                 (columns {columns:?}; source - / destination +):\n{}\n(rows: source {}, destination {:?}, the poll before {last:?})",
+                 (columns {columns:?}; source - / destination +):\n{}\n(rows: source {}, destination {:?}, the poll before {last:?})\n\
+                 source runner's log, last lines:\n{}\nsink runner's log, last lines:\n{}",
                 diff.join("\n"),
                 want.len(),
-                got.as_ref().map(Vec::len)
+                got.as_ref().map(Vec::len),
+                runners.source.log_tail(40),
+                runners.sink.log_tail(40)
             );
         }
         last = got.map(|g| g.len());

@@ -19,8 +19,11 @@
 //! PostgreSQL server (whatever of the pipeline lives there) or the MariaDB
 //! server, revokes the sink's privileges, writes rows the destination
 //! refuses, adds a partition to a change topic, deletes the source's offsets
-//! topic (then `source-runner reset`), and replays dead letters whose rows
-//! changed since. The workload also changes primary keys. Each pipeline
+//! topic (then `source-runner reset`), replays dead letters whose rows
+//! changed since, and changes a table's schema (`ddl`: columns added with a
+//! constant or a volatile default, retyped `USING` an expression, made
+//! stored generated columns, dropped; a rewrite the log does not carry must
+//! be copied again). The workload also changes primary keys. Each pipeline
 //! leaves out the faults that do not exist for it, with the reason
 //! ([`Pipeline::left_out`]): there is no privilege to revoke on the
 //! emulator, and no MariaDB behind a PostgreSQL source.
@@ -124,10 +127,11 @@ enum Fault {
     PartitionIncrease,
     OffsetsTopicLoss,
     ReplayDeadLetter,
+    Ddl,
 }
 
 impl Fault {
-    const ALL: [Fault; 13] = [
+    const ALL: [Fault; 14] = [
         Fault::KillSource,
         Fault::KillSink,
         Fault::RestartKafka,
@@ -141,6 +145,7 @@ impl Fault {
         Fault::PartitionIncrease,
         Fault::OffsetsTopicLoss,
         Fault::ReplayDeadLetter,
+        Fault::Ddl,
     ];
 
     fn name(self) -> &'static str {
@@ -158,6 +163,7 @@ impl Fault {
             Fault::PartitionIncrease => "partition-increase",
             Fault::OffsetsTopicLoss => "offsets-topic-loss",
             Fault::ReplayDeadLetter => "replay-dead-letter",
+            Fault::Ddl => "ddl",
         }
     }
 
@@ -435,9 +441,8 @@ impl Dialect {
     /// Every column of `table` (at `at`) as text, without the bad rows.
     /// (Not `ORDER BY id`: in PostgreSQL that is the output column
     /// `id::text`; [`by_id`] sorts.)
-    fn select(self, at: &str, table: &Table) -> String {
-        let cells: Vec<String> = table
-            .columns
+    fn select(self, at: &str, table: &Table, columns: &[String]) -> String {
+        let cells: Vec<String> = columns
             .iter()
             .map(|c| match self {
                 Dialect::Postgres => format!("{c}::text"),
@@ -465,19 +470,29 @@ impl Dialect {
 type Rows = BTreeMap<&'static str, Vec<String>>;
 
 /// One row as compared: NULL as `<null>`, decimals to two places.
-fn canonical(table: &Table, cells: Vec<Option<String>>) -> String {
-    assert_eq!(cells.len(), table.columns.len(), "{}: one cell per column", table.name);
-    let cells: Vec<String> = table
-        .columns
+fn canonical(table: &Table, columns: &[String], cells: Vec<Option<String>>) -> String {
+    assert_eq!(cells.len(), columns.len(), "{}: one cell per column", table.name);
+    let cells: Vec<String> = columns
         .iter()
         .zip(cells)
         .map(|(col, cell)| match cell {
             None => "<null>".to_string(),
-            Some(v) if table.decimals.contains(col) => two_places(&v),
+            Some(v) if table.decimals.contains(&col.as_str()) => two_places(&v),
             Some(v) => v,
         })
         .collect();
     cells.join("|")
+}
+
+/// Columns the ddl fault added to each table and the source still has:
+/// compared like the table's own. One pipeline runs at a time
+/// ([`ONE_AT_A_TIME`]); each run starts without any.
+static ADDED_COLUMNS: Mutex<BTreeMap<&'static str, Vec<String>>> = Mutex::new(BTreeMap::new());
+
+/// The columns of `table` compared: its own and those the ddl fault added.
+fn compared_columns(table: &Table) -> Vec<String> {
+    let added = ADDED_COLUMNS.lock().unwrap().get(table.name).cloned().unwrap_or_default();
+    table.columns.iter().map(|c| c.to_string()).chain(added).collect()
 }
 
 /// Rows from [`canonical`] in id order.
@@ -521,11 +536,12 @@ fn differences(want: &Rows, got: &Rows) -> Vec<String> {
 async fn postgres_rows(client: &Client, schema: &str) -> Result<Rows, String> {
     let mut out = Rows::new();
     for t in &TABLES {
-        let sql = Dialect::Postgres.select(&format!("{schema}.{}", t.name), t);
+        let columns = compared_columns(t);
+        let sql = Dialect::Postgres.select(&format!("{schema}.{}", t.name), t, &columns);
         let rows = client.query(sql.as_str(), &[]).await.map_err(|e| e.to_string())?;
         let rows = rows
             .iter()
-            .map(|r| canonical(t, (0..r.len()).map(|i| r.get::<_, Option<String>>(i)).collect()));
+            .map(|r| canonical(t, &columns, (0..r.len()).map(|i| r.get::<_, Option<String>>(i)).collect()));
         out.insert(t.name, by_id(rows.collect()));
     }
     Ok(out)
@@ -534,11 +550,12 @@ async fn postgres_rows(client: &Client, schema: &str) -> Result<Rows, String> {
 async fn mariadb_rows(conn: &mut mysql_async::Conn, db: &str) -> Result<Rows, String> {
     let mut out = Rows::new();
     for t in &TABLES {
-        let sql = Dialect::MariaDb.select(&format!("{db}.{}", t.name), t);
+        let columns = compared_columns(t);
+        let sql = Dialect::MariaDb.select(&format!("{db}.{}", t.name), t, &columns);
         let rows: Vec<mysql_async::Row> = conn.query(sql).await.map_err(|e| e.to_string())?;
         let rows = rows.into_iter().map(|r| {
             let cells = (0..r.len()).map(|i| r.get::<Option<String>, _>(i).flatten()).collect();
-            canonical(t, cells)
+            canonical(t, &columns, cells)
         });
         out.insert(t.name, by_id(rows.collect()));
     }
@@ -548,8 +565,9 @@ async fn mariadb_rows(conn: &mut mysql_async::Conn, db: &str) -> Result<Rows, St
 async fn bigquery_rows(datasets: &Datasets) -> Result<Rows, String> {
     let mut out = Rows::new();
     for t in &TABLES {
-        let rows = bigquery(&Dialect::BigQuery.select(&datasets.table(t.name), t)).await?;
-        out.insert(t.name, by_id(rows.into_iter().map(|r| canonical(t, r)).collect()));
+        let columns = compared_columns(t);
+        let rows = bigquery(&Dialect::BigQuery.select(&datasets.table(t.name), t, &columns)).await?;
+        out.insert(t.name, by_id(rows.into_iter().map(|r| canonical(t, &columns, r)).collect()));
     }
     Ok(out)
 }
@@ -557,8 +575,11 @@ async fn bigquery_rows(datasets: &Datasets) -> Result<Rows, String> {
 async fn snowflake_rows(schemas: &SfSchemas) -> Result<Rows, String> {
     let mut out = Rows::new();
     for t in &TABLES {
-        let rows = schemas.query(&Dialect::Snowflake.select(&schemas.table(t.name), t)).await?;
-        out.insert(t.name, by_id(rows.into_iter().map(|r| canonical(t, r)).collect()));
+        let columns = compared_columns(t);
+        let rows = schemas
+            .query(&Dialect::Snowflake.select(&schemas.table(t.name), t, &columns))
+            .await?;
+        out.insert(t.name, by_id(rows.into_iter().map(|r| canonical(t, &columns, r)).collect()));
     }
     Ok(out)
 }
@@ -1312,6 +1333,16 @@ impl Proc {
         .then_some(())
     }
 
+    /// Whether the source said it copies `table` again (a rewrite the log
+    /// does not carry) at `since_ms` or later.
+    async fn copied_again_since(&self, table: &str, since_ms: i64) -> Option<()> {
+        let status: serde_json::Value = serde_json::from_str(&self.get("/status").await?).ok()?;
+        let tables = status.get("tables")?.as_object()?;
+        let (_, t) = tables.iter().find(|(k, _)| k.rsplit('.').next() == Some(table))?;
+        let at = t.get("last_copy_again")?.get("at_ms")?.as_i64()?;
+        (at >= since_ms).then_some(())
+    }
+
     /// Sum of `tributary_failed_records_total` over tables whose label
     /// contains `table`.
     async fn failed_records(&self, table: &str) -> Option<u64> {
@@ -1523,9 +1554,19 @@ struct Model {
     resets: u64,
     /// Primary key changes committed.
     rekeys: u64,
+    /// Per table, the copies the source made again after a ddl fault's
+    /// rewrite (each behind a table-reset record on each of its
+    /// partitions, as a reset's).
+    copies: HashMap<String, u64>,
 }
 
 impl Model {
+    /// The table-reset records each partition of `table`'s topic carries:
+    /// a reset's and a copy again's.
+    fn generations(&self, table: &str) -> u64 {
+        self.resets + self.copies.get(table).copied().unwrap_or(0)
+    }
+
     fn change_count(&self) -> usize {
         self.changes.values().map(Vec::len).sum()
     }
@@ -1648,16 +1689,16 @@ impl Workload {
                 *next += 1;
                 let sql = match table {
                     "accounts" => format!(
-                        "INSERT INTO {s}.accounts VALUES ({id}, 'owner {id}', {}.{:02}, 1)",
+                        "INSERT INTO {s}.accounts (id, owner, balance, version) VALUES ({id}, 'owner {id}', {}.{:02}, 1)",
                         rng.below(100_000),
                         rng.below(100)
                     ),
                     "orders" => format!(
-                        "INSERT INTO {s}.orders VALUES ({id}, {}, {}.50, 'new', 1)",
+                        "INSERT INTO {s}.orders (id, account_id, amount, note, version) VALUES ({id}, {}, {}.50, 'new', 1)",
                         rng.below(500),
                         rng.below(10_000)
                     ),
-                    _ => format!("INSERT INTO {s}.notes VALUES ({id}, 'note {id}', {}, 1)", due(rng)),
+                    _ => format!("INSERT INTO {s}.notes (id, payload, due, version) VALUES ({id}, 'note {id}', {}, 1)", due(rng)),
                 };
                 touched.insert((table, id));
                 out.push(Stmt::Insert { table, id, sql });
@@ -1774,7 +1815,7 @@ impl Workload {
                     table: "notes",
                     id,
                     sql: format!(
-                        "INSERT INTO {}.notes VALUES ({id}, '{prefix} {id}', {}, 1)",
+                        "INSERT INTO {}.notes (id, payload, due, version) VALUES ({id}, '{prefix} {id}', {}, 1)",
                         self.db.schema, self.bad_due
                     ),
                 });
@@ -1805,6 +1846,95 @@ impl Workload {
             sql: format!("UPDATE {s}.notes SET payload = 'fixed {id}', version = version + 1 WHERE id = {id}"),
         }));
         assert!(self.run(session, &stmts, stop).await, "later changes of the dead-lettered rows written");
+    }
+}
+
+/// One schema change of the ddl fault: the kinds of the fidelity matrix
+/// (`tests/tests/fidelity.rs`), on a column of its own so the workload's
+/// statements (which name their columns) go on unchanged.
+struct Ddl {
+    sql: String,
+    /// Shown in the log.
+    what: &'static str,
+    /// The column added, or the one dropped.
+    added: Option<String>,
+    dropped: Option<String>,
+    /// Whether it changes values the log carries no row change for, so the
+    /// source must copy the table again (docs/schema-changes.md).
+    copies: bool,
+}
+
+impl Ddl {
+    /// A random change of `table` (at `at`, qualified); `added` are the
+    /// columns earlier ones added (`g`-prefixed: generated, MariaDB),
+    /// `n` numbers a new one.
+    fn plan(kind: SourceKind, at: &str, added: &[String], n: u64, rng: &mut Rng) -> Ddl {
+        let new = |generated: bool| format!("{}{n}", if generated { "g" } else { "x" });
+        let plain: Vec<&String> = added.iter().filter(|c| c.starts_with('x')).collect();
+        let choice = rng.below(if added.is_empty() { 2 } else { 4 });
+        let add = |sql: String, what, col: String, copies| Ddl { sql, what, added: Some(col), dropped: None, copies };
+        match (kind, choice) {
+            (SourceKind::Postgres, 0) | (SourceKind::MariaDb, 0) => {
+                let c = new(false);
+                add(
+                    format!("ALTER TABLE {at} ADD COLUMN {c} int DEFAULT 7"),
+                    "add a column with a constant default",
+                    c,
+                    false,
+                )
+            }
+            // A volatile default rewrites the table: the rows there get
+            // values no row event carries.
+            (SourceKind::Postgres, 1) => {
+                let c = new(false);
+                add(
+                    format!("ALTER TABLE {at} ADD COLUMN {c} int DEFAULT (random() * 1000)::int"),
+                    "add a column with a volatile default (a rewrite)",
+                    c,
+                    true,
+                )
+            }
+            // A copying ALTER: the binlog has the statement, no rows.
+            (SourceKind::MariaDb, 1) => {
+                let c = new(true);
+                add(
+                    format!("ALTER TABLE {at} ADD COLUMN {c} INT AS (id * 3) STORED"),
+                    "add a stored generated column (a copying ALTER)",
+                    c,
+                    true,
+                )
+            }
+            (SourceKind::Postgres, 2) if !plain.is_empty() => {
+                let c = plain[rng.below(plain.len() as u64) as usize];
+                Ddl {
+                    sql: format!("ALTER TABLE {at} ALTER COLUMN {c} TYPE bigint USING {c} + 1"),
+                    what: "retype a column USING an expression (a rewrite)",
+                    added: None,
+                    dropped: None,
+                    copies: true,
+                }
+            }
+            (SourceKind::MariaDb, 2) if !plain.is_empty() => {
+                let c = plain[rng.below(plain.len() as u64) as usize];
+                Ddl {
+                    sql: format!("ALTER TABLE {at} MODIFY {c} BIGINT DEFAULT 7"),
+                    what: "widen a column (values kept)",
+                    added: None,
+                    dropped: None,
+                    copies: false,
+                }
+            }
+            _ => {
+                let c = added[rng.below(added.len() as u64) as usize].clone();
+                Ddl {
+                    sql: format!("ALTER TABLE {at} DROP COLUMN {c}"),
+                    what: "drop a column",
+                    added: None,
+                    dropped: Some(c),
+                    copies: false,
+                }
+            }
+        }
     }
 }
 
@@ -1993,6 +2123,7 @@ async fn run(pipeline: &Pipeline) {
         return;
     };
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    ADDED_COLUMNS.lock().unwrap().clear();
     eprintln!(
         "{}: FAULT_SEED={seed} FAULTS={faults} FAULT_RATE={rate} FAULT_DURATION={} FAULT_SNAPSHOT_KILL={} FAULT_KINDS={}",
         pipeline.name,
@@ -2142,13 +2273,16 @@ async fn run(pipeline: &Pipeline) {
                 p.sinks[m].signal("CONT");
             }
             Fault::PartitionIncrease => {
-                let t = topic(TABLES[rng.below(TABLES.len() as u64) as usize].name);
+                let table = TABLES[rng.below(TABLES.len() as u64) as usize].name;
+                let t = topic(table);
                 let now = kafka.partitions(&t).expect("the change topic exists");
                 if now >= MAX_PARTITIONS {
                     eprintln!("  {t} has {now} partitions already");
                 } else {
                     // Resets before it never put a record on it.
-                    born.lock().unwrap().insert((t.clone(), now), model.lock().unwrap().resets);
+                    born.lock()
+                        .unwrap()
+                        .insert((t.clone(), now), model.lock().unwrap().generations(table));
                     kafka.grow(&t, now + 1).await;
                     eprintln!("  {t}: {now} -> {} partitions", now + 1);
                 }
@@ -2217,6 +2351,32 @@ async fn run(pipeline: &Pipeline) {
                     .replay_and_check(&p.sinks[0], &format!("{}.dlq", topic("notes")), &ids, replays)
                     .await;
             }
+            Fault::Ddl => {
+                let table = TABLES[rng.below(TABLES.len() as u64) as usize].name;
+                let added = ADDED_COLUMNS.lock().unwrap().get(table).cloned().unwrap_or_default();
+                let at = format!("{}.{table}", source.db.schema);
+                let ddl = Ddl::plan(pipeline.source, &at, &added, i, &mut rng);
+                eprintln!("  {table}: {} ({})", ddl.what, ddl.sql);
+                let since = now_ms();
+                let mut session = source.db.connect_retrying(&AtomicBool::new(false)).await.expect("a session");
+                session.execute(&ddl.sql).await.unwrap_or_else(|e| panic!("{}: {e}", ddl.sql));
+                {
+                    let mut columns = ADDED_COLUMNS.lock().unwrap();
+                    let columns = columns.entry(table).or_default();
+                    columns.extend(ddl.added.clone());
+                    columns.retain(|c| Some(c) != ddl.dropped.as_ref());
+                }
+                if ddl.copies {
+                    // The source says it copies the table again, and does
+                    // (behind a table-reset record on each partition).
+                    wait_for(&format!("{table} copied again after the rewrite"), RECOVERY, || {
+                        p.source.copied_again_since(table, since)
+                    })
+                    .await;
+                    *model.lock().unwrap().copies.entry(table.to_string()).or_default() += 1;
+                    wait_for(&format!("{table}: its copy done"), RECOVERY, || p.source.all_streaming()).await;
+                }
+            }
             Fault::RestartKafka => stack(&["restart", "kafka"]),
             Fault::RestartRegistry => stack(&["restart", "registry"]),
             Fault::StopPostgres | Fault::RestartMariaDb => {
@@ -2275,7 +2435,7 @@ async fn run(pipeline: &Pipeline) {
             let seen = seen.lock().unwrap();
             let m = model.lock().unwrap();
             let last = |k: &(String, i64)| {
-                ordered(seen.get(k).map(Vec::as_slice).unwrap_or(&[]), m.resets)
+                ordered(seen.get(k).map(Vec::as_slice).unwrap_or(&[]), m.generations(&k.0))
                     .pop()
                     .unwrap_or_default()
             };
@@ -2297,7 +2457,10 @@ async fn run(pipeline: &Pipeline) {
     stop_reader.store(true, Ordering::Relaxed);
     let (by_generation, moved) = {
         let (seen, m) = (seen.lock().unwrap(), model.lock().unwrap());
-        let by_generation: ByGeneration = seen.iter().map(|(k, evs)| (k.clone(), ordered(evs, m.resets))).collect();
+        let by_generation: ByGeneration = seen
+            .iter()
+            .map(|(k, evs)| (k.clone(), ordered(evs, m.generations(&k.0))))
+            .collect();
         // Keys whose events are on more than one partition (moved by a
         // partition increase; an old key's end is on the new key's).
         let moved = seen
@@ -2368,6 +2531,13 @@ async fn run(pipeline: &Pipeline) {
     source.cleanup().await;
     destination.cleanup().await;
     let _ = std::fs::remove_dir_all(&p.dir);
+}
+
+/// Now, in ms since the epoch (the runners' clock: the same machine).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 // ---------------------------------------------------------------- topics
@@ -2580,7 +2750,7 @@ fn check_topics(model: &Model, seen: &ByGeneration, resumed: bool) -> Result<(),
     let none: Vec<Vec<(Op, i64)>> = Vec::new();
     for (key, want) in &model.changes {
         let generations = seen.get(key).unwrap_or(&none);
-        let last = model.resets as usize;
+        let last = model.generations(&key.0) as usize;
         let segment = |g: usize| generations.get(g).map(Vec::as_slice).unwrap_or(&[]);
         let at_start = model.at_start.get(key).copied().unwrap_or(0);
         if let Err(p) = check_first(want, segment(0), resumed, at_start, last == 0) {
