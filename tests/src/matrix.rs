@@ -17,7 +17,7 @@ use crate::spanner::Database as SpannerDatabase;
 use crate::{kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, Runner};
 
 /// How long one step may take to reach the destination.
-pub const STEP_DEADLINE: Duration = Duration::from_secs(90);
+pub const STEP_DEADLINE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 /// A source database of the matrices.

@@ -649,3 +649,59 @@ async fn matrix(source_kind: SourceKind, sink_kind: SinkKind) {
     sink.cleanup().await;
     source.cleanup().await;
 }
+
+/// A table created while a transaction stays open elsewhere on the source
+/// (idle in transaction): PostgreSQL makes the slot its copy needs only
+/// once that transaction ends. The source says so, with who it waits for
+/// (pid, role, state, age; never a statement), and copies the table after
+/// the commit.
+#[tokio::test]
+async fn a_copy_held_back_by_an_open_transaction_says_who_holds_it() {
+    let mut source = Source::new(SourceKind::Postgres, "slotwait").await;
+    let sink = Sink::new(SinkKind::Postgres, "slotwait").await;
+    source
+        .sql(&format!(
+            "CREATE TABLE {} (id int PRIMARY KEY, a int); INSERT INTO {0} VALUES (1, 1)",
+            source.qualified("first")
+        ))
+        .await;
+    let mut runners = Runners::new(&source, &sink);
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "first", "snapshot").await;
+    // A transaction with an id, left open in a session of its own.
+    let holder = tributary_tests::postgres::connect(&tributary_tests::pg_source_url()).await;
+    holder
+        .batch_execute(&format!("BEGIN; INSERT INTO {} VALUES (2, 2)", source.qualified("first")))
+        .await
+        .expect("open a transaction");
+    source
+        .sql(&format!(
+            "CREATE TABLE {} (id int PRIMARY KEY, a int); INSERT INTO {0} VALUES (1, 10)",
+            source.qualified("later")
+        ))
+        .await;
+    let said = tributary_tests::wait_for(
+        "the source says its copy waits for an open transaction",
+        Duration::from_secs(90),
+        || {
+            let log = std::fs::read_to_string(&runners.source.log).unwrap_or_default();
+            async move {
+                log.lines()
+                    .find(|l| {
+                        l.contains("waits for the transactions open at the source") && l.contains("idle in transaction")
+                    })
+                    .map(str::to_string)
+            }
+        },
+    )
+    .await;
+    assert!(!said.contains("INSERT"), "the waiting transaction's statement is never logged: {said}");
+    holder.batch_execute("COMMIT").await.expect("commit");
+    converge(&mut source, &sink, &mut runners, "later", "after the commit").await;
+    converge(&mut source, &sink, &mut runners, "first", "after the commit").await;
+    runners.assert_alive("at the end");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}

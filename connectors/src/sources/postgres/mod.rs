@@ -47,6 +47,10 @@ pub const CONNECTOR: &str = "postgresql";
 /// Version of the checkpoint JSON.
 pub const CHECKPOINT_VERSION: u32 = 1;
 
+/// How long a replication slot may wait for the transactions open at the
+/// source before the log says who it waits for.
+const SLOT_WAIT_SAID_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What every event of a source carries besides its row.
 #[derive(Debug, Clone)]
 pub struct EventContext {
@@ -364,6 +368,23 @@ impl PostgresSource {
     /// Creates a slot on a gated replication session; returns the session
     /// (holding the exported snapshot, if any, and a temporary slot), the
     /// consistent point and the snapshot name.
+    /// The oldest transactions open at the source with a transaction id
+    /// (what a new slot waits for): pid, role, state and age, never their
+    /// statements (which may hold values).
+    async fn open_transactions(&self) -> String {
+        let Some(catalog) = self.catalog.as_ref() else {
+            return "unknown (not connected)".to_string();
+        };
+        let sql = "SELECT coalesce(string_agg(format('pid %s (%s, %s, open %s s)', pid, coalesce(usename, '?'), \
+                   coalesce(state, '?'), extract(epoch FROM now() - xact_start)::bigint), '; '), 'none seen') \
+                   FROM (SELECT * FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() \
+                   ORDER BY xact_start LIMIT 5) a";
+        match catalog.client().query_one(sql, &[]).await {
+            Ok(row) => row.try_get::<_, String>(0).unwrap_or_else(|e| e.to_string()),
+            Err(e) => format!("unknown ({e})"),
+        }
+    }
+
     async fn create_slot(
         &self,
         name: &str,
@@ -379,7 +400,33 @@ impl PostgresSource {
             if temporary { "TEMPORARY " } else { "" },
             if export { "EXPORT_SNAPSHOT" } else { "NOEXPORT_SNAPSHOT" }
         );
-        let rows = gated.simple_query(&sql).await.map_err(|e| {
+        // PostgreSQL makes a slot only at a point no running transaction
+        // straddles: one left open elsewhere (idle in transaction) holds the
+        // copy back for as long as it stays open. Said, with who holds it.
+        let mut said = false;
+        let done = {
+            let query = gated.simple_query(&sql);
+            tokio::pin!(query);
+            loop {
+                tokio::select! {
+                    r = &mut query => break r,
+                    _ = tokio::time::sleep(SLOT_WAIT_SAID_AFTER), if !said => {
+                        said = true;
+                        let open = self.open_transactions().await;
+                        tracing::warn!(
+                            slot = name,
+                            waiting_for = %open,
+                            "the replication slot waits for the transactions open at the source to end; the copy \
+                             starts once they do"
+                        );
+                    }
+                }
+            }
+        };
+        if said {
+            tracing::info!(slot = name, "the replication slot is made");
+        }
+        let rows = done.map_err(|e| {
             let e = classify_wire(e, "creating a replication slot");
             if temporary {
                 e.with_hint(format!(
