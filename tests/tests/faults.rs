@@ -2374,7 +2374,15 @@ async fn run(pipeline: &Pipeline) {
                     })
                     .await;
                     *model.lock().unwrap().copies.entry(table.to_string()).or_default() += 1;
-                    wait_for(&format!("{table}: its copy done"), RECOVERY, || p.source.all_streaming()).await;
+                    let deadline = Instant::now() + RECOVERY;
+                    while p.source.all_streaming().await.is_none() {
+                        assert!(
+                            Instant::now() < deadline,
+                            "{table}: its copy not done within {RECOVERY:?}; the source's status: {}",
+                            p.source.get("/status").await.unwrap_or_default()
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
             }
             Fault::RestartKafka => stack(&["restart", "kafka"]),

@@ -435,6 +435,19 @@ async fn keyless_mariadb_to_bigquery() {
     fidelity_as(SourceKind::MariaDb, SinkKind::BigQuery, KEYLESS_MARIADB, Compare::Multiset).await;
 }
 
+/// The columns a case leaves out are not in the destination after `step`
+/// (not only at the end: a generated column once held the snapshot's
+/// values, stale from the first update on, until a later schema dropped it).
+async fn assert_absent(sink: &Sink, case: &Case, step: &str) {
+    for column in case.absent {
+        assert!(
+            !sink.has_column(case.table, column).await,
+            "{}: the destination has column {column}, which is not carried (after {step:?})",
+            case.table
+        );
+    }
+}
+
 /// A case's SQL for the source: `{s}` its schema or database, `{t}` the
 /// qualified table.
 fn sql(source: &Source, template: &str, table: &str) -> String {
@@ -459,6 +472,7 @@ async fn fidelity_as(source_kind: SourceKind, sink_kind: SinkKind, cases: &[Case
     runners.sink.start();
     for case in cases {
         converge_as(&mut source, &sink, &mut runners, case.table, "snapshot", compare).await;
+        assert_absent(&sink, case, "snapshot").await;
     }
     let steps = cases.iter().map(|c| c.steps.len()).max().unwrap_or(0);
     for i in 0..steps {
@@ -467,21 +481,20 @@ async fn fidelity_as(source_kind: SourceKind, sink_kind: SinkKind, cases: &[Case
             eprintln!("{source_kind:?} -> {sink_kind:?}: {}: {step}", case.table);
             let step_sql = sql(&source, step, case.table);
             source.sql(&step_sql).await;
-            // Killed right after the step: the source replays from its
-            // last checkpoint, DDL and rows alike.
+            if i % 2 == 1 {
+                // Every other step is applied live first, by the runner
+                // that streamed the steps before it: a restart reads the
+                // catalog again, which hides what a running source gets
+                // wrong (a new enum label once stopped it for good).
+                converge_as(&mut source, &sink, &mut runners, case.table, step, compare).await;
+            }
+            // Killed right after the step (or its live apply): the source
+            // replays from its last checkpoint, DDL and rows alike.
             tokio::time::sleep(Duration::from_millis(150)).await;
             runners.source.kill9();
             runners.source.start();
             converge_as(&mut source, &sink, &mut runners, case.table, step, compare).await;
-        }
-    }
-    for case in cases {
-        for column in case.absent {
-            assert!(
-                !sink.has_column(case.table, column).await,
-                "{}: the destination has column {column}, which is not carried",
-                case.table
-            );
+            assert_absent(&sink, case, step).await;
         }
     }
     runners.assert_alive("at the end");

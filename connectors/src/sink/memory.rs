@@ -53,6 +53,10 @@ pub struct MemoryTable {
     /// record (see [`super::keyless`]); its other entries are in
     /// `deleted`, under `+<record>` and `-<record>`.
     pub pending: BTreeMap<(String, String), Position>,
+    /// The columns added with the source's default: the default a row
+    /// written without the column gets, as a destination's `DEFAULT`
+    /// gives it.
+    pub defaults: BTreeMap<String, Value>,
 }
 
 /// Everything the sinks of one destination share.
@@ -313,8 +317,12 @@ impl Warehouse for MemorySink {
                     for row in stored.rows.values_mut() {
                         row.values.insert(column.name.clone(), v.clone());
                     }
+                    stored.defaults.insert(column.name.clone(), v.clone());
                 }
                 TableChange::RenameColumn { from, to } => {
+                    if let Some(v) = stored.defaults.remove(from) {
+                        stored.defaults.insert(to.clone(), v);
+                    }
                     for row in stored.rows.values_mut() {
                         if let Some(v) = row.values.remove(from) {
                             row.values.insert(to.clone(), v);
@@ -322,6 +330,7 @@ impl Warehouse for MemorySink {
                     }
                 }
                 TableChange::DropColumn { column } => {
+                    stored.defaults.remove(column);
                     for row in stored.rows.values_mut() {
                         row.values.remove(column);
                     }
@@ -457,7 +466,8 @@ fn row_values(
     }
     for c in stored.shape.columns.iter().filter(|c| !is_bookkeeping(&c.name)) {
         if !values.contains_key(&c.name) {
-            values.insert(c.name.clone(), kept.get(&c.name).cloned().unwrap_or(Value::Null));
+            let default = stored.defaults.get(&c.name);
+            values.insert(c.name.clone(), kept.get(&c.name).or(default).cloned().unwrap_or(Value::Null));
         }
     }
     Ok(values)

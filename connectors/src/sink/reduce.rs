@@ -56,6 +56,9 @@ pub struct Group<'a> {
     /// Whether every upsert is a read or an insert (no update): such a group
     /// may be loaded straight into the table when its keys are new.
     pub only_inserts: bool,
+    /// The earliest position of its changes: which schema versions of the
+    /// batch are newer than which ([`Reduction::absent_value`]).
+    pub first: Position,
 }
 
 /// One row to write: an upsert's new values or a delete's key (the other
@@ -211,6 +214,9 @@ impl<'a> Reduction<'a> {
         let (commit, index) = position_i64(position)?;
         let g = self.group_of(&ev.schema);
         let group = &mut self.groups[g];
+        if group.lines.is_empty() || position < group.first {
+            group.first = position;
+        }
         if ev.op == Op::Update {
             group.only_inserts = false;
         }
@@ -258,6 +264,25 @@ impl<'a> Reduction<'a> {
         names
     }
 
+    /// The value a row of `group` has in column `name`, which its schema
+    /// lacks but another version of the batch has (a sink that writes the
+    /// versions' columns together writes this for it). Where a newer
+    /// version has the column, the source added it after the row was read
+    /// and gave the rows already there its default: that default (`None`
+    /// when it has none, NULL). Where only older versions have it, this one
+    /// dropped it: `None`. Never NULL for a column whose rows the source
+    /// filled: the table's destination column then holds what the source's
+    /// does, also for rows of the older version written after the column
+    /// was added.
+    pub fn absent_value(&self, group: &Group<'a>, name: &str) -> Option<Value> {
+        self.groups
+            .iter()
+            .filter(|h| h.first > group.first)
+            .filter_map(|h| Some((h.first, h.schema.columns.iter().find(|c| c.name == name)?)))
+            .min_by_key(|(first, _)| *first)
+            .and_then(|(_, column)| column.default_value())
+    }
+
     fn group_of(&mut self, schema: &Arc<TableSchema>) -> usize {
         if let Some(g) = self
             .groups
@@ -273,6 +298,7 @@ impl<'a> Reduction<'a> {
             upserts: 0,
             deletes: 0,
             only_inserts: true,
+            first: Position::default(),
         });
         self.groups.len() - 1
     }
@@ -385,6 +411,7 @@ impl<'a> Group<'a> {
             upserts: lines.len(),
             deletes: 0,
             only_inserts: true,
+            first: lines.iter().map(|l| l.position).min().unwrap_or_default(),
             lines,
         })
     }

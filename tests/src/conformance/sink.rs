@@ -681,6 +681,53 @@ pub async fn schema_changes_evolve_the_table(fx: &dyn SinkFixture) {
     assert_eq!(fx.column("note").await, vec![None, None, None, Some("hello".to_string())]);
 }
 
+/// A column added with a default reaches every row the source gave it to:
+/// the rows already in the destination, and rows of the older schema
+/// version that the batch writes after the column was added (read before
+/// the ALTER, applied after it: a lagging snapshot, another partition).
+/// Until 2026-12-06 a warehouse that writes the versions' columns together
+/// wrote NULL for them (found by the fault suite's ddl fault on Snowflake).
+pub async fn older_rows_get_an_added_columns_default(fx: &dyn SinkFixture) {
+    let mut sink = fx.sink(&unique("g"), false);
+    let s = items();
+    sink.apply(&batch(TOPIC, 0, snapshot_events(&s, 2))).await.expect("snapshot");
+    let mut flagged = (*s).clone();
+    flagged.columns.push(Column {
+        name: "flag".into(),
+        data_type: DataType::Int32,
+        nullable: true,
+        source_type: "integer".into(),
+        default: Some("7".into()),
+        aliases: Vec::new(),
+        column_id: None,
+    });
+    let flagged = std::sync::Arc::new(flagged);
+    let mut three = row(3, "new", 3, "3.00");
+    three.push(Value::Int32(9));
+    sink.apply(&batch(
+        TOPIC,
+        2,
+        vec![
+            event(&flagged, Op::Create, None, Some(three), 80, 0),
+            // Older than the ALTER, applied after it.
+            event(&s, Op::Create, None, Some(row(4, "older", 4, "4.00")), 70, 0),
+            event(&s, Op::Update, None, Some(row(1, "older update", 1, "1.00")), 71, 0),
+        ],
+    ))
+    .await
+    .expect("applied");
+    assert_eq!(
+        fx.column("flag").await,
+        vec![
+            Some("7".to_string()),
+            Some("7".to_string()),
+            Some("9".to_string()),
+            Some("7".to_string())
+        ],
+        "every row the source gave the default to holds it (ids 1, 2, 3, 4)"
+    );
+}
+
 /// `items` with `qty` renamed to `quantity` (the source's `RENAME COLUMN`:
 /// the new name carries the old one as an alias).
 fn renamed_qty(s: &TableSchema) -> std::sync::Arc<TableSchema> {

@@ -464,24 +464,49 @@ impl Scripted for BigQuerySink {
 /// the position.
 fn staging_rows(changes: &Reduction<'_>, state: &TableState) -> Result<Vec<StagedRow>, ApplyError> {
     let mut rows = Vec::new();
+    let names = changes.column_names();
     for (group, line) in changes.live() {
         let mut json = Map::new();
-        for (i, (col, value)) in group.schema.columns.iter().zip(line.row).enumerate() {
-            if !group.writes(line, i) {
-                continue;
-            }
+        // The columns this row's version lacks (the MERGE sets every
+        // version's columns): what the source gave them.
+        let absent: Vec<(&str, tributary_schemas::Value)> = if line.delete {
+            Vec::new()
+        } else {
+            names
+                .iter()
+                .filter(|n| group.schema.column_index(n).is_none())
+                .filter_map(|n| Some((*n, changes.absent_value(group, n)?)))
+                .collect()
+        };
+        let written = group
+            .schema
+            .columns
+            .iter()
+            .zip(line.row)
+            .enumerate()
+            .filter(|(i, _)| group.writes(line, *i))
+            .map(|(_, (col, value))| (col.name.as_str(), &col.data_type, value));
+        let filled = absent.iter().filter_map(|(n, v)| {
+            let ty = &changes
+                .groups
+                .iter()
+                .find_map(|g| g.schema.columns.iter().find(|c| c.name == *n))?
+                .data_type;
+            Some((*n, ty, v))
+        });
+        for (name, data_type, value) in written.chain(filled) {
             let ty = state
                 .shape
-                .column(&col.name)
-                .map_or_else(|| bigquery_type(&col.data_type), |c| c.ty.clone());
+                .column(name)
+                .map_or_else(|| bigquery_type(data_type), |c| c.ty.clone());
             let v = to_json(value, &ty).map_err(|reason| ApplyError {
-                error: Error::permanent(format!("column {}: {reason} (value type {})", col.name, value.kind()))
-                    .with_column(col.name.clone())
+                error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
+                    .with_column(name.to_string())
                     .with_class("tributary.value")
                     .with_table(group.schema.id.clone()),
                 record: Some(line.record),
             })?;
-            json.insert(col.name.clone(), v);
+            json.insert(name.to_string(), v);
         }
         json.insert(DELETE_COLUMN.into(), Json::Bool(line.delete));
         let key = match &line.instance {

@@ -626,18 +626,25 @@ fn staged_rows(changes: &Reduction<'_>, names: &[&str], batch: &str) -> Result<S
         let mut cells = Vec::with_capacity(names.len() + 6);
         for name in names {
             let at = group.schema.columns.iter().position(|c| c.name == *name);
-            let cell = match at {
-                Some(i) if group.writes(line, i) => {
-                    let value = &line.row[i];
-                    staged_text(value).map_err(|reason| ApplyError {
-                        error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
-                            .with_column((*name).to_string())
-                            .with_class("tributary.value")
-                            .with_table(group.schema.id.clone()),
-                        record: Some(line.record),
-                    })?
-                }
+            // A column this row's version lacks: what the source gave it.
+            let absent = match at {
+                None if !line.delete => changes.absent_value(group, name),
                 _ => None,
+            };
+            let value = match at {
+                Some(i) if group.writes(line, i) => Some(&line.row[i]),
+                Some(_) => None,
+                None => absent.as_ref(),
+            };
+            let cell = match value {
+                Some(value) => staged_text(value).map_err(|reason| ApplyError {
+                    error: Error::permanent(format!("column {name}: {reason} (value type {})", value.kind()))
+                        .with_column((*name).to_string())
+                        .with_class("tributary.value")
+                        .with_table(group.schema.id.clone()),
+                    record: Some(line.record),
+                })?,
+                None => None,
             };
             cells.push(cell);
         }

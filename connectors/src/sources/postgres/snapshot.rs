@@ -337,6 +337,10 @@ impl SnapshotRun {
             progress.table(&t.schema.id, estimate);
             if t.plan.segments.is_empty() {
                 t.plan.segments = plan_segments(&clients[0], t, estimate, workers, chunk_rows).await?;
+            } else if t.plan.segments.iter().all(|s| s.done) {
+                // Copied whole, and given out, before a restart: no chunk of
+                // it comes, and its status must not say it is copied still.
+                mark_table_done(&progress, &t.schema.id);
             }
         }
         let mut queue = VecDeque::new();
