@@ -2227,7 +2227,8 @@ async fn run(pipeline: &Pipeline) {
     // replay-dead-letter (refused, then fixed or deleted at the source).
     let mut bad_rows: Vec<i64> = Vec::new();
     let mut replayed_rows: Vec<i64> = Vec::new();
-    // Dead letters of bad rows copied again by a reset (each once more).
+    // Dead letters of bad rows copied again by a reset or a ddl fault's
+    // rewrite of `notes` (each once more).
     let mut copied_again: usize = 0;
     // replay-dead-letter faults so far.
     let mut replays: u64 = 0;
@@ -2357,6 +2358,13 @@ async fn run(pipeline: &Pipeline) {
                 let at = format!("{}.{table}", source.db.schema);
                 let ddl = Ddl::plan(pipeline.source, &at, &added, i, &mut rng);
                 eprintln!("  {table}: {} ({})", ddl.what, ddl.sql);
+                // A copy of `notes` writes its bad rows again: each is
+                // refused again (as after a reset).
+                let failed_before = if ddl.copies && table == "notes" {
+                    Some(wait_for("the sink's metrics", RECOVERY, || failed_records(&p.sinks, "notes")).await)
+                } else {
+                    None
+                };
                 let since = now_ms();
                 let mut session = source.db.connect_retrying(&AtomicBool::new(false)).await.expect("a session");
                 session.execute(&ddl.sql).await.unwrap_or_else(|e| panic!("{}: {e}", ddl.sql));
@@ -2382,6 +2390,14 @@ async fn run(pipeline: &Pipeline) {
                             p.source.get("/status").await.unwrap_or_default()
                         );
                         tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    if let Some(before) = failed_before {
+                        copied_again += bad_rows.len();
+                        let want = before + bad_rows.len() as u64;
+                        wait_for(&format!("the {} bad rows refused again", bad_rows.len()), RECOVERY, || async {
+                            failed_records(&p.sinks, "notes").await.filter(|now| *now >= want)
+                        })
+                        .await;
                     }
                 }
             }
