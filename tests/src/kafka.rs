@@ -172,6 +172,7 @@ impl EventTopic {
         format!(
             "prefix = \"{prefix}\"\nconsumer_group = \"{group}\"\nschema_registry_url = \"{registry}\"\n\
              batch_max_records = 300\nbatch_linger_ms = 100\n\
+             [admin]\nlisten = \"off\"\n\
              [kafka]\nbootstrap_servers = \"{bootstrap}\"\n\
              [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n\
              {destination}",
