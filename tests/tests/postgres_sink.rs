@@ -1703,8 +1703,8 @@ mod e2e {
         let dir = std::env::temp_dir().join(unique("durpause"));
         std::fs::create_dir_all(&dir).expect("dir");
         let config = dir.join("sink.toml");
-        std::fs::write(&config, format!("{}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n", p.config_text()))
-            .expect("config");
+        let listen = format!("listen = \"127.0.0.1:{port}\"");
+        std::fs::write(&config, p.config_text().replace("listen = \"off\"", &listen)).expect("config");
         let log = dir.join("sink.log");
         let runner = tributary_tests::Runner::start("sink-runner", &config, &log);
         let fx = &p.fx;
