@@ -133,6 +133,9 @@ pub struct Control {
     /// Requests to copy a table again (`POST /resync`), for a runner that
     /// serves them (sources) to take between batches.
     resyncs: Arc<ResyncQueue>,
+    /// Requests to verify tables (`POST /verify`), the same way; the
+    /// request's table is empty for every table.
+    verifies: Arc<ResyncQueue>,
 }
 
 /// A request to copy one table (`schema.table`) again; the runner answers
@@ -150,6 +153,28 @@ struct ResyncQueue {
     rx: std::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<ResyncRequest>>,
 }
 
+impl ResyncQueue {
+    fn new() -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        Self {
+            served: AtomicBool::new(false),
+            tx,
+            rx: std::sync::Mutex::new(rx),
+        }
+    }
+
+    /// The next request whose asker still waits.
+    fn next(&self) -> Option<ResyncRequest> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        while let Ok(r) = rx.try_recv() {
+            if !r.reply.is_closed() {
+                return Some(r);
+            }
+        }
+        None
+    }
+}
+
 impl Default for Control {
     fn default() -> Self {
         Self::new()
@@ -163,15 +188,15 @@ impl Control {
             tx: Arc::new(watch::channel(PauseSet::default()).0),
             ready: Arc::new(AtomicBool::new(false)),
             stored: Arc::new(watch::channel(None).0),
-            resyncs: Arc::new({
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                ResyncQueue {
-                    served: AtomicBool::new(false),
-                    tx,
-                    rx: std::sync::Mutex::new(rx),
-                }
-            }),
+            resyncs: Arc::new(ResyncQueue::new()),
+            verifies: Arc::new(ResyncQueue::new()),
         }
+    }
+
+    /// The next verification asked (`POST /verify`) and still waited for;
+    /// its table is empty for every table. Served with the resyncs.
+    pub fn next_verify(&self) -> Option<ResyncRequest> {
+        self.verifies.next()
     }
 
     /// Says that this runner takes resync requests ([`Control::next_resync`]).
@@ -181,13 +206,7 @@ impl Control {
 
     /// The next resync request still waited for, if any.
     pub fn next_resync(&self) -> Option<ResyncRequest> {
-        let mut rx = self.resyncs.rx.lock().unwrap_or_else(|p| p.into_inner());
-        while let Ok(r) = rx.try_recv() {
-            if !r.reply.is_closed() {
-                return Some(r);
-            }
-        }
-        None
+        self.resyncs.next()
     }
 
     /// Sets the pause set read back from the pause store at start.
@@ -476,6 +495,34 @@ async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     }
 }
 
+/// `POST /verify[?table=schema.table]`: verifies the table (every table
+/// without one) while the stream goes on; the sinks report the outcome.
+async fn verify(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {
+    if let Some(r) = refuse(&s, &headers) {
+        return r;
+    }
+    if !s.control.resyncs.served.load(Ordering::Relaxed) {
+        return (
+            StatusCode::NOT_FOUND,
+            "this runner cannot verify: ask its source runner (source-runner verify), and read the outcome here\n",
+        )
+            .into_response();
+    }
+    let table = q.table.unwrap_or_default();
+    tracing::info!(table = %table, "verification asked by an operator");
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let _ = s.control.verifies.tx.send(ResyncRequest { table, reply });
+    match tokio::time::timeout(RESYNC_TIMEOUT, answer).await {
+        Ok(Ok(Ok(done))) => (StatusCode::OK, format!("{done}\n")).into_response(),
+        Ok(Ok(Err(e))) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
+        Ok(Err(_)) | Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the runner is not streaming now (starting or retrying); nothing was done: try again\n",
+        )
+            .into_response(),
+    }
+}
+
 /// How long `POST /resync` waits for the runner to take the request.
 const RESYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -515,6 +562,7 @@ pub fn router_with_peers(
         .route("/history", get(history))
         .route("/peers", get(peer_status))
         .route("/resync", post(resync))
+        .route("/verify", post(verify))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/status", get(status))
@@ -608,6 +656,8 @@ pub mod client {
         Pause(Option<String>),
         /// `POST /resume`, for one table or all.
         Resume(Option<String>),
+        /// `POST /verify`, for one table or all (source runners).
+        Verify(Option<String>),
     }
 
     /// Runs `request` against the runner whose `[admin]` section is `admin`,
@@ -629,6 +679,7 @@ pub mod client {
             Request::Status { json } => (Method::GET, "/status".to_string(), !json),
             Request::Pause(t) => (Method::POST, with_table("/pause", t), false),
             Request::Resume(t) => (Method::POST, with_table("/resume", t), false),
+            Request::Verify(t) => (Method::POST, with_table("/verify", t), false),
         };
         let printed = match call(&admin.listen, method, &path, token.as_ref()).await {
             Ok(body) if table_view => render_status(&body),

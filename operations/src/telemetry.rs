@@ -49,6 +49,19 @@ pub mod names {
     pub const SOURCE_RETAINED_BYTES: &str = "tributary_source_retained_bytes";
     /// 1, labelled with the version, the runner and its kind (gauge).
     pub const BUILD_INFO: &str = "tributary_build_info";
+    /// Rows compared with the source by verifications (counter; sinks).
+    pub const VERIFY_ROWS: &str = "tributary_verify_rows";
+    /// Verified key ranges that differed from the source (counter; sinks).
+    pub const VERIFY_RANGES_DIFFERING: &str = "tributary_verify_ranges_differing";
+    /// Rows that differed from the source in the table's last complete
+    /// verification (gauge; sinks).
+    pub const VERIFY_ROWS_DIFFERING: &str = "tributary_verify_rows_differing";
+    /// When the table's last verification ended, seconds since the epoch
+    /// (gauge; sinks).
+    pub const VERIFY_LAST_SECONDS: &str = "tributary_verify_last_timestamp_seconds";
+    /// The source position (its commit part: PostgreSQL's LSN) the table's
+    /// last verification read at (gauge; sinks).
+    pub const VERIFY_LAST_POSITION: &str = "tributary_verify_last_position";
 }
 
 /// The labels of a table's metrics: which runner (a copy's source and sink
@@ -141,8 +154,62 @@ pub struct TableStatus {
     /// rewrite the log does not carry, `POST /resync`), and when.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_copy_again: Option<CopyAgain>,
+    /// The table's last verification (sinks; see docs/verification.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
     #[serde(skip)]
     window: (Option<Instant>, u64),
+}
+
+/// A table's last verification, as the sink found it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Verification {
+    /// The verification's id (the source runner's clock when asked).
+    pub id: u64,
+    /// `running`, `equal`, `differs` or `not_verified`.
+    pub state: String,
+    /// Why it is `not_verified`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Source rows compared so far.
+    pub rows_verified: u64,
+    /// Key ranges compared so far.
+    pub ranges_verified: u64,
+    /// Key ranges that differed.
+    pub ranges_differing: u64,
+    /// Rows that differed (missing, extra or changed).
+    pub rows_differing: u64,
+    /// The first differing keys, each with how it differs (never values).
+    pub differences: Vec<String>,
+    /// The source position of its last range, `commit:index`.
+    pub position: String,
+    /// When its first range was compared, ms since the epoch.
+    pub started_ms: i64,
+    /// When its last range was, once it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<i64>,
+}
+
+/// How many differing keys a table's status names.
+pub const STATUS_DIFFERENCES: usize = 20;
+
+/// One verified range, as the sink reports it to [`Telemetry::record_verified`].
+#[derive(Debug, Clone)]
+pub struct VerifiedRange<'a> {
+    /// The verification's id.
+    pub id: u64,
+    /// The range's source position: commit and index.
+    pub position: (u64, u64),
+    /// Its source rows.
+    pub rows: u64,
+    /// Its rows that differ.
+    pub differing: u64,
+    /// The differing keys it names.
+    pub differences: &'a [String],
+    /// Why it could not be compared, if it could not.
+    pub unsupported: Option<&'a str>,
+    /// Whether it is the verification's last range.
+    pub last: bool,
 }
 
 /// Why and when a table was copied again.
@@ -172,6 +239,7 @@ impl Default for TableStatus {
             consumer_lag_records: None,
             last_error: None,
             last_copy_again: None,
+            verification: None,
             window: (None, 0),
         }
     }
@@ -259,6 +327,11 @@ struct Metrics {
     group_joined: Gauge,
     consumer_lag: Family<TableLabel, Gauge>,
     retained: Gauge,
+    verify_rows: Family<TableLabel, Counter>,
+    verify_ranges_differing: Family<TableLabel, Counter>,
+    verify_rows_differing: Family<TableLabel, Gauge>,
+    verify_last: Family<TableLabel, Gauge>,
+    verify_position: Family<TableLabel, Gauge>,
 }
 
 /// Status and metrics of one runner. Cheap to clone and share.
@@ -296,6 +369,11 @@ impl Telemetry {
             group_joined: Gauge::default(),
             consumer_lag: Family::default(),
             retained: Gauge::default(),
+            verify_rows: Family::default(),
+            verify_ranges_differing: Family::default(),
+            verify_rows_differing: Family::default(),
+            verify_last: Family::default(),
+            verify_position: Family::default(),
         };
         registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
         registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
@@ -335,6 +413,27 @@ impl Telemetry {
                 names::CONSUMER_LAG_RECORDS,
                 "Records of the table's topic after the committed offsets",
                 metrics.consumer_lag.clone(),
+            );
+            registry.register(names::VERIFY_ROWS, "Rows compared with the source", metrics.verify_rows.clone());
+            registry.register(
+                names::VERIFY_RANGES_DIFFERING,
+                "Verified key ranges that differed from the source",
+                metrics.verify_ranges_differing.clone(),
+            );
+            registry.register(
+                names::VERIFY_ROWS_DIFFERING,
+                "Rows that differed from the source in the last complete verification",
+                metrics.verify_rows_differing.clone(),
+            );
+            registry.register(
+                names::VERIFY_LAST_SECONDS,
+                "When the last verification of the table ended",
+                metrics.verify_last.clone(),
+            );
+            registry.register(
+                names::VERIFY_LAST_POSITION,
+                "The source position the last verification of the table read at",
+                metrics.verify_position.clone(),
             );
         }
         Self {
@@ -497,6 +596,62 @@ impl Telemetry {
     /// Records that a table is copied again, and why.
     pub fn record_copy_again(&self, table: &str, reason: &str) {
         self.with_table(table, |t| t.last_copy_again = Some(CopyAgain { reason: reason.to_string(), at_ms: now_ms() }));
+    }
+
+    /// Records one verified key range of a table: a range of a new
+    /// verification starts its entry anew; the last one ends it (`equal`
+    /// or `differs`, or `not_verified` if a range could not be compared).
+    pub fn record_verified(&self, table: &str, range: &VerifiedRange<'_>) {
+        let label = self.label(table);
+        let m = &self.inner.metrics;
+        m.verify_rows.get_or_create(&label).inc_by(range.rows);
+        if range.differing > 0 {
+            m.verify_ranges_differing.get_or_create(&label).inc();
+        }
+        let now = now_ms();
+        let ended = self.with_table(table, |t| {
+            let v = match &mut t.verification {
+                Some(v) if v.id == range.id => v,
+                slot => slot.insert(Verification {
+                    id: range.id,
+                    state: "running".into(),
+                    reason: None,
+                    rows_verified: 0,
+                    ranges_verified: 0,
+                    ranges_differing: 0,
+                    rows_differing: 0,
+                    differences: Vec::new(),
+                    position: String::new(),
+                    started_ms: now,
+                    finished_ms: None,
+                }),
+            };
+            v.rows_verified += range.rows;
+            v.ranges_verified += 1;
+            v.rows_differing += range.differing;
+            v.ranges_differing += u64::from(range.differing > 0);
+            let room = STATUS_DIFFERENCES.saturating_sub(v.differences.len());
+            v.differences.extend(range.differences.iter().take(room).cloned());
+            v.position = format!("{}:{}", range.position.0, range.position.1);
+            if let Some(why) = range.unsupported {
+                v.state = "not_verified".into();
+                v.reason.get_or_insert_with(|| why.to_string());
+            }
+            if range.last {
+                if v.state == "running" {
+                    v.state = if v.rows_differing > 0 { "differs" } else { "equal" }.into();
+                }
+                v.finished_ms = Some(now);
+                Some(v.rows_differing)
+            } else {
+                None
+            }
+        });
+        if let Some(differing) = ended {
+            m.verify_rows_differing.get_or_create(&label).set(differing as i64);
+            m.verify_last.get_or_create(&label).set(now / 1000);
+            m.verify_position.get_or_create(&label).set(range.position.0 as i64);
+        }
     }
 
     /// Records an error of a table without a failed record (e.g. a retry).

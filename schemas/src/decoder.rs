@@ -94,6 +94,33 @@ impl EventDecoder {
         }
     }
 
+    /// The shape of the table `table` that the registry's schemas `value_id`
+    /// and `key_id` of `topic` describe (a verify record names the schemas
+    /// its digests follow).
+    pub async fn shape_of(
+        &mut self,
+        topic: &str,
+        table: TableId,
+        value_id: u32,
+        key_id: Option<u32>,
+    ) -> Result<Arc<TableSchema>> {
+        let ids = (value_id, key_id);
+        if !self.plans.contains_key(&ids) {
+            let value_text = self.registry.schema_text(value_id).await?;
+            let key_text = match key_id {
+                Some(id) => Some(self.registry.schema_text(id).await?),
+                None => None,
+            };
+            let plan = CompiledEnvelope::new(topic, &value_text, key_text.as_deref())?;
+            self.plans.insert(ids, plan);
+            self.track_newest(topic, ids).await?;
+        }
+        match self.plans.get(&ids) {
+            Some(plan) => Ok(Arc::new(plan.shape(table))),
+            None => Err(decode_err(topic, "schema missing from the cache")),
+        }
+    }
+
     /// Notes a new plan of `topic` and makes every plan of the topic read
     /// with the newest version's names: an event written before a column
     /// was renamed, read after the rename (a replay, a partition behind

@@ -8,6 +8,7 @@
 
 pub mod avro;
 pub mod binary;
+pub mod canonical;
 pub mod compat;
 pub mod decimal;
 pub mod decoder;

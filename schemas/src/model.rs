@@ -422,7 +422,7 @@ impl Op {
 /// within one transaction. Snapshot rows carry the position the snapshot is
 /// consistent with and index 0, so every streamed change sorts after them.
 /// Sinks compare positions to never move a row backwards on a replay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub struct Position {
     /// Orders transactions.
     pub commit: u64,

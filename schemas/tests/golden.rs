@@ -136,6 +136,22 @@ fn control_and_offsets_records_match_their_golden_file() {
                 is_called: true,
             },
         },
+        ControlRecord::Verify {
+            table: table.clone(),
+            range: tributary_schemas::records::VerifyRange {
+                id: 1_733_500_000_123,
+                at: Position { commit: 42, index: 0 },
+                schema_id: 7,
+                key_schema_id: Some(8),
+                after: Some(vec![Some("10".into()), None]),
+                until: Some(vec![Some("12".into()), Some("b".into())]),
+                last: false,
+                rows: vec![
+                    ("[\"11\",\"a\"]".into(), "00ff00ff00ff00ff".into(), "01a2ff".into()),
+                    ("[\"12\",\"b\"]".into(), "1234567890abcdef".into(), "00a2ff".into()),
+                ],
+            },
+        },
     ] {
         out.push_str("control");
         for (k, v) in record.headers() {

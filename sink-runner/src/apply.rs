@@ -20,8 +20,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 use tributary_connectors::sink::bookkeeping::FENCED_CLASS;
+use tributary_connectors::sink::verify;
 use tributary_connectors::{policy, ApplyError, Decision, Error, KafkaPosition, Sink, SinkBatch, SinkRecord};
-use tributary_operations::telemetry::TableState;
+use tributary_operations::telemetry::{TableState, VerifiedRange};
 use tributary_schemas::TableId;
 
 use crate::buffer::Buffer;
@@ -62,6 +63,8 @@ pub(crate) struct DecodedBatch {
 pub(crate) struct ApplyOutcome {
     batch: SinkBatch,
     result: Result<(), ApplyError>,
+    /// What comparing the batch's leading verify records found.
+    verified: Vec<verify::Outcome>,
     /// Events in the batch, and the newest source time among them.
     events: usize,
     newest: Option<i64>,
@@ -70,7 +73,11 @@ pub(crate) struct ApplyOutcome {
 impl ApplyOutcome {
     /// The outcome of `batch`, and its records when they are no longer
     /// needed (applied) for the caller to free.
-    fn new(mut batch: SinkBatch, result: Result<(), ApplyError>) -> (Self, Vec<(KafkaPosition, SinkRecord)>) {
+    fn new(
+        mut batch: SinkBatch,
+        result: Result<(), ApplyError>,
+        verified: Vec<verify::Outcome>,
+    ) -> (Self, Vec<(KafkaPosition, SinkRecord)>) {
         let events = batch.records.len();
         let newest = newest_source_ts(&batch.records);
         let done = if result.is_ok() {
@@ -78,7 +85,7 @@ impl ApplyOutcome {
         } else {
             Vec::new()
         };
-        (Self { batch, result, events, newest }, done)
+        (Self { batch, result, verified, events, newest }, done)
     }
 }
 
@@ -86,12 +93,30 @@ impl ApplyOutcome {
 pub(crate) fn source_ts(records: &[(KafkaPosition, SinkRecord)]) -> impl Iterator<Item = i64> + '_ {
     records.iter().filter_map(|(_, r)| match r {
         SinkRecord::Change(ev) => Some(ev.source.ts_ms),
-        SinkRecord::TableDropped(_) | SinkRecord::Copied(..) | SinkRecord::Reset(..) | SinkRecord::Sequence(..) => None,
+        SinkRecord::TableDropped(_)
+        | SinkRecord::Copied(..)
+        | SinkRecord::Reset(..)
+        | SinkRecord::Sequence(..)
+        | SinkRecord::Verify(..) => None,
     })
 }
 
 fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
     source_ts(records).max()
+}
+
+/// Compares the verify records a batch starts with (the buffers start a
+/// batch at each, see `buffer::starts_batch`).
+async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch) -> Result<Vec<verify::Outcome>, Error> {
+    let mut out = Vec::new();
+    for (_, record) in &batch.records {
+        let SinkRecord::Verify(schema, range) = record else {
+            break;
+        };
+        let span = info_span!("verify", table = %schema.id, id = range.id, rows = range.rows.len());
+        out.push(sink.verify_range(schema, range).instrument(span).await?);
+    }
+    Ok(out)
 }
 
 /// The batch being applied in its own task.
@@ -161,8 +186,15 @@ impl<S: Sink + 'static> Pipeline<S> {
             .collect();
         let (tx, done) = oneshot::channel();
         tokio::spawn(async move {
-            let result = sink.lock().await.apply(&batch).await;
-            let (applied, records) = ApplyOutcome::new(batch, result);
+            let mut guard = sink.lock().await;
+            // Compared before anything after them is applied: the
+            // destination holds every change before them, none after.
+            let (verified, result) = match verify_leading(&mut *guard, &batch).await {
+                Ok(verified) => (verified, guard.apply(&batch).await),
+                Err(e) => (Vec::new(), Err(ApplyError::from(e))),
+            };
+            drop(guard);
+            let (applied, records) = ApplyOutcome::new(batch, result, verified);
             // The pipeline may have stopped waiting (shutting down): then
             // there is nobody to tell.
             let _ = tx.send(applied);
@@ -265,7 +297,13 @@ impl<S: Sink + 'static> Pipeline<S> {
             revoked,
             ..
         } = f;
-        let ApplyOutcome { mut batch, mut result, mut events, mut newest } = match joined {
+        let ApplyOutcome {
+            mut batch,
+            mut result,
+            verified,
+            mut events,
+            mut newest,
+        } = match joined {
             Ok(r) => r,
             Err(_) => {
                 // The task panicked or was cancelled: nothing is known to
@@ -338,6 +376,9 @@ impl<S: Sink + 'static> Pipeline<S> {
         }
         // Done: tell Kafka (for monitoring) and the status.
         let label = (self.labeler)(&table);
+        for outcome in &verified {
+            self.report_verified(&label, outcome);
+        }
         self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
         self.telemetry.record_applied(&label, newest);
         // The batch decoded meanwhile is seen and not applied.
@@ -376,6 +417,40 @@ impl<S: Sink + 'static> Pipeline<S> {
             "applied"
         );
         Ok(buf)
+    }
+
+    /// Says what a verified range found: status, metrics, and each
+    /// differing key in the log (never values).
+    fn report_verified(&self, label: &str, outcome: &verify::Outcome) {
+        let differences: Vec<String> = outcome.differences.iter().map(ToString::to_string).collect();
+        for d in &differences {
+            warn!(table = %label, verification = outcome.id, "verification: {d}");
+        }
+        if let Some(why) = &outcome.unsupported {
+            warn!(table = %label, verification = outcome.id, "verification: the range is not compared: {why}");
+        }
+        self.telemetry.record_verified(
+            label,
+            &VerifiedRange {
+                id: outcome.id,
+                position: (outcome.at.commit, outcome.at.index),
+                rows: outcome.rows,
+                differing: outcome.differing,
+                differences: &differences,
+                unsupported: outcome.unsupported.as_deref(),
+                last: outcome.last,
+            },
+        );
+        if outcome.last {
+            if let Some(v) = self.telemetry.table(label).and_then(|t| t.verification) {
+                if v.state == "equal" {
+                    info!(table = %label, verification = v.id, rows = v.rows_verified, "verification: equal to the source");
+                } else {
+                    warn!(table = %label, verification = v.id, rows = v.rows_verified, differing = v.rows_differing,
+                        state = %v.state, "verification: the destination differs from the source");
+                }
+            }
+        }
     }
 
     /// Schedules a retry of `topic`'s batch after `error`, per [`policy`]:

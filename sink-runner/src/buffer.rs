@@ -140,12 +140,37 @@ pub struct BatchLimits {
 #[derive(Debug, Default)]
 pub struct Buffers {
     topics: BTreeMap<String, Buffer>,
+    /// Per topic, the records from a verify record on that came after
+    /// changes still buffered: a verify record starts its batch (the sink
+    /// compares its range before applying anything after it, so the
+    /// destination holds every change before it and none after). They
+    /// become the topic's buffer when the one in front is taken.
+    waiting: BTreeMap<String, Vec<RawRecord>>,
+}
+
+/// Whether `raw` is a verify control record, which starts a batch.
+pub fn starts_batch(raw: &RawRecord) -> bool {
+    use tributary_schemas::records::control::{CONTROL_HEADER, VERIFY};
+    raw.value.is_none() && raw.header(CONTROL_HEADER).as_deref() == Some(VERIFY)
 }
 
 impl Buffers {
     /// Adds a record taken from Kafka; `now` is asked only for a buffer's
     /// first record.
     pub fn push(&mut self, raw: RawRecord, now: impl FnOnce() -> Instant) {
+        if let Some(waiting) = self.waiting.get_mut(&raw.topic) {
+            waiting.push(raw);
+            return;
+        }
+        if starts_batch(&raw)
+            && self
+                .topics
+                .get(&raw.topic)
+                .is_some_and(|b| b.records.iter().any(|r| !starts_batch(r)))
+        {
+            self.waiting.insert(raw.topic.clone(), vec![raw]);
+            return;
+        }
         // Looked up by reference first: the topic is copied only for a new
         // buffer.
         let buf = match self.topics.get_mut(&raw.topic) {
@@ -171,12 +196,46 @@ impl Buffers {
     /// Takes `topic`'s buffer out: records that arrive meanwhile start a
     /// new one.
     pub fn take(&mut self, topic: &str) -> Option<Buffer> {
-        self.topics.remove(topic)
+        let taken = self.topics.remove(topic);
+        if let Some(waiting) = self.waiting.remove(topic) {
+            let now = Instant::now();
+            for raw in waiting {
+                self.push(raw, || now);
+            }
+        }
+        taken
     }
 
     /// Drops everything buffered for `topic` (a fenced batch's topic).
     pub fn clear(&mut self, topic: &str) {
         self.topics.remove(topic);
+        self.waiting.remove(topic);
+    }
+
+    /// Moves the records of `topic`'s buffer from its first verify record
+    /// after a change on to the front of its waiting records: the buffer
+    /// then ends before that record, covering the offsets before it.
+    fn split_at_verify(&mut self, topic: &str) {
+        let Some(buf) = self.topics.get_mut(topic) else { return };
+        let Some(first_change) = buf.records.iter().position(|r| !starts_batch(r)) else {
+            return;
+        };
+        let Some(at) = buf.records[first_change..]
+            .iter()
+            .position(starts_batch)
+            .map(|i| i + first_change)
+        else {
+            return;
+        };
+        let moved = buf.records.split_off(at);
+        for r in moved.iter().rev() {
+            // Each moved partition's next offset is its first moved record.
+            buf.next_offsets.insert(r.partition, r.offset);
+        }
+        buf.bytes = buf.records.iter().map(RawRecord::size).sum();
+        let mut waiting = moved;
+        waiting.extend(self.waiting.remove(topic).unwrap_or_default());
+        self.waiting.insert(topic.to_string(), waiting);
     }
 
     /// Whether `topic`'s batch waits for a retry.
@@ -186,7 +245,8 @@ impl Buffers {
 
     /// Bytes buffered in all.
     pub fn total_bytes(&self) -> usize {
-        self.topics.values().map(|b| b.bytes).sum()
+        self.topics.values().map(|b| b.bytes).sum::<usize>()
+            + self.waiting.values().flatten().map(RawRecord::size).sum::<usize>()
     }
 
     /// The topics with a buffer, not waiting for a retry.
@@ -209,6 +269,12 @@ impl Buffers {
                 self.topics.remove(topic);
             }
         }
+        if let Some(waiting) = self.waiting.get_mut(topic) {
+            waiting.retain(|r| r.partition != partition);
+            if waiting.is_empty() {
+                self.waiting.remove(topic);
+            }
+        }
     }
 
     /// Puts the records of a batch that was not applied (`older`) back in
@@ -225,7 +291,9 @@ impl Buffers {
         }
         older.bytes = older.records.iter().map(RawRecord::size).sum();
         if !older.next_offsets.is_empty() {
-            self.topics.insert(topic, older);
+            self.topics.insert(topic.clone(), older);
+            // What arrived since may start with a verify record.
+            self.split_at_verify(&topic);
         }
     }
 
@@ -265,7 +333,8 @@ impl Buffers {
             .filter(|(topic, b)| match &b.retry {
                 Some(r) => r.at <= now,
                 None => {
-                    b.records.len() >= limits.max_records
+                    self.waiting.contains_key(topic.as_str())
+                        || b.records.len() >= limits.max_records
                         || b.bytes >= limits.max_bytes
                         || b.first_at.is_some_and(|t| idle || t + limits.linger <= now)
                         || largest == Some(topic.as_str())
@@ -283,8 +352,10 @@ impl Buffers {
         self.topics
             .iter()
             .filter(|(topic, _)| !paused.contains(*topic))
-            .filter_map(|(_, b)| match &b.retry {
+            .filter_map(|(topic, b)| match &b.retry {
                 Some(r) => Some(r.at),
+                // A verify record waits behind it: due at once.
+                None if self.waiting.contains_key(topic.as_str()) => b.first_at,
                 None => b.first_at.map(|t| idle_at.map_or(t + linger, |i| i.min(t + linger))),
             })
             .min()
@@ -305,6 +376,44 @@ mod tests {
             value: Some(vec![0; bytes]),
             headers: Vec::new(),
         }
+    }
+
+    fn verify(topic: &str, partition: i32, offset: i64) -> RawRecord {
+        use tributary_schemas::records::control::{CONTROL_HEADER, VERIFY};
+        RawRecord {
+            value: None,
+            headers: vec![(CONTROL_HEADER.to_string(), Some(VERIFY.as_bytes().to_vec()))],
+            ..raw(topic, partition, offset, 0)
+        }
+    }
+
+    #[test]
+    fn a_verify_record_starts_its_batch_and_what_follows_it_waits() {
+        let mut b = Buffers::default();
+        let now = Instant::now();
+        b.push(raw("t", 0, 1, 10), || now);
+        b.push(verify("t", 0, 2), || now);
+        b.push(raw("t", 0, 3, 10), || now);
+        b.push(verify("t", 0, 4), || now);
+        // Due at once, though nothing is full or lingered.
+        assert_eq!(b.due(now, &limits(), false, &BTreeSet::new()), vec!["t".to_string()]);
+        let first = b.take("t").expect("buffer");
+        assert_eq!(first.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(first.next_offsets.get(&0), Some(&2));
+        // The verify record leads the next batch, which ends before the
+        // next verify record after a change.
+        let second = b.take("t").expect("buffer");
+        assert_eq!(second.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(second.next_offsets.get(&0), Some(&4));
+        // A failed batch goes back in front: the verify record behind it
+        // waits again.
+        b.restore("t".into(), second, |_| true);
+        let again = b.take("t").expect("buffer");
+        assert_eq!(again.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(again.next_offsets.get(&0), Some(&4));
+        let last = b.take("t").expect("buffer");
+        assert_eq!(last.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![4]);
+        assert!(b.take("t").is_none());
     }
 
     fn limits() -> BatchLimits {

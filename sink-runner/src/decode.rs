@@ -31,6 +31,13 @@ pub async fn decode_record(
             Ok(Some(ControlRecord::TableCopied { table, at })) => Ok(Some(SinkRecord::Copied(table, at))),
             Ok(Some(ControlRecord::TableReset { table, reset })) => Ok(Some(SinkRecord::Reset(table, reset))),
             Ok(Some(ControlRecord::Sequence { table, state })) => Ok(Some(SinkRecord::Sequence(table, state))),
+            Ok(Some(ControlRecord::Verify { table, range })) => {
+                let shape = decoder
+                    .shape_of(&raw.topic, table, range.schema_id, range.key_schema_id)
+                    .await
+                    .map_err(Error::from)?;
+                Ok(Some(SinkRecord::Verify(shape, range)))
+            }
             Err(e @ RecordError::UnknownKind { .. }) => {
                 // A newer source runner's kind: this sink has nothing to
                 // do with it (as with a tombstone), and says so.

@@ -280,6 +280,10 @@ impl HeldTables {
                 // A sequence only ever moves a destination's forward: never
                 // held back.
                 SourceMessage::Sequence(..) => {}
+                // A held table's changes wait: its rows at the destination
+                // are not the source's until its copy ends, so a range
+                // read meanwhile would differ.
+                SourceMessage::Verify(t, _) => out[i] = self.held.contains_key(t),
                 SourceMessage::Change(e) => {
                     let Some(h) = self.held.get_mut(&e.schema.id) else {
                         continue;

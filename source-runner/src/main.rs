@@ -57,6 +57,16 @@ enum Command {
         #[arg(long = "table", value_name = "SCHEMA.TABLE")]
         tables: Vec<String>,
     },
+    /// Verify tables while the copy runs: the running runner reads each
+    /// table anew at a point of its stream and sends its rows' digests, and
+    /// the sinks compare them with the destination's rows at the same
+    /// point (their status, metrics and logs say what differs; see
+    /// docs/verification.md).
+    Verify {
+        /// A table to verify (`schema.table`); without it, every table.
+        #[arg(long = "table", value_name = "SCHEMA.TABLE")]
+        table: Option<String>,
+    },
     /// Delete this copy: the replication slot, the publication, the change
     /// topics, the offsets topic and the schema subjects.
     Delete {
@@ -86,6 +96,7 @@ fn main() -> ExitCode {
             Command::Status { json } => client::command(&config.admin, Request::Status { json }).await,
             Command::Pause => client::command(&config.admin, Request::Pause(None)).await,
             Command::Resume => client::command(&config.admin, Request::Resume(None)).await,
+            Command::Verify { table } => client::command(&config.admin, Request::Verify(table)).await,
             Command::Reset { tables } => source_runner::commands::reset::reset(config, tables).await,
             Command::Delete { yes } => source_runner::commands::delete::delete(config, yes).await,
         }

@@ -190,6 +190,20 @@ async fn stream(
                 }
             }
         }
+        while let Some(req) = control.next_verify() {
+            if let Some(txn) = open.take() {
+                txn.commit(writer, source, telemetry).await?;
+            }
+            match writer.verify_live(source, &req.table).await {
+                Ok(a) => {
+                    let _ = req.reply.send(a);
+                }
+                Err(e) => {
+                    let _ = req.reply.send(Err(e.to_string()));
+                    return Err(e);
+                }
+            }
+        }
         if writer.held.copies_asked() {
             // The batch that asked is committed first: the copy must read
             // the table after the rewrite, and a crash before the copy is

@@ -25,7 +25,7 @@ use tributary_connectors::{Checkpoint, Error, ErrorKind, Source, SourceBatch, So
 use tributary_operations::telemetry::Telemetry;
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
-use tributary_schemas::records::{ControlRecord, OffsetsRecord};
+use tributary_schemas::records::{ControlRecord, OffsetsRecord, VerifyRange};
 use tributary_schemas::topic::TopicNaming;
 use tributary_schemas::{Op, SchemaError, SnapshotMarker, TableId, TableSchema};
 
@@ -205,6 +205,57 @@ impl TopicWriter {
         )))
     }
 
+    /// Verifies `table` (`schema.table`; empty: every table the source
+    /// captures) while the stream goes on, as `POST /verify` asks: the
+    /// source reads each table anew at a point of its stream and sends
+    /// ranges of row digests, which the sinks compare (see
+    /// docs/verification.md). Between two committed batches, as
+    /// [`TopicWriter::resync_live`]. The outer result is the runner's, the
+    /// inner one the operator's answer.
+    pub async fn verify_live(&mut self, source: &mut dyn Source, table: &str) -> Result<Result<String, String>, Error> {
+        let asked: Vec<TableId> = if table.is_empty() {
+            source.tables()
+        } else {
+            match table.split_once('.').filter(|(s, t)| !s.is_empty() && !t.is_empty()) {
+                Some((s, t)) => vec![TableId::new(s, t)],
+                None => return Ok(Err(format!("table {table}: expected schema.table"))),
+            }
+        };
+        // Held tables are being copied: their rows differ until the copy ends.
+        let (held, asked): (Vec<TableId>, Vec<TableId>) = asked.into_iter().partition(|t| self.held.get(t).is_some());
+        let id = new_reset_id();
+        let verifying = source.verify(&asked, id).await?;
+        let skipped: Vec<String> = asked
+            .iter()
+            .chain(&held)
+            .filter(|t| !verifying.contains(t))
+            .map(ToString::to_string)
+            .collect();
+        info!(id, tables = verifying.len(), skipped = skipped.len(), "verifying tables while the stream goes on");
+        if verifying.is_empty() {
+            return Ok(Err(format!(
+                "nothing to verify: {} (the source does not capture it, cannot verify it, or copies or verifies it \
+                 now)",
+                if skipped.is_empty() {
+                    "no table".to_string()
+                } else {
+                    skipped.join(", ")
+                }
+            )));
+        }
+        let mut answer = format!(
+            "verification {id} of {}: the sinks report each table's outcome in their status and metrics",
+            verifying.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        );
+        if !skipped.is_empty() {
+            answer.push_str(&format!(
+                "; not verified now (being copied or verified, or not captured): {}",
+                skipped.join(", ")
+            ));
+        }
+        Ok(Ok(answer))
+    }
+
     /// Asks the source to copy again the tables it said were rewritten
     /// (`SourceMessage::TableRewritten`), held `Paused` since the batch
     /// that said so, which is committed. A table the source does not copy
@@ -309,7 +360,8 @@ impl TopicWriter {
                 SourceMessage::TableDropped(_)
                 | SourceMessage::TableFailed(..)
                 | SourceMessage::TableRewritten(..)
-                | SourceMessage::Sequence(..) => continue,
+                | SourceMessage::Sequence(..)
+                | SourceMessage::Verify(..) => continue,
             };
             if self.held.is_held(held, i, &schema.id) {
                 continue;
@@ -451,12 +503,46 @@ impl TopicWriter {
                         .await
                         .map_err(|e| e.or_table(table))?;
                 }
+                SourceMessage::Verify(table, range) => self.send_verify(table, range).await?,
             }
         }
         if let Some((schema, _, c)) = run {
             counts.entry(&schema.id).or_default().add(c);
         }
         Ok(counts.into_iter().map(|(id, c)| (id.clone(), c)).collect())
+    }
+
+    /// Writes a verify range of `table` on partition 0 of its topic, with
+    /// the registry's ids of the schemas its digests follow (the table's
+    /// current ones: the source announced its schema before its rows). A
+    /// topic of several partitions spreads the table's keys over them, and
+    /// a sink compares a range only once every change before it is
+    /// applied, which holds on one partition only: such a table is not
+    /// verified, loudly.
+    async fn send_verify(&mut self, table: &TableId, range: &VerifyRange) -> Result<(), Error> {
+        let topic = self.naming.topic(self.config.prefix(), table);
+        self.topics.ensure(&topic, false).await.map_err(|e| e.or_table(table))?;
+        let partitions = self.topics.every_partition(&topic).await.map_err(|e| e.or_table(table))?;
+        if partitions != 1 {
+            if range.last {
+                warn!(table = %table, topic = %topic, partitions,
+                    "the table is not verified: its topic has several partitions (verification needs one)");
+            }
+            return Ok(());
+        }
+        let Some((_, key_id, value_id)) = self.encoder.prepared(&topic) else {
+            warn!(table = %table, "the table is not verified: its schema is not registered yet (no change of it \
+                was written since the start)");
+            return Ok(());
+        };
+        let mut range = range.clone();
+        range.schema_id = value_id;
+        range.key_schema_id = key_id;
+        let record = ControlRecord::Verify { table: table.clone(), range };
+        self.producer
+            .send(&topic, Some(0), None, None, Some(control_headers(&record)))
+            .await
+            .map_err(|e| e.or_table(table))
     }
 
     /// Pauses `table` for a change that cannot be encoded: its changes are

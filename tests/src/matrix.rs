@@ -605,6 +605,8 @@ pub struct Runners {
     pub sink: Proc,
     /// The source's admin server.
     pub source_admin: String,
+    /// The sink's admin server.
+    pub sink_admin: String,
 }
 
 impl Runners {
@@ -615,6 +617,7 @@ impl Runners {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let (registry, kafka) = (schema_registry_url(), kafka_bootstrap());
         let source_port = crate::free_port();
+        let sink_port = crate::free_port();
         let source_config = format!(
             "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\n\
              [admin]\nlisten = \"127.0.0.1:{source_port}\"\n\n{}",
@@ -622,9 +625,8 @@ impl Runners {
         );
         let sink_config = format!(
             "prefix = \"{name}\"\nconsumer_group = \"{}\"\nschema_registry_url = \"{registry}\"\nbatch_linger_ms = 200\n\n\
-             [kafka]\nbootstrap_servers = \"{kafka}\"\n\n[admin]\nlisten = \"127.0.0.1:{}\"\n\n{}",
+             [kafka]\nbootstrap_servers = \"{kafka}\"\n\n[admin]\nlisten = \"127.0.0.1:{sink_port}\"\n\n{}",
             sink.group(),
-            crate::free_port(),
             sink.runner_section()
         );
         std::fs::write(dir.join("source.toml"), source_config).expect("source config");
@@ -640,6 +642,64 @@ impl Runners {
             source: proc("source-runner", "source"),
             sink: proc("sink-runner", "sink"),
             source_admin: format!("http://127.0.0.1:{source_port}"),
+            sink_admin: format!("http://127.0.0.1:{sink_port}"),
+        }
+    }
+
+    /// `POST /verify` of `table` (`schema.table`) to the source runner: the
+    /// verification's id. Retried while the runner is starting.
+    pub async fn verify(&self, table: &str) -> u64 {
+        let url = format!("{}/verify?table={table}", self.source_admin);
+        let deadline = std::time::Instant::now() + STEP_DEADLINE;
+        loop {
+            let answer = match reqwest::Client::new().post(&url).send().await {
+                Ok(r) => (r.status().is_success(), r.text().await.unwrap_or_default()),
+                Err(e) => (false, e.to_string()),
+            };
+            if answer.0 {
+                let id = answer
+                    .1
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|w| w.trim_end_matches(':').parse().ok())
+                    .unwrap_or_else(|| panic!("no verification id in {:?}", answer.1));
+                return id;
+            }
+            assert!(std::time::Instant::now() < deadline, "POST /verify of {table} failed: {}", answer.1);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The sink runner's `verification` entry of the table whose status key
+    /// ends with `table`, once verification `id` of it ended.
+    pub async fn verified(&mut self, table: &str, id: u64) -> serde_json::Value {
+        let url = format!("{}/status", self.sink_admin);
+        let deadline = std::time::Instant::now() + STEP_DEADLINE;
+        loop {
+            self.assert_alive("while verifying");
+            let status: Option<serde_json::Value> = match reqwest::get(&url).await {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+            let found = status
+                .as_ref()
+                .and_then(|s| s.get("tables"))
+                .and_then(|t| t.as_object())
+                .and_then(|t| {
+                    t.iter()
+                        .find(|(k, _)| k.ends_with(table))
+                        .and_then(|(_, v)| v.get("verification").cloned())
+                });
+            if let Some(v) = found.filter(|v| v["id"] == id && v["state"] != "running") {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "verification {id} of {table} did not end; status: {status:?}\nsink log:\n{}\nsource log:\n{}",
+                self.sink.log_tail(30),
+                self.source.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 

@@ -855,7 +855,7 @@ fn assert_rows_follow_their_announced_schema(mirror: &Mirror) {
             }
             SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
             SourceMessage::TableRewritten(t, reason) => panic!("{t} rewritten: {reason}"),
-            SourceMessage::Sequence(..) => {}
+            SourceMessage::Sequence(..) | SourceMessage::Verify(..) => {}
             SourceMessage::Change(e) => {
                 assert!(
                     announced.get(&e.schema.id).is_some_and(|s| **s == *e.schema),

@@ -102,6 +102,7 @@ impl Mirror {
                 SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                 SourceMessage::TableRewritten(t, reason) => self.rewritten.push((t.clone(), reason.clone())),
                 SourceMessage::Sequence(t, state) => self.sequences.push((t.clone(), state.clone())),
+                SourceMessage::Verify(..) => {}
                 SourceMessage::Change(e) => {
                     assert!(
                         self.schemas.get(&e.schema.id).is_some_and(|s| **s == *e.schema),

@@ -4,6 +4,7 @@
 pub mod redact;
 pub mod sqlstate;
 pub mod tls;
+pub mod values;
 
 use tracing::Instrument;
 use tributary_schemas::TableId;

@@ -88,6 +88,8 @@ pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
                 out.push(Segment::Sequence(id, state));
                 i += 1;
             }
+            // Compared before the batch is applied (`Sink::verify`).
+            SinkRecord::Verify(..) => i += 1,
             SinkRecord::Change(_) => {
                 let end = records[i..]
                     .iter()

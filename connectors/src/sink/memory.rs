@@ -428,6 +428,33 @@ impl Warehouse for MemorySink {
         self.open = Some(saved);
         Ok(())
     }
+
+    async fn read_range(
+        &mut self,
+        table: &String,
+        schema: &TableSchema,
+        range: &super::verify::KeyRange,
+    ) -> Result<Option<Vec<tributary_schemas::Row>>> {
+        self.down()?;
+        let state = self.store.state();
+        let Some(stored) = state.tables.get(table) else {
+            return Ok(Some(Vec::new()));
+        };
+        let keys = schema.key_indexes();
+        let mut out = Vec::new();
+        for row in stored.rows.values() {
+            let values: Vec<Value> = schema
+                .columns
+                .iter()
+                .map(|c| row.values.get(&c.name).cloned().unwrap_or(Value::Null))
+                .collect();
+            let key: Vec<Value> = keys.iter().map(|&k| values[k].clone()).collect();
+            if range.contains(&key) {
+                out.push(values);
+            }
+        }
+        Ok(Some(out))
+    }
 }
 
 /// The values `line` writes into `stored`, checked as a destination

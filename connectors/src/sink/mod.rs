@@ -15,6 +15,7 @@
 //! * [`script`]: the unit of a warehouse that collects its statements and
 //!   runs them at the end, as one transaction (BigQuery, Snowflake);
 //! * [`text`]: values as SQL text;
+//! * [`verify`]: comparing a source's key range with the destination's;
 //! * `memory`: the reference sink, in memory (with the `test-utils`
 //!   feature).
 //!
@@ -32,6 +33,7 @@ pub mod reduce;
 pub mod schema;
 pub mod script;
 pub mod text;
+pub mod verify;
 pub mod warehouse;
 
 use std::fmt;
@@ -39,7 +41,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tributary_operations::config::ConfigError;
-use tributary_schemas::{ChangeEvent, TableId};
+use tributary_schemas::records::VerifyRange;
+use tributary_schemas::{ChangeEvent, TableId, TableSchema};
 
 pub use self::batch::{
     check_table_template, expand_table_template, group_by_destination, segments, split_by_weight, Segment,
@@ -79,6 +82,11 @@ pub enum SinkRecord {
     /// source had it: a destination that keeps sequences moves its own to
     /// at least that (never back).
     Sequence(TableId, tributary_schemas::SequenceState),
+    /// A key range of the table as the source had it at this point of the
+    /// topic, with the table's shape the digests follow: compared by
+    /// [`Sink::verify_range`] before the batch it leads is applied (the sink
+    /// runner starts a batch at each), skipped by [`Sink::apply`].
+    Verify(Arc<tributary_schemas::TableSchema>, tributary_schemas::records::VerifyRange),
 }
 
 impl SinkRecord {
@@ -90,6 +98,7 @@ impl SinkRecord {
             | SinkRecord::Copied(t, _)
             | SinkRecord::Reset(t, _)
             | SinkRecord::Sequence(t, _) => t,
+            SinkRecord::Verify(schema, _) => &schema.id,
         }
     }
 }
@@ -189,6 +198,16 @@ pub trait Sink: Send {
     fn labeler(&self) -> Labeler {
         Arc::new(|t: &TableId| t.to_string())
     }
+
+    /// Compares the source's rows of `range` (of the table `schema` names)
+    /// with the destination's rows of that key range as committed now:
+    /// the sink runner calls it before it applies the batch the verify
+    /// record leads, so the destination holds every change before the
+    /// record and none after it. Reads only. A destination that cannot
+    /// read rows back says so in the outcome (the default).
+    async fn verify_range(&mut self, schema: &TableSchema, range: &VerifyRange) -> Result<verify::Outcome> {
+        Ok(verify::Outcome::unsupported(schema, range, "this destination cannot read its rows back yet"))
+    }
 }
 
 // For `Box<dyn Sink>` only, not every `Box<S>`: the blanket implementation
@@ -212,6 +231,9 @@ impl<'a> Sink for Box<dyn Sink + 'a> {
     }
     fn labeler(&self) -> Labeler {
         (**self).labeler()
+    }
+    async fn verify_range(&mut self, schema: &TableSchema, range: &VerifyRange) -> Result<verify::Outcome> {
+        (**self).verify_range(schema, range).await
     }
 }
 

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tracing::{debug, info_span, Instrument, Span};
+use tributary_schemas::records::VerifyRange;
 use tributary_schemas::{ChangeEvent, Position, TableId, TableSchema};
 
 use super::batch::{group_by_destination, segments, Segment};
@@ -37,6 +38,7 @@ use super::bookkeeping::{offset_moves, OffsetMove};
 use super::keyless::record_id;
 use super::reduce::{newest_truncate, Group, Reduction};
 use super::schema::Evolution;
+use super::verify::{self, KeyRange};
 use super::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkRecord};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
@@ -187,6 +189,20 @@ pub trait Warehouse: Send {
 
     /// Undoes everything since [`Warehouse::savepoint`].
     async fn rollback_to_savepoint(&mut self) -> Result<()>;
+
+    /// The rows of `table` whose key is in `range`, as committed (outside
+    /// any unit), each as the values of `schema`'s columns in order, read
+    /// back into the model's types as the sink's type mapping says (an
+    /// absent table has none); `None` when the destination cannot read
+    /// rows back (the default). For verification (see [`super::verify`]).
+    async fn read_range(
+        &mut self,
+        _table: &Self::Table,
+        _schema: &TableSchema,
+        _range: &KeyRange,
+    ) -> Result<Option<Vec<tributary_schemas::Row>>> {
+        Ok(None)
+    }
 }
 
 /// What a [`Warehouse`] destination does besides applying batches, each
@@ -259,6 +275,27 @@ impl<W: WarehouseSink> Sink for W {
     fn labeler(&self) -> Labeler {
         let destination = self.destinations();
         Arc::new(move |t: &TableId| destination(t).to_string())
+    }
+
+    async fn verify_range(&mut self, schema: &TableSchema, range: &VerifyRange) -> Result<verify::Outcome> {
+        let bounds = match KeyRange::of(schema, range) {
+            Ok(b) => b,
+            Err(why) => return Ok(verify::Outcome::unsupported(schema, range, why)),
+        };
+        if let Err(e) = self.connect().await {
+            return Err(self.failed(e));
+        }
+        let table = self.destination(&schema.id);
+        match self.read_range(&table, schema, &bounds).await {
+            Ok(Some(rows)) => verify::compare(schema, range, &rows),
+            Ok(None) => {
+                Ok(verify::Outcome::unsupported(schema, range, "this destination cannot read its rows back yet"))
+            }
+            Err(e) if e.kind() == ErrorKind::Permanent => {
+                Ok(verify::Outcome::unsupported(schema, range, format!("reading the rows back failed: {e}")))
+            }
+            Err(e) => Err(self.failed(e.or_table(&schema.id))),
+        }
     }
 }
 
@@ -550,8 +587,9 @@ async fn reconcile_all<W: Warehouse>(w: &mut W, records: &[(KafkaPosition, SinkR
             SinkRecord::TableDropped(id) => table_dropped(w, id).await?,
             SinkRecord::Copied(id, at) => table_copied(w, id, *at).await?,
             SinkRecord::Reset(id, reset) => table_reset(w, id, *reset).await?,
-            // Nothing to reconcile; applied with the prefix that holds it.
-            SinkRecord::Sequence(..) => {}
+            // Nothing to reconcile; applied with the prefix that holds it
+            // (a verify record: compared before the batch).
+            SinkRecord::Sequence(..) | SinkRecord::Verify(..) => {}
         }
     }
     Ok(())

@@ -100,6 +100,12 @@ pub enum SourceMessage {
     /// runner writes it as a control record on the table's topic, for sinks
     /// that keep sequences.
     Sequence(TableId, tributary_schemas::SequenceState),
+    /// A key range of the table as the source has it at this point of its
+    /// stream (every earlier change before this message, no later one),
+    /// read for a verification ([`Source::verify`]): the runner writes it
+    /// as a verify control record on the table's topic, with the registry
+    /// ids of the table's schemas, for sinks to compare.
+    Verify(TableId, tributary_schemas::records::VerifyRange),
 }
 
 /// What a source keeps of a table without a key to tell when it must be
@@ -311,6 +317,17 @@ pub trait Source: Send {
         Ok(Vec::new())
     }
 
+    /// Verifies `tables` (verification `id`), called like
+    /// [`Source::resync`]: their rows are read anew, as a copy again reads
+    /// them (at a point of the stream after the checkpoint, the stream
+    /// caught up to it first), but sent as [`SourceMessage::Verify`] ranges
+    /// of row digests instead of rows. Returns the tables that will be
+    /// verified; a table already being copied or verified is not, and a
+    /// source that cannot verify returns none (the default).
+    async fn verify(&mut self, _tables: &[TableId], _id: u64) -> Result<Vec<TableId>> {
+        Ok(Vec::new())
+    }
+
     /// The tables the source captures, after [`Source::start`]: what
     /// `source-runner reset` without `--table` copies again. A source that
     /// cannot say returns none (the default).
@@ -371,6 +388,9 @@ pub trait Source: Send {
 impl<S: Source + ?Sized> Source for Box<S> {
     async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
         (**self).resync(tables).await
+    }
+    async fn verify(&mut self, tables: &[TableId], id: u64) -> Result<Vec<TableId>> {
+        (**self).verify(tables, id).await
     }
     async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
         (**self).start(checkpoint).await

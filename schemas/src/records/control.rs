@@ -8,6 +8,8 @@
 //! A new kind is one variant here, its header value, and its arm in
 //! [`ControlRecord::headers`] and [`ControlRecord::decode`].
 
+use serde::{Deserialize, Serialize};
+
 use super::{header, RecordError};
 use crate::{Position, SequenceState, TableId};
 
@@ -30,6 +32,11 @@ pub const SEQUENCE_HEADER: &str = "tributary.sequence";
 pub const POSITION_HEADER: &str = "tributary.position";
 /// Header of a table-reset record: the reset's id, a decimal number.
 pub const RESET_HEADER: &str = "tributary.reset";
+/// Kind: a range of the table's rows as the source has them at this point
+/// of the change stream, for sinks to compare with the destination's.
+pub const VERIFY: &str = "verify";
+/// Header of a verify record: the [`VerifyRange`] as JSON.
+pub const VERIFY_HEADER: &str = "tributary.verify";
 /// Header of every control record: the source table's schema (a topic's
 /// name may not say it: see [`crate::topic::legal_topic_name`]).
 pub const SCHEMA_HEADER: &str = "tributary.source.schema";
@@ -79,6 +86,75 @@ pub enum ControlRecord {
         /// The sequence.
         state: SequenceState,
     },
+    /// A key range of the table as the source has it at this point of the
+    /// stream (every earlier change of the table is before it, no later
+    /// one): sinks compare it with the destination's rows of the range
+    /// once they applied everything before it (docs/verification.md). On
+    /// partition 0.
+    Verify {
+        /// The table.
+        table: TableId,
+        /// The range and its rows' digests.
+        range: VerifyRange,
+    },
+}
+
+/// A key range of a table and the digests of its rows at the source
+/// ([`crate::canonical`]), one part of a verification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyRange {
+    /// The verification's id: the source runner's clock in milliseconds
+    /// when it was asked.
+    pub id: u64,
+    /// The source position the rows were read at.
+    pub at: Position,
+    /// The registry's id of the table's value schema the digests follow
+    /// (its columns, in order).
+    pub schema_id: u32,
+    /// The registry's id of the table's key schema, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_schema_id: Option<u32>,
+    /// Exclusive lower bound: the key's canonical texts (none: from the
+    /// first row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<Option<String>>>,
+    /// Inclusive upper bound (none: to the last row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Vec<Option<String>>>,
+    /// Whether this is the verification's last range of the table.
+    #[serde(default)]
+    pub last: bool,
+    /// The rows of the range in key order: key text, hash (hex), column
+    /// fingerprints (hex).
+    pub rows: Vec<(String, String, String)>,
+}
+
+impl VerifyRange {
+    /// The range's rows as digests; an entry that does not read is an
+    /// error naming it.
+    pub fn digests(&self) -> Result<Vec<crate::canonical::RowDigest>, String> {
+        self.rows
+            .iter()
+            .map(|(key, hash, columns)| {
+                let hash = u64::from_str_radix(hash, 16).map_err(|_| format!("hash {hash:?} of key {key}"))?;
+                let columns = (0..columns.len())
+                    .step_by(2)
+                    .map(|i| columns.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+                    .collect::<Option<Vec<u8>>>()
+                    .ok_or_else(|| format!("column fingerprints of key {key}"))?;
+                Ok(crate::canonical::RowDigest { key: key.clone(), hash, columns })
+            })
+            .collect()
+    }
+
+    /// A row's entry in [`VerifyRange::rows`].
+    pub fn entry(digest: &crate::canonical::RowDigest) -> (String, String, String) {
+        let mut columns = String::with_capacity(digest.columns.len() * 2);
+        for b in &digest.columns {
+            columns.push_str(&format!("{b:02x}"));
+        }
+        (digest.key.clone(), format!("{:016x}", digest.hash), columns)
+    }
 }
 
 impl ControlRecord {
@@ -88,7 +164,8 @@ impl ControlRecord {
             ControlRecord::TableDropped { table }
             | ControlRecord::TableCopied { table, .. }
             | ControlRecord::TableReset { table, .. }
-            | ControlRecord::Sequence { table, .. } => table,
+            | ControlRecord::Sequence { table, .. }
+            | ControlRecord::Verify { table, .. } => table,
         }
     }
 
@@ -99,6 +176,7 @@ impl ControlRecord {
             ControlRecord::TableCopied { .. } => TABLE_COPIED,
             ControlRecord::TableReset { .. } => TABLE_RESET,
             ControlRecord::Sequence { .. } => SEQUENCE,
+            ControlRecord::Verify { .. } => VERIFY,
         }
     }
 
@@ -115,6 +193,9 @@ impl ControlRecord {
             // Plain data: serializing it cannot fail.
             ControlRecord::Sequence { state, .. } => {
                 out.push((SEQUENCE_HEADER, serde_json::to_string(state).unwrap_or_default()))
+            }
+            ControlRecord::Verify { range, .. } => {
+                out.push((VERIFY_HEADER, serde_json::to_string(range).unwrap_or_default()))
             }
         }
         let table = self.table();
@@ -178,6 +259,17 @@ impl ControlRecord {
                     })?;
                 ControlRecord::Sequence { table, state }
             }
+            VERIFY => {
+                let range = header(headers, VERIFY_HEADER)
+                    .and_then(|s| serde_json::from_str::<VerifyRange>(s).ok())
+                    .ok_or_else(|| {
+                        RecordError::unreadable(
+                            format!("a {VERIFY} control record of {table}"),
+                            format!("no readable {VERIFY_HEADER} header (the range as JSON)"),
+                        )
+                    })?;
+                ControlRecord::Verify { table, range }
+            }
             other => return Err(RecordError::UnknownKind { table, kind: other.to_string() }),
         };
         Ok(Some(record))
@@ -213,6 +305,19 @@ mod tests {
         }
     }
 
+    pub(crate) fn verify_range() -> VerifyRange {
+        VerifyRange {
+            id: 1_733_500_000_123,
+            at: Position { commit: 42, index: 0 },
+            schema_id: 7,
+            key_schema_id: Some(8),
+            after: Some(vec![Some("10".into())]),
+            until: None,
+            last: true,
+            rows: vec![("[\"11\"]".into(), "00ff00ff00ff00ff".into(), "01a2".into())],
+        }
+    }
+
     #[test]
     fn every_kind_decodes_to_what_was_encoded() {
         let topic_table = TableId::new("public", "order_items_2_0c2b1c53");
@@ -224,6 +329,7 @@ mod tests {
             },
             ControlRecord::TableReset { table: table(), reset: 1_733_500_000_123 },
             ControlRecord::Sequence { table: table(), state: sequence() },
+            ControlRecord::Verify { table: table(), range: verify_range() },
         ] {
             let decoded = ControlRecord::decode(&owned(&record.headers()), &topic_table).expect("decodes");
             assert_eq!(decoded, Some(record));

@@ -16,7 +16,7 @@
 pub mod control;
 pub mod offsets;
 
-pub use control::ControlRecord;
+pub use control::{ControlRecord, VerifyRange};
 pub use offsets::{CopyProgress, Held, HeldTable, OffsetsKey, OffsetsRecord};
 
 /// A record that cannot be read. Never contains row values (none of these

@@ -111,10 +111,8 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
         };
         let table = match &record {
             tributary_connectors::SinkRecord::Change(ev) => ev.schema.id.clone(),
-            tributary_connectors::SinkRecord::TableDropped(t)
-            | tributary_connectors::SinkRecord::Copied(t, _)
-            | tributary_connectors::SinkRecord::Reset(t, _)
-            | tributary_connectors::SinkRecord::Sequence(t, _) => {
+            other => {
+                let t = other.table();
                 warn!(
                     table = %t,
                     dlq_partition = dlq_pos.partition,

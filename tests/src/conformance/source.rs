@@ -124,7 +124,7 @@ impl Mirror {
                 }
                 SourceMessage::TableFailed(id, reason) => panic!("{id} failed: {reason}"),
                 SourceMessage::TableRewritten(id, reason) => panic!("{id} rewritten: {reason}"),
-                SourceMessage::Sequence(..) => {}
+                SourceMessage::Sequence(..) | SourceMessage::Verify(..) => {}
                 SourceMessage::Change(ev) => {
                     if self.held.admit(ev) {
                         continue;

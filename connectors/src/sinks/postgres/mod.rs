@@ -58,7 +58,7 @@ use futures::SinkExt;
 use tokio_postgres::error::SqlState;
 use tracing::{debug, info, info_span, Span};
 use tributary_operations::config::{ConfigError, Validate};
-use tributary_schemas::{Position, SequenceState, TableId, TableSchema};
+use tributary_schemas::{DataType, Position, Row, SequenceState, TableId, TableSchema, Value};
 
 use self::client::{classify, CopyFailure, Ctx, HintIfNone, Session};
 pub use self::config::{
@@ -82,6 +82,7 @@ pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLU
 use crate::sink::keyless;
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
+use crate::sink::verify::KeyRange;
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -840,6 +841,114 @@ impl Warehouse for PostgresSink {
         self.forget_transaction();
         Ok(())
     }
+
+    async fn read_range(
+        &mut self,
+        table: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+    ) -> Result<Option<Vec<Row>>> {
+        let ctx = self.ctx();
+        let sql =
+            read_range_sql(table, schema, range).map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
+        let client = self.session.client().await?;
+        // The text forms the source's decoders read (the sink's own
+        // session prints intervals another way), for this read only.
+        client
+            .batch_execute(
+                "BEGIN READ ONLY; SET LOCAL IntervalStyle = 'iso_8601'; SET LOCAL bytea_output = 'hex'; \
+                 SET LOCAL extra_float_digits = 3",
+            )
+            .await
+            .map_err(|e| classify(&e, &ctx))?;
+        let exists = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+            .await
+            .map_err(|e| classify(&e, &ctx));
+        let rows = match exists {
+            Ok(row) if row.get::<_, bool>(0) => client.query(sql.as_str(), &[]).await.map_err(|e| classify(&e, &ctx)),
+            Ok(_) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        };
+        let _ = client.batch_execute("COMMIT").await;
+        let mut out = Vec::with_capacity(rows.as_ref().map_or(0, Vec::len));
+        for row in rows? {
+            let mut values = Vec::with_capacity(schema.columns.len());
+            for (i, c) in schema.columns.iter().enumerate() {
+                let text: Option<&str> = row.try_get(i).map_err(|e| {
+                    Error::permanent(format!("reading column {} back: {e}", c.name)).with_table(schema.id.clone())
+                })?;
+                values.push(match text {
+                    None => Value::Null,
+                    Some(t) => crate::pgwire::values::decode_text(
+                        &c.data_type,
+                        t,
+                        crate::pgwire::values::ColumnRef {
+                            table: &schema.id,
+                            column: &c.name,
+                            source_type: &c.source_type,
+                            nullable: c.nullable,
+                        },
+                    )?,
+                });
+            }
+            out.push(values);
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The query reading back the rows of `range`: every column as text, the
+/// key compared as every destination orders it (text by its bytes).
+fn read_range_sql(
+    table: &DestinationTable,
+    schema: &TableSchema,
+    range: &KeyRange,
+) -> std::result::Result<String, String> {
+    let cols = schema
+        .columns
+        .iter()
+        .map(|c| format!("{}::text", quote_ident(&c.name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let keys = schema.key_indexes();
+    let key_list = keys
+        .iter()
+        .map(|&k| {
+            let c = &schema.columns[k];
+            match c.data_type {
+                DataType::Text => format!("{} COLLATE \"C\"", quote_ident(&c.name)),
+                _ => quote_ident(&c.name),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let literals = |values: &[Value]| -> std::result::Result<String, String> {
+        let mut parts = Vec::with_capacity(values.len());
+        for (&k, v) in keys.iter().zip(values) {
+            let c = &schema.columns[k];
+            let mut text = String::new();
+            render_pg_text(&mut text, v, &TextForm::of(&c.data_type, &c.source_type, &c.source_type))?;
+            parts.push(match c.data_type {
+                DataType::Text => format!("{} COLLATE \"C\"", quote_literal(&text)),
+                _ => quote_literal(&text),
+            });
+        }
+        Ok(parts.join(", "))
+    };
+    let mut conds = Vec::new();
+    if let Some(after) = &range.after {
+        conds.push(format!("({key_list}) > ({})", literals(after)?));
+    }
+    if let Some(until) = &range.until {
+        conds.push(format!("({key_list}) <= ({})", literals(until)?));
+    }
+    let mut sql = format!("SELECT {cols} FROM {}", table.quoted());
+    if !conds.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conds.join(" AND "));
+    }
+    Ok(sql)
 }
 
 #[async_trait]

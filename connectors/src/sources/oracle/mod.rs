@@ -1166,7 +1166,7 @@ mod tests {
                     SourceMessage::TableDropped(t) => self.dropped.push(t.clone()),
                     SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                     SourceMessage::TableRewritten(t, reason) => panic!("{t} rewritten: {reason}"),
-                    SourceMessage::Sequence(..) => {}
+                    SourceMessage::Sequence(..) | SourceMessage::Verify(..) => {}
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
                         self.seen.push((ev.schema.id.clone(), ev.op, ev.source.position));

@@ -189,7 +189,9 @@ impl ActiveSnapshot {
     /// record) once its last rows are given out, not when they are read.
     fn mark_done_if_given_out(&self, progress: &SnapshotProgress, complete: &[bool], table: usize) {
         let held = self.pending.as_ref().is_some_and(|(p, _)| p.table == table);
-        if complete[table] && !held {
+        // A verification is not a copy: no progress of it shows.
+        let verifying = self.run.tables[table].plan.verify.is_some();
+        if complete[table] && !held && !verifying {
             snapshot::mark_table_done(progress, &self.run.tables[table].schema.id);
         }
     }
@@ -571,7 +573,12 @@ impl PostgresSource {
                 continue;
             };
             let built = catalog.build_schema(&self.config, &self.filter, &id, relid, None).await?;
-            if !built.keyed && t.segments.iter().any(|s| s.started && !s.done) {
+            if t.verify.is_some() {
+                if let Some(why) = unverifiable(&built.schema, built.keyed) {
+                    tracing::warn!(table = %id, "the table is not verified: {why}");
+                    continue;
+                }
+            } else if !built.keyed && t.segments.iter().any(|s| s.started && !s.done) {
                 // A table without a key has no resume point, and its rows
                 // no name the copy's rows could overwrite: it is copied
                 // again whole, with a reset first and a sweep after, as a
@@ -745,7 +752,10 @@ impl PostgresSource {
                     let pending = active.pending.take();
                     // The held chunk ends its table: done once given out.
                     if let Some((chunk, _)) = &pending {
-                        snapshot::mark_table_done(&self.progress, &active.run.tables[chunk.table].schema.id);
+                        let t = &active.run.tables[chunk.table];
+                        if t.plan.verify.is_none() {
+                            snapshot::mark_table_done(&self.progress, &t.schema.id);
+                        }
                     }
                     let initial = self.state.as_ref().and_then(|s| s.snapshot.as_ref()).is_some_and(|s| s.initial);
                     self.snapshot = None;
@@ -767,6 +777,20 @@ impl PostgresSource {
             }
         }
     }
+}
+
+/// Why a table cannot be verified by key ranges, if it cannot: no key, or
+/// a key column whose type orders differently between databases.
+fn unverifiable(schema: &TableSchema, keyed: bool) -> Option<String> {
+    if !keyed {
+        return Some("it has no key (tables without a key are not verified yet)".to_string());
+    }
+    schema
+        .key_indexes()
+        .into_iter()
+        .map(|k| &schema.columns[k])
+        .find(|c| !tributary_schemas::canonical::orders_everywhere(&c.data_type))
+        .map(|c| format!("its key column {} is of type {}, whose order differs between databases", c.name, c.data_type))
 }
 
 /// The cluster's system identifier: the epoch of its LSNs.
@@ -1084,12 +1108,38 @@ impl Source for PostgresSource {
                 continue;
             }
             let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
-            if !snap.tables.iter().any(|t| t.id() == *id) {
-                snap.tables.push(TablePlan::new(id));
+            match snap.tables.iter_mut().find(|t| t.id() == *id) {
+                // A verification of it gives way to the copy.
+                Some(t) if t.verify.is_some() => *t = TablePlan::new(id),
+                Some(_) => {}
+                None => snap.tables.push(TablePlan::new(id)),
             }
             // The last copy's progress said done: not this one's.
             self.progress.forget(id);
             out.push(id.clone());
+        }
+        Ok(out)
+    }
+
+    async fn verify(&mut self, tables: &[TableId], id: u64) -> Result<Vec<TableId>> {
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let mut out = Vec::new();
+        for table in tables {
+            if !filter.captures(table) || !state.tables.contains(&table.to_string()) {
+                continue;
+            }
+            let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
+            // Being copied (or verified) already: its copy is checked by
+            // the next verification.
+            if snap.tables.iter().any(|t| t.id() == *table) {
+                continue;
+            }
+            snap.tables.push(TablePlan::verify(table, id));
+            out.push(table.clone());
         }
         Ok(out)
     }

@@ -93,6 +93,12 @@ pub struct TablePlan {
     /// Key ranges; empty until planned.
     #[serde(default)]
     pub segments: Vec<Segment>,
+    /// Set when the table is read to verify it, not copied: the
+    /// verification's id. Its rows go out as ranges of digests
+    /// ([`SourceMessage::Verify`]), read in one segment in the key's
+    /// binary order, from the start again after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<u64>,
 }
 
 impl TablePlan {
@@ -102,7 +108,13 @@ impl TablePlan {
             schema: id.schema.clone(),
             table: id.table.clone(),
             segments: Vec::new(),
+            verify: None,
         }
+    }
+
+    /// A table to verify (verification `id`), not copy.
+    pub fn verify(id: &TableId, verification: u64) -> Self {
+        Self { verify: Some(verification), ..Self::new(id) }
     }
 
     /// The table id.
@@ -333,6 +345,13 @@ impl SnapshotRun {
 
         // Plan tables that have no segments yet, inside the snapshot.
         for t in tables.iter_mut() {
+            if t.plan.verify.is_some() {
+                // A verification has no resume point (its ranges are each
+                // compared at their own position): read whole, from the
+                // start, and not shown as a copy.
+                t.plan.segments = vec![Segment::default()];
+                continue;
+            }
             let estimate = estimate_rows(&clients[0], &t.schema.id).await?;
             progress.table(&t.schema.id, estimate);
             if t.plan.segments.is_empty() {
@@ -523,6 +542,11 @@ async fn run_worker(
         let next = shared.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
         let Some((ti, si)) = next else { return Ok(()) };
         let t = &shared.tables[ti];
+        if let Some(id) = t.plan.verify {
+            let span = tracing::info_span!("verify", table = %t.schema.id, id);
+            read_for_verification(client, shared, ti, si, id, tx).instrument(span).await?;
+            continue;
+        }
         let span = tracing::info_span!("snapshot", table = %t.schema.id, segment = si);
         read_segment(client, shared, ti, si, tx).instrument(span).await?;
     }
@@ -555,51 +579,183 @@ async fn read_segment(
     // that row's line (a cheap `Bytes` slice) and split it then.
     let mut last: Option<Vec<Option<String>>> = t.plan.segments[si].last.clone();
     let mut last_line: Option<Bytes> = None;
-    let mut pending: Vec<u8> = Vec::new();
     let mut now = crate::now_ms();
-    let mut format = match &binary {
-        Some(cols) => RowFormat::Binary { cols, header: false },
-        None => RowFormat::Text,
-    };
-    loop {
-        let data = match stream.next().await {
-            Some(Ok(data)) => data,
-            Some(Err(e)) => return Err(classify_pg(e, "reading a snapshot chunk").with_table(schema.id.clone())),
-            None => break,
-        };
-        // The server sends one row per CopyData message; tolerate others.
-        let buf: Bytes = if pending.is_empty() {
-            data
-        } else {
-            pending.extend_from_slice(&data);
-            Bytes::from(std::mem::take(&mut pending))
-        };
-        let mut at = 0;
-        while let Some((row, line)) = format.next_row(&buf, &mut at, schema)? {
-            // A full chunk goes out once a row after it exists, so the
-            // segment's final chunk is never empty: the source marks the
-            // snapshot's very last row in it.
-            if messages.len() >= shared.chunk_rows {
-                let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
-                let key = format.last_key(t, last_line.as_deref(), &full)?;
-                let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
-                if tx.send(Ok(chunk)).await.is_err() {
-                    return Ok(());
-                }
-                now = crate::now_ms();
+    let mut rows = CopyRows::new(stream, binary.as_deref(), schema, "reading a snapshot chunk");
+    while let Some((row, line)) = rows.next().await? {
+        // A full chunk goes out once a row after it exists, so the
+        // segment's final chunk is never empty: the source marks the
+        // snapshot's very last row in it.
+        if messages.len() >= shared.chunk_rows {
+            let full = std::mem::replace(&mut messages, Vec::with_capacity(shared.chunk_rows.min(65_536)));
+            let key = rows.format.last_key(t, last_line.as_deref(), &full)?;
+            let chunk = cut_chunk(ti, si, t, full, key, &mut last, false, &table_progress);
+            if tx.send(Ok(chunk)).await.is_err() {
+                return Ok(());
             }
-            messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
-            last_line = line;
+            now = crate::now_ms();
         }
-        pending.extend_from_slice(&buf[at..]);
+        messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
+        last_line = line;
     }
-    if !pending.is_empty() && matches!(format, RowFormat::Binary { .. }) {
-        return Err(Error::permanent("COPY ended inside a row of its binary output").with_table(schema.id.clone()));
-    }
-    let key = format.last_key(t, last_line.as_deref(), &messages)?;
+    let key = rows.format.last_key(t, last_line.as_deref(), &messages)?;
     let chunk = cut_chunk(ti, si, t, messages, key, &mut last, true, &table_progress);
     let _ = tx.send(Ok(chunk)).await;
     Ok(())
+}
+
+/// Rows of a verify range: about 60 bytes each in the record, so that a
+/// range stays far below Kafka's default 1 MiB record.
+pub const VERIFY_RANGE_ROWS: usize = 2_000;
+
+/// The `COPY` of a table read to verify it: every row in the key's binary
+/// order (text by its bytes, as every destination orders it: see
+/// `canonical::orders_everywhere`).
+fn verification_query(t: &SnapshotTable, binary: bool) -> String {
+    let schema = &t.schema;
+    let cols = schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let only = if t.partitioned { "" } else { "ONLY " };
+    let order = schema
+        .key_indexes()
+        .iter()
+        .map(|&i| {
+            let c = &schema.columns[i];
+            match c.data_type {
+                DataType::Text | DataType::Enum { .. } => format!("{}::text COLLATE \"C\"", quote_ident(&c.name)),
+                _ => quote_ident(&c.name),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let format = if binary { " (FORMAT binary)" } else { "" };
+    format!("COPY (SELECT {cols} FROM {only}{} ORDER BY {order}) TO STDOUT{format}", quote_table(&schema.id))
+}
+
+/// Reads table `ti` for verification `id`: its rows' digests in ranges of
+/// [`VERIFY_RANGE_ROWS`], each bounded by the key of the last row of the
+/// range before it and its own last row's (the last range: to the end).
+async fn read_for_verification(
+    client: &tokio_postgres::Client,
+    shared: &WorkerShared,
+    ti: usize,
+    si: usize,
+    id: u64,
+    tx: &mpsc::Sender<Result<Chunk>>,
+) -> Result<()> {
+    use tributary_schemas::canonical::{digest_row, parse_key_text};
+    use tributary_schemas::records::VerifyRange;
+
+    let t = &shared.tables[ti];
+    let schema = &t.schema;
+    let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())));
+    let sql = verification_query(t, binary.is_some());
+    let stream = client
+        .copy_out(sql.as_str())
+        .await
+        .map_err(|e| classify_pg(e, "reading a table to verify it").with_table(schema.id.clone()))?;
+    futures::pin_mut!(stream);
+    let at = Position { commit: shared.lsn, index: 0 };
+    let range = |after: &Option<Vec<Option<String>>>, rows: Vec<(String, String, String)>, last: bool| {
+        let until = if last {
+            None
+        } else {
+            rows.last().and_then(|(key, _, _)| parse_key_text(key))
+        };
+        let range = VerifyRange {
+            id,
+            at,
+            schema_id: 0,
+            key_schema_id: None,
+            after: after.clone(),
+            until,
+            last,
+            rows,
+        };
+        Chunk {
+            table: ti,
+            segment: si,
+            messages: vec![SourceMessage::Verify(schema.id.clone(), range)],
+            last: None,
+            done: last,
+        }
+    };
+    let mut after: Option<Vec<Option<String>>> = None;
+    let mut rows = Vec::with_capacity(VERIFY_RANGE_ROWS);
+    let mut read = CopyRows::new(stream, binary.as_deref(), schema, "reading a table to verify it");
+    while let Some((row, _)) = read.next().await? {
+        if rows.len() >= VERIFY_RANGE_ROWS {
+            let full = std::mem::replace(&mut rows, Vec::with_capacity(VERIFY_RANGE_ROWS));
+            let chunk = range(&after, full, false);
+            if let Some(SourceMessage::Verify(_, r)) = chunk.messages.first() {
+                after = r.until.clone();
+            }
+            if tx.send(Ok(chunk)).await.is_err() {
+                return Ok(());
+            }
+        }
+        rows.push(VerifyRange::entry(&digest_row(schema, &row)));
+    }
+    let _ = tx.send(Ok(range(&after, rows, true))).await;
+    Ok(())
+}
+
+/// The rows of one `COPY ... TO STDOUT`, decoded one by one as its data
+/// messages arrive (the server sends one row per message; others are
+/// tolerated).
+struct CopyRows<'a, S> {
+    stream: S,
+    format: RowFormat<'a>,
+    schema: &'a TableSchema,
+    /// What the `COPY` does, for errors.
+    what: &'static str,
+    buf: Bytes,
+    at: usize,
+    pending: Vec<u8>,
+}
+
+impl<'a, S> CopyRows<'a, S>
+where
+    S: futures::Stream<Item = std::result::Result<Bytes, tokio_postgres::Error>> + Unpin,
+{
+    /// Rows of `stream`, in binary when `binary` gives each column's type.
+    fn new(stream: S, binary: Option<&'a [BinaryType]>, schema: &'a TableSchema, what: &'static str) -> Self {
+        let format = match binary {
+            Some(cols) => RowFormat::Binary { cols, header: false },
+            None => RowFormat::Text,
+        };
+        Self { stream, format, schema, what, buf: Bytes::new(), at: 0, pending: Vec::new() }
+    }
+
+    /// The next row (and its text line, in text), `None` at the end.
+    async fn next(&mut self) -> Result<Option<(Row, Option<Bytes>)>> {
+        loop {
+            if let Some(row) = self.format.next_row(&self.buf, &mut self.at, self.schema)? {
+                return Ok(Some(row));
+            }
+            self.pending.extend_from_slice(&self.buf[self.at..]);
+            self.at = 0;
+            self.buf = match self.stream.next().await {
+                Some(Ok(data)) if self.pending.is_empty() => data,
+                Some(Ok(data)) => {
+                    self.pending.extend_from_slice(&data);
+                    Bytes::from(std::mem::take(&mut self.pending))
+                }
+                Some(Err(e)) => return Err(classify_pg(e, self.what).with_table(self.schema.id.clone())),
+                None => {
+                    self.buf = Bytes::new();
+                    if !self.pending.is_empty() && matches!(self.format, RowFormat::Binary { .. }) {
+                        return Err(Error::permanent("COPY ended inside a row of its binary output")
+                            .with_table(self.schema.id.clone()));
+                    }
+                    return Ok(None);
+                }
+            };
+        }
+    }
 }
 
 /// How a segment's `COPY` output is framed and decoded.
@@ -971,6 +1127,7 @@ mod tests {
                     done: false,
                     started: true,
                 }],
+                verify: Some(7),
             }],
         };
         let json = serde_json::to_string(&s).unwrap();

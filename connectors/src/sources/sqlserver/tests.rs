@@ -208,6 +208,7 @@ async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() 
                 SourceMessage::TableFailed(t, reason) => format!("failed {t}: {reason}"),
                 SourceMessage::TableRewritten(t, reason) => format!("rewritten {t}: {reason}"),
                 SourceMessage::Sequence(t, state) => format!("sequence {t}: {}", state.name),
+                SourceMessage::Verify(t, range) => format!("verify {t}: {} rows", range.rows.len()),
             });
         }
         checkpoint = Some(b.checkpoint);
