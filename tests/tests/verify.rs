@@ -47,6 +47,24 @@ fn write_load(url: String, table: String, stop: Arc<AtomicBool>, done: Arc<Atomi
     })
 }
 
+/// Behind the sink's back, in the destination's `items`: column b of id
+/// 5 changed (only that column shows it), row 6 deleted, a row 50000 the
+/// source never had inserted.
+async fn tamper(sink: &Sink) {
+    match sink {
+        Sink::Postgres(d) => {
+            d.exec(&format!(
+                "UPDATE \"{s}\".\"items\" SET b = 'tampered' WHERE id = 5; DELETE FROM \"{s}\".\"items\" WHERE id = 6; \
+                 INSERT INTO \"{s}\".\"items\" (id, a, b, __tributary_commit, __tributary_index) \
+                 VALUES (50000, 1, 'ghost', 1, 0)",
+                s = d.schema
+            ))
+            .await
+        }
+        other => unreachable!("no verification test for {} yet", other.group()),
+    }
+}
+
 async fn verified_copy(kind: SinkKind) {
     let mut source = Source::new(SourceKind::Postgres, "verify").await;
     let sink = Sink::new(kind, "verify").await;
@@ -80,17 +98,7 @@ async fn verified_copy(kind: SinkKind) {
         assert!(done.load(Ordering::Relaxed) > before, "the writes went on meanwhile");
     }
 
-    // Behind the sink's back: one column of one row (b of id 5), a row
-    // deleted (6), a row the source never had (50000).
-    let Sink::Postgres(d) = &sink else {
-        unreachable!("a PostgreSQL destination")
-    };
-    d.exec(&format!(
-        "UPDATE \"{s}\".\"items\" SET b = 'tampered' WHERE id = 5; DELETE FROM \"{s}\".\"items\" WHERE id = 6; \
-         INSERT INTO \"{s}\".\"items\" (id, a, b, __tributary_commit, __tributary_index) VALUES (50000, 1, 'ghost', 1, 0)",
-        s = d.schema
-    ))
-    .await;
+    tamper(&sink).await;
     let id = runners.verify(&t).await;
     let v = runners.verified("items", id).await;
     assert_eq!(v["state"], "differs", "{v}");
