@@ -179,6 +179,10 @@ pub struct Verification {
     pub ranges_differing: u64,
     /// Rows that differed (missing, extra or changed).
     pub rows_differing: u64,
+    /// Of them, rows repaired (`[verify] repair`): removed from the
+    /// destination, or asked of the source again (a verification of the
+    /// table follows the repair).
+    pub rows_repaired: u64,
     /// The first differing keys, each with how it differs (never values).
     pub differences: Vec<String>,
     /// The source position of its last range, `commit:index`.
@@ -210,6 +214,8 @@ pub struct VerifiedRange<'a> {
     pub unsupported: Option<&'a str>,
     /// Whether it is the verification's last range.
     pub last: bool,
+    /// Its differing rows repaired: removed, or asked of the source again.
+    pub repaired: u64,
 }
 
 /// Why and when a table was copied again.
@@ -620,6 +626,7 @@ impl Telemetry {
                     ranges_verified: 0,
                     ranges_differing: 0,
                     rows_differing: 0,
+                    rows_repaired: 0,
                     differences: Vec::new(),
                     position: String::new(),
                     started_ms: now,
@@ -629,6 +636,7 @@ impl Telemetry {
             v.rows_verified += range.rows;
             v.ranges_verified += 1;
             v.rows_differing += range.differing;
+            v.rows_repaired += range.repaired;
             v.ranges_differing += u64::from(range.differing > 0);
             let room = STATUS_DIFFERENCES.saturating_sub(v.differences.len());
             v.differences.extend(range.differences.iter().take(room).cloned());

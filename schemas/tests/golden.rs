@@ -141,6 +141,7 @@ fn control_and_offsets_records_match_their_golden_file() {
             range: tributary_schemas::records::VerifyRange {
                 id: 1_733_500_000_123,
                 at: Position { commit: 42, index: 0 },
+                connector: "postgresql".into(),
                 schema_id: 7,
                 key_schema_id: Some(8),
                 after: Some(vec![Some("10".into()), None]),
@@ -196,5 +197,11 @@ fn control_and_offsets_records_match_their_golden_file() {
             .map_or("<null>".to_string(), |v| String::from_utf8(v).expect("text"));
         out.push_str(&format!("offsets {} = {value}\n", record.key().encode("pg-1")));
     }
+    let repair = tributary_schemas::records::requests::Request::Repair {
+        table: table.clone(),
+        verification: 1_733_500_000_123,
+        keys: vec!["[\"5\"]".into(), "[\"6\"]".into()],
+    };
+    out.push_str(&format!("request {} = {}\n", repair.key(), String::from_utf8(repair.value()).expect("text")));
     check("records.txt", out.as_bytes());
 }

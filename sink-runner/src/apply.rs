@@ -23,6 +23,7 @@ use tributary_connectors::sink::bookkeeping::FENCED_CLASS;
 use tributary_connectors::sink::verify;
 use tributary_connectors::{policy, ApplyError, Decision, Error, KafkaPosition, Sink, SinkBatch, SinkRecord};
 use tributary_operations::telemetry::{TableState, VerifiedRange};
+use tributary_schemas::records::requests::Request;
 use tributary_schemas::TableId;
 
 use crate::buffer::Buffer;
@@ -107,14 +108,14 @@ fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
 
 /// Compares the verify records a batch starts with (the buffers start a
 /// batch at each, see `buffer::starts_batch`).
-async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch) -> Result<Vec<verify::Outcome>, Error> {
+async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch, repair: bool) -> Result<Vec<verify::Outcome>, Error> {
     let mut out = Vec::new();
     for (_, record) in &batch.records {
         let SinkRecord::Verify(schema, range) = record else {
             break;
         };
         let span = info_span!("verify", table = %schema.id, id = range.id, rows = range.rows.len());
-        out.push(sink.verify_range(schema, range).instrument(span).await?);
+        out.push(sink.verify_range(schema, range, repair).instrument(span).await?);
     }
     Ok(out)
 }
@@ -177,6 +178,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             return;
         }
         let sink = self.sink.clone();
+        let repair = self.repairs.is_some();
         let mut batch = p.batch;
         // Set now, not when decoded: the batch before it may have moved them.
         batch.expected_offsets = batch
@@ -189,7 +191,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             let mut guard = sink.lock().await;
             // Compared before anything after them is applied: the
             // destination holds every change before them, none after.
-            let (verified, result) = match verify_leading(&mut *guard, &batch).await {
+            let (verified, result) = match verify_leading(&mut *guard, &batch, repair).await {
                 Ok(verified) => (verified, guard.apply(&batch).await),
                 Err(e) => (Vec::new(), Err(ApplyError::from(e))),
             };
@@ -377,7 +379,8 @@ impl<S: Sink + 'static> Pipeline<S> {
         // Done: tell Kafka (for monitoring) and the status.
         let label = (self.labeler)(&table);
         for outcome in &verified {
-            self.report_verified(&label, outcome);
+            let asked = self.ask_repair(&label, outcome).await;
+            self.report_verified(&label, outcome, asked);
         }
         self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
         self.telemetry.record_applied(&label, newest);
@@ -419,12 +422,43 @@ impl<S: Sink + 'static> Pipeline<S> {
         Ok(buf)
     }
 
+    /// Asks the source runner to send the rows of a verified range that
+    /// are missing or changed again, with repairs on: how many.
+    async fn ask_repair(&self, label: &str, outcome: &verify::Outcome) -> u64 {
+        let Some(repairs) = &self.repairs else { return 0 };
+        let keys = outcome.to_resend();
+        if keys.is_empty() {
+            return 0;
+        }
+        let n = keys.len() as u64;
+        let request = Request::Repair {
+            table: outcome.table.clone(),
+            verification: outcome.id,
+            keys,
+        };
+        match repairs.send(&request).await {
+            Ok(()) => {
+                info!(table = %label, verification = outcome.id, rows = n, "verification: asked the source for the rows again");
+                n
+            }
+            Err(e) => {
+                warn!(table = %label, verification = outcome.id, error = %e,
+                    "verification: cannot ask the source for the rows again; the next verification finds them still different");
+                0
+            }
+        }
+    }
+
     /// Says what a verified range found: status, metrics, and each
     /// differing key in the log (never values).
-    fn report_verified(&self, label: &str, outcome: &verify::Outcome) {
+    fn report_verified(&self, label: &str, outcome: &verify::Outcome, repair_asked: u64) {
         let differences: Vec<String> = outcome.differences.iter().map(ToString::to_string).collect();
-        for d in &differences {
+        for d in differences.iter().take(verify::MAX_LOGGED_DIFFERENCES) {
             warn!(table = %label, verification = outcome.id, "verification: {d}");
+        }
+        if outcome.removed > 0 {
+            info!(table = %label, verification = outcome.id, rows = outcome.removed,
+                "verification: removed the rows only the destination had");
         }
         if let Some(why) = &outcome.unsupported {
             warn!(table = %label, verification = outcome.id, "verification: the range is not compared: {why}");
@@ -439,6 +473,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 differences: &differences,
                 unsupported: outcome.unsupported.as_deref(),
                 last: outcome.last,
+                repaired: outcome.removed + repair_asked,
             },
         );
         if outcome.last {

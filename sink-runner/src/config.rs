@@ -136,10 +136,28 @@ pub struct SinkRunnerConfig {
     /// 8091, leaves 8090 to a source runner on the same machine.
     #[serde(default = "default_admin")]
     pub admin: AdminConfig,
+    /// What a verification that finds rows different does (`[verify]`,
+    /// see docs/verification.md).
+    #[serde(default)]
+    pub verify: SinkVerifyConfig,
     /// The destination: exactly one section, e.g. `[postgres]` or
     /// `[bigquery]`.
     #[serde(flatten)]
     pub destination: Sinks,
+}
+
+/// `[verify]` of a sink runner.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkVerifyConfig {
+    /// Repair what a verification finds different: rows only the
+    /// destination has are removed, and the source runner is asked (on the
+    /// copy's requests topic, which needs `prefix`) to send the rows
+    /// missing or changed again, then to verify the table again. Off: the
+    /// table is reported as differing (status, metrics, alerts) and left
+    /// as it is.
+    #[serde(default)]
+    pub repair: bool,
 }
 
 fn default_batch_max_records() -> usize {
@@ -191,6 +209,12 @@ impl Validate for SinkRunnerConfig {
                 .map_err(|e| ConfigError::invalid("topics", format!("is not a valid regular expression: {e}")))?;
         }
         self.schema_registry.validate()?;
+        if self.verify.repair && self.prefix.is_none() {
+            return Err(ConfigError::invalid(
+                "verify.repair",
+                "needs `prefix`: repairs are asked on the copy's requests topic, named after it",
+            ));
+        }
         if self.consumer_group.trim().is_empty() {
             return Err(ConfigError::invalid("consumer_group", "must not be empty"));
         }

@@ -16,6 +16,8 @@
 //!   of what the destination refuses;
 //! * [`pauses`]: an operator's pauses;
 //! * [`dead_letters`]: the dead-letter topics, written once and read back;
+//! * [`repairs`]: asking the source runner to repair rows a verification
+//!   found different;
 //! * [`commands`]: `check`, `replay`, `delete`.
 //!
 //! The binary (`src/main.rs`) is a thin command line over this library, so
@@ -33,6 +35,7 @@ pub mod partitions;
 pub mod pauses;
 pub mod pipeline;
 pub mod rebalance;
+pub(crate) mod repairs;
 
 pub use config::SinkRunnerConfig;
 pub use pipeline::{run, run_with_sink};

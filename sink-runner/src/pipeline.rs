@@ -63,6 +63,8 @@ pub(crate) struct Pipeline<S: Sink + 'static> {
     pub(crate) operator: OperatorPauses,
     pub(crate) decoder: EventDecoder,
     pub(crate) dead_letters: DeadLetterState,
+    /// Repair requests to the source runner (`[verify] repair`).
+    pub(crate) repairs: Option<Arc<crate::repairs::RepairRequests>>,
     pub(crate) consumer: Arc<ChangeConsumer>,
     /// Rebalances, as the consumer's context hands them over.
     rebalances: mpsc::UnboundedReceiver<RebalanceEvent>,
@@ -161,6 +163,9 @@ impl<S: Sink + 'static> Pipeline<S> {
             .map_err(|e| RunError::Kafka(format!("cannot subscribe to {pattern}: {e}")))?;
         info!(pattern = %pattern, "subscribed");
         let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group);
+        let repairs = crate::repairs::RepairRequests::new(&config)
+            .map_err(|e| RunError::Kafka(e.to_string()))?
+            .map(Arc::new);
         let registry = config.schema_registry.registry(&config.schema_registry_url)?;
         let limits = BatchLimits {
             max_records: config.batch_max_records,
@@ -178,6 +183,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             operator: OperatorPauses::new(control),
             decoder: EventDecoder::new(registry),
             dead_letters: DeadLetterState::new(dead_letters),
+            repairs,
             consumer: Arc::new(consumer),
             rebalances,
             offsets_unreadable,

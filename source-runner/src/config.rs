@@ -66,6 +66,9 @@ pub struct SourceRunnerConfig {
     /// a new version anyway (see `docs/schema-changes.md`).
     #[serde(default)]
     pub incompatible_schema_changes: IncompatibleSchemaChanges,
+    /// Verification of the copy (`[verify]`, see docs/verification.md).
+    #[serde(default)]
+    pub verify: VerifyConfig,
     /// The source: exactly one section, e.g. `[postgres]` or `[mysql]`.
     #[serde(flatten)]
     pub source: Sources,
@@ -87,6 +90,64 @@ pub enum IncompatibleSchemaChanges {
     Pause,
     /// Register the change under compatibility NONE for that one version.
     Register,
+}
+
+/// Rows a verification reads per second at most, by default: a bounded
+/// share of the source's reads (a 1M-row table in under a minute).
+pub const DEFAULT_VERIFY_ROWS_PER_SECOND: u64 = 50_000;
+/// The source runner's lag above which a scheduled verification waits.
+pub const DEFAULT_VERIFY_MAX_LAG_SECONDS: f64 = 30.0;
+/// How long a scheduled verification that waited for the lag waits again.
+pub const VERIFY_LAG_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `[verify]`: how the copy is verified (docs/verification.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyConfig {
+    /// Verify every table this often (seconds), continuously; none: only
+    /// on demand (`source-runner verify`, `POST /verify`).
+    #[serde(default)]
+    pub every_secs: Option<u64>,
+    /// Rows a verification reads per second at most.
+    #[serde(default = "default_verify_rate")]
+    pub rows_per_second: u64,
+    /// A scheduled verification waits while the runner's lag (its
+    /// largest table's, in seconds) is above this.
+    #[serde(default = "default_verify_max_lag")]
+    pub max_lag_seconds: f64,
+}
+
+impl Default for VerifyConfig {
+    fn default() -> Self {
+        Self {
+            every_secs: None,
+            rows_per_second: DEFAULT_VERIFY_ROWS_PER_SECOND,
+            max_lag_seconds: DEFAULT_VERIFY_MAX_LAG_SECONDS,
+        }
+    }
+}
+
+impl VerifyConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.every_secs == Some(0) {
+            return Err(ConfigError::invalid("verify.every_secs", "must be at least 1 (leave it out for none)"));
+        }
+        if self.rows_per_second == 0 {
+            return Err(ConfigError::invalid("verify.rows_per_second", "must be at least 1"));
+        }
+        if self.max_lag_seconds.is_nan() || self.max_lag_seconds < 0.0 {
+            return Err(ConfigError::invalid("verify.max_lag_seconds", "must be 0 or more"));
+        }
+        Ok(())
+    }
+}
+
+fn default_verify_rate() -> u64 {
+    DEFAULT_VERIFY_ROWS_PER_SECOND
+}
+
+fn default_verify_max_lag() -> f64 {
+    DEFAULT_VERIFY_MAX_LAG_SECONDS
 }
 
 fn default_topic_template() -> String {
@@ -176,6 +237,7 @@ impl Validate for SourceRunnerConfig {
         }
         self.kafka.validate("kafka")?;
         self.admin.validate()?;
+        self.verify.validate()?;
         let (section, source) = self.source.one()?;
         source.validate_at(section)?;
         Ok(())

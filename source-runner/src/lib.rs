@@ -10,6 +10,7 @@
 //! * [`held_tables`]: the tables held back while paused or copied again, a
 //!   state machine;
 //! * [`offsets_topic`]: the runner's records read back at start;
+//! * [`requests`]: what the copy's sink runners ask (repairs);
 //! * [`kafka`]: the transactional producer and the topics;
 //! * [`commands`]: `check`, `reset`, `delete`.
 
@@ -19,6 +20,7 @@ pub mod held_tables;
 pub mod kafka;
 pub mod offsets_topic;
 pub mod pipeline;
+pub mod requests;
 pub mod transaction;
 pub mod writer;
 

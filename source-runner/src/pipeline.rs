@@ -11,9 +11,11 @@ use tributary_operations::admin::Control;
 use tributary_operations::process::sleep_until;
 use tributary_operations::telemetry::{TableState, Telemetry};
 
-use crate::config::SourceRunnerConfig;
+use crate::config::{SourceRunnerConfig, VERIFY_LAG_RECHECK};
+use crate::requests::Requests;
 use crate::transaction::{next_limit, snapshot_last, snapshot_rows, OpenTxn};
 use crate::writer::TopicWriter;
+use tributary_schemas::records::requests::Request;
 
 /// How often the source is asked how much history its database keeps
 /// for the copy (`tributary_source_retained_bytes`).
@@ -97,9 +99,11 @@ async fn run_once(
     control: &Control,
 ) -> Result<(), Error> {
     let mut writer = start(config, source, telemetry).await?;
+    writer.ensure_requests_topic().await?;
+    let requests = Requests::subscribe(config)?;
     control.set_ready(true);
     telemetry.set_paused(None);
-    stream(config, &mut writer, source, telemetry, control).await
+    stream(config, &mut writer, source, telemetry, control, &requests).await
 }
 
 /// Connects to Kafka, reads the runner's records back, starts the source
@@ -143,6 +147,7 @@ async fn stream(
     source: &mut dyn Source,
     telemetry: &Telemetry,
     control: &Control,
+    requests: &Requests,
 ) -> Result<(), Error> {
     let mut pause = control.subscribe();
     let mut next_retained = Instant::now();
@@ -155,6 +160,8 @@ async fn stream(
     // A third: the commit itself must reach the broker in time, on a
     // loaded machine too.
     let keep_alive_after = Duration::from_millis(u64::from(config.transaction_timeout_ms) / 3);
+    // The next scheduled verification: one period after the start.
+    let mut next_verify = config.verify.every_secs.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
         // A paused source stops reading: its slot keeps the position, and
         // nothing after the last commit is lost.
@@ -194,7 +201,7 @@ async fn stream(
             if let Some(txn) = open.take() {
                 txn.commit(writer, source, telemetry).await?;
             }
-            match writer.verify_live(source, &req.table).await {
+            match writer.verify_live(source, &req.table, config.verify.rows_per_second).await {
                 Ok(a) => {
                     let _ = req.reply.send(a);
                 }
@@ -202,6 +209,46 @@ async fn stream(
                     let _ = req.reply.send(Err(e.to_string()));
                     return Err(e);
                 }
+            }
+        }
+        while let Some(Request::Repair { table, verification, keys }) = requests.next() {
+            if let Some(txn) = open.take() {
+                txn.commit(writer, source, telemetry).await?;
+            }
+            let held = writer.held.get(&table).is_some();
+            let verify_after = crate::held_tables::new_reset_id();
+            if !held
+                && source
+                    .repair(&table, &keys, verify_after, config.verify.rows_per_second)
+                    .await?
+            {
+                info!(table = %table, verification, keys = keys.len(), verify_after,
+                    "repairing rows a verification found different, then verifying the table again");
+            } else {
+                warn!(table = %table, verification, keys = keys.len(),
+                    "a repair is not made now (the table is being copied or verified, or the source cannot): the \
+                     next verification finds what still differs");
+            }
+        }
+        if next_verify.is_some_and(|at| Instant::now() >= at) {
+            // Scheduled: every table, unless the copy is behind.
+            let lag = telemetry
+                .status()
+                .tables
+                .values()
+                .filter_map(|t| t.lag_seconds)
+                .fold(0.0, f64::max);
+            if lag > config.verify.max_lag_seconds {
+                info!(lag_seconds = lag, "the scheduled verification waits while the copy is behind");
+                next_verify = Some(Instant::now() + VERIFY_LAG_RECHECK);
+            } else {
+                if let Some(txn) = open.take() {
+                    txn.commit(writer, source, telemetry).await?;
+                }
+                if let Err(why) = writer.verify_live(source, "", config.verify.rows_per_second).await? {
+                    info!("scheduled verification: {why}");
+                }
+                next_verify = config.verify.every_secs.map(|s| Instant::now() + Duration::from_secs(s));
             }
         }
         if writer.held.copies_asked() {

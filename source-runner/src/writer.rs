@@ -212,7 +212,12 @@ impl TopicWriter {
     /// docs/verification.md). Between two committed batches, as
     /// [`TopicWriter::resync_live`]. The outer result is the runner's, the
     /// inner one the operator's answer.
-    pub async fn verify_live(&mut self, source: &mut dyn Source, table: &str) -> Result<Result<String, String>, Error> {
+    pub async fn verify_live(
+        &mut self,
+        source: &mut dyn Source,
+        table: &str,
+        rows_per_second: u64,
+    ) -> Result<Result<String, String>, Error> {
         let asked: Vec<TableId> = if table.is_empty() {
             source.tables()
         } else {
@@ -224,7 +229,7 @@ impl TopicWriter {
         // Held tables are being copied: their rows differ until the copy ends.
         let (held, asked): (Vec<TableId>, Vec<TableId>) = asked.into_iter().partition(|t| self.held.get(t).is_some());
         let id = new_reset_id();
-        let verifying = source.verify(&asked, id).await?;
+        let verifying = source.verify(&asked, id, rows_per_second).await?;
         let skipped: Vec<String> = asked
             .iter()
             .chain(&held)
@@ -510,6 +515,12 @@ impl TopicWriter {
             counts.entry(&schema.id).or_default().add(c);
         }
         Ok(counts.into_iter().map(|(id, c)| (id.clone(), c)).collect())
+    }
+
+    /// Makes the copy's requests topic (what its sink runners ask) exist.
+    pub async fn ensure_requests_topic(&mut self) -> Result<(), Error> {
+        let topic = tributary_schemas::records::requests::topic(self.config.prefix());
+        self.topics.ensure(&topic, false).await.map(|_| ())
     }
 
     /// Writes a verify range of `table` on partition 0 of its topic, with

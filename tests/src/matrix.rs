@@ -646,6 +646,17 @@ impl Runners {
         }
     }
 
+    /// Appends `toml` (whole tables, e.g. `[verify]\nrepair = true`) to the
+    /// config of the source runner (`source`) or the sink runner; takes
+    /// effect at its next start.
+    pub fn append_config(&self, source: bool, toml: &str) {
+        let path = if source { &self.source.config } else { &self.sink.config };
+        let mut text = std::fs::read_to_string(path).expect("runner config");
+        text.push('\n');
+        text.push_str(toml);
+        std::fs::write(path, text).expect("runner config");
+    }
+
     /// `POST /verify` of `table` (`schema.table`) to the source runner: the
     /// verification's id. Retried while the runner is starting.
     pub async fn verify(&self, table: &str) -> u64 {
@@ -673,6 +684,13 @@ impl Runners {
     /// The sink runner's `verification` entry of the table whose status key
     /// ends with `table`, once verification `id` of it ended.
     pub async fn verified(&mut self, table: &str, id: u64) -> serde_json::Value {
+        self.verified_where(table, |v| v == id).await
+    }
+
+    /// The sink runner's `verification` entry of the table whose status key
+    /// ends with `table`, once a verification whose id `wanted` accepts
+    /// ended.
+    pub async fn verified_where(&mut self, table: &str, wanted: impl Fn(u64) -> bool) -> serde_json::Value {
         let url = format!("{}/status", self.sink_admin);
         let deadline = std::time::Instant::now() + STEP_DEADLINE;
         loop {
@@ -690,12 +708,12 @@ impl Runners {
                         .find(|(k, _)| k.ends_with(table))
                         .and_then(|(_, v)| v.get("verification").cloned())
                 });
-            if let Some(v) = found.filter(|v| v["id"] == id && v["state"] != "running") {
+            if let Some(v) = found.filter(|v| v["id"].as_u64().is_some_and(&wanted) && v["state"] != "running") {
                 return v;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "verification {id} of {table} did not end; status: {status:?}\nsink log:\n{}\nsource log:\n{}",
+                "the verification of {table} waited for did not end; status: {status:?}\nsink log:\n{}\nsource log:\n{}",
                 self.sink.log_tail(30),
                 self.source.log_tail(30)
             );

@@ -18,6 +18,80 @@ async fn postgres_to_postgres() {
     verified_copy(SinkKind::Postgres).await;
 }
 
+/// With `[verify] repair = true`: the differing rows are repaired (the
+/// destination-only row removed, the others sent again by the source),
+/// and the verification the source makes after the repair finds the
+/// table equal; the destination then equals the source.
+#[tokio::test]
+async fn a_repair_makes_the_table_equal_and_the_next_verification_clean() {
+    let mut source = Source::new(SourceKind::Postgres, "verify").await;
+    let sink = Sink::new(SinkKind::Postgres, "verify").await;
+    let t = source.qualified("items");
+    create_items(&mut source, &t).await;
+    let mut runners = Runners::new(&source, &sink);
+    runners.append_config(false, "[verify]\nrepair = true\n");
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+    tamper(&sink).await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["state"], "differs", "{v}");
+    assert_eq!(v["rows_differing"], 3, "{v}");
+    assert_eq!(v["rows_repaired"], 3, "one removed, two asked again: {v}");
+    let again = runners.verified_where("items", |later| later > id).await;
+    assert_eq!(again["state"], "equal", "the verification after the repair: {again}");
+    converge(&mut source, &sink, &mut runners, "items", "after the repair").await;
+    runners.assert_alive("after the repair");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+/// `[verify] every_secs`: the source runner verifies every table by itself,
+/// again and again, while writes go on; every verification is equal.
+#[tokio::test]
+async fn a_schedule_verifies_again_and_again_under_load() {
+    let mut source = Source::new(SourceKind::Postgres, "verify").await;
+    let sink = Sink::new(SinkKind::Postgres, "verify").await;
+    let t = source.qualified("items");
+    create_items(&mut source, &t).await;
+    let mut runners = Runners::new(&source, &sink);
+    runners.append_config(true, "[verify]\nevery_secs = 2\nrows_per_second = 20000\n");
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let load = write_load(tributary_tests::pg_source_url(), t.clone(), stop.clone(), done.clone());
+    let first = runners.verified_where("items", |_| true).await;
+    assert_eq!(first["state"], "equal", "{first}");
+    let first_id = first["id"].as_u64().unwrap_or(0);
+    for _ in 0..2 {
+        let next = runners.verified_where("items", |id| id > first_id).await;
+        assert_eq!(next["state"], "equal", "{next}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    load.await.expect("write load");
+    runners.assert_alive("after the scheduled verifications");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+/// `items` with `ROWS` rows of every type the test compares.
+async fn create_items(source: &mut Source, t: &str) {
+    source
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), j jsonb, \
+             ts timestamptz, u uuid, tags text[]); \
+             INSERT INTO {t} SELECT g, g, 'b' || g, g / 7.0, jsonb_build_object('g', g, 'a', 'x'), \
+             timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second', gen_random_uuid(), ARRAY['a', g::text] \
+             FROM generate_series(1, {ROWS}) g"
+        ))
+        .await;
+}
+
 /// Writes to `items` until `stop`: updates of ids 1000..=4499, inserts of
 /// ids from 100000 on, deletes of some of those; counted in `done`.
 fn write_load(url: String, table: String, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
@@ -69,15 +143,7 @@ async fn verified_copy(kind: SinkKind) {
     let mut source = Source::new(SourceKind::Postgres, "verify").await;
     let sink = Sink::new(kind, "verify").await;
     let t = source.qualified("items");
-    source
-        .sql(&format!(
-            "CREATE TABLE {t} (id int PRIMARY KEY, a int NOT NULL, b text, n numeric(8,2), j jsonb, \
-             ts timestamptz, u uuid, tags text[]); \
-             INSERT INTO {t} SELECT g, g, 'b' || g, g / 7.0, jsonb_build_object('g', g, 'a', 'x'), \
-             timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second', gen_random_uuid(), ARRAY['a', g::text] \
-             FROM generate_series(1, {ROWS}) g"
-        ))
-        .await;
+    create_items(&mut source, &t).await;
     let mut runners = Runners::new(&source, &sink);
     runners.source.start();
     runners.sink.start();

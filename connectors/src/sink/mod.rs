@@ -205,7 +205,16 @@ pub trait Sink: Send {
     /// record leads, so the destination holds every change before the
     /// record and none after it. Reads only. A destination that cannot
     /// read rows back says so in the outcome (the default).
-    async fn verify_range(&mut self, schema: &TableSchema, range: &VerifyRange) -> Result<verify::Outcome> {
+    /// With `repair`, the rows only the destination has are removed as
+    /// the source's delete at the range's position would
+    /// ([`verify::Outcome::removed`]); the others are for the source to
+    /// send again ([`verify::Outcome::to_resend`]).
+    async fn verify_range(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        range: &VerifyRange,
+        _repair: bool,
+    ) -> Result<verify::Outcome> {
         Ok(verify::Outcome::unsupported(schema, range, "this destination cannot read its rows back yet"))
     }
 }
@@ -232,8 +241,13 @@ impl<'a> Sink for Box<dyn Sink + 'a> {
     fn labeler(&self) -> Labeler {
         (**self).labeler()
     }
-    async fn verify_range(&mut self, schema: &TableSchema, range: &VerifyRange) -> Result<verify::Outcome> {
-        (**self).verify_range(schema, range).await
+    async fn verify_range(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        range: &VerifyRange,
+        repair: bool,
+    ) -> Result<verify::Outcome> {
+        (**self).verify_range(schema, range, repair).await
     }
 }
 

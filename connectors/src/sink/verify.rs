@@ -15,8 +15,9 @@ use tributary_schemas::{Position, Row, TableId, TableSchema, Value};
 
 use crate::error::{Error, Result};
 
-/// How many differing keys an outcome names; the counts cover them all.
-pub const MAX_NAMED_DIFFERENCES: usize = 100;
+/// How many differing keys of a range are logged; the counts cover them
+/// all.
+pub const MAX_LOGGED_DIFFERENCES: usize = 100;
 
 /// A key range as a destination's query bounds it: the key's values,
 /// in key order.
@@ -189,8 +190,11 @@ pub struct Outcome {
     pub rows: u64,
     /// Keys that differ, in all.
     pub differing: u64,
-    /// The first [`MAX_NAMED_DIFFERENCES`] of them.
+    /// Each of them (keys only, never values).
     pub differences: Vec<Difference>,
+    /// Rows the destination had and the source did not, removed (a
+    /// repair).
+    pub removed: u64,
     /// Why the range could not be compared, when it could not.
     pub unsupported: Option<String>,
 }
@@ -205,8 +209,19 @@ impl Outcome {
             rows: range.rows.len() as u64,
             differing: 0,
             differences: Vec::new(),
+            removed: 0,
             unsupported: None,
         }
+    }
+
+    /// The keys whose rows the source must send again (missing or changed
+    /// in the destination).
+    pub fn to_resend(&self) -> Vec<String> {
+        self.differences
+            .iter()
+            .filter(|d| d.kind != DifferenceKind::Extra)
+            .map(|d| d.key.clone())
+            .collect()
     }
 
     /// A range the destination could not compare, and why.
@@ -237,9 +252,7 @@ pub fn compare(schema: &TableSchema, range: &VerifyRange, rows: &[Row]) -> Resul
     }
     let note = |outcome: &mut Outcome, key: &str, kind: DifferenceKind| {
         outcome.differing += 1;
-        if outcome.differences.len() < MAX_NAMED_DIFFERENCES {
-            outcome.differences.push(Difference { key: key.to_string(), kind });
-        }
+        outcome.differences.push(Difference { key: key.to_string(), kind });
     };
     for s in &source {
         match destination.remove(&s.key) {
@@ -263,6 +276,77 @@ pub fn compare(schema: &TableSchema, range: &VerifyRange, rows: &[Row]) -> Resul
         note(&mut outcome, &key, DifferenceKind::Extra);
     }
     Ok(outcome)
+}
+
+/// Removes from `table` the rows of `rows` (the destination's rows of
+/// `range`, as [`super::warehouse::Warehouse::read_range`] read them) that
+/// `outcome` found only in the destination: each deleted as a delete of the
+/// source at the range's position would (the source did not have it
+/// there; a later insert of the key, at a later position, still comes
+/// through). In a unit of its own, moving no offsets. Returns how many.
+pub async fn remove_extra<W: super::warehouse::Warehouse>(
+    w: &mut W,
+    schema: &std::sync::Arc<TableSchema>,
+    range: &VerifyRange,
+    rows: &[Row],
+    outcome: &Outcome,
+) -> Result<u64> {
+    use tributary_schemas::{ChangeEvent, Op, SnapshotMarker, SourceInfo};
+
+    let extra: std::collections::HashSet<&str> = outcome
+        .differences
+        .iter()
+        .filter(|d| d.kind == DifferenceKind::Extra)
+        .map(|d| d.key.as_str())
+        .collect();
+    if extra.is_empty() {
+        return Ok(0);
+    }
+    let connector: std::sync::Arc<str> = range.connector.as_str().into();
+    let native: std::sync::Arc<str> = format!("{}:{}", range.at.commit, range.at.index).into();
+    let now = crate::now_ms();
+    let records: Vec<(super::KafkaPosition, super::SinkRecord)> = rows
+        .iter()
+        .filter(|row| extra.contains(canonical::digest_row(schema, row).key.as_str()))
+        .enumerate()
+        .map(|(i, row)| {
+            let event = ChangeEvent {
+                schema: schema.clone(),
+                op: Op::Delete,
+                before: Some(row.clone()),
+                after: None,
+                source: SourceInfo {
+                    connector: connector.clone(),
+                    name: "tributary-verify".into(),
+                    db: "".into(),
+                    ts_ms: now,
+                    snapshot: SnapshotMarker::False,
+                    tx_id: None,
+                    position: range.at,
+                    native_position: native.clone(),
+                },
+                ts_ms: now,
+                transaction: None,
+            };
+            let at = super::KafkaPosition {
+                topic: "tributary.verify".into(),
+                partition: 0,
+                offset: i as i64,
+            };
+            (at, super::SinkRecord::Change(event))
+        })
+        .collect();
+    let removed = records.len() as u64;
+    let batch = super::SinkBatch {
+        table: schema.id.clone(),
+        records,
+        next_offsets: Vec::new(),
+        expected_offsets: Vec::new(),
+    };
+    super::warehouse::apply(w, &batch, super::warehouse::Mode::Commit)
+        .await
+        .map_err(|f| f.error)?;
+    Ok(removed)
 }
 
 #[cfg(test)]
@@ -304,6 +388,7 @@ mod tests {
         let range = VerifyRange {
             id: 1,
             at: Position { commit: 5, index: 0 },
+            connector: "postgresql".into(),
             schema_id: 1,
             key_schema_id: None,
             after: None,

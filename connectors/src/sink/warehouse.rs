@@ -277,7 +277,12 @@ impl<W: WarehouseSink> Sink for W {
         Arc::new(move |t: &TableId| destination(t).to_string())
     }
 
-    async fn verify_range(&mut self, schema: &TableSchema, range: &VerifyRange) -> Result<verify::Outcome> {
+    async fn verify_range(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        range: &VerifyRange,
+        repair: bool,
+    ) -> Result<verify::Outcome> {
         let bounds = match KeyRange::of(schema, range) {
             Ok(b) => b,
             Err(why) => return Ok(verify::Outcome::unsupported(schema, range, why)),
@@ -287,7 +292,13 @@ impl<W: WarehouseSink> Sink for W {
         }
         let table = self.destination(&schema.id);
         match self.read_range(&table, schema, &bounds).await {
-            Ok(Some(rows)) => verify::compare(schema, range, &rows),
+            Ok(Some(rows)) => {
+                let mut outcome = verify::compare(schema, range, &rows)?;
+                if repair {
+                    outcome.removed = verify::remove_extra(self, schema, range, &rows, &outcome).await?;
+                }
+                Ok(outcome)
+            }
             Ok(None) => {
                 Ok(verify::Outcome::unsupported(schema, range, "this destination cannot read its rows back yet"))
             }

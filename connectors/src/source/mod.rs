@@ -317,15 +317,34 @@ pub trait Source: Send {
         Ok(Vec::new())
     }
 
-    /// Verifies `tables` (verification `id`), called like
+    /// Verifies `tables` (verification `id`, reading at most
+    /// `rows_per_second`), called like
     /// [`Source::resync`]: their rows are read anew, as a copy again reads
     /// them (at a point of the stream after the checkpoint, the stream
     /// caught up to it first), but sent as [`SourceMessage::Verify`] ranges
     /// of row digests instead of rows. Returns the tables that will be
     /// verified; a table already being copied or verified is not, and a
     /// source that cannot verify returns none (the default).
-    async fn verify(&mut self, _tables: &[TableId], _id: u64) -> Result<Vec<TableId>> {
+    async fn verify(&mut self, _tables: &[TableId], _id: u64, _rows_per_second: u64) -> Result<Vec<TableId>> {
         Ok(Vec::new())
+    }
+
+    /// Sends the current rows of `keys` of `table` again (canonical key
+    /// texts, see `tributary_schemas::canonical`), as a copy sends rows
+    /// (read at a point of the stream after the checkpoint, the stream
+    /// caught up to it first); a key the table no longer has sends nothing
+    /// (its delete is in the stream). Then verifies the table again
+    /// (verification `verify_after`, at most `rows_per_second`). Called
+    /// like [`Source::resync`]. Returns whether it will; a source that
+    /// cannot repair returns false (the default).
+    async fn repair(
+        &mut self,
+        _table: &TableId,
+        _keys: &[String],
+        _verify_after: u64,
+        _rows_per_second: u64,
+    ) -> Result<bool> {
+        Ok(false)
     }
 
     /// The tables the source captures, after [`Source::start`]: what
@@ -389,8 +408,17 @@ impl<S: Source + ?Sized> Source for Box<S> {
     async fn resync(&mut self, tables: &[TableId]) -> Result<Vec<TableId>> {
         (**self).resync(tables).await
     }
-    async fn verify(&mut self, tables: &[TableId], id: u64) -> Result<Vec<TableId>> {
-        (**self).verify(tables, id).await
+    async fn verify(&mut self, tables: &[TableId], id: u64, rows_per_second: u64) -> Result<Vec<TableId>> {
+        (**self).verify(tables, id, rows_per_second).await
+    }
+    async fn repair(
+        &mut self,
+        table: &TableId,
+        keys: &[String],
+        verify_after: u64,
+        rows_per_second: u64,
+    ) -> Result<bool> {
+        (**self).repair(table, keys, verify_after, rows_per_second).await
     }
     async fn start(&mut self, checkpoint: Option<Checkpoint>) -> Result<()> {
         (**self).start(checkpoint).await

@@ -108,6 +108,10 @@ pub struct VerifyRange {
     pub id: u64,
     /// The source position the rows were read at.
     pub at: Position,
+    /// The source's kind, as its change events name it
+    /// (`source.connector`).
+    #[serde(default)]
+    pub connector: String,
     /// The registry's id of the table's value schema the digests follow
     /// (its columns, in order).
     pub schema_id: u32,
@@ -309,6 +313,7 @@ mod tests {
         VerifyRange {
             id: 1_733_500_000_123,
             at: Position { commit: 42, index: 0 },
+            connector: "postgresql".into(),
             schema_id: 7,
             key_schema_id: Some(8),
             after: Some(vec![Some("10".into())]),

@@ -9,12 +9,15 @@
 //!   checkpoint, its held tables, a reset of every table, the source's side
 //!   records), written in the same Kafka transaction as the events they
 //!   cover, read at the next start and by `source-runner reset`.
+//! * [`requests`]: what a sink runner asks its copy's source runner (a
+//!   repair of rows a verification found different).
 //!
 //! Neither module knows Kafka's client types: a record is text headers or
 //! a key and value of bytes, which the runners hand to rdkafka.
 
 pub mod control;
 pub mod offsets;
+pub mod requests;
 
 pub use control::{ControlRecord, VerifyRange};
 pub use offsets::{CopyProgress, Held, HeldTable, OffsetsKey, OffsetsRecord};

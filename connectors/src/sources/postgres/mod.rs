@@ -758,9 +758,29 @@ impl PostgresSource {
                         }
                     }
                     let initial = self.state.as_ref().and_then(|s| s.snapshot.as_ref()).is_some_and(|s| s.initial);
+                    // What was asked while the run read (a copy again, a
+                    // verification, a repair: plans not planned yet) and
+                    // each repaired table's verification run next.
+                    let verify_repaired: Vec<TablePlan> = active
+                        .run
+                        .tables
+                        .iter()
+                        .filter(|t| t.plan.repair.is_some())
+                        .filter_map(|t| t.plan.verify.map(|v| TablePlan::verify(&t.schema.id, v, t.plan.verify_rate)))
+                        .collect();
                     self.snapshot = None;
                     let state = self.state_mut()?;
-                    state.snapshot = None;
+                    let mut next: Vec<TablePlan> = state
+                        .snapshot
+                        .take()
+                        .map(|s| s.tables.into_iter().filter(|p| p.segments.is_empty()).collect())
+                        .unwrap_or_default();
+                    for v in verify_repaired {
+                        if !next.iter().any(|p| p.id() == v.id()) {
+                            next.push(v);
+                        }
+                    }
+                    state.snapshot = (!next.is_empty()).then_some(SnapshotState { initial: false, tables: next });
                     let checkpoint = state.to_checkpoint();
                     let mut messages = std::mem::take(&mut self.prelude);
                     if let Some((mut chunk, _)) = pending {
@@ -1121,7 +1141,7 @@ impl Source for PostgresSource {
         Ok(out)
     }
 
-    async fn verify(&mut self, tables: &[TableId], id: u64) -> Result<Vec<TableId>> {
+    async fn verify(&mut self, tables: &[TableId], id: u64, rows_per_second: u64) -> Result<Vec<TableId>> {
         let filter = &self.filter;
         let state = self
             .state
@@ -1138,10 +1158,47 @@ impl Source for PostgresSource {
             if snap.tables.iter().any(|t| t.id() == *table) {
                 continue;
             }
-            snap.tables.push(TablePlan::verify(table, id));
+            snap.tables.push(TablePlan::verify(table, id, rows_per_second));
             out.push(table.clone());
         }
         Ok(out)
+    }
+
+    async fn repair(
+        &mut self,
+        table: &TableId,
+        keys: &[String],
+        verify_after: u64,
+        rows_per_second: u64,
+    ) -> Result<bool> {
+        if self.config.snapshot_mode == SnapshotMode::Never {
+            return Ok(false);
+        }
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        if !filter.captures(table) || !state.tables.contains(&table.to_string()) {
+            return Ok(false);
+        }
+        let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
+        match snap.tables.iter_mut().find(|t| t.id() == *table) {
+            // Asked already and not read yet: the keys join it.
+            Some(t) if t.repair.is_some() && t.segments.is_empty() => {
+                if let Some(k) = t.repair.as_mut() {
+                    k.extend(keys.iter().cloned());
+                }
+            }
+            // Copied whole or verified now: the copy rewrites every row,
+            // and a verification after this one will find what still
+            // differs.
+            Some(_) => return Ok(false),
+            None => snap
+                .tables
+                .push(TablePlan::repair(table, keys.to_vec(), verify_after, rows_per_second)),
+        }
+        Ok(true)
     }
 
     fn tables(&self) -> Vec<TableId> {

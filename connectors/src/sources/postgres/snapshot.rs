@@ -99,6 +99,18 @@ pub struct TablePlan {
     /// binary order, from the start again after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<u64>,
+    /// The rows per second a verification reads at most (0: no bound).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_rate: u64,
+    /// Set when the table's rows of these keys (canonical key texts) are
+    /// sent again to repair them, not the whole table copied; the
+    /// verification `verify` is made once they are out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Vec<String>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TablePlan {
@@ -109,12 +121,34 @@ impl TablePlan {
             table: id.table.clone(),
             segments: Vec::new(),
             verify: None,
+            verify_rate: 0,
+            repair: None,
         }
     }
 
-    /// A table to verify (verification `id`), not copy.
-    pub fn verify(id: &TableId, verification: u64) -> Self {
-        Self { verify: Some(verification), ..Self::new(id) }
+    /// The rows of `keys` of a table to send again, then verify it
+    /// (verification `verify_after`, at most `rows_per_second`).
+    pub fn repair(id: &TableId, keys: Vec<String>, verify_after: u64, rows_per_second: u64) -> Self {
+        Self {
+            repair: Some(keys),
+            ..Self::verify(id, verify_after, rows_per_second)
+        }
+    }
+
+    /// Whether the plan reads the table to verify it (and not to repair
+    /// rows first).
+    pub fn verifies(&self) -> bool {
+        self.verify.is_some() && self.repair.is_none()
+    }
+
+    /// A table to verify (verification `id`, at most `rows_per_second`),
+    /// not copy.
+    pub fn verify(id: &TableId, verification: u64, rows_per_second: u64) -> Self {
+        Self {
+            verify: Some(verification),
+            verify_rate: rows_per_second,
+            ..Self::new(id)
+        }
     }
 
     /// The table id.
@@ -346,7 +380,7 @@ impl SnapshotRun {
         // Plan tables that have no segments yet, inside the snapshot.
         for t in tables.iter_mut() {
             if t.plan.verify.is_some() {
-                // A verification has no resume point (its ranges are each
+                // A verification or repair has no resume point (its ranges are each
                 // compared at their own position): read whole, from the
                 // start, and not shown as a copy.
                 t.plan.segments = vec![Segment::default()];
@@ -542,6 +576,11 @@ async fn run_worker(
         let next = shared.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
         let Some((ti, si)) = next else { return Ok(()) };
         let t = &shared.tables[ti];
+        if let Some(keys) = &t.plan.repair {
+            let span = tracing::info_span!("repair", table = %t.schema.id, keys = keys.len());
+            read_for_repair(client, shared, ti, si, keys, tx).instrument(span).await?;
+            continue;
+        }
         if let Some(id) = t.plan.verify {
             let span = tracing::info_span!("verify", table = %t.schema.id, id);
             read_for_verification(client, shared, ti, si, id, tx).instrument(span).await?;
@@ -668,6 +707,7 @@ async fn read_for_verification(
         let range = VerifyRange {
             id,
             at,
+            connector: shared.ctx.connector.to_string(),
             schema_id: 0,
             key_schema_id: None,
             after: after.clone(),
@@ -686,8 +726,16 @@ async fn read_for_verification(
     let mut after: Option<Vec<Option<String>>> = None;
     let mut rows = Vec::with_capacity(VERIFY_RANGE_ROWS);
     let mut read = CopyRows::new(stream, binary.as_deref(), schema, "reading a table to verify it");
+    let started = tokio::time::Instant::now();
+    let mut read_rows: u64 = 0;
     while let Some((row, _)) = read.next().await? {
         if rows.len() >= VERIFY_RANGE_ROWS {
+            // A bounded share of the source: the rows read so far are due
+            // no sooner than the rate allows.
+            if t.plan.verify_rate > 0 {
+                let due = Duration::from_secs_f64(read_rows as f64 / t.plan.verify_rate as f64);
+                tokio::time::sleep_until(started + due).await;
+            }
             let full = std::mem::replace(&mut rows, Vec::with_capacity(VERIFY_RANGE_ROWS));
             let chunk = range(&after, full, false);
             if let Some(SourceMessage::Verify(_, r)) = chunk.messages.first() {
@@ -698,9 +746,105 @@ async fn read_for_verification(
             }
         }
         rows.push(VerifyRange::entry(&digest_row(schema, &row)));
+        read_rows += 1;
     }
     let _ = tx.send(Ok(range(&after, rows, true))).await;
     Ok(())
+}
+
+/// Keys a repair reads per statement.
+const REPAIR_KEYS_PER_READ: usize = 500;
+
+/// Reads the rows of `keys` (canonical key texts) of table `ti` and sends
+/// them as the copy's rows are sent (at the run's position), in chunks of
+/// one statement's keys; a key the table no longer has sends nothing.
+async fn read_for_repair(
+    client: &tokio_postgres::Client,
+    shared: &WorkerShared,
+    ti: usize,
+    si: usize,
+    keys: &[String],
+    tx: &mpsc::Sender<Result<Chunk>>,
+) -> Result<()> {
+    let t = &shared.tables[ti];
+    let schema = &t.schema;
+    let native: Arc<str> = format_lsn(shared.lsn).into();
+    let position = Position { commit: shared.lsn, index: 0 };
+    let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())));
+    let parts: Vec<&[String]> = if keys.is_empty() {
+        vec![&[]]
+    } else {
+        keys.chunks(REPAIR_KEYS_PER_READ).collect()
+    };
+    let count = parts.len();
+    for (i, part) in parts.into_iter().enumerate() {
+        let mut messages = Vec::with_capacity(part.len());
+        if !part.is_empty() {
+            let sql = repair_query(t, part, binary.is_some())?;
+            let stream = client
+                .copy_out(sql.as_str())
+                .await
+                .map_err(|e| classify_pg(e, "reading rows to repair").with_table(schema.id.clone()))?;
+            futures::pin_mut!(stream);
+            let now = crate::now_ms();
+            let mut rows = CopyRows::new(stream, binary.as_deref(), schema, "reading rows to repair");
+            while let Some((row, _)) = rows.next().await? {
+                messages.push(read_event(schema, row, &shared.ctx, position, &native, now));
+            }
+        }
+        let chunk = Chunk {
+            table: ti,
+            segment: si,
+            messages,
+            last: None,
+            done: i + 1 == count,
+        };
+        if tx.send(Ok(chunk)).await.is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// The `COPY` of the rows of `keys` (canonical key texts) of a table.
+fn repair_query(t: &SnapshotTable, keys: &[String], binary: bool) -> Result<String> {
+    use tributary_schemas::canonical::{key_value, parse_key_text};
+    let schema = &t.schema;
+    let key_columns: Vec<&tributary_schemas::Column> =
+        schema.key_indexes().into_iter().map(|k| &schema.columns[k]).collect();
+    let mut tuples = Vec::with_capacity(keys.len());
+    for key in keys {
+        let texts = parse_key_text(key).filter(|t| t.len() == key_columns.len()).ok_or_else(|| {
+            Error::permanent(format!("a key to repair is not a key of the table: {key}")).with_table(schema.id.clone())
+        })?;
+        let mut literals = Vec::with_capacity(texts.len());
+        for (c, text) in key_columns.iter().zip(&texts) {
+            let value = key_value(&c.data_type, text.as_deref()).ok_or_else(|| {
+                Error::permanent(format!("a key to repair does not read as key column {} ({})", c.name, c.data_type))
+                    .with_table(schema.id.clone())
+            })?;
+            let mut literal = String::new();
+            crate::sink::text::render_text(&mut literal, &value).map_err(|e| {
+                Error::permanent(format!("key column {} ({}): {e}", c.name, c.data_type)).with_table(schema.id.clone())
+            })?;
+            literals.push(format!("{}::{}", quote_literal(&literal), c.source_type));
+        }
+        tuples.push(format!("({})", literals.join(", ")));
+    }
+    let cols = schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let key_list = key_columns.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+    let only = if t.partitioned { "" } else { "ONLY " };
+    let format = if binary { " (FORMAT binary)" } else { "" };
+    Ok(format!(
+        "COPY (SELECT {cols} FROM {only}{} WHERE ({key_list}) IN ({})) TO STDOUT{format}",
+        quote_table(&schema.id),
+        tuples.join(", ")
+    ))
 }
 
 /// The rows of one `COPY ... TO STDOUT`, decoded one by one as its data
@@ -727,7 +871,15 @@ where
             Some(cols) => RowFormat::Binary { cols, header: false },
             None => RowFormat::Text,
         };
-        Self { stream, format, schema, what, buf: Bytes::new(), at: 0, pending: Vec::new() }
+        Self {
+            stream,
+            format,
+            schema,
+            what,
+            buf: Bytes::new(),
+            at: 0,
+            pending: Vec::new(),
+        }
     }
 
     /// The next row (and its text line, in text), `None` at the end.
@@ -1128,6 +1280,8 @@ mod tests {
                     started: true,
                 }],
                 verify: Some(7),
+                verify_rate: 100,
+                repair: None,
             }],
         };
         let json = serde_json::to_string(&s).unwrap();
