@@ -27,7 +27,7 @@ pub async fn delete(config: SourceRunnerConfig, yes: bool) -> ExitCode {
         println!(
             "This deletes copy {name:?}: its replication slot and publication (PostgreSQL), its \
              Kafka topics (its table topics {prefix}.<schema>.<table>, their .dlq topics and its \
-             offsets topic {prefix}.tributary.offsets), and their schema subjects. Type the copy's \
+             offsets topic {prefix}.tributary.offsets, its requests topic {prefix}.tributary-requests), and their schema subjects. Type the copy's \
              name to confirm:",
             name = config.name
         );
@@ -94,8 +94,10 @@ pub async fn delete_topics(config: &SourceRunnerConfig) -> Result<Vec<String>, E
     let prefix = config.prefix().to_string();
     let naming = TopicNaming::new(config.topic_template.clone());
     let offsets = config.offsets_topic();
+    let requests = tributary_schemas::records::requests::topic(config.prefix());
     let ours = move |t: &str| {
         t == offsets
+            || t == requests
             || naming.is_table_topic(&prefix, t)
             || tributary_schemas::topic::is_dead_letter_topic(t, tributary_schemas::topic::DLQ_SUFFIX, |x| {
                 naming.is_table_topic(&prefix, x)

@@ -1152,6 +1152,16 @@ impl Source for PostgresSource {
             if !filter.captures(table) || !state.tables.contains(&table.to_string()) {
                 continue;
             }
+            // Known not to be verifiable (no key, or a key type that does
+            // not order alike everywhere): left out here, so that the
+            // answer says so.
+            if state.keyless.contains_key(&table.to_string())
+                || self.announced.get(table).is_some_and(|s| unverifiable(s, true).is_some())
+            {
+                tracing::warn!(table = %table, "the table is not verified: it has no key, or a key of a type whose \
+                    order differs between databases");
+                continue;
+            }
             let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
             // Being copied (or verified) already: its copy is checked by
             // the next verification.
