@@ -179,6 +179,8 @@ pub struct Verification {
     pub ranges_differing: u64,
     /// Rows that differed (missing, extra or changed).
     pub rows_differing: u64,
+    /// Whether the destination table's columns differed from the source's.
+    pub schema_differs: bool,
     /// Of them, rows repaired (`[verify] repair`): removed from the
     /// destination, or asked of the source again (a verification of the
     /// table follows the repair).
@@ -216,6 +218,9 @@ pub struct VerifiedRange<'a> {
     pub last: bool,
     /// Its differing rows repaired: removed, or asked of the source again.
     pub repaired: u64,
+    /// Whether the destination table's columns differed from the source's
+    /// (named in `differences`).
+    pub schema_differs: bool,
 }
 
 /// Why and when a table was copied again.
@@ -626,6 +631,7 @@ impl Telemetry {
                     ranges_verified: 0,
                     ranges_differing: 0,
                     rows_differing: 0,
+                    schema_differs: false,
                     rows_repaired: 0,
                     differences: Vec::new(),
                     position: String::new(),
@@ -641,13 +647,19 @@ impl Telemetry {
             let room = STATUS_DIFFERENCES.saturating_sub(v.differences.len());
             v.differences.extend(range.differences.iter().take(room).cloned());
             v.position = format!("{}:{}", range.position.0, range.position.1);
+            v.schema_differs |= range.schema_differs;
             if let Some(why) = range.unsupported {
                 v.state = "not_verified".into();
                 v.reason.get_or_insert_with(|| why.to_string());
             }
             if range.last {
                 if v.state == "running" {
-                    v.state = if v.rows_differing > 0 { "differs" } else { "equal" }.into();
+                    v.state = if v.rows_differing > 0 || v.schema_differs {
+                        "differs"
+                    } else {
+                        "equal"
+                    }
+                    .into();
                 }
                 v.finished_ms = Some(now);
                 Some(v.rows_differing)

@@ -452,7 +452,8 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// Says what a verified range found: status, metrics, and each
     /// differing key in the log (never values).
     fn report_verified(&self, label: &str, outcome: &verify::Outcome, repair_asked: u64) {
-        let differences: Vec<String> = outcome.differences.iter().map(ToString::to_string).collect();
+        let mut differences: Vec<String> = outcome.schema.iter().map(|s| format!("columns: {s}")).collect();
+        differences.extend(outcome.differences.iter().map(ToString::to_string));
         for d in differences.iter().take(verify::MAX_LOGGED_DIFFERENCES) {
             warn!(table = %label, verification = outcome.id, "verification: {d}");
         }
@@ -474,6 +475,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 unsupported: outcome.unsupported.as_deref(),
                 last: outcome.last,
                 repaired: outcome.removed + repair_asked,
+                schema_differs: !outcome.schema.is_empty(),
             },
         );
         if outcome.last {

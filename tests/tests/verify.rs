@@ -48,6 +48,46 @@ async fn a_repair_makes_the_table_equal_and_the_next_verification_clean() {
     source.cleanup().await;
 }
 
+/// A column dropped from the destination behind the sink's back: the
+/// verification says the columns differ (the change the sink would make);
+/// with repair, the sink makes it, the rows' values of the column are sent
+/// again, and the next verification is equal.
+#[tokio::test]
+async fn the_destinations_columns_are_verified_and_repaired() {
+    let mut source = Source::new(SourceKind::Postgres, "verify").await;
+    let sink = Sink::new(SinkKind::Postgres, "verify").await;
+    let t = source.qualified("items");
+    create_items(&mut source, &t).await;
+    let mut runners = Runners::new(&source, &sink);
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+    let Sink::Postgres(d) = &sink else {
+        unreachable!("a PostgreSQL destination")
+    };
+    d.exec(&format!("ALTER TABLE \"{}\".\"items\" DROP COLUMN b", d.schema)).await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["state"], "differs", "{v}");
+    let first = v["differences"][0].as_str().unwrap_or_default().to_string();
+    assert!(first.starts_with("columns: ") && first.contains("ADD COLUMN \"b\""), "{v}");
+
+    runners.sink.kill9();
+    runners.append_config(false, "[verify]\nrepair = true\n");
+    runners.sink.start();
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["state"], "differs", "{v}");
+    assert_eq!(v["rows_differing"], ROWS, "every row lacks b until the source sends it again: {v}");
+    let again = runners.verified_where("items", |later| later > id).await;
+    assert_eq!(again["state"], "equal", "after the repair: {again}");
+    converge(&mut source, &sink, &mut runners, "items", "after the repair").await;
+    runners.assert_alive("after the repair");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
 /// `[verify] every_secs`: the source runner verifies every table by itself,
 /// again and again, while writes go on; every verification is equal.
 #[tokio::test]

@@ -197,6 +197,9 @@ pub struct Outcome {
     pub removed: u64,
     /// Why the range could not be compared, when it could not.
     pub unsupported: Option<String>,
+    /// How the destination table's columns differ from the source's (the
+    /// changes the sink would make; made, with repair).
+    pub schema: Vec<String>,
 }
 
 impl Outcome {
@@ -211,6 +214,7 @@ impl Outcome {
             differences: Vec::new(),
             removed: 0,
             unsupported: None,
+            schema: Vec::new(),
         }
     }
 
@@ -224,6 +228,17 @@ impl Outcome {
             .collect()
     }
 
+    /// A range whose destination table's columns differ from the source's
+    /// (`differences`, the changes the sink would make): its rows are not
+    /// compared.
+    pub fn schema_differs(schema: &TableSchema, range: &VerifyRange, differences: Vec<String>) -> Self {
+        Self {
+            rows: 0,
+            schema: differences,
+            ..Self::of(schema, range)
+        }
+    }
+
     /// A range the destination could not compare, and why.
     pub fn unsupported(schema: &TableSchema, range: &VerifyRange, why: impl Into<String>) -> Self {
         Self {
@@ -234,7 +249,7 @@ impl Outcome {
 
     /// Whether the range is equal in the destination.
     pub fn equal(&self) -> bool {
-        self.unsupported.is_none() && self.differing == 0
+        self.unsupported.is_none() && self.differing == 0 && self.schema.is_empty()
     }
 }
 

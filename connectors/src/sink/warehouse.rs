@@ -190,6 +190,20 @@ pub trait Warehouse: Send {
     /// Undoes everything since [`Warehouse::savepoint`].
     async fn rollback_to_savepoint(&mut self) -> Result<()>;
 
+    /// What `table` lacks to take the rows of `schema` from a source of
+    /// kind `origin`, as committed: the changes [`Warehouse::reconcile`]
+    /// would make, in the destination's words (empty: none); `None` when
+    /// the destination cannot say (the default). For verification: the
+    /// destination's columns and types against the source's.
+    async fn schema_differences(
+        &mut self,
+        _table: &Self::Table,
+        _schema: &TableSchema,
+        _origin: &str,
+    ) -> Result<Option<Vec<String>>> {
+        Ok(None)
+    }
+
     /// The rows of `table` whose key is in `range`, as committed (outside
     /// any unit), each as the values of `schema`'s columns in order, read
     /// back into the model's types as the sink's type mapping says (an
@@ -291,9 +305,32 @@ impl<W: WarehouseSink> Sink for W {
             return Err(self.failed(e));
         }
         let table = self.destination(&schema.id);
+        // The columns first: the table's rows can only be read back as the
+        // source's once it has them.
+        let schema_differences = match self.schema_differences(&table, schema, &range.connector).await {
+            Ok(d) => d.unwrap_or_default(),
+            Err(e) if e.kind() == ErrorKind::Permanent => vec![format!("the table's columns cannot be compared: {e}")],
+            Err(e) => return Err(self.failed(e.or_table(&schema.id))),
+        };
+        if !schema_differences.is_empty() {
+            if !repair {
+                return Ok(verify::Outcome::schema_differs(schema, range, schema_differences));
+            }
+            // What the sink would do at the table's next change, now.
+            self.begin(Mode::Commit).await?;
+            let reconciled = self.reconcile(&table, schema, &range.connector).await;
+            match reconciled {
+                Ok(()) => self.finish(&[]).await?,
+                Err(e) => {
+                    self.abort().await;
+                    return Err(e);
+                }
+            }
+        }
         match self.read_range(&table, schema, &bounds).await {
             Ok(Some(rows)) => {
                 let mut outcome = verify::compare(schema, range, &rows)?;
+                outcome.schema = schema_differences;
                 if repair {
                     outcome.removed = verify::remove_extra(self, schema, range, &rows, &outcome).await?;
                 }

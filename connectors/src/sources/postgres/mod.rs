@@ -1193,17 +1193,19 @@ impl Source for PostgresSource {
             return Ok(false);
         }
         let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
-        match snap.tables.iter_mut().find(|t| t.id() == *table) {
-            // Asked already and not read yet: the keys join it.
-            Some(t) if t.repair.is_some() && t.segments.is_empty() => {
+        // Only a plan not read yet (no segments) can take the keys: one
+        // being read runs on, and this one after it.
+        match snap.tables.iter_mut().find(|t| t.id() == *table && t.segments.is_empty()) {
+            // Asked already: the keys join it.
+            Some(t) if t.repair.is_some() => {
                 if let Some(k) = t.repair.as_mut() {
                     k.extend(keys.iter().cloned());
                 }
             }
-            // Copied whole or verified now: the copy rewrites every row,
-            // and a verification after this one will find what still
-            // differs.
-            Some(_) => return Ok(false),
+            // To be copied whole: the copy rewrites every row.
+            Some(t) if t.verify.is_none() => return Ok(false),
+            // To be verified: the repair goes first, and verifies after.
+            Some(t) => *t = TablePlan::repair(table, keys.to_vec(), verify_after, rows_per_second),
             None => snap
                 .tables
                 .push(TablePlan::repair(table, keys.to_vec(), verify_after, rows_per_second)),
