@@ -653,13 +653,12 @@ impl Telemetry {
                 v.reason.get_or_insert_with(|| why.to_string());
             }
             if range.last {
-                if v.state == "running" {
-                    v.state = if v.rows_differing > 0 || v.schema_differs {
-                        "differs"
-                    } else {
-                        "equal"
-                    }
-                    .into();
+                // Columns that differ explain ranges that could not be
+                // read back: the table differs.
+                if v.schema_differs {
+                    v.state = "differs".into();
+                } else if v.state == "running" {
+                    v.state = if v.rows_differing > 0 { "differs" } else { "equal" }.into();
                 }
                 v.finished_ms = Some(now);
                 Some(v.rows_differing)
