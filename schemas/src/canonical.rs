@@ -12,12 +12,10 @@
 //! label kept as text. What a destination cannot hold exactly, the sinks
 //! refuse (docs/type-mapping.md); so equal canonical texts mean equal rows.
 //!
-//! A row's digest is a 64-bit hash of its columns' canonical texts (SHA-256,
+//! A row's digest is a 64-bit hash of its columns' canonical texts (XXH3,
 //! NULL told apart from every text) and one byte per column (a fingerprint
 //! of that column's text), so that a row that differs says which column
 //! does, without the row's values ever leaving the databases.
-
-use sha2::{Digest, Sha256};
 
 use crate::model::{DataType, TableSchema, Value};
 
@@ -153,41 +151,79 @@ pub struct RowDigest {
 }
 
 /// The digest of `row`, whose values are `schema`'s columns in order.
+///
+/// XXH3 (64 bits, seed 0: a fixed algorithm, so that runners of other
+/// builds agree) over each column's tag (NULL or not), length and text;
+/// the common types are written into one buffer, without a text per value.
 pub fn digest_row(schema: &TableSchema, row: &[Value]) -> RowDigest {
-    let mut hash = Sha256::new();
+    use std::hash::Hasher;
+    use twox_hash::XxHash3_64;
+
+    let mut hash = XxHash3_64::with_seed(0);
     let mut columns = Vec::with_capacity(schema.columns.len());
-    let mut texts: Vec<Option<String>> = Vec::with_capacity(schema.columns.len());
+    let mut key: Vec<(usize, Option<String>)> = Vec::with_capacity(schema.key.len());
+    let mut text = String::new();
     for (column, value) in schema.columns.iter().zip(row) {
-        let text = canonical_text(&column.data_type, value);
-        match &text {
-            None => {
-                hash.update([0u8]);
-                columns.push(0);
+        text.clear();
+        let key_at = schema.key.iter().position(|k| *k == column.name);
+        if write_canonical(&mut text, &column.data_type, value) {
+            hash.write_u8(1);
+            hash.write_u64(text.len() as u64);
+            hash.write(text.as_bytes());
+            columns.push(fingerprint(&text));
+            if let Some(at) = key_at {
+                key.push((at, Some(text.clone())));
             }
-            Some(t) => {
-                hash.update([1u8]);
-                hash.update((t.len() as u64).to_le_bytes());
-                hash.update(t.as_bytes());
-                columns.push(fingerprint(t));
+        } else {
+            hash.write_u8(0);
+            columns.push(0);
+            if let Some(at) = key_at {
+                key.push((at, None));
             }
         }
-        texts.push(text);
     }
-    let digest = hash.finalize();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    let key = key_text(schema.key_indexes().iter().map(|&i| texts.get(i).cloned().flatten()));
-    RowDigest { key, hash: u64::from_le_bytes(first), columns }
+    // In key order, which may differ from the columns' order.
+    key.sort_by_key(|(at, _)| *at);
+    RowDigest {
+        key: key_text(key.into_iter().map(|(_, t)| t)),
+        hash: hash.finish(),
+        columns,
+    }
+}
+
+/// [`canonical_text`] written into `out`; false for NULL (nothing
+/// written).
+pub fn write_canonical(out: &mut String, data_type: &DataType, value: &Value) -> bool {
+    use std::fmt::Write;
+    let plain_text =
+        !matches!(data_type, DataType::Uuid | DataType::Json | DataType::Decimal { .. } | DataType::VariableDecimal);
+    // Writing into a String cannot fail.
+    let _ = match value {
+        Value::Null => return false,
+        Value::Int16(v) => write!(out, "{v}"),
+        Value::Int32(v) => write!(out, "{v}"),
+        Value::Int64(v) => write!(out, "{v}"),
+        Value::Date(v) => write!(out, "{v}"),
+        Value::Time(v) | Value::Timestamp(v) | Value::TimestampTz(v) => write!(out, "{v}"),
+        Value::Text(t) | Value::Enum(t) if plain_text => {
+            out.push_str(t);
+            Ok(())
+        }
+        Value::Uuid(u) => write!(out, "{}", u.hyphenated()),
+        other => match canonical_text(data_type, other) {
+            Some(t) => {
+                out.push_str(&t);
+                Ok(())
+            }
+            None => return false,
+        },
+    };
+    true
 }
 
 /// A column's fingerprint byte: never 0, which stands for NULL.
 fn fingerprint(text: &str) -> u8 {
-    use std::hash::Hasher;
-    let mut h = crate::hashing::FxHasher::default();
-    h.write(text.as_bytes());
-    h.write_usize(text.len());
-    let v = h.finish();
-    let b = (v >> 56) as u8 ^ (v >> 24) as u8;
+    let b = twox_hash::XxHash3_64::oneshot(text.as_bytes()) as u8;
     if b == 0 {
         1
     } else {
@@ -195,14 +231,42 @@ fn fingerprint(text: &str) -> u8 {
     }
 }
 
-/// The JSON array of a key's canonical texts.
+/// The JSON array of a key's canonical texts (as serde_json writes it).
 pub fn key_text(texts: impl Iterator<Item = Option<String>>) -> String {
-    serde_json::Value::Array(
-        texts
-            .map(|t| t.map_or(serde_json::Value::Null, serde_json::Value::String))
-            .collect(),
-    )
-    .to_string()
+    let mut out = String::from("[");
+    for (i, t) in texts.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match t {
+            None => out.push_str("null"),
+            Some(t) => json_string(&mut out, &t),
+        }
+    }
+    out.push(']');
+    out
+}
+
+/// `text` as a JSON string, escaped as serde_json escapes it.
+fn json_string(out: &mut String, text: &str) {
+    use std::fmt::Write;
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// The canonical texts of a key's JSON array ([`key_text`]).
@@ -339,6 +403,15 @@ mod tests {
         let differing: Vec<usize> = (0..3).filter(|&i| one.columns[i] != two.columns[i]).collect();
         assert_eq!(differing, vec![2]);
         assert_eq!(parse_key_text(&one.key), Some(vec![Some("1".to_string())]));
+        // The key's JSON is serde_json's, escapes and all.
+        let odd = vec![Some("a\"b\\c\n\u{1}\u{8}é".to_string()), None];
+        let by_serde = serde_json::Value::Array(vec![
+            serde_json::Value::String(odd[0].clone().unwrap_or_default()),
+            serde_json::Value::Null,
+        ])
+        .to_string();
+        assert_eq!(key_text(odd.clone().into_iter()), by_serde);
+        assert_eq!(parse_key_text(&by_serde), Some(odd));
         assert_eq!(key_value(&DataType::Int64, Some("1")), Some(Value::Int64(1)));
     }
 }

@@ -257,8 +257,22 @@ async fn verified_copy(kind: SinkKind) {
         .to_string();
     assert!(differing.ends_with(" 3"), "{differing}\n{metrics}");
 
+    // Repair, still under load: the sink removes the row only it has and
+    // asks the source for the other two again; the source's verification
+    // after the repair is equal.
+    runners.sink.kill9();
+    runners.append_config(false, "[verify]\nrepair = true\n");
+    runners.sink.start();
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["rows_differing"], 3, "{v}");
+    assert_eq!(v["rows_repaired"], 3, "one removed, two sent again: {v}");
+    let again = runners.verified_where("items", |later| later > id).await;
+    assert_eq!(again["state"], "equal", "the verification after the repair: {again}");
+
     stop.store(true, Ordering::Relaxed);
     load.await.expect("write load");
+    converge(&mut source, &sink, &mut runners, "items", "after the repair").await;
     runners.assert_alive("after verifying");
     runners.delete();
     sink.cleanup().await;

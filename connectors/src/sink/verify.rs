@@ -397,6 +397,33 @@ mod tests {
     }
 
     #[test]
+    fn keys_order_as_every_destination_orders_them() {
+        use std::cmp::Ordering::*;
+        let d = |t: &str| vec![Value::Decimal(t.into())];
+        assert_eq!(compare_keys(&d("-10.5"), &d("-9")), Less);
+        assert_eq!(compare_keys(&d("2.50"), &d("2.5")), Equal);
+        assert_eq!(compare_keys(&d("10"), &d("9.99")), Greater);
+        let t = |s: &str| vec![Value::Text(s.into())];
+        // By bytes: upper case before lower case, "é" after "z".
+        assert_eq!(compare_keys(&t("Z"), &t("a")), Less);
+        assert_eq!(compare_keys(&t("é"), &t("z")), Greater);
+        assert_eq!(
+            compare_keys(&[Value::Int32(5), Value::Text("b".into())], &[Value::Int64(5), Value::Text("a".into())]),
+            Greater
+        );
+        let range = KeyRange {
+            after: Some(vec![Value::Int32(10)]),
+            until: Some(vec![Value::Int32(20)]),
+        };
+        assert!(
+            !range.contains(&[Value::Int64(10)])
+                && range.contains(&[Value::Int16(11)])
+                && range.contains(&[Value::Int32(20)])
+        );
+        assert!(!range.contains(&[Value::Int32(21)]));
+    }
+
+    #[test]
     fn every_kind_of_difference_is_named_and_nothing_else() {
         let s = schema();
         let source = [row(1, "a", 1), row(2, "b", 2), row(3, "c", 3)];

@@ -153,9 +153,11 @@ impl VerifyRange {
 
     /// A row's entry in [`VerifyRange::rows`].
     pub fn entry(digest: &crate::canonical::RowDigest) -> (String, String, String) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut columns = String::with_capacity(digest.columns.len() * 2);
         for b in &digest.columns {
-            columns.push_str(&format!("{b:02x}"));
+            columns.push(DIGITS[usize::from(b >> 4)] as char);
+            columns.push(DIGITS[usize::from(b & 15)] as char);
         }
         (digest.key.clone(), format!("{:016x}", digest.hash), columns)
     }

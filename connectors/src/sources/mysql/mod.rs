@@ -438,7 +438,7 @@ impl MySqlSource {
         // the stream goes on from there: per key nothing older than a row
         // follows it.
         let behind = !first && state.binlog.ordered() < run.position.ordered();
-        for t in &run.plan.tables {
+        for t in run.plan.tables.iter().filter(|t| t.verify.is_none()) {
             let id = t.id();
             // A table copied again (renamed back to a name copied before)
             // starts its progress over; a resumed copy keeps it.
@@ -864,13 +864,64 @@ impl Source for MySqlSource {
                         position: Some(position),
                         tables: Vec::new(),
                     });
-                    if !plan.tables.iter().any(|t| t.id() == *id) {
-                        plan.tables.push(TablePlan::new(id));
+                    match plan.tables.iter_mut().find(|t| t.id() == *id) {
+                        // A verification of it gives way to the copy.
+                        Some(t) if t.verify.is_some() => *t = TablePlan::new(id),
+                        Some(_) => {}
+                        None => plan.tables.push(TablePlan::new(id)),
                     }
                 }
             }
             // A copy made before must not count as this one's.
             self.progress.remove(id);
+        }
+        Ok(out)
+    }
+
+    async fn verify(&mut self, tables: &[TableId], id: u64, rows_per_second: u64) -> Result<Vec<TableId>> {
+        // While a copy runs, its plan is the run's: verified after it.
+        if self.config.snapshot_mode == SnapshotMode::Never || self.snapshot.is_some() {
+            return Ok(Vec::new());
+        }
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let mut out = Vec::new();
+        for table in tables {
+            let Some(def) = state.history.get(table).filter(|_| filter.captures(table)) else {
+                continue;
+            };
+            let Ok(built) = BuiltSchema::build(&self.config, filter, table, def) else {
+                continue;
+            };
+            let keys: Vec<&tributary_schemas::Column> = def
+                .primary_key
+                .iter()
+                .filter_map(|k| built.schema.column_index(k).map(|i| &built.schema.columns[i]))
+                .collect();
+            if keys.is_empty()
+                || keys.len() != def.primary_key.len()
+                || keys
+                    .iter()
+                    .any(|c| !tributary_schemas::canonical::orders_everywhere(&c.data_type))
+            {
+                tracing::warn!(table = %table, "the table is not verified: it has no primary key, or a key of a type \
+                    whose order differs between databases");
+                continue;
+            }
+            let position = state.binlog.clone();
+            let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
+                initial: false,
+                position: Some(position),
+                tables: Vec::new(),
+            });
+            if plan.tables.iter().any(|t| t.id() == *table) {
+                continue;
+            }
+            plan.tables.push(TablePlan::verify(table, id, rows_per_second));
+            out.push(table.clone());
         }
         Ok(out)
     }

@@ -47,6 +47,22 @@ pub struct TablePlan {
     /// Whether every row was emitted.
     #[serde(default)]
     pub done: bool,
+    /// Set when the table is read to verify it, not copied: the
+    /// verification's id. Its rows go out as ranges of digests
+    /// ([`SourceMessage::Verify`]), read in the key's binary order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<u64>,
+    /// The rows per second a verification reads at most (0: no bound).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_rate: u64,
+    /// A verification's last range's upper bound (canonical key texts): the
+    /// next range's lower one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_until: Option<Vec<Option<String>>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TablePlan {
@@ -58,6 +74,18 @@ impl TablePlan {
             last_key: None,
             rows_done: 0,
             done: false,
+            verify: None,
+            verify_rate: 0,
+            verify_until: None,
+        }
+    }
+
+    /// A table to verify (verification `id`, at most `rows_per_second`).
+    pub fn verify(id: &TableId, verification: u64, rows_per_second: u64) -> Self {
+        Self {
+            verify: Some(verification),
+            verify_rate: rows_per_second,
+            ..Self::new(id)
         }
     }
 
@@ -296,6 +324,9 @@ impl SnapshotRun {
     }
 
     async fn read_chunk(&mut self, index: usize, id: &TableId, ctx: &EventContext) -> Result<Chunk> {
+        if let Some(verification) = self.plan.tables[index].verify {
+            return self.read_verify_range(index, id, verification, ctx).await;
+        }
         let built = self.built.get(id).ok_or_else(|| Error::retryable("snapshot schema missing"))?;
         let def = self
             .defs
@@ -397,6 +428,128 @@ impl SnapshotRun {
         Ok(Chunk { table: id.clone(), messages, table_done })
     }
 }
+
+impl SnapshotRun {
+    /// The next range of a table read to verify it: up to
+    /// `VERIFY_RANGE_ROWS` rows after the last range's, in the key's binary
+    /// order (text by its bytes, as every destination orders it), as one
+    /// verify message of their digests.
+    async fn read_verify_range(
+        &mut self,
+        index: usize,
+        id: &TableId,
+        verification: u64,
+        ctx: &EventContext,
+    ) -> Result<Chunk> {
+        use tributary_schemas::canonical::{digest_row, parse_key_text};
+        use tributary_schemas::records::VerifyRange;
+
+        let built = self.built.get(id).ok_or_else(|| Error::retryable("snapshot schema missing"))?;
+        let def = self
+            .defs
+            .get(id)
+            .ok_or_else(|| Error::retryable("snapshot definition missing"))?;
+        let plan = &self.plan.tables[index];
+        let schema = built.schema.clone();
+        let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
+        if pk.is_empty() || pk.len() != def.primary_key.len() {
+            return Err(Error::permanent("a table without a primary key is not verified").with_table(id.clone()));
+        }
+        let binary = |i: usize, expr: String| match schema.columns[i].data_type {
+            DataType::Text | DataType::Enum { .. } => format!("CAST({expr} AS BINARY)"),
+            _ => expr,
+        };
+        let order: Vec<String> = pk.iter().map(|&i| binary(i, quote_ident(&schema.columns[i].name))).collect();
+        let cols: Vec<String> = schema.columns.iter().map(|c| quote_ident(&c.name)).collect();
+        let mut sql = format!("SELECT {} FROM {}", cols.join(", "), quote_table(id));
+        if let Some(last) = &plan.last_key {
+            let mut values = Vec::with_capacity(pk.len());
+            for (n, &i) in pk.iter().enumerate() {
+                let hex = last
+                    .get(n)
+                    .ok_or_else(|| Error::needs_operator("the checkpoint's verification key is short"))?;
+                let literal = key_literal(&schema.columns[i].data_type, hex).ok_or_else(|| {
+                    Error::needs_operator("the checkpoint's verification key cannot be read back")
+                        .with_table(id.clone())
+                        .with_column(schema.columns[i].name.clone())
+                })?;
+                values.push(binary(i, literal));
+            }
+            sql.push_str(&format!(" WHERE ({}) > ({})", order.join(", "), values.join(", ")));
+        }
+        let limit = VERIFY_RANGE_ROWS.min(self.chunk_rows as usize).max(1);
+        sql.push_str(&format!(" ORDER BY {} LIMIT {}", order.join(", "), limit + 1));
+        if plan.verify_rate > 0 {
+            // A bounded share of the source: one range's rows per their
+            // share of a second.
+            tokio::time::sleep(std::time::Duration::from_secs_f64(limit as f64 / plan.verify_rate as f64)).await;
+        }
+        let rows: Vec<mysql_async::Row> = self
+            .tx
+            .query(sql)
+            .await
+            .map_err(|e| classify_my(e, "reading a table to verify it").with_table(id.clone()))?;
+        let more = rows.len() > limit;
+        let mut entries = Vec::with_capacity(limit);
+        let mut last_key = None;
+        for (n, row) in rows.into_iter().take(limit).enumerate() {
+            let raw = row.unwrap();
+            if n + 1 == limit {
+                last_key = Some(
+                    pk.iter()
+                        .map(|&i| match raw.get(i) {
+                            Some(mysql_async::Value::Bytes(b)) => hex(b),
+                            Some(other) => hex(other.as_sql(true).as_bytes()),
+                            None => String::new(),
+                        })
+                        .collect::<Vec<_>>(),
+                );
+            }
+            let mut values = Vec::with_capacity(raw.len());
+            for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
+                values.push(codec.from_text(v, id, &col.name)?);
+            }
+            entries.push(VerifyRange::entry(&digest_row(&schema, &values)));
+        }
+        let until = if more {
+            entries.last().and_then(|(key, _, _)| parse_key_text(key))
+        } else {
+            None
+        };
+        let read = Position { commit: self.position.ordered() + 1, index: 0 };
+        let range = VerifyRange {
+            id: verification,
+            at: read,
+            connector: ctx.connector.to_string(),
+            schema_id: 0,
+            key_schema_id: None,
+            after: plan.verify_until.clone(),
+            until: until.clone(),
+            last: !more,
+            rows: entries,
+        };
+        let plan = &mut self.plan.tables[index];
+        plan.verify_until = until;
+        if last_key.is_some() {
+            plan.last_key = last_key;
+        }
+        plan.done = !more;
+        if self.plan.tables.iter().all(|t| t.done) {
+            self.tx
+                .query_drop("COMMIT")
+                .await
+                .map_err(|e| classify_my(e, "ending the snapshot transaction"))?;
+        }
+        Ok(Chunk {
+            table: id.clone(),
+            messages: vec![SourceMessage::Verify(id.clone(), range)],
+            table_done: !more,
+        })
+    }
+}
+
+/// Rows of a verify range (as the PostgreSQL source's).
+const VERIFY_RANGE_ROWS: usize = 2_000;
 
 fn read_event(
     schema: std::sync::Arc<tributary_schemas::TableSchema>,
