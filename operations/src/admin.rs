@@ -711,10 +711,17 @@ pub mod client {
             "TABLE", "STATE", "SNAPSHOT", "EVENTS", "EV/S", "FAILED", "LAG", "LAST ERROR"
         ));
         for (name, t) in &s.tables {
-            let state = match &t.reason {
+            let mut state = match &t.reason {
                 Some(r) => format!("{} ({r})", t.state),
                 None => t.state.clone(),
             };
+            // A sink's last verification (docs/verification.md).
+            if let Some(v) = &t.verification {
+                state.push_str(&match v.state.as_str() {
+                    "differs" => format!(", verified: {} rows differ", v.rows_differing),
+                    other => format!(", verified: {}", other.replace('_', " ")),
+                });
+            }
             out.push_str(&format!(
                 "{:<32} {:<14} {:>26} {:>10} {:>8.1} {:>8} {:>9}  {}\n",
                 name,
@@ -752,6 +759,14 @@ struct TableStatusView {
     failed_records: u64,
     lag_seconds: Option<f64>,
     last_error: Option<LastErrorView>,
+    #[serde(default)]
+    verification: Option<VerificationView>,
+}
+
+#[derive(Debug, Deserialize)]
+struct VerificationView {
+    state: String,
+    rows_differing: u64,
 }
 
 impl TableStatusView {

@@ -109,7 +109,15 @@ impl OpenTxn {
     /// Adds a batch's counts (its checkpoint is set once the batch is no
     /// longer needed).
     pub fn add(&mut self, batch: &SourceBatch, counts: HashMap<TableId, TableCounts>) {
-        self.events += batch.messages.len();
+        // A verify range weighs as the rows it stands for.
+        self.events += batch
+            .messages
+            .iter()
+            .map(|m| match m {
+                SourceMessage::Verify(_, range) => range.rows.len().max(1),
+                _ => 1,
+            })
+            .sum::<usize>();
         for (id, c) in counts {
             self.per_table.entry(id).or_default().add(c);
         }
@@ -178,12 +186,14 @@ pub fn next_limit(events: usize, snapshot_rows: bool) -> usize {
     }
 }
 
-/// Whether `batch` holds snapshot rows.
+/// Whether `batch` holds snapshot rows (or a verification's ranges, read
+/// as they are: many batches to one transaction).
 pub fn snapshot_rows(batch: &SourceBatch) -> bool {
-    batch
-        .messages
-        .iter()
-        .any(|m| matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::True))
+    batch.messages.iter().any(|m| match m {
+        SourceMessage::Change(e) => e.source.snapshot == SnapshotMarker::True,
+        SourceMessage::Verify(..) => true,
+        _ => false,
+    })
 }
 
 /// Whether `batch` ends the snapshot: it holds its last row.
