@@ -670,6 +670,24 @@ impl PostgresSource {
     }
 
     async fn open_stream(&mut self) -> Result<()> {
+        // The stream closed just before (a copy or verification caught up
+        // to its point) may hold the slot a moment longer: its walsender
+        // ends after the connection does. Waited for here rather than by a
+        // restart from the checkpoint, which would drop what was asked
+        // since (a verification, not yet in a checkpoint).
+        let deadline = std::time::Instant::now() + SLOT_RELEASE_WAIT;
+        loop {
+            match self.open_stream_once().await {
+                Err(e) if e.to_string().contains("SQLSTATE 55006") && std::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "the slot is still held by the stream closed before; waiting");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn open_stream_once(&mut self) -> Result<()> {
         let state = self
             .state
             .as_ref()
@@ -812,6 +830,10 @@ fn unverifiable(schema: &TableSchema, keyed: bool) -> Option<String> {
         .find(|c| !tributary_schemas::canonical::orders_everywhere(&c.data_type))
         .map(|c| format!("its key column {} is of type {}, whose order differs between databases", c.name, c.data_type))
 }
+
+/// How long opening the stream waits for the slot to be released by the
+/// stream closed before it.
+const SLOT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The cluster's system identifier: the epoch of its LSNs.
 async fn system_identifier(client: &tokio_postgres::Client) -> Result<String> {

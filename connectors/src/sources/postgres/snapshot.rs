@@ -642,9 +642,11 @@ async fn read_segment(
     Ok(())
 }
 
-/// Rows of a verify range: about 60 bytes each in the record, so that a
-/// range stays far below Kafka's default 1 MiB record.
-pub const VERIFY_RANGE_ROWS: usize = 2_000;
+/// Rows of a verify range at most: fewer ranges, fewer of the sink's reads.
+pub const VERIFY_RANGE_ROWS: usize = 5_000;
+/// Bytes of a verify range's entries at most (a wide key makes a range of
+/// fewer rows), so that its record stays far below Kafka's default 1 MiB.
+pub const VERIFY_RANGE_BYTES: usize = 256 * 1024;
 
 /// The `COPY` of a table read to verify it: every row in the key's binary
 /// order (text by its bytes, as every destination orders it: see
@@ -728,8 +730,10 @@ async fn read_for_verification(
     let mut read = CopyRows::new(stream, binary.as_deref(), schema, "reading a table to verify it");
     let started = tokio::time::Instant::now();
     let mut read_rows: u64 = 0;
+    let mut bytes = 0usize;
     while let Some((row, _)) = read.next().await? {
-        if rows.len() >= VERIFY_RANGE_ROWS {
+        if rows.len() >= VERIFY_RANGE_ROWS || bytes >= VERIFY_RANGE_BYTES {
+            bytes = 0;
             // A bounded share of the source: the rows read so far are due
             // no sooner than the rate allows.
             if t.plan.verify_rate > 0 {
@@ -745,7 +749,10 @@ async fn read_for_verification(
                 return Ok(());
             }
         }
-        rows.push(VerifyRange::entry(&digest_row(schema, &row)));
+        let entry = VerifyRange::entry(&digest_row(schema, &row));
+        // Its JSON: the three strings, their quotes and commas.
+        bytes += entry.0.len() + entry.1.len() + entry.2.len() + 16;
+        rows.push(entry);
         read_rows += 1;
     }
     let _ = tx.send(Ok(range(&after, rows, true))).await;
