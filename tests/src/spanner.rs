@@ -170,6 +170,59 @@ impl Database {
             .collect())
     }
 
+    /// Runs `statements` (DML) in one read-write transaction, begun again
+    /// when the emulator aborts it (it runs one read-write transaction at a
+    /// time per database, and a sink may be writing).
+    pub async fn execute(&self, statements: &[&str]) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.execute_once(statements).await {
+                Err(e) if e.to_ascii_lowercase().contains("aborted") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn execute_once(&self, statements: &[&str]) -> Result<(), String> {
+        let session = call(self.client.post(format!("{}/sessions", self.url())).json(&json!({}))).await?;
+        let name = session.get("name").and_then(Json::as_str).ok_or("no session name")?.to_string();
+        let run = async {
+            let begin = call(
+                self.client
+                    .post(format!("{}/v1/{name}:beginTransaction", self.rest))
+                    .json(&json!({"options": {"readWrite": {}}})),
+            )
+            .await?;
+            let id = begin.get("id").and_then(Json::as_str).ok_or("no transaction id")?.to_string();
+            let dml: Vec<Json> = statements.iter().map(|sql| json!({"sql": sql})).collect();
+            let done = call(
+                self.client
+                    .post(format!("{}/v1/{name}:executeBatchDml", self.rest))
+                    .json(&json!({"transaction": {"id": id}, "statements": dml, "seqno": "1"})),
+            )
+            .await?;
+            // A statement that fails ends the batch with a status, not an
+            // HTTP error.
+            match done.get("status").and_then(|s| s.get("code")).and_then(Json::as_i64) {
+                None | Some(0) => {}
+                Some(10) => return Err(format!("ABORTED: {done}")),
+                Some(_) => return Err(format!("DML failed: {done}")),
+            }
+            call(
+                self.client
+                    .post(format!("{}/v1/{name}:commit", self.rest))
+                    .json(&json!({"transactionId": id})),
+            )
+            .await
+            .map(|_| ())
+        };
+        let result = run.await;
+        let _ = self.client.delete(format!("{}/v1/{name}", self.rest)).send().await;
+        result
+    }
+
     /// `id|name|qty|price` of every row of `table`, by id (`∅` for NULL;
     /// NUMERIC with two decimals: Spanner drops trailing zeros).
     pub async fn rows(&self, table: &str) -> Vec<String> {

@@ -11,7 +11,7 @@
 //! Errors name the table, the column and the type, never the value.
 
 use tributary_schemas::mapping::{self, SourceType};
-use tributary_schemas::{DataType, TableId, Value};
+use tributary_schemas::{Column, DataType, TableId, Value};
 
 use crate::error::{Error, Result};
 pub use crate::pgwire::{BinaryType, BINARY_COPY_SIGNATURE, PG_EPOCH_DAYS, PG_EPOCH_MICROS};
@@ -192,6 +192,30 @@ pub fn decode_text(data_type: &DataType, text: &str, col: ColumnRef<'_>) -> Resu
             }
         }
     })
+}
+
+/// Cell `i` of `row`, PostgreSQL's text of a value of `column` of `table`
+/// (NULL as [`Value::Null`]), decoded: how a destination speaking
+/// PostgreSQL's protocol reads a value back that it selected as text.
+pub fn text_cell(row: &tokio_postgres::Row, i: usize, table: &TableId, column: &Column) -> Result<Value> {
+    let text: Option<&str> = row.try_get(i).map_err(|e| {
+        Error::permanent(format!("reading column {} ({}) back as text: {e}", column.name, column.data_type))
+            .with_table(table.clone())
+            .with_column(column.name.clone())
+    })?;
+    match text {
+        None => Ok(Value::Null),
+        Some(t) => decode_text(
+            &column.data_type,
+            t,
+            ColumnRef {
+                table,
+                column: &column.name,
+                source_type: &column.source_type,
+                nullable: column.nullable,
+            },
+        ),
+    }
 }
 
 /// A timestamp's value, or, past the 64-bit microseconds (after

@@ -1,7 +1,9 @@
 //! Values as SQL text: the input syntax PostgreSQL reads for each type
 //! (ISO dates, `t`/`f`, `\x` hex bytes, `{...}` arrays). Redshift and
 //! Snowflake read the same forms from their staged files, so every SQL sink
-//! renders values here and only escapes them its own way.
+//! renders values here and only escapes them its own way. [`parse_text`]
+//! reads them back (verification), where a destination keeps a value as
+//! its text.
 //!
 //! Values these forms cannot hold exactly are refused, never written as a
 //! nearby value: PostgreSQL's infinite timestamps (`i64::MIN` / `MAX`
@@ -18,8 +20,8 @@
 
 use std::fmt::Write as _;
 
-use tributary_schemas::temporal::civil_from_days;
-use tributary_schemas::Value;
+use tributary_schemas::temporal::{civil_from_days, days_from_civil};
+use tributary_schemas::{DataType, Value};
 
 /// Why a value without an exact form here is refused ([`Value::SourceText`]).
 pub const NO_EXACT_FORM: &str = "a value the change topic carries only as the source's text (a numeric NaN or \
@@ -209,6 +211,185 @@ pub fn render_float64(out: &mut String, v: f64) {
     render_float(out, v, v.to_string());
 }
 
+/// The value of `text` as [`render_text`] wrote it for a column of type
+/// `data_type` (its inverse): what a destination that keeps a type as its
+/// text holds is read back with it. The error names the type, never the
+/// value; an array kept as text (of several dimensions) has no reading
+/// here.
+pub fn parse_text(data_type: &DataType, text: &str) -> Result<Value, String> {
+    let not = |what: &str| format!("not {what} as the sink writes it");
+    Ok(match data_type {
+        DataType::Boolean => match text {
+            "t" | "true" => Value::Boolean(true),
+            "f" | "false" => Value::Boolean(false),
+            _ => return Err(not("a boolean")),
+        },
+        DataType::Int16 => Value::Int16(text.parse().map_err(|_| not("an int16"))?),
+        DataType::Int32 => Value::Int32(text.parse().map_err(|_| not("an int32"))?),
+        DataType::Int64 => Value::Int64(text.parse().map_err(|_| not("an int64"))?),
+        DataType::Float32 => Value::Float32(parse_float(text).ok_or_else(|| not("a float"))?),
+        DataType::Float64 => Value::Float64(parse_float(text).ok_or_else(|| not("a float"))?),
+        DataType::Decimal { .. } | DataType::VariableDecimal => {
+            let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+            let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+            let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+            if int.is_empty() || !all_digits(int) || !all_digits(frac) {
+                return Err(not("a decimal"));
+            }
+            Value::Decimal(text.to_string())
+        }
+        // A UUID kept as its text compares as its text, in any case.
+        DataType::Text | DataType::Uuid => Value::Text(text.to_string()),
+        DataType::Enum { .. } => Value::Enum(text.to_string()),
+        DataType::Json => Value::Json(text.to_string()),
+        DataType::Bytes | DataType::Bits { .. } => Value::Bytes(parse_bytes(text).ok_or_else(|| not("bytes"))?),
+        DataType::Geometry => Value::Geometry(parse_bytes(text).ok_or_else(|| not("bytes"))?),
+        DataType::Date => Value::Date(parse_date(text).ok_or_else(|| not("a date"))?),
+        DataType::Time | DataType::TimeSpan => Value::Time(parse_time(text).ok_or_else(|| not("a time"))?),
+        DataType::Timestamp => Value::Timestamp(parse_timestamp(text, false).ok_or_else(|| not("a timestamp"))?),
+        DataType::TimestampTz => {
+            Value::TimestampTz(parse_timestamp(text, true).ok_or_else(|| not("a timestamp with time zone"))?)
+        }
+        DataType::Interval => {
+            let (months, days, micros) = parse_interval(text).ok_or_else(|| not("an interval"))?;
+            Value::Interval { months, days, micros }
+        }
+        DataType::Array(_) => return Err("an array kept as its text, which is not read back".into()),
+    })
+}
+
+/// A float, or `NaN`, `Infinity`, `-Infinity` (as [`render_float`] writes them).
+fn parse_float<F: std::str::FromStr + From<f32>>(text: &str) -> Option<F> {
+    match text {
+        "NaN" => Some(F::from(f32::NAN)),
+        "Infinity" => Some(F::from(f32::INFINITY)),
+        "-Infinity" => Some(F::from(f32::NEG_INFINITY)),
+        _ => text.parse().ok(),
+    }
+}
+
+/// `\x` and hex digits.
+fn parse_bytes(text: &str) -> Option<Vec<u8>> {
+    parse_hex(text.strip_prefix("\\x")?)
+}
+
+/// Bytes as hex digits (either case), two a byte.
+pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    let hex = text.as_bytes();
+    // `from_str_radix` takes a sign too.
+    if !hex.len().is_multiple_of(2) || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    hex.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
+}
+
+/// `YYYY-MM-DD[ BC]` as days since 1970-01-01; a day that does not exist
+/// (`2023-02-30`) is none.
+fn parse_date(text: &str) -> Option<i32> {
+    let days = parse_ymd(text.strip_suffix(" BC").unwrap_or(text), text.ends_with(" BC"))?;
+    i32::try_from(days).ok()
+}
+
+fn parse_ymd(text: &str, bc: bool) -> Option<i64> {
+    let mut parts = text.splitn(3, '-');
+    let year: i64 = parts.next()?.parse().ok()?;
+    let month: u32 = parts.next()?.parse().ok()?;
+    let day: u32 = parts.next()?.parse().ok()?;
+    if !(0..=10_000_000).contains(&year) {
+        return None;
+    }
+    let year = if bc { 1 - year } else { year };
+    let days = days_from_civil(year, month, day);
+    (civil_from_days(days) == (year, month, day)).then_some(days)
+}
+
+/// `[-]H:MM:SS[.ffffff]`, hours as many as it takes, as microseconds.
+fn parse_time(text: &str) -> Option<i64> {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, text),
+    };
+    let micros = parse_clock(body)?;
+    Some(if negative { -micros } else { micros })
+}
+
+/// `H:MM:SS[.ffffff]` (no sign) as microseconds.
+fn parse_clock(text: &str) -> Option<i64> {
+    let mut parts = text.splitn(3, ':');
+    let hours: i64 = parts.next()?.parse().ok()?;
+    let minutes: i64 = parts.next()?.parse().ok()?;
+    let last = parts.next()?;
+    let (secs, frac) = last.split_once('.').unwrap_or((last, ""));
+    let secs: i64 = secs.parse().ok()?;
+    if hours < 0 || !(0..60).contains(&minutes) || !(0..60).contains(&secs) {
+        return None;
+    }
+    hours
+        .checked_mul(3_600_000_000)?
+        .checked_add((minutes * 60 + secs) * 1_000_000 + fraction_micros(frac)?)
+}
+
+/// Up to six fraction digits as microseconds.
+fn fraction_micros(frac: &str) -> Option<i64> {
+    if frac.len() > 6 {
+        return None;
+    }
+    let mut micros: i64 = 0;
+    for (i, b) in frac.bytes().enumerate() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        micros += i64::from(b - b'0') * 10_i64.pow(5 - i as u32);
+    }
+    Some(micros)
+}
+
+/// `YYYY-MM-DD HH:MM:SS[.ffffff][+00][ BC]` (the offset only `with_zone`,
+/// where it is UTC's, as the sink writes it) as microseconds since the epoch.
+fn parse_timestamp(text: &str, with_zone: bool) -> Option<i64> {
+    let (body, bc) = match text.strip_suffix(" BC") {
+        Some(b) => (b, true),
+        None => (text, false),
+    };
+    let body = if with_zone { body.strip_suffix("+00")? } else { body };
+    let (date, clock) = body.split_once(' ')?;
+    let days = parse_ymd(date, bc)?;
+    let tod = parse_clock(clock)?;
+    if tod >= 86_400_000_000 {
+        return None;
+    }
+    days.checked_mul(86_400_000_000)?.checked_add(tod)
+}
+
+/// `M mons D days H hours [-]S.ffffff secs` as [`render_text`] writes an
+/// interval: months, days and microseconds.
+fn parse_interval(text: &str) -> Option<(i32, i32, i64)> {
+    let words: Vec<&str> = text.split(' ').collect();
+    let [months, "mons", days, "days", hours, "hours", secs, "secs"] = words.as_slice() else {
+        return None;
+    };
+    let hours: i64 = hours.parse().ok()?;
+    let (negative, secs) = match secs.strip_prefix('-') {
+        Some(s) => (true, s),
+        None => (false, *secs),
+    };
+    let (whole, frac) = secs.split_once('.').unwrap_or((secs, ""));
+    let rest = whole
+        .parse::<i64>()
+        .ok()?
+        .checked_mul(1_000_000)?
+        .checked_add(fraction_micros(frac)?)?;
+    let rest = if negative { -rest } else { rest };
+    // The seconds are what the hours leave: less than an hour, of the
+    // hours' sign.
+    if rest.abs() >= 3_600_000_000 {
+        return None;
+    }
+    Some((months.parse().ok()?, days.parse().ok()?, hours.checked_mul(3_600_000_000)?.checked_add(rest)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +421,52 @@ mod tests {
         );
         assert!(render_text(&mut String::new(), &Value::Null).is_err());
         assert!(render_text(&mut String::new(), &Value::Unchanged).is_err());
+    }
+
+    #[test]
+    fn each_kind_reads_back_as_it_was_written() {
+        let decimal = DataType::Decimal { precision: 10, scale: 2 };
+        let cases = [
+            (DataType::Boolean, Value::Boolean(true)),
+            (DataType::Int16, Value::Int16(-7)),
+            (DataType::Int64, Value::Int64(i64::MIN)),
+            (DataType::Float32, Value::Float32(0.1)),
+            (DataType::Float64, Value::Float64(-1.0e-300)),
+            (DataType::Float64, Value::Float64(f64::NEG_INFINITY)),
+            (decimal.clone(), Value::Decimal("-12.50".into())),
+            (DataType::Text, Value::Text("a b\n".into())),
+            (DataType::Json, Value::Json("{\"a\": 1}".into())),
+            (DataType::Bytes, Value::Bytes(vec![0, 0xab, 0xff])),
+            (DataType::Date, Value::Date(0)),
+            (DataType::Date, Value::Date(-719_163)),
+            (DataType::Date, Value::Date(2_932_896)),
+            (DataType::Time, Value::Time(3_723_000_001)),
+            (DataType::TimeSpan, Value::Time(-3_020_399_000_000)),
+            (DataType::TimeSpan, Value::Time(-1)),
+            (DataType::Timestamp, Value::Timestamp(-1)),
+            (DataType::Timestamp, Value::Timestamp(-62_167_219_200_000_001)),
+            (DataType::TimestampTz, Value::TimestampTz(1_767_225_600_123_456)),
+            (DataType::Interval, Value::Interval { months: 14, days: -3, micros: -7_384_000_001 }),
+            (DataType::Interval, Value::Interval { months: 0, days: 0, micros: -1 }),
+            (DataType::Interval, Value::Interval { months: -1, days: 2, micros: 3_600_000_000 }),
+        ];
+        for (data_type, value) in cases {
+            let written = text(&value);
+            assert_eq!(parse_text(&data_type, &written), Ok(value.clone()), "{data_type}: {written}");
+        }
+        let u = uuid::Uuid::from_u128(7);
+        assert_eq!(parse_text(&DataType::Uuid, &text(&Value::Uuid(u))), Ok(Value::Text(u.hyphenated().to_string())));
+        for (data_type, bad) in [
+            (DataType::Date, "2023-02-30"),
+            (DataType::Time, "12:60:00"),
+            (DataType::TimestampTz, "2026-01-01 00:00:00+02"),
+            (DataType::Bytes, "\\xabc"),
+            (decimal, "1e5"),
+            (DataType::Interval, "P1D"),
+            (DataType::Array(Box::new(DataType::Int32)), "{{1},{2}}"),
+        ] {
+            assert!(parse_text(&data_type, bad).is_err(), "{data_type}: {bad}");
+        }
     }
 
     #[test]

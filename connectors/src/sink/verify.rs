@@ -14,6 +14,7 @@ use tributary_schemas::records::VerifyRange;
 use tributary_schemas::{Position, Row, TableId, TableSchema, Value};
 
 use crate::error::{Error, Result};
+use crate::sink::bookkeeping::PositionSyntax;
 
 /// How many differing keys of a range are logged; the counts cover them
 /// all.
@@ -77,6 +78,54 @@ impl KeyRange {
     pub fn contains(&self, key: &[Value]) -> bool {
         self.after.as_ref().is_none_or(|a| compare_keys(key, a) == Ordering::Greater)
             && self.until.as_ref().is_none_or(|u| compare_keys(key, u) != Ordering::Greater)
+    }
+}
+
+impl KeyRange {
+    /// The SQL condition bounding the range over a key whose columns are
+    /// `keys` (SQL expressions, in key order), each bound's values given as
+    /// SQL literals by `literal` (`Err`: a value the dialect cannot write);
+    /// `None` for a range without bounds. Composite keys compare
+    /// lexicographically, as a row comparison or, for dialects without one,
+    /// expanded column by column.
+    pub fn condition(
+        &self,
+        syntax: PositionSyntax,
+        keys: &[String],
+        literal: impl Fn(usize, &Value) -> std::result::Result<String, String>,
+    ) -> std::result::Result<Option<String>, String> {
+        let literals = |values: &[Value]| -> std::result::Result<Vec<String>, String> {
+            values.iter().enumerate().map(|(i, v)| literal(i, v)).collect()
+        };
+        let mut conditions = Vec::new();
+        if let Some(after) = &self.after {
+            conditions.push(lexicographic(syntax, keys, &literals(after)?, ">", ">"));
+        }
+        if let Some(until) = &self.until {
+            conditions.push(lexicographic(syntax, keys, &literals(until)?, "<", "<="));
+        }
+        Ok((!conditions.is_empty()).then(|| conditions.join(" AND ")))
+    }
+}
+
+/// `keys` compared with `values` in key order: `strict` on every column but
+/// the last, which compares with `last` (`>`/`>` for an exclusive lower
+/// bound, `<`/`<=` for an inclusive upper one).
+fn lexicographic(syntax: PositionSyntax, keys: &[String], values: &[String], strict: &str, last: &str) -> String {
+    match syntax {
+        PositionSyntax::RowValue => format!("({}) {last} ({})", keys.join(", "), values.join(", ")),
+        PositionSyntax::Expanded => {
+            let n = keys.len().min(values.len());
+            let mut out = String::new();
+            for i in (0..n).rev() {
+                out = if i + 1 == n {
+                    format!("{} {last} {}", keys[i], values[i])
+                } else {
+                    format!("({k} {strict} {v} OR ({k} = {v} AND {out}))", k = keys[i], v = values[i])
+                };
+            }
+            format!("({out})")
+        }
     }
 }
 
@@ -475,5 +524,33 @@ mod tests {
         );
         let bounds = KeyRange::of(&s, &range).expect("bounds");
         assert_eq!(bounds.until, Some(vec![Value::Int32(9)]));
+    }
+
+    #[test]
+    fn a_range_bounds_a_query_with_or_without_row_comparison() {
+        let range = KeyRange {
+            after: Some(vec![Value::Int32(1), Value::Text("a".into())]),
+            until: Some(vec![Value::Int32(5), Value::Text("b".into())]),
+        };
+        let keys = ["k".to_string(), "t".to_string()];
+        let literal = |_: usize, v: &Value| match v {
+            Value::Int32(i) => Ok(i.to_string()),
+            Value::Text(t) => Ok(format!("'{t}'")),
+            _ => Err("no literal".to_string()),
+        };
+        assert_eq!(
+            range.condition(PositionSyntax::RowValue, &keys, literal).unwrap().as_deref(),
+            Some("(k, t) > (1, 'a') AND (k, t) <= (5, 'b')")
+        );
+        assert_eq!(
+            range.condition(PositionSyntax::Expanded, &keys, literal).unwrap().as_deref(),
+            Some("((k > 1 OR (k = 1 AND t > 'a'))) AND ((k < 5 OR (k = 5 AND t <= 'b')))")
+        );
+        let one = KeyRange { after: None, until: Some(vec![Value::Int32(9)]) };
+        assert_eq!(one.condition(PositionSyntax::Expanded, &keys[..1], literal).unwrap().as_deref(), Some("(k <= 9)"));
+        let all = KeyRange { after: None, until: None };
+        assert_eq!(all.condition(PositionSyntax::Expanded, &keys, literal).unwrap(), None);
+        let bad = KeyRange { after: Some(vec![Value::Null]), until: None };
+        assert!(bad.condition(PositionSyntax::RowValue, &keys[..1], literal).is_err());
     }
 }

@@ -76,7 +76,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::{quote_ident, quote_literal, BinaryType, BINARY_COPY_SIGNATURE};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
-    position_i64, reset_i64, staging_name, OffsetMove, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
+    position_i64, reset_i64, staging_name, OffsetMove, PositionSyntax, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
 };
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::keyless;
@@ -894,25 +894,12 @@ impl Warehouse for PostgresSink {
         let _ = client.batch_execute("COMMIT").await;
         let mut out = Vec::with_capacity(rows.as_ref().map_or(0, Vec::len));
         for row in rows? {
-            let mut values = Vec::with_capacity(schema.columns.len());
-            for (i, c) in schema.columns.iter().enumerate() {
-                let text: Option<&str> = row.try_get(i).map_err(|e| {
-                    Error::permanent(format!("reading column {} back: {e}", c.name)).with_table(schema.id.clone())
-                })?;
-                values.push(match text {
-                    None => Value::Null,
-                    Some(t) => crate::pgwire::values::decode_text(
-                        &c.data_type,
-                        t,
-                        crate::pgwire::values::ColumnRef {
-                            table: &schema.id,
-                            column: &c.name,
-                            source_type: &c.source_type,
-                            nullable: c.nullable,
-                        },
-                    )?,
-                });
-            }
+            let values = schema
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| crate::pgwire::values::text_cell(&row, i, &schema.id, c))
+                .collect::<Result<Vec<_>>>()?;
             out.push(values);
         }
         Ok(Some(out))
@@ -933,41 +920,26 @@ fn read_range_sql(
         .collect::<Vec<_>>()
         .join(", ");
     let keys = schema.key_indexes();
-    let key_list = keys
-        .iter()
-        .map(|&k| {
-            let c = &schema.columns[k];
-            match c.data_type {
-                DataType::Text => format!("{} COLLATE \"C\"", quote_ident(&c.name)),
-                _ => quote_ident(&c.name),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let literals = |values: &[Value]| -> std::result::Result<String, String> {
-        let mut parts = Vec::with_capacity(values.len());
-        for (&k, v) in keys.iter().zip(values) {
-            let c = &schema.columns[k];
-            let mut text = String::new();
-            render_pg_text(&mut text, v, &TextForm::of(&c.data_type, &c.source_type, &c.source_type))?;
-            parts.push(match c.data_type {
-                DataType::Text => format!("{} COLLATE \"C\"", quote_literal(&text)),
-                _ => quote_literal(&text),
-            });
-        }
-        Ok(parts.join(", "))
+    // Text compares by its bytes, as the source read it.
+    let collated = |c: &tributary_schemas::Column, expr: String| match c.data_type {
+        DataType::Text => format!("{expr} COLLATE \"C\""),
+        _ => expr,
     };
-    let mut conds = Vec::new();
-    if let Some(after) = &range.after {
-        conds.push(format!("({key_list}) > ({})", literals(after)?));
-    }
-    if let Some(until) = &range.until {
-        conds.push(format!("({key_list}) <= ({})", literals(until)?));
-    }
+    let key_list: Vec<String> = keys
+        .iter()
+        .map(|&k| collated(&schema.columns[k], quote_ident(&schema.columns[k].name)))
+        .collect();
+    let literal = |i: usize, v: &Value| -> std::result::Result<String, String> {
+        let c = keys.get(i).map(|&k| &schema.columns[k]).ok_or("a bound longer than the key")?;
+        let mut text = String::new();
+        render_pg_text(&mut text, v, &TextForm::of(&c.data_type, &c.source_type, &c.source_type))?;
+        Ok(collated(c, quote_literal(&text)))
+    };
+    let condition = range.condition(PositionSyntax::RowValue, &key_list, literal)?;
     let mut sql = format!("SELECT {cols} FROM {}", table.quoted());
-    if !conds.is_empty() {
+    if let Some(condition) = condition {
         sql.push_str(" WHERE ");
-        sql.push_str(&conds.join(" AND "));
+        sql.push_str(&condition);
     }
     Ok(sql)
 }

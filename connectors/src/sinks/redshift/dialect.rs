@@ -11,9 +11,10 @@
 //! times are sent as literals). The same statements run against
 //! PostgreSQL 15 in the tests.
 
-use tributary_schemas::{Column, DataType, Value};
+use tributary_schemas::{Column, DataType, TableSchema, Value};
 
 use super::config::DestinationTable;
+use super::types::ReadBack;
 use crate::error::Error;
 use crate::pgwire::quote_ident;
 use crate::sink::bookkeeping::{
@@ -23,6 +24,8 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+use crate::sink::text::{parse_text, render_text};
+use crate::sink::verify::KeyRange;
 pub use crate::sinks::postgres::PgType;
 
 /// Redshift has no row-value comparison: positions compare column by column.
@@ -707,6 +710,87 @@ pub fn drop_table_sql(table: &DestinationTable) -> String {
     format!("DROP TABLE IF EXISTS {}", table.quoted())
 }
 
+/// The query reading back the rows of `table` whose key is in `range`, for
+/// verification: each column of `schema` as `kinds` says (one per column,
+/// with the destination column's type, `format_type` spelled), the key
+/// bounded column by column (no row comparison). Text keys compare by
+/// their bytes: Redshift orders VARCHAR by its UTF-8 bytes (the test
+/// mode's database has the C collation, which does the same).
+pub fn read_range_sql(
+    table: &DestinationTable,
+    schema: &TableSchema,
+    kinds: &[(ReadBack, String)],
+    range: &KeyRange,
+) -> Result<String, String> {
+    let columns: Vec<String> = schema
+        .columns
+        .iter()
+        .zip(kinds)
+        .map(|(c, (kind, _))| read_expr(&c.name, *kind))
+        .collect();
+    let keys = schema.key_indexes();
+    let key_columns: Vec<String> = keys.iter().map(|&k| quote_ident(&schema.columns[k].name)).collect();
+    let literal = |i: usize, value: &Value| {
+        let (kind, raw) = keys.get(i).and_then(|&k| kinds.get(k)).ok_or("a bound longer than the key")?;
+        key_literal(*kind, raw, value)
+    };
+    let mut sql = format!("SELECT {} FROM {}", columns.join(", "), table.quoted());
+    if let Some(condition) = range.condition(GUARD, &key_columns, literal)? {
+        sql.push_str(" WHERE ");
+        sql.push_str(&condition);
+    }
+    Ok(sql)
+}
+
+/// What the read-back query gives for a SUPER or VARBYTE value whose JSON or
+/// hex is longer than a VARCHAR (`JSON_SERIALIZE` and `FROM_VARBYTE` would
+/// fail the whole query, and Redshift's error for it reads as retryable):
+/// neither JSON nor hex, so the read-back names it.
+pub const TOO_LONG: &str = "(too long)";
+
+/// A column as [`ReadBack`] reads it.
+fn read_expr(name: &str, kind: ReadBack) -> String {
+    let c = quote_ident(name);
+    let too_long = literal(TOO_LONG);
+    match kind {
+        ReadBack::Bool | ReadBack::Float | ReadBack::Written => c,
+        // JSON_SERIALIZE(NULL) is the text `null`, not NULL.
+        ReadBack::Json => format!(
+            "CASE WHEN {c} IS NULL THEN NULL WHEN JSON_SIZE({c}) > {MAX_VARCHAR} THEN {too_long} \
+             ELSE JSON_SERIALIZE({c}) END"
+        ),
+        ReadBack::Hex => format!(
+            "CASE WHEN OCTET_LENGTH({c}) > {} THEN {too_long} ELSE FROM_VARBYTE({c}, 'hex') END",
+            MAX_VARCHAR / 2
+        ),
+        ReadBack::Printed => format!("CAST({c} AS VARCHAR(256))"),
+    }
+}
+
+/// A key value as a literal of its column (kept as `kind`, of type `raw`).
+fn key_literal(kind: ReadBack, raw: &str, value: &Value) -> Result<String, String> {
+    let mut text = String::new();
+    render_text(&mut text, value)?;
+    Ok(match (kind, value) {
+        (ReadBack::Bool, Value::Boolean(b)) => if *b { "TRUE" } else { "FALSE" }.to_string(),
+        (ReadBack::Hex, Value::Bytes(_)) => {
+            format!("TO_VARBYTE({}, 'hex')", literal(text.strip_prefix("\\x").unwrap_or(&text)))
+        }
+        (ReadBack::Written, _) => literal(&text),
+        // A bare number: a cast to the column's NUMERIC(p, s) would round
+        // a bound with more digits.
+        (ReadBack::Printed, Value::Int16(_) | Value::Int32(_) | Value::Int64(_) | Value::Decimal(_))
+            if parse_text(&DataType::VariableDecimal, &text).is_ok() =>
+        {
+            text
+        }
+        (ReadBack::Printed, Value::Date(_) | Value::Time(_) | Value::Timestamp(_) | Value::TimestampTz(_)) => {
+            format!("CAST({} AS {raw})", literal(&text))
+        }
+        _ => return Err(format!("a key of type {raw} (a {} value) cannot bound a range here", value.kind())),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -786,6 +870,58 @@ mod tests {
         let by_id = load_error_sql(CopyQuery::Id(5437), "s3://b/p/it's/");
         assert!(by_id.contains("WHERE query = 5437 AND trim(filename) LIKE 's3://b/p/it''s/%'"), "{by_id}");
         assert!(by_id.ends_with("ORDER BY line_number LIMIT 1"), "{by_id}");
+    }
+
+    #[test]
+    fn rows_are_read_back_by_their_destination_type_in_key_ranges() {
+        use tributary_schemas::TableId;
+        let column = |name: &str, data_type: DataType| Column::new(name, data_type, true);
+        let schema = TableSchema {
+            id: TableId::new("public", "t"),
+            columns: vec![
+                column("k", DataType::Int32),
+                column("s", DataType::Text),
+                column("j", DataType::Json),
+                column("b", DataType::Bytes),
+                column("f", DataType::Float64),
+                column("ts", DataType::TimestampTz),
+            ],
+            key: vec!["k".into(), "s".into()],
+            dropped: Vec::new(),
+        };
+        let kinds: Vec<(ReadBack, String)> = schema
+            .columns
+            .iter()
+            .map(|c| {
+                let raw = destination_type(c).render();
+                (ReadBack::of(&raw), raw)
+            })
+            .collect();
+        let t = DestinationTable { schema: "x".into(), table: "t".into() };
+        let range = KeyRange {
+            after: Some(vec![Value::Int32(1), Value::Text("a'b".into())]),
+            until: Some(vec![Value::Int32(9), Value::Text("z".into())]),
+        };
+        let sql = read_range_sql(&t, &schema, &kinds, &range).unwrap();
+        assert_eq!(
+            sql,
+            "SELECT CAST(\"k\" AS VARCHAR(256)), \"s\", CASE WHEN \"j\" IS NULL THEN NULL \
+             WHEN JSON_SIZE(\"j\") > 65535 THEN '(too long)' ELSE JSON_SERIALIZE(\"j\") END, \
+             CASE WHEN OCTET_LENGTH(\"b\") > 32767 THEN '(too long)' ELSE FROM_VARBYTE(\"b\", 'hex') END, \"f\", \
+             CAST(\"ts\" AS VARCHAR(256)) FROM \"x\".\"t\" \
+             WHERE ((\"k\" > 1 OR (\"k\" = 1 AND \"s\" > 'a''b'))) AND ((\"k\" < 9 OR (\"k\" = 9 AND \"s\" <= 'z')))"
+        );
+        let all = KeyRange { after: None, until: None };
+        assert!(!read_range_sql(&t, &schema, &kinds, &all).unwrap().contains("WHERE"));
+        let at = |v: Value, raw: &str| key_literal(ReadBack::of(raw), raw, &v);
+        assert_eq!(
+            at(Value::TimestampTz(0), "timestamp with time zone").unwrap(),
+            "CAST('1970-01-01 00:00:00.000000+00' AS timestamp with time zone)"
+        );
+        assert_eq!(at(Value::Decimal("-1.50".into()), "numeric(38,2)").unwrap(), "-1.50");
+        assert!(at(Value::Decimal("1; DROP TABLE t".into()), "numeric(38,2)").is_err(), "never SQL");
+        assert_eq!(at(Value::Bytes(vec![0xab]), "varbyte").unwrap(), "TO_VARBYTE('ab', 'hex')");
+        assert!(at(Value::Float64(1.0), "double precision").is_err());
     }
 
     #[test]

@@ -78,12 +78,12 @@ pub use self::config::{DestinationTable, Loader, RedshiftSinkConfig, S3Config};
 use self::dialect::{
     apply_sql, bookkeeping_ddl, change_sql, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
     delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, keyless_sql, load_error_sql,
-    lock_sql, offsets_sql, offsets_table, prune_deleted_sql, removed_before_sql, reset_of_sql, resets_table,
-    staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery,
+    lock_sql, offsets_sql, offsets_table, prune_deleted_sql, read_range_sql, removed_before_sql, reset_of_sql,
+    resets_table, staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery,
     COLUMNS_SQL, PRIMARY_KEY_SQL, QUOTING, SCHEMA_EXISTS_SQL,
 };
 pub use self::dialect::{PgType, RedshiftDialect, BEGIN};
-use self::types::{render_record, CsvKind};
+use self::types::{read_row, render_record, CsvKind, ReadBack};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pgwire::quote_ident;
 use crate::problem::Problem;
@@ -94,6 +94,7 @@ use crate::sink::bookkeeping::{
 use crate::sink::keyless;
 use crate::sink::reduce::{Group, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
+use crate::sink::verify::KeyRange;
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -139,6 +140,31 @@ const TEST_LOAD_ERRORS: [(&str, &str); 2] = [
         "CREATE FUNCTION public.pg_last_copy_id() RETURNS integer LANGUAGE sql STABLE AS $$ \
          SELECT coalesce(max(e.query), -1) FROM public.stl_load_errors e JOIN pg_stat_activity a \
          ON a.pid = e.session AND a.backend_start = e.stand_in_backend_start WHERE a.pid = pg_backend_pid() $$",
+    ),
+];
+/// TEST MODE ONLY: stand-ins of the Redshift functions that read SUPER and
+/// VARBYTE back for verification ([`dialect::read_range_sql`]), over the
+/// test types' text (the staged JSON and hex as they are). `OCTET_LENGTH`
+/// of a test VARBYTE counts its hex, twice its bytes: the stand-in calls a
+/// value too long from half the length Redshift does.
+const TEST_FUNCTIONS: [(&str, &str); 4] = [
+    (
+        "SELECT 1 FROM pg_proc WHERE proname = 'json_size'",
+        "CREATE FUNCTION public.json_size(text) RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT octet_length($1) $$",
+    ),
+    (
+        "SELECT 1 FROM pg_proc WHERE proname = 'json_serialize'",
+        "CREATE FUNCTION public.json_serialize(text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT $1 $$",
+    ),
+    (
+        "SELECT 1 FROM pg_proc WHERE proname = 'from_varbyte'",
+        "CREATE FUNCTION public.from_varbyte(text, text) RETURNS text LANGUAGE sql IMMUTABLE AS \
+         $$ SELECT CASE WHEN lower($2) = 'hex' THEN lower($1) END $$",
+    ),
+    (
+        "SELECT 1 FROM pg_proc WHERE proname = 'to_varbyte'",
+        "CREATE FUNCTION public.to_varbyte(text, text) RETURNS public.varbyte LANGUAGE sql IMMUTABLE AS \
+         $$ SELECT CAST(CASE WHEN lower($2) = 'hex' THEN lower($1) END AS public.varbyte) $$",
     ),
 ];
 /// TEST MODE ONLY: the stand-in's row for a refused `COPY FROM STDIN`
@@ -373,8 +399,8 @@ impl RedshiftSink {
     }
 
     /// TEST MODE ONLY: creates the stand-ins of Redshift's types, load
-    /// error log and `pg_last_copy_id()`, and notes the main session's
-    /// process id.
+    /// error log, `pg_last_copy_id()` and the functions verification reads
+    /// with, and notes the main session's process id.
     async fn test_stand_ins(&mut self) -> Result<()> {
         let ctx = self.ctx();
         let client = self.schema_session.connected()?;
@@ -385,7 +411,11 @@ impl RedshiftSink {
                 (exists, format!("CREATE DOMAIN public.{name} AS {over}"))
             })
             .collect();
-        let all = domains.iter().map(|(a, b)| (a.as_str(), b.as_str())).chain(TEST_LOAD_ERRORS);
+        let all = domains
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .chain(TEST_LOAD_ERRORS)
+            .chain(TEST_FUNCTIONS);
         for (exists, create) in all {
             if client.query(exists, &[]).await.map_err(|e| classify(&e, &ctx))?.is_empty() {
                 // Two sinks starting at once: the loser's error is harmless.
@@ -614,6 +644,40 @@ impl RedshiftSink {
             }
         }
         self.load_table(dest).await
+    }
+
+    /// How each column of `schema` is read back from `dest` (with its
+    /// type there), the catalog read again if a column is not in the cached
+    /// shape; `None` when the table does not exist.
+    async fn read_kinds(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+    ) -> Result<Option<Vec<(ReadBack, String)>>> {
+        let cached = self
+            .tables
+            .get(dest)
+            .is_some_and(|s| schema.columns.iter().all(|c| s.raw_type(&c.name).is_some()));
+        if !cached {
+            self.load_table(dest).await?;
+        }
+        let state = self.state(dest)?;
+        if !state.shape.exists {
+            return Ok(None);
+        }
+        schema
+            .columns
+            .iter()
+            .map(|c| {
+                let raw = state.raw_type(&c.name).ok_or_else(|| {
+                    Error::permanent(format!("column {} ({}) is not in destination table {dest}", c.name, c.data_type))
+                        .with_table(schema.id.clone())
+                        .with_column(c.name.clone())
+                })?;
+                Ok((ReadBack::of(raw), raw.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     /// Stages the surviving rows of one schema version and applies them.
@@ -1035,6 +1099,27 @@ impl Warehouse for RedshiftSink {
 
     async fn rollback_to_savepoint(&mut self) -> Result<()> {
         self.restart_transaction().await
+    }
+
+    /// One query on the schema session (autocommit: the rows as committed,
+    /// outside the batches' transaction), each column read as its
+    /// destination type says ([`ReadBack`]).
+    async fn read_range(
+        &mut self,
+        table: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+    ) -> Result<Option<Vec<tributary_schemas::Row>>> {
+        let ctx = self.ctx().in_table(table.to_string());
+        let kinds = match self.read_kinds(table, schema).await? {
+            Some(kinds) => kinds,
+            None => return Ok(Some(Vec::new())),
+        };
+        let sql =
+            read_range_sql(table, schema, &kinds, range).map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
+        let kinds: Vec<ReadBack> = kinds.into_iter().map(|(k, _)| k).collect();
+        let rows = self.catalog(&sql, &[], &ctx).await?;
+        rows.iter().map(|r| read_row(r, schema, &kinds)).collect::<Result<Vec<_>>>().map(Some)
     }
 }
 

@@ -1,15 +1,16 @@
 //! Values as the staged CSV files carry them: the SQL text form of
 //! [`crate::sink::text`] (what Redshift's `COPY` reads with `TIMEFORMAT
 //! 'auto'`), quoted; VARBYTE as bare hex and SUPER as JSON, the forms
-//! Redshift's `COPY` reads for them from CSV.
+//! Redshift's `COPY` reads for them from CSV. And the way back, for
+//! verification ([`ReadBack`]): each column's value read as the model's.
 
-use tributary_schemas::Value;
+use tributary_schemas::{Column, DataType, TableId, TableSchema, Value};
 
-use super::dialect::CSV_NULL;
-use crate::error::Error;
+use super::dialect::{CSV_NULL, TOO_LONG};
+use crate::error::{Error, Result};
 use crate::sink::bookkeeping::key_text;
 use crate::sink::reduce::{key_bytes, Group, Line};
-use crate::sink::text::render_text;
+use crate::sink::text::{parse_hex, parse_text, render_text};
 use crate::sink::ApplyError;
 
 /// How a staging column's values are written.
@@ -196,6 +197,125 @@ pub fn csv_records(file: &[u8]) -> i64 {
     records
 }
 
+/// How a column's values are read back (by the destination column's
+/// type, `format_type` spelled): the inverse of what [`render_field`]
+/// wrote and `COPY` made of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadBack {
+    /// `boolean`, read as itself.
+    Bool,
+    /// `double precision`, read as itself: its text depends on
+    /// `extra_float_digits`, the binary value does not.
+    Float,
+    /// `super`: its JSON (`JSON_SERIALIZE`).
+    Json,
+    /// `varbyte`: hex (`FROM_VARBYTE(..., 'hex')`).
+    Hex,
+    /// A VARCHAR: the SQL text the sink wrote ([`parse_text`]).
+    Written,
+    /// Any other type (numbers, dates, times, timestamps) cast to text:
+    /// Redshift prints them as PostgreSQL does (ISO dates, UTC), read with
+    /// PostgreSQL's decoders.
+    Printed,
+}
+
+impl ReadBack {
+    /// The reading of a destination column of type `raw`.
+    pub fn of(raw: &str) -> Self {
+        match raw.split('(').next().unwrap_or(raw).trim() {
+            "boolean" => Self::Bool,
+            "double precision" => Self::Float,
+            "character varying" | "character" | "text" => Self::Written,
+            _ => match CsvKind::of(raw) {
+                CsvKind::Json => Self::Json,
+                CsvKind::Hex => Self::Hex,
+                CsvKind::Text | CsvKind::Numeric { .. } => Self::Printed,
+            },
+        }
+    }
+}
+
+/// One row read back by the query of `kinds` (one per column of `schema`,
+/// in order): each value as the model's. An error names the table, the
+/// column and its type; never the value.
+pub fn read_row(row: &tokio_postgres::Row, schema: &TableSchema, kinds: &[ReadBack]) -> Result<Vec<Value>> {
+    schema
+        .columns
+        .iter()
+        .zip(kinds)
+        .enumerate()
+        .map(|(i, (column, kind))| {
+            if *kind == ReadBack::Printed {
+                return crate::pgwire::values::text_cell(row, i, &schema.id, column);
+            }
+            let read = match kind {
+                ReadBack::Bool => row.try_get::<_, Option<bool>>(i).map(|v| v.map(|b| Ok(Value::Boolean(b)))),
+                ReadBack::Float => row.try_get::<_, Option<f64>>(i).map(|v| v.map(|f| Ok(Value::Float64(f)))),
+                _ => row.try_get::<_, Option<&str>>(i).map(|text| text.map(|t| read_text(*kind, &column.data_type, t))),
+            };
+            let read: std::result::Result<Value, String> = match read {
+                Ok(Some(Ok(v))) => Ok(v),
+                Ok(Some(Err(why))) => Err(why),
+                Ok(None) => Ok(Value::Null),
+                Err(e) => Err(e.to_string()),
+            };
+            read.map_err(|why| unreadable(&schema.id, column, *kind, &why))
+        })
+        .collect()
+}
+
+fn unreadable(table: &TableId, column: &Column, kind: ReadBack, why: &str) -> Error {
+    Error::permanent(format!(
+        "cannot read column {} ({}, kept as {kind:?}) back exactly: {why}",
+        column.name, column.data_type
+    ))
+    .with_table(table.clone())
+    .with_column(column.name.clone())
+    .with_class("tributary.verify.read_back")
+}
+
+/// A value of `data_type` from the text `kind` reads.
+fn read_text(kind: ReadBack, data_type: &DataType, text: &str) -> Result<Value, String> {
+    if matches!(kind, ReadBack::Json | ReadBack::Hex) && text == TOO_LONG {
+        return Err("a value whose JSON or hex is longer than a VARCHAR (64 KB), which Redshift cannot give back".into());
+    }
+    match (kind, data_type) {
+        (ReadBack::Hex, DataType::Geometry) => parse_hex(text).map(Value::Geometry).ok_or_else(|| "not hex".into()),
+        (ReadBack::Hex, DataType::Bytes | DataType::Bits { .. }) => {
+            parse_hex(text).map(Value::Bytes).ok_or_else(|| "not hex".into())
+        }
+        (ReadBack::Json, DataType::Json) => Ok(Value::Json(text.to_string())),
+        (ReadBack::Json, DataType::Array(_)) => match serde_json::from_str(text) {
+            Ok(json @ serde_json::Value::Array(_)) => from_json(&json, data_type),
+            _ => Err("not a JSON array".into()),
+        },
+        (ReadBack::Written, _) => parse_text(data_type, text),
+        _ => Err("a type the sink does not write it to".into()),
+    }
+}
+
+/// The value of `data_type` that [`to_json`] wrote as `json`: numbers and
+/// booleans as themselves, the rest as their SQL text.
+fn from_json(json: &serde_json::Value, data_type: &DataType) -> Result<Value, String> {
+    use serde_json::Value as J;
+    Ok(match (json, data_type) {
+        (J::Null, _) => Value::Null,
+        (json, DataType::Json) => Value::Json(json.to_string()),
+        (J::Array(items), DataType::Array(element)) => {
+            Value::Array(items.iter().map(|i| from_json(i, element)).collect::<Result<_, _>>()?)
+        }
+        (J::Bool(b), DataType::Boolean) => Value::Boolean(*b),
+        (J::Number(n), DataType::Int16 | DataType::Int32 | DataType::Int64) => {
+            Value::Int64(n.as_i64().ok_or_else(|| format!("a number that is not a {data_type}"))?)
+        }
+        (J::Number(n), DataType::Float32 | DataType::Float64) => {
+            Value::Float64(n.as_f64().ok_or_else(|| format!("a number that is not a {data_type}"))?)
+        }
+        (J::String(s), _) => parse_text(data_type, s)?,
+        _ => return Err(format!("JSON that is not a {data_type} as the sink writes it")),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +347,57 @@ mod tests {
         assert!(refused("0.00000000001").is_err());
         assert!(refused("12345678901234567890123456789").is_err());
         assert!(refused("1234567890123456789012345678.1").is_ok());
+    }
+
+    #[test]
+    fn values_read_back_as_they_were_written() {
+        use tributary_schemas::canonical::canonical_text;
+        assert_eq!(ReadBack::of("super"), ReadBack::Json);
+        assert_eq!(ReadBack::of("varbyte(64000)"), ReadBack::Hex);
+        assert_eq!(ReadBack::of("character varying(36)"), ReadBack::Written);
+        assert_eq!(ReadBack::of("numeric(38,2)"), ReadBack::Printed);
+        assert_eq!(ReadBack::of("timestamp with time zone"), ReadBack::Printed);
+        assert_eq!(ReadBack::of("boolean"), ReadBack::Bool);
+        assert_eq!(ReadBack::of("double precision"), ReadBack::Float);
+        let tags = DataType::Array(Box::new(DataType::Text));
+        let cases = [
+            (tags.clone(), Value::Array(vec![Value::Text("a\"b".into()), Value::Null])),
+            (
+                DataType::Array(Box::new(DataType::Int32)),
+                Value::Array(vec![Value::Int32(-1), Value::Int32(7)]),
+            ),
+            (
+                DataType::Array(Box::new(DataType::Float32)),
+                Value::Array(vec![Value::Float32(0.1)]),
+            ),
+            (
+                DataType::Array(Box::new(DataType::Date)),
+                Value::Array(vec![Value::Date(-1)]),
+            ),
+            (
+                DataType::Array(Box::new(DataType::Json)),
+                Value::Array(vec![Value::Json("{\"b\":1,\"a\":2}".into())]),
+            ),
+            (DataType::Bytes, Value::Bytes(vec![0, 0xfe])),
+            (DataType::Interval, Value::Interval { months: 3, days: 1, micros: -4 }),
+            (DataType::TimeSpan, Value::Time(-3_020_399_000_000)),
+            (DataType::Uuid, Value::Uuid(uuid::Uuid::from_u128(9))),
+        ];
+        for (data_type, value) in cases {
+            let raw = crate::sinks::redshift::dialect::destination_type(&Column::new("c", data_type.clone(), true)).render();
+            let kind = ReadBack::of(&raw);
+            let mut field = Vec::new();
+            render_field(&mut field, &mut String::new(), &value, CsvKind::of(&raw)).unwrap();
+            // What the column holds: the CSV field's text (test mode),
+            // which JSON_SERIALIZE and FROM_VARBYTE give back as it is.
+            let text = String::from_utf8(field).unwrap();
+            let text = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(&text).replace("\"\"", "\"");
+            let back = read_text(kind, &data_type, &text).unwrap();
+            assert_eq!(canonical_text(&data_type, &back), canonical_text(&data_type, &value), "{data_type}");
+        }
+        assert!(read_text(ReadBack::Json, &tags, "{\"a\":1}").is_err(), "an object is no array");
+        assert!(read_text(ReadBack::Hex, &DataType::Bytes, "abc").is_err());
+        assert!(read_text(ReadBack::Json, &DataType::Json, TOO_LONG).is_err(), "named, never a JSON text");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use gcloud_googleapis::spanner::v1::{Type, TypeCode};
 use gcloud_spanner::admin::client::Client as AdminClient;
 use gcloud_spanner::admin::AdminClientConfig;
 use gcloud_spanner::client::{Client, ClientConfig};
+use gcloud_spanner::key::KeySet;
 use gcloud_spanner::row::TryFromValue;
 use gcloud_spanner::statement::{Statement, ToKind};
 use prost_types::value::Kind;
@@ -155,6 +156,16 @@ impl SpClient {
         let client = self.data().await?;
         let mut tx = client.single().await.map_err(classify_client)?;
         let rows = tx.query(Statement::new(sql)).await.map_err(classify)?;
+        all_rows(rows).await.map_err(|e| e.either(classify))
+    }
+
+    /// Reads `columns` of the rows of `table` under `keys` in a single-use
+    /// read-only transaction (a strong read: every committed row) and
+    /// returns every row's cells.
+    pub(super) async fn read(&mut self, table: &str, columns: &[&str], keys: KeySet) -> Result<Vec<Vec<Raw>>> {
+        let client = self.data().await?;
+        let mut tx = client.single().await.map_err(classify_client)?;
+        let rows = tx.read(table, columns, keys).await.map_err(classify)?;
         all_rows(rows).await.map_err(|e| e.either(classify))
     }
 

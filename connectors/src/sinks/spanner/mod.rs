@@ -45,7 +45,7 @@ use gcloud_gax::grpc::Status;
 use gcloud_gax::retry::TryAs;
 use gcloud_googleapis::spanner::v1::mutation::{Delete, Operation, Write};
 use gcloud_googleapis::spanner::v1::{KeySet as PbKeySet, Mutation};
-use gcloud_spanner::key::{Key, KeySet};
+use gcloud_spanner::key::{Key, KeyRange as SpKeyRange, KeySet, RangeKind};
 use gcloud_spanner::statement::{Statement, ToKind};
 use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use prost_types::value::Kind;
@@ -61,7 +61,7 @@ use self::dialect::{
     keyless_rows_sql, offsets_ddl, pending_deletes_sql, prune_deleted_sql, quote_ident, quote_string, rename_steps,
     resets_ddl, truncate_older_sql, unfinished_rename, SpannerDialect, QUOTING,
 };
-use self::types::{encode, from_spanner_type, key_form, SpType};
+use self::types::{encode, from_spanner_type, key_form, read_row, SpType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
@@ -72,6 +72,7 @@ use crate::sink::bookkeeping::{
 use crate::sink::keyless::{self, delete_done, pair, pending_key, pending_table, row_gone, split_pending, PairItem};
 use crate::sink::reduce::{key_bytes, Group, Line, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape, KEY_CHANGED_CLASS};
+use crate::sink::verify::KeyRange;
 use crate::sink::warehouse::{self, Mode, Warehouse, WarehouseSink};
 use crate::sink::{split_by_weight, ApplyError, SinkBatch, SinkRecord};
 
@@ -1037,6 +1038,34 @@ impl SpannerSink {
         Ok(done)
     }
 
+    /// The type each column of `schema` has in `dest` (the catalog read
+    /// again if a column is not in the cached shape); `None` when the table
+    /// does not exist.
+    async fn read_types(&mut self, dest: &DestinationTable, schema: &TableSchema) -> Result<Option<Vec<SpType>>> {
+        let cached = self
+            .tables
+            .get(dest)
+            .is_some_and(|s| s.shape.exists && schema.columns.iter().all(|c| s.shape.column(&c.name).is_some()));
+        if !cached {
+            self.load_table(dest).await?;
+        }
+        let Some(state) = self.tables.get(dest).filter(|s| s.shape.exists) else {
+            return Ok(None);
+        };
+        schema
+            .columns
+            .iter()
+            .map(|c| {
+                state.shape.column(&c.name).map(|s| s.ty.clone()).ok_or_else(|| {
+                    Error::permanent(format!("column {} ({}) is not in destination table {dest}", c.name, c.data_type))
+                        .with_table(schema.id.clone())
+                        .with_column(c.name.clone())
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
     /// Runs a read-only query for the setup check.
     pub(super) async fn probe_query(&mut self, sql: &str) -> Result<usize> {
         self.client.query(sql).await.map(|rows| rows.len())
@@ -1404,6 +1433,71 @@ impl Warehouse for SpannerSink {
         self.ops.clear();
         Ok(())
     }
+
+    /// One read of the key range (a single-use read-only transaction: a
+    /// strong read of what is committed), each cell read back as
+    /// [`types::decode`] says.
+    async fn read_range(
+        &mut self,
+        table: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+    ) -> Result<Option<Vec<tributary_schemas::Row>>> {
+        let Some(types) = self.read_types(table, schema).await? else {
+            return Ok(Some(Vec::new()));
+        };
+        // A range of the source's key is a range of Spanner's keys only
+        // when they are the same columns in the same order.
+        let primary_key = self.tables.get(table).map(|s| s.shape.primary_key.as_slice()).unwrap_or_default();
+        if primary_key != schema.key.as_slice() {
+            return Err(Error::permanent(format!(
+                "destination table {table} has the primary key ({}), not the source's ({}): its key ranges are not \
+                 the source's",
+                primary_key.join(", "),
+                schema.key.join(", ")
+            ))
+            .with_table(schema.id.clone()));
+        }
+        let keys = key_range(schema, &types, range)?;
+        let columns: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+        let rows = self.client.read(&table.0, &columns, keys).await?;
+        rows.iter().map(|cells| read_row(cells, schema, &types)).collect::<Result<Vec<_>>>().map(Some)
+    }
+}
+
+/// The Spanner key range of `range` over `schema`'s key (its columns kept
+/// as `types`, one per column of `schema`), each bound encoded as the
+/// sink writes keys: Spanner orders its keys as the source does (checked
+/// per column, [`types::orders_as_source`]), so the range is one read.
+fn key_range(schema: &TableSchema, types: &[SpType], range: &KeyRange) -> Result<KeySet> {
+    let keys = schema.key_indexes();
+    let refused = |column: &tributary_schemas::Column, why: String| {
+        Error::permanent(format!("key column {} ({}) cannot bound a range: {why}", column.name, column.data_type))
+            .with_table(schema.id.clone())
+            .with_column(column.name.clone())
+    };
+    for &k in &keys {
+        let (column, ty) = (&schema.columns[k], &types[k]);
+        if !types::orders_as_source(&column.data_type, ty) {
+            return Err(refused(column, format!("Spanner keeps it as {ty}, which orders otherwise")));
+        }
+    }
+    // A bound of no values: Spanner's key prefix of every key.
+    let bound = |values: &Option<Vec<Value>>| -> Result<Key> {
+        let values = values.as_deref().unwrap_or_default();
+        if !values.is_empty() && values.len() != keys.len() {
+            return Err(Error::permanent(format!("a bound of {} values for a key of {}", values.len(), keys.len()))
+                .with_table(schema.id.clone()));
+        }
+        let kinds = keys
+            .iter()
+            .zip(values)
+            .map(|(&k, v)| encode(v, &types[k]).map_err(|why| refused(&schema.columns[k], why)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(key_of(&kinds))
+    };
+    let kind = if range.after.is_some() { RangeKind::OpenClosed } else { RangeKind::ClosedClosed };
+    Ok(KeySet::from(SpKeyRange::new(bound(&range.after)?, bound(&range.until)?, kind)))
 }
 
 #[async_trait]

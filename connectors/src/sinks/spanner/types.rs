@@ -4,16 +4,19 @@
 //! RFC 3339 in UTC). A value Spanner would refuse (a string over its cell
 //! limit, a NUMERIC out of range, a date outside 0001..9999) is refused
 //! here, naming its record, before anything is sent. See
-//! `docs/type-mapping.md`.
+//! `docs/type-mapping.md`. And the way back, for verification
+//! ([`read_row`]): each cell read as the model's value.
 
 use std::fmt;
 
 use base64::Engine as _;
 use prost_types::value::Kind;
 use prost_types::ListValue;
-use tributary_schemas::{DataType, Value};
+use tributary_schemas::{DataType, TableSchema, Value};
 
-use crate::sink::text::render_text;
+use super::client::Raw;
+use crate::error::{Error, Result as SinkResult};
+use crate::sink::text::{parse_text, render_text};
 
 /// NUMERIC holds 38 digits, at most 9 after the point (29 before it).
 const NUMERIC_MAX_SCALE: u32 = 9;
@@ -312,6 +315,120 @@ fn canonical_numeric(s: &str) -> String {
     }
 }
 
+/// The cells of one row read back (`schema`'s columns, in order, kept as
+/// `types`) as the model's values. An error names the table, the column
+/// and its type; never the value.
+pub fn read_row(cells: &[Raw], schema: &TableSchema, types: &[SpType]) -> SinkResult<Vec<Value>> {
+    if cells.len() != schema.columns.len() {
+        return Err(Error::permanent(format!(
+            "a row read back has {} cells for {} columns",
+            cells.len(),
+            schema.columns.len()
+        ))
+        .with_table(schema.id.clone()));
+    }
+    schema
+        .columns
+        .iter()
+        .zip(types)
+        .zip(cells)
+        .map(|((column, ty), cell)| {
+            decode(&cell.0, ty, &column.data_type).map_err(|why| {
+                Error::permanent(format!(
+                    "cannot read column {} ({}, kept as {ty}) back exactly: {why}",
+                    column.name, column.data_type
+                ))
+                .with_table(schema.id.clone())
+                .with_column(column.name.clone())
+                .with_class("tributary.verify.read_back")
+            })
+        })
+        .collect()
+}
+
+/// The value of a column of `data_type` that [`encode`] wrote as `kind`
+/// into a column of type `ty`, as Spanner returns it.
+pub fn decode(kind: &Kind, ty: &SpType, data_type: &DataType) -> Result<Value, String> {
+    Ok(match (ty, kind) {
+        (_, Kind::NullValue(_)) => Value::Null,
+        (SpType::Bool, Kind::BoolValue(b)) => Value::Boolean(*b),
+        (SpType::Int64, Kind::StringValue(s)) => Value::Int64(s.parse().map_err(|_| "not an INT64")?),
+        (SpType::Float64, Kind::NumberValue(n)) => Value::Float64(*n),
+        (SpType::Float64, Kind::StringValue(s)) => Value::Float64(match s.as_str() {
+            "NaN" => f64::NAN,
+            "Infinity" => f64::INFINITY,
+            "-Infinity" => f64::NEG_INFINITY,
+            _ => return Err("not a FLOAT64".into()),
+        }),
+        (SpType::Numeric, Kind::StringValue(s)) => parse_text(&DataType::VariableDecimal, s)?,
+        (SpType::String(_), Kind::StringValue(s)) => parse_text(data_type, s)?,
+        (SpType::Json, Kind::StringValue(s)) => Value::Json(s.clone()),
+        (SpType::Bytes(_), Kind::StringValue(s)) => {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(s).map_err(|_| "not base64")?;
+            match data_type {
+                DataType::Geometry => Value::Geometry(bytes),
+                _ => Value::Bytes(bytes),
+            }
+        }
+        (SpType::Date, Kind::StringValue(s)) => parse_text(&DataType::Date, s)?,
+        (SpType::Timestamp, Kind::StringValue(s)) => {
+            let micros = timestamp_micros(s)?;
+            match data_type {
+                // The wall clock, kept as if it were UTC.
+                DataType::Timestamp => Value::Timestamp(micros),
+                _ => Value::TimestampTz(micros),
+            }
+        }
+        (SpType::Array(inner), Kind::ListValue(list)) => {
+            let DataType::Array(element) = data_type else {
+                return Err(format!("an array for a {data_type} column"));
+            };
+            Value::Array(
+                list.values
+                    .iter()
+                    .map(|v| decode(v.kind.as_ref().unwrap_or(&Kind::NullValue(0)), inner, element))
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        _ => return Err(format!("a value of another kind than {ty}")),
+    })
+}
+
+/// Spanner's TIMESTAMP text (RFC 3339 in UTC, up to nine fraction digits)
+/// as microseconds; one with nanoseconds has none (never truncated).
+pub fn timestamp_micros(text: &str) -> Result<i64, String> {
+    let body = text.strip_suffix('Z').ok_or("not a UTC timestamp")?;
+    let (whole, fraction) = body.split_once('.').unwrap_or((body, ""));
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("not an RFC 3339 timestamp".into());
+    }
+    let (micros, nanos) = fraction.split_at(fraction.len().min(6));
+    if nanos.bytes().any(|b| b != b'0') {
+        return Err("a timestamp with nanoseconds, which microseconds cannot hold".into());
+    }
+    let micros = if micros.is_empty() { String::new() } else { format!(".{micros}") };
+    tributary_schemas::temporal::instant_from_iso(&format!("{whole}{micros}Z")).ok_or_else(|| "not an RFC 3339 timestamp".into())
+}
+
+/// Whether Spanner orders the values of a key column of `data_type` kept as
+/// `ty` as the source does ([`tributary_schemas::canonical::orders_everywhere`]):
+/// a key range is then a range of Spanner's keys. A decimal or a number
+/// kept as text is not (`10` sorts before `9`).
+pub fn orders_as_source(data_type: &DataType, ty: &SpType) -> bool {
+    matches!(
+        (data_type, ty),
+        (DataType::Boolean, SpType::Bool)
+            | (DataType::Int16 | DataType::Int32 | DataType::Int64, SpType::Int64 | SpType::Numeric)
+            | (DataType::Decimal { .. } | DataType::VariableDecimal, SpType::Numeric)
+            // Text and UUIDs by their UTF-8 bytes; a time of day's text has
+            // a fixed width (`HH:MM:SS.ffffff`).
+            | (DataType::Text | DataType::Uuid | DataType::Time, SpType::String(_))
+            | (DataType::Bytes, SpType::Bytes(_))
+            | (DataType::Date, SpType::Date)
+            | (DataType::Timestamp | DataType::TimestampTz, SpType::Timestamp)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,6 +471,47 @@ mod tests {
         assert_eq!(text(-3_020_399_000_000), "-838:59:59.000000");
         assert_eq!(text(3_020_398_999_999), "838:59:58.999999");
         assert_eq!(text(45_296_000_001), "12:34:56.000001");
+    }
+
+    #[test]
+    fn values_read_back_as_they_were_written() {
+        use tributary_schemas::canonical::canonical_text;
+        let cases = [
+            (DataType::Int32, Value::Int32(-5)),
+            (DataType::Float64, Value::Float64(0.1)),
+            (DataType::Float64, Value::Float64(f64::NAN)),
+            (DataType::Decimal { precision: 8, scale: 2 }, Value::Decimal("12.50".into())),
+            (DataType::Decimal { precision: 50, scale: 2 }, Value::Decimal("-12.50".into())),
+            (DataType::Text, Value::Text("a\u{1F600}".into())),
+            (DataType::Uuid, Value::Uuid(uuid::Uuid::from_u128(42))),
+            (DataType::Json, Value::Json("{\"b\":1,\"a\":[true]}".into())),
+            (DataType::Bytes, Value::Bytes(vec![0, 1, 254])),
+            (DataType::Date, Value::Date(-719_162)),
+            (DataType::Time, Value::Time(86_399_999_999)),
+            (DataType::TimeSpan, Value::Time(-3_020_399_000_000)),
+            (DataType::Timestamp, Value::Timestamp(1_500_000)),
+            (DataType::TimestampTz, Value::TimestampTz(-1)),
+            (DataType::Interval, Value::Interval { months: 1, days: -2, micros: 3 }),
+            (
+                DataType::Array(Box::new(DataType::Text)),
+                Value::Array(vec![Value::Text("a".into()), Value::Null]),
+            ),
+            (DataType::Boolean, Value::Boolean(false)),
+        ];
+        for (data_type, value) in cases {
+            let ty = spanner_type(&data_type);
+            let kind = encode(&value, &ty).unwrap();
+            // What Spanner returns: INT64, NUMERIC, BYTES, DATE and
+            // TIMESTAMP as text, FLOAT64 as a number.
+            let back = decode(&kind, &ty, &data_type).unwrap();
+            assert_eq!(canonical_text(&data_type, &back), canonical_text(&data_type, &value), "{data_type}");
+        }
+        assert_eq!(timestamp_micros("2026-01-01T00:00:00.123456000Z"), Ok(1_767_225_600_123_456));
+        assert!(timestamp_micros("2026-01-01T00:00:00.123456789Z").is_err(), "nanoseconds are not truncated");
+        let wrong = decode(&Kind::BoolValue(true), &SpType::Int64, &DataType::Int64).unwrap_err();
+        assert!(wrong.contains("INT64"), "{wrong}");
+        assert!(orders_as_source(&DataType::Int32, &SpType::Int64));
+        assert!(!orders_as_source(&DataType::Decimal { precision: 50, scale: 2 }, &SpType::String(None)));
     }
 
     #[test]
