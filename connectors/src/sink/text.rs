@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use tributary_schemas::temporal::civil_from_days;
+use tributary_schemas::temporal::{civil_from_days, days_from_civil, instant_from_iso};
 use tributary_schemas::Value;
 
 /// Why a value without an exact form here is refused ([`Value::SourceText`]).
@@ -209,6 +209,123 @@ pub fn render_float64(out: &mut String, v: f64) {
     render_float(out, v, v.to_string());
 }
 
+// ------------------------------------------------ reading the forms back
+
+/// The days since 1970-01-01 of a date in [`render_text`]'s form
+/// (`2026-01-02`, `0001-12-31 BC`); `None` for any other text.
+pub fn parse_date(text: &str) -> Option<i32> {
+    let (ymd, bc) = match text.strip_suffix(" BC") {
+        Some(d) => (d, true),
+        None => (text, false),
+    };
+    let mut parts = ymd.splitn(3, '-');
+    let year: i64 = digits(parts.next()?)?;
+    let month: u32 = digits(parts.next()?)?;
+    let day: u32 = digits(parts.next()?)?;
+    if year > 10_000_000 || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let year = if bc { 1 - year } else { year };
+    let days = days_from_civil(year, month, day);
+    // A day that does not exist (February 30th) is not this date's text.
+    if civil_from_days(days) != (year, month, day) {
+        return None;
+    }
+    i32::try_from(days).ok()
+}
+
+/// The microseconds of a time of day or a span in [`render_text`]'s form
+/// (`01:02:03.000004`, `-838:59:59.000000`; the fraction may be shorter,
+/// absent, or longer with zeros beyond the microsecond); `None` for any
+/// other text, and for a finer fraction, which no microsecond holds.
+pub fn parse_time(text: &str) -> Option<i64> {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, text),
+    };
+    let (hms, fraction) = body.split_once('.').unwrap_or((body, ""));
+    let mut parts = hms.splitn(3, ':');
+    let hours: i64 = digits(parts.next()?)?;
+    let minutes: i64 = digits(parts.next()?)?;
+    let seconds: i64 = digits(parts.next()?)?;
+    if minutes > 59 || seconds > 59 {
+        return None;
+    }
+    let micros = hours
+        .checked_mul(3_600_000_000)?
+        .checked_add(minutes * 60_000_000 + seconds * 1_000_000)?
+        .checked_add(fraction_micros(fraction)?)?;
+    Some(if negative { -micros } else { micros })
+}
+
+/// The microseconds since the epoch (UTC) of a timestamp: a date, `T` or a
+/// space, a time of day with an optional fraction, and an optional offset
+/// (`+00`, `+02:00`, `Z`; none: the wall clock as UTC, as a timestamp
+/// without zone is kept). `None` for any other text (a date BC among it).
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    // The offset's sign comes after the time (a date's dashes come before).
+    let time_at = text.find(['T', ' '])?;
+    let zoned = text[time_at..].contains(['+', 'Z']) || text[time_at + 1..].contains('-');
+    let fraction = text[time_at..].split_once('.').map(|(_, f)| f);
+    // The fraction as exact microseconds (instant_from_iso would drop
+    // digits beyond them).
+    if let Some(f) = fraction {
+        let digits_end = f.bytes().take_while(u8::is_ascii_digit).count();
+        fraction_micros(&f[..digits_end])?;
+    }
+    if zoned {
+        instant_from_iso(text)
+    } else {
+        instant_from_iso(&format!("{text}Z"))
+    }
+}
+
+/// An interval in [`render_text`]'s form (`14 mons 3 days 4 hours
+/// -306.780000 secs`) as months, days and microseconds.
+pub fn parse_interval(text: &str) -> Option<(i32, i32, i64)> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let [months, "mons", days, "days", hours, "hours", secs, "secs"] = words.as_slice() else {
+        return None;
+    };
+    let hours: i64 = hours.parse().ok()?;
+    let (negative, secs) = match secs.strip_prefix('-') {
+        Some(s) => (true, s),
+        None => (false, *secs),
+    };
+    let (whole, fraction) = secs.split_once('.').unwrap_or((secs, ""));
+    let rest = digits::<i64>(whole)?
+        .checked_mul(1_000_000)?
+        .checked_add(fraction_micros(fraction)?)?;
+    let micros = hours
+        .checked_mul(3_600_000_000)?
+        .checked_add(if negative { -rest } else { rest })?;
+    Some((months.parse().ok()?, days.parse().ok()?, micros))
+}
+
+/// A number of ASCII digits only (no sign, no space).
+fn digits<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// The microseconds of a second's fraction (`5` is 500000); `None` when it
+/// is not digits or has a nonzero digit beyond the microsecond.
+fn fraction_micros(fraction: &str) -> Option<i64> {
+    if fraction.is_empty() {
+        return Some(0);
+    }
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) || fraction.bytes().skip(6).any(|b| b != b'0') {
+        return None;
+    }
+    let mut micros = 0;
+    for (i, b) in fraction.bytes().take(6).enumerate() {
+        micros += i64::from(b - b'0') * 10_i64.pow(5 - i as u32);
+    }
+    Some(micros)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +357,49 @@ mod tests {
         );
         assert!(render_text(&mut String::new(), &Value::Null).is_err());
         assert!(render_text(&mut String::new(), &Value::Unchanged).is_err());
+    }
+
+    #[test]
+    fn every_form_reads_back_as_its_value() {
+        for v in [
+            Value::Date(0),
+            Value::Date(-719_163),
+            Value::Date(20_455),
+            Value::Time(3_723_000_001),
+            Value::Time(-3_020_399_000_000),
+            Value::Time(-1),
+            Value::Timestamp(-1),
+            Value::TimestampTz(1_767_225_601_123_456),
+            Value::Interval {
+                months: 14,
+                days: 3,
+                micros: 4 * 3_600_000_000 + 306_780_000,
+            },
+            Value::Interval { months: -14, days: -3, micros: -3_723_000_001 },
+        ] {
+            let t = text(&v);
+            let back = match v {
+                Value::Date(_) => parse_date(&t).map(Value::Date),
+                Value::Time(_) => parse_time(&t).map(Value::Time),
+                Value::Timestamp(_) => parse_timestamp(&t).map(Value::Timestamp),
+                Value::TimestampTz(_) => parse_timestamp(&t).map(Value::TimestampTz),
+                _ => parse_interval(&t).map(|(months, days, micros)| Value::Interval { months, days, micros }),
+            };
+            assert_eq!(back, Some(v), "{t}");
+        }
+        // Other engines' spellings of the same values.
+        assert_eq!(parse_timestamp("2026-01-01T00:00:01.5"), Some(1_767_225_601_500_000));
+        assert_eq!(parse_timestamp("2026-01-01T00:00:01"), Some(1_767_225_601_000_000));
+        assert_eq!(parse_timestamp("2026-01-01 02:00:01+02:00"), Some(1_767_225_601_000_000));
+        assert_eq!(parse_timestamp("1969-12-31 23:00:00-01:00"), Some(0));
+        assert_eq!(parse_time("01:02:03"), Some(3_723_000_000));
+        assert_eq!(parse_time("01:02:03.000004000"), Some(3_723_000_004));
+        // What no microsecond holds, and what is not a value's text.
+        assert_eq!(parse_time("01:02:03.0000041"), None);
+        assert_eq!(parse_timestamp("2026-01-01 00:00:01.0000001"), None);
+        assert_eq!(parse_date("2026-02-30"), None);
+        assert_eq!(parse_date("2026-1-x"), None);
+        assert_eq!(parse_interval("P1Y"), None);
     }
 
     #[test]

@@ -69,6 +69,65 @@ impl KeyRange {
 }
 
 impl KeyRange {
+    /// The range as an SQL condition for a destination without row-value
+    /// comparison: the key compared lexicographically, `a1 < k1 OR (k1 =
+    /// a1 AND a2 < k2)`, so that a range of a composite key is read as the
+    /// source reads it. `columns` are the key columns' SQL expressions in
+    /// key order; `literal` renders a bound's value for the key column at
+    /// that position (the caller's literal syntax and text ordering).
+    /// `None` for the whole table. A NULL bound is an error: verified keys
+    /// are the source's primary keys.
+    pub fn condition(
+        &self,
+        columns: &[String],
+        literal: &mut dyn FnMut(usize, &Value) -> std::result::Result<String, String>,
+    ) -> std::result::Result<Option<String>, String> {
+        let mut bounds = Vec::with_capacity(2);
+        if let Some(after) = &self.after {
+            bounds.push(lexicographic(columns, after, ">", ">", literal)?);
+        }
+        if let Some(until) = &self.until {
+            bounds.push(lexicographic(columns, until, "<", "<=", literal)?);
+        }
+        Ok((!bounds.is_empty()).then(|| bounds.join(" AND ")))
+    }
+}
+
+/// `key <op> bound` over the key's columns one by one: each disjunct equal
+/// on a prefix and `op` on the next column, `last_op` on the last one.
+fn lexicographic(
+    columns: &[String],
+    bound: &[Value],
+    op: &str,
+    last_op: &str,
+    literal: &mut dyn FnMut(usize, &Value) -> std::result::Result<String, String>,
+) -> std::result::Result<String, String> {
+    if columns.len() != bound.len() || columns.is_empty() {
+        return Err(format!("a bound has {} values for {} key columns", bound.len(), columns.len()));
+    }
+    let mut literals = Vec::with_capacity(bound.len());
+    for (i, v) in bound.iter().enumerate() {
+        if matches!(v, Value::Null) {
+            return Err(format!("a bound of key column {} is NULL", columns[i]));
+        }
+        literals.push(literal(i, v)?);
+    }
+    let disjuncts: Vec<String> = (0..columns.len())
+        .map(|i| {
+            let op = if i + 1 == columns.len() { last_op } else { op };
+            let mut terms: Vec<String> = (0..i).map(|j| format!("{} = {}", columns[j], literals[j])).collect();
+            terms.push(format!("{} {op} {}", columns[i], literals[i]));
+            terms.join(" AND ")
+        })
+        .collect();
+    Ok(if disjuncts.len() == 1 {
+        disjuncts.concat()
+    } else {
+        format!("(({}))", disjuncts.join(") OR ("))
+    })
+}
+
+impl KeyRange {
     /// Whether a key (its values in key order) is in the range, ordered as
     /// every destination orders the key's types (see
     /// [`canonical::orders_everywhere`]). For destinations that filter in
@@ -348,5 +407,35 @@ mod tests {
         );
         let bounds = KeyRange::of(&s, &range).expect("bounds");
         assert_eq!(bounds.until, Some(vec![Value::Int32(9)]));
+    }
+
+    #[test]
+    fn a_range_is_a_lexicographic_condition() {
+        let mut literal = |_: usize, v: &Value| -> std::result::Result<String, String> {
+            Ok(match v {
+                Value::Int32(i) => i.to_string(),
+                Value::Text(t) => format!("'{t}'"),
+                _ => return Err("no literal".into()),
+            })
+        };
+        let one = ["id".to_string()];
+        let range = KeyRange {
+            after: Some(vec![Value::Int32(3)]),
+            until: Some(vec![Value::Int32(9)]),
+        };
+        assert_eq!(range.condition(&one, &mut literal).unwrap().as_deref(), Some("id > 3 AND id <= 9"));
+        let whole = KeyRange { after: None, until: None };
+        assert_eq!(whole.condition(&one, &mut literal).unwrap(), None);
+        let two = ["a".to_string(), "b".to_string()];
+        let range = KeyRange {
+            after: Some(vec![Value::Int32(1), Value::Text("x".into())]),
+            until: Some(vec![Value::Int32(2), Value::Text("y".into())]),
+        };
+        assert_eq!(
+            range.condition(&two, &mut literal).unwrap().as_deref(),
+            Some("((a > 1) OR (a = 1 AND b > 'x')) AND ((a < 2) OR (a = 2 AND b <= 'y'))")
+        );
+        let null = KeyRange { after: Some(vec![Value::Null]), until: None };
+        assert!(null.condition(&one, &mut literal).is_err());
     }
 }
