@@ -157,6 +157,7 @@ async fn every_statement_sent_is_redshift_sql() {
     let range = VerifyRange {
         id: 1,
         at: Position { commit: 90, index: 0 },
+        connector: "postgresql".into(),
         schema_id: 1,
         key_schema_id: None,
         after: Some(vec![Some("4".into())]),
@@ -164,7 +165,7 @@ async fn every_statement_sent_is_redshift_sql() {
         last: true,
         rows: Vec::new(),
     };
-    let outcome = sink.verify_range(&v3, &range).await.expect("read back");
+    let outcome = sink.verify_range(&v3, &range, false).await.expect("read back");
     assert!(outcome.unsupported.is_none(), "{outcome:?}");
     assert!(outcome.differing > 0, "rows 5 and 6 are in the range: {outcome:?}");
     assert!(sink.check().await.is_empty(), "check");

@@ -1,9 +1,7 @@
 //! Values as SQL text: the input syntax PostgreSQL reads for each type
 //! (ISO dates, `t`/`f`, `\x` hex bytes, `{...}` arrays). Redshift and
 //! Snowflake read the same forms from their staged files, so every SQL sink
-//! renders values here and only escapes them its own way. [`parse_text`]
-//! reads them back (verification), where a destination keeps a value as
-//! its text.
+//! renders values here and only escapes them its own way.
 //!
 //! Values these forms cannot hold exactly are refused, never written as a
 //! nearby value: PostgreSQL's infinite timestamps (`i64::MIN` / `MAX`
@@ -20,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use tributary_schemas::temporal::{civil_from_days, days_from_civil};
+use tributary_schemas::temporal::{civil_from_days, days_from_civil, instant_from_iso};
 use tributary_schemas::{DataType, Value};
 
 /// Why a value without an exact form here is refused ([`Value::SourceText`]).
@@ -246,9 +244,9 @@ pub fn parse_text(data_type: &DataType, text: &str) -> Result<Value, String> {
         DataType::Geometry => Value::Geometry(parse_bytes(text).ok_or_else(|| not("bytes"))?),
         DataType::Date => Value::Date(parse_date(text).ok_or_else(|| not("a date"))?),
         DataType::Time | DataType::TimeSpan => Value::Time(parse_time(text).ok_or_else(|| not("a time"))?),
-        DataType::Timestamp => Value::Timestamp(parse_timestamp(text, false).ok_or_else(|| not("a timestamp"))?),
+        DataType::Timestamp => Value::Timestamp(parse_timestamp(text).ok_or_else(|| not("a timestamp"))?),
         DataType::TimestampTz => {
-            Value::TimestampTz(parse_timestamp(text, true).ok_or_else(|| not("a timestamp with time zone"))?)
+            Value::TimestampTz(parse_timestamp(text).ok_or_else(|| not("a timestamp with time zone"))?)
         }
         DataType::Interval => {
             let (months, days, micros) = parse_interval(text).ok_or_else(|| not("an interval"))?;
@@ -285,88 +283,81 @@ pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// `YYYY-MM-DD[ BC]` as days since 1970-01-01; a day that does not exist
-/// (`2023-02-30`) is none.
-fn parse_date(text: &str) -> Option<i32> {
-    let days = parse_ymd(text.strip_suffix(" BC").unwrap_or(text), text.ends_with(" BC"))?;
-    i32::try_from(days).ok()
-}
+// ------------------------------------------------ reading the forms back
 
-fn parse_ymd(text: &str, bc: bool) -> Option<i64> {
-    let mut parts = text.splitn(3, '-');
-    let year: i64 = parts.next()?.parse().ok()?;
-    let month: u32 = parts.next()?.parse().ok()?;
-    let day: u32 = parts.next()?.parse().ok()?;
-    if !(0..=10_000_000).contains(&year) {
+/// The days since 1970-01-01 of a date in [`render_text`]'s form
+/// (`2026-01-02`, `0001-12-31 BC`); `None` for any other text.
+pub fn parse_date(text: &str) -> Option<i32> {
+    let (ymd, bc) = match text.strip_suffix(" BC") {
+        Some(d) => (d, true),
+        None => (text, false),
+    };
+    let mut parts = ymd.splitn(3, '-');
+    let year: i64 = digits(parts.next()?)?;
+    let month: u32 = digits(parts.next()?)?;
+    let day: u32 = digits(parts.next()?)?;
+    if year > 10_000_000 || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
     let year = if bc { 1 - year } else { year };
     let days = days_from_civil(year, month, day);
-    (civil_from_days(days) == (year, month, day)).then_some(days)
+    // A day that does not exist (February 30th) is not this date's text.
+    if civil_from_days(days) != (year, month, day) {
+        return None;
+    }
+    i32::try_from(days).ok()
 }
 
-/// `[-]H:MM:SS[.ffffff]`, hours as many as it takes, as microseconds.
-fn parse_time(text: &str) -> Option<i64> {
+/// The microseconds of a time of day or a span in [`render_text`]'s form
+/// (`01:02:03.000004`, `-838:59:59.000000`; the fraction may be shorter,
+/// absent, or longer with zeros beyond the microsecond); `None` for any
+/// other text, and for a finer fraction, which no microsecond holds.
+pub fn parse_time(text: &str) -> Option<i64> {
     let (negative, body) = match text.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, text),
     };
-    let micros = parse_clock(body)?;
+    let (hms, fraction) = body.split_once('.').unwrap_or((body, ""));
+    let mut parts = hms.splitn(3, ':');
+    let hours: i64 = digits(parts.next()?)?;
+    let minutes: i64 = digits(parts.next()?)?;
+    let seconds: i64 = digits(parts.next()?)?;
+    if minutes > 59 || seconds > 59 {
+        return None;
+    }
+    let micros = hours
+        .checked_mul(3_600_000_000)?
+        .checked_add(minutes * 60_000_000 + seconds * 1_000_000)?
+        .checked_add(fraction_micros(fraction)?)?;
     Some(if negative { -micros } else { micros })
 }
 
-/// `H:MM:SS[.ffffff]` (no sign) as microseconds.
-fn parse_clock(text: &str) -> Option<i64> {
-    let mut parts = text.splitn(3, ':');
-    let hours: i64 = parts.next()?.parse().ok()?;
-    let minutes: i64 = parts.next()?.parse().ok()?;
-    let last = parts.next()?;
-    let (secs, frac) = last.split_once('.').unwrap_or((last, ""));
-    let secs: i64 = secs.parse().ok()?;
-    if hours < 0 || !(0..60).contains(&minutes) || !(0..60).contains(&secs) {
-        return None;
+/// The microseconds since the epoch (UTC) of a timestamp: a date, `T` or a
+/// space, a time of day with an optional fraction, and an optional offset
+/// (`+00`, `+02:00`, `Z`; none: the wall clock as UTC, as a timestamp
+/// without zone is kept). `None` for any other text (a date BC among it).
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    // The offset's sign comes after the time (a date's dashes come before).
+    let time_at = text.find(['T', ' '])?;
+    let zoned = text[time_at..].contains(['+', 'Z']) || text[time_at + 1..].contains('-');
+    let fraction = text[time_at..].split_once('.').map(|(_, f)| f);
+    // The fraction as exact microseconds (instant_from_iso would drop
+    // digits beyond them).
+    if let Some(f) = fraction {
+        let digits_end = f.bytes().take_while(u8::is_ascii_digit).count();
+        fraction_micros(&f[..digits_end])?;
     }
-    hours
-        .checked_mul(3_600_000_000)?
-        .checked_add((minutes * 60 + secs) * 1_000_000 + fraction_micros(frac)?)
+    if zoned {
+        instant_from_iso(text)
+    } else {
+        instant_from_iso(&format!("{text}Z"))
+    }
 }
 
-/// Up to six fraction digits as microseconds.
-fn fraction_micros(frac: &str) -> Option<i64> {
-    if frac.len() > 6 {
-        return None;
-    }
-    let mut micros: i64 = 0;
-    for (i, b) in frac.bytes().enumerate() {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        micros += i64::from(b - b'0') * 10_i64.pow(5 - i as u32);
-    }
-    Some(micros)
-}
-
-/// `YYYY-MM-DD HH:MM:SS[.ffffff][+00][ BC]` (the offset only `with_zone`,
-/// where it is UTC's, as the sink writes it) as microseconds since the epoch.
-fn parse_timestamp(text: &str, with_zone: bool) -> Option<i64> {
-    let (body, bc) = match text.strip_suffix(" BC") {
-        Some(b) => (b, true),
-        None => (text, false),
-    };
-    let body = if with_zone { body.strip_suffix("+00")? } else { body };
-    let (date, clock) = body.split_once(' ')?;
-    let days = parse_ymd(date, bc)?;
-    let tod = parse_clock(clock)?;
-    if tod >= 86_400_000_000 {
-        return None;
-    }
-    days.checked_mul(86_400_000_000)?.checked_add(tod)
-}
-
-/// `M mons D days H hours [-]S.ffffff secs` as [`render_text`] writes an
-/// interval: months, days and microseconds.
-fn parse_interval(text: &str) -> Option<(i32, i32, i64)> {
-    let words: Vec<&str> = text.split(' ').collect();
+/// An interval in [`render_text`]'s form (`14 mons 3 days 4 hours
+/// -306.780000 secs`) as months, days and microseconds.
+pub fn parse_interval(text: &str) -> Option<(i32, i32, i64)> {
+    let words: Vec<&str> = text.split_whitespace().collect();
     let [months, "mons", days, "days", hours, "hours", secs, "secs"] = words.as_slice() else {
         return None;
     };
@@ -375,19 +366,38 @@ fn parse_interval(text: &str) -> Option<(i32, i32, i64)> {
         Some(s) => (true, s),
         None => (false, *secs),
     };
-    let (whole, frac) = secs.split_once('.').unwrap_or((secs, ""));
-    let rest = whole
-        .parse::<i64>()
-        .ok()?
+    let (whole, fraction) = secs.split_once('.').unwrap_or((secs, ""));
+    let rest = digits::<i64>(whole)?
         .checked_mul(1_000_000)?
-        .checked_add(fraction_micros(frac)?)?;
-    let rest = if negative { -rest } else { rest };
-    // The seconds are what the hours leave: less than an hour, of the
-    // hours' sign.
-    if rest.abs() >= 3_600_000_000 {
+        .checked_add(fraction_micros(fraction)?)?;
+    let micros = hours
+        .checked_mul(3_600_000_000)?
+        .checked_add(if negative { -rest } else { rest })?;
+    Some((months.parse().ok()?, days.parse().ok()?, micros))
+}
+
+/// A number of ASCII digits only (no sign, no space).
+fn digits<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some((months.parse().ok()?, days.parse().ok()?, hours.checked_mul(3_600_000_000)?.checked_add(rest)?))
+    text.parse().ok()
+}
+
+/// The microseconds of a second's fraction (`5` is 500000); `None` when it
+/// is not digits or has a nonzero digit beyond the microsecond.
+fn fraction_micros(fraction: &str) -> Option<i64> {
+    if fraction.is_empty() {
+        return Some(0);
+    }
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) || fraction.bytes().skip(6).any(|b| b != b'0') {
+        return None;
+    }
+    let mut micros = 0;
+    for (i, b) in fraction.bytes().take(6).enumerate() {
+        micros += i64::from(b - b'0') * 10_i64.pow(5 - i as u32);
+    }
+    Some(micros)
 }
 
 #[cfg(test)]
@@ -421,6 +431,49 @@ mod tests {
         );
         assert!(render_text(&mut String::new(), &Value::Null).is_err());
         assert!(render_text(&mut String::new(), &Value::Unchanged).is_err());
+    }
+
+    #[test]
+    fn every_form_reads_back_as_its_value() {
+        for v in [
+            Value::Date(0),
+            Value::Date(-719_163),
+            Value::Date(20_455),
+            Value::Time(3_723_000_001),
+            Value::Time(-3_020_399_000_000),
+            Value::Time(-1),
+            Value::Timestamp(-1),
+            Value::TimestampTz(1_767_225_601_123_456),
+            Value::Interval {
+                months: 14,
+                days: 3,
+                micros: 4 * 3_600_000_000 + 306_780_000,
+            },
+            Value::Interval { months: -14, days: -3, micros: -3_723_000_001 },
+        ] {
+            let t = text(&v);
+            let back = match v {
+                Value::Date(_) => parse_date(&t).map(Value::Date),
+                Value::Time(_) => parse_time(&t).map(Value::Time),
+                Value::Timestamp(_) => parse_timestamp(&t).map(Value::Timestamp),
+                Value::TimestampTz(_) => parse_timestamp(&t).map(Value::TimestampTz),
+                _ => parse_interval(&t).map(|(months, days, micros)| Value::Interval { months, days, micros }),
+            };
+            assert_eq!(back, Some(v), "{t}");
+        }
+        // Other engines' spellings of the same values.
+        assert_eq!(parse_timestamp("2026-01-01T00:00:01.5"), Some(1_767_225_601_500_000));
+        assert_eq!(parse_timestamp("2026-01-01T00:00:01"), Some(1_767_225_601_000_000));
+        assert_eq!(parse_timestamp("2026-01-01 02:00:01+02:00"), Some(1_767_225_601_000_000));
+        assert_eq!(parse_timestamp("1969-12-31 23:00:00-01:00"), Some(0));
+        assert_eq!(parse_time("01:02:03"), Some(3_723_000_000));
+        assert_eq!(parse_time("01:02:03.000004000"), Some(3_723_000_004));
+        // What no microsecond holds, and what is not a value's text.
+        assert_eq!(parse_time("01:02:03.0000041"), None);
+        assert_eq!(parse_timestamp("2026-01-01 00:00:01.0000001"), None);
+        assert_eq!(parse_date("2026-02-30"), None);
+        assert_eq!(parse_date("2026-1-x"), None);
+        assert_eq!(parse_interval("P1Y"), None);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use gcp_bigquery_client::model::query_response::QueryResponse;
 use gcp_bigquery_client::model::table::Table;
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use gcp_bigquery_client::model::table_data_insert_all_response::TableDataInsertAllResponse;
+use gcp_bigquery_client::model::table_row::TableRow;
 use gcp_bigquery_client::Client;
 
 use super::config::{BigQuerySinkConfig, DestinationTable};
@@ -36,6 +37,16 @@ impl gcp_bigquery_client::auth::Authenticator for EmulatorAuth {
     async fn access_token(&self) -> std::result::Result<String, BQError> {
         Ok("emulator".to_string())
     }
+}
+
+/// A query's result, every page of it: each column's type as BigQuery
+/// names it (`INTEGER`, `TIMESTAMP`, ...) and whether it repeats, and the
+/// rows' cells (text, or for a repeated column an array of `{"v": ...}`).
+pub(super) struct QueryRows {
+    pub(super) columns: Vec<(String, bool)>,
+    pub(super) rows: Vec<Vec<serde_json::Value>>,
+    /// What BigQuery says the query read (what on-demand pricing bills).
+    pub(super) bytes_processed: Option<i64>,
 }
 
 /// Context of an error: the destination table it is about.
@@ -127,6 +138,83 @@ impl BqClient {
             self.wait_for_job(&response, ctx).await?;
         }
         Ok(response)
+    }
+
+    /// Runs a query and reads every row of its result: the first page
+    /// from `jobs.query`, the others (BigQuery answers about 10 MB at a
+    /// time) from `jobs.getQueryResults` with the page token.
+    pub(super) async fn query_rows(&self, sql: &str, ctx: &Ctx) -> Result<QueryRows> {
+        let api = self.api()?;
+        let first = self.query(sql, ctx).await?;
+        let job = first.job_reference.as_ref().and_then(|r| r.job_id.clone());
+        let location = first.job_reference.as_ref().and_then(|r| r.location.clone());
+        let total = first.total_rows.as_deref().and_then(|t| t.parse::<usize>().ok());
+        let bytes_processed = first.total_bytes_processed.as_deref().and_then(|b| b.parse().ok());
+        let mut schema = first.schema;
+        let mut rows: Vec<TableRow> = Vec::new();
+        // An answer before the job finished carries no rows: read them all
+        // from the first page on.
+        let mut next = if first.job_complete == Some(false) {
+            Some(None)
+        } else {
+            rows.extend(first.rows.unwrap_or_default());
+            first.page_token.filter(|t| !t.is_empty()).map(Some)
+        };
+        while let Some(token) = next {
+            let job = job
+                .clone()
+                .ok_or_else(|| Error::retryable("BigQuery answered a paged query without a job id"))?;
+            let params = GetQueryResultsParameters {
+                format_options: None,
+                location: location.clone(),
+                max_results: None,
+                page_token: token,
+                start_index: None,
+                timeout_ms: i32::try_from(self.config.request_timeout_ms).ok(),
+            };
+            let page =
+                tokio::time::timeout(self.timeout(), api.job().get_query_results(&self.config.project, &job, params))
+                    .await
+                    .map_err(|_| timed_out(ctx))?
+                    .map_err(|e| classify(&e, ctx))?;
+            if let Some(errors) = page.errors.as_deref().filter(|e| !e.is_empty()) {
+                return Err(classify_proto(errors, ctx));
+            }
+            if schema.is_none() {
+                schema = page.schema;
+            }
+            rows.extend(page.rows.unwrap_or_default());
+            next = page.page_token.filter(|t| !t.is_empty()).map(Some);
+        }
+        if let Some(total) = total.filter(|&t| t != rows.len()) {
+            return Err(with_ctx(
+                Error::retryable(format!("BigQuery answered {} of the {total} rows of a query", rows.len())),
+                ctx,
+            ));
+        }
+        let columns = schema
+            .and_then(|s| s.fields)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| {
+                let name = serde_json::to_value(&f.r#type)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                (name, f.mode.as_deref() == Some("REPEATED"))
+            })
+            .collect();
+        let rows = rows
+            .into_iter()
+            .map(|r| {
+                r.columns
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| c.value.unwrap_or(serde_json::Value::Null))
+                    .collect()
+            })
+            .collect();
+        Ok(QueryRows { columns, rows, bytes_processed })
     }
 
     /// Polls a job that `jobs.query` returned before it finished.

@@ -1,11 +1,12 @@
 //! BigQuery's spelling of what the sink does: the [`Dialect`] the core plans
 //! schema changes over, and the statements it runs (DDL, the staging
-//! tables, the position-guarded `MERGE`, the offsets `MERGE`).
+//! tables, the position-guarded `MERGE`, the offsets `MERGE`, the read of a
+//! key range for verification).
 
-use tributary_schemas::{Column, Value};
+use tributary_schemas::{Column, DataType, TableSchema, Value};
 
 use super::config::DestinationTable;
-use super::types::{bigquery_type, fit, to_json, BqType};
+use super::types::{bigquery_type, fit, read_expression, to_json, BqType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
     position_before, Fence, OffsetMove, PositionSyntax, Quoting, ResetSyntax, COMMIT_COLUMN, DELETE_COLUMN,
@@ -13,6 +14,7 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+use crate::sink::verify::KeyRange;
 
 /// Staging column naming the write that staged a row: its MERGE reads
 /// only that write's rows.
@@ -149,6 +151,35 @@ fn one_change_sql(table: &DestinationTable, change: &TableChange<BqType>, declar
         }
         TableChange::DropColumn { column } => format!("ALTER TABLE {t} DROP COLUMN IF EXISTS {}", quote_ident(column)),
     }
+}
+
+/// The query reading back the rows of `range` of `table`: every column of
+/// `schema` in the form [`super::types::from_cell`] reads, the key bounded
+/// lexicographically (BigQuery has no row-value comparison; STRING and
+/// BYTES compare by their bytes, as the source reads them). A range of a
+/// clustered table reads the blocks of its keys.
+pub fn read_range_sql(table: &DestinationTable, schema: &TableSchema, range: &KeyRange) -> Result<String, String> {
+    let columns: Vec<String> = schema
+        .columns
+        .iter()
+        .map(|c| read_expression(&quote_ident(&c.name), &c.data_type))
+        .collect();
+    let keys = schema.key_indexes();
+    let key_columns: Vec<String> = keys.iter().map(|&k| quote_ident(&schema.columns[k].name)).collect();
+    let key_literal = |i: usize, v: &Value| -> Result<String, String> {
+        let c = &schema.columns[keys[i]];
+        let ty = bigquery_type(&c.data_type);
+        if ty == BqType::String && matches!(c.data_type, DataType::Decimal { .. }) {
+            return Err(format!("key column {} is a decimal kept as STRING, which orders as text", c.name));
+        }
+        literal(v, &ty).ok_or_else(|| format!("a bound of key column {} has no {ty} literal", c.name))
+    };
+    let mut sql = format!("SELECT {} FROM {}", columns.join(", "), table.quoted());
+    if let Some(condition) = range.condition(PositionSyntax::Expanded, &key_columns, key_literal)? {
+        sql.push_str(" WHERE ");
+        sql.push_str(&condition);
+    }
+    Ok(sql)
 }
 
 /// The columns of a staging table: the destination's columns, then the
@@ -418,6 +449,54 @@ pub fn quote_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table keyed by (`k`, `s`), a number and a text.
+    fn keyed_schema() -> TableSchema {
+        let col = |name: &str, data_type: DataType| Column {
+            name: name.into(),
+            data_type,
+            nullable: false,
+            source_type: String::new(),
+            default: None,
+            aliases: Vec::new(),
+            column_id: None,
+        };
+        TableSchema {
+            id: tributary_schemas::TableId::new("public", "items"),
+            columns: vec![
+                col("k", DataType::Int32),
+                col("s", DataType::Text),
+                col("ts", DataType::TimestampTz),
+            ],
+            key: vec!["k".into(), "s".into()],
+            dropped: Vec::new(),
+        }
+    }
+
+    fn range() -> KeyRange {
+        KeyRange {
+            after: Some(vec![Value::Int32(1), Value::Text("it's".into())]),
+            until: Some(vec![Value::Int32(2), Value::Text("z".into())]),
+        }
+    }
+
+    #[test]
+    fn a_range_is_read_back_by_its_key() {
+        let t = DestinationTable {
+            project: "p".into(),
+            dataset: "d".into(),
+            table: "items".into(),
+        };
+        let schema = keyed_schema();
+        assert_eq!(
+            read_range_sql(&t, &schema, &range()).unwrap(),
+            "SELECT `k`, `s`, UNIX_MICROS(`ts`) FROM `p.d.items` WHERE ((`k` > CAST(1 AS INT64)) OR \
+             (`k` = CAST(1 AS INT64) AND `s` > CAST('it\\'s' AS STRING))) AND ((`k` < CAST(2 AS INT64)) OR \
+             (`k` = CAST(2 AS INT64) AND `s` <= CAST('z' AS STRING)))"
+        );
+        let whole = KeyRange { after: None, until: None };
+        assert_eq!(read_range_sql(&t, &schema, &whole).unwrap(), "SELECT `k`, `s`, UNIX_MICROS(`ts`) FROM `p.d.items`");
+    }
 
     /// The statements as BigQuery's own copy wrote them, before the core
     /// wrote them once: the rows first, the resets row last.

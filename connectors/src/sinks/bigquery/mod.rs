@@ -56,16 +56,16 @@ use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAl
 use serde_json::{Map, Value as Json};
 use tracing::{debug, info, info_span, Span};
 use tributary_operations::config::{ConfigError, Validate};
-use tributary_schemas::{Position, TableId, TableSchema};
+use tributary_schemas::{Position, Row, TableId, TableSchema};
 
 use self::client::{redact, BqClient, Ctx};
 pub use self::config::{BigQuerySinkConfig, DestinationTable};
 use self::dialect::{
     change_sql, deleted_merge_sql, deleted_table_ddl, fence_sql, forget_deleted_sql, forget_positions_sql, keyless_sql,
-    merge_sql, offsets_merge_sql, prune_deleted_sql, quote_string, removed_before_sql, staging_table_sql,
-    truncate_older_sql, BigQueryDialect, BATCH_COLUMN, QUOTING,
+    merge_sql, offsets_merge_sql, prune_deleted_sql, quote_string, read_range_sql, removed_before_sql,
+    staging_table_sql, truncate_older_sql, BigQueryDialect, BATCH_COLUMN, QUOTING,
 };
-use self::types::{bigquery_type, from_metadata, to_json, BqType};
+use self::types::{bigquery_type, from_cell, from_metadata, to_json, BqType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
@@ -76,6 +76,7 @@ use crate::sink::keyless;
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableChange, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::script::{self, Script, Scripted};
+use crate::sink::verify::KeyRange;
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -757,6 +758,73 @@ impl Warehouse for BigQuerySink {
         script::abort(self).await;
         Ok(())
     }
+
+    /// One query per range, outside any transaction (a unit's statements
+    /// run as one script at its end, so none is open here).
+    async fn read_range(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+    ) -> Result<Option<Vec<Row>>> {
+        if !self.tables.contains_key(dest) {
+            self.load_table(dest).await?;
+        }
+        // A query of a missing table fails (on the emulator as access
+        // denied): it has no rows.
+        if !self.tables.get(dest).is_some_and(|s| s.shape.exists) {
+            return Ok(Some(Vec::new()));
+        }
+        let sql = read_range_sql(dest, schema, range).map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
+        let result = self.client.query_rows(&sql, &Ctx::table(dest)).await?;
+        debug!(table = %dest, rows = result.rows.len(), bytes_processed = ?result.bytes_processed, "read a range back");
+        rows_read_back(schema, &result.columns, result.rows)
+    }
+}
+
+/// The rows of a range's query as the values of `schema`'s columns:
+/// `columns` are the result's (type, repeated), in the schema's order.
+fn rows_read_back(schema: &TableSchema, columns: &[(String, bool)], rows: Vec<Vec<Json>>) -> Result<Option<Vec<Row>>> {
+    let fail = |column: &str, why: String| {
+        Error::permanent(why)
+            .with_column(column.to_string())
+            .with_class("tributary.verify")
+            .with_table(schema.id.clone())
+    };
+    if columns.len() != schema.columns.len() {
+        return Err(Error::permanent(format!(
+            "reading a range back gave {} columns for {}",
+            columns.len(),
+            schema.columns.len()
+        ))
+        .with_table(schema.id.clone()));
+    }
+    let mut types = Vec::with_capacity(columns.len());
+    for (c, (type_name, repeated)) in schema.columns.iter().zip(columns) {
+        let ty = from_metadata(type_name, None, None, *repeated)
+            .ok_or_else(|| fail(&c.name, format!("BigQuery answered its values as {type_name}")))?;
+        types.push(ty);
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        if row.len() != types.len() {
+            return Err(Error::retryable(format!(
+                "BigQuery answered a row of {} cells for {} columns",
+                row.len(),
+                types.len()
+            ))
+            .with_table(schema.id.clone()));
+        }
+        let mut values = Vec::with_capacity(schema.columns.len());
+        for ((c, ty), cell) in schema.columns.iter().zip(&types).zip(&row) {
+            let value = from_cell(cell, ty, c).map_err(|why| {
+                fail(&c.name, format!("{why} (BigQuery type {ty}, source type {}): not read back exactly", c.data_type))
+            })?;
+            values.push(value);
+        }
+        out.push(values);
+    }
+    Ok(Some(out))
 }
 
 /// The readable part of a staging table's name: dataset and table, with

@@ -1,6 +1,7 @@
 //! Our logical types in BigQuery: the column type each one gets, which type
-//! changes BigQuery can follow, and how a value is written into an
-//! `insertAll` row (JSON). See `docs/destinations/bigquery.md`.
+//! changes BigQuery can follow, how a value is written into an
+//! `insertAll` row (JSON), and how it is read back from a query's result
+//! (for verification). See `docs/destinations/bigquery.md`.
 
 use std::fmt;
 
@@ -455,6 +456,103 @@ impl Wkb<'_> {
     }
 }
 
+/// A value read back from a query's result cell (`cell`: text, or for a
+/// repeated column an array of `{"v": ...}`) of `column`, kept as `ty`:
+/// the inverse of [`to_json`], for verification. A TIMESTAMP is read as
+/// its microseconds (`UNIX_MICROS`): the REST API's own form of it is a
+/// float of seconds, which rounds. What cannot be turned back exactly is an
+/// error naming the types, never a guess.
+pub fn from_cell(cell: &Json, ty: &BqType, column: &Column) -> Result<Value, Reason> {
+    match (ty, cell.as_array()) {
+        // NULL is written as an empty array too (a REPEATED column holds no
+        // NULL): exact where the source column holds no NULL.
+        (BqType::Array(_), Some(items)) if items.is_empty() && !column.nullable => Ok(Value::Array(Vec::new())),
+        _ => value_of(cell, ty, &column.data_type),
+    }
+}
+
+/// [`from_cell`] of a value of our type `data_type`.
+fn value_of(cell: &Json, ty: &BqType, data_type: &DataType) -> Result<Value, Reason> {
+    if cell.is_null() {
+        return Ok(Value::Null);
+    }
+    let BqType::Array(inner) = ty else {
+        let text = cell.as_str().ok_or_else(|| format!("a {ty} cell that is not text"))?;
+        return from_text(text, ty, data_type);
+    };
+    let DataType::Array(element) = data_type else {
+        return Err(format!("an {ty} column for a value of type {data_type}"));
+    };
+    if matches!(element.as_ref(), DataType::Array(_)) {
+        return Err("an array of arrays (kept as JSON text, whose elements lose their types)".into());
+    }
+    let items = cell.as_array().ok_or_else(|| format!("an {ty} cell that is not an array"))?;
+    if items.is_empty() {
+        return Err("an empty array of a column that may be NULL, which BigQuery keeps as an empty array too".into());
+    }
+    items
+        .iter()
+        .map(|item| value_of(item.get("v").unwrap_or(&Json::Null), inner, element))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+/// One value of a result cell's text.
+fn from_text(text: &str, ty: &BqType, data_type: &DataType) -> Result<Value, Reason> {
+    use DataType as D;
+    let unreadable = || format!("a {ty} value that does not read as one");
+    Ok(match (ty, data_type) {
+        (BqType::Bool, D::Boolean) => match text {
+            "true" => Value::Boolean(true),
+            "false" => Value::Boolean(false),
+            _ => return Err(unreadable()),
+        },
+        (BqType::Int64, D::Int16 | D::Int32 | D::Int64) => Value::Int64(text.parse().map_err(|_| unreadable())?),
+        // UNIX_MICROS of the TIMESTAMP.
+        (BqType::Int64, D::TimestampTz) => Value::TimestampTz(text.parse().map_err(|_| unreadable())?),
+        // Shortest round-trip digits; `NaN`, `Infinity` (any case: the
+        // emulator writes `nan`).
+        (BqType::Float64, D::Float32 | D::Float64) => Value::Float64(text.parse().map_err(|_| unreadable())?),
+        (BqType::Numeric(_) | BqType::BigNumeric(_), D::Decimal { .. } | D::VariableDecimal)
+        | (BqType::String, D::Decimal { .. } | D::VariableDecimal) => Value::Decimal(text.to_string()),
+        (BqType::String, D::Text | D::Uuid | D::Enum { .. }) => Value::Text(text.to_string()),
+        (BqType::String, D::Interval) => {
+            let (months, days, micros) = tributary_schemas::temporal::interval_from_iso(text).ok_or_else(unreadable)?;
+            Value::Interval { months, days, micros }
+        }
+        (BqType::String | BqType::Time, D::TimeSpan) | (BqType::Time, D::Time) => {
+            Value::Time(crate::sink::text::parse_time(text).ok_or_else(unreadable)?)
+        }
+        (BqType::Json, D::Json) => Value::Json(text.to_string()),
+        (BqType::Bytes, D::Bytes | D::Bits { .. }) => Value::Bytes(
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|_| unreadable())?,
+        ),
+        (BqType::Date, D::Date) => Value::Date(crate::sink::text::parse_date(text).ok_or_else(unreadable)?),
+        (BqType::Datetime, D::Timestamp) => {
+            Value::Timestamp(crate::sink::text::parse_timestamp(text).ok_or_else(unreadable)?)
+        }
+        // WKT of 2D WKB: the Z and M coordinates and the SRID are gone.
+        (BqType::Geography, _) => return Err("a GEOGRAPHY, which keeps no WKB to compare".into()),
+        (ty, data_type) => {
+            return Err(format!("a {ty} value of a column of type {data_type}, which has no exact form"))
+        }
+    })
+}
+
+/// The SQL expression reading column `column` (quoted) of our type
+/// `data_type` back, in the form [`from_cell`] takes.
+pub fn read_expression(column: &str, data_type: &DataType) -> String {
+    match bigquery_type(data_type) {
+        BqType::Timestamp => format!("UNIX_MICROS({column})"),
+        BqType::Array(inner) if *inner == BqType::Timestamp => {
+            format!("ARRAY(SELECT UNIX_MICROS(e) FROM UNNEST({column}) AS e WITH OFFSET o ORDER BY o)")
+        }
+        _ => column.to_string(),
+    }
+}
+
 /// The BigQuery column of a source column.
 pub fn column_type(column: &Column) -> BqType {
     bigquery_type(&column.data_type)
@@ -533,6 +631,72 @@ mod tests {
         assert!(!e.contains("123456789"), "{e}");
         assert!(to_json(&Value::Decimal("1.123".into()), &t).is_err());
         assert!(to_json(&Value::Decimal("NaN".into()), &BqType::BigNumeric(None)).is_err());
+    }
+
+    #[test]
+    fn values_read_back_as_they_were_written() {
+        let cell = |s: &str| Json::String(s.into());
+        let back = |v: &str, ty: BqType, dt: DataType| value_of(&cell(v), &ty, &dt);
+        assert_eq!(back("7", BqType::Int64, DataType::Int32), Ok(Value::Int64(7)));
+        assert_eq!(back("true", BqType::Bool, DataType::Boolean), Ok(Value::Boolean(true)));
+        assert_eq!(
+            back("nan", BqType::Float64, DataType::Float64).map(|v| matches!(v, Value::Float64(f) if f.is_nan())),
+            Ok(true)
+        );
+        assert_eq!(back("-Infinity", BqType::Float64, DataType::Float64), Ok(Value::Float64(f64::NEG_INFINITY)));
+        assert_eq!(
+            back("12.300000000", BqType::Numeric(None), DataType::Decimal { precision: 8, scale: 2 }),
+            Ok(Value::Decimal("12.300000000".into()))
+        );
+        assert_eq!(
+            back("1767225601123456", BqType::Int64, DataType::TimestampTz),
+            Ok(Value::TimestampTz(1_767_225_601_123_456))
+        );
+        assert_eq!(back("1969-12-31T23:59:59.999999", BqType::Datetime, DataType::Timestamp), Ok(Value::Timestamp(-1)));
+        assert_eq!(back("1969-12-31", BqType::Date, DataType::Date), Ok(Value::Date(-1)));
+        assert_eq!(back("01:02:03.000001", BqType::Time, DataType::Time), Ok(Value::Time(3_723_000_001)));
+        assert_eq!(back("-838:59:59.000000", BqType::String, DataType::TimeSpan), Ok(Value::Time(-3_020_399_000_000)));
+        assert_eq!(back("AQI=", BqType::Bytes, DataType::Bytes), Ok(Value::Bytes(vec![1, 2])));
+        assert_eq!(
+            back("P1Y2M3DT0H0M6.78S", BqType::String, DataType::Interval),
+            Ok(Value::Interval { months: 14, days: 3, micros: 6_780_000 })
+        );
+        // Every written value reads back as itself.
+        for (v, dt) in [
+            (Value::Date(20_455), DataType::Date),
+            (Value::Timestamp(1_767_225_601_500_000), DataType::Timestamp),
+            (Value::Time(3_723_000_001), DataType::Time),
+            (Value::Bytes(vec![0, 255]), DataType::Bytes),
+        ] {
+            let ty = bigquery_type(&dt);
+            assert_eq!(value_of(&to_json(&v, &ty).unwrap(), &ty, &dt), Ok(v));
+        }
+        let mut tags = Column {
+            name: "tags".into(),
+            data_type: DataType::Array(Box::new(DataType::Text)),
+            nullable: true,
+            source_type: "text[]".into(),
+            default: None,
+            aliases: Vec::new(),
+            column_id: None,
+        };
+        let ty = column_type(&tags);
+        let array = serde_json::json!([{"v": "a"}, {"v": "1"}]);
+        assert_eq!(
+            from_cell(&array, &ty, &tags),
+            Ok(Value::Array(vec![Value::Text("a".into()), Value::Text("1".into())]))
+        );
+        // What would be a guess is an error: an empty array is NULL too,
+        // unless the column holds no NULL.
+        let empty = serde_json::json!([]);
+        assert!(from_cell(&empty, &ty, &tags).unwrap_err().contains("NULL"));
+        tags.nullable = false;
+        assert_eq!(from_cell(&empty, &ty, &tags), Ok(Value::Array(Vec::new())));
+        assert!(back("1.767225601123456E9", BqType::Timestamp, DataType::TimestampTz).is_err());
+        assert!(back("POINT(1 2)", BqType::Geography, DataType::Geometry).is_err());
+        assert!(back("x", BqType::Int64, DataType::Int64).is_err());
+        assert_eq!(read_expression("`ts`", &DataType::TimestampTz), "UNIX_MICROS(`ts`)");
+        assert_eq!(read_expression("`ts`", &DataType::Timestamp), "`ts`");
     }
 
     #[test]

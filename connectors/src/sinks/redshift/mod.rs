@@ -79,8 +79,8 @@ use self::dialect::{
     apply_sql, bookkeeping_ddl, change_sql, clear_stage_sql, copy_s3_sql, copy_stdin_test_sql, create_schema_sql,
     delete_offsets_sql, drop_table_sql, forget_deleted_sql, forget_positions_sql, keyless_sql, load_error_sql,
     lock_sql, offsets_sql, offsets_table, prune_deleted_sql, read_range_sql, removed_before_sql, reset_of_sql,
-    resets_table, staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql, CopyQuery,
-    COLUMNS_SQL, PRIMARY_KEY_SQL, QUOTING, SCHEMA_EXISTS_SQL,
+    resets_table, staging_table_sql, stored_offsets_sql, table_entry_sql, timestamp_literal, truncate_older_sql,
+    CopyQuery, COLUMNS_SQL, PRIMARY_KEY_SQL, QUOTING, SCHEMA_EXISTS_SQL,
 };
 pub use self::dialect::{PgType, RedshiftDialect, BEGIN};
 use self::types::{read_row, render_record, CsvKind, ReadBack};
@@ -1115,11 +1115,14 @@ impl Warehouse for RedshiftSink {
             Some(kinds) => kinds,
             None => return Ok(Some(Vec::new())),
         };
-        let sql =
-            read_range_sql(table, schema, &kinds, range).map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
+        let sql = read_range_sql(table, schema, &kinds, range)
+            .map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
         let kinds: Vec<ReadBack> = kinds.into_iter().map(|(k, _)| k).collect();
         let rows = self.catalog(&sql, &[], &ctx).await?;
-        rows.iter().map(|r| read_row(r, schema, &kinds)).collect::<Result<Vec<_>>>().map(Some)
+        rows.iter()
+            .map(|r| read_row(r, schema, &kinds))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 }
 

@@ -251,7 +251,9 @@ pub fn read_row(row: &tokio_postgres::Row, schema: &TableSchema, kinds: &[ReadBa
             let read = match kind {
                 ReadBack::Bool => row.try_get::<_, Option<bool>>(i).map(|v| v.map(|b| Ok(Value::Boolean(b)))),
                 ReadBack::Float => row.try_get::<_, Option<f64>>(i).map(|v| v.map(|f| Ok(Value::Float64(f)))),
-                _ => row.try_get::<_, Option<&str>>(i).map(|text| text.map(|t| read_text(*kind, &column.data_type, t))),
+                _ => row
+                    .try_get::<_, Option<&str>>(i)
+                    .map(|text| text.map(|t| read_text(*kind, &column.data_type, t))),
             };
             let read: std::result::Result<Value, String> = match read {
                 Ok(Some(Ok(v))) => Ok(v),
@@ -277,7 +279,9 @@ fn unreadable(table: &TableId, column: &Column, kind: ReadBack, why: &str) -> Er
 /// A value of `data_type` from the text `kind` reads.
 fn read_text(kind: ReadBack, data_type: &DataType, text: &str) -> Result<Value, String> {
     if matches!(kind, ReadBack::Json | ReadBack::Hex) && text == TOO_LONG {
-        return Err("a value whose JSON or hex is longer than a VARCHAR (64 KB), which Redshift cannot give back".into());
+        return Err(
+            "a value whose JSON or hex is longer than a VARCHAR (64 KB), which Redshift cannot give back".into()
+        );
     }
     match (kind, data_type) {
         (ReadBack::Hex, DataType::Geometry) => parse_hex(text).map(Value::Geometry).ok_or_else(|| "not hex".into()),
@@ -362,18 +366,9 @@ mod tests {
         let tags = DataType::Array(Box::new(DataType::Text));
         let cases = [
             (tags.clone(), Value::Array(vec![Value::Text("a\"b".into()), Value::Null])),
-            (
-                DataType::Array(Box::new(DataType::Int32)),
-                Value::Array(vec![Value::Int32(-1), Value::Int32(7)]),
-            ),
-            (
-                DataType::Array(Box::new(DataType::Float32)),
-                Value::Array(vec![Value::Float32(0.1)]),
-            ),
-            (
-                DataType::Array(Box::new(DataType::Date)),
-                Value::Array(vec![Value::Date(-1)]),
-            ),
+            (DataType::Array(Box::new(DataType::Int32)), Value::Array(vec![Value::Int32(-1), Value::Int32(7)])),
+            (DataType::Array(Box::new(DataType::Float32)), Value::Array(vec![Value::Float32(0.1)])),
+            (DataType::Array(Box::new(DataType::Date)), Value::Array(vec![Value::Date(-1)])),
             (
                 DataType::Array(Box::new(DataType::Json)),
                 Value::Array(vec![Value::Json("{\"b\":1,\"a\":2}".into())]),
@@ -384,14 +379,19 @@ mod tests {
             (DataType::Uuid, Value::Uuid(uuid::Uuid::from_u128(9))),
         ];
         for (data_type, value) in cases {
-            let raw = crate::sinks::redshift::dialect::destination_type(&Column::new("c", data_type.clone(), true)).render();
+            let raw =
+                crate::sinks::redshift::dialect::destination_type(&Column::new("c", data_type.clone(), true)).render();
             let kind = ReadBack::of(&raw);
             let mut field = Vec::new();
             render_field(&mut field, &mut String::new(), &value, CsvKind::of(&raw)).unwrap();
             // What the column holds: the CSV field's text (test mode),
             // which JSON_SERIALIZE and FROM_VARBYTE give back as it is.
             let text = String::from_utf8(field).unwrap();
-            let text = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(&text).replace("\"\"", "\"");
+            let text = text
+                .strip_prefix('"')
+                .and_then(|t| t.strip_suffix('"'))
+                .unwrap_or(&text)
+                .replace("\"\"", "\"");
             let back = read_text(kind, &data_type, &text).unwrap();
             assert_eq!(canonical_text(&data_type, &back), canonical_text(&data_type, &value), "{data_type}");
         }

@@ -257,6 +257,40 @@ impl SfClient {
         rows(&self.run(sql, None).await?)
     }
 
+    /// Runs a query whose result may be large and returns every row: the
+    /// first part in the answer, the rest in the chunks Snowflake leaves in
+    /// its storage, fetched as its drivers fetch them (`url` of each chunk,
+    /// with the answer's chunk headers).
+    pub(super) async fn query_all(&mut self, sql: &str) -> Result<Rows> {
+        let answer = self.run(sql, None).await?;
+        let data = answer.get("data").cloned().unwrap_or(Json::Null);
+        let mut out = inline_rows(&data)?;
+        let headers = chunk_headers(&data);
+        for chunk in data.get("chunks").and_then(Json::as_array).into_iter().flatten() {
+            let url = chunk
+                .get("url")
+                .and_then(Json::as_str)
+                .ok_or_else(|| Error::retryable("Snowflake answered a result chunk without its URL"))?;
+            let mut request = self.http.get(url);
+            for (name, value) in &headers {
+                request = request.header(name, value);
+            }
+            let response = request.send().await.map_err(transport)?;
+            let status = response.status();
+            if !status.is_success() {
+                // An expired URL too: the retry runs the query again.
+                return Err(Error::retryable(format!("fetching a Snowflake result chunk failed: HTTP {status}"))
+                    .with_class("snowflake.chunk"));
+            }
+            out.extend(chunk_rows(&response.bytes().await.map_err(transport)?)?);
+        }
+        if let Some(total) = data.get("total").and_then(Json::as_u64).filter(|&t| t != out.len() as u64) {
+            return Err(Error::retryable(format!("Snowflake answered {} of the {total} rows of a query", out.len()))
+                .with_class("snowflake.chunk"));
+        }
+        Ok(out)
+    }
+
     /// Runs one statement with bindings (`{"1": {"type": ..., "value":
     /// [...]}, ...}`: an array binding runs the INSERT once per row).
     pub(super) async fn query_bound(&mut self, sql: &str, bindings: Json) -> Result<Rows> {
@@ -421,6 +455,12 @@ fn rows(answer: &Json) -> Result<Rows> {
         // columns); a result Snowflake splits into chunks is not one.
         return Err(Error::needs_operator("a Snowflake result came in chunks, which the sink does not read"));
     }
+    inline_rows(&data)
+}
+
+/// The rows an answer's `data` carries itself (a large result's first
+/// part).
+fn inline_rows(data: &Json) -> Result<Rows> {
     if data.get("queryResultFormat").and_then(Json::as_str) == Some("arrow")
         && data.get("rowsetBase64").and_then(Json::as_str).is_some_and(|r| !r.is_empty())
     {
@@ -439,6 +479,42 @@ fn rows(answer: &Json) -> Result<Rows> {
                 .unwrap_or_default()
         })
         .collect())
+}
+
+/// The headers a result chunk is fetched with: the answer's
+/// `chunkHeaders`, or the key of the chunks' server-side encryption
+/// (`qrmk`), as Snowflake's drivers send them.
+fn chunk_headers(data: &Json) -> Vec<(String, String)> {
+    if let Some(headers) = data.get("chunkHeaders").and_then(Json::as_object) {
+        return headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+            .collect();
+    }
+    match data.get("qrmk").and_then(Json::as_str) {
+        Some(key) => vec![
+            ("x-amz-server-side-encryption-customer-algorithm".into(), "AES256".into()),
+            ("x-amz-server-side-encryption-customer-key".into(), key.to_string()),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// The rows of one result chunk: JSON rows separated by commas, without
+/// the enclosing brackets, gzipped or not.
+fn chunk_rows(body: &[u8]) -> Result<Rows> {
+    let unreadable = || Error::retryable("a Snowflake result chunk is not JSON rows").with_class("snowflake.chunk");
+    let text = if body.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read as _;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(body)
+            .read_to_string(&mut text)
+            .map_err(|_| unreadable())?;
+        text
+    } else {
+        String::from_utf8(body.to_vec()).map_err(|_| unreadable())?
+    };
+    serde_json::from_str(&format!("[{text}]")).map_err(|_| unreadable())
 }
 
 /// A request that got no answer: retryable (the statement may or may not
@@ -686,6 +762,25 @@ mod tests {
                            "creds": {"GCS_ACCESS_TOKEN": "t"}}});
         assert!(upload_url(&token).is_err());
         assert!(upload_url(&json!({"command": "DOWNLOAD"})).is_err());
+    }
+
+    #[test]
+    fn result_chunks_read_as_rows_plain_or_gzipped() {
+        use std::io::Write as _;
+        let body = br#"["1","a"],[null,"b\"c"]"#;
+        let want = vec![
+            vec![Some("1".to_string()), Some("a".to_string())],
+            vec![None, Some("b\"c".to_string())],
+        ];
+        assert_eq!(chunk_rows(body).expect("plain"), want);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(body).expect("gzip");
+        assert_eq!(chunk_rows(&gz.finish().expect("gzip")).expect("gzipped"), want);
+        assert!(chunk_rows(b"not rows").is_err());
+        let headers = chunk_headers(&json!({"qrmk": "k"}));
+        assert_eq!(headers[1], ("x-amz-server-side-encryption-customer-key".to_string(), "k".to_string()));
+        let headers = chunk_headers(&json!({"qrmk": "k", "chunkHeaders": {"x-goog-a": "b"}}));
+        assert_eq!(headers, vec![("x-goog-a".to_string(), "b".to_string())]);
     }
 
     #[test]

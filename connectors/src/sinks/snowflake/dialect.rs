@@ -1,7 +1,7 @@
 //! Snowflake's spelling of what the sink does: the [`Dialect`] the core
 //! plans schema changes over, and the statements the sink runs (DDL, the
 //! staging tables, the position-guarded DELETE + INSERT, the deleted-rows
-//! bookkeeping, the offsets).
+//! bookkeeping, the offsets, the read of a key range for verification).
 //!
 //! No `MERGE`: Snowflake runs MERGE inside a transaction, but the emulator
 //! the tests run on (fakesnow) answers a MERGE in an explicit transaction
@@ -10,10 +10,10 @@
 //! is valid on both and has the same effect as the guarded MERGE (see
 //! `docs/destinations/snowflake.md`).
 
-use tributary_schemas::{Column, Value};
+use tributary_schemas::{Column, DataType, TableSchema, Value};
 
 use super::config::DestinationTable;
-use super::types::{fit, from_staged, snowflake_type, staged_text, SfType};
+use super::types::{fit, from_staged, read_expression, snowflake_type, staged_text, SfType};
 use crate::error::Error;
 use crate::sink::bookkeeping::{
     position_before, OffsetMove, PositionSyntax, Quoting, ResetSyntax, COMMIT_COLUMN, DELETE_COLUMN, INDEX_COLUMN,
@@ -21,6 +21,7 @@ use crate::sink::bookkeeping::{
 };
 use crate::sink::keyless::{self, pending_table};
 use crate::sink::schema::{Dialect, Fit, ShapeColumn, TableChange};
+use crate::sink::verify::KeyRange;
 
 /// Staging column naming the write that staged a row: the statements read
 /// only their own write's rows.
@@ -76,6 +77,44 @@ pub fn quote_ident(name: &str) -> String {
 /// escape in string literals).
 pub fn quote_string(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// The query reading back the rows of `range` of `table`: each column of
+/// `schema`, kept as `types` (the destination's, in the schema's order), in
+/// the form [`super::types::from_cell`] reads; the key bounded
+/// lexicographically (no row-value comparison here; VARCHAR and BINARY
+/// compare by their bytes without a collation, as the source reads them).
+pub fn read_range_sql(
+    table: &DestinationTable,
+    schema: &TableSchema,
+    types: &[SfType],
+    range: &KeyRange,
+) -> Result<String, String> {
+    let columns: Vec<String> = schema
+        .columns
+        .iter()
+        .zip(types)
+        .map(|(c, ty)| read_expression(&quote_ident(&c.name), ty))
+        .collect();
+    let keys = schema.key_indexes();
+    let key_columns: Vec<String> = keys.iter().map(|&k| quote_ident(&schema.columns[k].name)).collect();
+    let key_literal = |i: usize, v: &Value| -> Result<String, String> {
+        let c = &schema.columns[keys[i]];
+        let ty = snowflake_type(&c.data_type);
+        if matches!(ty, SfType::Varchar(_))
+            && matches!(c.data_type, DataType::Decimal { .. } | DataType::VariableDecimal)
+        {
+            return Err(format!("key column {} is a decimal kept as VARCHAR, which orders as text", c.name));
+        }
+        let text = staged_text(v)?.ok_or_else(|| format!("a bound of key column {} is NULL", c.name))?;
+        Ok(from_staged(&quote_string(&text), &ty))
+    };
+    let mut sql = format!("SELECT {} FROM {}", columns.join(", "), table.quoted());
+    if let Some(condition) = range.condition(PositionSyntax::Expanded, &key_columns, key_literal)? {
+        sql.push_str(" WHERE ");
+        sql.push_str(&condition);
+    }
+    Ok(sql)
 }
 
 /// The statements of one table change; `declare_key` adds the (unenforced)
@@ -510,6 +549,48 @@ pub fn write_offsets_sql(offsets: &str, group: &str, moves: &[OffsetMove<'_>]) -
 mod tests {
     use super::*;
     use crate::sink::bookkeeping::Fence;
+
+    /// A table keyed by (`k`, `s`), a number and a text.
+    fn keyed_schema() -> TableSchema {
+        let col = |name: &str, data_type: DataType| Column {
+            name: name.into(),
+            data_type,
+            nullable: false,
+            source_type: String::new(),
+            default: None,
+            aliases: Vec::new(),
+            column_id: None,
+        };
+        TableSchema {
+            id: tributary_schemas::TableId::new("public", "items"),
+            columns: vec![
+                col("k", DataType::Int32),
+                col("s", DataType::Text),
+                col("ts", DataType::TimestampTz),
+            ],
+            key: vec!["k".into(), "s".into()],
+            dropped: Vec::new(),
+        }
+    }
+
+    fn range() -> KeyRange {
+        KeyRange {
+            after: Some(vec![Value::Int32(1), Value::Text("it's".into())]),
+            until: Some(vec![Value::Int32(2), Value::Text("z".into())]),
+        }
+    }
+
+    #[test]
+    fn a_range_is_read_back_by_its_key() {
+        let schema = keyed_schema();
+        let types = [SfType::Number(10, 0), SfType::Varchar(None), SfType::TimestampTz];
+        assert_eq!(
+            read_range_sql(&dest(), &schema, &types, &range()).unwrap(),
+            "SELECT \"k\", \"s\", DATE_PART(EPOCH_MICROSECOND, \"ts\") FROM \"DB\".\"public\".\"items\" WHERE \
+             ((\"k\" > CAST('1' AS NUMBER(10, 0))) OR (\"k\" = CAST('1' AS NUMBER(10, 0)) AND \"s\" > 'it''s')) AND \
+             ((\"k\" < CAST('2' AS NUMBER(10, 0))) OR (\"k\" = CAST('2' AS NUMBER(10, 0)) AND \"s\" <= 'z'))"
+        );
+    }
 
     fn dest() -> DestinationTable {
         DestinationTable {

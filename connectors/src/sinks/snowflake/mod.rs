@@ -57,7 +57,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value as Json};
 use tracing::{debug, info, info_span, warn, Span};
 use tributary_operations::config::{resolve_secret, ConfigError, Validate};
-use tributary_schemas::{Position, TableId, TableSchema};
+use tributary_schemas::{Position, Row, TableId, TableSchema};
 
 pub use self::client::Rows;
 use secrecy::ExposeSecret;
@@ -67,11 +67,11 @@ pub use self::config::{DestinationTable, SnowflakeSinkConfig};
 use self::dialect::{
     change_sql, copy_sql, deleted_keep_sql, deleted_table_ddl, forget_deleted_sql, forget_positions_sql,
     insert_rows_sql, internal_stage_sql, keyless_sql, lock_row_sql, lock_sql, locks_table_ddl, offsets_table_ddl,
-    prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, removed_before_sql, replaced_rows_sql,
-    resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql, truncate_older_sql,
-    write_offsets_sql, SnowflakeDialect, QUOTING,
+    prune_deleted_sql, put_sql, quote_ident, quote_string, read_offsets_sql, read_range_sql, removed_before_sql,
+    replaced_rows_sql, resets_table_ddl, staged_csv, staged_source, staging_insert_sql, staging_table_sql,
+    truncate_older_sql, write_offsets_sql, SnowflakeDialect, QUOTING,
 };
-use self::types::{from_metadata, staged_text, SfType};
+use self::types::{from_cell, from_metadata, staged_text, SfType};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
@@ -82,6 +82,7 @@ use crate::sink::keyless;
 use crate::sink::reduce::{key_bytes, Reduction};
 use crate::sink::schema::{plan, Evolution, ShapeColumn, TableShape, KEY_CHANGED_CLASS};
 use crate::sink::script::{self, Script, Scripted};
+use crate::sink::verify::KeyRange;
 use crate::sink::warehouse::{Mode, Warehouse, WarehouseSink};
 use crate::sink::{ApplyError, SinkBatch};
 
@@ -857,6 +858,90 @@ impl Warehouse for SnowflakeSink {
         script::abort(self).await;
         Ok(())
     }
+
+    /// One query per range, in the session outside any transaction (a
+    /// unit's statements run at its end, so none is open here).
+    async fn read_range(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+    ) -> Result<Option<Vec<Row>>> {
+        let Some(types) = self.column_types(dest, schema).await? else {
+            return Ok(Some(Vec::new()));
+        };
+        let sql = read_range_sql(dest, schema, &types, range)
+            .map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
+        let rows = self.client.query_all(&sql).await?;
+        debug!(table = %dest, rows = rows.len(), "read a range back");
+        rows_read_back(schema, &types, rows).map(Some)
+    }
+}
+
+impl SnowflakeSink {
+    /// The destination types of `schema`'s columns in `dest` (read again
+    /// once when one is not cached: the table may have changed since),
+    /// `None` when the table does not exist.
+    async fn column_types(&mut self, dest: &DestinationTable, schema: &TableSchema) -> Result<Option<Vec<SfType>>> {
+        for fresh in [false, true] {
+            if fresh || !self.tables.contains_key(dest) {
+                self.load_table(dest).await?;
+            }
+            let Some(state) = self.tables.get(dest).filter(|s| s.shape.exists) else {
+                return Ok(None);
+            };
+            let types: Option<Vec<SfType>> = schema
+                .columns
+                .iter()
+                .map(|c| state.shape.column(&c.name).map(|s| s.ty.clone()))
+                .collect();
+            if let Some(types) = types {
+                return Ok(Some(types));
+            }
+        }
+        let missing = schema
+            .columns
+            .iter()
+            .find(|c| self.tables.get(dest).is_some_and(|s| s.shape.column(&c.name).is_none()))
+            .map_or_else(String::new, |c| c.name.clone());
+        Err(Error::permanent(format!("the column is not in {dest}"))
+            .with_column(missing)
+            .with_table(schema.id.clone()))
+    }
+}
+
+/// The rows of a range's query as the values of `schema`'s columns, each
+/// kept as `types` says.
+fn rows_read_back(schema: &TableSchema, types: &[SfType], rows: Rows) -> Result<Vec<Row>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        if row.len() != types.len() {
+            return Err(Error::retryable(format!(
+                "Snowflake answered a row of {} cells for {} columns",
+                row.len(),
+                types.len()
+            ))
+            .with_table(schema.id.clone()));
+        }
+        let mut values = Vec::with_capacity(types.len());
+        for ((c, ty), cell) in schema.columns.iter().zip(types).zip(row) {
+            let value = match cell {
+                None => tributary_schemas::Value::Null,
+                Some(text) => from_cell(&text, ty, &c.data_type).map_err(|why| {
+                    Error::permanent(format!(
+                        "{why} (Snowflake type {ty}, source type {}): not read back exactly",
+                        c.data_type
+                    ))
+                    .with_column(c.name.clone())
+                    .with_class("tributary.verify")
+                    .with_table(schema.id.clone())
+                })?,
+            };
+            values.push(value);
+        }
+        out.push(values);
+    }
+    Ok(out)
 }
 
 #[async_trait]

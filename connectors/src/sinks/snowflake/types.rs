@@ -1,7 +1,8 @@
 //! Our logical types in Snowflake: the column type each one gets, which
 //! type changes Snowflake can make in place, how a value is staged (text,
-//! bound as an array of strings) and how the staged text becomes the
-//! column's type. See `docs/type-mapping.md`.
+//! bound as an array of strings), how the staged text becomes the
+//! column's type, and how a value is read back (for verification). See
+//! `docs/type-mapping.md`.
 
 use std::fmt;
 use std::fmt::Write as _;
@@ -9,7 +10,7 @@ use std::fmt::Write as _;
 use tributary_schemas::{DataType, Value};
 
 pub use crate::sink::schema::Fit;
-use crate::sink::text::render_text;
+use crate::sink::text::{parse_date, parse_interval, parse_time, parse_timestamp, render_text};
 
 /// NUMBER holds at most 38 digits, the scale at most 37 of them.
 const MAX_PRECISION: u32 = 38;
@@ -237,6 +238,129 @@ fn json(out: &mut String, value: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// The SQL expression reading a column of type `ty` back, in the form
+/// [`from_cell`] takes: dates as days and times and timestamps as
+/// microseconds (numbers: the JSON result's own forms differ, epoch
+/// seconds with nanoseconds from Snowflake, ISO text from fakesnow, and
+/// `CAST AS VARCHAR` follows the session's output formats, three
+/// fractional digits by default); semi-structured values as compact JSON.
+pub fn read_expression(column: &str, ty: &SfType) -> String {
+    match ty {
+        SfType::Date => format!("DATEDIFF(day, '1970-01-01'::DATE, {column})"),
+        SfType::Time => format!("DATEDIFF(microsecond, '00:00:00'::TIME, {column})"),
+        SfType::TimestampNtz | SfType::TimestampTz => format!("DATE_PART(EPOCH_MICROSECOND, {column})"),
+        SfType::Variant | SfType::Array => format!("TO_JSON({column})"),
+        _ => column.to_string(),
+    }
+}
+
+/// A value read back from a result cell's text (as [`read_expression`]
+/// reads it) of a column of our type `data_type` kept as `ty`: the inverse
+/// of [`staged_text`] and [`from_staged`], for verification. What cannot
+/// be turned back exactly is an error naming the types, never a guess.
+pub fn from_cell(text: &str, ty: &SfType, data_type: &DataType) -> Result<Value, String> {
+    use DataType as D;
+    let unreadable = || format!("a {ty} value that does not read as one");
+    let integer = || text.parse::<i64>().map_err(|_| unreadable());
+    Ok(match (ty, data_type) {
+        (SfType::Boolean, D::Boolean) => match text {
+            "1" | "true" | "TRUE" => Value::Boolean(true),
+            "0" | "false" | "FALSE" => Value::Boolean(false),
+            _ => return Err(unreadable()),
+        },
+        (SfType::Number(_, 0), D::Int16 | D::Int32 | D::Int64) => Value::Int64(integer()?),
+        (SfType::Number(..) | SfType::Varchar(_), D::Decimal { .. } | D::VariableDecimal) => {
+            Value::Decimal(text.to_string())
+        }
+        // `NaN`, `inf` (any case).
+        (SfType::Float, D::Float32 | D::Float64) => Value::Float64(text.parse().map_err(|_| unreadable())?),
+        (SfType::Varchar(_), D::Text | D::Uuid | D::Enum { .. }) => Value::Text(text.to_string()),
+        (SfType::Varchar(_), D::Interval) => {
+            let (months, days, micros) = parse_interval(text).ok_or_else(unreadable)?;
+            Value::Interval { months, days, micros }
+        }
+        (SfType::Varchar(_), D::TimeSpan) => Value::Time(parse_time(text).ok_or_else(unreadable)?),
+        (SfType::Time, D::Time | D::TimeSpan) => Value::Time(integer()?),
+        (SfType::Date, D::Date) => Value::Date(text.parse().map_err(|_| unreadable())?),
+        (SfType::TimestampNtz, D::Timestamp) => Value::Timestamp(integer()?),
+        (SfType::TimestampTz, D::TimestampTz) => Value::TimestampTz(integer()?),
+        (SfType::Binary, D::Bytes | D::Bits { .. }) => Value::Bytes(unhex(text).ok_or_else(unreadable)?),
+        (SfType::Binary, D::Geometry) => Value::Geometry(unhex(text).ok_or_else(unreadable)?),
+        (SfType::Variant, D::Json) => Value::Json(text.to_string()),
+        (SfType::Variant | SfType::Array, D::Array(element)) => array_from_json(text, element)?,
+        (ty, data_type) => {
+            return Err(format!("a {ty} value of a column of type {data_type}, which has no exact form"))
+        }
+    })
+}
+
+/// An array staged as JSON ([`staged_text`]) back: each element by its
+/// type, from its JSON text as it is (a number's digits are its value).
+fn array_from_json(text: &str, element: &DataType) -> Result<Value, String> {
+    let items: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_str(text).map_err(|_| "an ARRAY that is not a JSON array".to_string())?;
+    items
+        .iter()
+        .map(|item| element_from_json(item.get(), element))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+/// One array element from its JSON text: what `json` wrote (numbers as
+/// numbers where JSON holds them exactly, other values as their SQL text in
+/// a string, JSON as it is, arrays nested).
+fn element_from_json(json: &str, data_type: &DataType) -> Result<Value, String> {
+    use DataType as D;
+    let unreadable = || format!("an array element that does not read as a {data_type}");
+    if json == "null" {
+        return Ok(Value::Null);
+    }
+    let string = || serde_json::from_str::<String>(json).map_err(|_| unreadable());
+    // A number's digits, or a string's text (a NaN, an infinity).
+    let number = || {
+        if json.starts_with('"') {
+            string()
+        } else {
+            Ok(json.to_string())
+        }
+    };
+    Ok(match data_type {
+        D::Array(inner) => array_from_json(json, inner)?,
+        D::Json => Value::Json(json.to_string()),
+        D::Boolean => match json {
+            "true" => Value::Boolean(true),
+            "false" => Value::Boolean(false),
+            _ => return Err(unreadable()),
+        },
+        D::Int16 | D::Int32 | D::Int64 => Value::Int64(json.parse().map_err(|_| unreadable())?),
+        D::Float32 | D::Float64 => Value::Float64(number()?.parse().map_err(|_| unreadable())?),
+        D::Decimal { .. } | D::VariableDecimal => Value::Decimal(number()?),
+        D::Text | D::Uuid | D::Enum { .. } => Value::Text(string()?),
+        D::Bytes | D::Bits { .. } => Value::Bytes(unhex(&string()?).ok_or_else(unreadable)?),
+        D::Geometry => Value::Geometry(unhex(&string()?).ok_or_else(unreadable)?),
+        D::Date => Value::Date(parse_date(&string()?).ok_or_else(unreadable)?),
+        D::Time | D::TimeSpan => Value::Time(parse_time(&string()?).ok_or_else(unreadable)?),
+        D::Timestamp => Value::Timestamp(parse_timestamp(&string()?).ok_or_else(unreadable)?),
+        D::TimestampTz => Value::TimestampTz(parse_timestamp(&string()?).ok_or_else(unreadable)?),
+        D::Interval => {
+            let (months, days, micros) = parse_interval(&string()?).ok_or_else(unreadable)?;
+            Value::Interval { months, days, micros }
+        }
+    })
+}
+
+/// Bytes of hex digits (either case: Snowflake's BINARY output is upper
+/// case).
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +384,48 @@ mod tests {
             staged(Value::Array(vec![Value::Int32(1), Value::Null, Value::Text("a\"b".into())])),
             "[1,null,\"a\\\"b\"]"
         );
+    }
+
+    #[test]
+    fn values_read_back_as_they_were_staged() {
+        let back = |text: &str, dt: DataType| from_cell(text, &snowflake_type(&dt), &dt);
+        assert_eq!(back("7", DataType::Int32), Ok(Value::Int64(7)));
+        assert_eq!(back("1", DataType::Boolean), Ok(Value::Boolean(true)));
+        assert_eq!(back("12.30", DataType::Decimal { precision: 8, scale: 2 }), Ok(Value::Decimal("12.30".into())));
+        assert_eq!(back("20455", DataType::Date), Ok(Value::Date(20_455)));
+        assert_eq!(back("3723000004", DataType::Time), Ok(Value::Time(3_723_000_004)));
+        assert_eq!(back("-1", DataType::Timestamp), Ok(Value::Timestamp(-1)));
+        assert_eq!(back("1767225601123456", DataType::TimestampTz), Ok(Value::TimestampTz(1_767_225_601_123_456)));
+        assert_eq!(back("00AB", DataType::Bytes), Ok(Value::Bytes(vec![0, 0xab])));
+        assert_eq!(back("inf", DataType::Float64), Ok(Value::Float64(f64::INFINITY)));
+        assert_eq!(back("-838:59:59.000000", DataType::TimeSpan), Ok(Value::Time(-3_020_399_000_000)));
+        // Arrays as they were staged, element by element.
+        for (v, dt) in [
+            (Value::Array(vec![Value::Text("a\"b".into()), Value::Null, Value::Text("1".into())]), DataType::Text),
+            (Value::Array(vec![Value::Int32(1), Value::Int32(-2)]), DataType::Int32),
+            (
+                Value::Array(vec![Value::Decimal("2.50".into()), Value::Decimal("NaN".into())]),
+                DataType::VariableDecimal,
+            ),
+            (Value::Array(vec![Value::TimestampTz(1_500_000), Value::TimestampTz(-1)]), DataType::TimestampTz),
+            (Value::Array(vec![Value::Date(-1), Value::Date(20_455)]), DataType::Date),
+            (Value::Array(vec![Value::Bytes(vec![1, 255])]), DataType::Bytes),
+            (
+                Value::Array(vec![Value::Array(vec![Value::Boolean(true)])]),
+                DataType::Array(Box::new(DataType::Boolean)),
+            ),
+        ] {
+            let dt = DataType::Array(Box::new(dt));
+            let staged = staged(v.clone());
+            let read = back(&staged, dt.clone()).unwrap_or_else(|e| panic!("{staged}: {e}"));
+            let canonical = |v: &Value| tributary_schemas::canonical::canonical_text(&dt, v);
+            assert_eq!(canonical(&read), canonical(&v), "{staged}");
+        }
+        // What would be a guess is an error.
+        assert!(back("x", DataType::Int64).is_err());
+        assert!(back("0a1", DataType::Bytes).is_err());
+        assert!(from_cell("1", &SfType::Number(10, 2), &DataType::Int32).is_err());
+        assert_eq!(read_expression("\"ts\"", &SfType::TimestampTz), "DATE_PART(EPOCH_MICROSECOND, \"ts\")");
     }
 
     #[test]

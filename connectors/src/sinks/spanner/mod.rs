@@ -1448,7 +1448,11 @@ impl Warehouse for SpannerSink {
         };
         // A range of the source's key is a range of Spanner's keys only
         // when they are the same columns in the same order.
-        let primary_key = self.tables.get(table).map(|s| s.shape.primary_key.as_slice()).unwrap_or_default();
+        let primary_key = self
+            .tables
+            .get(table)
+            .map(|s| s.shape.primary_key.as_slice())
+            .unwrap_or_default();
         if primary_key != schema.key.as_slice() {
             return Err(Error::permanent(format!(
                 "destination table {table} has the primary key ({}), not the source's ({}): its key ranges are not \
@@ -1461,7 +1465,10 @@ impl Warehouse for SpannerSink {
         let keys = key_range(schema, &types, range)?;
         let columns: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
         let rows = self.client.read(&table.0, &columns, keys).await?;
-        rows.iter().map(|cells| read_row(cells, schema, &types)).collect::<Result<Vec<_>>>().map(Some)
+        rows.iter()
+            .map(|cells| read_row(cells, schema, &types))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 }
 
@@ -1496,7 +1503,11 @@ fn key_range(schema: &TableSchema, types: &[SpType], range: &KeyRange) -> Result
             .collect::<Result<Vec<_>>>()?;
         Ok(key_of(&kinds))
     };
-    let kind = if range.after.is_some() { RangeKind::OpenClosed } else { RangeKind::ClosedClosed };
+    let kind = if range.after.is_some() {
+        RangeKind::OpenClosed
+    } else {
+        RangeKind::ClosedClosed
+    };
     Ok(KeySet::from(SpKeyRange::new(bound(&range.after)?, bound(&range.until)?, kind)))
 }
 

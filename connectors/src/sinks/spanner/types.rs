@@ -406,8 +406,13 @@ pub fn timestamp_micros(text: &str) -> Result<i64, String> {
     if nanos.bytes().any(|b| b != b'0') {
         return Err("a timestamp with nanoseconds, which microseconds cannot hold".into());
     }
-    let micros = if micros.is_empty() { String::new() } else { format!(".{micros}") };
-    tributary_schemas::temporal::instant_from_iso(&format!("{whole}{micros}Z")).ok_or_else(|| "not an RFC 3339 timestamp".into())
+    let micros = if micros.is_empty() {
+        String::new()
+    } else {
+        format!(".{micros}")
+    };
+    tributary_schemas::temporal::instant_from_iso(&format!("{whole}{micros}Z"))
+        .ok_or_else(|| "not an RFC 3339 timestamp".into())
 }
 
 /// Whether Spanner orders the values of a key column of `data_type` kept as
@@ -492,10 +497,7 @@ mod tests {
             (DataType::Timestamp, Value::Timestamp(1_500_000)),
             (DataType::TimestampTz, Value::TimestampTz(-1)),
             (DataType::Interval, Value::Interval { months: 1, days: -2, micros: 3 }),
-            (
-                DataType::Array(Box::new(DataType::Text)),
-                Value::Array(vec![Value::Text("a".into()), Value::Null]),
-            ),
+            (DataType::Array(Box::new(DataType::Text)), Value::Array(vec![Value::Text("a".into()), Value::Null])),
             (DataType::Boolean, Value::Boolean(false)),
         ];
         for (data_type, value) in cases {
