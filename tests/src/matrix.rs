@@ -708,7 +708,9 @@ impl Runners {
                         .find(|(k, _)| k.ends_with(table))
                         .and_then(|(_, v)| v.get("verification").cloned())
                 });
-            if let Some(v) = found.filter(|v| v["id"].as_u64().is_some_and(&wanted) && v["state"] != "running") {
+            // Ended: its last range compared (a range not compared makes it
+            // `not_verified` before then).
+            if let Some(v) = found.filter(|v| v["id"].as_u64().is_some_and(&wanted) && v["finished_ms"].is_i64()) {
                 return v;
             }
             assert!(

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use tributary_tests::matrix::{converge, converge_holding, Holds, Runners, Sink, SinkKind, Source, SourceKind};
 
-/// Rows of the table: more than one verify range (2,000 rows each).
-const ROWS: i64 = 4_500;
+/// Rows of the table: three verify ranges (up to 5,000 rows each), so that
+/// ranges meet at bounds.
+const ROWS: i64 = 10_500;
 
 #[tokio::test]
 async fn postgres_to_postgres() {
@@ -299,7 +300,17 @@ async fn verified_copy(kind: SinkKind) {
 
     // Repair, still under load: the sink removes the row only it has and
     // asks the source for the other two again; the source's verification
-    // after the repair is equal.
+    // after the repair is equal. (On PostgreSQL: the other sinks do not
+    // remove rows in a repair yet, see docs/verification.md.)
+    if kind != SinkKind::Postgres {
+        stop.store(true, Ordering::Relaxed);
+        load.await.expect("write load");
+        runners.assert_alive("after verifying");
+        runners.delete();
+        sink.cleanup().await;
+        source.cleanup().await;
+        return;
+    }
     runners.sink.kill9();
     runners.append_config(false, "[verify]\nrepair = true\n");
     runners.sink.start();

@@ -190,6 +190,13 @@ pub trait Warehouse: Send {
     /// Undoes everything since [`Warehouse::savepoint`].
     async fn rollback_to_savepoint(&mut self) -> Result<()>;
 
+    /// Whether a repair may remove the rows only the destination has, as
+    /// deletes at the verified range's position applied through the core
+    /// (tested on PostgreSQL; elsewhere they are reported, not removed).
+    fn removes_extra_rows(&self) -> bool {
+        false
+    }
+
     /// What `table` lacks to take the rows of `schema` from a source of
     /// kind `origin`, as committed: the changes [`Warehouse::reconcile`]
     /// would make, in the destination's words (empty: none); `None` when
@@ -353,7 +360,7 @@ async fn verify_in<W: Warehouse>(
     };
     let mut outcome = verify::compare(schema, range, &rows)?;
     outcome.schema = schema_differences;
-    if repair {
+    if repair && w.removes_extra_rows() {
         outcome.removed = verify::remove_extra(w, schema, range, &rows, &outcome).await?;
     }
     Ok(outcome)
