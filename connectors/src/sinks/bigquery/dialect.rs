@@ -490,9 +490,9 @@ mod tests {
         let schema = keyed_schema();
         assert_eq!(
             read_range_sql(&t, &schema, &range()).unwrap(),
-            "SELECT `k`, `s`, UNIX_MICROS(`ts`) FROM `p.d.items` WHERE ((`k` > CAST(1 AS INT64)) OR \
-             (`k` = CAST(1 AS INT64) AND `s` > CAST('it\\'s' AS STRING))) AND ((`k` < CAST(2 AS INT64)) OR \
-             (`k` = CAST(2 AS INT64) AND `s` <= CAST('z' AS STRING)))"
+            "SELECT `k`, `s`, UNIX_MICROS(`ts`) FROM `p.d.items` WHERE ((`k` > CAST(1 AS INT64) OR \
+             (`k` = CAST(1 AS INT64) AND `s` > CAST('it\\'s' AS STRING)))) AND ((`k` < CAST(2 AS INT64) OR \
+             (`k` = CAST(2 AS INT64) AND `s` <= CAST('z' AS STRING))))"
         );
         let whole = KeyRange { after: None, until: None };
         assert_eq!(read_range_sql(&t, &schema, &whole).unwrap(), "SELECT `k`, `s`, UNIX_MICROS(`ts`) FROM `p.d.items`");

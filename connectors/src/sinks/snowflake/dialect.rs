@@ -587,8 +587,8 @@ mod tests {
         assert_eq!(
             read_range_sql(&dest(), &schema, &types, &range()).unwrap(),
             "SELECT \"k\", \"s\", DATE_PART(EPOCH_MICROSECOND, \"ts\") FROM \"DB\".\"public\".\"items\" WHERE \
-             ((\"k\" > CAST('1' AS NUMBER(10, 0))) OR (\"k\" = CAST('1' AS NUMBER(10, 0)) AND \"s\" > 'it''s')) AND \
-             ((\"k\" < CAST('2' AS NUMBER(10, 0))) OR (\"k\" = CAST('2' AS NUMBER(10, 0)) AND \"s\" <= 'z'))"
+             ((\"k\" > CAST('1' AS NUMBER(10, 0)) OR (\"k\" = CAST('1' AS NUMBER(10, 0)) AND \"s\" > 'it''s'))) AND \
+             ((\"k\" < CAST('2' AS NUMBER(10, 0)) OR (\"k\" = CAST('2' AS NUMBER(10, 0)) AND \"s\" <= 'z')))"
         );
     }
 
