@@ -191,6 +191,11 @@ fn the_alerts_and_the_dashboard_use_metrics_that_exist() {
         names::BUILD_INFO.to_string(),
         names::CONSUMER_LAG_RECORDS.to_string(),
         names::SOURCE_RETAINED_BYTES.to_string(),
+        names::VERIFY_ROWS.to_string() + "_total",
+        names::VERIFY_RANGES_DIFFERING.to_string() + "_total",
+        names::VERIFY_ROWS_DIFFERING.to_string(),
+        names::VERIFY_LAST_SECONDS.to_string(),
+        names::VERIFY_LAST_POSITION.to_string(),
     ];
     let metric = regex::Regex::new(r"tributary_[a-z_]+").expect("regex");
     let alerts = docs_in("docs/monitoring");
