@@ -388,15 +388,7 @@ impl SnapshotRun {
         for (n, row) in rows.into_iter().take(take).enumerate() {
             let raw = row.unwrap();
             if n + 1 == take && keyed {
-                last_key = Some(
-                    pk.iter()
-                        .map(|&i| match raw.get(i) {
-                            Some(mysql_async::Value::Bytes(b)) => hex(b),
-                            Some(other) => hex(other.as_sql(true).as_bytes()),
-                            None => String::new(),
-                        })
-                        .collect::<Vec<_>>(),
-                );
+                last_key = Some(key_hex(&raw, &pk));
             }
             let mut values = Vec::with_capacity(raw.len());
             for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
@@ -495,15 +487,7 @@ impl SnapshotRun {
         for (n, row) in rows.into_iter().take(limit).enumerate() {
             let raw = row.unwrap();
             if n + 1 == limit {
-                last_key = Some(
-                    pk.iter()
-                        .map(|&i| match raw.get(i) {
-                            Some(mysql_async::Value::Bytes(b)) => hex(b),
-                            Some(other) => hex(other.as_sql(true).as_bytes()),
-                            None => String::new(),
-                        })
-                        .collect::<Vec<_>>(),
-                );
+                last_key = Some(key_hex(&raw, &pk));
             }
             let mut values = Vec::with_capacity(raw.len());
             for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
@@ -582,6 +566,17 @@ fn read_event(
         ts_ms: now,
         transaction: None,
     }
+}
+
+/// The resume key of a row: each key column's text-protocol bytes as hex.
+fn key_hex(raw: &[mysql_async::Value], pk: &[usize]) -> Vec<String> {
+    pk.iter()
+        .map(|&i| match raw.get(i) {
+            Some(mysql_async::Value::Bytes(b)) => hex(b),
+            Some(other) => hex(other.as_sql(true).as_bytes()),
+            None => String::new(),
+        })
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -135,12 +135,6 @@ impl TablePlan {
         }
     }
 
-    /// Whether the plan reads the table to verify it (and not to repair
-    /// rows first).
-    pub fn verifies(&self) -> bool {
-        self.verify.is_some() && self.repair.is_none()
-    }
-
     /// A table to verify (verification `id`, at most `rows_per_second`),
     /// not copy.
     pub fn verify(id: &TableId, verification: u64, rows_per_second: u64) -> Self {
