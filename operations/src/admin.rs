@@ -136,6 +136,9 @@ pub struct Control {
     /// Requests to verify tables (`POST /verify`), the same way; the
     /// request's table is empty for every table.
     verifies: Arc<ResyncQueue>,
+    /// Notified at each request: the runner's source ends a batch it waits
+    /// on (`Source::set_wake`), so a request waits for no heartbeat.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// A request to copy one table (`schema.table`) again; the runner answers
@@ -190,6 +193,7 @@ impl Control {
             stored: Arc::new(watch::channel(None).0),
             resyncs: Arc::new(ResyncQueue::new()),
             verifies: Arc::new(ResyncQueue::new()),
+            wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -197,6 +201,12 @@ impl Control {
     /// its table is empty for every table. Served with the resyncs.
     pub fn next_verify(&self) -> Option<ResyncRequest> {
         self.verifies.next()
+    }
+
+    /// What the admin server notifies when a request comes in (for the
+    /// runner to hand to its source).
+    pub fn wake(&self) -> Arc<tokio::sync::Notify> {
+        self.wake.clone()
     }
 
     /// Says that this runner takes resync requests ([`Control::next_resync`]).
@@ -482,6 +492,7 @@ async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     tracing::info!(table = %table, "copy again asked by an operator");
     let (reply, answer) = tokio::sync::oneshot::channel();
     let _ = s.control.resyncs.tx.send(ResyncRequest { table, reply });
+    s.control.wake.notify_one();
     match tokio::time::timeout(RESYNC_TIMEOUT, answer).await {
         Ok(Ok(Ok(done))) => (StatusCode::OK, format!("{done}\n")).into_response(),
         Ok(Ok(Err(e))) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
@@ -512,6 +523,7 @@ async fn verify(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     tracing::info!(table = %table, "verification asked by an operator");
     let (reply, answer) = tokio::sync::oneshot::channel();
     let _ = s.control.verifies.tx.send(ResyncRequest { table, reply });
+    s.control.wake.notify_one();
     match tokio::time::timeout(RESYNC_TIMEOUT, answer).await {
         Ok(Ok(Ok(done))) => (StatusCode::OK, format!("{done}\n")).into_response(),
         Ok(Ok(Err(e))) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),

@@ -13,7 +13,7 @@ use tributary_operations::telemetry::{TableState, Telemetry};
 
 use crate::config::{SourceRunnerConfig, VERIFY_LAG_RECHECK};
 use crate::requests::Requests;
-use crate::transaction::{next_limit, snapshot_last, snapshot_rows, OpenTxn};
+use crate::transaction::{next_limit, snapshot_ends, snapshot_rows, OpenTxn};
 use crate::writer::TopicWriter;
 use tributary_schemas::records::requests::Request;
 
@@ -37,6 +37,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     let span = info_span!("source_runner", runner = %config.name);
     control.serve_resyncs();
+    source.set_wake(control.wake());
     async move {
         let mut attempt = 0u32;
         loop {
@@ -323,7 +324,7 @@ async fn stream(
         // Snapshot rows keep the transaction open while more of the
         // snapshot follows at once; anything else is committed now.
         let snapshot_rows = snapshot_rows(&batch);
-        let snapshot_ends = snapshot_last(&batch) || source.snapshot_progress().iter().all(|p| p.done);
+        let snapshot_ends = snapshot_ends(&batch, &source.snapshot_progress());
         txn.checkpoint = batch.checkpoint;
         if txn.stays_open(snapshot_rows, snapshot_ends, txn_limit) {
             continue;

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tracing::debug;
-use tributary_connectors::{Checkpoint, Error, Source, SourceBatch, SourceMessage};
+use tributary_connectors::{Checkpoint, Error, SnapshotTableProgress, Source, SourceBatch, SourceMessage};
 use tributary_operations::telemetry::{TableState, Telemetry};
 use tributary_schemas::{SnapshotMarker, TableId};
 
@@ -196,12 +196,22 @@ pub fn snapshot_rows(batch: &SourceBatch) -> bool {
     })
 }
 
-/// Whether `batch` ends the snapshot: it holds its last row.
-pub fn snapshot_last(batch: &SourceBatch) -> bool {
-    batch
-        .messages
-        .iter()
-        .any(|m| matches!(m, SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::Last))
+/// Whether `batch` ends what keeps a transaction open: it holds the
+/// snapshot's last row, or a verification's last range; or, for a batch
+/// of snapshot rows, `progress` says every table is copied. (A
+/// verification is not a copy: its tables have no progress, and an empty
+/// progress ended each of its ranges' transactions, one commit per range.)
+pub fn snapshot_ends(batch: &SourceBatch, progress: &[SnapshotTableProgress]) -> bool {
+    let mut verifies = false;
+    for m in &batch.messages {
+        match m {
+            SourceMessage::Change(e) if e.source.snapshot == SnapshotMarker::Last => return true,
+            SourceMessage::Verify(_, range) if range.last => return true,
+            SourceMessage::Verify(..) => verifies = true,
+            _ => {}
+        }
+    }
+    !verifies && progress.iter().all(|p| p.done)
 }
 
 #[cfg(test)]
@@ -213,6 +223,42 @@ mod tests {
         assert_eq!(next_limit(1000, true), 4000);
         assert_eq!(next_limit(TXN_MAX_EVENTS, true), TXN_MAX_EVENTS);
         assert_eq!(next_limit(1000, false), 0, "a streamed transaction: the next snapshot one starts small");
+    }
+
+    fn verify_batch(last: bool) -> SourceBatch {
+        use tributary_schemas::records::VerifyRange;
+        let range = VerifyRange {
+            id: 1,
+            at: tributary_schemas::Position { commit: 5, index: 0 },
+            connector: "postgresql".into(),
+            schema_id: 0,
+            key_schema_id: None,
+            after: None,
+            until: (!last).then(|| vec![Some("7".into())]),
+            last,
+            rows: vec![("7".into(), "00".into(), "00".into())],
+        };
+        SourceBatch {
+            messages: vec![SourceMessage::Verify(TableId::new("public", "t"), range)],
+            checkpoint: Checkpoint(String::new()),
+        }
+    }
+
+    #[test]
+    fn a_verification_keeps_its_transaction_open_until_its_last_range() {
+        // A verification's tables have no snapshot progress: that alone
+        // ended each range's transaction (one Kafka commit per range).
+        assert!(!snapshot_ends(&verify_batch(false), &[]));
+        assert!(snapshot_ends(&verify_batch(true), &[]));
+        let empty = SourceBatch { messages: vec![], checkpoint: Checkpoint(String::new()) };
+        assert!(snapshot_ends(&empty, &[]), "nothing being copied: nothing keeps it open");
+        let copying = SnapshotTableProgress {
+            table: TableId::new("public", "u"),
+            rows: 1,
+            estimated_rows: None,
+            done: false,
+        };
+        assert!(!snapshot_ends(&empty, &[copying]));
     }
 
     #[test]

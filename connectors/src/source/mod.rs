@@ -299,6 +299,13 @@ pub trait Source: Send {
     /// Called once the batch carrying `checkpoint` is durable in Kafka.
     async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()>;
 
+    /// A handle the runner notifies when it has work to do between batches
+    /// (an operator's verification or re-copy): a source waiting in
+    /// [`Source::next_batch`] for changes ends the batch then, as it would
+    /// at the heartbeat, instead of making the request wait up to a
+    /// heartbeat interval. Sources that do not wait ignore it.
+    fn set_wake(&mut self, _wake: std::sync::Arc<tokio::sync::Notify>) {}
+
     /// Snapshot progress per table (empty when there is no snapshot).
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
         Vec::new()
@@ -428,6 +435,9 @@ impl<S: Source + ?Sized> Source for Box<S> {
     }
     async fn acknowledge(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         (**self).acknowledge(checkpoint).await
+    }
+    fn set_wake(&mut self, wake: std::sync::Arc<tokio::sync::Notify>) {
+        (**self).set_wake(wake)
     }
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {
         (**self).snapshot_progress()

@@ -336,6 +336,8 @@ pub struct MySqlSource {
     restored: BTreeMap<String, String>,
     /// The history as the side records last handed to the runner hold it.
     written: SchemaHistory,
+    /// The runner's wake-up between batches (see [`Source::set_wake`]).
+    wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl std::fmt::Debug for MySqlSource {
@@ -375,6 +377,7 @@ impl MySqlSource {
             start_over: false,
             restored: BTreeMap::new(),
             written: SchemaHistory::default(),
+            wake: None,
         })
     }
 
@@ -593,6 +596,7 @@ impl MySqlSource {
             ctx: &self.ctx,
             announced: &mut self.announced,
             state,
+            wake: self.wake.as_deref(),
         };
         let out = streamer.next_batch(&mut sc, self.catch_up.as_ref()).await?;
         let mut messages = std::mem::take(&mut self.prelude);
@@ -809,6 +813,10 @@ impl Source for MySqlSource {
         // Nothing to release on the server: the checkpoint stored with the
         // events is the only replication state (no slot, unlike PostgreSQL).
         Ok(())
+    }
+
+    fn set_wake(&mut self, wake: Arc<tokio::sync::Notify>) {
+        self.wake = Some(wake);
     }
 
     fn snapshot_progress(&self) -> Vec<SnapshotTableProgress> {

@@ -74,6 +74,9 @@ pub struct StreamContext<'a> {
     pub announced: &'a mut BTreeMap<TableId, Arc<TableSchema>>,
     /// The state: position, GTIDs and history move at each commit.
     pub state: &'a mut SourceState,
+    /// Notified when the runner has work between batches: the batch ends
+    /// as at its deadline ([`crate::source::Source::set_wake`]).
+    pub wake: Option<&'a tokio::sync::Notify>,
 }
 
 /// The part of a transaction already emitted, when a batch ends inside a
@@ -336,12 +339,26 @@ impl Streamer {
             }
             let next = match self.stashed.take() {
                 Some(event) => event,
-                None => match tokio::time::timeout(deadline - now, self.stream.next()).await {
-                    Err(_) => return Ok(out),
-                    Ok(None) => return Err(Error::retryable("the server ended the binlog stream")),
-                    Ok(Some(Err(e))) => return Err(classify_my(e, "reading the binlog")),
-                    Ok(Some(Ok(event))) => event,
-                },
+                None => {
+                    let woken = async {
+                        match sc.wake {
+                            Some(w) => w.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    // The binlog stream's `next` is cancel-safe, as the
+                    // deadline already relies on.
+                    let next = tokio::select! {
+                        r = tokio::time::timeout(deadline - now, self.stream.next()) => r,
+                        () = woken => return Ok(out),
+                    };
+                    match next {
+                        Err(_) => return Ok(out),
+                        Ok(None) => return Err(Error::retryable("the server ended the binlog stream")),
+                        Ok(Some(Err(e))) => return Err(classify_my(e, "reading the binlog")),
+                        Ok(Some(Ok(event))) => event,
+                    }
+                }
             };
             if let Some(stop) = stop {
                 // The first event of a transaction at or after the stop: the

@@ -240,6 +240,8 @@ pub struct PostgresSource {
     /// The captured tables' sequences as last sent, and when they are read
     /// next (see [`PostgresSource::sequences_moved`]).
     sequences: SequencesSent,
+    /// The runner's wake-up between batches (see [`Source::set_wake`]).
+    wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// The sequences a source sent, and when it reads them again.
@@ -296,6 +298,7 @@ impl PostgresSource {
             domain_change: None,
             start_over: false,
             sequences: SequencesSent::default(),
+            wake: None,
         })
     }
 
@@ -1118,6 +1121,10 @@ impl Source for PostgresSource {
         Ok(())
     }
 
+    fn set_wake(&mut self, wake: Arc<tokio::sync::Notify>) {
+        self.wake = Some(wake);
+    }
+
     fn snapshot_progress(&self) -> Vec<crate::source::SnapshotTableProgress> {
         self.progress
             .view()
@@ -1417,6 +1424,7 @@ impl PostgresSource {
             filter: &self.filter,
             ctx: &self.ctx,
             announced: &mut self.announced,
+            wake: self.wake.as_deref(),
         };
         let out = streamer.next_batch(&mut sc, self.catch_up).await?;
         let mut messages = std::mem::take(&mut self.prelude);

@@ -399,6 +399,9 @@ pub struct StreamContext<'a> {
     pub ctx: &'a EventContext,
     /// Schemas announced so far, per table.
     pub announced: &'a mut HashMap<TableId, Arc<TableSchema>>,
+    /// Notified when the runner has work between batches: the batch ends
+    /// as at the heartbeat ([`crate::source::Source::set_wake`]).
+    pub wake: Option<&'a tokio::sync::Notify>,
 }
 
 /// Decodes a replication stream into batches.
@@ -456,9 +459,19 @@ impl Streamer {
         let mut bytes = 0usize;
         loop {
             let deadline = [linger_at, idle_at].into_iter().flatten().fold(heartbeat_at, Instant::min);
-            let event = match tokio::time::timeout_at(deadline.into(), self.client.recv()).await {
-                Err(_) => break,
-                Ok(r) => r.map_err(|e| classify_wire(e, "reading the replication stream"))?,
+            let woken = async {
+                match sc.wake {
+                    Some(w) => w.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // `recv` is cancel-safe: a message not taken stays in the stream.
+            let event = tokio::select! {
+                r = tokio::time::timeout_at(deadline.into(), self.client.recv()) => match r {
+                    Err(_) => break,
+                    Ok(r) => r.map_err(|e| classify_wire(e, "reading the replication stream"))?,
+                },
+                () = woken => break,
             };
             let Some(event) = event else {
                 return Err(Error::retryable("the replication stream ended"));
