@@ -110,15 +110,41 @@ fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
 /// batch at each, see `buffer::starts_batch`).
 async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch, repair: bool) -> Result<Vec<verify::Outcome>, Error> {
     let mut out = Vec::new();
-    for (_, record) in &batch.records {
-        let SinkRecord::Verify(schema, range) = record else {
-            break;
-        };
-        let span = info_span!("verify", table = %schema.id, id = range.id, rows = range.rows.len());
-        out.push(sink.verify_range(schema, range, repair).instrument(span).await?);
+    let leading: Vec<_> = batch
+        .records
+        .iter()
+        .map_while(|(_, r)| match r {
+            SinkRecord::Verify(schema, range) => Some((schema, range)),
+            _ => None,
+        })
+        .collect();
+    let mut rest = &leading[..];
+    while let Some(&(schema, first)) = rest.first() {
+        // Consecutive ranges of one verification of one table, read back
+        // together up to a bounded number of rows.
+        let mut n = 1;
+        let mut rows = first.rows.len();
+        while let Some(&(s, r)) = rest.get(n) {
+            let prev = rest[n - 1].1;
+            if s.id != schema.id || r.id != first.id || r.after != prev.until || rows + r.rows.len() > VERIFY_READ_ROWS
+            {
+                break;
+            }
+            rows += r.rows.len();
+            n += 1;
+        }
+        let ranges: Vec<_> = rest[..n].iter().map(|&(_, r)| r).collect();
+        let span = info_span!("verify", table = %schema.id, id = first.id, ranges = n, rows);
+        out.extend(sink.verify_ranges(schema, &ranges, repair).instrument(span).await?);
+        rest = &rest[n..];
     }
     Ok(out)
 }
+
+/// Rows of the source's ranges one read of the destination covers at most:
+/// consecutive ranges share a query (fewer statements, and on BigQuery
+/// fewer bytes billed), in a bounded share of memory.
+const VERIFY_READ_ROWS: usize = 50_000;
 
 /// The batch being applied in its own task.
 pub(crate) struct InFlight {

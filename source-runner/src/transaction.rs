@@ -250,7 +250,10 @@ mod tests {
         // ended each range's transaction (one Kafka commit per range).
         assert!(!snapshot_ends(&verify_batch(false), &[]));
         assert!(snapshot_ends(&verify_batch(true), &[]));
-        let empty = SourceBatch { messages: vec![], checkpoint: Checkpoint(String::new()) };
+        let empty = SourceBatch {
+            messages: vec![],
+            checkpoint: Checkpoint(String::new()),
+        };
         assert!(snapshot_ends(&empty, &[]), "nothing being copied: nothing keeps it open");
         let copying = SnapshotTableProgress {
             table: TableId::new("public", "u"),

@@ -217,6 +217,23 @@ pub trait Sink: Send {
     ) -> Result<verify::Outcome> {
         Ok(verify::Outcome::unsupported(schema, range, "this destination cannot read its rows back yet"))
     }
+
+    /// [`Sink::verify_range`] for consecutive ranges of one table's
+    /// verification (each one's lower bound the one before's upper bound),
+    /// an outcome per range in their order: a destination reads them back
+    /// together, in one query instead of one per range.
+    async fn verify_ranges(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        ranges: &[&VerifyRange],
+        repair: bool,
+    ) -> Result<Vec<verify::Outcome>> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            out.push(self.verify_range(schema, range, repair).await?);
+        }
+        Ok(out)
+    }
 }
 
 // For `Box<dyn Sink>` only, not every `Box<S>`: the blanket implementation
@@ -248,6 +265,14 @@ impl<'a> Sink for Box<dyn Sink + 'a> {
         repair: bool,
     ) -> Result<verify::Outcome> {
         (**self).verify_range(schema, range, repair).await
+    }
+    async fn verify_ranges(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        ranges: &[&VerifyRange],
+        repair: bool,
+    ) -> Result<Vec<verify::Outcome>> {
+        (**self).verify_ranges(schema, ranges, repair).await
     }
 }
 

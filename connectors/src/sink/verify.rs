@@ -129,6 +129,36 @@ fn lexicographic(syntax: PositionSyntax, keys: &[String], values: &[String], str
     }
 }
 
+/// The key of `row` (a row of `schema`'s columns), its values in key order.
+pub fn key_of(schema: &TableSchema, row: &[Value]) -> Vec<Value> {
+    schema
+        .key_indexes()
+        .iter()
+        .map(|&k| row.get(k).cloned().unwrap_or(Value::Null))
+        .collect()
+}
+
+/// `rows` (read back over the ranges `each` together) split into each
+/// range's rows. The ranges follow each other in key order (each one's
+/// lower bound is the one before's upper bound); a row past the last
+/// upper bound, which the read's own bounds exclude, goes with the last
+/// range, where it shows as a difference rather than vanish.
+pub fn split_rows(schema: &TableSchema, each: &[KeyRange], rows: Vec<Row>) -> Vec<Vec<Row>> {
+    let mut out: Vec<Vec<Row>> = each.iter().map(|_| Vec::new()).collect();
+    if each.len() <= 1 {
+        if let Some(only) = out.first_mut() {
+            *only = rows;
+        }
+        return out;
+    }
+    for row in rows {
+        let key = key_of(schema, &row);
+        let i = each.partition_point(|r| r.until.as_ref().is_some_and(|u| compare_keys(&key, u) == Ordering::Greater));
+        out[i.min(each.len() - 1)].push(row);
+    }
+    out
+}
+
 /// Two keys in the order every destination gives them: numbers by value,
 /// text and bytes by their bytes, NULL first.
 pub fn compare_keys(a: &[Value], b: &[Value]) -> Ordering {
@@ -443,6 +473,39 @@ mod tests {
 
     fn row(id: i32, name: &str, qty: i64) -> Row {
         vec![Value::Int32(id), Value::Text(name.into()), Value::Int64(qty)]
+    }
+
+    #[test]
+    fn rows_read_over_consecutive_ranges_go_to_their_range() {
+        let bound = |id: i32| Some(vec![Value::Int32(id)]);
+        let each = [
+            KeyRange { after: None, until: bound(10) },
+            KeyRange { after: bound(10), until: bound(20) },
+            KeyRange { after: bound(20), until: None },
+        ];
+        let rows = vec![
+            row(25, "e", 0),
+            row(10, "b", 0),
+            row(1, "a", 0),
+            row(11, "c", 0),
+            row(20, "d", 0),
+        ];
+        let parts = split_rows(&schema(), &each, rows);
+        let ids = |p: &Vec<Row>| p.iter().map(|r| r[0].clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&parts[0]), vec![Value::Int32(10), Value::Int32(1)]);
+        assert_eq!(ids(&parts[1]), vec![Value::Int32(11), Value::Int32(20)]);
+        assert_eq!(ids(&parts[2]), vec![Value::Int32(25)]);
+        for (part, bounds) in parts.iter().zip(&each) {
+            assert!(part.iter().all(|r| bounds.contains(&key_of(&schema(), r))));
+        }
+        // Past the last upper bound (the read excludes it): kept, with the
+        // last range, where it is a difference.
+        let closed = [
+            KeyRange { after: None, until: bound(5) },
+            KeyRange { after: bound(5), until: bound(9) },
+        ];
+        let parts = split_rows(&schema(), &closed, vec![row(12, "x", 0)]);
+        assert_eq!(parts[1].len(), 1);
     }
 
     #[test]

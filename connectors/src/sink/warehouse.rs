@@ -304,9 +304,33 @@ impl<W: WarehouseSink> Sink for W {
         range: &VerifyRange,
         repair: bool,
     ) -> Result<verify::Outcome> {
-        let bounds = match KeyRange::of(schema, range) {
-            Ok(b) => b,
-            Err(why) => return Ok(verify::Outcome::unsupported(schema, range, why)),
+        let mut out = self.verify_ranges(schema, &[range], repair).await?;
+        out.pop()
+            .ok_or_else(|| Error::permanent("a verification compared no range").with_table(schema.id.clone()))
+    }
+
+    async fn verify_ranges(
+        &mut self,
+        schema: &Arc<TableSchema>,
+        ranges: &[&VerifyRange],
+        repair: bool,
+    ) -> Result<Vec<verify::Outcome>> {
+        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+            return Ok(Vec::new());
+        };
+        let unsupported = |why: &str| -> Vec<verify::Outcome> {
+            ranges.iter().map(|r| verify::Outcome::unsupported(schema, r, why)).collect()
+        };
+        // One read for the ranges together: from the first's lower bound
+        // to the last's upper one (they follow each other).
+        let whole = KeyRange::of(schema, first).and_then(|a| {
+            let b = KeyRange::of(schema, last)?;
+            Ok(KeyRange { after: a.after, until: b.until })
+        });
+        let each: std::result::Result<Vec<KeyRange>, String> = ranges.iter().map(|r| KeyRange::of(schema, r)).collect();
+        let (whole, each) = match (whole, each) {
+            (Ok(w), Ok(e)) => (w, e),
+            (Err(why), _) | (_, Err(why)) => return Ok(unsupported(&why)),
         };
         if let Err(e) = self.connect().await {
             return Err(self.failed(e));
@@ -314,40 +338,46 @@ impl<W: WarehouseSink> Sink for W {
         let table = self.destination(&schema.id);
         // Never a reason to hold the copy back: a range that cannot be
         // compared is reported as such, and the batch it leads applied.
-        match verify_in(self, &table, schema, range, &bounds, repair).await {
-            Ok(outcome) => Ok(outcome),
+        match verify_in(self, &table, schema, ranges, &whole, &each, repair).await {
+            Ok(outcomes) => Ok(outcomes),
             Err(e) => {
                 let e = self.failed(e.or_table(&schema.id));
-                Ok(verify::Outcome::unsupported(schema, range, format!("the range could not be compared: {e}")))
+                Ok(unsupported(&format!("the range could not be compared: {e}")))
             }
         }
     }
 }
 
-/// [`Sink::verify_range`] on a connected destination.
+/// [`Sink::verify_ranges`] on a connected destination: `ranges` (each
+/// bounded by `each`) read back together (bounded by `whole`).
 async fn verify_in<W: Warehouse>(
     w: &mut W,
     table: &W::Table,
     schema: &Arc<TableSchema>,
-    range: &VerifyRange,
-    bounds: &KeyRange,
+    ranges: &[&VerifyRange],
+    whole: &KeyRange,
+    each: &[KeyRange],
     repair: bool,
-) -> Result<verify::Outcome> {
+) -> Result<Vec<verify::Outcome>> {
+    let Some(first) = ranges.first() else {
+        return Ok(Vec::new());
+    };
     // The columns first, at the first range of the table (one look per
     // verification): the rows can only be read back as the source's once
     // the table has them.
-    let schema_differences = if range.after.is_none() {
-        w.schema_differences(table, schema, &range.connector).await?.unwrap_or_default()
+    let schema_differences = if first.after.is_none() {
+        w.schema_differences(table, schema, &first.connector).await?.unwrap_or_default()
     } else {
         Vec::new()
     };
-    if !schema_differences.is_empty() {
-        if !repair {
-            return Ok(verify::Outcome::schema_differs(schema, range, schema_differences));
-        }
+    let mut out = Vec::with_capacity(ranges.len());
+    if !schema_differences.is_empty() && !repair {
+        // The first range reports the columns; the others compare rows.
+        out.push(verify::Outcome::schema_differs(schema, first, schema_differences.clone()));
+    } else if !schema_differences.is_empty() {
         // What the sink would do at the table's next change, now.
         w.begin(Mode::Commit).await?;
-        match w.reconcile(table, schema, &range.connector).await {
+        match w.reconcile(table, schema, &first.connector).await {
             Ok(()) => w.finish(&[]).await?,
             Err(e) => {
                 w.abort().await;
@@ -355,15 +385,38 @@ async fn verify_in<W: Warehouse>(
             }
         }
     }
-    let Some(rows) = w.read_range(table, schema, bounds).await? else {
-        return Ok(verify::Outcome::unsupported(schema, range, "this destination cannot read its rows back yet"));
+    let rows = match w.read_range(table, schema, whole).await {
+        Ok(Some(rows)) => rows,
+        Ok(None) => {
+            let why = "this destination cannot read its rows back yet";
+            out.extend(ranges[out.len()..].iter().map(|r| verify::Outcome::unsupported(schema, r, why)));
+            return Ok(out);
+        }
+        // Columns the destination lacks cannot be read back: the first
+        // range says which, the others that they were not compared.
+        Err(e) if !out.is_empty() => {
+            let why = format!("the range could not be compared: {e}");
+            out.extend(
+                ranges[out.len()..]
+                    .iter()
+                    .map(|r| verify::Outcome::unsupported(schema, r, &why)),
+            );
+            return Ok(out);
+        }
+        Err(e) => return Err(e),
     };
-    let mut outcome = verify::compare(schema, range, &rows)?;
-    outcome.schema = schema_differences;
-    if repair && w.removes_extra_rows() {
-        outcome.removed = verify::remove_extra(w, schema, range, &rows, &outcome).await?;
+    let skip = out.len();
+    for (i, (range, part)) in ranges.iter().zip(verify::split_rows(schema, each, rows)).enumerate().skip(skip) {
+        let mut outcome = verify::compare(schema, range, &part)?;
+        if i == 0 {
+            outcome.schema = schema_differences.clone();
+        }
+        if repair && w.removes_extra_rows() {
+            outcome.removed = verify::remove_extra(w, schema, range, &part, &outcome).await?;
+        }
+        out.push(outcome);
     }
-    Ok(outcome)
+    Ok(out)
 }
 
 /// Applies `batch` in `mode`: the whole batch and its offsets in one
