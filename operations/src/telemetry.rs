@@ -194,6 +194,10 @@ pub struct Verification {
     /// When its last range was, once it ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_ms: Option<i64>,
+    /// Last ranges compared so far (one per partition of a topic of
+    /// several).
+    #[serde(skip)]
+    pub lasts: u64,
 }
 
 /// How many differing keys a table's status names.
@@ -214,8 +218,12 @@ pub struct VerifiedRange<'a> {
     pub differences: &'a [String],
     /// Why it could not be compared, if it could not.
     pub unsupported: Option<&'a str>,
-    /// Whether it is the verification's last range.
+    /// Whether it is the verification's last range (of its partition, on
+    /// a topic of several).
     pub last: bool,
+    /// How many last ranges end the verification here: 1, or on a topic of
+    /// several partitions the partitions this runner compares.
+    pub parts: u64,
     /// Its differing rows repaired: removed, or asked of the source again.
     pub repaired: u64,
     /// Whether the destination table's columns differed from the source's
@@ -637,6 +645,7 @@ impl Telemetry {
                     position: String::new(),
                     started_ms: now,
                     finished_ms: None,
+                    lasts: 0,
                 }),
             };
             v.rows_verified += range.rows;
@@ -652,7 +661,8 @@ impl Telemetry {
                 v.state = "not_verified".into();
                 v.reason.get_or_insert_with(|| why.to_string());
             }
-            if range.last {
+            v.lasts += u64::from(range.last);
+            if range.last && v.lasts >= range.parts {
                 // Columns that differ explain ranges that could not be
                 // read back: the table differs.
                 if v.schema_differs {

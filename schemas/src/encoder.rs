@@ -547,6 +547,40 @@ fn parse_pg_lsn(text: &str) -> Option<u64> {
     Some((u64::from(hi) << 32) | u64::from(lo))
 }
 
+/// The key record of a row whose key columns hold `key` (their values in
+/// key order), as [`EventEncoder::encode`] writes it under the key schema
+/// `key_id` of the shape `table` (the source's written shape, or the one a
+/// sink read back from the registry): the bytes the producer's partitioner
+/// hashes.
+pub fn key_bytes(table: &TableSchema, key_id: u32, key: &[Value]) -> Result<Vec<u8>> {
+    let indexes = table.key_indexes();
+    if indexes.len() != key.len() || indexes.is_empty() {
+        return Err(SchemaError::Value {
+            table: table.id.clone(),
+            column: String::new(),
+            value_kind: "key",
+            data_type: format!("key of {} columns", indexes.len()),
+            reason: format!("the key has {} values", key.len()),
+        });
+    }
+    let mut out = Vec::with_capacity(32);
+    write_header(&mut out, key_id);
+    for (&i, v) in indexes.iter().zip(key) {
+        write_column(&mut out, table, &table.columns[i], v)?;
+    }
+    Ok(out)
+}
+
+/// The partition the source runner's producer gives a record keyed `key`
+/// on a topic of `partitions` partitions: librdkafka's default partitioner
+/// (`consistent_random`), the CRC-32 of the key's bytes modulo the count.
+pub fn partition_of(key: &[u8], partitions: i32) -> i32 {
+    match u32::try_from(partitions) {
+        Ok(n) if n > 1 => (crc32fast::hash(key) % n) as i32,
+        _ => 0,
+    }
+}
+
 fn check_row_len(table: &TableSchema, row: &Row) -> Result<()> {
     if row.len() != table.columns.len() {
         return Err(SchemaError::Value {
@@ -743,6 +777,16 @@ fn write_typed(out: &mut Vec<u8>, dt: &DataType, v: &Value) -> std::result::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_partitioned_as_librdkafka_does() {
+        // CRC-32 (the zlib one librdkafka's `rd_crc32` is) of its check
+        // string is 0xCBF43926.
+        assert_eq!(partition_of(b"123456789", 3), (0xCBF4_3926_u32 % 3) as i32);
+        assert_eq!(partition_of(b"123456789", 7), 5);
+        assert_eq!(partition_of(b"123456789", 1), 0);
+        assert_eq!(partition_of(b"", 0), 0);
+    }
 
     #[test]
     fn pg_lsn_parses() {

@@ -24,7 +24,8 @@ use tributary_connectors::sink::verify;
 use tributary_connectors::{policy, ApplyError, Decision, Error, KafkaPosition, Sink, SinkBatch, SinkRecord};
 use tributary_operations::telemetry::{TableState, VerifiedRange};
 use tributary_schemas::records::requests::Request;
-use tributary_schemas::TableId;
+use tributary_schemas::records::VerifyRange;
+use tributary_schemas::{TableId, TableSchema};
 
 use crate::buffer::Buffer;
 use crate::dead_letters::Stage;
@@ -106,6 +107,9 @@ fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
     source_ts(records).max()
 }
 
+/// A verify record leading a batch: the table's shape and the range.
+type Leading<'a> = (&'a std::sync::Arc<TableSchema>, &'a VerifyRange);
+
 /// Compares the verify records a batch starts with (the buffers start a
 /// batch at each, see `buffer::starts_batch`).
 async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch, repair: bool) -> Result<Vec<verify::Outcome>, Error> {
@@ -118,25 +122,38 @@ async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch, repair: bool) 
             _ => None,
         })
         .collect();
-    let mut rest = &leading[..];
-    while let Some(&(schema, first)) = rest.first() {
-        // Consecutive ranges of one verification of one table, read back
-        // together up to a bounded number of rows.
-        let mut n = 1;
-        let mut rows = first.rows.len();
-        while let Some(&(s, r)) = rest.get(n) {
-            let prev = rest[n - 1].1;
-            if s.id != schema.id || r.id != first.id || r.after != prev.until || rows + r.rows.len() > VERIFY_READ_ROWS
-            {
-                break;
-            }
-            rows += r.rows.len();
-            n += 1;
+    // Per table, verification and partition (the copies of a range on a
+    // topic of several partitions interleave), in their order.
+    let mut groups: Vec<Vec<Leading<'_>>> = Vec::new();
+    for (schema, range) in leading {
+        let same = |g: &&mut Vec<Leading<'_>>| {
+            g.first()
+                .is_some_and(|(s, r)| s.id == schema.id && r.id == range.id && r.partition == range.partition)
+        };
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.push((schema, range)),
+            None => groups.push(vec![(schema, range)]),
         }
-        let ranges: Vec<_> = rest[..n].iter().map(|&(_, r)| r).collect();
-        let span = info_span!("verify", table = %schema.id, id = first.id, ranges = n, rows);
-        out.extend(sink.verify_ranges(schema, &ranges, repair).instrument(span).await?);
-        rest = &rest[n..];
+    }
+    for group in groups {
+        let mut rest = &group[..];
+        while let Some(&(schema, first)) = rest.first() {
+            // Consecutive ranges, read back together up to a bounded
+            // number of rows.
+            let mut n = 1;
+            let mut rows = first.rows.len();
+            while let Some(&(_, r)) = rest.get(n) {
+                if r.after != rest[n - 1].1.until || rows + r.rows.len() > VERIFY_READ_ROWS {
+                    break;
+                }
+                rows += r.rows.len();
+                n += 1;
+            }
+            let ranges: Vec<_> = rest[..n].iter().map(|&(_, r)| r).collect();
+            let span = info_span!("verify", table = %schema.id, id = first.id, ranges = n, rows);
+            out.extend(sink.verify_ranges(schema, &ranges, repair).instrument(span).await?);
+            rest = &rest[n..];
+        }
     }
     Ok(out)
 }
@@ -405,8 +422,18 @@ impl<S: Sink + 'static> Pipeline<S> {
         // Done: tell Kafka (for monitoring) and the status.
         let label = (self.labeler)(&table);
         for outcome in &verified {
-            let asked = self.ask_repair(&label, outcome).await;
-            self.report_verified(&label, outcome, asked);
+            // On a topic of several partitions, each of this runner's
+            // partitions (of those the range was written to) ends it.
+            let parts = outcome
+                .partition
+                .map_or(1, |p| self.partitions.of_topic(&topic).filter(|(i, _)| *i < p.of).count().max(1) as u64);
+            let asked = if self.repairs.is_some() {
+                outcome.to_resend().len() as u64
+            } else {
+                0
+            };
+            self.report_verified(&label, outcome, asked, parts);
+            self.ask_repair(&label, outcome).await;
         }
         self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
         self.telemetry.record_applied(&label, newest);
@@ -449,35 +476,33 @@ impl<S: Sink + 'static> Pipeline<S> {
     }
 
     /// Asks the source runner to send the rows of a verified range that
-    /// are missing or changed again, with repairs on: how many.
-    async fn ask_repair(&self, label: &str, outcome: &verify::Outcome) -> u64 {
-        let Some(repairs) = &self.repairs else { return 0 };
-        let keys = outcome.to_resend();
-        if keys.is_empty() {
-            return 0;
-        }
-        let n = keys.len() as u64;
-        let request = Request::Repair {
-            table: outcome.table.clone(),
-            verification: outcome.id,
-            keys,
-        };
-        match repairs.send(&request).await {
-            Ok(()) => {
-                info!(table = %label, verification = outcome.id, rows = n, "verification: asked the source for the rows again");
-                n
-            }
-            Err(e) => {
-                warn!(table = %label, verification = outcome.id, error = %e,
-                    "verification: cannot ask the source for the rows again; the next verification finds them still different");
-                0
+    /// are missing or changed again, with repairs on: gathered per
+    /// verification, asked once it ended here (see `RepairRequests::gather`).
+    async fn ask_repair(&self, label: &str, outcome: &verify::Outcome) {
+        let Some(repairs) = &self.repairs else { return };
+        let ended = self
+            .telemetry
+            .table(label)
+            .and_then(|t| t.verification)
+            .is_some_and(|v| v.id == outcome.id && v.finished_ms.is_some());
+        for request in repairs.gather(&outcome.table, outcome.id, outcome.to_resend(), ended) {
+            let Request::Repair { verification, keys, .. } = &request;
+            let n = keys.len();
+            match repairs.send(&request).await {
+                Ok(()) => {
+                    info!(table = %label, verification, rows = n, "verification: asked the source for the rows again");
+                }
+                Err(e) => {
+                    warn!(table = %label, verification, error = %e,
+                        "verification: cannot ask the source for the rows again; the next verification finds them still different");
+                }
             }
         }
     }
 
     /// Says what a verified range found: status, metrics, and each
     /// differing key in the log (never values).
-    fn report_verified(&self, label: &str, outcome: &verify::Outcome, repair_asked: u64) {
+    fn report_verified(&self, label: &str, outcome: &verify::Outcome, repair_asked: u64, parts: u64) {
         let mut differences: Vec<String> = outcome.schema.iter().map(|s| format!("columns: {s}")).collect();
         differences.extend(outcome.differences.iter().map(ToString::to_string));
         for d in differences.iter().take(verify::MAX_LOGGED_DIFFERENCES) {
@@ -500,12 +525,18 @@ impl<S: Sink + 'static> Pipeline<S> {
                 differences: &differences,
                 unsupported: outcome.unsupported.as_deref(),
                 last: outcome.last,
+                parts,
                 repaired: outcome.removed + repair_asked,
                 schema_differs: !outcome.schema.is_empty(),
             },
         );
         if outcome.last {
-            if let Some(v) = self.telemetry.table(label).and_then(|t| t.verification) {
+            let ended = self
+                .telemetry
+                .table(label)
+                .and_then(|t| t.verification)
+                .filter(|v| v.finished_ms.is_some());
+            if let Some(v) = ended {
                 if v.state == "equal" {
                     info!(table = %label, verification = v.id, rows = v.rows_verified, "verification: equal to the source");
                 } else {

@@ -233,6 +233,7 @@ mod tests {
             connector: "postgresql".into(),
             schema_id: 0,
             key_schema_id: None,
+            partition: None,
             after: None,
             until: (!last).then(|| vec![Some("7".into())]),
             last,

@@ -25,7 +25,7 @@ use tributary_connectors::{Checkpoint, Error, ErrorKind, Source, SourceBatch, So
 use tributary_operations::telemetry::Telemetry;
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
-use tributary_schemas::records::{ControlRecord, OffsetsRecord, VerifyRange};
+use tributary_schemas::records::{ControlRecord, OffsetsRecord, RangePartition, VerifyRange};
 use tributary_schemas::topic::TopicNaming;
 use tributary_schemas::{Op, SchemaError, SnapshotMarker, TableId, TableSchema};
 
@@ -523,24 +523,17 @@ impl TopicWriter {
         self.topics.ensure(&topic, false).await.map(|_| ())
     }
 
-    /// Writes a verify range of `table` on partition 0 of its topic, with
-    /// the registry's ids of the schemas its digests follow (the table's
-    /// current ones: the source announced its schema before its rows). A
-    /// topic of several partitions spreads the table's keys over them, and
-    /// a sink compares a range only once every change before it is
-    /// applied, which holds on one partition only: such a table is not
-    /// verified, loudly.
+    /// Writes a verify range of `table` into its topic, with the registry's
+    /// ids of the schemas its digests follow (the table's current ones: the
+    /// source announced its schema before its rows). A sink compares a
+    /// range once every change before it on its partition is applied: on a
+    /// topic of several partitions each partition gets a copy holding the
+    /// range's keys the producer puts there (the same bounds), and the sink
+    /// compares those keys only.
     async fn send_verify(&mut self, table: &TableId, range: &VerifyRange) -> Result<(), Error> {
         let topic = self.naming.topic(self.config.prefix(), table);
         self.topics.ensure(&topic, false).await.map_err(|e| e.or_table(table))?;
         let partitions = self.topics.every_partition(&topic).await.map_err(|e| e.or_table(table))?;
-        if partitions != 1 {
-            if range.last {
-                warn!(table = %table, topic = %topic, partitions,
-                    "the table is not verified: its topic has several partitions (verification needs one)");
-            }
-            return Ok(());
-        }
         let Some((_, key_id, value_id)) = self.encoder.prepared(&topic) else {
             warn!(table = %table, "the table is not verified: its schema is not registered yet (no change of it \
                 was written since the start)");
@@ -549,11 +542,42 @@ impl TopicWriter {
         let mut range = range.clone();
         range.schema_id = value_id;
         range.key_schema_id = key_id;
-        let record = ControlRecord::Verify { table: table.clone(), range };
-        self.producer
-            .send(&topic, Some(0), None, None, Some(control_headers(&record)))
-            .await
-            .map_err(|e| e.or_table(table))
+        if partitions <= 1 {
+            let record = ControlRecord::Verify { table: table.clone(), range };
+            return self
+                .producer
+                .send(&topic, Some(0), None, None, Some(control_headers(&record)))
+                .await
+                .map_err(|e| e.or_table(table));
+        }
+        let split = match (key_id, self.encoder.written(&topic)) {
+            (Some(key_id), Some(written)) => split_by_partition(written, key_id, &range.rows, partitions),
+            _ => Err("the table has no key schema".to_string()),
+        };
+        let parts = match split {
+            Ok(parts) => parts,
+            Err(why) => {
+                if range.last {
+                    warn!(table = %table, topic = %topic, partitions,
+                        "the table is not verified: its rows cannot be split as its topic's partitions are: {why}");
+                }
+                return Ok(());
+            }
+        };
+        range.rows = Vec::new();
+        for (partition, rows) in (0..partitions).zip(parts) {
+            let copy = VerifyRange {
+                rows,
+                partition: Some(RangePartition { partition, of: partitions }),
+                ..range.clone()
+            };
+            let record = ControlRecord::Verify { table: table.clone(), range: copy };
+            self.producer
+                .send(&topic, Some(partition), None, None, Some(control_headers(&record)))
+                .await
+                .map_err(|e| e.or_table(table))?;
+        }
+        Ok(())
     }
 
     /// Pauses `table` for a change that cannot be encoded: its changes are
@@ -637,4 +661,42 @@ impl TopicWriter {
     fn refused_or(&self, err: Error) -> Error {
         self.producer.refused_or(err, |topic| self.topics.table_of(topic))
     }
+}
+
+/// One row of a verify range: key text, hash, column fingerprints.
+type VerifyEntry = (String, String, String);
+
+/// The entries of a verify range (key text, hash, fingerprints) split by
+/// the partition the producer puts each key on, among `partitions`: the key
+/// is written as its change events' keys are (`written`'s key columns under
+/// the key schema `key_id`), then hashed as the producer hashes it.
+fn split_by_partition(
+    written: &TableSchema,
+    key_id: u32,
+    rows: &[VerifyEntry],
+    partitions: i32,
+) -> Result<Vec<Vec<VerifyEntry>>, String> {
+    use tributary_schemas::canonical::{key_value, parse_key_text};
+    use tributary_schemas::encoder::{key_bytes, partition_of};
+
+    let indexes = written.key_indexes();
+    let mut parts: Vec<Vec<VerifyEntry>> = (0..partitions).map(|_| Vec::new()).collect();
+    for entry in rows {
+        let texts = parse_key_text(&entry.0).ok_or_else(|| format!("key {} does not read", entry.0))?;
+        if texts.len() != indexes.len() {
+            return Err(format!("key {} has {} values for {} key columns", entry.0, texts.len(), indexes.len()));
+        }
+        let values = indexes
+            .iter()
+            .zip(&texts)
+            .map(|(&i, t)| key_value(&written.columns[i].data_type, t.as_deref()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| format!("key {} does not read as the key's types", entry.0))?;
+        let bytes = key_bytes(written, key_id, &values).map_err(|e| e.to_string())?;
+        let p = usize::try_from(partition_of(&bytes, partitions)).unwrap_or(0);
+        if let Some(part) = parts.get_mut(p) {
+            part.push(entry.clone());
+        }
+    }
+    Ok(parts)
 }

@@ -2453,6 +2453,11 @@ async fn run(pipeline: &Pipeline) {
     }
     let sizes: BTreeMap<&str, usize> = want.iter().map(|(t, r)| (*t, r.len())).collect();
     eprintln!("{} destination equals the source, every column of every row: {sizes:?}", at());
+    // The product's own check says so too (docs/verification.md): a
+    // verification of every table, equal on the members that compare its
+    // partitions, every source row compared.
+    verify_every_table(&mut p, &sizes).await;
+    eprintln!("{} the verification of every table is equal", at());
     let stop_reader = Arc::new(AtomicBool::new(false));
     let seen = collect(pattern, stop_reader.clone(), reader_errors.clone(), born.clone());
     let deadline = Instant::now() + RECOVERY;
@@ -2557,6 +2562,72 @@ async fn run(pipeline: &Pipeline) {
     source.cleanup().await;
     destination.cleanup().await;
     let _ = std::fs::remove_dir_all(&p.dir);
+}
+
+/// Asks the source runner to verify every table (`POST /verify`) and waits
+/// until, for each table of `sizes`, the sink members that compare its
+/// partitions ended that verification, `equal`, with every source row
+/// compared once.
+async fn verify_every_table(p: &mut Runners, sizes: &BTreeMap<&str, usize>) {
+    let url = format!("{}/verify", p.source.admin);
+    let deadline = Instant::now() + RECOVERY;
+    let id: u64 = loop {
+        let answer = match reqwest::Client::new().post(&url).send().await {
+            Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
+            Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(e) => e.to_string(),
+        };
+        if let Some(id) = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|w| w.trim_end_matches(':').parse().ok())
+        {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "POST /verify failed: {answer}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    loop {
+        p.assert_alive("while verifying");
+        let mut entries: BTreeMap<&str, Vec<serde_json::Value>> = BTreeMap::new();
+        for sink in &p.sinks {
+            let Some(status) = sink.get("/status").await else {
+                continue;
+            };
+            let Ok(status) = serde_json::from_str::<serde_json::Value>(&status) else {
+                continue;
+            };
+            let Some(tables) = status.get("tables").and_then(|t| t.as_object()) else {
+                continue;
+            };
+            for (label, t) in tables {
+                let Some(v) = t.get("verification").filter(|v| v["id"].as_u64() == Some(id)) else {
+                    continue;
+                };
+                if let Some(name) = sizes.keys().find(|n| label.ends_with(&format!(".{n}"))) {
+                    entries.entry(name).or_default().push(v.clone());
+                }
+            }
+        }
+        let pending: Vec<String> = sizes
+            .iter()
+            .filter_map(|(name, rows)| {
+                let found = entries.get(name).map(Vec::as_slice).unwrap_or_default();
+                for v in found.iter().filter(|v| v["finished_ms"].is_i64()) {
+                    assert_eq!(v["state"], "equal", "the verification of {name}: {v}");
+                }
+                let compared: u64 = found.iter().map(|v| v["rows_verified"].as_u64().unwrap_or(0)).sum();
+                let ended = !found.is_empty() && found.iter().all(|v| v["finished_ms"].is_i64());
+                (!ended || compared != *rows as u64)
+                    .then(|| format!("{name}: {compared} of {rows} rows compared, ended: {ended}"))
+            })
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the verification did not end: {pending:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Rows the destination refuses are written once the source's snapshot is

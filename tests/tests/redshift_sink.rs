@@ -160,6 +160,7 @@ async fn every_statement_sent_is_redshift_sql() {
         connector: "postgresql".into(),
         schema_id: 1,
         key_schema_id: None,
+        partition: None,
         after: Some(vec![Some("4".into())]),
         until: Some(vec![Some("8".into())]),
         last: true,

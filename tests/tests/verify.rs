@@ -20,6 +20,14 @@ async fn postgres_to_postgres() {
     verified_copy(SinkKind::Postgres).await;
 }
 
+/// The table's topic has three partitions: each gets a copy of each range
+/// holding the keys the producer puts there, and the sink compares those
+/// (the changes of the other partitions may not be applied yet).
+#[tokio::test]
+async fn postgres_to_postgres_over_three_partitions() {
+    verified_copy_on(SinkKind::Postgres, 3).await;
+}
+
 /// Every column type of the table has a Redshift type (arrays and jsonb in
 /// SUPER, uuid as VARCHAR(36)), read back for the comparison.
 #[tokio::test]
@@ -123,6 +131,19 @@ async fn a_schedule_verifies_again_and_again_under_load() {
     runners.delete();
     sink.cleanup().await;
     source.cleanup().await;
+}
+
+/// Makes `topic` with `partitions` partitions.
+async fn create_topic(topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", tributary_tests::kafka_bootstrap())
+        .create()
+        .expect("admin client");
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for r in admin.create_topics(&[new], &AdminOptions::new()).await.expect("create topic") {
+        r.expect("topic created");
+    }
 }
 
 /// `items` with `ROWS` rows of every type the test compares.
@@ -233,10 +254,19 @@ async fn tamper(sink: &Sink) {
 }
 
 async fn verified_copy(kind: SinkKind) {
+    verified_copy_on(kind, 1).await;
+}
+
+/// [`verified_copy`] with the table's topic made beforehand with
+/// `partitions` partitions.
+async fn verified_copy_on(kind: SinkKind, partitions: i32) {
     let mut source = Source::new(SourceKind::Postgres, "verify").await;
     let sink = Sink::new(kind, "verify").await;
     let t = source.qualified("items");
     create_items(&mut source, &t).await;
+    if partitions > 1 {
+        create_topic(&format!("{}.{t}", source.name()), partitions).await;
+    }
     let mut runners = Runners::new(&source, &sink);
     runners.source.start();
     runners.sink.start();
@@ -270,18 +300,20 @@ async fn verified_copy(kind: SinkKind) {
     let v = runners.verified("items", id).await;
     assert_eq!(v["state"], "differs", "{v}");
     assert_eq!(v["rows_differing"], 3, "exactly the three keys: {v}");
-    let differences: Vec<String> = v["differences"]
+    let mut differences: Vec<String> = v["differences"]
         .as_array()
         .expect("differences")
         .iter()
         .map(|d| d.as_str().unwrap_or_default().to_string())
         .collect();
+    // Each partition's ranges report their own keys.
+    differences.sort();
     assert_eq!(
         differences,
         vec![
             r#"key ["5"]: differs in b"#.to_string(),
-            r#"key ["6"]: missing in the destination"#.to_string(),
             r#"key ["50000"]: in the destination only"#.to_string(),
+            r#"key ["6"]: missing in the destination"#.to_string(),
         ],
         "{v}"
     );

@@ -10,7 +10,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use tributary_schemas::canonical::{self, RowDigest};
-use tributary_schemas::records::VerifyRange;
+use tributary_schemas::records::{RangePartition, VerifyRange};
 use tributary_schemas::{Position, Row, TableId, TableSchema, Value};
 
 use crate::error::{Error, Result};
@@ -159,6 +159,31 @@ pub fn split_rows(schema: &TableSchema, each: &[KeyRange], rows: Vec<Row>) -> Ve
     out
 }
 
+/// Of `rows` (of `range`'s bounds), those whose key the producer puts on
+/// the range's partition: a range of a topic of several partitions holds
+/// those keys only, and the changes of the others are not all applied yet.
+/// All of them for a range of a one-partition topic. An error says why a
+/// row's key cannot be written as the source writes keys.
+pub fn on_partition(
+    schema: &TableSchema,
+    range: &VerifyRange,
+    rows: Vec<Row>,
+) -> std::result::Result<Vec<Row>, String> {
+    use tributary_schemas::encoder::{key_bytes, partition_of};
+    let Some(p) = range.partition else { return Ok(rows) };
+    let key_id = range
+        .key_schema_id
+        .ok_or("the range of a topic of several partitions names no key schema")?;
+    let mut out = Vec::with_capacity(rows.len() / usize::try_from(p.of.max(1)).unwrap_or(1) + 1);
+    for row in rows {
+        let bytes = key_bytes(schema, key_id, &key_of(schema, &row)).map_err(|e| e.to_string())?;
+        if partition_of(&bytes, p.of) == p.partition {
+            out.push(row);
+        }
+    }
+    Ok(out)
+}
+
 /// Two keys in the order every destination gives them: numbers by value,
 /// text and bytes by their bytes, NULL first.
 pub fn compare_keys(a: &[Value], b: &[Value]) -> Ordering {
@@ -279,6 +304,8 @@ pub struct Outcome {
     /// How the destination table's columns differ from the source's (the
     /// changes the sink would make; made, with repair).
     pub schema: Vec<String>,
+    /// The partition whose keys the range held, on a topic of several.
+    pub partition: Option<RangePartition>,
 }
 
 impl Outcome {
@@ -294,6 +321,7 @@ impl Outcome {
             removed: 0,
             unsupported: None,
             schema: Vec::new(),
+            partition: range.partition,
         }
     }
 
@@ -545,6 +573,7 @@ mod tests {
             connector: "postgresql".into(),
             schema_id: 1,
             key_schema_id: None,
+            partition: None,
             after: None,
             until: Some(vec![Some("9".into())]),
             last: true,

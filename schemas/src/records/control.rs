@@ -131,6 +131,21 @@ pub struct VerifyRange {
     /// The rows of the range in key order: key text, hash (hex), column
     /// fingerprints (hex).
     pub rows: Vec<(String, String, String)>,
+    /// On a topic of several partitions, the partition this copy of the
+    /// range is written to: its rows are the range's keys the producer
+    /// puts there (see [`crate::encoder::partition_of`]), and each partition
+    /// has a copy (none: the topic has one partition, all the rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<RangePartition>,
+}
+
+/// Which partition a copy of a verify range is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangePartition {
+    /// The partition.
+    pub partition: i32,
+    /// The topic's partitions when the range was written.
+    pub of: i32,
 }
 
 impl VerifyRange {
@@ -318,6 +333,7 @@ mod tests {
             connector: "postgresql".into(),
             schema_id: 7,
             key_schema_id: Some(8),
+            partition: None,
             after: Some(vec![Some("10".into())]),
             until: None,
             last: true,
@@ -337,6 +353,13 @@ mod tests {
             ControlRecord::TableReset { table: table(), reset: 1_733_500_000_123 },
             ControlRecord::Sequence { table: table(), state: sequence() },
             ControlRecord::Verify { table: table(), range: verify_range() },
+            ControlRecord::Verify {
+                table: table(),
+                range: VerifyRange {
+                    partition: Some(RangePartition { partition: 2, of: 3 }),
+                    ..verify_range()
+                },
+            },
         ] {
             let decoded = ControlRecord::decode(&owned(&record.headers()), &topic_table).expect("decodes");
             assert_eq!(decoded, Some(record));

@@ -507,6 +507,7 @@ impl SnapshotRun {
             connector: ctx.connector.to_string(),
             schema_id: 0,
             key_schema_id: None,
+            partition: None,
             after: plan.verify_until.clone(),
             until: until.clone(),
             last: !more,

@@ -706,6 +706,7 @@ async fn read_for_verification(
             connector: shared.ctx.connector.to_string(),
             schema_id: 0,
             key_schema_id: None,
+            partition: None,
             after: after.clone(),
             until,
             last,
