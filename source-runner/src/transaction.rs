@@ -234,6 +234,7 @@ mod tests {
             schema_id: 0,
             key_schema_id: None,
             partition: None,
+            columns: None,
             after: None,
             until: (!last).then(|| vec![Some("7".into())]),
             last,

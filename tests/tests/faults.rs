@@ -2456,7 +2456,7 @@ async fn run(pipeline: &Pipeline) {
     // The product's own check says so too (docs/verification.md): a
     // verification of every table, equal on the members that compare its
     // partitions, every source row compared.
-    verify_every_table(&mut p, &sizes).await;
+    verify_every_table(&mut p, &sizes, bad_rows.len() as u64).await;
     eprintln!("{} the verification of every table is equal", at());
     let stop_reader = Arc::new(AtomicBool::new(false));
     let seen = collect(pattern, stop_reader.clone(), reader_errors.clone(), born.clone());
@@ -2567,8 +2567,9 @@ async fn run(pipeline: &Pipeline) {
 /// Asks the source runner to verify every table (`POST /verify`) and waits
 /// until, for each table of `sizes`, the sink members that compare its
 /// partitions ended that verification, `equal`, with every source row
-/// compared once.
-async fn verify_every_table(p: &mut Runners, sizes: &BTreeMap<&str, usize>) {
+/// compared once. The bad notes the destination refused (up to `refused`,
+/// left out of `sizes`) are the one difference allowed: missing there.
+async fn verify_every_table(p: &mut Runners, sizes: &BTreeMap<&str, usize>, refused: u64) {
     let url = format!("{}/verify", p.source.admin);
     let deadline = Instant::now() + RECOVERY;
     let id: u64 = loop {
@@ -2613,12 +2614,31 @@ async fn verify_every_table(p: &mut Runners, sizes: &BTreeMap<&str, usize>) {
             .iter()
             .filter_map(|(name, rows)| {
                 let found = entries.get(name).map(Vec::as_slice).unwrap_or_default();
+                let mut missing = 0;
                 for v in found.iter().filter(|v| v["finished_ms"].is_i64()) {
-                    assert_eq!(v["state"], "equal", "the verification of {name}: {v}");
+                    let refused_only = *name == "notes"
+                        && v["differences"].as_array().is_some_and(|d| {
+                            d.iter()
+                                .all(|d| d.as_str().unwrap_or_default().ends_with("missing in the destination"))
+                        });
+                    // A column the ddl fault added is in the table's topic
+                    // from the table's next change on (docs/verification.md):
+                    // until then the verification says it cannot compare it.
+                    let added_only = v["state"] == "not_verified"
+                        && v["rows_differing"] == 0
+                        && v["reason"].as_str().is_some_and(|r| r.contains("is not in the range's schema"));
+                    if added_only {
+                        eprintln!("{name}: columns added at the source are not in the destination yet: {v}");
+                    } else if v["state"] != "equal" && refused_only {
+                        missing += v["rows_differing"].as_u64().unwrap_or(0);
+                    } else {
+                        assert_eq!(v["state"], "equal", "the verification of {name}: {v}");
+                    }
                 }
+                assert!(missing <= refused, "{missing} notes missing, {refused} refused: {found:?}");
                 let compared: u64 = found.iter().map(|v| v["rows_verified"].as_u64().unwrap_or(0)).sum();
                 let ended = !found.is_empty() && found.iter().all(|v| v["finished_ms"].is_i64());
-                (!ended || compared != *rows as u64)
+                (!ended || compared < *rows as u64 || compared > *rows as u64 + refused)
                     .then(|| format!("{name}: {compared} of {rows} rows compared, ended: {ended}"))
             })
             .collect();

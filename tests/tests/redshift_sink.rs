@@ -161,6 +161,7 @@ async fn every_statement_sent_is_redshift_sql() {
         schema_id: 1,
         key_schema_id: None,
         partition: None,
+        columns: None,
         after: Some(vec![Some("4".into())]),
         until: Some(vec![Some("8".into())]),
         last: true,

@@ -129,6 +129,37 @@ fn lexicographic(syntax: PositionSyntax, keys: &[String], values: &[String], str
     }
 }
 
+/// `schema` (the shape of the range's value schema) narrowed to the
+/// columns the range's digests cover, in their order: a column dropped at
+/// the source stays in the registry's shape and in the destination, and is
+/// not compared. Why not, when the shape lacks one of them or its key.
+pub fn digested_shape(
+    schema: &std::sync::Arc<TableSchema>,
+    range: &VerifyRange,
+) -> std::result::Result<std::sync::Arc<TableSchema>, String> {
+    let Some(names) = &range.columns else {
+        return Ok(schema.clone());
+    };
+    if names.len() == schema.columns.len() && names.iter().zip(&schema.columns).all(|(n, c)| *n == c.name) {
+        return Ok(schema.clone());
+    }
+    let columns = names
+        .iter()
+        .map(|n| {
+            schema
+                .columns
+                .iter()
+                .find(|c| c.name == *n)
+                .cloned()
+                .ok_or_else(|| format!("the source's column {n} is not in the range's schema"))
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()?;
+    if let Some(k) = schema.key.iter().find(|k| !names.contains(k)) {
+        return Err(format!("the key column {k} is not among the source's columns"));
+    }
+    Ok(std::sync::Arc::new(TableSchema { columns, ..(**schema).clone() }))
+}
+
 /// The key of `row` (a row of `schema`'s columns), its values in key order.
 pub fn key_of(schema: &TableSchema, row: &[Value]) -> Vec<Value> {
     schema
@@ -504,6 +535,33 @@ mod tests {
     }
 
     #[test]
+    fn a_column_dropped_at_the_source_is_not_compared() {
+        let shape = std::sync::Arc::new(schema());
+        let mut range = VerifyRange {
+            id: 1,
+            at: Position { commit: 1, index: 0 },
+            connector: "postgresql".into(),
+            schema_id: 1,
+            key_schema_id: None,
+            partition: None,
+            columns: Some(vec!["id".into(), "qty".into()]),
+            after: None,
+            until: None,
+            last: true,
+            rows: Vec::new(),
+        };
+        let narrowed = digested_shape(&shape, &range).expect("narrowed");
+        let names: Vec<&str> = narrowed.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["id", "qty"]);
+        range.columns = Some(vec!["id".into(), "name".into(), "qty".into()]);
+        assert!(std::sync::Arc::ptr_eq(&digested_shape(&shape, &range).expect("same"), &shape));
+        range.columns = Some(vec!["id".into(), "gone".into()]);
+        assert!(digested_shape(&shape, &range).unwrap_err().contains("gone"));
+        range.columns = Some(vec!["qty".into()]);
+        assert!(digested_shape(&shape, &range).unwrap_err().contains("key column id"));
+    }
+
+    #[test]
     fn rows_read_over_consecutive_ranges_go_to_their_range() {
         let bound = |id: i32| Some(vec![Value::Int32(id)]);
         let each = [
@@ -574,6 +632,7 @@ mod tests {
             schema_id: 1,
             key_schema_id: None,
             partition: None,
+            columns: None,
             after: None,
             until: Some(vec![Some("9".into())]),
             last: true,

@@ -321,6 +321,11 @@ impl<W: WarehouseSink> Sink for W {
         let unsupported = |why: &str| -> Vec<verify::Outcome> {
             ranges.iter().map(|r| verify::Outcome::unsupported(schema, r, why)).collect()
         };
+        // The columns the source digested (its current ones).
+        let schema = &match verify::digested_shape(schema, first) {
+            Ok(s) => s,
+            Err(why) => return Ok(unsupported(&why)),
+        };
         // One read for the ranges together: from the first's lower bound
         // to the last's upper one (they follow each other).
         let whole = KeyRange::of(schema, first).and_then(|a| {

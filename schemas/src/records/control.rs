@@ -137,6 +137,12 @@ pub struct VerifyRange {
     /// has a copy (none: the topic has one partition, all the rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<RangePartition>,
+    /// The columns the digests cover, in order (none: those of the value
+    /// schema `schema_id`). A column dropped at the source stays in the
+    /// registry's schema (relaxed, for compatibility) and in the
+    /// destination; the digests cover the source's current columns only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<Vec<String>>,
 }
 
 /// Which partition a copy of a verify range is for.
@@ -334,6 +340,7 @@ mod tests {
             schema_id: 7,
             key_schema_id: Some(8),
             partition: None,
+            columns: None,
             after: Some(vec![Some("10".into())]),
             until: None,
             last: true,

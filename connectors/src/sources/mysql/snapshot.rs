@@ -508,6 +508,7 @@ impl SnapshotRun {
             schema_id: 0,
             key_schema_id: None,
             partition: None,
+            columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
             after: plan.verify_until.clone(),
             until: until.clone(),
             last: !more,

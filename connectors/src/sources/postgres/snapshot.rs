@@ -707,6 +707,7 @@ async fn read_for_verification(
             schema_id: 0,
             key_schema_id: None,
             partition: None,
+            columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
             after: after.clone(),
             until,
             last,
