@@ -103,16 +103,21 @@ pub fn runner_binary(package: &str) -> PathBuf {
     let dir = target_dir();
     let workspace = workspace_dir();
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-    // The same selection as `scripts/test` (`--workspace --bins`): with a
-    // narrower one, feature unification differs and cargo rebuilds
-    // dependencies and relinks the binary in the middle of the test run.
+    // The same selection as `scripts/test` (`--workspace --bins --tests
+    // --benches`): the dev-dependencies turn on features of the connectors
+    // (`fuzzing`, `test-utils`), and a bins-only build resolves the crate
+    // without them, so cargo rebuilt the connectors and relinked both
+    // runners in the middle of the test run (minutes, and gigabytes).
     cmd.current_dir(&workspace).args(["build", "-q", "--workspace", "--bins"]);
+    if !dir.ends_with("release") {
+        cmd.args(["--tests", "--benches"]);
+    }
     // `cargo test` gives this process CARGO_MANIFEST_DIR, CARGO_PKG_* and
     // friends; build scripts that watch them would rebuild, and the outer
     // `cargo test` after them. The nested build gets a plain shell's view.
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
-        let keep = matches!(k.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR")
+        let keep = matches!(k.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR" | "CARGO_INCREMENTAL")
             || k.starts_with("CARGO_BUILD_")
             || k.starts_with("CARGO_REGISTRIES_")
             || k.starts_with("CARGO_NET_")
