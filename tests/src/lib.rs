@@ -109,7 +109,9 @@ pub fn runner_binary(package: &str) -> PathBuf {
     // without them, so cargo rebuilt the connectors and relinked both
     // runners in the middle of the test run (minutes, and gigabytes).
     cmd.current_dir(&workspace).args(["build", "-q", "--workspace", "--bins"]);
-    if !dir.ends_with("release") {
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    } else {
         cmd.args(["--tests", "--benches"]);
     }
     // `cargo test` gives this process CARGO_MANIFEST_DIR, CARGO_PKG_* and
@@ -126,11 +128,8 @@ pub fn runner_binary(package: &str) -> PathBuf {
             cmd.env_remove(&k);
         }
     }
-    if dir.ends_with("release") {
-        cmd.arg("--release");
-    }
     let status = cmd.status().expect("run cargo build");
-    assert!(status.success(), "cargo build --workspace --bins failed (for {package})");
+    assert!(status.success(), "cargo build of the workspace's runners failed (for {package})");
     let bin = dir.join(package);
     assert!(bin.exists(), "{} missing after the build", bin.display());
     bin

@@ -351,12 +351,20 @@ fn without_trailing_fraction_zeros(v: String) -> String {
         && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
         && parts[1].len() == 2
         && parts[2].len() == 2;
-    if !is_clock || fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+    // A zone may follow the fraction (`.510130+00`: Spanner and BigQuery
+    // write six digits, PostgreSQL `.51013+00`).
+    let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+    let (fraction, zone) = fraction.split_at(digits);
+    let is_zone = zone.is_empty()
+        || (zone.starts_with(['+', '-'])
+            && zone.len() > 1
+            && zone[1..].bytes().all(|b| b.is_ascii_digit() || b == b':'));
+    if !is_clock || fraction.is_empty() || !is_zone {
         return v;
     }
     match fraction.trim_end_matches('0') {
-        "" => whole.to_string(),
-        f => format!("{whole}.{f}"),
+        "" => format!("{whole}{zone}"),
+        f => format!("{whole}.{f}{zone}"),
     }
 }
 
@@ -805,6 +813,14 @@ pub async fn converge_as(
             return;
         }
         if tokio::time::Instant::now() > deadline {
+            // Which change wrote each row tells a row never written again
+            // from one written back.
+            let mut positioned = columns.clone();
+            positioned.extend(["__tributary_commit".to_string(), "__tributary_index".to_string()]);
+            eprintln!(
+                "{table}: the destination's rows with the position of the change that wrote them: {:#?}",
+                sink.rows(table, &positioned, source.kind()).await
+            );
             let diff: Vec<String> = match &got {
                 None => vec![format!(
                     "the destination has no table {table} with columns {columns:?} yet"
@@ -844,5 +860,28 @@ pub async fn converge_as(
         }
         last = got.map(|g| g.len());
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical;
+
+    fn one(v: &str) -> String {
+        canonical(std::iter::once(Some(v.to_string())))
+    }
+
+    #[test]
+    fn timestamps_compare_without_the_fractions_trailing_zeros() {
+        // PostgreSQL's text drops them; Spanner's and BigQuery's keep six
+        // digits (a now() ending in 0 once failed the comparison).
+        assert_eq!(one("2026-12-07 04:51:16.510130+00"), one("2026-12-07 04:51:16.51013+00"));
+        assert_eq!(one("2026-12-07 04:51:16.000000+00"), "2026-12-07 04:51:16+00");
+        assert_eq!(one("2024-01-01 10:00:00.120000"), "2024-01-01 10:00:00.12");
+        assert_eq!(one("-838:59:59.500000"), "-838:59:59.5");
+        assert_eq!(one("10:00:00.120000+05:30"), "10:00:00.12+05:30");
+        // Not a clock: kept.
+        assert_eq!(one("v1.100x"), "v1.100x");
+        assert_eq!(one("12:00:00.10 apples"), "12:00:00.10 apples");
     }
 }

@@ -2016,3 +2016,55 @@ async fn heartbeats_advance_over_unrelated_wal() {
     drop(source);
     fx.cleanup().await;
 }
+
+/// A schema read for a decoded transaction waits until a new snapshot sees
+/// that transaction: the walsender decodes a commit a moment before the
+/// committing backend leaves the running transactions, and a catalog read
+/// in that moment missed the column the transaction added (under load the
+/// destination kept NULL where the source had the column's default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_read_waits_until_its_transaction_is_visible() {
+    use tributary_connectors::sources::postgres::client::Catalog;
+    let fx = Fixture::new("visible").await;
+    let mut cfg = fx.config();
+    cfg.catalog_timeout_ms = 400;
+    let mut catalog = Catalog::connect(&cfg.connection().expect("config")).await.expect("connect");
+    let running = tributary_tests::postgres::source_admin().await;
+    running.batch_execute("BEGIN").await.expect("begin");
+    let xid: i64 = running
+        .query_one("SELECT txid_current() % 4294967296", &[])
+        .await
+        .expect("xid")
+        .get(0);
+    let xid = u32::try_from(xid).expect("32-bit xid");
+    // Running: no snapshot sees it, and the wait ends (retryable, said).
+    let started = Instant::now();
+    let e = catalog
+        .see_transaction(xid)
+        .await
+        .expect_err("a running transaction is not visible");
+    assert_eq!(e.kind(), ErrorKind::Retryable, "{e}");
+    assert!(e.to_string().contains("not visible"), "{e}");
+    assert!(started.elapsed() >= Duration::from_millis(400), "waited the catalog timeout");
+    // Committed while the catalog waits: the wait ends with it.
+    let commit = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.batch_execute("COMMIT").await.expect("commit");
+    });
+    catalog.see_transaction(xid).await.expect("visible once committed");
+    commit.await.expect("committed");
+    // One committed before the wait: at once.
+    let done: i64 = fx
+        .admin
+        .query_one("SELECT txid_current() % 4294967296", &[])
+        .await
+        .expect("xid")
+        .get(0);
+    let started = Instant::now();
+    catalog
+        .see_transaction(u32::try_from(done).expect("32-bit xid"))
+        .await
+        .expect("a committed transaction is visible");
+    assert!(started.elapsed() < Duration::from_millis(400));
+    fx.cleanup().await;
+}

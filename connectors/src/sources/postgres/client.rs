@@ -209,6 +209,8 @@ pub struct Catalog {
     /// Renames seen while streaming (see [`Renames`]); shared with the
     /// copy the source rolls back to after an error, cloned on change.
     renames: Arc<Renames>,
+    /// The last transaction [`Catalog::see_transaction`] found visible.
+    seen_xid: Option<u32>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -242,7 +244,48 @@ impl Catalog {
             types: HashMap::new(),
             generated_noted: std::collections::HashSet::new(),
             renames: Arc::default(),
+            seen_xid: None,
         })
+    }
+
+    /// Waits until this session's snapshots see transaction `xid` (a
+    /// 32-bit id, as pgoutput's Begin gives it), so that what the catalog
+    /// says next is at least as new as that transaction. The walsender
+    /// decodes a commit once its WAL record is flushed, a moment before
+    /// the committing backend leaves the list of running transactions: a
+    /// catalog read in that moment missed the column the transaction
+    /// added, and with it the value older rows have (seen under load: the
+    /// destination kept NULL). Once visible, every later snapshot sees it.
+    pub async fn see_transaction(&mut self, xid: u32) -> Result<()> {
+        const WAIT_FIRST: std::time::Duration = std::time::Duration::from_millis(1);
+        const WAIT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
+        if self.seen_xid == Some(xid) {
+            return Ok(());
+        }
+        // The snapshot's xmax carries the epoch: the 64-bit id of `xid` is
+        // the newest one below xmax with the same low 32 bits.
+        const SQL: &str = "SELECT txid_visible_in_snapshot(x - ((x % 4294967296 - $1 + 4294967296) % 4294967296), s) \
+                           FROM (SELECT s, txid_snapshot_xmax(s) - 1 AS x FROM txid_current_snapshot() s) q";
+        let started = std::time::Instant::now();
+        let mut wait = WAIT_FIRST;
+        loop {
+            let row = self
+                .ask("waiting for a decoded transaction to be visible", self.client.query_one(SQL, &[&i64::from(xid)]))
+                .await?;
+            if row.get::<_, bool>(0) {
+                self.seen_xid = Some(xid);
+                return Ok(());
+            }
+            if started.elapsed() >= self.timeout {
+                return Err(Error::retryable(format!(
+                    "transaction {xid} was decoded but is still not visible to a new snapshot after {} ms \
+                     (postgres.catalog_timeout_ms): its schema is not read from an older catalog",
+                    self.timeout.as_millis()
+                )));
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(WAIT_MOST);
+        }
     }
 
     /// `work` (queries on this session), bounded by the catalog timeout. A

@@ -711,6 +711,11 @@ impl Streamer {
                 }
                 let cols: Vec<(String, u32, i32)> =
                     columns.iter().map(|c| (c.name.clone(), c.type_oid, c.typmod)).collect();
+                // The catalog is read for this relation: it must already
+                // show what this transaction changed.
+                if let Some(xid) = self.txn.as_ref().map(|t| t.xid) {
+                    sc.catalog.see_transaction(xid).await?;
+                }
                 let mut id = id;
                 let mut root = None;
                 let mut partition_root = None;
@@ -839,6 +844,9 @@ impl Streamer {
                 .relations
                 .get_mut(&relid)
                 .ok_or_else(|| protocol(&format!("row for relation {relid} before its Relation message")))?;
+            if let Some(xid) = self.txn.as_ref().map(|t| t.xid) {
+                sc.catalog.see_transaction(xid).await?;
+            }
             sc.catalog.forget_enum_types();
             let built = match &rel.partition_root {
                 Some(root) => partition_schema(sc, root, &rel.columns).await?,
