@@ -190,13 +190,6 @@ pub trait Warehouse: Send {
     /// Undoes everything since [`Warehouse::savepoint`].
     async fn rollback_to_savepoint(&mut self) -> Result<()>;
 
-    /// Whether a repair may remove the rows only the destination has, as
-    /// deletes at the verified range's position applied through the core
-    /// (tested on PostgreSQL; elsewhere they are reported, not removed).
-    fn removes_extra_rows(&self) -> bool {
-        false
-    }
-
     /// What `table` lacks to take the rows of `schema` from a source of
     /// kind `origin`, as committed: the changes [`Warehouse::reconcile`]
     /// would make, in the destination's words (empty: none); `None` when
@@ -423,7 +416,7 @@ async fn verify_in<W: Warehouse>(
         if i == 0 {
             outcome.schema = schema_differences.clone();
         }
-        if repair && w.removes_extra_rows() {
+        if repair {
             outcome.removed = verify::remove_extra(w, schema, range, &part, &outcome).await?;
         }
         out.push(outcome);

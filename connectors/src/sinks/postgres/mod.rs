@@ -842,10 +842,6 @@ impl Warehouse for PostgresSink {
         Ok(())
     }
 
-    fn removes_extra_rows(&self) -> bool {
-        true
-    }
-
     async fn schema_differences(
         &mut self,
         dest: &DestinationTable,
