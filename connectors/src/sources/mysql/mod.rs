@@ -934,6 +934,51 @@ impl Source for MySqlSource {
         Ok(out)
     }
 
+    async fn repair(
+        &mut self,
+        table: &TableId,
+        keys: &[String],
+        verify_after: u64,
+        rows_per_second: u64,
+    ) -> Result<bool> {
+        // While a run reads, its plan is the run's: the next verification
+        // asks again.
+        if self.config.snapshot_mode == SnapshotMode::Never || self.snapshot.is_some() {
+            return Ok(false);
+        }
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        if !filter.captures(table) || state.history.get(table).is_none_or(|d| d.primary_key.is_empty()) {
+            return Ok(false);
+        }
+        let position = state.binlog.clone();
+        let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
+            initial: false,
+            position: Some(position),
+            tables: Vec::new(),
+        });
+        match plan.tables.iter_mut().find(|t| t.id() == *table) {
+            // Asked already: the keys join it.
+            Some(t) if t.repair.is_some() => {
+                if let Some(k) = t.repair.as_mut() {
+                    k.extend(keys.iter().cloned());
+                }
+            }
+            // To be copied whole: the copy rewrites every row.
+            Some(t) if t.verify.is_none() => return Ok(false),
+            // To be verified: the repair goes first, and verifies after.
+            Some(t) => *t = TablePlan::repair(table, keys.to_vec(), verify_after, rows_per_second),
+            None => plan
+                .tables
+                .push(TablePlan::repair(table, keys.to_vec(), verify_after, rows_per_second)),
+        }
+        tracing::info!(table = %table, keys = keys.len(), "a repair asked: the rows are sent again, then verified");
+        Ok(true)
+    }
+
     /// The binlog after this copy's read position: MySQL keeps binlogs by
     /// its own retention (`binlog_expire_logs_seconds`), not for readers,
     /// so this is how far behind the copy reads, and what a purge would

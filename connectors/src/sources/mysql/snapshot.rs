@@ -59,6 +59,11 @@ pub struct TablePlan {
     /// next range's lower one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify_until: Option<Vec<Option<String>>>,
+    /// Keys (canonical key texts) whose current rows are sent again before
+    /// the table is verified (a sink's repair request); emptied as they
+    /// are read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Vec<String>>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -77,6 +82,16 @@ impl TablePlan {
             verify: None,
             verify_rate: 0,
             verify_until: None,
+            repair: None,
+        }
+    }
+
+    /// The rows of `keys` of a table to send again, then verify it
+    /// (verification `verify_after`, at most `rows_per_second`).
+    pub fn repair(id: &TableId, keys: Vec<String>, verify_after: u64, rows_per_second: u64) -> Self {
+        Self {
+            repair: Some(keys),
+            ..Self::verify(id, verify_after, rows_per_second)
         }
     }
 
@@ -324,6 +339,9 @@ impl SnapshotRun {
     }
 
     async fn read_chunk(&mut self, index: usize, id: &TableId, ctx: &EventContext) -> Result<Chunk> {
+        if self.plan.tables[index].repair.is_some() {
+            return self.read_repair_rows(index, id, ctx).await;
+        }
         if let Some(verification) = self.plan.tables[index].verify {
             return self.read_verify_range(index, id, verification, ctx).await;
         }
@@ -534,8 +552,125 @@ impl SnapshotRun {
     }
 }
 
+impl SnapshotRun {
+    /// The current rows of the next keys a repair asked for (at most
+    /// `REPAIR_KEYS_PER_QUERY`), sent as a copy sends rows; a key the table
+    /// no longer has sends nothing (its delete is in the binlog). A key
+    /// that does not read as the table's key is skipped, said loudly: the
+    /// next verification reports it again.
+    async fn read_repair_rows(&mut self, index: usize, id: &TableId, ctx: &EventContext) -> Result<Chunk> {
+        use tributary_schemas::canonical::parse_key_text;
+
+        let built = self.built.get(id).ok_or_else(|| Error::retryable("snapshot schema missing"))?;
+        let def = self
+            .defs
+            .get(id)
+            .ok_or_else(|| Error::retryable("snapshot definition missing"))?;
+        let schema = built.schema.clone();
+        let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
+        let plan = &mut self.plan.tables[index];
+        let keys = plan.repair.take().unwrap_or_default();
+        let (now_keys, later) = keys.split_at(keys.len().min(REPAIR_KEYS_PER_QUERY));
+        plan.repair = (!later.is_empty()).then(|| later.to_vec());
+        if pk.is_empty() || pk.len() != def.primary_key.len() {
+            tracing::warn!(table = %id, "a table without a primary key is not repaired by key");
+            return Ok(Chunk {
+                table: id.clone(),
+                messages: Vec::new(),
+                table_done: false,
+            });
+        }
+        let mut tuples = Vec::with_capacity(now_keys.len());
+        for key in now_keys {
+            let literals: Option<Vec<String>> =
+                parse_key_text(key).filter(|texts| texts.len() == pk.len()).and_then(|texts| {
+                    pk.iter()
+                        .zip(&texts)
+                        .map(|(&i, text)| repair_literal(&schema.columns[i].data_type, text.as_deref()))
+                        .collect()
+                });
+            match literals {
+                Some(l) => tuples.push(format!("({})", l.join(", "))),
+                None => tracing::warn!(table = %id, key = %key, "a key to repair does not read as a key of the \
+                    table: not repaired"),
+            }
+        }
+        let mut messages = Vec::new();
+        if !tuples.is_empty() {
+            let cols: Vec<String> = schema.columns.iter().map(|c| quote_ident(&c.name)).collect();
+            let key_list: Vec<String> = pk.iter().map(|&i| quote_ident(&schema.columns[i].name)).collect();
+            let sql = format!(
+                "SELECT {} FROM {} WHERE ({}) IN ({})",
+                cols.join(", "),
+                quote_table(id),
+                key_list.join(", "),
+                tuples.join(", ")
+            );
+            let rows: Vec<mysql_async::Row> = self
+                .tx
+                .query(sql)
+                .await
+                .map_err(|e| classify_my(e, "reading the rows a repair asked for").with_table(id.clone()))?;
+            let now = super::stream::now_ms();
+            for row in rows {
+                let raw = row.unwrap();
+                let mut values = Vec::with_capacity(raw.len());
+                for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
+                    values.push(codec.from_text(v, id, &col.name)?);
+                }
+                messages.push(SourceMessage::Change(read_event(
+                    schema.clone(),
+                    values,
+                    &self.position,
+                    SnapshotMarker::True,
+                    ctx,
+                    now,
+                )));
+            }
+        }
+        tracing::info!(table = %id, keys = now_keys.len(), rows = messages.len(), "rows sent again for a repair");
+        Ok(Chunk { table: id.clone(), messages, table_done: false })
+    }
+}
+
+/// A MySQL literal of a key column's canonical text (one that
+/// `orders_everywhere`), or `None` for one that does not read as its type.
+fn repair_literal(data_type: &DataType, text: Option<&str>) -> Option<String> {
+    let value = tributary_schemas::canonical::key_value(data_type, text)?;
+    let mut out = String::new();
+    match value {
+        Value::Null => out.push_str("NULL"),
+        Value::Boolean(b) => out.push_str(if b { "1" } else { "0" }),
+        Value::Int16(n) => out.push_str(&n.to_string()),
+        Value::Int32(n) => out.push_str(&n.to_string()),
+        Value::Int64(n) => out.push_str(&n.to_string()),
+        Value::Decimal(d) => {
+            let numeric = !d.is_empty() && d.chars().all(|c| c.is_ascii_digit() || c == '-' || c == '.');
+            if !numeric {
+                return None;
+            }
+            out.push_str(&d);
+        }
+        Value::Bytes(b) if b.is_empty() => out.push_str("''"),
+        Value::Bytes(b) => out.push_str(&format!("X'{}'", hex(&b))),
+        // The session's zone is UTC: the clock's text, without its offset.
+        Value::TimestampTz(micros) => {
+            crate::sink::text::render_text(&mut out, &Value::Timestamp(micros)).ok()?;
+            out = quote_literal(&out);
+        }
+        other => {
+            crate::sink::text::render_text(&mut out, &other).ok()?;
+            out = quote_literal(&out);
+        }
+    }
+    Some(out)
+}
+
 /// Rows of a verify range (as the PostgreSQL source's).
 const VERIFY_RANGE_ROWS: usize = 2_000;
+
+/// Keys a repair reads in one query.
+const REPAIR_KEYS_PER_QUERY: usize = 1_000;
 
 fn read_event(
     schema: std::sync::Arc<tributary_schemas::TableSchema>,
@@ -637,11 +772,30 @@ mod tests {
     }
 
     #[test]
+    fn repair_literals_read_canonical_key_texts() {
+        assert_eq!(repair_literal(&DataType::Int64, Some("-42")).as_deref(), Some("-42"));
+        assert_eq!(repair_literal(&DataType::Int64, Some("1 OR 1=1")), None);
+        assert_eq!(repair_literal(&DataType::Text, Some("o'k\\")).as_deref(), Some("'o''k\\\\'"));
+        assert_eq!(repair_literal(&DataType::Bytes, Some("00ff")).as_deref(), Some("X'00ff'"));
+        assert_eq!(repair_literal(&DataType::Boolean, Some("t")).as_deref(), Some("1"));
+        assert_eq!(
+            repair_literal(&DataType::Decimal { precision: 8, scale: 2 }, Some("1.50")).as_deref(),
+            Some("1.50")
+        );
+        assert_eq!(repair_literal(&DataType::Decimal { precision: 8, scale: 2 }, Some("1;--")), None);
+        assert_eq!(repair_literal(&DataType::Int32, None).as_deref(), Some("NULL"));
+    }
+
+    #[test]
     fn plan_round_trips() {
         let mut p = TablePlan::new(&TableId::new("db", "t"));
         p.last_key = Some(vec![hex(b"42")]);
         let json = serde_json::to_string(&p).expect("json");
         assert_eq!(serde_json::from_str::<TablePlan>(&json).expect("parse"), p);
+        let r = TablePlan::repair(&TableId::new("db", "t"), vec!["[\"5\"]".into()], 7, 0);
+        let json = serde_json::to_string(&r).expect("json");
+        assert_eq!(serde_json::from_str::<TablePlan>(&json).expect("parse"), r);
+        assert_eq!((r.verify, r.repair.as_deref().map(<[String]>::len)), (Some(7), Some(1)));
         assert_eq!(p.id(), TableId::new("db", "t"));
     }
 }
