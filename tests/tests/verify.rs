@@ -268,6 +268,11 @@ async fn verified_copy_on(kind: SinkKind, partitions: i32) {
         create_topic(&format!("{}.{t}", source.name()), partitions).await;
     }
     let mut runners = Runners::new(&source, &sink);
+    // Repair on from the start: a verification that finds nothing changes
+    // nothing. (No restart of the sink to turn it on: bqemulator reports a
+    // JSON column as STRING after its creation, which a sink started again
+    // takes for an incompatible type; BigQuery itself reports JSON.)
+    runners.append_config(false, "[verify]\nrepair = true\n");
     runners.source.start();
     runners.sink.start();
     // The wait for the copy compares text; JSON and arrays print their own
@@ -295,11 +300,16 @@ async fn verified_copy_on(kind: SinkKind, partitions: i32) {
         assert!(done.load(Ordering::Relaxed) > before, "the writes went on meanwhile");
     }
 
+    // Behind the sink's back: found, exactly, and repaired, still under
+    // load: the sink removes the row only it has and asks the source for
+    // the other two again; the source's verification after the repair is
+    // equal.
     tamper(&sink).await;
     let id = runners.verify(&t).await;
     let v = runners.verified("items", id).await;
     assert_eq!(v["state"], "differs", "{v}");
     assert_eq!(v["rows_differing"], 3, "exactly the three keys: {v}");
+    assert_eq!(v["rows_repaired"], 3, "one removed, two sent again: {v}");
     let mut differences: Vec<String> = v["differences"]
         .as_array()
         .expect("differences")
@@ -330,16 +340,6 @@ async fn verified_copy_on(kind: SinkKind, partitions: i32) {
         .to_string();
     assert!(differing.ends_with(" 3"), "{differing}\n{metrics}");
 
-    // Repair, still under load: the sink removes the row only it has and
-    // asks the source for the other two again; the source's verification
-    // after the repair is equal.
-    runners.sink.kill9();
-    runners.append_config(false, "[verify]\nrepair = true\n");
-    runners.sink.start();
-    let id = runners.verify(&t).await;
-    let v = runners.verified("items", id).await;
-    assert_eq!(v["rows_differing"], 3, "{v}");
-    assert_eq!(v["rows_repaired"], 3, "one removed, two sent again: {v}");
     let again = runners.verified_where("items", |later| later > id).await;
     assert_eq!(again["state"], "equal", "the verification after the repair: {again}");
 

@@ -569,6 +569,12 @@ impl SnapshotRun {
         let schema = built.schema.clone();
         let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
         let plan = &mut self.plan.tables[index];
+        // The rows go out just after the snapshot's position as a copy's
+        // do, but later than the rows of any copy or repair read at the same
+        // binlog position (none written in between: the destination row
+        // that differs may carry exactly that position): the index is the
+        // verification that follows, a clock.
+        let index_at = plan.verify.unwrap_or(1).max(1);
         let keys = plan.repair.take().unwrap_or_default();
         let (now_keys, later) = keys.split_at(keys.len().min(REPAIR_KEYS_PER_QUERY));
         plan.repair = (!later.is_empty()).then(|| later.to_vec());
@@ -618,14 +624,9 @@ impl SnapshotRun {
                 for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
                     values.push(codec.from_text(v, id, &col.name)?);
                 }
-                messages.push(SourceMessage::Change(read_event(
-                    schema.clone(),
-                    values,
-                    &self.position,
-                    SnapshotMarker::True,
-                    ctx,
-                    now,
-                )));
+                let mut event = read_event(schema.clone(), values, &self.position, SnapshotMarker::True, ctx, now);
+                event.source.position.index = index_at;
+                messages.push(SourceMessage::Change(event));
             }
         }
         tracing::info!(table = %id, keys = now_keys.len(), rows = messages.len(), "rows sent again for a repair");
