@@ -750,7 +750,10 @@ fn key_literal(data_type: &DataType, hex_text: &str) -> Option<String> {
         }),
         _ => {
             let text = String::from_utf8(bytes).ok()?;
-            Some(quote_literal(&text.replace('\0', "\\0")))
+            // NUL as MySQL's escape, after the quoting doubled the
+            // backslashes (before, its escape came out as a backslash and
+            // a zero).
+            Some(quote_literal(&text).replace('\0', "\\0"))
         }
     }
 }
@@ -767,6 +770,7 @@ mod tests {
         );
         assert_eq!(key_literal(&DataType::Int64, &hex(b"1 OR 1=1")), None);
         assert_eq!(key_literal(&DataType::Text, &hex(b"o'k\\")).as_deref(), Some("'o''k\\\\'"));
+        assert_eq!(key_literal(&DataType::Text, &hex(b"a\0b")).as_deref(), Some("'a\\0b'"));
         assert_eq!(key_literal(&DataType::Bytes, &hex(&[0, 255])).as_deref(), Some("X'00ff'"));
         assert_eq!(unhex("0g"), None);
         assert_eq!(unhex(&hex(&[1, 2, 254])), Some(vec![1, 2, 254]));
