@@ -168,6 +168,20 @@ pub struct SourceState {
     pub history_tables: Option<usize>,
 }
 
+impl SourceState {
+    /// The snapshot plan a table to copy, verify or repair joins: the one
+    /// not done yet, or a new one from the stream's position (not the
+    /// first snapshot).
+    fn later_snapshot(&mut self) -> &mut SnapshotState {
+        let position = self.binlog.clone();
+        self.snapshot.get_or_insert_with(|| SnapshotState {
+            initial: false,
+            position: Some(position),
+            tables: Vec::new(),
+        })
+    }
+}
+
 /// A checkpoint as stored: the state and its history's table count.
 #[derive(Serialize)]
 struct Stored<'a> {
@@ -866,12 +880,7 @@ impl Source for MySqlSource {
                     }
                 }
                 None => {
-                    let position = state.binlog.clone();
-                    let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
-                        initial: false,
-                        position: Some(position),
-                        tables: Vec::new(),
-                    });
+                    let plan = state.later_snapshot();
                     match plan.tables.iter_mut().find(|t| t.id() == *id) {
                         // A verification of it gives way to the copy.
                         Some(t) if t.verify.is_some() => *t = TablePlan::new(id),
@@ -919,12 +928,7 @@ impl Source for MySqlSource {
                     whose order differs between databases");
                 continue;
             }
-            let position = state.binlog.clone();
-            let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
-                initial: false,
-                position: Some(position),
-                tables: Vec::new(),
-            });
+            let plan = state.later_snapshot();
             if plan.tables.iter().any(|t| t.id() == *table) {
                 continue;
             }
@@ -954,12 +958,7 @@ impl Source for MySqlSource {
         if !filter.captures(table) || state.history.get(table).is_none_or(|d| d.primary_key.is_empty()) {
             return Ok(false);
         }
-        let position = state.binlog.clone();
-        let plan = state.snapshot.get_or_insert_with(|| SnapshotState {
-            initial: false,
-            position: Some(position),
-            tables: Vec::new(),
-        });
+        let plan = state.later_snapshot();
         match plan.tables.iter_mut().find(|t| t.id() == *table) {
             // Asked already: the keys join it.
             Some(t) if t.repair.is_some() => {

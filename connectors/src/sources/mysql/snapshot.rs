@@ -635,36 +635,23 @@ impl SnapshotRun {
 }
 
 /// A MySQL literal of a key column's canonical text (one that
-/// `orders_everywhere`), or `None` for one that does not read as its type.
+/// `orders_everywhere`), or `None` for one that does not read as its type:
+/// the value's text as the text protocol gives it, made a literal by
+/// [`key_literal`] as a snapshot's resume key is.
 fn repair_literal(data_type: &DataType, text: Option<&str>) -> Option<String> {
-    let value = tributary_schemas::canonical::key_value(data_type, text)?;
-    let mut out = String::new();
-    match value {
-        Value::Null => out.push_str("NULL"),
-        Value::Boolean(b) => out.push_str(if b { "1" } else { "0" }),
-        Value::Int16(n) => out.push_str(&n.to_string()),
-        Value::Int32(n) => out.push_str(&n.to_string()),
-        Value::Int64(n) => out.push_str(&n.to_string()),
-        Value::Decimal(d) => {
-            let numeric = !d.is_empty() && d.chars().all(|c| c.is_ascii_digit() || c == '-' || c == '.');
-            if !numeric {
-                return None;
-            }
-            out.push_str(&d);
-        }
-        Value::Bytes(b) if b.is_empty() => out.push_str("''"),
-        Value::Bytes(b) => out.push_str(&format!("X'{}'", hex(&b))),
+    let render = |v: &Value| {
+        let mut out = String::new();
+        crate::sink::text::render_text(&mut out, v).ok().map(|()| out.into_bytes())
+    };
+    let bytes = match tributary_schemas::canonical::key_value(data_type, text)? {
+        Value::Null => return Some("NULL".to_string()),
+        Value::Boolean(b) => if b { b"1" } else { b"0" }.to_vec(),
+        Value::Bytes(b) => b,
         // The session's zone is UTC: the clock's text, without its offset.
-        Value::TimestampTz(micros) => {
-            crate::sink::text::render_text(&mut out, &Value::Timestamp(micros)).ok()?;
-            out = quote_literal(&out);
-        }
-        other => {
-            crate::sink::text::render_text(&mut out, &other).ok()?;
-            out = quote_literal(&out);
-        }
-    }
-    Some(out)
+        Value::TimestampTz(micros) => render(&Value::Timestamp(micros))?,
+        other => render(&other)?,
+    };
+    key_literal(data_type, &hex(&bytes))
 }
 
 /// Rows of a verify range (as the PostgreSQL source's).
@@ -789,6 +776,8 @@ mod tests {
         );
         assert_eq!(repair_literal(&DataType::Decimal { precision: 8, scale: 2 }, Some("1;--")), None);
         assert_eq!(repair_literal(&DataType::Int32, None).as_deref(), Some("NULL"));
+        // As a resume key is: a NUL kept as MySQL's escape.
+        assert_eq!(repair_literal(&DataType::Text, Some("a\0b")).as_deref(), Some("'a\\0b'"));
     }
 
     #[test]
