@@ -662,12 +662,15 @@ impl Telemetry {
                 v.reason.get_or_insert_with(|| why.to_string());
             }
             v.lasts += u64::from(range.last);
-            if range.last && v.lasts >= range.parts {
+            // A range after the end (a partition assigned to this runner
+            // late) still counts: an `equal` it contradicts becomes
+            // `differs`.
+            if (range.last && v.lasts >= range.parts) || v.finished_ms.is_some() {
                 // Columns that differ explain ranges that could not be
                 // read back: the table differs.
                 if v.schema_differs {
                     v.state = "differs".into();
-                } else if v.state == "running" {
+                } else if v.state == "running" || v.state == "equal" {
                     v.state = if v.rows_differing > 0 { "differs" } else { "equal" }.into();
                 }
                 v.finished_ms = Some(now);
@@ -805,6 +808,31 @@ mod tests {
         assert!(text.contains(&format!("tributary_failed_records_total{labels} 1")), "{text}");
         assert!(text.contains(&format!("tributary_lag_seconds{labels} 2.")), "{text}");
         assert!(text.contains(r#"tributary_build_info{version=""#), "{text}");
+    }
+
+    #[test]
+    fn a_verification_ends_with_its_partitions_and_a_late_difference_still_counts() {
+        let t = Telemetry::new("r1", "sink");
+        let range = |differing: u64, last: bool| VerifiedRange {
+            id: 7,
+            position: (10, 0),
+            rows: 100,
+            differing,
+            differences: &[],
+            unsupported: None,
+            last,
+            parts: 2,
+            repaired: 0,
+            schema_differs: false,
+        };
+        let state = |t: &Telemetry| t.table("s.t").and_then(|t| t.verification).map(|v| (v.state, v.rows_verified));
+        t.record_verified("s.t", &range(0, true));
+        assert_eq!(state(&t), Some(("running".into(), 100)), "one of two partitions");
+        t.record_verified("s.t", &range(0, true));
+        assert_eq!(state(&t), Some(("equal".into(), 200)));
+        // A partition this runner took over after the end.
+        t.record_verified("s.t", &range(3, true));
+        assert_eq!(state(&t), Some(("differs".into(), 300)));
     }
 
     #[test]

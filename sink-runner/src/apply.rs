@@ -138,17 +138,8 @@ async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch, repair: bool) 
     for group in groups {
         let mut rest = &group[..];
         while let Some(&(schema, first)) = rest.first() {
-            // Consecutive ranges, read back together up to a bounded
-            // number of rows.
-            let mut n = 1;
-            let mut rows = first.rows.len();
-            while let Some(&(_, r)) = rest.get(n) {
-                if r.after != rest[n - 1].1.until || rows + r.rows.len() > VERIFY_READ_ROWS {
-                    break;
-                }
-                rows += r.rows.len();
-                n += 1;
-            }
+            let n = read_together(rest.iter().map(|&(_, r)| r));
+            let rows: usize = rest[..n].iter().map(|(_, r)| r.rows.len()).sum();
             let ranges: Vec<_> = rest[..n].iter().map(|&(_, r)| r).collect();
             let span = info_span!("verify", table = %schema.id, id = first.id, ranges = n, rows);
             out.extend(sink.verify_ranges(schema, &ranges, repair).instrument(span).await?);
@@ -156,6 +147,28 @@ async fn verify_leading<S: Sink>(sink: &mut S, batch: &SinkBatch, repair: bool) 
         }
     }
     Ok(out)
+}
+
+/// How many of `ranges` (one table's, verification's and partition's, in
+/// their order) one read of the destination covers: consecutive ranges
+/// (each one's lower bound the one before's upper bound) up to a bounded
+/// number of rows. A range to the end is followed by none: a range after
+/// it, from the start, is one sent again (its partition assigned to this
+/// runner a second time), read on its own.
+fn read_together<'a>(ranges: impl IntoIterator<Item = &'a VerifyRange>) -> usize {
+    let mut ranges = ranges.into_iter();
+    let Some(mut previous) = ranges.next() else { return 0 };
+    let mut n = 1;
+    let mut rows = previous.rows.len();
+    for r in ranges {
+        if previous.until.is_none() || r.after != previous.until || rows + r.rows.len() > VERIFY_READ_ROWS {
+            break;
+        }
+        rows += r.rows.len();
+        n += 1;
+        previous = r;
+    }
+    n
 }
 
 /// Rows of the source's ranges one read of the destination covers at most:
@@ -569,5 +582,53 @@ impl<S: Sink + 'static> Pipeline<S> {
             retry_in_ms = (retry.at - now).as_millis() as u64,
             "paused"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(after: Option<u32>, until: Option<u32>, rows: usize) -> VerifyRange {
+        let bound = |k: Option<u32>| k.map(|k| vec![Some(k.to_string())]);
+        VerifyRange {
+            id: 1,
+            at: Default::default(),
+            connector: "postgresql".into(),
+            schema_id: 1,
+            key_schema_id: Some(2),
+            after: bound(after),
+            until: bound(until),
+            last: until.is_none(),
+            rows: vec![(String::new(), String::new(), String::new()); rows],
+            partition: None,
+            columns: None,
+        }
+    }
+
+    #[test]
+    fn consecutive_ranges_are_read_together_and_a_range_sent_again_alone() {
+        let whole = [
+            range(None, Some(10), 5),
+            range(Some(10), Some(20), 5),
+            range(Some(20), None, 5),
+        ];
+        assert_eq!(read_together(&whole), 3);
+        assert_eq!(read_together(&whole[1..]), 2);
+        // The copy of a partition read twice: its last range (to the end)
+        // and then its first (from the start) again. Read as one they
+        // bound nothing: every row would be missing.
+        let twice = [
+            range(Some(20), None, 5),
+            range(None, Some(10), 5),
+            range(Some(10), None, 5),
+        ];
+        assert_eq!(read_together(&twice), 1);
+        assert_eq!(read_together(&twice[1..]), 2);
+        // A gap, and the bound on rows.
+        assert_eq!(read_together(&[range(None, Some(10), 5), range(Some(11), None, 5)]), 1);
+        let big = [range(None, Some(10), VERIFY_READ_ROWS - 1), range(Some(10), None, 2)];
+        assert_eq!(read_together(&big), 1);
+        assert_eq!(read_together(&[]), 0);
     }
 }

@@ -127,7 +127,7 @@ pub async fn run_with_sink<S: Sink + 'static>(
 }
 
 impl<S: Sink + 'static> Pipeline<S> {
-    fn new(
+    pub(crate) fn new(
         config: SinkRunnerConfig,
         sink: S,
         labeler: Labeler,

@@ -101,6 +101,28 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// one from its beginning), checked against each topic's range, and
     /// `excluded` paused at their end.
     async fn assign(&mut self, wanted: Vec<Partition>, excluded: Vec<Partition>, cooperative: bool) {
+        // librdkafka can give an eager assignment while this runner still
+        // holds the last one: a change of the subscribed topics' metadata
+        // (a partition added) seen while it waits for this runner's assign
+        // call rejoins without a revoke (`rd_kafka_cgrp_revoke_all_rejoin`).
+        // What this runner holds is given up here as a revoke would:
+        // otherwise a partition assigned again has its buffered records
+        // taken twice (a verify range compared twice, found by the fault
+        // suite), and one assigned elsewhere stays this runner's.
+        let held: Vec<Partition> = self
+            .partitions
+            .iter()
+            .filter(|(t, p, _)| !cooperative || wanted.iter().any(|w| w.topic == *t && w.partition == *p))
+            .map(|(t, p, _)| Partition::new(t, p))
+            .collect();
+        if !held.is_empty() {
+            warn!(
+                partitions = held.len(),
+                "assigned without a revoke of what this runner held: given up first, consumed again from the \
+                 destination's offsets"
+            );
+            self.revoke(&held).await;
+        }
         let offsets = self.lookup(&wanted).await;
         let mut tpl = TopicPartitionList::new();
         let mut out_of_range = Vec::new();
@@ -310,4 +332,95 @@ pub(crate) fn list(parts: &[Partition], offset: impl Fn(&Partition) -> Option<Of
         }
     }
     tpl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::RawRecord;
+    use crate::config::SinkRunnerConfig;
+    use std::time::Instant;
+    use tributary_connectors::{ApplyError, Problem, SinkBatch};
+    use tributary_schemas::TableId;
+
+    /// A destination that stores nothing: every partition starts at its
+    /// beginning. Never connected to (the consumer is never polled).
+    struct Empty;
+
+    #[async_trait::async_trait]
+    impl Sink for Empty {
+        async fn committed_offsets(&mut self, p: &[(String, i32)]) -> tributary_connectors::Result<Vec<Option<i64>>> {
+            Ok(vec![None; p.len()])
+        }
+        async fn apply(&mut self, _: &SinkBatch) -> Result<(), ApplyError> {
+            Ok(())
+        }
+        async fn trial_apply(&mut self, _: &SinkBatch) -> Result<(), ApplyError> {
+            Ok(())
+        }
+        async fn check(&mut self) -> Vec<Problem> {
+            Vec::new()
+        }
+        async fn delete_copy(&mut self, _: &[TableId]) -> tributary_connectors::Result<Vec<String>> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn pipeline() -> Pipeline<Empty> {
+        // Nothing listens there: creating a consumer connects to nothing.
+        let text = "prefix = \"shop\"\nconsumer_group = \"g\"\n\
+                    schema_registry_url = \"http://127.0.0.1:1\"\n\
+                    [kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n\
+                    [postgres]\nurl = \"postgres://u@127.0.0.1:1/db\"\n";
+        let config: SinkRunnerConfig = tributary_operations::config::parse(text, "test").expect("config");
+        let labeler: tributary_connectors::Labeler = std::sync::Arc::new(|t: &TableId| t.to_string());
+        let (_, stop) = tokio::sync::watch::channel(false);
+        let telemetry = tributary_operations::telemetry::Telemetry::new("t", "sink");
+        Pipeline::new(config, Empty, labeler, telemetry, tributary_operations::admin::Control::new(), stop)
+            .expect("pipeline")
+    }
+
+    /// Takes records `offsets` of `topic` partition 0 as the consumer
+    /// would; how many the buffers hold then.
+    fn consume(p: &mut Pipeline<Empty>, topic: &str, offsets: std::ops::Range<i64>) -> usize {
+        for offset in offsets {
+            let raw = RawRecord {
+                topic: topic.into(),
+                partition: 0,
+                offset,
+                key: Some(vec![1]),
+                value: Some(vec![2]),
+                headers: Vec::new(),
+            };
+            if p.partitions.take(topic, 0, offset) {
+                p.buffers.push(raw, Instant::now);
+            }
+        }
+        p.buffers.get(topic).map_or(0, |b| b.records.len())
+    }
+
+    /// librdkafka can give an eager assignment while this runner still
+    /// holds the last one (a partition-count change seen while it served
+    /// an assignment: `rd_kafka_cgrp_revoke_all_rejoin` skips the revoke
+    /// then). The partition starts again from the destination's offset; what
+    /// was buffered of it must not stay beside its records consumed again.
+    #[tokio::test]
+    async fn an_assignment_without_a_revoke_first_consumes_each_record_once() {
+        let mut p = pipeline();
+        let (t, other) = ("shop.public.items", "shop.public.orders");
+        let assign = |parts: &[(&str, i32)]| RebalanceEvent::Assign {
+            wanted: parts.iter().map(|(t, i)| Partition::new(*t, *i)).collect(),
+            excluded: Vec::new(),
+            cooperative: false,
+        };
+        p.rebalance(assign(&[(t, 0), (other, 0)])).await;
+        assert_eq!(consume(&mut p, t, 0..3), 3);
+        assert_eq!(consume(&mut p, other, 0..2), 2);
+        // The next generation's assignment, without a revoke: `other` went
+        // to another member.
+        p.rebalance(assign(&[(t, 0)])).await;
+        assert_eq!(consume(&mut p, t, 0..3), 3, "each record of the partition once");
+        assert!(p.buffers.get(other).is_none(), "what another member owns now is dropped");
+        assert!(!p.partitions.contains(other, 0), "and no longer this runner's");
+    }
 }

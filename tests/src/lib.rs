@@ -143,7 +143,7 @@ pub struct Runner {
 
 impl Runner {
     /// Starts `target/<profile>/<package> --config <config>` with
-    /// `RUST_LOG=info`.
+    /// `RUST_LOG=info`, or what `TEST_RUNNER_LOG` says (to debug a test).
     pub fn start(package: &str, config: &std::path::Path, log: &std::path::Path) -> Self {
         Self::spawn(&runner_binary(package), config, log)
     }
@@ -160,7 +160,7 @@ impl Runner {
         let child = Command::new(bin)
             .arg("--config")
             .arg(config)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", std::env::var("TEST_RUNNER_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
