@@ -146,6 +146,9 @@ pub struct Control {
 pub struct ResyncRequest {
     /// `schema.table`.
     pub table: String,
+    /// A verification's method (`POST /verify?method=`), when asked: the
+    /// config's otherwise.
+    pub method: Option<String>,
     /// Where the answer goes; closed when the asker gave up waiting.
     pub reply: tokio::sync::oneshot::Sender<Result<String, String>>,
 }
@@ -292,6 +295,8 @@ struct AppState {
 #[derive(Debug, Deserialize)]
 struct TableQuery {
     table: Option<String>,
+    /// `POST /verify` only: `rows` or `summary`.
+    method: Option<String>,
 }
 
 /// Why a mutating request is refused, if it is: one from a web page of
@@ -491,7 +496,7 @@ async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     }
     tracing::info!(table = %table, "copy again asked by an operator");
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let _ = s.control.resyncs.tx.send(ResyncRequest { table, reply });
+    let _ = s.control.resyncs.tx.send(ResyncRequest { table, method: None, reply });
     s.control.wake.notify_one();
     match tokio::time::timeout(RESYNC_TIMEOUT, answer).await {
         Ok(Ok(Ok(done))) => (StatusCode::OK, format!("{done}\n")).into_response(),
@@ -506,8 +511,9 @@ async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     }
 }
 
-/// `POST /verify[?table=schema.table]`: verifies the table (every table
-/// without one) while the stream goes on; the sinks report the outcome.
+/// `POST /verify[?table=schema.table][&method=rows|summary]`: verifies the
+/// table (every table without one) while the stream goes on, by the
+/// method asked (the config's without one); the sinks report the outcome.
 async fn verify(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<TableQuery>) -> Response {
     if let Some(r) = refuse(&s, &headers) {
         return r;
@@ -522,7 +528,7 @@ async fn verify(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     let table = q.table.unwrap_or_default();
     tracing::info!(table = %table, "verification asked by an operator");
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let _ = s.control.verifies.tx.send(ResyncRequest { table, reply });
+    let _ = s.control.verifies.tx.send(ResyncRequest { table, method: q.method, reply });
     s.control.wake.notify_one();
     match tokio::time::timeout(RESYNC_TIMEOUT, answer).await {
         Ok(Ok(Ok(done))) => (StatusCode::OK, format!("{done}\n")).into_response(),
@@ -668,8 +674,14 @@ pub mod client {
         Pause(Option<String>),
         /// `POST /resume`, for one table or all.
         Resume(Option<String>),
-        /// `POST /verify`, for one table or all (source runners).
-        Verify(Option<String>),
+        /// `POST /verify`, for one table or all (source runners), by a
+        /// method or the config's.
+        Verify {
+            /// `schema.table`; none: every table.
+            table: Option<String>,
+            /// `rows` or `summary`; none: the config's.
+            method: Option<String>,
+        },
     }
 
     /// Runs `request` against the runner whose `[admin]` section is `admin`,
@@ -691,7 +703,14 @@ pub mod client {
             Request::Status { json } => (Method::GET, "/status".to_string(), !json),
             Request::Pause(t) => (Method::POST, with_table("/pause", t), false),
             Request::Resume(t) => (Method::POST, with_table("/resume", t), false),
-            Request::Verify(t) => (Method::POST, with_table("/verify", t), false),
+            Request::Verify { table, method: m } => {
+                let mut path = with_table("/verify", table);
+                if let Some(m) = m {
+                    path.push(if table.is_some() { '&' } else { '?' });
+                    path.push_str(&format!("method={m}"));
+                }
+                (Method::POST, path, false)
+            }
         };
         let printed = match call(&admin.listen, method, &path, token.as_ref()).await {
             Ok(body) if table_view => render_status(&body),

@@ -214,6 +214,9 @@ pub struct VerifiedRange<'a> {
     pub rows: u64,
     /// Its rows that differ.
     pub differing: u64,
+    /// Whether it differs: rows that differ, or a summary that does (its
+    /// rows' keys come with the verification by rows that follows).
+    pub differs: bool,
     /// The differing keys it names.
     pub differences: &'a [String],
     /// Why it could not be compared, if it could not.
@@ -624,7 +627,7 @@ impl Telemetry {
         let label = self.label(table);
         let m = &self.inner.metrics;
         m.verify_rows.get_or_create(&label).inc_by(range.rows);
-        if range.differing > 0 {
+        if range.differs {
             m.verify_ranges_differing.get_or_create(&label).inc();
         }
         let now = now_ms();
@@ -652,7 +655,7 @@ impl Telemetry {
             v.ranges_verified += 1;
             v.rows_differing += range.differing;
             v.rows_repaired += range.repaired;
-            v.ranges_differing += u64::from(range.differing > 0);
+            v.ranges_differing += u64::from(range.differs);
             let room = STATUS_DIFFERENCES.saturating_sub(v.differences.len());
             v.differences.extend(range.differences.iter().take(room).cloned());
             v.position = format!("{}:{}", range.position.0, range.position.1);
@@ -671,7 +674,12 @@ impl Telemetry {
                 if v.schema_differs {
                     v.state = "differs".into();
                 } else if v.state == "running" || v.state == "equal" {
-                    v.state = if v.rows_differing > 0 { "differs" } else { "equal" }.into();
+                    v.state = if v.rows_differing > 0 || v.ranges_differing > 0 {
+                        "differs"
+                    } else {
+                        "equal"
+                    }
+                    .into();
                 }
                 v.finished_ms = Some(now);
                 Some(v.rows_differing)
@@ -818,6 +826,7 @@ mod tests {
             position: (10, 0),
             rows: 100,
             differing,
+            differs: differing > 0,
             differences: &[],
             unsupported: None,
             last,

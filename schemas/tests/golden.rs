@@ -146,6 +146,7 @@ fn control_and_offsets_records_match_their_golden_file() {
                 key_schema_id: Some(8),
                 partition: None,
                 columns: None,
+                summary: None,
                 after: Some(vec![Some("10".into()), None]),
                 until: Some(vec![Some("12".into()), Some("b".into())]),
                 last: false,

@@ -234,7 +234,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             return;
         }
         let sink = self.sink.clone();
-        let repair = self.repairs.is_some();
+        let repair = self.repairs.as_ref().is_some_and(|r| r.repair);
         let mut batch = p.batch;
         // Set now, not when decoded: the batch before it may have moved them.
         batch.expected_offsets = batch
@@ -440,13 +440,14 @@ impl<S: Sink + 'static> Pipeline<S> {
             let parts = outcome
                 .partition
                 .map_or(1, |p| self.partitions.of_topic(&topic).filter(|(i, _)| *i < p.of).count().max(1) as u64);
-            let asked = if self.repairs.is_some() {
+            let asked = if self.repairs.as_ref().is_some_and(|r| r.repair) {
                 outcome.to_resend().len() as u64
             } else {
                 0
             };
             self.report_verified(&label, outcome, asked, parts);
             self.ask_repair(&label, outcome).await;
+            self.ask_rows(&label, outcome).await;
         }
         self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
         self.telemetry.record_applied(&label, newest);
@@ -492,14 +493,14 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// are missing or changed again, with repairs on: gathered per
     /// verification, asked once it ended here (see `RepairRequests::gather`).
     async fn ask_repair(&self, label: &str, outcome: &verify::Outcome) {
-        let Some(repairs) = &self.repairs else { return };
-        let ended = self
-            .telemetry
-            .table(label)
-            .and_then(|t| t.verification)
-            .is_some_and(|v| v.id == outcome.id && v.finished_ms.is_some());
+        let Some(repairs) = self.repairs.as_ref().filter(|r| r.repair) else {
+            return;
+        };
+        let ended = self.verification_ended(label, outcome.id);
         for request in repairs.gather(&outcome.table, outcome.id, outcome.to_resend(), ended) {
-            let Request::Repair { verification, keys, .. } = &request;
+            let Request::Repair { verification, keys, .. } = &request else {
+                continue;
+            };
             let n = keys.len();
             match repairs.send(&request).await {
                 Ok(()) => {
@@ -513,10 +514,53 @@ impl<S: Sink + 'static> Pipeline<S> {
         }
     }
 
+    /// Whether verification `id` of the table ended here.
+    fn verification_ended(&self, label: &str, id: u64) -> bool {
+        self.telemetry
+            .table(label)
+            .and_then(|t| t.verification)
+            .is_some_and(|v| v.id == id && v.finished_ms.is_some())
+    }
+
+    /// Asks the source runner to verify by rows the summarized ranges
+    /// whose summary differed or could not be computed here: gathered per
+    /// verification, asked once it ended here (see
+    /// `RepairRequests::gather_ranges`).
+    async fn ask_rows(&self, label: &str, outcome: &verify::Outcome) {
+        let Some(requests) = &self.repairs else {
+            if outcome.ask_rows.is_some() {
+                warn!(table = %label, verification = outcome.id,
+                    "verification: cannot ask the source for the range's rows (the runner has no `prefix`, which \
+                     names the requests topic)");
+            }
+            return;
+        };
+        let ended = self.verification_ended(label, outcome.id);
+        let ranges = outcome.ask_rows.iter().cloned().collect();
+        for request in requests.gather_ranges(&outcome.table, outcome.id, ranges, ended) {
+            let Request::Verify { verification, ranges, .. } = &request else {
+                continue;
+            };
+            let n = ranges.len();
+            match requests.send(&request).await {
+                Ok(()) => {
+                    info!(table = %label, verification, ranges = n,
+                        "verification: asked the source to verify ranges by their rows");
+                }
+                Err(e) => {
+                    warn!(table = %label, verification, error = %e,
+                        "verification: cannot ask the source to verify ranges by their rows; the next verification \
+                         finds what differs");
+                }
+            }
+        }
+    }
+
     /// Says what a verified range found: status, metrics, and each
     /// differing key in the log (never values).
     fn report_verified(&self, label: &str, outcome: &verify::Outcome, repair_asked: u64, parts: u64) {
         let mut differences: Vec<String> = outcome.schema.iter().map(|s| format!("columns: {s}")).collect();
+        differences.extend(outcome.summary_difference());
         differences.extend(outcome.differences.iter().map(ToString::to_string));
         for d in differences.iter().take(verify::MAX_LOGGED_DIFFERENCES) {
             warn!(table = %label, verification = outcome.id, "verification: {d}");
@@ -535,6 +579,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 position: (outcome.at.commit, outcome.at.index),
                 rows: outcome.rows,
                 differing: outcome.differing,
+                differs: outcome.differing > 0 || outcome.summary_differs.is_some(),
                 differences: &differences,
                 unsupported: outcome.unsupported.as_deref(),
                 last: outcome.last,
@@ -603,6 +648,7 @@ mod tests {
             rows: vec![(String::new(), String::new(), String::new()); rows],
             partition: None,
             columns: None,
+            summary: None,
         }
     }
 

@@ -1,8 +1,10 @@
-//! Asking the source runner to repair rows (`[verify] repair = true`): a
-//! request on the copy's requests topic
-//! ([`tributary_schemas::records::requests`]) with the keys a verification
-//! found missing or changed. The source sends their rows again and then
-//! verifies the table again; the sink applies them as any change.
+//! Asking the source runner, on the copy's requests topic
+//! ([`tributary_schemas::records::requests`]): to repair rows (`[verify]
+//! repair = true`), with the keys a verification found missing or changed
+//! (the source sends their rows again and then verifies the table again;
+//! the sink applies them as any change); and to verify with their rows'
+//! digests the ranges whose summaries differed, or could not be computed
+//! here (a verification by summaries, see docs/verification.md).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tributary_connectors::kafka::kafka_error;
 use tributary_connectors::Error;
-use tributary_schemas::records::requests::{self, Request};
+use tributary_schemas::records::requests::{self, KeyBounds, Request};
 use tributary_schemas::TableId;
 
 use crate::config::SinkRunnerConfig;
@@ -25,10 +27,17 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// record, far below its size limit).
 const REQUEST_KEYS: usize = 5_000;
 
-/// The producer of repair requests, when repairs are on.
+/// The producer of requests to the source runner.
 pub(crate) struct RepairRequests {
     producer: FutureProducer,
     topic: String,
+    /// Whether repairs are on (`[verify] repair`).
+    pub(crate) repair: bool,
+    /// Ranges to verify by rows per table and verification, gathered from
+    /// its summarized ranges: one request once the verification ended
+    /// here (a request asked while the table is verified again is not
+    /// taken).
+    ranges: Mutex<BTreeMap<(TableId, u64), Vec<KeyBounds>>>,
     /// Keys to send again per table and verification, gathered from its
     /// ranges: one request per verification, not one per range (each
     /// request is a repair and a verification after it; on a topic of
@@ -37,10 +46,10 @@ pub(crate) struct RepairRequests {
 }
 
 impl RepairRequests {
-    /// The producer, when `[verify] repair` is on (validation made sure
-    /// the prefix that names the topic is set).
+    /// The producer, when the prefix that names the topic is set
+    /// (validation made sure it is when `[verify] repair` is on).
     pub(crate) fn new(config: &SinkRunnerConfig) -> Result<Option<Self>, Error> {
-        let Some(prefix) = config.prefix.as_deref().filter(|_| config.verify.repair) else {
+        let Some(prefix) = config.prefix.as_deref() else {
             return Ok(None);
         };
         let mut c = config.kafka.client_config().map_err(|e| Error::needs_operator(e.to_string()))?;
@@ -49,8 +58,21 @@ impl RepairRequests {
         Ok(Some(Self {
             producer,
             topic: requests::topic(prefix),
+            repair: config.verify.repair,
+            ranges: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(BTreeMap::new()),
         }))
+    }
+
+    /// Adds `ranges` to what verification `id` of `table` asks to verify by
+    /// rows; the requests due now: this table's earlier verifications',
+    /// and this one's once it `ended` here.
+    pub(crate) fn gather_ranges(&self, table: &TableId, id: u64, ranges: Vec<KeyBounds>, ended: bool) -> Vec<Request> {
+        let mut pending = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        take_due(&mut pending, table, id, ranges, |_| ended)
+            .into_iter()
+            .map(|(verification, ranges)| Request::Verify { table: table.clone(), verification, ranges })
+            .collect()
     }
 
     /// Adds `keys` to what verification `id` of `table` asks; the requests
@@ -58,18 +80,9 @@ impl RepairRequests {
     /// one's once it `ended` or holds [`REQUEST_KEYS`].
     pub(crate) fn gather(&self, table: &TableId, id: u64, keys: Vec<String>, ended: bool) -> Vec<Request> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if !keys.is_empty() {
-            pending.entry((table.clone(), id)).or_default().extend(keys);
-        }
-        let due: Vec<(TableId, u64)> = pending
-            .iter()
-            .filter(|((t, v), k)| t == table && (*v < id || ended || k.len() >= REQUEST_KEYS))
-            .map(|(key, _)| key.clone())
-            .collect();
-        due.into_iter()
-            .filter_map(|key| pending.remove(&key).map(|keys| (key, keys)))
-            .filter(|(_, keys)| !keys.is_empty())
-            .map(|((table, verification), keys)| Request::Repair { table, verification, keys })
+        take_due(&mut pending, table, id, keys, |k| ended || k.len() >= REQUEST_KEYS)
+            .into_iter()
+            .map(|(verification, keys)| Request::Repair { table: table.clone(), verification, keys })
             .collect()
     }
 
@@ -82,6 +95,51 @@ impl RepairRequests {
             .send(record, SEND_TIMEOUT)
             .await
             .map(|_| ())
-            .map_err(|(e, _)| kafka_error(&format!("sending a repair request to {}", self.topic), e))
+            .map_err(|(e, _)| kafka_error(&format!("sending a request to {}", self.topic), e))
+    }
+}
+
+/// Adds `items` to what verification `id` of `table` gathered in `pending`;
+/// takes out what is due: the table's earlier verifications', and this
+/// one's once `due` says so (of what it gathered). Empty ones are dropped.
+fn take_due<T>(
+    pending: &mut BTreeMap<(TableId, u64), Vec<T>>,
+    table: &TableId,
+    id: u64,
+    items: Vec<T>,
+    due: impl Fn(&[T]) -> bool,
+) -> Vec<(u64, Vec<T>)> {
+    if !items.is_empty() {
+        pending.entry((table.clone(), id)).or_default().extend(items);
+    }
+    let keys: Vec<(TableId, u64)> = pending
+        .iter()
+        .filter(|((t, v), items)| t == table && (*v < id || due(items)))
+        .map(|(key, _)| key.clone())
+        .collect();
+    keys.into_iter()
+        .filter_map(|key| pending.remove(&key).map(|items| (key.1, items)))
+        .filter(|(_, items)| !items.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_gathered_goes_out_once_due_and_earlier_verifications_first() {
+        let mut pending = BTreeMap::new();
+        let t = TableId::new("s", "t");
+        let other = TableId::new("s", "u");
+        assert!(take_due(&mut pending, &t, 1, vec!["a"], |_| false).is_empty());
+        assert!(take_due(&mut pending, &other, 1, vec!["x"], |_| false).is_empty());
+        // The next verification of the table: the first one's are due.
+        assert_eq!(take_due(&mut pending, &t, 2, vec!["b"], |_| false), vec![(1, vec!["a"])]);
+        assert_eq!(take_due(&mut pending, &t, 2, vec!["c"], |i| i.len() >= 2), vec![(2, vec!["b", "c"])]);
+        // Nothing gathered is nothing asked; the other table's wait.
+        assert!(take_due(&mut pending, &t, 3, Vec::new(), |_| true).is_empty());
+        assert_eq!(take_due(&mut pending, &other, 1, Vec::new(), |_| true), vec![(1, vec!["x"])]);
+        assert!(pending.is_empty());
     }
 }

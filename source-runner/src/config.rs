@@ -97,6 +97,9 @@ pub enum IncompatibleSchemaChanges {
 pub const DEFAULT_VERIFY_ROWS_PER_SECOND: u64 = 50_000;
 /// The source runner's lag above which a scheduled verification waits.
 pub const DEFAULT_VERIFY_MAX_LAG_SECONDS: f64 = 30.0;
+/// Keys a summarized range covers, by default (`[verify] method =
+/// "summary"`): a range that differs is verified again by its rows.
+pub const DEFAULT_VERIFY_SUMMARY_RANGE_ROWS: u64 = 50_000;
 /// How long a scheduled verification that waited for the lag waits again.
 pub const VERIFY_LAG_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -115,6 +118,29 @@ pub struct VerifyConfig {
     /// largest table's, in seconds) is above this.
     #[serde(default = "default_verify_max_lag")]
     pub max_lag_seconds: f64,
+    /// How a table's ranges are sent: their rows' digests, or summaries
+    /// the source database computes (PostgreSQL; docs/verification.md).
+    #[serde(default)]
+    pub method: VerifyMethod,
+    /// Keys each summarized range covers (`method = "summary"`).
+    #[serde(default = "default_summary_range_rows")]
+    pub summary_range_rows: u64,
+}
+
+/// `[verify] method`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyMethod {
+    /// Each row's digest: every destination compares them, and names the
+    /// differing keys at once.
+    #[default]
+    Rows,
+    /// A count and a hash sum per range of keys (`summary_range_rows`), computed by the
+    /// source database and by a PostgreSQL destination in SQL (no row
+    /// leaves either); a range that differs, or a destination that cannot
+    /// compute it, is verified again by rows. On a topic of one partition,
+    /// from a PostgreSQL source; rows elsewhere.
+    Summary,
 }
 
 impl Default for VerifyConfig {
@@ -123,6 +149,8 @@ impl Default for VerifyConfig {
             every_secs: None,
             rows_per_second: DEFAULT_VERIFY_ROWS_PER_SECOND,
             max_lag_seconds: DEFAULT_VERIFY_MAX_LAG_SECONDS,
+            method: VerifyMethod::default(),
+            summary_range_rows: DEFAULT_VERIFY_SUMMARY_RANGE_ROWS,
         }
     }
 }
@@ -138,12 +166,19 @@ impl VerifyConfig {
         if self.max_lag_seconds.is_nan() || self.max_lag_seconds < 0.0 {
             return Err(ConfigError::invalid("verify.max_lag_seconds", "must be 0 or more"));
         }
+        if self.summary_range_rows == 0 {
+            return Err(ConfigError::invalid("verify.summary_range_rows", "must be at least 1"));
+        }
         Ok(())
     }
 }
 
 fn default_verify_rate() -> u64 {
     DEFAULT_VERIFY_ROWS_PER_SECOND
+}
+
+fn default_summary_range_rows() -> u64 {
+    DEFAULT_VERIFY_SUMMARY_RANGE_ROWS
 }
 
 fn default_verify_max_lag() -> f64 {

@@ -66,6 +66,10 @@ enum Command {
         /// A table to verify (`schema.table`); without it, every table.
         #[arg(long = "table", value_name = "SCHEMA.TABLE")]
         table: Option<String>,
+        /// `rows` or `summary` (see docs/verification.md); without it, the
+        /// config's `[verify] method`.
+        #[arg(long = "method", value_name = "METHOD")]
+        method: Option<String>,
     },
     /// Delete this copy: the replication slot, the publication, the change
     /// topics, the offsets topic and the schema subjects.
@@ -96,7 +100,9 @@ fn main() -> ExitCode {
             Command::Status { json } => client::command(&config.admin, Request::Status { json }).await,
             Command::Pause => client::command(&config.admin, Request::Pause(None)).await,
             Command::Resume => client::command(&config.admin, Request::Resume(None)).await,
-            Command::Verify { table } => client::command(&config.admin, Request::Verify(table)).await,
+            Command::Verify { table, method } => {
+                client::command(&config.admin, Request::Verify { table, method }).await
+            }
             Command::Reset { tables } => source_runner::commands::reset::reset(config, tables).await,
             Command::Delete { yes } => source_runner::commands::delete::delete(config, yes).await,
         }

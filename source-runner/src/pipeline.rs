@@ -202,7 +202,17 @@ async fn stream(
             if let Some(txn) = open.take() {
                 txn.commit(writer, source, telemetry).await?;
             }
-            match writer.verify_live(source, &req.table, config.verify.rows_per_second).await {
+            let mut verify = config.verify.clone();
+            match req.method.as_deref() {
+                None => {}
+                Some("rows") => verify.method = crate::config::VerifyMethod::Rows,
+                Some("summary") => verify.method = crate::config::VerifyMethod::Summary,
+                Some(other) => {
+                    let _ = req.reply.send(Err(format!("method {other}: expected rows or summary")));
+                    continue;
+                }
+            }
+            match writer.verify_live(source, &req.table, &verify).await {
                 Ok(a) => {
                     let _ = req.reply.send(a);
                 }
@@ -212,10 +222,26 @@ async fn stream(
                 }
             }
         }
-        while let Some(Request::Repair { table, verification, keys }) = requests.next() {
+        while let Some(request) = requests.next() {
             if let Some(txn) = open.take() {
                 txn.commit(writer, source, telemetry).await?;
             }
+            let (table, verification, keys) = match request {
+                Request::Repair { table, verification, keys } => (table, verification, keys),
+                Request::Verify { table, verification, ranges } => {
+                    let held = writer.held.get(&table).is_some();
+                    let id = crate::held_tables::new_reset_id();
+                    if !held && source.verify_ranges(&table, id, &ranges, config.verify.rows_per_second).await? {
+                        info!(table = %table, verification, ranges = ranges.len(), id,
+                            "verifying by their rows the ranges whose summaries differed at a destination");
+                    } else {
+                        warn!(table = %table, verification, ranges = ranges.len(),
+                            "ranges whose summaries differed are not verified by rows now (the table is being \
+                             copied or verified, or the source cannot): the next verification finds what differs");
+                    }
+                    continue;
+                }
+            };
             let held = writer.held.get(&table).is_some();
             let verify_after = crate::held_tables::new_reset_id();
             if !held
@@ -246,7 +272,7 @@ async fn stream(
                 if let Some(txn) = open.take() {
                     txn.commit(writer, source, telemetry).await?;
                 }
-                if let Err(why) = writer.verify_live(source, "", config.verify.rows_per_second).await? {
+                if let Err(why) = writer.verify_live(source, "", &config.verify).await? {
                     info!("scheduled verification: {why}");
                 }
                 next_verify = config.verify.every_secs.map(|s| Instant::now() + Duration::from_secs(s));

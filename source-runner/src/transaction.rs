@@ -114,7 +114,11 @@ impl OpenTxn {
             .messages
             .iter()
             .map(|m| match m {
-                SourceMessage::Verify(_, range) => range.rows.len().max(1),
+                SourceMessage::Verify(_, range) => range
+                    .summary
+                    .as_ref()
+                    .map_or(range.rows.len(), |s| usize::try_from(s.rows).unwrap_or(usize::MAX))
+                    .max(1),
                 _ => 1,
             })
             .sum::<usize>();
@@ -235,6 +239,7 @@ mod tests {
             key_schema_id: None,
             partition: None,
             columns: None,
+            summary: None,
             after: None,
             until: (!last).then(|| vec![Some("7".into())]),
             last,

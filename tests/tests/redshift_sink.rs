@@ -162,6 +162,7 @@ async fn every_statement_sent_is_redshift_sql() {
         key_schema_id: None,
         partition: None,
         columns: None,
+        summary: None,
         after: Some(vec![Some("4".into())]),
         until: Some(vec![Some("8".into())]),
         last: true,

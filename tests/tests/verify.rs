@@ -133,6 +133,104 @@ async fn a_schedule_verifies_again_and_again_under_load() {
     source.cleanup().await;
 }
 
+/// `[verify] method = "summary"`: the source and the PostgreSQL
+/// destination each count and sum their rows' hashes per range in SQL
+/// (no row leaves either); under load every verification is equal; after
+/// the destination is changed behind the sink's back, the ranges whose
+/// summaries differ are verified again by their rows, which name exactly
+/// the three keys, and are repaired.
+#[tokio::test]
+async fn postgres_to_postgres_by_summaries() {
+    let mut source = Source::new(SourceKind::Postgres, "verify").await;
+    let sink = Sink::new(SinkKind::Postgres, "verify").await;
+    let t = source.qualified("items");
+    create_items(&mut source, &t).await;
+    let mut runners = Runners::new(&source, &sink);
+    // Ranges of 4,000 keys: three of the table's 10,500 rows.
+    runners.append_config(true, "[verify]\nmethod = \"summary\"\nsummary_range_rows = 4000\n");
+    runners.append_config(false, "[verify]\nrepair = true\n");
+    runners.source.start();
+    runners.sink.start();
+    converge(&mut source, &sink, &mut runners, "items", "snapshot").await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let load = write_load(tributary_tests::pg_source_url(), t.clone(), stop.clone(), done.clone());
+    for round in 0..2 {
+        let before = done.load(Ordering::Relaxed);
+        let id = runners.verify(&t).await;
+        let v = runners.verified("items", id).await;
+        assert_eq!(v["state"], "equal", "round {round}: summaries of a copy under load: {v}");
+        assert!(v["rows_verified"].as_u64().unwrap_or(0) >= ROWS as u64, "{v}");
+        assert_eq!(v["ranges_verified"], 3, "{v}");
+        assert!(done.load(Ordering::Relaxed) > before, "the writes went on meanwhile");
+    }
+
+    // Ids 5 and 6 are in the first range, 50000 in the last (after 8000,
+    // to the end): those two ranges differ, the middle one does not.
+    tamper(&sink).await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["state"], "differs", "{v}");
+    assert_eq!(v["ranges_differing"], 2, "{v}");
+    let summaries: Vec<&str> = v["differences"]
+        .as_array()
+        .expect("differences")
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    assert_eq!(summaries.len(), 2, "{v}");
+    assert!(summaries[0].starts_with("rows after the first up to [\"4000\"]: "), "{v}");
+    assert!(summaries[1].starts_with("rows after [\"8000\"] up to the last: "), "{v}");
+    // The ranges verified by their rows: exactly the three keys, repaired.
+    let rows = runners.verified_where("items", |later| later > id).await;
+    assert_eq!(rows["state"], "differs", "{rows}");
+    assert_eq!(rows["rows_differing"], 3, "{rows}");
+    assert_eq!(rows["rows_repaired"], 3, "one removed, two sent again: {rows}");
+    assert_the_tampered_keys(&rows);
+    let row_id = rows["id"].as_u64().unwrap_or(u64::MAX);
+    let again = runners.verified_where("items", |later| later > row_id).await;
+    assert_eq!(again["state"], "equal", "the verification after the repair: {again}");
+    // And by summaries again.
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["state"], "equal", "summaries after the repair: {v}");
+
+    stop.store(true, Ordering::Relaxed);
+    load.await.expect("write load");
+    converge(&mut source, &sink, &mut runners, "items", "after the repair").await;
+
+    // A `point` column has no extended hash: the table is summed by its
+    // rows' texts, and is equal still; then a value only that column shows
+    // is found.
+    source
+        .sql(&format!("ALTER TABLE {t} ADD COLUMN note point DEFAULT '(1,2)'; UPDATE {t} SET a = a WHERE id = 1"))
+        .await;
+    converge(&mut source, &sink, &mut runners, "items", "a json column").await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["state"], "equal", "summed by the rows' texts: {v}");
+    assert!(
+        runners.source.log_tail(400).contains("summed by the rows' texts"),
+        "{}",
+        runners.source.log_tail(40)
+    );
+    let Sink::Postgres(d) = &sink else {
+        unreachable!("a PostgreSQL destination")
+    };
+    d.exec(&format!("UPDATE \"{}\".\"items\" SET note = '(3,4)' WHERE id = 9000", d.schema))
+        .await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("items", id).await;
+    assert_eq!(v["ranges_differing"], 1, "{v}");
+    let rows = runners.verified_where("items", |later| later > id).await;
+    assert_eq!(rows["differences"][0], r#"key ["9000"]: differs in note"#, "{rows}");
+    runners.assert_alive("after verifying by summaries");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
 /// Makes `topic` with `partitions` partitions.
 async fn create_topic(topic: &str, partitions: i32) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -253,6 +351,27 @@ async fn tamper(sink: &Sink) {
     }
 }
 
+/// A verification's differences are exactly the keys [`tamper`] changed,
+/// in any order.
+fn assert_the_tampered_keys(v: &serde_json::Value) {
+    let mut differences: Vec<String> = v["differences"]
+        .as_array()
+        .expect("differences")
+        .iter()
+        .map(|d| d.as_str().unwrap_or_default().to_string())
+        .collect();
+    differences.sort();
+    assert_eq!(
+        differences,
+        vec![
+            r#"key ["5"]: differs in b"#.to_string(),
+            r#"key ["50000"]: in the destination only"#.to_string(),
+            r#"key ["6"]: missing in the destination"#.to_string(),
+        ],
+        "{v}"
+    );
+}
+
 async fn verified_copy(kind: SinkKind) {
     verified_copy_on(kind, 1).await;
 }
@@ -310,23 +429,8 @@ async fn verified_copy_on(kind: SinkKind, partitions: i32) {
     assert_eq!(v["state"], "differs", "{v}");
     assert_eq!(v["rows_differing"], 3, "exactly the three keys: {v}");
     assert_eq!(v["rows_repaired"], 3, "one removed, two sent again: {v}");
-    let mut differences: Vec<String> = v["differences"]
-        .as_array()
-        .expect("differences")
-        .iter()
-        .map(|d| d.as_str().unwrap_or_default().to_string())
-        .collect();
     // Each partition's ranges report their own keys.
-    differences.sort();
-    assert_eq!(
-        differences,
-        vec![
-            r#"key ["5"]: differs in b"#.to_string(),
-            r#"key ["50000"]: in the destination only"#.to_string(),
-            r#"key ["6"]: missing in the destination"#.to_string(),
-        ],
-        "{v}"
-    );
+    assert_the_tampered_keys(&v);
     let metrics = reqwest::get(format!("{}/metrics", runners.sink_admin))
         .await
         .expect("metrics")

@@ -3,6 +3,7 @@
 
 pub mod redact;
 pub mod sqlstate;
+pub mod summary;
 pub mod tls;
 pub mod values;
 

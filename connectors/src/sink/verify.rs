@@ -10,6 +10,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use tributary_schemas::canonical::{self, RowDigest};
+use tributary_schemas::records::requests::KeyBounds;
 use tributary_schemas::records::{RangePartition, VerifyRange};
 use tributary_schemas::{Position, Row, TableId, TableSchema, Value};
 
@@ -35,6 +36,16 @@ impl KeyRange {
     /// they cannot bound a query (a key type that does not order the same
     /// way everywhere).
     pub fn of(schema: &TableSchema, range: &VerifyRange) -> std::result::Result<Self, String> {
+        Self::between(schema, &range.after, &range.until)
+    }
+
+    /// The range after `after` up to `until` (canonical key texts, as a
+    /// [`VerifyRange`]'s bounds), as [`KeyRange::of`].
+    pub fn between(
+        schema: &TableSchema,
+        after: &Option<Vec<Option<String>>>,
+        until: &Option<Vec<Option<String>>>,
+    ) -> std::result::Result<Self, String> {
         let keys = schema.key_indexes();
         if keys.is_empty() || keys.len() != schema.key.len() {
             return Err("the table has no key".into());
@@ -63,10 +74,7 @@ impl KeyRange {
                 .collect::<std::result::Result<Vec<Value>, String>>()
                 .map(Some)
         };
-        Ok(Self {
-            after: values(&range.after)?,
-            until: values(&range.until)?,
-        })
+        Ok(Self { after: values(after)?, until: values(until)? })
     }
 }
 
@@ -337,6 +345,14 @@ pub struct Outcome {
     pub schema: Vec<String>,
     /// The partition whose keys the range held, on a topic of several.
     pub partition: Option<RangePartition>,
+    /// A summarized range (see [`tributary_schemas::records::RangeSummary`]) whose summary differs
+    /// from the destination's rows: the source's rows and the
+    /// destination's.
+    pub summary_differs: Option<(u64, u64)>,
+    /// A summarized range whose rows' digests the destination asks of the
+    /// source (its summary differed, or could not be computed here): its
+    /// bounds, for a [`tributary_schemas::records::requests::Request::Verify`].
+    pub ask_rows: Option<KeyBounds>,
 }
 
 impl Outcome {
@@ -346,13 +362,43 @@ impl Outcome {
             id: range.id,
             at: range.at,
             last: range.last,
-            rows: range.rows.len() as u64,
+            rows: range.summary.as_ref().map_or(range.rows.len() as u64, |s| s.rows),
             differing: 0,
             differences: Vec::new(),
             removed: 0,
             unsupported: None,
             schema: Vec::new(),
             partition: range.partition,
+            summary_differs: None,
+            ask_rows: None,
+        }
+    }
+
+    /// A summarized range (`range.summary`) against the destination's
+    /// summary of the same rows, `computed` (`None`: this destination
+    /// cannot compute it, and says `why`): equal, or its rows asked of the
+    /// source.
+    pub fn of_summary(
+        schema: &TableSchema,
+        range: &VerifyRange,
+        computed: std::result::Result<(u64, String), String>,
+    ) -> Self {
+        let asked = Some((range.after.clone(), range.until.clone()));
+        let Some(summary) = &range.summary else {
+            return Self::unsupported(schema, range, "the range has no summary");
+        };
+        match computed {
+            Ok((rows, sum)) if rows == summary.rows && sum == summary.sum => Self::of(schema, range),
+            Ok((rows, _)) => Self {
+                summary_differs: Some((summary.rows, rows)),
+                ask_rows: asked,
+                ..Self::of(schema, range)
+            },
+            Err(why) => Self {
+                unsupported: Some(format!("{why}: its rows are asked of the source (a verification by rows follows)")),
+                ask_rows: asked,
+                ..Self::of(schema, range)
+            },
         }
     }
 
@@ -387,7 +433,28 @@ impl Outcome {
 
     /// Whether the range is equal in the destination.
     pub fn equal(&self) -> bool {
-        self.unsupported.is_none() && self.differing == 0 && self.schema.is_empty()
+        self.unsupported.is_none() && self.differing == 0 && self.schema.is_empty() && self.summary_differs.is_none()
+    }
+
+    /// What a summarized range that differs says, for the status and the
+    /// log (keys and counts, never values).
+    pub fn summary_difference(&self) -> Option<String> {
+        let (source, destination) = self.summary_differs?;
+        let (after, until) = self.ask_rows.as_ref()?;
+        let bound = |b: &Option<Vec<Option<String>>>, none: &str| {
+            b.as_ref()
+                .map_or_else(|| none.to_string(), |k| canonical::key_text(k.iter().cloned()))
+        };
+        Some(format!(
+            "rows after {} up to {}: {source} at the source, {destination} here{}; their rows are compared again",
+            bound(after, "the first"),
+            bound(until, "the last"),
+            if source == destination {
+                ", their values differ"
+            } else {
+                ""
+            }
+        ))
     }
 }
 
@@ -535,6 +602,47 @@ mod tests {
     }
 
     #[test]
+    fn a_summary_is_equal_or_its_range_is_asked_by_rows() {
+        use tributary_schemas::records::RangeSummary;
+        let shape = schema();
+        let range = VerifyRange {
+            id: 3,
+            at: Position { commit: 9, index: 0 },
+            connector: "postgresql".into(),
+            schema_id: 1,
+            key_schema_id: None,
+            after: Some(vec![Some("10".into())]),
+            until: None,
+            last: true,
+            rows: Vec::new(),
+            partition: None,
+            columns: None,
+            summary: Some(RangeSummary {
+                method: "m".into(),
+                rows: 4,
+                sum: "-12".into(),
+                types: Vec::new(),
+            }),
+        };
+        let equal = Outcome::of_summary(&shape, &range, Ok((4, "-12".into())));
+        assert!(equal.equal() && equal.ask_rows.is_none(), "{equal:?}");
+        assert_eq!(equal.rows, 4);
+        let differs = Outcome::of_summary(&shape, &range, Ok((4, "7".into())));
+        assert!(!differs.equal());
+        assert_eq!(differs.ask_rows, Some((range.after.clone(), None)));
+        assert_eq!(
+            differs.summary_difference().as_deref(),
+            Some("rows after [\"10\"] up to the last: 4 at the source, 4 here, their values differ; their rows are compared again")
+        );
+        let fewer = Outcome::of_summary(&shape, &range, Ok((3, "7".into())));
+        assert!(fewer
+            .summary_difference()
+            .is_some_and(|d| d.contains("4 at the source, 3 here;")));
+        let cannot = Outcome::of_summary(&shape, &range, Err("no".into()));
+        assert!(cannot.unsupported.is_some() && cannot.ask_rows.is_some() && cannot.summary_difference().is_none());
+    }
+
+    #[test]
     fn a_column_dropped_at_the_source_is_not_compared() {
         let shape = std::sync::Arc::new(schema());
         let mut range = VerifyRange {
@@ -545,6 +653,7 @@ mod tests {
             key_schema_id: None,
             partition: None,
             columns: Some(vec!["id".into(), "qty".into()]),
+            summary: None,
             after: None,
             until: None,
             last: true,
@@ -633,6 +742,7 @@ mod tests {
             key_schema_id: None,
             partition: None,
             columns: None,
+            summary: None,
             after: None,
             until: Some(vec![Some("9".into())]),
             last: true,

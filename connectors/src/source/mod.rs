@@ -336,6 +336,37 @@ pub trait Source: Send {
         Ok(Vec::new())
     }
 
+    /// [`Source::verify`] by summaries: each range of keys counted and its
+    /// rows' hashes summed by the database itself (a
+    /// [`tributary_schemas::records::RangeSummary`]), where the source can
+    /// (PostgreSQL; see `crate::pgwire::summary`), and by rows' digests
+    /// elsewhere (the default: [`Source::verify`]); `range_rows` keys per
+    /// range.
+    async fn verify_by_summaries(
+        &mut self,
+        tables: &[TableId],
+        id: u64,
+        rows_per_second: u64,
+        _range_rows: u64,
+    ) -> Result<Vec<TableId>> {
+        self.verify(tables, id, rows_per_second).await
+    }
+
+    /// Verifies the key ranges `ranges` of `table` with their rows'
+    /// digests (verification `id`, at most `rows_per_second`), called like
+    /// [`Source::resync`]: what a destination asks when a range's summary
+    /// differs from its rows, or cannot be computed there. Returns whether
+    /// it will; a source that cannot returns false (the default).
+    async fn verify_ranges(
+        &mut self,
+        _table: &TableId,
+        _id: u64,
+        _ranges: &[tributary_schemas::records::requests::KeyBounds],
+        _rows_per_second: u64,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Sends the current rows of `keys` of `table` again (canonical key
     /// texts, see `tributary_schemas::canonical`), as a copy sends rows
     /// (read at a point of the stream after the checkpoint, the stream
@@ -417,6 +448,24 @@ impl<S: Source + ?Sized> Source for Box<S> {
     }
     async fn verify(&mut self, tables: &[TableId], id: u64, rows_per_second: u64) -> Result<Vec<TableId>> {
         (**self).verify(tables, id, rows_per_second).await
+    }
+    async fn verify_by_summaries(
+        &mut self,
+        tables: &[TableId],
+        id: u64,
+        rows_per_second: u64,
+        range_rows: u64,
+    ) -> Result<Vec<TableId>> {
+        (**self).verify_by_summaries(tables, id, rows_per_second, range_rows).await
+    }
+    async fn verify_ranges(
+        &mut self,
+        table: &TableId,
+        id: u64,
+        ranges: &[tributary_schemas::records::requests::KeyBounds],
+        rows_per_second: u64,
+    ) -> Result<bool> {
+        (**self).verify_ranges(table, id, ranges, rows_per_second).await
     }
     async fn repair(
         &mut self,

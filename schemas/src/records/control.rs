@@ -143,6 +143,31 @@ pub struct VerifyRange {
     /// destination; the digests cover the source's current columns only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<Vec<String>>,
+    /// Set when the source summed the range's rows in SQL instead of
+    /// sending their digests (`rows` is empty then): a destination that
+    /// computes the same summary compares it; one that cannot, or finds it
+    /// different, asks the source for the range's row digests
+    /// ([`crate::records::requests::Request::Verify`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<RangeSummary>,
+}
+
+/// A range's rows summed by the source database itself: how many, and the
+/// sum of a 64-bit hash of each row's text, computed by [`RangeSummary::method`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeSummary {
+    /// How the hashes were computed (the SQL and session settings; see
+    /// `connectors::pgwire::summary`): a destination compares only a
+    /// summary whose method it computes.
+    pub method: String,
+    /// The range's rows.
+    pub rows: u64,
+    /// The sum of the rows' hashes, in decimal.
+    pub sum: String,
+    /// Each digested column's type at the source (`format_type`'s
+    /// spelling): the row texts are equal only where the destination's
+    /// columns have the same types.
+    pub types: Vec<String>,
 }
 
 /// Which partition a copy of a verify range is for.
@@ -341,6 +366,7 @@ mod tests {
             key_schema_id: Some(8),
             partition: None,
             columns: None,
+            summary: None,
             after: Some(vec![Some("10".into())]),
             until: None,
             last: true,

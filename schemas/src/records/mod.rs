@@ -19,7 +19,7 @@ pub mod control;
 pub mod offsets;
 pub mod requests;
 
-pub use control::{ControlRecord, RangePartition, VerifyRange};
+pub use control::{ControlRecord, RangePartition, RangeSummary, VerifyRange};
 pub use offsets::{CopyProgress, Held, HeldTable, OffsetsKey, OffsetsRecord};
 
 /// A record that cannot be read. Never contains row values (none of these

@@ -30,7 +30,26 @@ pub enum Request {
         /// The keys, as `crate::canonical::key_text` writes them.
         keys: Vec<String>,
     },
+    /// Ranges of `table` whose summaries (see
+    /// [`crate::records::RangeSummary`]) the destination found different
+    /// from its rows, or could not compute: the source verifies them again
+    /// with their rows' digests, which name the differing keys.
+    Verify {
+        /// The table.
+        table: TableId,
+        /// The verification whose summaries they were.
+        verification: u64,
+        /// The ranges: each the keys after `.0` up to `.1` (canonical key
+        /// texts as in [`crate::records::VerifyRange`]; none: from the
+        /// first, to the last).
+        ranges: Vec<KeyBounds>,
+    },
 }
+
+/// A key range: rows whose key is after the first bound (none: from the
+/// first row) and at most the second (none: to the last), as the bounds of
+/// a [`crate::records::VerifyRange`].
+pub type KeyBounds = (Option<Vec<Option<String>>>, Option<Vec<Option<String>>>);
 
 /// The JSON of a request's value.
 #[derive(Serialize, Deserialize)]
@@ -42,13 +61,19 @@ enum Value {
         verification: u64,
         keys: Vec<String>,
     },
+    Verify {
+        schema: String,
+        table: String,
+        verification: u64,
+        ranges: Vec<KeyBounds>,
+    },
 }
 
 impl Request {
     /// Its key: the table, `schema.table`.
     pub fn key(&self) -> String {
         match self {
-            Request::Repair { table, .. } => table.to_string(),
+            Request::Repair { table, .. } | Request::Verify { table, .. } => table.to_string(),
         }
     }
 
@@ -60,6 +85,12 @@ impl Request {
                 table: table.table.clone(),
                 verification: *verification,
                 keys: keys.clone(),
+            },
+            Request::Verify { table, verification, ranges } => Value::Verify {
+                schema: table.schema.clone(),
+                table: table.table.clone(),
+                verification: *verification,
+                ranges: ranges.clone(),
             },
         };
         // Plain data: serializing it cannot fail.
@@ -75,6 +106,11 @@ impl Request {
                 table: TableId::new(schema, table),
                 verification,
                 keys,
+            },
+            Value::Verify { schema, table, verification, ranges } => Request::Verify {
+                table: TableId::new(schema, table),
+                verification,
+                ranges,
             },
         })
     }
@@ -94,6 +130,16 @@ mod tests {
         assert_eq!(Request::decode(&r.value()), Ok(r.clone()));
         assert_eq!(r.key(), "public.items");
         assert!(Request::decode(b"{\"kind\":\"explode\"}").is_err());
+        let v = Request::Verify {
+            table: TableId::new("public", "items"),
+            verification: 8,
+            ranges: vec![
+                (None, Some(vec![Some("5".into())])),
+                (Some(vec![Some("9".into())]), None),
+            ],
+        };
+        assert_eq!(Request::decode(&v.value()), Ok(v.clone()));
+        assert_eq!(v.key(), "public.items");
         assert_eq!(topic("shop"), "shop.tributary-requests");
     }
 }

@@ -904,6 +904,16 @@ impl Warehouse for PostgresSink {
         }
         Ok(Some(out))
     }
+
+    async fn summarize(
+        &mut self,
+        table: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+        summary: &tributary_schemas::records::RangeSummary,
+    ) -> Result<std::result::Result<(u64, String), String>> {
+        self.summarize_known(table, schema, range, summary).await
+    }
 }
 
 /// The query reading back the rows of `range`: every column as text, the
@@ -919,6 +929,17 @@ fn read_range_sql(
         .map(|c| format!("{}::text", quote_ident(&c.name)))
         .collect::<Vec<_>>()
         .join(", ");
+    let mut sql = format!("SELECT {cols} FROM {}", table.quoted());
+    if let Some(condition) = range_condition(schema, range)? {
+        sql.push_str(" WHERE ");
+        sql.push_str(&condition);
+    }
+    Ok(sql)
+}
+
+/// The condition keeping the rows of `range`, the key compared as every
+/// destination orders it (text by its bytes); `None` without bounds.
+fn range_condition(schema: &TableSchema, range: &KeyRange) -> std::result::Result<Option<String>, String> {
     let keys = schema.key_indexes();
     // Text compares by its bytes, as the source read it.
     let collated = |c: &tributary_schemas::Column, expr: String| match c.data_type {
@@ -935,13 +956,95 @@ fn read_range_sql(
         render_pg_text(&mut text, v, &TextForm::of(&c.data_type, &c.source_type, &c.source_type))?;
         Ok(collated(c, quote_literal(&text)))
     };
-    let condition = range.condition(PositionSyntax::RowValue, &key_list, literal)?;
-    let mut sql = format!("SELECT {cols} FROM {}", table.quoted());
-    if let Some(condition) = condition {
-        sql.push_str(" WHERE ");
-        sql.push_str(&condition);
+    range.condition(PositionSyntax::RowValue, &key_list, literal)
+}
+
+impl PostgresSink {
+    /// [`Warehouse::summarize`] with the table's columns known: their
+    /// types must be the source's, on a server whose row texts the method
+    /// covers.
+    async fn summarize_known(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        range: &KeyRange,
+        summary: &tributary_schemas::records::RangeSummary,
+    ) -> Result<std::result::Result<(u64, String), String>> {
+        use crate::pgwire::summary as method;
+        let Some(oldest) = method::min_server_version(&summary.method) else {
+            return Ok(Err(format!("this destination does not compute summaries of method {}", summary.method)));
+        };
+        let mut types = Vec::with_capacity(schema.columns.len());
+        for fresh in [false, true] {
+            if fresh || !self.tables.contains_key(dest) {
+                self.load_table(dest).await?;
+            }
+            types = schema
+                .columns
+                .iter()
+                .filter_map(|c| self.tables.get(dest).and_then(|t| t.raw_type(&c.name)).map(str::to_string))
+                .collect();
+            if types.len() == schema.columns.len() {
+                break;
+            }
+        }
+        if !method::same_types(&summary.types, &types) {
+            let why = schema
+                .columns
+                .iter()
+                .zip(&summary.types)
+                .zip(types.iter().map(Some).chain(std::iter::repeat(None)))
+                .find(|((_, s), d)| d.is_none_or(|d| d != *s))
+                .map_or_else(
+                    || "its columns differ from the source's".to_string(),
+                    |((c, s), d)| match d {
+                        Some(d) => format!("column {} is {d} here and {s} at the source", c.name),
+                        None => format!("column {} is not here", c.name),
+                    },
+                );
+            return Ok(Err(why));
+        }
+        let condition =
+            range_condition(schema, range).map_err(|e| Error::permanent(e).with_table(schema.id.clone()))?;
+        let columns: Vec<String> = schema
+            .columns
+            .iter()
+            .zip(&summary.types)
+            .map(|(c, t)| method::column_expr(&summary.method, &quote_ident(&c.name), t))
+            .collect();
+        let sql = method::range_sql(&summary.method, &dest.quoted(), &columns, condition.as_deref());
+        let ctx = self.ctx().in_table(dest.to_string());
+        let client = self.session.client().await?;
+        client
+            .batch_execute(&format!("BEGIN READ ONLY; {}", method::SETTINGS))
+            .await
+            .map_err(|e| classify(&e, &ctx))?;
+        let answer = async {
+            let version: i32 = client
+                .query_one("SELECT current_setting('server_version_num')::int", &[])
+                .await?
+                .try_get(0)?;
+            if version < oldest {
+                return Ok(None);
+            }
+            let row = client.query_one(sql.as_str(), &[]).await?;
+            let rows: i64 = row.try_get(0)?;
+            let sum: String = row.try_get(1)?;
+            Ok::<_, tokio_postgres::Error>(Some((u64::try_from(rows).unwrap_or(0), sum)))
+        }
+        .await;
+        let _ = client.batch_execute("COMMIT").await;
+        Ok(match answer {
+            Ok(Some(computed)) => Ok(computed),
+            Ok(None) => {
+                Err(format!("this server is older than PostgreSQL {}, which {} needs", oldest / 10_000, summary.method))
+            }
+            // The destination cannot compute it (a type without the hash):
+            // its rows are compared instead.
+            Err(e) if e.as_db_error().is_some() => Err(format!("the destination cannot sum the range: {e}")),
+            Err(e) => return Err(classify(&e, &ctx)),
+        })
     }
-    Ok(sql)
 }
 
 #[async_trait]

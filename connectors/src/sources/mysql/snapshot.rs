@@ -527,6 +527,7 @@ impl SnapshotRun {
             key_schema_id: None,
             partition: None,
             columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
+            summary: None,
             after: plan.verify_until.clone(),
             until: until.clone(),
             last: !more,

@@ -1171,36 +1171,46 @@ impl Source for PostgresSource {
     }
 
     async fn verify(&mut self, tables: &[TableId], id: u64, rows_per_second: u64) -> Result<Vec<TableId>> {
-        let filter = &self.filter;
-        let state = self
+        self.plan_verification(tables, id, rows_per_second, 0)
+    }
+
+    async fn verify_by_summaries(
+        &mut self,
+        tables: &[TableId],
+        id: u64,
+        rows_per_second: u64,
+        range_rows: u64,
+    ) -> Result<Vec<TableId>> {
+        self.plan_verification(tables, id, rows_per_second, range_rows.max(1))
+    }
+
+    async fn verify_ranges(
+        &mut self,
+        table: &TableId,
+        id: u64,
+        ranges: &[tributary_schemas::records::requests::KeyBounds],
+        rows_per_second: u64,
+    ) -> Result<bool> {
+        if ranges.is_empty() {
+            return Ok(false);
+        }
+        if self
+            .plan_verification(std::slice::from_ref(table), id, rows_per_second, 0)?
+            .is_empty()
+        {
+            return Ok(false);
+        }
+        // The plan just pushed: narrowed to the ranges.
+        let plan = self
             .state
             .as_mut()
-            .ok_or_else(|| Error::retryable("the source is not started"))?;
-        let mut out = Vec::new();
-        for table in tables {
-            if !filter.captures(table) || !state.tables.contains(&table.to_string()) {
-                continue;
-            }
-            // Known not to be verifiable (no key, or a key type that does
-            // not order alike everywhere): left out here, so that the
-            // answer says so.
-            if state.keyless.contains_key(&table.to_string())
-                || self.announced.get(table).is_some_and(|s| unverifiable(s, true).is_some())
-            {
-                tracing::warn!(table = %table, "the table is not verified: it has no key, or a key of a type whose \
-                    order differs between databases");
-                continue;
-            }
-            let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
-            // Being copied (or verified) already: its copy is checked by
-            // the next verification.
-            if snap.tables.iter().any(|t| t.id() == *table) {
-                continue;
-            }
-            snap.tables.push(TablePlan::verify(table, id, rows_per_second));
-            out.push(table.clone());
+            .and_then(|s| s.snapshot.as_mut())
+            .and_then(|snap| snap.tables.iter_mut().rev().find(|t| t.id() == *table));
+        let found = plan.is_some();
+        if let Some(plan) = plan {
+            plan.verify_within = Some(ranges.to_vec());
         }
-        Ok(out)
+        Ok(found)
     }
 
     async fn repair(
@@ -1274,6 +1284,56 @@ impl Source for PostgresSource {
                 None
             }
         }
+    }
+}
+
+impl PostgresSource {
+    /// Plans the verification `id` of `tables` (see [`Source::verify`]),
+    /// by summaries of `summary_rows` keys where that is not 0 and the
+    /// table's key allows it ([`snapshot::summarizable`]); the tables
+    /// planned.
+    fn plan_verification(
+        &mut self,
+        tables: &[TableId],
+        id: u64,
+        rows_per_second: u64,
+        summary_rows: u64,
+    ) -> Result<Vec<TableId>> {
+        let filter = &self.filter;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::retryable("the source is not started"))?;
+        let mut out = Vec::new();
+        for table in tables {
+            if !filter.captures(table) || !state.tables.contains(&table.to_string()) {
+                continue;
+            }
+            // Known not to be verifiable (no key, or a key type that does
+            // not order alike everywhere): left out here, so that the
+            // answer says so.
+            if state.keyless.contains_key(&table.to_string())
+                || self.announced.get(table).is_some_and(|s| unverifiable(s, true).is_some())
+            {
+                tracing::warn!(table = %table, "the table is not verified: it has no key, or a key of a type whose \
+                    order differs between databases");
+                continue;
+            }
+            let snap = state.snapshot.get_or_insert_with(SnapshotState::default);
+            // Being copied (or verified) already: its copy is checked by
+            // the next verification.
+            if snap.tables.iter().any(|t| t.id() == *table) {
+                continue;
+            }
+            let summarized = summary_rows > 0 && self.announced.get(table).is_some_and(|s| snapshot::summarizable(s));
+            snap.tables.push(if summarized {
+                TablePlan::verify_by_summaries(table, id, rows_per_second, summary_rows)
+            } else {
+                TablePlan::verify(table, id, rows_per_second)
+            });
+            out.push(table.clone());
+        }
+        Ok(out)
     }
 }
 

@@ -59,6 +59,7 @@ use super::{format_lsn, EventContext};
 use crate::error::{Error, Result};
 use crate::pgwire::{quote_ident, quote_literal, quote_table};
 use crate::SourceMessage;
+use tributary_schemas::records::requests::KeyBounds;
 
 /// How often snapshot progress is logged.
 pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
@@ -107,6 +108,15 @@ pub struct TablePlan {
     /// verification `verify` is made once they are out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair: Option<Vec<String>>,
+    /// With `verify`, when not 0: the verification sends summaries the
+    /// database computes ([`crate::pgwire::summary`]) of this many keys
+    /// each, instead of row digests.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_summary: u64,
+    /// With `verify`: only these key ranges are verified, with their row
+    /// digests (the ranges whose summaries a destination found different).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_within: Option<Vec<KeyBounds>>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -123,6 +133,8 @@ impl TablePlan {
             verify: None,
             verify_rate: 0,
             repair: None,
+            verify_summary: 0,
+            verify_within: None,
         }
     }
 
@@ -142,6 +154,24 @@ impl TablePlan {
             verify: Some(verification),
             verify_rate: rows_per_second,
             ..Self::new(id)
+        }
+    }
+
+    /// A table to verify by summaries of `range_rows` keys
+    /// ([`TablePlan::verify_summary`]).
+    pub fn verify_by_summaries(id: &TableId, verification: u64, rows_per_second: u64, range_rows: u64) -> Self {
+        Self {
+            verify_summary: range_rows,
+            ..Self::verify(id, verification, rows_per_second)
+        }
+    }
+
+    /// The key ranges `within` of a table to verify with their rows'
+    /// digests ([`TablePlan::verify_within`]).
+    pub fn verify_ranges(id: &TableId, verification: u64, within: Vec<KeyBounds>, rows_per_second: u64) -> Self {
+        Self {
+            verify_within: Some(within),
+            ..Self::verify(id, verification, rows_per_second)
         }
     }
 
@@ -577,7 +607,11 @@ async fn run_worker(
         }
         if let Some(id) = t.plan.verify {
             let span = tracing::info_span!("verify", table = %t.schema.id, id);
-            read_for_verification(client, shared, ti, si, id, tx).instrument(span).await?;
+            if t.plan.verify_summary > 0 {
+                read_summaries(client, shared, ti, si, id, tx).instrument(span).await?;
+            } else {
+                read_for_verification(client, shared, ti, si, id, tx).instrument(span).await?;
+            }
             continue;
         }
         let span = tracing::info_span!("snapshot", table = %t.schema.id, segment = si);
@@ -642,19 +676,11 @@ pub const VERIFY_RANGE_ROWS: usize = 5_000;
 /// fewer rows), so that its record stays far below Kafka's default 1 MiB.
 pub const VERIFY_RANGE_BYTES: usize = 256 * 1024;
 
-/// The `COPY` of a table read to verify it: every row in the key's binary
-/// order (text by its bytes, as every destination orders it: see
-/// `canonical::orders_everywhere`).
-fn verification_query(t: &SnapshotTable, binary: bool) -> String {
-    let schema = &t.schema;
-    let cols = schema
-        .columns
-        .iter()
-        .map(|c| quote_ident(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let only = if t.partitioned { "" } else { "ONLY " };
-    let order = schema
+/// The key's columns as a verification orders and bounds them: text by
+/// its bytes (as every destination orders it: see
+/// `canonical::orders_everywhere`), the others by value.
+fn verification_order(schema: &TableSchema) -> Vec<String> {
+    schema
         .key_indexes()
         .iter()
         .map(|&i| {
@@ -664,15 +690,100 @@ fn verification_query(t: &SnapshotTable, binary: bool) -> String {
                 _ => quote_ident(&c.name),
             }
         })
+        .collect()
+}
+
+/// The condition keeping the rows after `after` up to `until` (canonical
+/// key texts; none: unbounded), over the key as [`verification_order`]
+/// orders it; `None` when both are unbounded.
+fn bounds_condition(
+    schema: &TableSchema,
+    after: &Option<Vec<Option<String>>>,
+    until: &Option<Vec<Option<String>>>,
+) -> Result<Option<String>> {
+    use crate::sink::bookkeeping::PositionSyntax;
+    use crate::sink::verify::KeyRange;
+    let range = KeyRange::between(schema, after, until)
+        .map_err(|e| Error::permanent(format!("a range to verify: {e}")).with_table(schema.id.clone()))?;
+    let keys = schema.key_indexes();
+    let literal = |i: usize, v: &Value| -> std::result::Result<String, String> {
+        let c = keys.get(i).map(|&k| &schema.columns[k]).ok_or("a bound longer than the key")?;
+        let mut text = String::new();
+        crate::sink::text::render_text(&mut text, v)?;
+        Ok(match c.data_type {
+            DataType::Text | DataType::Enum { .. } => format!("{}::text", quote_literal(&text)),
+            _ => format!("{}::{}", quote_literal(&text), c.source_type),
+        })
+    };
+    range
+        .condition(PositionSyntax::RowValue, &verification_order(schema), literal)
+        .map_err(|e| Error::permanent(format!("a range to verify: {e}")).with_table(schema.id.clone()))
+}
+
+/// The `COPY` of a table read to verify it: every row (of `condition`,
+/// when set) in the key's binary order (see [`verification_order`]).
+fn verification_query(t: &SnapshotTable, binary: bool, condition: Option<&str>) -> String {
+    let schema = &t.schema;
+    let cols = schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
         .collect::<Vec<_>>()
         .join(", ");
+    let only = if t.partitioned { "" } else { "ONLY " };
+    let order = verification_order(schema).join(", ");
     let format = if binary { " (FORMAT binary)" } else { "" };
-    format!("COPY (SELECT {cols} FROM {only}{} ORDER BY {order}) TO STDOUT{format}", quote_table(&schema.id))
+    let filter = condition.map(|c| format!(" WHERE {c}")).unwrap_or_default();
+    format!(
+        "COPY (SELECT {cols} FROM {only}{}{filter} ORDER BY {order}) TO STDOUT{format}",
+        quote_table(&schema.id)
+    )
+}
+
+/// One verify range of table `ti` as the chunk that carries it: the
+/// bounds after `after` up to `until`, and its rows' digests or its
+/// summary.
+#[allow(clippy::too_many_arguments)]
+fn verify_chunk(
+    shared: &WorkerShared,
+    ti: usize,
+    si: usize,
+    id: u64,
+    bounds: KeyBounds,
+    last: bool,
+    rows: Vec<(String, String, String)>,
+    summary: Option<tributary_schemas::records::RangeSummary>,
+) -> Chunk {
+    let schema = &shared.tables[ti].schema;
+    let (after, until) = bounds;
+    let range = tributary_schemas::records::VerifyRange {
+        id,
+        at: Position { commit: shared.lsn, index: 0 },
+        connector: shared.ctx.connector.to_string(),
+        schema_id: 0,
+        key_schema_id: None,
+        partition: None,
+        columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
+        summary,
+        after,
+        until,
+        last,
+        rows,
+    };
+    Chunk {
+        table: ti,
+        segment: si,
+        messages: vec![SourceMessage::Verify(schema.id.clone(), range)],
+        last: None,
+        done: last,
+    }
 }
 
 /// Reads table `ti` for verification `id`: its rows' digests in ranges of
 /// [`VERIFY_RANGE_ROWS`], each bounded by the key of the last row of the
 /// range before it and its own last row's (the last range: to the end).
+/// With the plan's `verify_within`, only those key ranges, each split so:
+/// its first part from its lower bound, its last part up to its upper one.
 async fn read_for_verification(
     client: &tokio_postgres::Client,
     shared: &WorkerShared,
@@ -687,72 +798,205 @@ async fn read_for_verification(
     let t = &shared.tables[ti];
     let schema = &t.schema;
     let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())));
-    let sql = verification_query(t, binary.is_some());
-    let stream = client
-        .copy_out(sql.as_str())
-        .await
-        .map_err(|e| classify_pg(e, "reading a table to verify it").with_table(schema.id.clone()))?;
-    futures::pin_mut!(stream);
-    let at = Position { commit: shared.lsn, index: 0 };
-    let range = |after: &Option<Vec<Option<String>>>, rows: Vec<(String, String, String)>, last: bool| {
-        let until = if last {
-            None
-        } else {
-            rows.last().and_then(|(key, _, _)| parse_key_text(key))
-        };
-        let range = VerifyRange {
-            id,
-            at,
-            connector: shared.ctx.connector.to_string(),
-            schema_id: 0,
-            key_schema_id: None,
-            partition: None,
-            columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
-            after: after.clone(),
-            until,
-            last,
-            rows,
-        };
-        Chunk {
-            table: ti,
-            segment: si,
-            messages: vec![SourceMessage::Verify(schema.id.clone(), range)],
-            last: None,
-            done: last,
-        }
-    };
-    let mut after: Option<Vec<Option<String>>> = None;
-    let mut rows = Vec::with_capacity(VERIFY_RANGE_ROWS);
-    let mut read = CopyRows::new(stream, binary.as_deref(), schema, "reading a table to verify it");
+    let whole: [KeyBounds; 1] = [(None, None)];
+    let within = t.plan.verify_within.as_deref().unwrap_or(&whole);
     let started = tokio::time::Instant::now();
     let mut read_rows: u64 = 0;
-    let mut bytes = 0usize;
-    while let Some((row, _)) = read.next().await? {
-        if rows.len() >= VERIFY_RANGE_ROWS || bytes >= VERIFY_RANGE_BYTES {
-            bytes = 0;
-            // A bounded share of the source: the rows read so far are due
-            // no sooner than the rate allows.
-            if t.plan.verify_rate > 0 {
-                let due = Duration::from_secs_f64(read_rows as f64 / t.plan.verify_rate as f64);
-                tokio::time::sleep_until(started + due).await;
+    for (i, (lower, upper)) in within.iter().enumerate() {
+        let final_bounds = i + 1 == within.len();
+        let condition = bounds_condition(schema, lower, upper)?;
+        let sql = verification_query(t, binary.is_some(), condition.as_deref());
+        let stream = client
+            .copy_out(sql.as_str())
+            .await
+            .map_err(|e| classify_pg(e, "reading a table to verify it").with_table(schema.id.clone()))?;
+        futures::pin_mut!(stream);
+        let mut after = lower.clone();
+        let mut rows: Vec<(String, String, String)> = Vec::with_capacity(VERIFY_RANGE_ROWS);
+        let mut read = CopyRows::new(stream, binary.as_deref(), schema, "reading a table to verify it");
+        let mut bytes = 0usize;
+        while let Some((row, _)) = read.next().await? {
+            if rows.len() >= VERIFY_RANGE_ROWS || bytes >= VERIFY_RANGE_BYTES {
+                bytes = 0;
+                // A bounded share of the source: the rows read so far are due
+                // no sooner than the rate allows.
+                if t.plan.verify_rate > 0 {
+                    let due = Duration::from_secs_f64(read_rows as f64 / t.plan.verify_rate as f64);
+                    tokio::time::sleep_until(started + due).await;
+                }
+                let full = std::mem::replace(&mut rows, Vec::with_capacity(VERIFY_RANGE_ROWS));
+                let until = full.last().and_then(|(key, _, _)| parse_key_text(key));
+                let chunk = verify_chunk(shared, ti, si, id, (after, until.clone()), false, full, None);
+                after = until;
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return Ok(());
+                }
             }
-            let full = std::mem::replace(&mut rows, Vec::with_capacity(VERIFY_RANGE_ROWS));
-            let chunk = range(&after, full, false);
-            if let Some(SourceMessage::Verify(_, r)) = chunk.messages.first() {
-                after = r.until.clone();
-            }
-            if tx.send(Ok(chunk)).await.is_err() {
-                return Ok(());
+            let entry = VerifyRange::entry(&digest_row(schema, &row));
+            // Its JSON: the three strings, their quotes and commas.
+            bytes += entry.0.len() + entry.1.len() + entry.2.len() + 16;
+            rows.push(entry);
+            read_rows += 1;
+        }
+        // The bounds' last part: up to their upper bound (the whole
+        // table's: to the end).
+        let chunk = verify_chunk(shared, ti, si, id, (after, upper.clone()), final_bounds, rows, None);
+        if tx.send(Ok(chunk)).await.is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Whether a table can be verified by summaries: a key ordered alike in
+/// its index and in every destination (text keys are ordered by their
+/// bytes, which their index may not be: those tables send rows).
+pub fn summarizable(schema: &TableSchema) -> bool {
+    !schema.key_indexes().is_empty()
+        && schema
+            .key_indexes()
+            .iter()
+            .all(|&k| !matches!(schema.columns[k].data_type, DataType::Text | DataType::Enum { .. }))
+}
+
+/// Reads table `ti` for verification `id` by summaries: ranges of the
+/// plan's `verify_summary` keys (each bounded by its last key, found by a
+/// scan of the key), each counted and summed by the database
+/// ([`crate::pgwire::summary`]); no row leaves it. A range that differs
+/// is verified again by its rows' digests, in ranges of
+/// [`VERIFY_RANGE_ROWS`].
+async fn read_summaries(
+    client: &tokio_postgres::Client,
+    shared: &WorkerShared,
+    ti: usize,
+    si: usize,
+    id: u64,
+    tx: &mpsc::Sender<Result<Chunk>>,
+) -> Result<()> {
+    use crate::pgwire::summary;
+    use tributary_schemas::canonical::canonical_text;
+    use tributary_schemas::records::RangeSummary;
+
+    let t = &shared.tables[ti];
+    let schema = &t.schema;
+    let what = "summing a table's rows to verify it";
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+    let at_least = |method: &str| summary::min_server_version(method).is_some_and(|v| version >= v);
+    if !at_least(summary::ROW_TEXT) {
+        // No method covers its rows: their digests go instead.
+        return read_for_verification(client, shared, ti, si, id, tx).await;
+    }
+    client
+        .batch_execute(summary::SETTINGS)
+        .await
+        .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+    let only = if t.partitioned { "" } else { "ONLY " };
+    let table = format!("{only}{}", quote_table(&schema.id));
+    let exprs = |method: &str| -> Vec<String> {
+        schema
+            .columns
+            .iter()
+            .map(|c| summary::column_expr(method, &quote_ident(&c.name), &c.source_type))
+            .collect()
+    };
+    // The record hash where every column's type has an extended hash
+    // (tried on a row, in a savepoint: a type without one is an error that
+    // would end the snapshot's transaction), the row text otherwise.
+    let method = if at_least(summary::RECORD_HASH) {
+        let probe = format!(
+            "SAVEPOINT tributary_summary; SELECT hash_record_extended(ROW({}), 0) FROM {table} LIMIT 1; \
+             RELEASE SAVEPOINT tributary_summary",
+            exprs(summary::RECORD_HASH).join(", ")
+        );
+        match client.batch_execute(&probe).await {
+            Ok(()) => summary::RECORD_HASH,
+            Err(e) => {
+                tracing::info!(table = %schema.id, error = %e,
+                    "summed by the rows' texts: a column's type has no extended hash");
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT tributary_summary; RELEASE SAVEPOINT tributary_summary")
+                    .await
+                    .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+                summary::ROW_TEXT
             }
         }
-        let entry = VerifyRange::entry(&digest_row(schema, &row));
-        // Its JSON: the three strings, their quotes and commas.
-        bytes += entry.0.len() + entry.1.len() + entry.2.len() + 16;
-        rows.push(entry);
-        read_rows += 1;
+    } else {
+        summary::ROW_TEXT
+    };
+    let columns = exprs(method);
+    let types: Vec<String> = schema.columns.iter().map(|c| c.source_type.clone()).collect();
+    let keys = schema.key_indexes();
+    // Aliased: `ORDER BY "id"` would order by an output column `"id"`,
+    // the key's text.
+    let key_texts = keys
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| format!("{}::text AS __tributary_k{i}", quote_ident(&schema.columns[k].name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let order = verification_order(schema).join(", ");
+    let started = tokio::time::Instant::now();
+    let mut read_rows: u64 = 0;
+    let mut after: Option<Vec<Option<String>>> = None;
+    loop {
+        // The range's last key: the `verify_summary`-th after `after`.
+        let filter = bounds_condition(schema, &after, &None)?
+            .map(|c| format!(" WHERE {c}"))
+            .unwrap_or_default();
+        let bound = client
+            .query_opt(
+                &format!(
+                    "SELECT {key_texts} FROM {table}{filter} ORDER BY {order} OFFSET {} LIMIT 1",
+                    t.plan.verify_summary.saturating_sub(1)
+                ),
+                &[],
+            )
+            .await
+            .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+        let until = match bound {
+            Some(row) => {
+                let mut texts = Vec::with_capacity(keys.len());
+                for (i, &k) in keys.iter().enumerate() {
+                    let c = &schema.columns[k];
+                    let value = crate::pgwire::values::text_cell(&row, i, &schema.id, c)?;
+                    texts.push(canonical_text(&c.data_type, &value));
+                }
+                Some(texts)
+            }
+            None => None,
+        };
+        let condition = bounds_condition(schema, &after, &until)?;
+        let row = client
+            .query_one(&summary::range_sql(method, &table, &columns, condition.as_deref()), &[])
+            .await
+            .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+        let (rows, sum): (i64, String) = row
+            .try_get(0)
+            .and_then(|n| Ok((n, row.try_get(1)?)))
+            .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+        let rows = u64::try_from(rows).unwrap_or(0);
+        read_rows += rows;
+        let last = until.is_none();
+        let summary = RangeSummary {
+            method: method.to_string(),
+            rows,
+            sum,
+            types: types.clone(),
+        };
+        let chunk = verify_chunk(shared, ti, si, id, (after.clone(), until.clone()), last, Vec::new(), Some(summary));
+        if tx.send(Ok(chunk)).await.is_err() || last {
+            return Ok(());
+        }
+        after = until;
+        if t.plan.verify_rate > 0 {
+            let due = Duration::from_secs_f64(read_rows as f64 / t.plan.verify_rate as f64);
+            tokio::time::sleep_until(started + due).await;
+        }
     }
-    let _ = tx.send(Ok(range(&after, rows, true))).await;
-    Ok(())
 }
 
 /// Keys a repair reads per statement.
@@ -1285,6 +1529,8 @@ mod tests {
                 verify: Some(7),
                 verify_rate: 100,
                 repair: None,
+                verify_summary: 4000,
+                verify_within: Some(vec![(None, Some(vec![Some("5".into())]))]),
             }],
         };
         let json = serde_json::to_string(&s).unwrap();
