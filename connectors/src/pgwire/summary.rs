@@ -39,16 +39,16 @@ pub fn min_server_version(method: &str) -> Option<i32> {
 }
 
 /// What column `column` (quoted) of type `source_type` (`format_type`) is
-/// hashed as by `method`: its value as the canonical form of a row has it
-/// (`tributary_schemas::canonical`), so that both methods and the rows'
-/// digests agree on what differs: a `json` document as `jsonb` (its keys'
-/// order and spaces do not count; `jsonb` has an extended hash, `json`
-/// none), a number without its trailing zeros (the record hash of a
-/// `numeric` ignores them already).
+/// hashed as by `method`. By the record hash, a `json` document as `jsonb`
+/// (`json` has no extended hash; its keys' order and spaces then do not
+/// count, as in the rows' canonical form). By the rows' texts, a number
+/// without its trailing zeros, as in the canonical form (the record hash
+/// of a `numeric` ignores them already); a `json` document as it is stored
+/// (the sink writes the source's text).
 pub fn column_expr(method: &str, column: &str, source_type: &str) -> String {
     match source_type {
-        "json" => format!("{column}::jsonb"),
-        "json[]" => format!("{column}::jsonb[]"),
+        "json" if method == RECORD_HASH => format!("{column}::jsonb"),
+        "json[]" if method == RECORD_HASH => format!("{column}::jsonb[]"),
         t if method == ROW_TEXT && (t == "numeric" || t.starts_with("numeric(")) => format!("trim_scale({column})"),
         _ => column.to_string(),
     }
@@ -97,6 +97,7 @@ mod tests {
         );
         assert_eq!(min_server_version(RECORD_HASH), Some(140_000));
         assert_eq!(column_expr(RECORD_HASH, "\"j\"", "json"), "\"j\"::jsonb");
+        assert_eq!(column_expr(ROW_TEXT, "\"j\"", "json"), "\"j\"");
         assert_eq!(column_expr(ROW_TEXT, "\"n\"", "numeric(8,2)"), "trim_scale(\"n\")");
         assert_eq!(column_expr(RECORD_HASH, "\"n\"", "numeric"), "\"n\"");
         assert_eq!(column_expr(ROW_TEXT, "\"p\"", "point"), "\"p\"");

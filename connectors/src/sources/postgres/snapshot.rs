@@ -906,7 +906,7 @@ async fn read_summaries(
     // The record hash where every column's type has an extended hash
     // (tried on a row, in a savepoint: a type without one is an error that
     // would end the snapshot's transaction), the row text otherwise.
-    let method = if at_least(summary::RECORD_HASH) {
+    let mut method = if at_least(summary::RECORD_HASH) {
         let probe = format!(
             "SAVEPOINT tributary_summary; SELECT hash_record_extended(ROW({}), 0) FROM {table} LIMIT 1; \
              RELEASE SAVEPOINT tributary_summary",
@@ -927,7 +927,6 @@ async fn read_summaries(
     } else {
         summary::ROW_TEXT
     };
-    let columns = exprs(method);
     let types: Vec<String> = schema.columns.iter().map(|c| c.source_type.clone()).collect();
     let keys = schema.key_indexes();
     // Aliased: `ORDER BY "id"` would order by an output column `"id"`,
@@ -970,14 +969,34 @@ async fn read_summaries(
             None => None,
         };
         let condition = bounds_condition(schema, &after, &until)?;
-        let row = client
-            .query_one(&summary::range_sql(method, &table, &columns, condition.as_deref()), &[])
-            .await
-            .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
-        let (rows, sum): (i64, String) = row
-            .try_get(0)
-            .and_then(|n| Ok((n, row.try_get(1)?)))
-            .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+        // In a savepoint: a value the record hash cannot take (a `json`
+        // document `jsonb` refuses) is summed by the rows' texts instead,
+        // from this range on.
+        let (rows, sum) = loop {
+            let sql = summary::range_sql(method, &table, &exprs(method), condition.as_deref());
+            let summed = async {
+                client.batch_execute("SAVEPOINT tributary_summary").await?;
+                let row = client.query_one(&sql, &[]).await?;
+                let n: i64 = row.try_get(0)?;
+                let sum: String = row.try_get(1)?;
+                client.batch_execute("RELEASE SAVEPOINT tributary_summary").await?;
+                Ok::<_, tokio_postgres::Error>((n, sum))
+            }
+            .await;
+            match summed {
+                Ok(summed) => break summed,
+                Err(e) if method == summary::RECORD_HASH && e.as_db_error().is_some() => {
+                    tracing::info!(table = %schema.id, error = %e,
+                        "summed by the rows' texts from here on: the record hash cannot take a value");
+                    client
+                        .batch_execute("ROLLBACK TO SAVEPOINT tributary_summary; RELEASE SAVEPOINT tributary_summary")
+                        .await
+                        .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+                    method = summary::ROW_TEXT;
+                }
+                Err(e) => return Err(classify_pg(e, what).with_table(schema.id.clone())),
+            }
+        };
         let rows = u64::try_from(rows).unwrap_or(0);
         read_rows += rows;
         let last = until.is_none();
