@@ -209,6 +209,30 @@ pub struct Evolution {
     pub drop_columns: bool,
 }
 
+/// How `shape` (the destination table as its catalog has it now, named
+/// `table`) differs from what `schema`'s rows need: each change the sink
+/// would make, as `sql` writes it, or that its key differs; none for a table
+/// never written (an empty source table has none). For verification (see
+/// [`super::warehouse::Warehouse::schema_differences`]).
+pub fn differences<D: Dialect>(
+    dialect: &D,
+    table: &str,
+    schema: &TableSchema,
+    origin: &str,
+    shape: &TableShape<D::Type>,
+    evolution: Evolution,
+    sql: impl Fn(&TableChange<D::Type>) -> Vec<String>,
+) -> Result<Vec<String>> {
+    if !shape.exists {
+        return Ok(Vec::new());
+    }
+    match plan(dialect, table, schema, origin, shape, evolution) {
+        Ok(changes) => Ok(changes.iter().flat_map(sql).collect()),
+        Err(e) if e.class() == KEY_CHANGED_CLASS => Ok(vec![format!("its key differs: {e}")]),
+        Err(e) => Err(e),
+    }
+}
+
 /// The changes that make `shape` (named `table` in errors) take the rows of
 /// `schema` from a source of kind `origin`; empty when it already does.
 pub fn plan<D: Dialect>(

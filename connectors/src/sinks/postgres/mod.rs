@@ -851,16 +851,10 @@ impl Warehouse for PostgresSink {
         self.load_table(dest).await?;
         let name = dest.quoted();
         let shape = &self.state(dest)?.shape;
-        if !shape.exists {
-            // Never written (an empty source table has none): its rows,
-            // none, are compared as such.
-            return Ok(Some(Vec::new()));
-        }
-        Ok(Some(match plan(&PostgresDialect, &name, schema, origin, shape, self.evolution()) {
-            Ok(changes) => changes.iter().map(|c| change_sql(dest, c)).collect(),
-            Err(e) if e.class() == KEY_CHANGED_CLASS => vec![format!("its key differs: {e}")],
-            Err(e) => return Err(e),
-        }))
+        crate::sink::schema::differences(&PostgresDialect, &name, schema, origin, shape, self.evolution(), |c| {
+            vec![change_sql(dest, c)]
+        })
+        .map(Some)
     }
 
     async fn read_range(

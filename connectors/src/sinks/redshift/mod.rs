@@ -987,6 +987,21 @@ impl Warehouse for RedshiftSink {
         error
     }
 
+    async fn schema_differences(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        origin: &str,
+    ) -> Result<Option<Vec<String>>> {
+        self.load_table(dest).await?;
+        let shape = self.tables.get(dest).map(|s| s.shape.clone()).unwrap_or_default();
+        let name = dest.quoted();
+        crate::sink::schema::differences(&RedshiftDialect, &name, schema, origin, &shape, self.evolution(), |c| {
+            vec![change_sql(dest, c).unwrap_or_else(|e| e.to_string())]
+        })
+        .map(Some)
+    }
+
     async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
         let fingerprint = schema_fingerprint(schema);
         if self.dropped.contains(dest) {

@@ -718,6 +718,22 @@ impl Warehouse for SnowflakeSink {
 
     /// Makes the destination table fit `schema`: creates it, adds columns,
     /// widens types, relaxes NOT NULL.
+    async fn schema_differences(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        origin: &str,
+    ) -> Result<Option<Vec<String>>> {
+        self.load_table(dest).await?;
+        let shape = self.tables.get(dest).map(|s| s.shape.clone()).unwrap_or_default();
+        let declare = self.config.declare_primary_key;
+        let name = dest.to_string();
+        crate::sink::schema::differences(&SnowflakeDialect, &name, schema, origin, &shape, self.evolution(), |c| {
+            change_sql(dest, c, declare)
+        })
+        .map(Some)
+    }
+
     async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
         let fingerprint = {
             let mut h = DefaultHasher::new();

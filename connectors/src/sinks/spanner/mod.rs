@@ -1282,6 +1282,31 @@ impl Warehouse for SpannerSink {
         error
     }
 
+    async fn schema_differences(
+        &mut self,
+        dest: &DestinationTable,
+        schema: &TableSchema,
+        origin: &str,
+    ) -> Result<Option<Vec<String>>> {
+        self.load_table(dest).await?;
+        let shape = self.tables.get(dest).map(|s| s.shape.clone()).unwrap_or_default();
+        crate::sink::schema::differences(
+            &SpannerDialect,
+            &dest.0,
+            schema,
+            origin,
+            &shape,
+            self.evolution(),
+            |c| match c {
+                TableChange::RenameColumn { from, to } => {
+                    vec![format!("ALTER TABLE {} RENAME COLUMN {from} TO {to}", dest.quoted())]
+                }
+                other => change_ddl(&dest.0, other, &shape.columns).unwrap_or_else(|e| vec![e.to_string()]),
+            },
+        )
+        .map(Some)
+    }
+
     async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
         let fingerprint = {
             let mut h = DefaultHasher::new();
