@@ -1171,7 +1171,7 @@ impl Source for PostgresSource {
     }
 
     async fn verify(&mut self, tables: &[TableId], id: u64, rows_per_second: u64) -> Result<Vec<TableId>> {
-        self.plan_verification(tables, id, rows_per_second, 0)
+        self.plan_verification(tables, |t, _| TablePlan::verify(t, id, rows_per_second))
     }
 
     async fn verify_by_summaries(
@@ -1181,7 +1181,12 @@ impl Source for PostgresSource {
         rows_per_second: u64,
         range_rows: u64,
     ) -> Result<Vec<TableId>> {
-        self.plan_verification(tables, id, rows_per_second, range_rows.max(1))
+        self.plan_verification(tables, |t, shape| match shape {
+            Some(s) if snapshot::summarizable(s) => {
+                TablePlan::verify_by_summaries(t, id, rows_per_second, range_rows.max(1))
+            }
+            _ => TablePlan::verify(t, id, rows_per_second),
+        })
     }
 
     async fn verify_ranges(
@@ -1194,23 +1199,10 @@ impl Source for PostgresSource {
         if ranges.is_empty() {
             return Ok(false);
         }
-        if self
-            .plan_verification(std::slice::from_ref(table), id, rows_per_second, 0)?
-            .is_empty()
-        {
-            return Ok(false);
-        }
-        // The plan just pushed: narrowed to the ranges.
-        let plan = self
-            .state
-            .as_mut()
-            .and_then(|s| s.snapshot.as_mut())
-            .and_then(|snap| snap.tables.iter_mut().rev().find(|t| t.id() == *table));
-        let found = plan.is_some();
-        if let Some(plan) = plan {
-            plan.verify_within = Some(ranges.to_vec());
-        }
-        Ok(found)
+        let planned = self.plan_verification(std::slice::from_ref(table), |t, _| {
+            TablePlan::verify_ranges(t, id, ranges.to_vec(), rows_per_second)
+        })?;
+        Ok(!planned.is_empty())
     }
 
     async fn repair(
@@ -1288,16 +1280,13 @@ impl Source for PostgresSource {
 }
 
 impl PostgresSource {
-    /// Plans the verification `id` of `tables` (see [`Source::verify`]),
-    /// by summaries of `summary_rows` keys where that is not 0 and the
-    /// table's key allows it ([`snapshot::summarizable`]); the tables
-    /// planned.
+    /// Plans a verification of each of `tables` that can be verified now
+    /// (see [`Source::verify`]): the plan `plan` makes of it (given the
+    /// table's announced shape, if any); the tables planned.
     fn plan_verification(
         &mut self,
         tables: &[TableId],
-        id: u64,
-        rows_per_second: u64,
-        summary_rows: u64,
+        plan: impl Fn(&TableId, Option<&TableSchema>) -> TablePlan,
     ) -> Result<Vec<TableId>> {
         let filter = &self.filter;
         let state = self
@@ -1325,12 +1314,7 @@ impl PostgresSource {
             if snap.tables.iter().any(|t| t.id() == *table) {
                 continue;
             }
-            let summarized = summary_rows > 0 && self.announced.get(table).is_some_and(|s| snapshot::summarizable(s));
-            snap.tables.push(if summarized {
-                TablePlan::verify_by_summaries(table, id, rows_per_second, summary_rows)
-            } else {
-                TablePlan::verify(table, id, rows_per_second)
-            });
+            snap.tables.push(plan(table, self.announced.get(table).map(|s| s.as_ref())));
             out.push(table.clone());
         }
         Ok(out)
