@@ -242,6 +242,23 @@ async fn stream(
                     continue;
                 }
             };
+            if writer.keyless(&table) {
+                // No key names the rows to send again: the table is copied
+                // again whole, as `POST /resync` does (its rows that the
+                // copy does not see are removed at its end).
+                match writer.resync_live(source, &table.to_string()).await? {
+                    Ok(said) => {
+                        writer.held.show_paused(telemetry);
+                        telemetry
+                            .record_copy_again(&table.to_string(), "copied again to repair what a verification found");
+                        info!(table = %table, verification, rows = keys.len(),
+                            "repairing a table without a key that a verification found different: {said}");
+                    }
+                    Err(why) => warn!(table = %table, verification,
+                        "a repair is not made now: {why}; the next verification finds what still differs"),
+                }
+                continue;
+            }
             let held = writer.held.get(&table).is_some();
             let verify_after = crate::held_tables::new_reset_id();
             if !held

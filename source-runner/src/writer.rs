@@ -227,8 +227,16 @@ impl TopicWriter {
                 None => return Ok(Err(format!("table {table}: expected schema.table"))),
             }
         };
-        // Held tables are being copied: their rows differ until the copy ends.
-        let (held, asked): (Vec<TableId>, Vec<TableId>) = asked.into_iter().partition(|t| self.held.get(t).is_some());
+        // Held tables are being copied: their rows differ until the copy
+        // ends. One whose copy ended and was swept is held only until its
+        // next change (older streamed changes are still left out), which a
+        // verification, read after it, does not need.
+        let copying = |t: &TableId| {
+            self.held
+                .get(t)
+                .is_some_and(|h| !matches!(h.copy, tributary_schemas::records::CopyProgress::From { swept: true, .. }))
+        };
+        let (held, asked): (Vec<TableId>, Vec<TableId>) = asked.into_iter().partition(|t| copying(t));
         let id = new_reset_id();
         let verifying = if verify.method == crate::config::VerifyMethod::Summary {
             // A summary covers every key of its range: on a topic of one
@@ -545,6 +553,13 @@ impl TopicWriter {
         self.topics.ensure(&topic, false).await.map(|_| ())
     }
 
+    /// Whether `table`'s topic carries rows without a key (no key schema):
+    /// a repair of it copies it again.
+    pub fn keyless(&self, table: &TableId) -> bool {
+        let topic = self.naming.topic(self.config.prefix(), table);
+        self.encoder.prepared(&topic).is_some_and(|(_, key_id, _)| key_id.is_none())
+    }
+
     /// Writes a verify range of `table` into its topic, with the registry's
     /// ids of the schemas its digests follow (the table's current ones: the
     /// source announced its schema before its rows). A sink compares a
@@ -564,7 +579,9 @@ impl TopicWriter {
         let mut range = range.clone();
         range.schema_id = value_id;
         range.key_schema_id = key_id;
-        if partitions <= 1 {
+        // A table without a key (no key schema) has all its changes on
+        // partition 0: its ranges go there whole.
+        if partitions <= 1 || key_id.is_none() {
             let record = ControlRecord::Verify { table: table.clone(), range };
             return self
                 .producer

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tributary_tests::matrix::{converge, converge_holding, Holds, Runners, Sink, SinkKind, Source, SourceKind};
+use tributary_tests::matrix::{
+    converge, converge_as, converge_holding, Compare, Holds, Runners, Sink, SinkKind, Source, SourceKind,
+};
 
 /// Rows of the table: three verify ranges (up to 5,000 rows each), so that
 /// ranges meet at bounds.
@@ -546,6 +548,222 @@ async fn mariadb_to_postgres() {
     let again = runners.verified_where("items", |later| later > id).await;
     assert_eq!(again["state"], "equal", "the verification after the repair: {again}");
     converge(&mut source, &sink, &mut runners, "items", "after the repair").await;
+    runners.assert_alive("after verifying");
+    runners.delete();
+    sink.cleanup().await;
+    source.cleanup().await;
+}
+
+/// Rows of the table without a key: 2,000 distinct rows four times each,
+/// so that its 8,000 rows make two ranges of content keys.
+const KEYLESS_ROWS: i64 = 8_000;
+
+/// Tables without a key are verified by their rows' content keys, as
+/// multisets: equal under a write load of duplicates inserted and deleted;
+/// then one copy of a row deleted, one copy changed in one column and one
+/// copy added behind the sink's back are each found, with the column; the
+/// repair copies the table again, and the next verification is equal.
+#[tokio::test]
+async fn a_table_without_a_key_postgres_to_postgres() {
+    keyless_verified(SourceKind::Postgres, SinkKind::Postgres).await;
+}
+
+/// [`a_table_without_a_key_postgres_to_postgres`] from MariaDB.
+#[tokio::test]
+async fn a_table_without_a_key_mariadb_to_postgres() {
+    keyless_verified(SourceKind::MariaDb, SinkKind::Postgres).await;
+}
+
+/// [`a_table_without_a_key_postgres_to_postgres`] into BigQuery.
+#[tokio::test]
+async fn a_table_without_a_key_postgres_to_bigquery() {
+    keyless_verified(SourceKind::Postgres, SinkKind::BigQuery).await;
+}
+
+/// [`a_table_without_a_key_postgres_to_postgres`] into Snowflake.
+#[tokio::test]
+async fn a_table_without_a_key_postgres_to_snowflake() {
+    keyless_verified(SourceKind::Postgres, SinkKind::Snowflake).await;
+}
+
+/// [`a_table_without_a_key_postgres_to_postgres`] into Redshift.
+#[tokio::test]
+async fn a_table_without_a_key_postgres_to_redshift() {
+    keyless_verified(SourceKind::Postgres, SinkKind::Redshift).await;
+}
+
+/// [`a_table_without_a_key_postgres_to_postgres`] into Spanner.
+#[tokio::test]
+async fn a_table_without_a_key_postgres_to_spanner() {
+    keyless_verified(SourceKind::Postgres, SinkKind::Spanner).await;
+}
+
+/// The destination's table `events` (of the sink `sink`), as its SQL names it.
+fn events_table(sink: &Sink) -> String {
+    match sink {
+        Sink::Postgres(d) => format!("\"{}\".\"events\"", d.schema),
+        Sink::Redshift(w, _) => format!("\"{}\".\"events\"", w.schema),
+        Sink::Spanner(_) => "events".to_string(),
+        Sink::BigQuery(d) => d.table("events"),
+        Sink::Snowflake(d) => d.table("events"),
+    }
+}
+
+/// Behind the sink's back, in the destination's `events`: one of the four
+/// copies of the row `id = 7` deleted, one of `id = 8` changed in `b`, one
+/// more copy of `id = 9` added (with a row name of its own).
+async fn tamper_keyless(sink: &Sink) {
+    let t = events_table(sink);
+    let one = |a: i32| format!("(SELECT MIN(__tributary_row) FROM {t} WHERE id = {a})");
+    let statements = vec![
+        format!("DELETE FROM {t} WHERE __tributary_row = {}", one(7)),
+        format!("UPDATE {t} SET b = 'tampered' WHERE __tributary_row = {}", one(8)),
+        format!(
+            "INSERT INTO {t} (id, b, c, __tributary_key, __tributary_row, __tributary_commit, __tributary_index) \
+             SELECT id, b, c, __tributary_key, 'ghost', __tributary_commit, __tributary_index FROM {t} \
+             WHERE __tributary_row = {}",
+            one(9)
+        ),
+    ];
+    match sink {
+        Sink::Postgres(d) => d.exec(&statements.join("; ")).await,
+        Sink::Redshift(w, _) => w.admin.batch_execute(&statements.join("; ")).await.expect("tamper in Redshift"),
+        Sink::Spanner(d) => {
+            // The emulator runs a subquery once per row: the names first.
+            let mut statements = statements;
+            for (a, statement) in [7, 8, 9].into_iter().zip(statements.iter_mut()) {
+                let sql = format!("SELECT MIN(__tributary_row) FROM {t} WHERE id = {a}");
+                let rows = d.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+                let name = rows.first().and_then(|r| r.first().cloned().flatten()).expect("a row name");
+                *statement = statement.replace(&one(a), &format!("'{name}'"));
+            }
+            let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+            d.execute(&statements).await.expect("tamper in Spanner")
+        }
+        Sink::BigQuery(_) => {
+            for sql in &statements {
+                tributary_tests::bigquery::query(sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+        }
+        Sink::Snowflake(d) => {
+            for sql in &statements {
+                d.query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+        }
+    }
+}
+
+async fn keyless_verified(source_kind: SourceKind, kind: SinkKind) {
+    let mut source = Source::new(source_kind, "verifykl").await;
+    let sink = Sink::new(kind, "verifykl").await;
+    let t = source.qualified("events");
+    let distinct = KEYLESS_ROWS / 4;
+    match source_kind {
+        SourceKind::Postgres => {
+            source
+                .sql(&format!(
+                    "CREATE TABLE {t} (id int, b text, c numeric(8,2)); ALTER TABLE {t} REPLICA IDENTITY FULL; \
+                     INSERT INTO {t} SELECT g % {distinct}, CASE WHEN g % 5 = 0 THEN NULL ELSE 'b' || (g % {distinct}) \
+                     END, (g % {distinct}) / 7.0 FROM generate_series(1, {KEYLESS_ROWS}) g"
+                ))
+                .await
+        }
+        _ => {
+            let rows: Vec<String> = (1..=KEYLESS_ROWS)
+                .map(|g| {
+                    let k = g % distinct;
+                    let b = if g % 5 == 0 {
+                        "NULL".to_string()
+                    } else {
+                        format!("'b{k}'")
+                    };
+                    format!("({k}, {b}, {k} / 7)")
+                })
+                .collect();
+            source
+                .sql(&format!(
+                    "CREATE TABLE {t} (id int, b varchar(40), c decimal(8,2)); INSERT INTO {t} VALUES {}",
+                    rows.join(", ")
+                ))
+                .await
+        }
+    }
+    let mut runners = Runners::new(&source, &sink);
+    // Repair on from the start: a verification that finds nothing changes
+    // nothing.
+    runners.append_config(false, "[verify]\nrepair = true\n");
+    runners.source.start();
+    runners.sink.start();
+    converge_as(&mut source, &sink, &mut runners, "events", "snapshot", Compare::Multiset).await;
+
+    // Under writes: copies of rows inserted and deleted, never a false
+    // alarm.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, t, mariadb) = (stop.clone(), t.clone(), source_kind == SourceKind::MariaDb);
+        tokio::spawn(async move {
+            use mysql_async::prelude::Queryable;
+            let mut my = if mariadb {
+                Some(tributary_tests::mysql::admin().await)
+            } else {
+                None
+            };
+            let pg = if mariadb {
+                None
+            } else {
+                Some(tributary_tests::postgres::connect(&tributary_tests::pg_source_url()).await)
+            };
+            let mut i: i64 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let (a, gone) = (100 + i % 50, 200 + i % 50);
+                let insert = format!("INSERT INTO {t} VALUES ({a}, 'w', 1.50)");
+                if let Some(my) = my.as_mut() {
+                    my.query_drop(&insert).await.expect("insert");
+                    my.query_drop(format!("DELETE FROM {t} WHERE id = {gone} LIMIT 1"))
+                        .await
+                        .expect("delete");
+                } else if let Some(pg) = &pg {
+                    let delete =
+                        format!("DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE id = {gone} LIMIT 1)");
+                    pg.batch_execute(&format!("{insert}; {delete}")).await.expect("writes");
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        })
+    };
+    let id = runners.verify(&t).await;
+    let v = runners.verified("events", id).await;
+    assert_eq!(v["state"], "equal", "a copy under writes: {v}");
+    assert!(v["rows_verified"].as_u64().unwrap_or(0) >= (KEYLESS_ROWS as u64) - 100, "{v}");
+    assert!(v["ranges_verified"].as_u64().unwrap_or(0) >= 2, "{v}");
+    stop.store(true, Ordering::Relaxed);
+    load.await.expect("write load");
+
+    tamper_keyless(&sink).await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("events", id).await;
+    assert_eq!(v["state"], "differs", "{v}");
+    assert_eq!(v["rows_differing"], 3, "one copy missing, one changed, one added: {v}");
+    let mut kinds: Vec<String> = v["differences"]
+        .as_array()
+        .expect("differences")
+        .iter()
+        .map(|d| {
+            let d = d.as_str().unwrap_or_default();
+            d.rsplit_once(": ").map_or(d, |(_, kind)| kind).to_string()
+        })
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["differs in b", "in the destination only", "missing in the destination"], "{v}");
+
+    // The repair copied the table again.
+    converge_as(&mut source, &sink, &mut runners, "events", "copied again by the repair", Compare::Multiset).await;
+    let id = runners.verify(&t).await;
+    let v = runners.verified("events", id).await;
+    assert_eq!(v["state"], "equal", "after the repair: {v}");
     runners.assert_alive("after verifying");
     runners.delete();
     sink.cleanup().await;

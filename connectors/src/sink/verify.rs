@@ -353,6 +353,10 @@ pub struct Outcome {
     /// source (its summary differed, or could not be computed here): its
     /// bounds, for a [`tributary_schemas::records::requests::Request::Verify`].
     pub ask_rows: Option<KeyBounds>,
+    /// A range of a table without a key: its keys are content keys
+    /// (`sink::keyless`), several rows may share one, and a repair copies
+    /// the table again (no key names the rows to send).
+    pub keyless: bool,
 }
 
 impl Outcome {
@@ -371,6 +375,7 @@ impl Outcome {
             partition: range.partition,
             summary_differs: None,
             ask_rows: None,
+            keyless: schema.key.len() == 1 && schema.key[0] == crate::sink::bookkeeping::KEY_COLUMN,
         }
     }
 
@@ -403,13 +408,20 @@ impl Outcome {
     }
 
     /// The keys whose rows the source must send again (missing or changed
-    /// in the destination).
+    /// in the destination; of a table without a key, every content key
+    /// that differs, once: the source copies the table again).
     pub fn to_resend(&self) -> Vec<String> {
-        self.differences
+        let mut keys: Vec<String> = self
+            .differences
             .iter()
-            .filter(|d| d.kind != DifferenceKind::Extra)
+            .filter(|d| self.keyless || d.kind != DifferenceKind::Extra)
             .map(|d| d.key.clone())
-            .collect()
+            .collect();
+        if self.keyless {
+            keys.sort();
+            keys.dedup();
+        }
+        keys
     }
 
     /// A range whose destination table's columns differ from the source's
@@ -459,25 +471,38 @@ impl Outcome {
 }
 
 /// Compares the source's digests of `range` with the destination's `rows`
-/// of the range (the values of `schema`'s columns, in order).
+/// of the range (the values of `schema`'s columns, in order), as multisets
+/// of rows by key: a key names one row of a keyed table, and the rows of
+/// one content of a table without a key (see `source::keyless`), each of
+/// which differs on its own.
 pub fn compare(schema: &TableSchema, range: &VerifyRange, rows: &[Row]) -> Result<Outcome> {
     let source = range
         .digests()
         .map_err(|e| Error::permanent(format!("the verify record is unreadable: {e}")).with_table(schema.id.clone()))?;
     let mut outcome = Outcome::of(schema, range);
-    let mut destination: HashMap<String, RowDigest> = HashMap::with_capacity(rows.len());
+    let mut destination: HashMap<String, Vec<RowDigest>> = HashMap::with_capacity(rows.len());
     for row in rows {
         let d = canonical::digest_row(schema, row);
-        destination.insert(d.key.clone(), d);
+        destination.entry(d.key.clone()).or_default().push(d);
     }
     let note = |outcome: &mut Outcome, key: &str, kind: DifferenceKind| {
         outcome.differing += 1;
         outcome.differences.push(Difference { key: key.to_string(), kind });
     };
-    for s in &source {
-        match destination.remove(&s.key) {
+    // Equal rows first, so that a key's other rows pair with the rows
+    // that differ.
+    let unmatched: Vec<&RowDigest> = source
+        .iter()
+        .filter(|s| {
+            let same = destination
+                .get_mut(&s.key)
+                .and_then(|list| list.iter().position(|d| d.hash == s.hash).map(|i| list.swap_remove(i)));
+            same.is_none()
+        })
+        .collect();
+    for s in unmatched {
+        match destination.get_mut(&s.key).and_then(Vec::pop) {
             None => note(&mut outcome, &s.key, DifferenceKind::Missing),
-            Some(d) if d.hash == s.hash => {}
             Some(d) => {
                 let columns = schema
                     .columns
@@ -490,10 +515,16 @@ pub fn compare(schema: &TableSchema, range: &VerifyRange, rows: &[Row]) -> Resul
             }
         }
     }
-    let mut extra: Vec<String> = destination.into_keys().collect();
+    let mut extra: Vec<(String, usize)> = destination
+        .into_iter()
+        .filter(|(_, list)| !list.is_empty())
+        .map(|(key, list)| (key, list.len()))
+        .collect();
     extra.sort();
-    for key in extra {
-        note(&mut outcome, &key, DifferenceKind::Extra);
+    for (key, n) in extra {
+        for _ in 0..n {
+            note(&mut outcome, &key, DifferenceKind::Extra);
+        }
     }
     Ok(outcome)
 }
@@ -785,6 +816,84 @@ mod tests {
         );
         let bounds = KeyRange::of(&s, &range).expect("bounds");
         assert_eq!(bounds.until, Some(vec![Value::Int32(9)]));
+    }
+
+    /// A table without a key: rows are compared as multisets by content
+    /// key, each copy on its own, and the repair asks each content key
+    /// once, extra ones too (the table is copied again).
+    #[test]
+    fn rows_without_a_key_compare_as_multisets() {
+        use crate::source::keyless::verification_shape;
+        let mut keyless = schema();
+        keyless.key.clear();
+        let shape = verification_shape(&keyless);
+        let with_key = |r: Row| {
+            let key = crate::sink::keyless::content_key(&keyless, &r).expect("content key");
+            let mut r = r;
+            r.push(Value::Text(key));
+            r
+        };
+        let source: Vec<Row> = [
+            row(1, "a", 1),
+            row(1, "a", 1),
+            row(1, "a", 1),
+            row(2, "b", 2),
+            row(3, "c", 3),
+        ]
+        .into_iter()
+        .map(with_key)
+        .collect();
+        let mut entries: Vec<_> = source
+            .iter()
+            .map(|r| VerifyRange::entry(&canonical::digest_row(&shape, r)))
+            .collect();
+        entries.sort();
+        let range = VerifyRange {
+            id: 1,
+            at: Position { commit: 5, index: 0 },
+            connector: "postgresql".into(),
+            schema_id: 1,
+            key_schema_id: None,
+            partition: None,
+            columns: None,
+            summary: None,
+            after: None,
+            until: None,
+            last: true,
+            rows: entries,
+        };
+        let outcome = compare(&shape, &range, &source).expect("compared");
+        assert!(outcome.equal() && outcome.keyless);
+        // One copy of (1, a, 1) gone, another changed in qty (its content
+        // key kept), (2, b, 2) twice, (3, c, 3) as it was.
+        let mut changed = source[1].clone();
+        changed[2] = Value::Int64(10);
+        let dest = vec![
+            changed,
+            source[2].clone(),
+            source[3].clone(),
+            source[3].clone(),
+            source[4].clone(),
+        ];
+        let outcome = compare(&shape, &range, &dest).expect("compared");
+        assert_eq!(outcome.differing, 3, "{:?}", outcome.differences);
+        let kinds: Vec<(&str, &DifferenceKind)> = outcome
+            .differences
+            .iter()
+            .map(|d| (if d.key.contains(&*text(&source[0])) { "a" } else { "b" }, &d.kind))
+            .collect();
+        assert!(kinds.contains(&("a", &DifferenceKind::Changed(vec!["qty".into()]))), "{kinds:?}");
+        assert!(kinds.contains(&("a", &DifferenceKind::Missing)), "{kinds:?}");
+        assert!(kinds.contains(&("b", &DifferenceKind::Extra)), "{kinds:?}");
+        assert_eq!(outcome.to_resend().len(), 2, "each content key once");
+    }
+
+    /// A row's content key (its last value).
+    fn text(row: &Row) -> String {
+        match row.last() {
+            Some(Value::Text(t)) => t.clone(),
+            _ => String::new(),
+        }
     }
 
     #[test]

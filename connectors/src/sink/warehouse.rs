@@ -330,10 +330,16 @@ impl<W: WarehouseSink> Sink for W {
         let unsupported = |why: &str| -> Vec<verify::Outcome> {
             ranges.iter().map(|r| verify::Outcome::unsupported(schema, r, why)).collect()
         };
-        // The columns the source digested (its current ones).
-        let schema = &match verify::digested_shape(schema, first) {
+        // The columns the source digested (its current ones); a table
+        // without a key with its content key as the key.
+        let columns = &match verify::digested_shape(schema, first) {
             Ok(s) => s,
             Err(why) => return Ok(unsupported(&why)),
+        };
+        let schema = &if columns.key.is_empty() {
+            Arc::new(crate::source::keyless::verification_shape(columns))
+        } else {
+            columns.clone()
         };
         // One read for the ranges together: from the first's lower bound
         // to the last's upper one (they follow each other).
@@ -352,7 +358,7 @@ impl<W: WarehouseSink> Sink for W {
         let table = self.destination(&schema.id);
         // Never a reason to hold the copy back: a range that cannot be
         // compared is reported as such, and the batch it leads applied.
-        match verify_in(self, &table, schema, ranges, &whole, &each, repair).await {
+        match verify_in(self, &table, columns, schema, ranges, &whole, &each, repair).await {
             Ok(outcomes) => Ok(outcomes),
             Err(e) => {
                 let e = self.failed(e.or_table(&schema.id));
@@ -363,10 +369,14 @@ impl<W: WarehouseSink> Sink for W {
 }
 
 /// [`Sink::verify_ranges`] on a connected destination: `ranges` (each
-/// bounded by `each`) read back together (bounded by `whole`).
+/// bounded by `each`) read back together (bounded by `whole`) as `schema`
+/// (`columns`, the source's, with a content key for a table without a
+/// key).
+#[allow(clippy::too_many_arguments)]
 async fn verify_in<W: Warehouse>(
     w: &mut W,
     table: &W::Table,
+    columns: &Arc<TableSchema>,
     schema: &Arc<TableSchema>,
     ranges: &[&VerifyRange],
     whole: &KeyRange,
@@ -380,7 +390,9 @@ async fn verify_in<W: Warehouse>(
     // verification): the rows can only be read back as the source's once
     // the table has them.
     let schema_differences = if first.after.is_none() {
-        w.schema_differences(table, schema, &first.connector).await?.unwrap_or_default()
+        w.schema_differences(table, columns, &first.connector)
+            .await?
+            .unwrap_or_default()
     } else {
         Vec::new()
     };
@@ -391,7 +403,7 @@ async fn verify_in<W: Warehouse>(
     } else if !schema_differences.is_empty() {
         // What the sink would do at the table's next change, now.
         w.begin(Mode::Commit).await?;
-        match w.reconcile(table, schema, &first.connector).await {
+        match w.reconcile(table, columns, &first.connector).await {
             Ok(()) => w.finish(&[]).await?,
             Err(e) => {
                 w.abort().await;
@@ -454,7 +466,9 @@ async fn verify_in<W: Warehouse>(
         if i == 0 {
             outcome.schema = schema_differences.clone();
         }
-        if repair {
+        // A table without a key is copied again instead (its rows have no
+        // key a removal could name).
+        if repair && !outcome.keyless {
             outcome.removed = verify::remove_extra(w, schema, range, &part, &outcome).await?;
         }
         out.push(outcome);

@@ -5,6 +5,7 @@
 // A test double: in the crate's own tests and in crates that turn on
 // `test-utils` (tests/, connectors' own integration tests), never in the
 // runners' builds.
+pub mod keyless;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod memory;
 

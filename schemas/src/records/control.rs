@@ -197,6 +197,36 @@ impl VerifyRange {
             .collect()
     }
 
+    /// A range of `schema`'s rows read by a source at `at` for
+    /// verification `id`: after `bounds.0` up to `bounds.1`, with its rows'
+    /// entries ([`VerifyRange::entry`]) over every column of `schema`. The
+    /// registry ids are the source runner's to fill.
+    pub fn read(
+        id: u64,
+        at: crate::Position,
+        connector: &str,
+        schema: &crate::TableSchema,
+        bounds: crate::records::requests::KeyBounds,
+        last: bool,
+        rows: Vec<(String, String, String)>,
+    ) -> Self {
+        let (after, until) = bounds;
+        Self {
+            id,
+            at,
+            connector: connector.to_string(),
+            schema_id: 0,
+            key_schema_id: None,
+            partition: None,
+            columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
+            summary: None,
+            after,
+            until,
+            last,
+            rows,
+        }
+    }
+
     /// A row's entry in [`VerifyRange::rows`].
     pub fn entry(digest: &crate::canonical::RowDigest) -> (String, String, String) {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";

@@ -1472,13 +1472,15 @@ impl Warehouse for SpannerSink {
             return Ok(Some(Vec::new()));
         };
         // A range of the source's key is a range of Spanner's keys only
-        // when they are the same columns in the same order.
+        // when they are the same columns in the same order, or their start
+        // (a table without a key: its content key, then the row's name),
+        // Spanner bounding by a key's prefix.
         let primary_key = self
             .tables
             .get(table)
             .map(|s| s.shape.primary_key.as_slice())
             .unwrap_or_default();
-        if primary_key != schema.key.as_slice() {
+        if schema.key.is_empty() || !primary_key.starts_with(schema.key.as_slice()) {
             return Err(Error::permanent(format!(
                 "destination table {table} has the primary key ({}), not the source's ({}): its key ranges are not \
                  the source's",

@@ -918,14 +918,14 @@ impl Source for MySqlSource {
                 .iter()
                 .filter_map(|k| built.schema.column_index(k).map(|i| &built.schema.columns[i]))
                 .collect();
-            if keys.is_empty()
-                || keys.len() != def.primary_key.len()
+            // A table without a key is verified by its rows' content keys.
+            if keys.len() != def.primary_key.len()
                 || keys
                     .iter()
                     .any(|c| !tributary_schemas::canonical::orders_everywhere(&c.data_type))
             {
-                tracing::warn!(table = %table, "the table is not verified: it has no primary key, or a key of a type \
-                    whose order differs between databases");
+                tracing::warn!(table = %table, "the table is not verified: it has a key of a type whose order \
+                    differs between databases");
                 continue;
             }
             let plan = state.later_snapshot();

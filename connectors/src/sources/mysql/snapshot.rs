@@ -64,6 +64,11 @@ pub struct TablePlan {
     /// are read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair: Option<Vec<String>>,
+    /// A verification of a table without a key: how many passes read it
+    /// (see [`crate::source::keyless`]; 0: not counted yet); `rows_done`
+    /// is the next pass.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_passes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -83,6 +88,7 @@ impl TablePlan {
             verify_rate: 0,
             verify_until: None,
             repair: None,
+            verify_passes: 0,
         }
     }
 
@@ -461,9 +467,12 @@ impl SnapshotRun {
             .ok_or_else(|| Error::retryable("snapshot definition missing"))?;
         let plan = &self.plan.tables[index];
         let schema = built.schema.clone();
+        if def.primary_key.is_empty() {
+            return self.read_keyless_verify_pass(index, id, verification, ctx).await;
+        }
         let pk: Vec<usize> = def.primary_key.iter().filter_map(|k| schema.column_index(k)).collect();
-        if pk.is_empty() || pk.len() != def.primary_key.len() {
-            return Err(Error::permanent("a table without a primary key is not verified").with_table(id.clone()));
+        if pk.len() != def.primary_key.len() {
+            return Err(Error::permanent("the table's primary key is not among its columns").with_table(id.clone()));
         }
         let binary = |i: usize, expr: String| match schema.columns[i].data_type {
             DataType::Text | DataType::Enum { .. } => format!("CAST({expr} AS BINARY)"),
@@ -519,20 +528,8 @@ impl SnapshotRun {
             None
         };
         let read = Position { commit: self.position.ordered() + 1, index: 0 };
-        let range = VerifyRange {
-            id: verification,
-            at: read,
-            connector: ctx.connector.to_string(),
-            schema_id: 0,
-            key_schema_id: None,
-            partition: None,
-            columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
-            summary: None,
-            after: plan.verify_until.clone(),
-            until: until.clone(),
-            last: !more,
-            rows: entries,
-        };
+        let bounds = (plan.verify_until.clone(), until.clone());
+        let range = VerifyRange::read(verification, read, &ctx.connector, &schema, bounds, !more, entries);
         let plan = &mut self.plan.tables[index];
         plan.verify_until = until;
         if last_key.is_some() {
@@ -554,6 +551,76 @@ impl SnapshotRun {
 }
 
 impl SnapshotRun {
+    /// The next pass over a table without a key read to verify it (see
+    /// [`crate::source::keyless`]): the whole table read, its rows whose
+    /// content keys are in the pass's slice sent as ranges of digests, in
+    /// one chunk.
+    async fn read_keyless_verify_pass(
+        &mut self,
+        index: usize,
+        id: &TableId,
+        verification: u64,
+        ctx: &EventContext,
+    ) -> Result<Chunk> {
+        use crate::source::keyless::{passes, Pass};
+        use tributary_schemas::records::VerifyRange;
+
+        let what = "reading a table without a key to verify it";
+        let built = self.built.get(id).ok_or_else(|| Error::retryable("snapshot schema missing"))?;
+        let schema = built.schema.clone();
+        if self.plan.tables[index].verify_passes == 0 {
+            let count: Option<u64> = self
+                .tx
+                .query_first(format!("SELECT COUNT(*) FROM {}", quote_table(id)))
+                .await
+                .map_err(|e| classify_my(e, what).with_table(id.clone()))?;
+            self.plan.tables[index].verify_passes = passes(count.unwrap_or(0));
+        }
+        let plan = &self.plan.tables[index];
+        let (pass, of, rate) = (plan.rows_done, plan.verify_passes, plan.verify_rate);
+        let cols: Vec<String> = schema.columns.iter().map(|c| quote_ident(&c.name)).collect();
+        let sql = format!("SELECT {} FROM {}", cols.join(", "), quote_table(id));
+        let rows: Vec<mysql_async::Row> = self
+            .tx
+            .query(sql)
+            .await
+            .map_err(|e| classify_my(e, what).with_table(id.clone()))?;
+        if rate > 0 {
+            // A bounded share of the source: the pass's rows per their
+            // share of a second.
+            tokio::time::sleep(std::time::Duration::from_secs_f64(rows.len() as f64 / rate as f64)).await;
+        }
+        let mut taken = Pass::new(&schema, pass, of);
+        for row in rows {
+            let raw = row.unwrap();
+            let mut values = Vec::with_capacity(raw.len());
+            for ((v, col), codec) in raw.into_iter().zip(&schema.columns).zip(&built.codecs) {
+                values.push(codec.from_text(v, id, &col.name)?);
+            }
+            taken.push(&schema, &values)?;
+        }
+        let read = Position { commit: self.position.ordered() + 1, index: 0 };
+        let messages = taken
+            .ranges(VERIFY_RANGE_ROWS, crate::source::keyless::RANGE_BYTES)
+            .into_iter()
+            .map(|(bounds, rows, last)| {
+                let range = VerifyRange::read(verification, read, &ctx.connector, &schema, bounds, last, rows);
+                SourceMessage::Verify(id.clone(), range)
+            })
+            .collect();
+        let done = pass + 1 >= of;
+        let plan = &mut self.plan.tables[index];
+        plan.rows_done = pass + 1;
+        plan.done = done;
+        if self.plan.tables.iter().all(|t| t.done) {
+            self.tx
+                .query_drop("COMMIT")
+                .await
+                .map_err(|e| classify_my(e, "ending the snapshot transaction"))?;
+        }
+        Ok(Chunk { table: id.clone(), messages, table_done: done })
+    }
+
     /// The current rows of the next keys a repair asked for (at most
     /// `REPAIR_KEYS_PER_QUERY`), sent as a copy sends rows; a key the table
     /// no longer has sends nothing (its delete is in the binlog). A key

@@ -577,7 +577,7 @@ impl PostgresSource {
             };
             let built = catalog.build_schema(&self.config, &self.filter, &id, relid, None).await?;
             if t.verify.is_some() {
-                if let Some(why) = unverifiable(&built.schema, built.keyed) {
+                if let Some(why) = unverifiable(&built.schema) {
                     tracing::warn!(table = %id, "the table is not verified: {why}");
                     continue;
                 }
@@ -820,12 +820,10 @@ impl PostgresSource {
     }
 }
 
-/// Why a table cannot be verified by key ranges, if it cannot: no key, or
-/// a key column whose type orders differently between databases.
-fn unverifiable(schema: &TableSchema, keyed: bool) -> Option<String> {
-    if !keyed {
-        return Some("it has no key (tables without a key are not verified yet)".to_string());
-    }
+/// Why a table cannot be verified by key ranges, if it cannot: a key
+/// column whose type orders differently between databases. (A table
+/// without a key is verified by its rows' content keys.)
+fn unverifiable(schema: &TableSchema) -> Option<String> {
     schema
         .key_indexes()
         .into_iter()
@@ -1298,14 +1296,11 @@ impl PostgresSource {
             if !filter.captures(table) || !state.tables.contains(&table.to_string()) {
                 continue;
             }
-            // Known not to be verifiable (no key, or a key type that does
-            // not order alike everywhere): left out here, so that the
-            // answer says so.
-            if state.keyless.contains_key(&table.to_string())
-                || self.announced.get(table).is_some_and(|s| unverifiable(s, true).is_some())
-            {
-                tracing::warn!(table = %table, "the table is not verified: it has no key, or a key of a type whose \
-                    order differs between databases");
+            // Known not to be verifiable (a key type that does not order
+            // alike everywhere): left out here, so that the answer says so.
+            if self.announced.get(table).is_some_and(|s| unverifiable(s).is_some()) {
+                tracing::warn!(table = %table, "the table is not verified: it has a key of a type whose order \
+                    differs between databases");
                 continue;
             }
             let snap = state.snapshot.get_or_insert_with(SnapshotState::default);

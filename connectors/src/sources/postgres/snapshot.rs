@@ -755,20 +755,10 @@ fn verify_chunk(
     summary: Option<tributary_schemas::records::RangeSummary>,
 ) -> Chunk {
     let schema = &shared.tables[ti].schema;
-    let (after, until) = bounds;
+    let at = Position { commit: shared.lsn, index: 0 };
     let range = tributary_schemas::records::VerifyRange {
-        id,
-        at: Position { commit: shared.lsn, index: 0 },
-        connector: shared.ctx.connector.to_string(),
-        schema_id: 0,
-        key_schema_id: None,
-        partition: None,
-        columns: Some(schema.columns.iter().map(|c| c.name.clone()).collect()),
         summary,
-        after,
-        until,
-        last,
-        rows,
+        ..tributary_schemas::records::VerifyRange::read(id, at, &shared.ctx.connector, schema, bounds, last, rows)
     };
     Chunk {
         table: ti,
@@ -797,6 +787,9 @@ async fn read_for_verification(
 
     let t = &shared.tables[ti];
     let schema = &t.schema;
+    if schema.key.is_empty() {
+        return read_keyless_for_verification(client, shared, ti, si, id, tx).await;
+    }
     let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())));
     let whole: [KeyBounds; 1] = [(None, None)];
     let within = t.plan.verify_within.as_deref().unwrap_or(&whole);
@@ -843,6 +836,70 @@ async fn read_for_verification(
         let chunk = verify_chunk(shared, ti, si, id, (after, upper.clone()), final_bounds, rows, None);
         if tx.send(Ok(chunk)).await.is_err() {
             return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Reads table `ti`, which has no key, for verification `id`: its rows'
+/// digests in ranges of their content keys (see
+/// [`crate::source::keyless`]), in as many passes over the table as its
+/// row count needs, all in the verification's snapshot.
+async fn read_keyless_for_verification(
+    client: &tokio_postgres::Client,
+    shared: &WorkerShared,
+    ti: usize,
+    si: usize,
+    id: u64,
+    tx: &mpsc::Sender<Result<Chunk>>,
+) -> Result<()> {
+    use crate::source::keyless::{passes, Pass};
+
+    let t = &shared.tables[ti];
+    let schema = &t.schema;
+    let what = "reading a table without a key to verify it";
+    let only = if t.partitioned { "" } else { "ONLY " };
+    let count: i64 = client
+        .query_one(format!("SELECT count(*) FROM {only}{}", quote_table(&schema.id)).as_str(), &[])
+        .await
+        .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?
+        .get(0);
+    let of = passes(u64::try_from(count).unwrap_or(0));
+    let binary = binary_columns(schema.columns.iter().map(|c| (&c.data_type, c.source_type.as_str())));
+    let cols = schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let format = if binary.is_some() { " (FORMAT binary)" } else { "" };
+    let sql = format!("COPY (SELECT {cols} FROM {only}{}) TO STDOUT{format}", quote_table(&schema.id));
+    let started = tokio::time::Instant::now();
+    let mut read_rows: u64 = 0;
+    for pass in 0..of {
+        let stream = client
+            .copy_out(sql.as_str())
+            .await
+            .map_err(|e| classify_pg(e, what).with_table(schema.id.clone()))?;
+        futures::pin_mut!(stream);
+        let mut read = CopyRows::new(stream, binary.as_deref(), schema, what);
+        let mut taken = Pass::new(schema, pass, of);
+        while let Some((row, _)) = read.next().await? {
+            taken.push(schema, &row)?;
+            read_rows += 1;
+            if t.plan.verify_rate > 0 && read_rows.is_multiple_of(1_000) {
+                let due = Duration::from_secs_f64(read_rows as f64 / t.plan.verify_rate as f64);
+                tokio::time::sleep_until(started + due).await;
+            }
+        }
+        if of > 1 {
+            tracing::debug!(table = %schema.id, pass, of, rows = taken.len(), "a pass over a table without a key");
+        }
+        for (bounds, rows, last) in taken.ranges(VERIFY_RANGE_ROWS, VERIFY_RANGE_BYTES) {
+            let chunk = verify_chunk(shared, ti, si, id, bounds, last, rows, None);
+            if tx.send(Ok(chunk)).await.is_err() {
+                return Ok(());
+            }
         }
     }
     Ok(())
