@@ -892,7 +892,24 @@ impl Warehouse for PostgresSink {
                 .columns
                 .iter()
                 .enumerate()
-                .map(|(i, c)| crate::pgwire::values::text_cell(&row, i, &schema.id, c))
+                .map(|(i, c)| match c.data_type {
+                    // Microseconds ([`read_back_text`]).
+                    DataType::TimeSpan => {
+                        let text: Option<&str> = row.try_get(i).map_err(|e| {
+                            Error::permanent(format!("reading column {} back: {e}", c.name))
+                                .with_table(schema.id.clone())
+                                .with_column(c.name.clone())
+                        })?;
+                        text.map_or(Ok(Value::Null), |t| {
+                            t.parse().map(Value::Time).map_err(|_| {
+                                Error::permanent(format!("column {}: {t:?} is not a count of microseconds", c.name))
+                                    .with_table(schema.id.clone())
+                                    .with_column(c.name.clone())
+                            })
+                        })
+                    }
+                    _ => crate::pgwire::values::text_cell(&row, i, &schema.id, c),
+                })
                 .collect::<Result<Vec<_>>>()?;
             out.push(values);
         }
@@ -917,18 +934,31 @@ fn read_range_sql(
     schema: &TableSchema,
     range: &KeyRange,
 ) -> std::result::Result<String, String> {
-    let cols = schema
-        .columns
-        .iter()
-        .map(|c| format!("{}::text", quote_ident(&c.name)))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let cols = schema.columns.iter().map(read_back_text).collect::<Vec<_>>().join(", ");
     let mut sql = format!("SELECT {cols} FROM {}", table.quoted());
     if let Some(condition) = range_condition(schema, range)? {
         sql.push_str(" WHERE ");
         sql.push_str(&condition);
     }
     Ok(sql)
+}
+
+/// A column read back as the text the source's decoders read: its type's
+/// output function, as pgoutput sends it (`::text` is a cast of its own
+/// for `character(n)`, which drops the padding, and `inet`/`cidr`, which
+/// add the netmask of a host); a MySQL TIME kept as `interval` as its
+/// microseconds.
+fn read_back_text(c: &tributary_schemas::Column) -> String {
+    let name = quote_ident(&c.name);
+    let source_type = c.source_type.to_ascii_lowercase();
+    let base = source_type.split('(').next().unwrap_or_default().trim();
+    if c.data_type == DataType::TimeSpan {
+        format!("(extract(epoch FROM {name}) * 1000000)::bigint::text")
+    } else if matches!(base, "character" | "bpchar" | "inet" | "cidr") {
+        format!("CASE WHEN {name} IS NULL THEN NULL ELSE format('%s', {name}) END")
+    } else {
+        format!("{name}::text")
+    }
 }
 
 /// The condition keeping the rows of `range`, the key compared as every
