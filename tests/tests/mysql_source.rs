@@ -180,6 +180,14 @@ async fn snapshot_then_streaming_equals_source() {
     let update = streamed.iter().find(|e| e.op == Op::Update).expect("an update");
     assert_eq!(update.before.as_ref().map(|b| b[1].clone()), update.after.as_ref().map(|a| a[1].clone()));
     assert!(update.source.tx_id.as_deref().is_some_and(|g| g.starts_with("0-1-")), "MariaDB GTID as tx id");
+    // Debezium's transaction block: the GTID, the change's order in the
+    // transaction and in its table (one table here: the same).
+    for e in &streamed {
+        let tx = e.transaction.as_ref().expect("the transaction block");
+        assert_eq!(Some(tx.id.as_str()), update.source.tx_id.as_deref());
+        assert_eq!(tx.total_order as u64, e.source.position.index);
+        assert_eq!(tx.data_collection_order, tx.total_order);
+    }
     let state = SourceState::from_checkpoint(mirror.checkpoint.as_ref().expect("checkpoint")).expect("state");
     assert!(state.gtid.is_some() && state.snapshot.is_none());
     fx.drop().await;

@@ -36,7 +36,9 @@ use mysql_async::consts::ColumnType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use serde::{Deserialize, Serialize};
-use tributary_schemas::{ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, Value};
+use tributary_schemas::{
+    ChangeEvent, Op, Position, SnapshotMarker, SourceInfo, TableId, TableSchema, TransactionInfo, Value,
+};
 
 use super::config::{ConnectionParams, MySqlSourceConfig, NewTables, ResumeBy, SnapshotMode, TableFilter};
 use super::gtid::{self, MariaGtidEvent, MariaGtidPos, MySqlGtidSet};
@@ -102,6 +104,9 @@ struct OpenTxn {
     start: Option<BinlogPosition>,
     /// Changes read so far (skipped ones included).
     ordinal: u64,
+    /// Changes read so far per table (skipped ones included): each
+    /// change's `data_collection_order`.
+    per_table: BTreeMap<TableId, i64>,
     /// Changes already in Kafka before a restart: read, not emitted.
     skip: u64,
     /// Changes handed out (in earlier batches or before a restart).
@@ -641,6 +646,12 @@ impl Streamer {
                     if let Some(b) = self.built(&t, sc)? {
                         let mut e = change(b.schema.clone(), Op::Truncate, None, None, sc.ctx);
                         e.source.snapshot = SnapshotMarker::False;
+                        let order = txn.count(&t);
+                        e.transaction = Some(TransactionInfo {
+                            id: String::new(),
+                            total_order: 0,
+                            data_collection_order: order,
+                        });
                         txn.messages.push(SourceMessage::Change(e));
                     }
                 }
@@ -805,6 +816,7 @@ impl Streamer {
         let mut failed = false;
         for (before, after) in decoded {
             txn.ordinal += 1;
+            let order = txn.count(&table);
             if txn.ordinal <= txn.skip || failed {
                 // In Kafka already (an earlier part, before a restart), or
                 // the table is paused from here.
@@ -812,8 +824,13 @@ impl Streamer {
             }
             match decode(before).and_then(|b| Ok((b, decode(after)?))) {
                 Ok((before, after)) => {
-                    txn.messages
-                        .push(SourceMessage::Change(change(built.schema.clone(), op, before, after, ctx)))
+                    let mut e = change(built.schema.clone(), op, before, after, ctx);
+                    e.transaction = Some(TransactionInfo {
+                        id: String::new(),
+                        total_order: 0,
+                        data_collection_order: order,
+                    });
+                    txn.messages.push(SourceMessage::Change(e))
                 }
                 Err(e) if e.kind() == ErrorKind::Permanent => {
                     txn.fail(&table, &e, copying);
@@ -857,15 +874,36 @@ impl OpenTxn {
     fn hand_out(&mut self, most: usize, at: &BinlogPosition, commit: u64) -> Vec<SourceMessage> {
         let mut messages: Vec<SourceMessage> = self.messages.drain(..most.min(self.messages.len())).collect();
         let native: Arc<str> = at.to_string().into();
+        // Debezium's transaction id: the GTID, else where the transaction
+        // starts in the binlog (the same for each of its parts).
+        let id = self
+            .gtid
+            .clone()
+            .or_else(|| self.start.as_ref().map(ToString::to_string))
+            .unwrap_or_else(|| at.to_string());
         for m in &mut messages {
             if let SourceMessage::Change(e) = m {
                 self.emitted += 1;
                 e.source.position = Position { commit, index: self.emitted };
                 e.source.native_position = native.clone();
                 e.source.tx_id = self.gtid.clone();
+                let data_collection_order = e.transaction.as_ref().map_or(0, |t| t.data_collection_order);
+                e.transaction = Some(TransactionInfo {
+                    id: id.clone(),
+                    total_order: i64::try_from(self.emitted).unwrap_or(i64::MAX),
+                    data_collection_order,
+                });
             }
         }
         messages
+    }
+
+    /// Counts a change of `table` read in the transaction: its
+    /// `data_collection_order`.
+    fn count(&mut self, table: &TableId) -> i64 {
+        let n = self.per_table.entry(table.clone()).or_insert(0);
+        *n += 1;
+        *n
     }
 }
 
