@@ -735,12 +735,16 @@ impl OracleSource {
         if let Some(done) = xml.take() {
             self.finish_xml(state, &txn, rank, done, &mut events)?;
         }
-        let total = events.len() as i64;
+        // Debezium's block: the change's place in the transaction and
+        // among the transaction's changes of its table, each from 1.
+        let mut per_table: std::collections::BTreeMap<TableId, i64> = std::collections::BTreeMap::new();
         for (i, (_, mut ev)) in events.into_iter().enumerate() {
+            let n = per_table.entry(ev.schema.id.clone()).or_insert(0);
+            *n += 1;
             ev.transaction = Some(TransactionInfo {
                 id: txn.xid.clone(),
                 total_order: i as i64 + 1,
-                data_collection_order: total,
+                data_collection_order: *n,
             });
             out.push(SourceMessage::Change(ev));
         }
@@ -1152,6 +1156,8 @@ mod tests {
     struct Mirror {
         rows: BTreeMap<(TableId, String), Row>,
         seen: Vec<(TableId, Op, Position)>,
+        /// The transaction block of each streamed change.
+        blocks: Vec<TransactionInfo>,
         dropped: Vec<TableId>,
         schemas: BTreeMap<TableId, Arc<TableSchema>>,
     }
@@ -1170,6 +1176,7 @@ mod tests {
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
                         self.seen.push((ev.schema.id.clone(), ev.op, ev.source.position));
+                        self.blocks.extend(ev.transaction.clone());
                         let row = ev.after.as_ref().or(ev.before.as_ref()).expect("a row");
                         let key = format!("{:?}", row[0]);
                         match ev.op {
@@ -1338,6 +1345,13 @@ mod tests {
             .collect();
         assert!(streamed.windows(2).all(|w| w[0] < w[1]), "{streamed:?}");
         assert!(streamed[0] > snapshot[0].2);
+        // Debezium's transaction block: the insert of 6, the delete of 2
+        // and the update of 3 are one transaction's first to third change,
+        // and of its table's.
+        assert_eq!(mirror.blocks.len(), streamed.len(), "every streamed change has its block");
+        let tx: Vec<&TransactionInfo> = mirror.blocks.iter().filter(|b| b.id == mirror.blocks[2].id).collect();
+        let orders: Vec<(i64, i64)> = tx.iter().map(|b| (b.total_order, b.data_collection_order)).collect();
+        assert_eq!(orders, vec![(1, 1), (2, 2), (3, 3)], "{:?}", mirror.blocks);
     }
 
     #[tokio::test]
