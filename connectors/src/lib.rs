@@ -31,7 +31,7 @@ pub use problem::{Problem, Severity};
 pub use sink::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkConfig, SinkRecord};
 pub use source::{
     copy_for_key_change, keyless_shape, Checkpoint, CopyHold, CopyHolds, SnapshotTableProgress, Source, SourceBatch,
-    SourceConfig, SourceMessage,
+    SourceConfig, SourceMessage, TransactionEnd,
 };
 
 /// Milliseconds since the Unix epoch, for events' processing time (`ts_ms`)

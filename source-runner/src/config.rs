@@ -69,6 +69,12 @@ pub struct SourceRunnerConfig {
     /// Verification of the copy (`[verify]`, see docs/verification.md).
     #[serde(default)]
     pub verify: VerifyConfig,
+    /// Whether the copy's transaction topic, `<prefix>.transaction`, gets
+    /// Debezium's BEGIN and END record of each source transaction
+    /// (`provide.transaction.metadata`; off by default, as Debezium's: two
+    /// more records per transaction).
+    #[serde(default)]
+    pub transaction_metadata: bool,
     /// The source: exactly one section, e.g. `[postgres]` or `[mysql]`.
     #[serde(flatten)]
     pub source: Sources,

@@ -279,7 +279,7 @@ impl HeldTables {
                 SourceMessage::SchemaChanged(s) => out[i] = self.held.contains_key(&s.id),
                 // A sequence only ever moves a destination's forward: never
                 // held back.
-                SourceMessage::Sequence(..) => {}
+                SourceMessage::Sequence(..) | SourceMessage::TransactionEnd(_) => {}
                 // A held table's changes wait: its rows at the destination
                 // are not the source's until its copy ends, so a range
                 // read meanwhile would differ.

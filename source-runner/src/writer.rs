@@ -25,6 +25,7 @@ use tributary_connectors::{Checkpoint, Error, ErrorKind, Source, SourceBatch, So
 use tributary_operations::telemetry::Telemetry;
 use tributary_schemas::avro::EnvelopeOptions;
 use tributary_schemas::encoder::EventEncoder;
+use tributary_schemas::records::transaction::TransactionRecord;
 use tributary_schemas::records::{ControlRecord, OffsetsRecord, RangePartition, VerifyRange};
 use tributary_schemas::topic::TopicNaming;
 use tributary_schemas::{Op, SchemaError, SnapshotMarker, TableId, TableSchema};
@@ -52,6 +53,11 @@ pub struct TopicWriter {
     /// Side records of batches in the open transaction, written with its
     /// checkpoint (`None`: deleted).
     side_pending: BTreeMap<String, Option<String>>,
+    /// The registry, for the transaction topic's schemas.
+    registry: tributary_schemas::registry::Registry,
+    /// The registry's ids of the transaction topic's key and value schemas,
+    /// once registered.
+    transaction_ids: Option<(u32, u32)>,
 }
 
 /// What the offsets topic held for the runner at start, besides the held
@@ -88,7 +94,7 @@ impl TopicWriter {
             .registry(&config.schema_registry_url)
             .map_err(|e| Error::needs_operator(e.to_string()))?;
         let encoder = EventEncoder::new(
-            registry,
+            registry.clone(),
             EnvelopeOptions {
                 connector: config.connector().to_string(),
                 tombstones: config.tombstones,
@@ -116,6 +122,8 @@ impl TopicWriter {
             schemas: HashMap::new(),
             held: HeldTables::default(),
             side_pending: BTreeMap::new(),
+            registry,
+            transaction_ids: None,
         })
     }
 
@@ -396,7 +404,8 @@ impl TopicWriter {
                 | SourceMessage::TableFailed(..)
                 | SourceMessage::TableRewritten(..)
                 | SourceMessage::Sequence(..)
-                | SourceMessage::Verify(..) => continue,
+                | SourceMessage::Verify(..)
+                | SourceMessage::TransactionEnd(_) => continue,
             };
             if self.held.is_held(held, i, &schema.id) {
                 continue;
@@ -463,8 +472,27 @@ impl TopicWriter {
                 SourceMessage::SchemaChanged(_)
                 | SourceMessage::TableFailed(..)
                 | SourceMessage::TableRewritten(..) => {}
+                SourceMessage::TransactionEnd(end) => {
+                    if self.config.transaction_metadata {
+                        let data_collections = end.tables.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+                        let record = TransactionRecord::End {
+                            id: end.id.clone(),
+                            ts_ms: end.ts_ms,
+                            data_collections,
+                        };
+                        self.send_transaction(&record).await?;
+                    }
+                }
                 SourceMessage::Change(event) if self.held.is_held(held, i, &event.schema.id) => {}
                 SourceMessage::Change(event) => {
+                    // A source transaction's first change: Debezium's BEGIN
+                    // before it.
+                    if let Some(tx) = event.transaction.as_ref().filter(|t| t.total_order == 1) {
+                        if self.config.transaction_metadata {
+                            let record = TransactionRecord::Begin { id: tx.id.clone(), ts_ms: event.source.ts_ms };
+                            self.send_transaction(&record).await?;
+                        }
+                    }
                     if !run.as_ref().is_some_and(|(schema, _, _)| Arc::ptr_eq(schema, &event.schema)) {
                         if let Some((schema, _, c)) = run.take() {
                             counts.entry(&schema.id).or_default().add(c);
@@ -545,6 +573,27 @@ impl TopicWriter {
             counts.entry(&schema.id).or_default().add(c);
         }
         Ok(counts.into_iter().map(|(id, c)| (id.clone(), c)).collect())
+    }
+
+    /// Writes `record` on the copy's transaction topic (made and its
+    /// schemas registered the first time), keyed by the transaction's id:
+    /// one partition keeps each transaction's BEGIN before its END.
+    async fn send_transaction(&mut self, record: &TransactionRecord) -> Result<(), Error> {
+        use tributary_schemas::records::transaction::{topic, KEY_SCHEMA, VALUE_SCHEMA};
+        let topic = topic(self.config.prefix());
+        let (key_id, value_id) = match self.transaction_ids {
+            Some(ids) => ids,
+            None => {
+                self.topics.ensure(&topic, false).await?;
+                let key_id = self.registry.register(&format!("{topic}-key"), KEY_SCHEMA).await?;
+                let value_id = self.registry.register(&format!("{topic}-value"), VALUE_SCHEMA).await?;
+                *self.transaction_ids.insert((key_id, value_id))
+            }
+        };
+        let unwritable = |e: tributary_schemas::records::RecordError| Error::permanent(e.to_string());
+        let key = record.encode_key(key_id).map_err(unwritable)?;
+        let value = record.encode_value(value_id).map_err(unwritable)?;
+        self.producer.send(&topic, None, Some(&key), Some(&value), None).await
     }
 
     /// Makes the copy's requests topic (what its sink runners ask) exist.

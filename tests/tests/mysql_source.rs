@@ -188,6 +188,21 @@ async fn snapshot_then_streaming_equals_source() {
         assert_eq!(tx.total_order as u64, e.source.position.index);
         assert_eq!(tx.data_collection_order, tx.total_order);
     }
+    // Its end, after its 22 changes, all of items.
+    let at = |want: &dyn Fn(&SourceMessage) -> bool| mirror.messages.iter().position(want);
+    let end =
+        at(&|m| matches!(m, SourceMessage::TransactionEnd(e) if Some(e.id.as_str()) == update.source.tx_id.as_deref()))
+            .expect("the transaction's end");
+    let SourceMessage::TransactionEnd(e) = &mirror.messages[end] else {
+        unreachable!()
+    };
+    assert_eq!(e.tables, vec![(items.clone(), 22)]);
+    let last_change = mirror
+        .messages
+        .iter()
+        .rposition(|m| matches!(m, SourceMessage::Change(_)))
+        .expect("changes");
+    assert!(end > last_change, "the end follows the changes");
     let state = SourceState::from_checkpoint(mirror.checkpoint.as_ref().expect("checkpoint")).expect("state");
     assert!(state.gtid.is_some() && state.snapshot.is_none());
     fx.drop().await;
@@ -863,7 +878,7 @@ fn assert_rows_follow_their_announced_schema(mirror: &Mirror) {
             }
             SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
             SourceMessage::TableRewritten(t, reason) => panic!("{t} rewritten: {reason}"),
-            SourceMessage::Sequence(..) | SourceMessage::Verify(..) => {}
+            SourceMessage::Sequence(..) | SourceMessage::Verify(..) | SourceMessage::TransactionEnd(_) => {}
             SourceMessage::Change(e) => {
                 assert!(
                     announced.get(&e.schema.id).is_some_and(|s| **s == *e.schema),

@@ -69,6 +69,9 @@ struct Mirror {
     rewritten: Vec<(TableId, String)>,
     /// Sequence states the source sent, with their table.
     sequences: Vec<(TableId, tributary_schemas::SequenceState)>,
+    /// The ends of source transactions, each with the count of events
+    /// received of it before it.
+    ends: Vec<(tributary_connectors::TransactionEnd, usize)>,
 }
 
 /// Moves one key of the mirror forward to `pos`; never backwards.
@@ -103,6 +106,14 @@ impl Mirror {
                 SourceMessage::TableRewritten(t, reason) => self.rewritten.push((t.clone(), reason.clone())),
                 SourceMessage::Sequence(t, state) => self.sequences.push((t.clone(), state.clone())),
                 SourceMessage::Verify(..) => {}
+                SourceMessage::TransactionEnd(end) => {
+                    let before = self
+                        .events
+                        .iter()
+                        .filter(|e| e.transaction.as_ref().is_some_and(|t| t.id == end.id))
+                        .count();
+                    self.ends.push((end.clone(), before));
+                }
                 SourceMessage::Change(e) => {
                     assert!(
                         self.schemas.get(&e.schema.id).is_some_and(|s| **s == *e.schema),
@@ -326,6 +337,26 @@ async fn snapshot_then_streaming_equals_source() {
         .filter(|e| e.transaction.as_ref().is_some_and(|t| t.total_order == 3))
         .collect();
     assert!(!tx_events.is_empty(), "the three-statement transaction has a third event");
+    // Each transaction's end follows its changes, with their count per
+    // table (the statements sent in one query string are one transaction:
+    // the one of the insert of 7000 holds them all).
+    let tx_id = &streamed
+        .iter()
+        .find(|e| e.op == Op::Create && e.after.as_ref().is_some_and(|a| format!("{:?}", a[0]).contains("7000")))
+        .and_then(|e| e.transaction.as_ref())
+        .expect("the insert of 7000")
+        .id;
+    let (end, before) = mirror.ends.iter().find(|(e, _)| e.id == *tx_id).expect("its end");
+    let of_it = streamed
+        .iter()
+        .filter(|e| e.transaction.as_ref().is_some_and(|t| t.id == *tx_id))
+        .count();
+    assert!(of_it >= 3, "{of_it}");
+    assert_eq!(end.tables, vec![(TableId::new(s.as_str(), "items"), of_it as i64)]);
+    assert_eq!(*before, of_it, "after its changes");
+    for (end, before) in &mirror.ends {
+        assert_eq!(end.tables.iter().map(|(_, n)| *n as usize).sum::<usize>(), *before, "{end:?}");
+    }
 
     fx.exec(&format!("TRUNCATE {s}.nokey")).await;
     sync(&mut source, &mut mirror, &fx, &["nokey"]).await;

@@ -55,6 +55,7 @@ async fn every_change_reaches_kafka_exactly_once_across_kill_9() {
         format!(
             r#"name = "{name}"
 schema_registry_url = "{registry}"
+transaction_metadata = true
 
 [kafka]
 bootstrap_servers = "{kafka}"
@@ -88,8 +89,11 @@ heartbeat_interval_ms = 1000
     let mut expected_changes = 0usize;
     let kills: BTreeSet<u64> = [20 + rng.below(40), 80 + rng.below(60)].into_iter().collect();
     let mut deleted = BTreeSet::new();
+    // The changes of each streamed transaction that changed anything.
+    let mut transactions: Vec<usize> = Vec::new();
     for step in 0..160u64 {
         let mut sql = String::from("BEGIN;");
+        let before = expected_changes;
         for _ in 0..1 + rng.below(4) {
             match rng.below(10) {
                 0 => {
@@ -115,6 +119,9 @@ heartbeat_interval_ms = 1000
             expected_changes += 1;
         }
         sql.push_str("COMMIT;");
+        if expected_changes > before {
+            transactions.push(expected_changes - before);
+        }
         pg.batch_execute(&sql).await.expect("workload transaction");
         if kills.contains(&step) {
             runner.kill9();
@@ -129,6 +136,7 @@ heartbeat_interval_ms = 1000
     drop(runner);
 
     counters::assert_exactly_once(&seen.lock().unwrap(), SNAPSHOT_ROWS as usize, expected_changes);
+    assert_transaction_topic(&format!("{name}.transaction"), &transactions);
 
     let identity: String = pg
         .query_one(
@@ -142,6 +150,45 @@ heartbeat_interval_ms = 1000
 
     tributary_tests::e2e::delete_source_copy(&pg, &config, &name).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `transaction_metadata = true`: the transaction topic holds, exactly
+/// once across the kills, a BEGIN and then an END of each streamed
+/// transaction, whose counts are its changes (`expected`, in order).
+fn assert_transaction_topic(topic: &str, expected: &[usize]) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    use tributary_schemas::records::transaction::TransactionRecord;
+
+    let c: BaseConsumer = tributary_tests::committed_reader("transactions").create().expect("consumer");
+    c.subscribe(&[topic]).expect("subscribe");
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let mut records = Vec::new();
+    while records.len() < 2 * expected.len() && std::time::Instant::now() < until {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            let value = m.payload().expect("a value");
+            records.push(TransactionRecord::decode_value(value).expect("a transaction record"));
+        }
+    }
+    assert_eq!(records.len(), 2 * expected.len(), "a BEGIN and an END per transaction: {records:?}");
+    // Per transaction (keyed by its id: one partition, in order).
+    let mut by_id: std::collections::BTreeMap<&str, Vec<&TransactionRecord>> = Default::default();
+    for r in &records {
+        by_id.entry(r.id()).or_default().push(r);
+    }
+    let mut counts: Vec<usize> = by_id
+        .values()
+        .map(|pair| match pair.as_slice() {
+            [TransactionRecord::Begin { .. }, TransactionRecord::End { data_collections, .. }] => {
+                data_collections.iter().map(|(_, n)| *n as usize).sum()
+            }
+            _ => panic!("not one BEGIN then its END: {pair:?}"),
+        })
+        .collect();
+    counts.sort_unstable();
+    let mut want = expected.to_vec();
+    want.sort_unstable();
+    assert_eq!(counts, want, "each END counts its transaction's changes");
 }
 
 /// Issue #23: the source runner's checkpoint and the PostgreSQL slot, in

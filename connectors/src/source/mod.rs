@@ -107,6 +107,38 @@ pub enum SourceMessage {
     /// as a verify control record on the table's topic, with the registry
     /// ids of the table's schemas, for sinks to compare.
     Verify(TableId, tributary_schemas::records::VerifyRange),
+    /// A source transaction ended: after its last change, in the batch
+    /// that holds that change (see [`TransactionEnd`]). Sent for a
+    /// transaction with at least one captured change; the runner writes
+    /// Debezium's END record on the copy's transaction topic.
+    TransactionEnd(TransactionEnd),
+}
+
+/// The end of a source transaction (its changes carry the same
+/// `transaction.id`): what Debezium's END record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransactionEnd {
+    /// The transaction's id, as its changes' `transaction.id`.
+    pub id: String,
+    /// Its commit time at the source, in milliseconds.
+    pub ts_ms: i64,
+    /// Its captured changes per table (every part of it, also those handed
+    /// out before a restart), in table order.
+    pub tables: Vec<(TableId, i64)>,
+}
+
+impl TransactionEnd {
+    /// The end of transaction `id` from its per-table counts (tables with
+    /// none left out); `None` when it changed no captured table.
+    pub fn of<'a>(id: String, ts_ms: i64, counts: impl IntoIterator<Item = (&'a TableId, &'a i64)>) -> Option<Self> {
+        let mut tables: Vec<(TableId, i64)> = counts
+            .into_iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(t, n)| (t.clone(), *n))
+            .collect();
+        tables.sort();
+        (!tables.is_empty()).then_some(Self { id, ts_ms, tables })
+    }
 }
 
 /// What a source keeps of a table without a key to tell when it must be

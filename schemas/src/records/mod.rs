@@ -11,6 +11,8 @@
 //!   cover, read at the next start and by `source-runner reset`.
 //! * [`requests`]: what a sink runner asks its copy's source runner (a
 //!   repair of rows a verification found different).
+//! * [`transaction`]: the copy's transaction topic (Debezium's BEGIN and
+//!   END records), written by the source runner with the changes.
 //!
 //! Neither module knows Kafka's client types: a record is text headers or
 //! a key and value of bytes, which the runners hand to rdkafka.
@@ -18,6 +20,7 @@
 pub mod control;
 pub mod offsets;
 pub mod requests;
+pub mod transaction;
 
 pub use control::{ControlRecord, RangePartition, RangeSummary, VerifyRange};
 pub use offsets::{CopyProgress, Held, HeldTable, OffsetsKey, OffsetsRecord};

@@ -527,11 +527,14 @@ impl Streamer {
             sc.state.binlog = end.clone();
             return Ok(Vec::new());
         };
-        let messages = if txn.in_parts {
+        let mut messages = if txn.in_parts {
             txn.take_part(usize::MAX)
         } else {
             txn.hand_out(usize::MAX, end, end.ordered())
         };
+        if let Some(e) = crate::TransactionEnd::of(txn.tx_id(end), now_ms(), &txn.per_table) {
+            messages.push(SourceMessage::TransactionEnd(e));
+        }
         sc.state.binlog = end.clone();
         if let Some(g) = txn.maria {
             self.maria_gtid.advance(g);
@@ -874,13 +877,7 @@ impl OpenTxn {
     fn hand_out(&mut self, most: usize, at: &BinlogPosition, commit: u64) -> Vec<SourceMessage> {
         let mut messages: Vec<SourceMessage> = self.messages.drain(..most.min(self.messages.len())).collect();
         let native: Arc<str> = at.to_string().into();
-        // Debezium's transaction id: the GTID, else where the transaction
-        // starts in the binlog (the same for each of its parts).
-        let id = self
-            .gtid
-            .clone()
-            .or_else(|| self.start.as_ref().map(ToString::to_string))
-            .unwrap_or_else(|| at.to_string());
+        let id = self.tx_id(at);
         for m in &mut messages {
             if let SourceMessage::Change(e) = m {
                 self.emitted += 1;
@@ -896,6 +893,15 @@ impl OpenTxn {
             }
         }
         messages
+    }
+
+    /// Debezium's transaction id: the GTID, else where the transaction
+    /// starts in the binlog (the same for each of its parts), else `at`.
+    fn tx_id(&self, at: &BinlogPosition) -> String {
+        self.gtid
+            .clone()
+            .or_else(|| self.start.as_ref().map(ToString::to_string))
+            .unwrap_or_else(|| at.to_string())
     }
 
     /// Counts a change of `table` read in the transaction: its

@@ -748,6 +748,9 @@ impl OracleSource {
             });
             out.push(SourceMessage::Change(ev));
         }
+        if let Some(end) = crate::TransactionEnd::of(txn.xid.clone(), txn.commit_ts_ms, &per_table) {
+            out.push(SourceMessage::TransactionEnd(end));
+        }
         Ok(())
     }
 
@@ -1158,6 +1161,8 @@ mod tests {
         seen: Vec<(TableId, Op, Position)>,
         /// The transaction block of each streamed change.
         blocks: Vec<TransactionInfo>,
+        /// The transactions' ends.
+        ends: Vec<crate::TransactionEnd>,
         dropped: Vec<TableId>,
         schemas: BTreeMap<TableId, Arc<TableSchema>>,
     }
@@ -1173,6 +1178,7 @@ mod tests {
                     SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                     SourceMessage::TableRewritten(t, reason) => panic!("{t} rewritten: {reason}"),
                     SourceMessage::Sequence(..) | SourceMessage::Verify(..) => {}
+                    SourceMessage::TransactionEnd(end) => self.ends.push(end.clone()),
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");
                         self.seen.push((ev.schema.id.clone(), ev.op, ev.source.position));
@@ -1350,8 +1356,11 @@ mod tests {
         // and of its table's.
         assert_eq!(mirror.blocks.len(), streamed.len(), "every streamed change has its block");
         let tx: Vec<&TransactionInfo> = mirror.blocks.iter().filter(|b| b.id == mirror.blocks[2].id).collect();
-        let orders: Vec<(i64, i64)> = tx.iter().map(|b| (b.total_order, b.data_collection_order)).collect();
-        assert_eq!(orders, vec![(1, 1), (2, 2), (3, 3)], "{:?}", mirror.blocks);
+        let order: Vec<(i64, i64)> = tx.iter().map(|b| (b.total_order, b.data_collection_order)).collect();
+        assert_eq!(order, vec![(1, 1), (2, 2), (3, 3)], "{:?}", mirror.blocks);
+        // Its end, after its changes, with their count.
+        let end = mirror.ends.iter().find(|e| e.id == tx[0].id).expect("the transaction's end");
+        assert_eq!(end.tables, vec![(orders(), 3)]);
     }
 
     #[tokio::test]

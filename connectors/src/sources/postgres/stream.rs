@@ -542,6 +542,10 @@ impl Streamer {
                     out.lsn = self.safe_lsn;
                     bytes += txn.bytes;
                     out.messages.extend(txn.messages);
+                    if let Some(end) = crate::TransactionEnd::of(txn.xid.to_string(), txn.commit_ts_ms, &txn.per_table)
+                    {
+                        out.messages.push(SourceMessage::TransactionEnd(end));
+                    }
                     if !txn.created.is_empty() {
                         out.created = txn.created;
                         break;

@@ -678,6 +678,9 @@ impl SqlServerSource {
                             }),
                         }));
                     }
+                    if let Some(end) = crate::TransactionEnd::of(txn.lsn.to_string(), txn.ts_ms, &per_table) {
+                        messages.push(SourceMessage::TransactionEnd(end));
+                    }
                     self.state_mut()?.lsn = txn.lsn;
                 }
             }

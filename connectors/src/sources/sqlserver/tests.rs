@@ -178,6 +178,35 @@ async fn key_updates_are_a_delete_then_an_insert_with_serial_numbers() {
     assert_eq!(m.live(&t("a")), vec![row(2, 5)]);
 }
 
+/// Debezium's transaction block and end: a transaction over two tables
+/// orders its changes in all and per table, and its end, after them,
+/// counts them per table.
+#[tokio::test]
+async fn a_transaction_over_two_tables_has_its_orders_and_its_end() {
+    let db = server();
+    let (mut s, _, _) = caught_up_source(&db, 10).await;
+    db.commit(vec![
+        FakeOp::Insert(t("a"), row(1, 1)),
+        FakeOp::Insert(t("b"), row(1, 1)),
+        FakeOp::Insert(t("a"), row(2, 2)),
+    ])
+    .expect("a transaction");
+    let b = s.next_batch().await.expect("batch");
+    let blocks: Vec<(i64, i64)> = b
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            SourceMessage::Change(ev) => ev.transaction.as_ref().map(|t| (t.total_order, t.data_collection_order)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(blocks, vec![(1, 1), (2, 1), (3, 2)]);
+    let Some(SourceMessage::TransactionEnd(end)) = b.messages.last() else {
+        panic!("the batch ends with the transaction's end: {:?}", b.messages);
+    };
+    assert_eq!(end.tables, vec![(t("a"), 2), (t("b"), 1)]);
+}
+
 #[tokio::test]
 async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() {
     let db = server();
@@ -209,6 +238,7 @@ async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() 
                 SourceMessage::TableRewritten(t, reason) => format!("rewritten {t}: {reason}"),
                 SourceMessage::Sequence(t, state) => format!("sequence {t}: {}", state.name),
                 SourceMessage::Verify(t, range) => format!("verify {t}: {} rows", range.rows.len()),
+                SourceMessage::TransactionEnd(_) => continue,
             });
         }
         checkpoint = Some(b.checkpoint);
