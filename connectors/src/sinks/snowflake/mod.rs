@@ -716,8 +716,6 @@ impl Warehouse for SnowflakeSink {
         error
     }
 
-    /// Makes the destination table fit `schema`: creates it, adds columns,
-    /// widens types, relaxes NOT NULL.
     async fn schema_differences(
         &mut self,
         dest: &DestinationTable,
@@ -734,6 +732,8 @@ impl Warehouse for SnowflakeSink {
         .map(Some)
     }
 
+    /// Makes the destination table fit `schema`: creates it, adds columns,
+    /// widens types, relaxes NOT NULL.
     async fn reconcile(&mut self, dest: &DestinationTable, schema: &TableSchema, origin: &str) -> Result<()> {
         let fingerprint = {
             let mut h = DefaultHasher::new();
