@@ -28,7 +28,7 @@ use tributary_schemas::encoder::EventEncoder;
 use tributary_schemas::records::transaction::TransactionRecord;
 use tributary_schemas::records::{ControlRecord, OffsetsRecord, RangePartition, VerifyRange};
 use tributary_schemas::topic::TopicNaming;
-use tributary_schemas::{Op, SchemaError, SnapshotMarker, TableId, TableSchema};
+use tributary_schemas::{ChangeEvent, Op, SchemaError, SnapshotMarker, TableId, TableSchema};
 
 use crate::config::{IncompatibleSchemaChanges, SourceRunnerConfig};
 use crate::held_tables::{new_reset_id, HeldTables};
@@ -58,6 +58,11 @@ pub struct TopicWriter {
     /// The registry's ids of the transaction topic's key and value schemas,
     /// once registered.
     transaction_ids: Option<(u32, u32)>,
+    /// Per open source transaction, its changes not written per table (a
+    /// held table's, one that could not be encoded): its END counts only
+    /// what the topics hold, or a sink applying whole transactions would
+    /// wait for them for ever.
+    unwritten: HashMap<String, HashMap<TableId, i64>>,
 }
 
 /// What the offsets topic held for the runner at start, besides the held
@@ -124,6 +129,7 @@ impl TopicWriter {
             side_pending: BTreeMap::new(),
             registry,
             transaction_ids: None,
+            unwritten: HashMap::new(),
         })
     }
 
@@ -473,17 +479,29 @@ impl TopicWriter {
                 | SourceMessage::TableFailed(..)
                 | SourceMessage::TableRewritten(..) => {}
                 SourceMessage::TransactionEnd(end) => {
+                    let unwritten = self.unwritten.remove(&end.id).unwrap_or_default();
                     if self.config.transaction_metadata {
-                        let data_collections = end.tables.iter().map(|(t, n)| (t.to_string(), *n)).collect();
-                        let record = TransactionRecord::End {
-                            id: end.id.clone(),
-                            ts_ms: end.ts_ms,
-                            data_collections,
-                        };
-                        self.send_transaction(&record).await?;
+                        let data_collections: Vec<(String, i64)> = end
+                            .tables
+                            .iter()
+                            .map(|(t, n)| (t.to_string(), n - unwritten.get(t).copied().unwrap_or(0)))
+                            .filter(|(_, n)| *n > 0)
+                            .collect();
+                        // Every change of it held back: nothing of it is in
+                        // the topics (its BEGIN may be, which says nothing).
+                        if !data_collections.is_empty() {
+                            let record = TransactionRecord::End {
+                                id: end.id.clone(),
+                                ts_ms: end.ts_ms,
+                                data_collections,
+                            };
+                            self.send_transaction(&record).await?;
+                        }
                     }
                 }
-                SourceMessage::Change(event) if self.held.is_held(held, i, &event.schema.id) => {}
+                SourceMessage::Change(event) if self.held.is_held(held, i, &event.schema.id) => {
+                    self.not_written(event);
+                }
                 SourceMessage::Change(event) => {
                     // A source transaction's first change: Debezium's BEGIN
                     // before it.
@@ -513,6 +531,7 @@ impl TopicWriter {
                             // nothing is skipped (it is copied again once
                             // fixed, at a start or on `POST /resync`).
                             self.pause_unencodable(table, e);
+                            self.not_written(event);
                             continue;
                         }
                         Err(e) => return Err(Error::from(e).or_table(table)),
@@ -596,10 +615,20 @@ impl TopicWriter {
         self.producer.send(&topic, None, Some(&key), Some(&value), None).await
     }
 
-    /// Makes the copy's requests topic (what its sink runners ask) exist.
+    /// Makes the copy's requests topic (what its sink runners ask) exist,
+    /// and its transaction topic with `transaction_metadata`: a sink
+    /// applying whole transactions subscribes to it by pattern, and a topic
+    /// made at the first transaction would reach it only at its next
+    /// metadata refresh (seconds of nothing applied, measured by `bench/run
+    /// --consistency`).
     pub async fn ensure_requests_topic(&mut self) -> Result<(), Error> {
         let topic = tributary_schemas::records::requests::topic(self.config.prefix());
-        self.topics.ensure(&topic, false).await.map(|_| ())
+        self.topics.ensure(&topic, false).await?;
+        if self.config.transaction_metadata {
+            let topic = tributary_schemas::records::transaction::topic(self.config.prefix());
+            self.topics.ensure(&topic, false).await?;
+        }
+        Ok(())
     }
 
     /// Whether `table`'s topic carries rows without a key (no key schema):
@@ -671,6 +700,19 @@ impl TopicWriter {
     /// Pauses `table` for a change that cannot be encoded: its changes are
     /// held back from this one on, and the table is copied again at the
     /// next start or `POST /resync`.
+    /// Counts a change of a source transaction that is not written (see
+    /// [`TopicWriter::unwritten`]).
+    fn not_written(&mut self, event: &ChangeEvent) {
+        if let Some(tx) = &event.transaction {
+            *self
+                .unwritten
+                .entry(tx.id.clone())
+                .or_default()
+                .entry(event.schema.id.clone())
+                .or_default() += 1;
+        }
+    }
+
     fn pause_unencodable(&mut self, table: &TableId, e: SchemaError) {
         let e = Error::from(e).with_kind(ErrorKind::NeedsOperator).with_hint(
             "the table's changes are held back from this change on, the other tables go on; fix the column's type \

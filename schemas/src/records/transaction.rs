@@ -51,6 +51,19 @@ fn schema(text: &str) -> Schema {
     Schema::parse_str(text).unwrap_or(Schema::Null)
 }
 
+/// The key's and the value's schemas, parsed once: parsing took most of
+/// a transactional sink's CPU per transaction (a record is decoded twice,
+/// `bench/run --consistency`).
+fn key_schema() -> &'static Schema {
+    static KEY: std::sync::OnceLock<Schema> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| schema(KEY_SCHEMA))
+}
+
+fn value_schema() -> &'static Schema {
+    static VALUE: std::sync::OnceLock<Schema> = std::sync::OnceLock::new();
+    VALUE.get_or_init(|| schema(VALUE_SCHEMA))
+}
+
 fn unreadable(reason: impl Into<String>) -> RecordError {
     RecordError::Unreadable {
         what: "a transaction record".into(),
@@ -70,7 +83,7 @@ impl TransactionRecord {
     /// [`KEY_SCHEMA`].
     pub fn encode_key(&self, key_id: u32) -> Result<Vec<u8>, RecordError> {
         let datum = Avro::Record(vec![("id".into(), Avro::String(self.id().to_string()))]);
-        framed(key_id, &schema(KEY_SCHEMA), datum)
+        framed(key_id, key_schema(), datum)
     }
 
     /// The value in the wire format, under the registry's id `value_id`
@@ -104,14 +117,13 @@ impl TransactionRecord {
             ("data_collections".into(), union(collections)),
             ("ts_ms".into(), Avro::Long(ts_ms)),
         ]);
-        framed(value_id, &schema(VALUE_SCHEMA), datum)
+        framed(value_id, value_schema(), datum)
     }
 
     /// A record's value in the wire format (its schema [`VALUE_SCHEMA`]).
     pub fn decode_value(bytes: &[u8]) -> Result<Self, RecordError> {
         let (_, mut datum) = split_header(bytes).ok_or_else(|| unreadable("no wire-format header"))?;
-        let schema = schema(VALUE_SCHEMA);
-        let value = apache_avro::reader::datum::GenericDatumReader::builder(&schema)
+        let value = apache_avro::reader::datum::GenericDatumReader::builder(value_schema())
             .build()
             .and_then(|r| r.read_value(&mut datum))
             .map_err(|e| unreadable(e.to_string()))?;
