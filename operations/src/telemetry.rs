@@ -62,6 +62,15 @@ pub mod names {
     /// The source position (its commit part: PostgreSQL's LSN) the table's
     /// last verification read at (gauge; sinks).
     pub const VERIFY_LAST_POSITION: &str = "tributary_verify_last_position";
+    /// The source commit time of the last whole transaction applied: the
+    /// destination reflects the source as of then, seconds since the epoch
+    /// (gauge; sinks with `consistency = "transactional"`).
+    pub const CONSISTENT_AS_OF_SECONDS: &str = "tributary_consistent_as_of_timestamp_seconds";
+    /// Whole source transactions applied (counter; transactional sinks).
+    pub const TRANSACTIONS: &str = "tributary_transactions";
+    /// Source transactions applied in parts, a reader may have seen part
+    /// of them (counter; transactional sinks).
+    pub const TRANSACTIONS_SPLIT: &str = "tributary_transactions_split";
 }
 
 /// The labels of a table's metrics: which runner (a copy's source and sink
@@ -288,6 +297,41 @@ pub struct RunnerStatus {
     /// position (sources whose connector can say; every 30 s).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_retained_bytes: Option<u64>,
+    /// A sink applying whole source transactions: the source moment the
+    /// destination reflects (`consistency = "transactional"` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<ConsistencyStatus>,
+}
+
+/// What a sink applying whole source transactions reflects.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ConsistencyStatus {
+    /// The last whole source transaction applied: every table reflects the
+    /// source as it was when it committed.
+    pub consistent_as_of: Option<ConsistentPoint>,
+    /// Whole source transactions applied since the runner started.
+    pub transactions_applied: u64,
+    /// Transactions applied in parts (larger than `max_buffered_bytes`, or
+    /// whose END waited too long for its changes): a reader may have seen
+    /// part of them.
+    pub transactions_split: u64,
+    /// The transaction whose changes the copy waits for, and since how many
+    /// seconds (a long wait: a member without all the copy's partitions, or
+    /// a source runner without `transaction_metadata`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// How long it has waited, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_seconds: Option<u64>,
+}
+
+/// A source moment: a transaction and its commit time.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ConsistentPoint {
+    /// The source transaction's id.
+    pub transaction_id: String,
+    /// Its commit time at the source, ms since the epoch.
+    pub committed_at_ms: i64,
 }
 
 /// A sink runner's consumer group membership, as librdkafka's statistics
@@ -354,6 +398,9 @@ struct Metrics {
     verify_rows_differing: Family<TableLabel, Gauge>,
     verify_last: Family<TableLabel, Gauge>,
     verify_position: Family<TableLabel, Gauge>,
+    consistent_as_of: Gauge,
+    transactions: Counter,
+    transactions_split: Gauge,
 }
 
 /// Status and metrics of one runner. Cheap to clone and share.
@@ -396,6 +443,9 @@ impl Telemetry {
             verify_rows_differing: Family::default(),
             verify_last: Family::default(),
             verify_position: Family::default(),
+            consistent_as_of: Gauge::default(),
+            transactions: Counter::default(),
+            transactions_split: Gauge::default(),
         };
         registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
         registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
@@ -453,6 +503,17 @@ impl Telemetry {
                 metrics.verify_last.clone(),
             );
             registry.register(
+                names::CONSISTENT_AS_OF_SECONDS,
+                "The source commit time of the last whole transaction applied",
+                metrics.consistent_as_of.clone(),
+            );
+            registry.register(names::TRANSACTIONS, "Whole source transactions applied", metrics.transactions.clone());
+            registry.register(
+                names::TRANSACTIONS_SPLIT,
+                "Source transactions applied in parts",
+                metrics.transactions_split.clone(),
+            );
+            registry.register(
                 names::VERIFY_LAST_POSITION,
                 "The source position the last verification of the table read at",
                 metrics.verify_position.clone(),
@@ -469,6 +530,7 @@ impl Telemetry {
                     source_retained_bytes: None,
                     tables: BTreeMap::new(),
                     consumer_group: None,
+                    consistency: None,
                 }),
                 registry,
                 metrics,
@@ -752,6 +814,30 @@ impl Telemetry {
     /// The runner-wide pause's reason, if paused.
     pub fn paused_reason(&self) -> Option<String> {
         self.inner.status.lock().unwrap_or_else(|p| p.into_inner()).paused.clone()
+    }
+
+    /// Records whole source transactions applied, the last of them `last`
+    /// (transactional sinks).
+    pub fn record_transactions(&self, applied: u64, last: Option<ConsistentPoint>) {
+        self.inner.metrics.transactions.inc_by(applied);
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        let c = status.consistency.get_or_insert_with(ConsistencyStatus::default);
+        c.transactions_applied += applied;
+        if let Some(last) = last {
+            self.inner.metrics.consistent_as_of.set(last.committed_at_ms / 1000);
+            c.consistent_as_of = Some(last);
+        }
+    }
+
+    /// Records what whole transactions wait for, and how many went in
+    /// parts (transactional sinks).
+    pub fn set_transactions_waiting(&self, waiting: Option<(String, u64)>, split: u64) {
+        self.inner.metrics.transactions_split.set(split as i64);
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        let c = status.consistency.get_or_insert_with(ConsistencyStatus::default);
+        c.transactions_split = split;
+        c.waiting_seconds = waiting.as_ref().map(|(_, s)| *s);
+        c.waiting_for = waiting.map(|(id, _)| id);
     }
 
     /// Records the consumer group membership (sink runners).

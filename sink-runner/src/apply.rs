@@ -22,7 +22,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use tributary_connectors::sink::bookkeeping::FENCED_CLASS;
 use tributary_connectors::sink::verify;
 use tributary_connectors::{policy, ApplyError, Decision, Error, KafkaPosition, Sink, SinkBatch, SinkRecord};
-use tributary_operations::telemetry::{TableState, VerifiedRange};
+use tributary_operations::telemetry::{ConsistentPoint, TableState, VerifiedRange};
 use tributary_schemas::records::requests::Request;
 use tributary_schemas::records::VerifyRange;
 use tributary_schemas::{TableId, TableSchema};
@@ -47,6 +47,12 @@ pub(crate) struct RawBatch {
     /// The oldest source time among its changes: the table's lag counts
     /// from it until the batch is applied.
     pub(crate) oldest: Option<i64>,
+    /// The last source transaction whose END the batch holds (transactional
+    /// consistency): once applied, the destination reflects the source as
+    /// of its commit.
+    pub(crate) consistent: Option<crate::transactions::End>,
+    /// Whole source transactions the batch holds.
+    pub(crate) transactions: u64,
 }
 
 /// A batch decoded and waiting for the one being applied to end.
@@ -70,6 +76,31 @@ pub(crate) struct ApplyOutcome {
     /// Events in the batch, and the newest source time among them.
     events: usize,
     newest: Option<i64>,
+    /// Per table, its events and their newest source time.
+    per_table: Vec<PerTable>,
+}
+
+/// A table's events in a batch, and the newest source time among them.
+type PerTable = (TableId, usize, Option<i64>);
+
+/// The tables of a batch's changes (a batch of the lane of every topic
+/// has several), in their first order.
+fn tables_of(records: &[(KafkaPosition, SinkRecord)]) -> Vec<PerTable> {
+    let mut out: Vec<PerTable> = Vec::new();
+    for (_, r) in records {
+        let SinkRecord::Change(ev) = r else { continue };
+        let i = match out.iter().position(|(t, _, _)| *t == ev.schema.id) {
+            Some(i) => i,
+            None => {
+                out.push((ev.schema.id.clone(), 0, None));
+                out.len() - 1
+            }
+        };
+        let e = &mut out[i];
+        e.1 += 1;
+        e.2 = e.2.max(Some(ev.source.ts_ms));
+    }
+    out
 }
 
 impl ApplyOutcome {
@@ -82,12 +113,13 @@ impl ApplyOutcome {
     ) -> (Self, Vec<(KafkaPosition, SinkRecord)>) {
         let events = batch.records.len();
         let newest = newest_source_ts(&batch.records);
+        let per_table = tables_of(&batch.records);
         let done = if result.is_ok() {
             std::mem::take(&mut batch.records)
         } else {
             Vec::new()
         };
-        (Self { batch, result, verified, events, newest }, done)
+        (Self { batch, result, verified, events, newest, per_table }, done)
     }
 }
 
@@ -182,7 +214,7 @@ pub(crate) struct InFlight {
     /// Partitions revoked while it was applied: if it fails, none of their
     /// records go back into a buffer (they may be assigned again, and are
     /// then consumed again from the destination's offsets).
-    pub(crate) revoked: BTreeSet<i32>,
+    pub(crate) revoked: BTreeSet<(String, i32)>,
     /// The task's outcome; closed without one if the task panicked.
     done: oneshot::Receiver<ApplyOutcome>,
 }
@@ -197,7 +229,7 @@ pub(crate) async fn wait_applied(in_flight: &mut Option<InFlight>) -> Result<App
 
 /// How a batch that was not applied ends: its records (what is left of
 /// them), the partitions revoked meanwhile, and why.
-type NotApplied = (Buffer, BTreeSet<i32>, Error);
+type NotApplied = (Buffer, BTreeSet<(String, i32)>, Error);
 
 impl<S: Sink + 'static> Pipeline<S> {
     /// Decodes `topic`'s buffer and starts applying it, or, while another
@@ -228,7 +260,7 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// are applied in order and a failed one is retried before anything
     /// after it.
     pub(crate) fn start(&mut self, p: DecodedBatch) {
-        if self.operator.paused_topics.contains(&p.raw.topic) {
+        if self.paused_lanes().contains(&p.raw.topic) {
             // Paused while it waited: nothing buffered is applied.
             self.restore(p.raw.topic, p.raw.buf, &BTreeSet::new());
             return;
@@ -265,11 +297,11 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// what arrived for its topic since, without the partitions revoked
     /// meanwhile (their next owner consumes them again from the
     /// destination's offsets).
-    pub(crate) fn restore(&mut self, topic: String, older: Buffer, revoked: &BTreeSet<i32>) {
+    pub(crate) fn restore(&mut self, topic: String, older: Buffer, revoked: &BTreeSet<(String, i32)>) {
         let partitions = &self.partitions;
-        let t = topic.clone();
-        self.buffers
-            .restore(topic, older, |p| !revoked.contains(&p) && partitions.contains(&t, p));
+        self.buffers.restore(topic, older, |t, p| {
+            !revoked.iter().any(|(rt, rp)| *rp == p && rt == t) && partitions.contains(t, p)
+        });
     }
 
     /// Waits for the batch being applied and the one decoded meanwhile.
@@ -307,11 +339,17 @@ impl<S: Sink + 'static> Pipeline<S> {
                     self.ready = None;
                 }
                 self.buffers.clear(&topic);
+                // A lane of every topic: all of them, and what waits to
+                // make whole transactions.
+                let all = self.buffers.lane.is_some();
+                if all {
+                    self.transactions.clear();
+                }
                 let parts: Vec<Partition> = self
                     .partitions
-                    .of_topic(&topic)
-                    .filter(|(p, _)| !revoked.contains(p))
-                    .map(|(p, _)| Partition::new(topic.clone(), p))
+                    .iter()
+                    .filter(|(t, p, _)| (all || *t == topic) && !revoked.iter().any(|(rt, rp)| rp == p && rt == t))
+                    .map(|(t, p, _)| Partition::new(t, p))
                     .collect();
                 self.restart_from_stored(parts).await;
                 None
@@ -350,6 +388,8 @@ impl<S: Sink + 'static> Pipeline<S> {
                     mut raw_index,
                     started,
                     decoded,
+                    consistent,
+                    transactions,
                     ..
                 },
             revoked,
@@ -361,6 +401,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             verified,
             mut events,
             mut newest,
+            mut per_table,
         } = match joined {
             Ok(r) => r,
             Err(_) => {
@@ -427,6 +468,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                         };
                         events = batch.records.len();
                         newest = newest_source_ts(&batch.records);
+                        per_table = tables_of(&batch.records);
                     }
                     _ => return Err((buf, revoked, error)),
                 },
@@ -437,9 +479,19 @@ impl<S: Sink + 'static> Pipeline<S> {
         for outcome in &verified {
             // On a topic of several partitions, each of this runner's
             // partitions (of those the range was written to) ends it.
+            // (The lane of every topic: the table's own topic.)
+            let own = match &self.buffers.lane {
+                Some(_) => self
+                    .tables
+                    .iter()
+                    .find(|(_, t)| **t == outcome.table)
+                    .map_or(topic.clone(), |(topic, _)| topic.clone()),
+                None => topic.clone(),
+            };
+            let label = (self.labeler)(&outcome.table);
             let parts = outcome
                 .partition
-                .map_or(1, |p| self.partitions.of_topic(&topic).filter(|(i, _)| *i < p.of).count().max(1) as u64);
+                .map_or(1, |p| self.partitions.of_topic(&own).filter(|(i, _)| *i < p.of).count().max(1) as u64);
             let asked = if self.repairs.as_ref().is_some_and(|r| r.repair) {
                 outcome.to_resend().len() as u64
             } else {
@@ -449,8 +501,24 @@ impl<S: Sink + 'static> Pipeline<S> {
             self.ask_repair(&label, outcome).await;
             self.ask_rows(&label, outcome).await;
         }
-        self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
-        self.telemetry.record_applied(&label, newest);
+        if self.buffers.lane.is_some() {
+            // Every table of the batch, and the moment the destination now
+            // reflects.
+            let bookkeeping = crate::transactions::consistent_as_of_table();
+            for (t, n, newest) in per_table.iter().filter(|(t, _, _)| *t != bookkeeping) {
+                let label = (self.labeler)(t);
+                let bytes = (buf.bytes as u64).saturating_mul(*n as u64) / (events.max(1) as u64);
+                self.telemetry.record_events(&label, *n as u64, bytes, *newest);
+                self.telemetry.record_applied(&label, *newest);
+                self.telemetry
+                    .set_state(&label, tributary_operations::telemetry::TableState::Streaming);
+            }
+            let point = consistent.map(|end| ConsistentPoint { transaction_id: end.id, committed_at_ms: end.ts_ms });
+            self.telemetry.record_transactions(transactions, point);
+        } else {
+            self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
+            self.telemetry.record_applied(&label, newest);
+        }
         // The batch decoded meanwhile is seen and not applied.
         if let Some(ts) = self.ready.as_ref().filter(|r| r.raw.topic == topic).and_then(|r| r.raw.oldest) {
             self.telemetry.record_pending(&label, ts);
@@ -466,7 +534,7 @@ impl<S: Sink + 'static> Pipeline<S> {
         self.dead_letters.stored(&batch.next_offsets);
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
-            if revoked.contains(p) {
+            if revoked.iter().any(|(rt, rp)| rp == p && rt == t) {
                 continue;
             }
             if let Some(state) = self.partitions.get_mut(t, *p) {

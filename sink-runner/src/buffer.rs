@@ -76,7 +76,11 @@ impl RawRecord {
     }
 }
 
-/// A pending batch of one topic.
+/// Next offset per partition, per topic.
+pub type NextOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// A pending batch of one lane: a topic, or every topic of a copy applied
+/// transaction by transaction (see [`Buffers::lane`]).
 #[derive(Debug)]
 pub struct Buffer {
     /// The records, in the order they came.
@@ -87,7 +91,7 @@ pub struct Buffer {
     pub first_at: Option<Instant>,
     /// Next offset per partition covered by everything received (applied,
     /// buffered or dead-lettered) and not yet stored.
-    pub next_offsets: BTreeMap<i32, i64>,
+    pub next_offsets: NextOffsets,
     /// The retry a failed batch of the topic waits for.
     pub retry: Option<Retry>,
 }
@@ -110,6 +114,30 @@ impl Buffer {
             next_offsets: BTreeMap::new(),
             retry: None,
         }
+    }
+
+    /// Covers `partition` of `topic` up to `next` (exclusive).
+    fn cover(&mut self, topic: &str, partition: i32, next: i64) {
+        match self.next_offsets.get_mut(topic) {
+            Some(parts) => {
+                parts.insert(partition, next);
+            }
+            None => {
+                self.next_offsets.insert(topic.to_string(), BTreeMap::from([(partition, next)]));
+            }
+        }
+    }
+
+    /// The next offset of `partition` of `topic`, if covered.
+    pub fn next_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.next_offsets.get(topic).and_then(|p| p.get(&partition)).copied()
+    }
+
+    /// Every `(topic, partition, next offset)` covered.
+    pub fn offsets(&self) -> impl Iterator<Item = (&str, i32, i64)> + '_ {
+        self.next_offsets
+            .iter()
+            .flat_map(|(t, parts)| parts.iter().map(move |(p, o)| (t.as_str(), *p, *o)))
     }
 
     /// Removes the record at `i` (dead-lettered).
@@ -136,10 +164,17 @@ pub struct BatchLimits {
     pub max_buffered: usize,
 }
 
-/// The buffers of every topic.
+/// The buffers of every lane.
 #[derive(Debug, Default)]
 pub struct Buffers {
+    /// By lane: a topic's name, or [`Buffers::lane`].
     topics: BTreeMap<String, Buffer>,
+    /// The one lane every topic's records go to, when the copy is applied
+    /// transaction by transaction (the transaction topic's name): a batch
+    /// is then cut across all tables, and records enter the buffers only
+    /// as whole transactions (`transaction::Transactions`). `None`: each
+    /// topic is its own lane.
+    pub lane: Option<String>,
     /// Per topic, the records from a verify record on that came after
     /// changes still buffered: a verify record starts its batch (the sink
     /// compares its range before applying anything after it, so the
@@ -155,32 +190,44 @@ pub fn starts_batch(raw: &RawRecord) -> bool {
 }
 
 impl Buffers {
+    /// Buffers whose records all go to `lane`, if given (see
+    /// [`Buffers::lane`]).
+    pub fn with_lane(lane: Option<String>) -> Self {
+        Self { lane, ..Self::default() }
+    }
+
     /// Adds a record taken from Kafka; `now` is asked only for a buffer's
     /// first record.
     pub fn push(&mut self, raw: RawRecord, now: impl FnOnce() -> Instant) {
-        if let Some(waiting) = self.waiting.get_mut(&raw.topic) {
+        let lane = self.lane.as_deref().unwrap_or(&raw.topic);
+        if let Some(waiting) = self.waiting.get_mut(lane) {
             waiting.push(raw);
             return;
         }
         if starts_batch(&raw)
             && self
                 .topics
-                .get(&raw.topic)
+                .get(lane)
                 .is_some_and(|b| b.records.iter().any(|r| !starts_batch(r)))
         {
-            self.waiting.insert(raw.topic.clone(), vec![raw]);
+            self.waiting.insert(lane.to_string(), vec![raw]);
             return;
         }
-        // Looked up by reference first: the topic is copied only for a new
+        // Looked up by reference first: the lane is copied only for a new
         // buffer.
-        let buf = match self.topics.get_mut(&raw.topic) {
+        let buf = match self.topics.get_mut(lane) {
             Some(buf) => buf,
-            None => self.topics.entry(raw.topic.clone()).or_insert_with(Buffer::new),
+            None => self.topics.entry(lane.to_string()).or_insert_with(Buffer::new),
         };
-        buf.next_offsets.insert(raw.partition, raw.offset + 1);
+        buf.cover(&raw.topic, raw.partition, raw.offset + 1);
         buf.bytes += raw.size();
         buf.first_at.get_or_insert_with(now);
         buf.records.push(raw);
+    }
+
+    /// The lane of `topic`'s records.
+    pub fn lane_of<'a>(&'a self, topic: &'a str) -> &'a str {
+        self.lane.as_deref().unwrap_or(topic)
     }
 
     /// `topic`'s buffer.
@@ -230,7 +277,7 @@ impl Buffers {
         let moved = buf.records.split_off(at);
         for r in moved.iter().rev() {
             // Each moved partition's next offset is its first moved record.
-            buf.next_offsets.insert(r.partition, r.offset);
+            buf.cover(&r.topic, r.partition, r.offset);
         }
         buf.bytes = buf.records.iter().map(RawRecord::size).sum();
         let mut waiting = moved;
@@ -238,9 +285,9 @@ impl Buffers {
         self.waiting.insert(topic.to_string(), waiting);
     }
 
-    /// Whether `topic`'s batch waits for a retry.
+    /// Whether the batch of `topic`'s lane waits for a retry.
     pub fn retrying(&self, topic: &str) -> bool {
-        self.topics.get(topic).is_some_and(|b| b.retry.is_some())
+        self.topics.get(self.lane_of(topic)).is_some_and(|b| b.retry.is_some())
     }
 
     /// Bytes buffered in all.
@@ -261,31 +308,43 @@ impl Buffers {
     /// Drops what is buffered of `partition` of `topic` (revoked, or older
     /// than a fixed stored offset).
     pub fn drop_partition(&mut self, topic: &str, partition: i32) {
-        if let Some(buf) = self.topics.get_mut(topic) {
-            buf.records.retain(|r| r.partition != partition);
+        let lane = self.lane_of(topic).to_string();
+        let other = |r: &RawRecord| r.partition != partition || r.topic != topic;
+        if let Some(buf) = self.topics.get_mut(&lane) {
+            buf.records.retain(other);
             buf.bytes = buf.records.iter().map(RawRecord::size).sum();
-            buf.next_offsets.remove(&partition);
+            if let Some(parts) = buf.next_offsets.get_mut(topic) {
+                parts.remove(&partition);
+                if parts.is_empty() {
+                    buf.next_offsets.remove(topic);
+                }
+            }
             if buf.next_offsets.is_empty() {
-                self.topics.remove(topic);
+                self.topics.remove(&lane);
             }
         }
-        if let Some(waiting) = self.waiting.get_mut(topic) {
-            waiting.retain(|r| r.partition != partition);
+        if let Some(waiting) = self.waiting.get_mut(&lane) {
+            waiting.retain(other);
             if waiting.is_empty() {
-                self.waiting.remove(topic);
+                self.waiting.remove(&lane);
             }
         }
     }
 
     /// Puts the records of a batch that was not applied (`older`) back in
-    /// front of what arrived for its topic since, keeping only the
+    /// front of what arrived for its lane since, keeping only the
     /// partitions `keep` says are still this runner's.
-    pub fn restore(&mut self, topic: String, mut older: Buffer, keep: impl Fn(i32) -> bool) {
-        older.records.retain(|r| keep(r.partition));
-        older.next_offsets.retain(|p, _| keep(*p));
+    pub fn restore(&mut self, topic: String, mut older: Buffer, keep: impl Fn(&str, i32) -> bool) {
+        older.records.retain(|r| keep(&r.topic, r.partition));
+        for (t, parts) in older.next_offsets.iter_mut() {
+            parts.retain(|p, _| keep(t, *p));
+        }
+        older.next_offsets.retain(|_, parts| !parts.is_empty());
         if let Some(newer) = self.topics.remove(&topic) {
             older.records.extend(newer.records);
-            older.next_offsets.extend(newer.next_offsets);
+            for (t, parts) in newer.next_offsets {
+                older.next_offsets.entry(t).or_default().extend(parts);
+            }
             older.first_at = older.first_at.or(newer.first_at);
             older.retry = older.retry.or(newer.retry);
         }
@@ -399,18 +458,18 @@ mod tests {
         assert_eq!(b.due(now, &limits(), false, &BTreeSet::new()), vec!["t".to_string()]);
         let first = b.take("t").expect("buffer");
         assert_eq!(first.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![1]);
-        assert_eq!(first.next_offsets.get(&0), Some(&2));
+        assert_eq!(first.next_offset("t", 0), Some(2));
         // The verify record leads the next batch, which ends before the
         // next verify record after a change.
         let second = b.take("t").expect("buffer");
         assert_eq!(second.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![2, 3]);
-        assert_eq!(second.next_offsets.get(&0), Some(&4));
+        assert_eq!(second.next_offset("t", 0), Some(4));
         // A failed batch goes back in front: the verify record behind it
         // waits again.
-        b.restore("t".into(), second, |_| true);
+        b.restore("t".into(), second, |_, _| true);
         let again = b.take("t").expect("buffer");
         assert_eq!(again.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![2, 3]);
-        assert_eq!(again.next_offsets.get(&0), Some(&4));
+        assert_eq!(again.next_offset("t", 0), Some(4));
         let last = b.take("t").expect("buffer");
         assert_eq!(last.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![4]);
         assert!(b.take("t").is_none());
@@ -452,7 +511,10 @@ mod tests {
             ..limits()
         };
         assert_eq!(b.due(t0, &small, false, &none), vec!["b"], "the largest, when all are over the bound");
-        assert_eq!(b.get("a").map(|a| a.next_offsets.clone()), Some([(0, 2), (1, 8)].into()));
+        assert_eq!(
+            b.get("a").map(|a| a.offsets().map(|(_, p, o)| (p, o)).collect::<Vec<_>>()),
+            Some(vec![(0, 2), (1, 8)])
+        );
     }
 
     #[test]
@@ -465,10 +527,10 @@ mod tests {
         let failed = b.take("a").expect("taken");
         // Newer records came meanwhile.
         b.push(raw("a", 0, 1, 10), || t0);
-        b.restore("a".into(), failed, |p| p != 1);
+        b.restore("a".into(), failed, |_, p| p != 1);
         let a = b.get("a").expect("restored");
         assert_eq!(a.records.iter().map(|r| (r.partition, r.offset)).collect::<Vec<_>>(), vec![(0, 0), (0, 1)]);
-        assert_eq!(a.next_offsets, [(0, 2)].into(), "partition 1 was revoked meanwhile");
+        assert_eq!(a.offsets().collect::<Vec<_>>(), vec![("a", 0, 2)], "partition 1 was revoked meanwhile");
         let first = b.schedule_retry("a", ErrorKind::Retryable, t0);
         assert_eq!(first, Retry { attempt: 1, at: t0 + RETRY_INITIAL_DELAY });
         assert!(b.retrying("a"));
@@ -481,6 +543,37 @@ mod tests {
         assert_eq!(probe.at, t0 + OPERATOR_PROBE_DELAY);
         assert_eq!(b.schedule_retry("a", ErrorKind::Permanent, t0).at, t0 + OPERATOR_PROBE_DELAY);
         assert_eq!(b.not_retrying(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn one_lane_takes_every_topic_and_covers_each_topics_partitions() {
+        let t0 = Instant::now();
+        let mut b = Buffers::with_lane(Some("shop.transaction".into()));
+        b.push(raw("shop.public.a", 0, 4, 10), || t0);
+        b.push(raw("shop.public.b", 0, 9, 10), || t0);
+        b.push(raw("shop.transaction", 0, 2, 10), || t0);
+        assert!(b.get("shop.public.a").is_none(), "no buffer of its own");
+        assert!(b.retrying("shop.public.a") == b.retrying("shop.transaction"));
+        let lane = b.get("shop.transaction").expect("the lane");
+        assert_eq!(
+            lane.offsets().collect::<Vec<_>>(),
+            vec![
+                ("shop.public.a", 0, 5),
+                ("shop.public.b", 0, 10),
+                ("shop.transaction", 0, 3)
+            ]
+        );
+        b.drop_partition("shop.public.b", 0);
+        let lane = b.take("shop.transaction").expect("the lane");
+        assert_eq!(lane.records.len(), 2);
+        b.push(raw("shop.public.a", 0, 5, 10), || t0);
+        b.restore("shop.transaction".into(), lane, |t, _| t != "shop.public.a");
+        let lane = b.get("shop.transaction").expect("restored");
+        assert_eq!(
+            lane.records.iter().map(|r| (r.topic.as_str(), r.offset)).collect::<Vec<_>>(),
+            vec![("shop.transaction", 2), ("shop.public.a", 5)],
+            "the failed batch in front, without what is no longer this runner's"
+        );
     }
 
     #[test]

@@ -140,10 +140,38 @@ pub struct SinkRunnerConfig {
     /// see docs/verification.md).
     #[serde(default)]
     pub verify: SinkVerifyConfig,
+    /// What a reader of the destination sees (docs/consistency.md):
+    /// `per_table` (each table applied on its own, the fastest) or
+    /// `transactional` (only whole source transactions, every table a
+    /// transaction changed in one destination transaction, and the source
+    /// moment the destination reflects kept in `tributary.consistent_as_of`;
+    /// needs `prefix` and the source runner's `transaction_metadata`).
+    #[serde(default)]
+    pub consistency: Consistency,
     /// The destination: exactly one section, e.g. `[postgres]` or
     /// `[bigquery]`.
     #[serde(flatten)]
     pub destination: Sinks,
+}
+
+/// librdkafka's setting of how a group's partitions are shared out.
+pub const ASSIGNMENT_STRATEGY: &str = "partition.assignment.strategy";
+/// The assignment of a transactional copy: Kafka's range assignor gives a
+/// topic's only partition to the first member, the same member for every
+/// topic, so one member takes the whole copy and the others stand by.
+pub const TRANSACTIONAL_ASSIGNMENT: &str = "range";
+
+/// `consistency` of a sink runner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Consistency {
+    /// Each table is applied on its own: a source transaction that changed
+    /// two tables may be visible in one before the other.
+    #[default]
+    PerTable,
+    /// Only whole source transactions are applied, each with every table
+    /// it changed in one destination transaction (`transaction` module).
+    Transactional,
 }
 
 /// `[verify]` of a sink runner.
@@ -209,6 +237,26 @@ impl Validate for SinkRunnerConfig {
                 .map_err(|e| ConfigError::invalid("topics", format!("is not a valid regular expression: {e}")))?;
         }
         self.schema_registry.validate()?;
+        if self.consistency == Consistency::Transactional && (self.prefix.is_none() || self.topics.is_some()) {
+            return Err(ConfigError::invalid(
+                "consistency",
+                "\"transactional\" needs `prefix` and no `topics`: the copy's transaction topic, \
+                 <prefix>.transaction, says which changes make each source transaction",
+            ));
+        }
+        if self.consistency == Consistency::Transactional
+            && self
+                .kafka
+                .properties
+                .get(ASSIGNMENT_STRATEGY)
+                .is_some_and(|v| v.trim() != TRANSACTIONAL_ASSIGNMENT)
+        {
+            return Err(ConfigError::invalid(
+                format!("kafka.properties.\"{ASSIGNMENT_STRATEGY}\""),
+                "must be \"range\" (or left out) with consistency = \"transactional\": one member takes every \
+                 partition of the copy, the others stand by",
+            ));
+        }
         if self.verify.repair && self.prefix.is_none() {
             return Err(ConfigError::invalid(
                 "verify.repair",
@@ -270,6 +318,9 @@ impl SinkRunnerConfig {
     pub fn topic_pattern(&self) -> String {
         match (&self.topics, &self.prefix) {
             (Some(t), _) => t.clone(),
+            (None, Some(p)) if self.consistency == Consistency::Transactional => {
+                format!("^{}\\.([^.]+\\.[^.]+|transaction)$", regex::escape(p))
+            }
             (None, Some(p)) => format!("^{}\\.[^.]+\\.[^.]+$", regex::escape(p)),
             // validate() refuses this; a pattern that matches nothing.
             (None, None) => "^$".to_string(),
@@ -285,6 +336,9 @@ impl SinkRunnerConfig {
         use tributary_schemas::topic::{is_dead_letter_topic, is_table_topic, OFFSETS_TOPIC_SUFFIX};
         if topic.starts_with("__") {
             return true;
+        }
+        if self.transaction_topic().as_deref() == Some(topic) {
+            return false;
         }
         match (&self.topics, &self.prefix) {
             (None, Some(p)) => {
@@ -302,6 +356,15 @@ impl SinkRunnerConfig {
                 };
                 !pattern.is_match(topic) || is_dead_letter_topic(topic, &self.dlq_topic_suffix, |t| pattern.is_match(t))
             }
+        }
+    }
+
+    /// The copy's transaction topic, read in `transactional` consistency
+    /// only.
+    pub fn transaction_topic(&self) -> Option<String> {
+        match (self.consistency, &self.prefix) {
+            (Consistency::Transactional, Some(p)) => Some(tributary_schemas::records::transaction::topic(p)),
+            _ => None,
         }
     }
 

@@ -42,6 +42,10 @@ pub fn consumer_config(config: &SinkRunnerConfig) -> Result<ClientConfig, RunErr
     // offset is assigned at `Offset::Beginning` explicitly (see
     // `rebalance`), so no reset is ever wanted.
     c.set("auto.offset.reset", "error");
+    // Whole transactions need every partition of the copy in one member.
+    if config.consistency == crate::config::Consistency::Transactional {
+        c.set(crate::config::ASSIGNMENT_STRATEGY, crate::config::TRANSACTIONAL_ASSIGNMENT);
+    }
     // Tuning: only when the operator did not set it in kafka.properties.
     let defaults = [
         ("topic.metadata.refresh.interval.ms", DEFAULT_TOPIC_REFRESH_MS.to_string()),

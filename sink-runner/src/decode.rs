@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use tracing::warn;
-use tributary_connectors::{Error, ErrorKind, Sink, SinkBatch, SinkRecord};
+use tributary_connectors::{Error, ErrorKind, KafkaPosition, Sink, SinkBatch, SinkRecord};
 use tributary_schemas::records::{ControlRecord, RecordError};
 use tributary_schemas::{Decoded, EventDecoder, TableId};
 
@@ -97,12 +97,35 @@ impl<S: Sink + 'static> Pipeline<S> {
         let mut batch_records = Vec::with_capacity(count);
         let mut raw_index: Vec<usize> = Vec::with_capacity(count);
         let mut table: Option<TableId> = None;
+        // The lane of every topic: its records name their own topics, the
+        // transaction topic's say where the batch leaves the destination.
+        let lane = self.buffers.lane.is_some();
+        let mut end: Option<(KafkaPosition, usize, crate::transactions::End)> = None;
+        let mut transactions = 0u64;
         let mut i = 0;
         while let Some(raw) = self.buffers.get(topic).and_then(|b| b.records.get(i)) {
-            match decode_record(&mut self.decoder, raw, &fallback).await {
+            if lane && self.buffers.lane.as_deref() == Some(raw.topic.as_str()) {
+                if let Some(e) = crate::transactions::read_end(raw) {
+                    transactions += 1;
+                    end = Some((raw.position(), i, e));
+                }
+                i += 1;
+                continue;
+            }
+            let own;
+            let fallback = if lane {
+                own = self.table_of(&raw.topic);
+                &own
+            } else {
+                &fallback
+            };
+            match decode_record(&mut self.decoder, raw, fallback).await {
                 Ok(Some(record)) => {
                     if table.is_none() {
                         table = Some(record_table(&record).clone());
+                    }
+                    if lane && !self.tables.contains_key(&raw.topic) {
+                        self.tables.insert(raw.topic.clone(), record_table(&record).clone());
                     }
                     batch_records.push((raw.position(), record));
                     raw_index.push(i);
@@ -111,7 +134,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 Ok(None) => i += 1,
                 Err(e) if e.kind() == ErrorKind::Permanent => {
                     let raw = raw.clone();
-                    let t = table.clone().unwrap_or_else(|| fallback.clone());
+                    let t = fallback.clone();
                     self.dead_letter(&raw, Stage::Decode, &e, &t)
                         .await
                         .map_err(|e| (t.clone(), e))?;
@@ -119,18 +142,50 @@ impl<S: Sink + 'static> Pipeline<S> {
                         b.remove(i);
                     }
                 }
-                Err(e) => return Err((table.unwrap_or(fallback), e)),
+                Err(e) => return Err((table.unwrap_or_else(|| fallback.clone()), e)),
             }
         }
         let table = table.unwrap_or(fallback);
-        self.tables.insert(topic.to_string(), table.clone());
+        if !lane {
+            self.tables.insert(topic.to_string(), table.clone());
+        }
+        // The moment the batch leaves the destination in, written with it.
+        let consistent = match end {
+            Some((at, raw_at, end)) => {
+                if let Some(row) =
+                    crate::transactions::consistent_as_of_event(&end, &self.config.consumer_group, &batch_records)
+                {
+                    batch_records.push((at, row));
+                    raw_index.push(raw_at);
+                }
+                Some(end)
+            }
+            None => None,
+        };
         let Some(buf) = self.buffers.take(topic) else {
             return Ok(None);
         };
-        let next_offsets: Vec<(String, i32, i64)> =
-            buf.next_offsets.iter().map(|(p, o)| (topic.to_string(), *p, *o)).collect();
+        let next_offsets: Vec<(String, i32, i64)> = buf.offsets().map(|(t, p, o)| (t.to_string(), p, o)).collect();
         let oldest = source_ts(&batch_records).min();
-        if let Some(ts) = oldest {
+        if lane {
+            // Each table of the lane's batch waits from its own oldest change.
+            let mut seen: Vec<(&TableId, i64)> = Vec::new();
+            let bookkeeping = crate::transactions::consistent_as_of_table();
+            for (_, r) in &batch_records {
+                if let SinkRecord::Change(ev) = r {
+                    if ev.schema.id == bookkeeping {
+                        continue;
+                    }
+                    match seen.iter_mut().find(|(t, _)| **t == ev.schema.id) {
+                        Some(s) => s.1 = s.1.min(ev.source.ts_ms),
+                        None => seen.push((&ev.schema.id, ev.source.ts_ms)),
+                    }
+                }
+            }
+            for (t, ts) in seen {
+                self.telemetry.record_pending(&(self.labeler)(t), ts);
+            }
+        } else if let Some(ts) = oldest {
             self.telemetry.record_pending(&(self.labeler)(&table), ts);
         }
         let batch = SinkBatch {
@@ -148,6 +203,8 @@ impl<S: Sink + 'static> Pipeline<S> {
                 started,
                 decoded: started.elapsed(),
                 oldest,
+                consistent,
+                transactions,
             },
             batch,
         }))

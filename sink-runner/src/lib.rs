@@ -11,6 +11,8 @@
 //! * [`out_of_range`]: partitions whose stored offset the topic no longer
 //!   holds, stopped until an operator fixes it;
 //! * [`buffer`]: per-table batches, their bounds and their retries;
+//! * [`transactions`]: records waiting to make whole source transactions
+//!   (`consistency = "transactional"`);
 //! * [`decode`]: records into what the sink applies;
 //! * [`apply`]: one batch at a time in its own task, retries, dead letters
 //!   of what the destination refuses;
@@ -36,6 +38,7 @@ pub mod pauses;
 pub mod pipeline;
 pub mod rebalance;
 pub(crate) mod repairs;
+pub mod transactions;
 
 pub use config::SinkRunnerConfig;
 pub use pipeline::{run, run_with_sink};

@@ -231,8 +231,10 @@ impl<S: Sink + 'static> Pipeline<S> {
             state.expected = stored;
             // Records of the partition still buffered came before the
             // stop and are older than the fixed offset: dropped.
-            if !self.buffers.retrying(&topic) && self.in_flight.as_ref().is_none_or(|f| f.raw.topic != topic) {
+            let lane = self.buffers.lane_of(&topic).to_string();
+            if !self.buffers.retrying(&topic) && self.in_flight.as_ref().is_none_or(|f| f.raw.topic != lane) {
                 self.buffers.drop_partition(&topic, partition);
+                self.transactions.drop_partition(&topic, partition);
             }
             let held = self.operator.paused_topics.contains(&topic) || self.buffers.retrying(&topic);
             if !held {

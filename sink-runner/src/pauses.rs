@@ -86,9 +86,11 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// (see `probe_stopped`).
     pub(crate) fn pause(&self, topic: &str, paused: bool) {
         let mut tpl = TopicPartitionList::new();
-        for (p, state) in self.partitions.of_topic(topic) {
+        // The lane of every topic (transactional consistency): all of them.
+        let all = self.buffers.lane.as_deref() == Some(topic);
+        for (t, p, state) in self.partitions.iter().filter(|(t, _, _)| all || *t == topic) {
             if paused || state.stopped.is_none() {
-                tpl.add_partition(topic, p);
+                tpl.add_partition(t, p);
             }
         }
         if tpl.count() == 0 {
@@ -101,6 +103,18 @@ impl<S: Sink + 'static> Pipeline<S> {
         };
         if let Err(e) = r {
             warn!(topic, error = %e, "cannot pause or resume partitions");
+        }
+    }
+
+    /// The lanes an operator paused: the paused topics, or, when every
+    /// topic is one lane (transactional consistency), that lane while any
+    /// of its tables is paused: a transaction applies whole or waits.
+    pub(crate) fn paused_lanes(&self) -> std::borrow::Cow<'_, BTreeSet<String>> {
+        match &self.buffers.lane {
+            Some(lane) if !self.operator.paused_topics.is_empty() => {
+                std::borrow::Cow::Owned(BTreeSet::from([lane.clone()]))
+            }
+            _ => std::borrow::Cow::Borrowed(&self.operator.paused_topics),
         }
     }
 

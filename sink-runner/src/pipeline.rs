@@ -31,6 +31,7 @@ use crate::out_of_range::is_out_of_range;
 use crate::partitions::Partitions;
 use crate::pauses::OperatorPauses;
 use crate::rebalance::RebalanceEvent;
+use crate::transactions::Transactions;
 use crate::RunError;
 
 /// How often topics are looked for while no partition is assigned yet. The
@@ -79,6 +80,9 @@ pub(crate) struct Pipeline<S: Sink + 'static> {
     /// When [`Pipeline::check_group`] runs next.
     next_group_check: Instant,
     pub(crate) buffers: Buffers,
+    /// Records waiting to make whole source transactions (transactional
+    /// consistency only), before they enter the buffers.
+    pub(crate) transactions: Transactions,
     pub(crate) partitions: Partitions,
     /// When the stopped and fenced partitions' stored offsets are looked
     /// at again.
@@ -167,6 +171,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             .map_err(|e| RunError::Kafka(e.to_string()))?
             .map(Arc::new);
         let registry = config.schema_registry.registry(&config.schema_registry_url)?;
+        let transaction_topic = config.transaction_topic();
         let limits = BatchLimits {
             max_records: config.batch_max_records,
             max_bytes: config.batch_max_bytes(),
@@ -190,7 +195,8 @@ impl<S: Sink + 'static> Pipeline<S> {
             closing,
             group,
             next_group_check: Instant::now() + GROUP_CHECK,
-            buffers: Buffers::default(),
+            buffers: Buffers::with_lane(transaction_topic.clone()),
+            transactions: Transactions::new(transaction_topic),
             partitions: Partitions::default(),
             stopped_probe: None,
             tables: HashMap::new(),
@@ -373,7 +379,11 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// this runner's (see [`Partitions::take`]).
     fn accept(&mut self, raw: RawRecord) {
         if self.partitions.take(&raw.topic, raw.partition, raw.offset) {
-            self.buffers.push(raw, Instant::now);
+            if self.transactions.enabled() {
+                self.transactions.push(raw);
+            } else {
+                self.buffers.push(raw, Instant::now);
+            }
         }
     }
 
@@ -383,8 +393,17 @@ impl<S: Sink + 'static> Pipeline<S> {
             // wakes the pipeline).
             return None;
         }
-        self.buffers
-            .next_due(self.limits.linger, self.idle_at(), &self.operator.paused_topics)
+        let due = self.buffers.next_due(self.limits.linger, self.idle_at(), &self.paused_lanes());
+        // An END waiting for its changes is looked at again now and then
+        // (it may wait too long, see `transactions::INCOMPLETE_AFTER`).
+        let waiting = self
+            .transactions
+            .waiting(Instant::now())
+            .map(|_| Instant::now() + crate::transactions::WAITING_CHECK);
+        match (due, waiting) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// When buffered records are applied for want of more: no batch being
@@ -400,9 +419,13 @@ impl<S: Sink + 'static> Pipeline<S> {
     }
 
     async fn flush_due(&mut self) {
+        if self.transactions.enabled() {
+            self.release_transactions().await;
+        }
         let now = Instant::now();
         let idle = self.idle_at().is_some_and(|t| t <= now);
-        for topic in self.buffers.due(now, &self.limits, idle, &self.operator.paused_topics) {
+        let paused = self.paused_lanes().into_owned();
+        for topic in self.buffers.due(now, &self.limits, idle, &paused) {
             if self.ready.is_some() {
                 break; // the rest waits for the apply to end
             }

@@ -218,11 +218,64 @@ impl<S: Sink + 'static> Pipeline<S> {
         }
         // A table still waiting for its retry stays paused until the retry
         // succeeds.
-        for topic in topics {
-            if self.buffers.retrying(&topic) {
-                self.pause(&topic, true);
+        for topic in &topics {
+            if self.buffers.retrying(topic) {
+                self.pause(topic, true);
             }
         }
+        if self.transactions.enabled() {
+            self.check_whole_copy(topics).await;
+        }
+    }
+
+    /// Whole transactions need every partition of the copy's topics in
+    /// this member: a member given only some of a topic's (topics of several
+    /// partitions, shared out among several members) would wait for ever
+    /// for changes another member holds, or apply parts of transactions.
+    /// It refuses instead: nothing assigned is fetched, and the status says
+    /// why, until the next rebalance (a member leaves) gives it the whole
+    /// copy. A member given nothing stands by.
+    async fn check_whole_copy(&mut self, topics: std::collections::BTreeSet<String>) {
+        let mut missing = Vec::new();
+        for topic in topics {
+            let consumer = self.consumer.clone();
+            let t = topic.clone();
+            let count = tokio::task::spawn_blocking(move || {
+                consumer
+                    .fetch_metadata(Some(&t), WATERMARKS_TIMEOUT)
+                    .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+            })
+            .await;
+            let Ok(Ok(count)) = count else {
+                warn!(topic = %topic, "cannot read the topic's partitions to check this member holds them all");
+                continue;
+            };
+            let held = self.partitions.of_topic(&topic).count();
+            if held < count {
+                missing.push(format!("{topic} ({held} of {count} partitions)"));
+            }
+        }
+        if missing.is_empty() {
+            if self.transactions.refusing.take().is_some() {
+                info!("this member holds every partition of the copy again: applying whole transactions");
+                let all = self.operator.control.paused().all;
+                self.telemetry.set_paused(all.then(|| "paused by an operator".to_string()));
+            }
+            return;
+        }
+        let reason = format!(
+            "consistency = \"transactional\" needs every partition of the copy's topics in one sink runner, and this \
+             one holds only some of: {}; give the copy's topics one partition each (other members then stand by), \
+             or run one member (docs/consistency.md)",
+            missing.join(", ")
+        );
+        error!(reason = %reason, "refusing to apply parts of transactions");
+        let lane = self.buffers.lane.clone().unwrap_or_default();
+        self.pause(&lane, true);
+        self.buffers.clear(&lane);
+        self.transactions.clear();
+        self.transactions.refusing = Some(reason.clone());
+        self.telemetry.set_paused(Some(reason));
     }
 
     /// The destination's offsets of `parts`, retried per [`policy`] until
@@ -293,12 +346,13 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// these partitions do not go back into a buffer.
     async fn revoke(&mut self, parts: &[Partition]) {
         for p in parts {
-            if let Some(f) = self.in_flight.as_mut().filter(|f| f.raw.topic == p.topic) {
-                f.revoked.insert(p.partition);
+            let lane = self.buffers.lane_of(&p.topic).to_string();
+            if let Some(f) = self.in_flight.as_mut().filter(|f| f.raw.topic == lane) {
+                f.revoked.insert((p.topic.clone(), p.partition));
             }
             // Decoded but not applied: back into its buffer, to be dropped
             // below with the rest of the partition.
-            if self.ready.as_ref().is_some_and(|r| r.raw.topic == p.topic) {
+            if self.ready.as_ref().is_some_and(|r| r.raw.topic == lane) {
                 if let Some(r) = self.ready.take() {
                     self.restore(r.raw.topic, r.raw.buf, &Default::default());
                 }
@@ -310,6 +364,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 self.operator.paused_topics.remove(&p.topic);
             }
             self.buffers.drop_partition(&p.topic, p.partition);
+            self.transactions.drop_partition(&p.topic, p.partition);
         }
         if self.in_flight.is_some() {
             let applied = crate::apply::wait_applied(&mut self.in_flight).await;

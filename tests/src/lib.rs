@@ -297,6 +297,17 @@ pub fn sink_runner_config(prefix: &str, group: &str, section: &str) -> String {
     )
 }
 
+/// A runner's `GET /status` on its admin server at `port`, once it answers.
+pub async fn runner_status(port: u16) -> Option<serde_json::Value> {
+    let body = reqwest::get(format!("http://127.0.0.1:{port}/status"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    serde_json::from_str(&body).ok()
+}
+
 /// A TCP port free on 127.0.0.1 now (for a runner's admin server).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -697,15 +697,7 @@ async fn a_table_copied_again_under_load_while_the_others_stream() {
             }
         })
     };
-    let status = |port: u16| async move {
-        let body = reqwest::get(format!("http://127.0.0.1:{port}/status"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        serde_json::from_str::<serde_json::Value>(&body).ok()
-    };
+    let status = tributary_tests::runner_status;
     let events_a = || async {
         status(source_port)
             .await
