@@ -547,6 +547,11 @@ impl Telemetry {
         f(status.tables.entry(table.to_string()).or_default())
     }
 
+    fn with_consistency(&self, f: impl FnOnce(&mut ConsistencyStatus)) {
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        f(status.consistency.get_or_insert_with(ConsistencyStatus::default));
+    }
+
     fn label(&self, table: &str) -> TableLabel {
         TableLabel {
             runner: self.inner.runner.clone(),
@@ -820,24 +825,26 @@ impl Telemetry {
     /// (transactional sinks).
     pub fn record_transactions(&self, applied: u64, last: Option<ConsistentPoint>) {
         self.inner.metrics.transactions.inc_by(applied);
-        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
-        let c = status.consistency.get_or_insert_with(ConsistencyStatus::default);
-        c.transactions_applied += applied;
-        if let Some(last) = last {
+        if let Some(last) = &last {
             self.inner.metrics.consistent_as_of.set(last.committed_at_ms / 1000);
-            c.consistent_as_of = Some(last);
         }
+        self.with_consistency(|c| {
+            c.transactions_applied += applied;
+            if last.is_some() {
+                c.consistent_as_of = last;
+            }
+        });
     }
 
     /// Records what whole transactions wait for, and how many went in
     /// parts (transactional sinks).
     pub fn set_transactions_waiting(&self, waiting: Option<(String, u64)>, split: u64) {
         self.inner.metrics.transactions_split.set(split as i64);
-        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
-        let c = status.consistency.get_or_insert_with(ConsistencyStatus::default);
-        c.transactions_split = split;
-        c.waiting_seconds = waiting.as_ref().map(|(_, s)| *s);
-        c.waiting_for = waiting.map(|(id, _)| id);
+        self.with_consistency(|c| {
+            c.transactions_split = split;
+            c.waiting_seconds = waiting.as_ref().map(|(_, s)| *s);
+            c.waiting_for = waiting.map(|(id, _)| id);
+        });
     }
 
     /// Records the consumer group membership (sink runners).

@@ -76,31 +76,46 @@ pub(crate) struct ApplyOutcome {
     /// Events in the batch, and the newest source time among them.
     events: usize,
     newest: Option<i64>,
-    /// Per table, its events and their newest source time.
+    /// Per table, its changes and their source times.
     per_table: Vec<PerTable>,
 }
 
-/// A table's events in a batch, and the newest source time among them.
-type PerTable = (TableId, usize, Option<i64>);
+/// A table's changes in a batch: how many, and their oldest and newest
+/// source times.
+pub(crate) struct PerTable {
+    pub(crate) table: TableId,
+    pub(crate) changes: usize,
+    pub(crate) oldest: i64,
+    pub(crate) newest: i64,
+}
 
 /// The tables of a batch's changes (a batch of the lane of every topic
 /// has several), in their first order.
-fn tables_of(records: &[(KafkaPosition, SinkRecord)]) -> Vec<PerTable> {
+pub(crate) fn tables_of(records: &[(KafkaPosition, SinkRecord)]) -> Vec<PerTable> {
     let mut out: Vec<PerTable> = Vec::new();
     for (_, r) in records {
         let SinkRecord::Change(ev) = r else { continue };
-        let i = match out.iter().position(|(t, _, _)| *t == ev.schema.id) {
-            Some(i) => i,
-            None => {
-                out.push((ev.schema.id.clone(), 0, None));
-                out.len() - 1
+        let ts = ev.source.ts_ms;
+        match out.iter_mut().find(|t| t.table == ev.schema.id) {
+            Some(t) => {
+                t.changes += 1;
+                t.oldest = t.oldest.min(ts);
+                t.newest = t.newest.max(ts);
             }
-        };
-        let e = &mut out[i];
-        e.1 += 1;
-        e.2 = e.2.max(Some(ev.source.ts_ms));
+            None => out.push(PerTable {
+                table: ev.schema.id.clone(),
+                changes: 1,
+                oldest: ts,
+                newest: ts,
+            }),
+        }
     }
     out
+}
+
+/// The newest source time of a batch's changes, from its tables'.
+fn newest_of(per_table: &[PerTable]) -> Option<i64> {
+    per_table.iter().map(|t| t.newest).max()
 }
 
 impl ApplyOutcome {
@@ -112,8 +127,8 @@ impl ApplyOutcome {
         verified: Vec<verify::Outcome>,
     ) -> (Self, Vec<(KafkaPosition, SinkRecord)>) {
         let events = batch.records.len();
-        let newest = newest_source_ts(&batch.records);
         let per_table = tables_of(&batch.records);
+        let newest = newest_of(&per_table);
         let done = if result.is_ok() {
             std::mem::take(&mut batch.records)
         } else {
@@ -133,10 +148,6 @@ pub(crate) fn source_ts(records: &[(KafkaPosition, SinkRecord)]) -> impl Iterato
         | SinkRecord::Sequence(..)
         | SinkRecord::Verify(..) => None,
     })
-}
-
-fn newest_source_ts(records: &[(KafkaPosition, SinkRecord)]) -> Option<i64> {
-    source_ts(records).max()
 }
 
 /// A verify record leading a batch: the table's shape and the range.
@@ -467,8 +478,8 @@ impl<S: Sink + 'static> Pipeline<S> {
                             sink.apply(&batch).await
                         };
                         events = batch.records.len();
-                        newest = newest_source_ts(&batch.records);
                         per_table = tables_of(&batch.records);
+                        newest = newest_of(&per_table);
                     }
                     _ => return Err((buf, revoked, error)),
                 },
@@ -505,11 +516,11 @@ impl<S: Sink + 'static> Pipeline<S> {
             // Every table of the batch, and the moment the destination now
             // reflects.
             let bookkeeping = crate::transactions::consistent_as_of_table();
-            for (t, n, newest) in per_table.iter().filter(|(t, _, _)| *t != bookkeeping) {
-                let label = (self.labeler)(t);
-                let bytes = (buf.bytes as u64).saturating_mul(*n as u64) / (events.max(1) as u64);
-                self.telemetry.record_events(&label, *n as u64, bytes, *newest);
-                self.telemetry.record_applied(&label, *newest);
+            for t in per_table.iter().filter(|t| t.table != bookkeeping) {
+                let label = (self.labeler)(&t.table);
+                let bytes = (buf.bytes as u64).saturating_mul(t.changes as u64) / (events.max(1) as u64);
+                self.telemetry.record_events(&label, t.changes as u64, bytes, Some(t.newest));
+                self.telemetry.record_applied(&label, Some(t.newest));
                 self.telemetry
                     .set_state(&label, tributary_operations::telemetry::TableState::Streaming);
             }

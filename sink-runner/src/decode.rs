@@ -169,21 +169,12 @@ impl<S: Sink + 'static> Pipeline<S> {
         let oldest = source_ts(&batch_records).min();
         if lane {
             // Each table of the lane's batch waits from its own oldest change.
-            let mut seen: Vec<(&TableId, i64)> = Vec::new();
             let bookkeeping = crate::transactions::consistent_as_of_table();
-            for (_, r) in &batch_records {
-                if let SinkRecord::Change(ev) = r {
-                    if ev.schema.id == bookkeeping {
-                        continue;
-                    }
-                    match seen.iter_mut().find(|(t, _)| **t == ev.schema.id) {
-                        Some(s) => s.1 = s.1.min(ev.source.ts_ms),
-                        None => seen.push((&ev.schema.id, ev.source.ts_ms)),
-                    }
-                }
-            }
-            for (t, ts) in seen {
-                self.telemetry.record_pending(&(self.labeler)(t), ts);
+            for t in crate::apply::tables_of(&batch_records)
+                .iter()
+                .filter(|t| t.table != bookkeeping)
+            {
+                self.telemetry.record_pending(&(self.labeler)(&t.table), t.oldest);
             }
         } else if let Some(ts) = oldest {
             self.telemetry.record_pending(&(self.labeler)(&table), ts);

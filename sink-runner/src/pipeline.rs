@@ -424,8 +424,8 @@ impl<S: Sink + 'static> Pipeline<S> {
         }
         let now = Instant::now();
         let idle = self.idle_at().is_some_and(|t| t <= now);
-        let paused = self.paused_lanes().into_owned();
-        for topic in self.buffers.due(now, &self.limits, idle, &paused) {
+        let due = self.buffers.due(now, &self.limits, idle, &self.paused_lanes());
+        for topic in due {
             if self.ready.is_some() {
                 break; // the rest waits for the apply to end
             }
