@@ -42,6 +42,11 @@ field as the empty string (only `,,` is NULL under `EMPTY_FIELD_AS_NULL`).
 `read_csv` is asked for exactly that (`all_varchar`, `allow_quoted_nulls =
 false`); DuckDB casts the text to a typed column on insert, as Snowflake
 does. The sink's staging through PUT + COPY INTO (large batches) relies on it.
+
+Fifth adaptation: fakesnow runs an array-bound INSERT (the sink's staging of
+up to `stage_threshold_rows` rows) once per row, parsing and rewriting it
+each time; the rewrite is done once per request instead
+(`_execute_bound_row`). Statements slower than SLOW_STATEMENT_S are logged.
 """
 
 import argparse
@@ -62,6 +67,7 @@ import uvicorn
 server = importlib.import_module("fakesnow.server")
 
 import duckdb
+from sqlglot import exp
 import snowflake.connector.errors
 from fakesnow import copy_into
 from fakesnow.cursor import FakeSnowflakeCursor
@@ -69,15 +75,71 @@ from fakesnow.cursor import FakeSnowflakeCursor
 _execute = FakeSnowflakeCursor.execute
 
 
-def _execute_mapping_errors(self, *args, **kwargs):
+# A statement slower than this is logged with its time (a test that times
+# out then shows which statement the emulator spent it on).
+SLOW_STATEMENT_S = 2.0
+
+
+def _execute_bound_row(self, command, kwargs):
+    """Fifth adaptation: an INSERT with array bindings, one row at a time.
+
+    fakesnow runs an array-bound statement once per row, each time parsed
+    and rewritten by sqlglot (about 6 ms a row here), where Snowflake runs
+    it as one statement: 8,000 staged rows took a minute, past the sink's
+    request timeout. The first row runs the whole way; the DuckDB SQL it
+    produced is kept by the cursor (one per request, so the answer is
+    described from that first row), and the next rows with the same text
+    run it directly. A row DuckDB refuses runs the whole
+    way again, so its error is the one fakesnow reports. `False`: not such
+    a row (the caller runs it the whole way)."""
+    params = kwargs.get("binding_params")
+    if not kwargs.get("server") or not isinstance(params, tuple) or not command.lstrip()[:6].upper() == "INSERT":
+        return False
+    remembered = getattr(self, "_tributary_bound_sql", None)
+    if remembered is None or remembered[0] != command:
+        return False
+    sql = remembered[1]
     try:
-        return _execute(self, *args, **kwargs)
+        self._duck_conn.execute(sql, list(params))
+    except duckdb.Error:
+        return False
+    return True
+
+
+def _remember_bound_sql(self, command, kwargs):
+    """Keeps the DuckDB SQL of an INSERT that ran with one row of bindings."""
+    transformed = getattr(self, "_last_transformed", None)
+    if (
+        kwargs.get("server")
+        and isinstance(kwargs.get("binding_params"), tuple)
+        and command.lstrip()[:6].upper() == "INSERT"
+        and isinstance(transformed, exp.Insert)
+        and not transformed.args.get("create_stage_name")
+        and not transformed.args.get("create_file_format_name")
+    ):
+        self._tributary_bound_sql = (command, transformed.sql(dialect="duckdb"))
+
+
+def _execute_mapping_errors(self, *args, **kwargs):
+    started = time.monotonic()
+    command = args[0] if args else kwargs.get("command", "")
+    if _execute_bound_row(self, command, kwargs):
+        return self
+    try:
+        result = _execute(self, *args, **kwargs)
+        _remember_bound_sql(self, command, kwargs)
+        return result
     except duckdb.ConstraintException as e:
         msg = f"NULL result in a non-nullable column ({str(e.args[0]).splitlines()[0]})"
         raise snowflake.connector.errors.ProgrammingError(msg=msg, errno=100072, sqlstate="22000") from e
     except duckdb.InvalidInputException as e:
         msg = str(e.args[0]).splitlines()[0]
         raise snowflake.connector.errors.ProgrammingError(msg=msg, errno=100069, sqlstate="22P02") from e
+    finally:
+        took = time.monotonic() - started
+        if took > SLOW_STATEMENT_S:
+            sql = str(args[0]) if args else str(kwargs.get("command", ""))
+            print(f"SLOW {took:.1f}s ({len(sql)} chars): {sql[:300]}", file=sys.stderr, flush=True)
 
 
 FakeSnowflakeCursor.execute = _execute_mapping_errors
