@@ -61,6 +61,16 @@ pub struct End {
     pub counts: Vec<(String, i64)>,
 }
 
+impl End {
+    /// The END a record of the transaction topic is (`None`: a BEGIN).
+    fn of(record: TransactionRecord) -> Option<Self> {
+        match record {
+            TransactionRecord::End { id, ts_ms, data_collections } => Some(End { id, ts_ms, counts: data_collections }),
+            TransactionRecord::Begin { .. } => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     raw: RawRecord,
@@ -95,8 +105,6 @@ pub struct Transactions {
 pub struct Released {
     /// The records, in the order they go into the lane.
     pub records: Vec<RawRecord>,
-    /// Whole transactions among them.
-    pub transactions: u64,
 }
 
 impl Transactions {
@@ -151,11 +159,7 @@ impl Transactions {
     }
 
     fn forget(&mut self, txn: &str, table: &str) {
-        if let Some(t) = self.received.get_mut(txn) {
-            if let Some(n) = t.get_mut(table) {
-                *n -= 1;
-            }
-        }
+        forget(&mut self.received, txn, table);
     }
 
     /// Decodes what arrived since the last call, to know each record's
@@ -181,9 +185,7 @@ impl Transactions {
                 e.kind = if *topic == txn_topic {
                     match e.raw.value.as_deref().map(TransactionRecord::decode_value) {
                         Some(Ok(TransactionRecord::Begin { .. })) => Kind::Begin,
-                        Some(Ok(TransactionRecord::End { id, ts_ms, data_collections })) => {
-                            Kind::End(End { id, ts_ms, counts: data_collections })
-                        }
+                        Some(Ok(record)) => End::of(record).map_or(Kind::Free, Kind::End),
                         Some(Err(err)) => {
                             warn!(topic = %topic, offset = e.raw.offset, error = %err,
                                 "a record of the transaction topic cannot be read: skipped");
@@ -332,14 +334,7 @@ impl Transactions {
                 // towards its END; one whose END went is forgotten.
                 if let Kind::Change { txn, table } = &e.kind {
                     if !split.contains(txn) {
-                        if let Some(t) = received.get_mut(txn) {
-                            if let Some(n) = t.get_mut(table) {
-                                *n -= 1;
-                            }
-                            if t.values().all(|n| *n <= 0) {
-                                received.remove(txn);
-                            }
-                        }
+                        forget(received, txn, table);
                     }
                 }
                 out.records.push(e.raw);
@@ -374,7 +369,6 @@ impl Transactions {
             }
         }
         self.front_since = None;
-        out.transactions += 1;
     }
 
     fn finish_incomplete(&mut self, id: &str) {
@@ -395,6 +389,19 @@ impl Transactions {
             Some(Kind::Change { txn, .. }) if !self.split.contains(txn) => Some(txn.clone()),
             _ => None,
         })
+    }
+}
+
+/// Counts a change of `txn` in `table` as gone from `received` (and the
+/// transaction once none of its changes is left).
+fn forget(received: &mut HashMap<String, HashMap<String, i64>>, txn: &str, table: &str) {
+    if let Some(t) = received.get_mut(txn) {
+        if let Some(n) = t.get_mut(table) {
+            *n -= 1;
+        }
+        if t.values().all(|n| *n <= 0) {
+            received.remove(txn);
+        }
     }
 }
 
@@ -499,12 +506,7 @@ pub fn consistent_as_of_event(end: &End, copy: &str, records: &[(KafkaPosition, 
 
 /// An END record's content, for the batch that carries it.
 pub fn read_end(raw: &RawRecord) -> Option<End> {
-    match raw.value.as_deref().map(TransactionRecord::decode_value) {
-        Some(Ok(TransactionRecord::End { id, ts_ms, data_collections })) => {
-            Some(End { id, ts_ms, counts: data_collections })
-        }
-        _ => None,
-    }
+    End::of(raw.value.as_deref().map(TransactionRecord::decode_value)?.ok()?)
 }
 
 #[cfg(test)]
@@ -569,7 +571,6 @@ mod tests {
         with(&mut t, "shop.public.b", 1, 0, change("7", "public.b"));
         with(&mut t, "shop.public.b", 1, 1, change("8", "public.b"));
         let r = t.release(1 << 20, now);
-        assert_eq!(r.transactions, 1);
         assert_eq!(
             offsets(&r),
             vec![
