@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tributary_tests::{
-    bigquery, e2e, free_port, pg_destination_url, pg_source_runner_config, pg_source_url, postgres, runner_status,
-    sink_runner_config, snowflake, unique, wait_for, Runner,
+    bigquery, e2e, free_port, pg_destination_url, pg_source_runner_config, pg_source_url, postgres, redshift,
+    runner_status, sink_runner_config, snowflake, spanner, unique, wait_for, Runner,
 };
 
 /// Rows of each account table, and each one's opening balance.
@@ -38,6 +38,10 @@ enum Dest {
     Postgres(postgres::Destination),
     BigQuery(bigquery::Datasets),
     Snowflake(Box<snowflake::Schemas>),
+    /// A Redshift schema (PostgreSQL in the sink's test mode) and the
+    /// consumer group.
+    Redshift(redshift::Warehouse, String),
+    Spanner(spanner::Database),
 }
 
 impl Dest {
@@ -46,6 +50,9 @@ impl Dest {
             Dest::Postgres(d) => format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), d.schema),
             Dest::BigQuery(d) => d.runner_section(),
             Dest::Snowflake(d) => d.runner_section(),
+            Dest::Redshift(w, _) => w.runner_section(),
+            // Tables named as the source names them (one database per test).
+            Dest::Spanner(d) => format!("{}table = \"{{table}}\"\n", d.runner_section()),
         }
     }
 
@@ -54,6 +61,8 @@ impl Dest {
             Dest::Postgres(d) => d.group.clone(),
             Dest::BigQuery(d) => d.group.clone(),
             Dest::Snowflake(d) => d.group.clone(),
+            Dest::Redshift(_, group) => group.clone(),
+            Dest::Spanner(d) => d.group.clone(),
         }
     }
 
@@ -62,6 +71,8 @@ impl Dest {
             Dest::Postgres(d) => format!("\"{}\".\"{name}\"", d.schema),
             Dest::BigQuery(d) => d.table(name),
             Dest::Snowflake(d) => d.table(name),
+            Dest::Redshift(w, _) => format!("\"{}\".\"{name}\"", w.schema),
+            Dest::Spanner(_) => name.to_string(),
         }
     }
 
@@ -75,27 +86,19 @@ impl Dest {
 
     fn text(&self, expr: &str) -> String {
         match self {
-            Dest::Postgres(_) => format!("({expr})::text"),
-            Dest::BigQuery(_) => format!("CAST(({expr}) AS STRING)"),
+            Dest::Postgres(_) | Dest::Redshift(..) => format!("({expr})::text"),
+            Dest::BigQuery(_) | Dest::Spanner(_) => format!("CAST(({expr}) AS STRING)"),
             Dest::Snowflake(_) => format!("CAST(({expr}) AS VARCHAR)"),
         }
     }
 
     async fn query(&self, sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
         match self {
-            Dest::Postgres(d) => d.admin.simple_query(sql).await.map_err(|e| e.to_string()).map(|messages| {
-                messages
-                    .into_iter()
-                    .filter_map(|m| match m {
-                        tokio_postgres::SimpleQueryMessage::Row(r) => {
-                            Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
-                        }
-                        _ => None,
-                    })
-                    .collect()
-            }),
+            Dest::Postgres(d) => text_rows(&d.admin, sql).await,
             Dest::BigQuery(_) => bigquery::query(sql).await,
             Dest::Snowflake(d) => d.query(sql).await,
+            Dest::Redshift(w, _) => text_rows(&w.admin, sql).await,
+            Dest::Spanner(d) => d.query(sql).await,
         }
     }
 
@@ -146,8 +149,24 @@ impl Dest {
             Dest::Postgres(d) => d.cleanup().await,
             Dest::BigQuery(d) => d.cleanup().await,
             Dest::Snowflake(d) => d.cleanup().await,
+            Dest::Redshift(w, group) => w.cleanup(&[group]).await,
+            Dest::Spanner(d) => d.cleanup().await,
         }
     }
+}
+
+/// A query's rows as text, over PostgreSQL's protocol.
+async fn text_rows(client: &tokio_postgres::Client, sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
+    let messages = client.simple_query(sql).await.map_err(|e| e.to_string())?;
+    Ok(messages
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect())
 }
 
 /// The source's numbers, as [`Dest::sample`] reads the destination's.
@@ -412,6 +431,19 @@ async fn a_reader_of_bigquery_sees_only_whole_transactions_through_kill_9_and_a_
 async fn a_reader_of_snowflake_sees_only_whole_transactions_through_kill_9_and_a_broker_restart() {
     let name = unique("cons_sf");
     transactional(&name, Dest::Snowflake(Box::new(snowflake::Schemas::new(&name))), false).await;
+}
+
+#[tokio::test]
+async fn a_reader_of_redshift_sees_only_whole_transactions_through_kill_9_and_a_broker_restart() {
+    let name = unique("cons_rs");
+    let warehouse = redshift::Warehouse::new(&name).await;
+    transactional(&name, Dest::Redshift(warehouse, unique(&name)), false).await;
+}
+
+#[tokio::test]
+async fn a_reader_of_spanner_sees_only_whole_transactions_through_kill_9_and_a_broker_restart() {
+    let name = unique("cons_sp");
+    transactional(&name, Dest::Spanner(spanner::Database::new(&name).await), false).await;
 }
 
 /// The same reader and workload into a per-table sink: it sees states the
