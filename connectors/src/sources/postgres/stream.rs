@@ -547,6 +547,12 @@ impl Streamer {
                         out.messages.push(SourceMessage::TransactionEnd(end));
                     }
                     if !txn.created.is_empty() {
+                        // The new tables' snapshot lists them from the
+                        // catalog: the commit decoded here can still be
+                        // invisible to a new snapshot for a moment (a
+                        // renamed table was once found "gone" and never
+                        // copied).
+                        sc.catalog.see_transaction(txn.xid).await?;
                         out.created = txn.created;
                         break;
                     }
