@@ -28,7 +28,7 @@ pub mod pgwire;
 
 pub use error::{policy, Decision, Error, ErrorKind, Result};
 pub use problem::{Problem, Severity};
-pub use sink::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkConfig, SinkRecord};
+pub use sink::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkConfig, SinkRecord, UnitPart};
 pub use source::{
     copy_for_key_change, keyless_shape, Checkpoint, CopyHold, CopyHolds, SnapshotTableProgress, Source, SourceBatch,
     SourceConfig, SourceMessage, TransactionEnd,

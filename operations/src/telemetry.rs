@@ -71,6 +71,9 @@ pub mod names {
     /// Source transactions applied in parts, a reader may have seen part
     /// of them (counter; transactional sinks).
     pub const TRANSACTIONS_SPLIT: &str = "tributary_transactions_split";
+    /// Source transactions larger than the sink's memory bound applied
+    /// whole, in one destination transaction held open across batches.
+    pub const TRANSACTIONS_SPANNED: &str = "tributary_transactions_spanned";
 }
 
 /// The labels of a table's metrics: which runner (a copy's source and sink
@@ -315,6 +318,9 @@ pub struct ConsistencyStatus {
     /// whose END waited too long for its changes): a reader may have seen
     /// part of them.
     pub transactions_split: u64,
+    /// Transactions larger than `max_buffered_bytes` applied whole, in one
+    /// destination transaction held open across batches (PostgreSQL).
+    pub transactions_spanned: u64,
     /// The transaction whose changes the copy waits for, and since how many
     /// seconds (a long wait: a member without all the copy's partitions, or
     /// a source runner without `transaction_metadata`).
@@ -401,6 +407,7 @@ struct Metrics {
     consistent_as_of: Gauge,
     transactions: Counter,
     transactions_split: Gauge,
+    transactions_spanned: Gauge,
 }
 
 /// Status and metrics of one runner. Cheap to clone and share.
@@ -446,6 +453,7 @@ impl Telemetry {
             consistent_as_of: Gauge::default(),
             transactions: Counter::default(),
             transactions_split: Gauge::default(),
+            transactions_spanned: Gauge::default(),
         };
         registry.register(names::EVENTS, "Change events moved", metrics.events.clone());
         registry.register(names::BYTES, "Encoded bytes moved", metrics.bytes.clone());
@@ -512,6 +520,11 @@ impl Telemetry {
                 names::TRANSACTIONS_SPLIT,
                 "Source transactions applied in parts",
                 metrics.transactions_split.clone(),
+            );
+            registry.register(
+                names::TRANSACTIONS_SPANNED,
+                "Source transactions over the memory bound applied whole across batches",
+                metrics.transactions_spanned.clone(),
             );
             registry.register(
                 names::VERIFY_LAST_POSITION,
@@ -836,12 +849,15 @@ impl Telemetry {
         });
     }
 
-    /// Records what whole transactions wait for, and how many went in
-    /// parts (transactional sinks).
-    pub fn set_transactions_waiting(&self, waiting: Option<(String, u64)>, split: u64) {
+    /// Records what whole transactions wait for, how many went in parts
+    /// and how many over the memory bound went whole across batches
+    /// (transactional sinks).
+    pub fn set_transactions_waiting(&self, waiting: Option<(String, u64)>, split: u64, spanned: u64) {
         self.inner.metrics.transactions_split.set(split as i64);
+        self.inner.metrics.transactions_spanned.set(spanned as i64);
         self.with_consistency(|c| {
             c.transactions_split = split;
+            c.transactions_spanned = spanned;
             c.waiting_seconds = waiting.as_ref().map(|(_, s)| *s);
             c.waiting_for = waiting.map(|(id, _)| id);
         });

@@ -53,6 +53,10 @@ pub(crate) struct RawBatch {
     pub(crate) consistent: Option<crate::transactions::End>,
     /// Whole source transactions the batch holds.
     pub(crate) transactions: u64,
+    /// The source transactions over the memory bound the batch applies
+    /// part of, in a destination transaction held open across batches
+    /// (empty: the batch is a unit of its own).
+    pub(crate) spans: Vec<String>,
 }
 
 /// A batch decoded and waiting for the one being applied to end.
@@ -279,7 +283,23 @@ impl<S: Sink + 'static> Pipeline<S> {
         let sink = self.sink.clone();
         let repair = self.repairs.as_ref().is_some_and(|r| r.repair);
         let mut batch = p.batch;
-        // Set now, not when decoded: the batch before it may have moved them.
+        let mut raw = p.raw;
+        // Set now, not when decoded: the batch before may have left a
+        // destination transaction open, which this one continues, and
+        // commits with the offsets of every partition it covered.
+        if let Some(open) = &self.open_unit {
+            batch.unit.continues = true;
+            for t in &open.transactions {
+                if !raw.spans.contains(t) {
+                    raw.spans.push(t.clone());
+                }
+            }
+            for ((t, part), o) in &open.offsets {
+                if !batch.next_offsets.iter().any(|(bt, bp, _)| bp == part && bt == t) {
+                    batch.next_offsets.push((t.clone(), *part, *o));
+                }
+            }
+        }
         batch.expected_offsets = batch
             .next_offsets
             .iter()
@@ -301,7 +321,7 @@ impl<S: Sink + 'static> Pipeline<S> {
             let _ = tx.send(applied);
             drop(records);
         });
-        self.in_flight = Some(InFlight { raw: p.raw, revoked: BTreeSet::new(), done });
+        self.in_flight = Some(InFlight { raw, revoked: BTreeSet::new(), done });
     }
 
     /// Puts the records of a batch that was not applied back in front of
@@ -333,17 +353,33 @@ impl<S: Sink + 'static> Pipeline<S> {
         let span = info_span!("batch", table = %label, topic = %f.raw.topic, records = f.raw.raw_index.len());
         let topic = f.raw.topic.clone();
         let table = f.raw.table.clone();
+        let spans = f.raw.spans.clone();
         // The raw records of an applied batch are freed once the next batch
         // is on its way.
         let applied = match self.finish_inner(f, joined).instrument(span).await {
             Ok(buf) => Some(buf),
-            Err((_, revoked, error)) if error.class() == FENCED_CLASS => {
+            Err((_, revoked, error)) if error.class() == FENCED_CLASS || !spans.is_empty() => {
                 // Another runner (or an operator) stored offsets for these
-                // partitions: nothing of the batch was written. Everything
-                // buffered for the topic is dropped and its partitions go
-                // on from what is stored now.
+                // partitions: nothing of the batch was written. Or the
+                // destination transaction held open for a large source
+                // transaction failed, undoing its earlier batches too,
+                // which went out of memory: read again, that transaction
+                // then goes in parts (each one retried, dead-lettered, as
+                // any batch). Everything buffered for the topic is dropped
+                // and its partitions go on from what is stored now.
                 let label = (self.labeler)(&table);
-                warn!(table = %label, topic = %topic, error = %error, "batch fenced: reading the stored offsets again");
+                if spans.is_empty() {
+                    warn!(table = %label, topic = %topic, error = %error,
+                        "batch fenced: reading the stored offsets again");
+                } else {
+                    warn!(table = %label, transactions = ?spans, error = %error,
+                        "the destination transaction held open for a large source transaction failed: reading it \
+                         again, to apply it in parts");
+                    self.open_unit = None;
+                    for t in spans {
+                        self.transactions.no_span(t);
+                    }
+                }
                 self.telemetry
                     .record_error(&label, &error.to_string(), &error.kind().to_string());
                 if self.ready.as_ref().is_some_and(|r| r.raw.topic == topic) {
@@ -401,6 +437,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                     decoded,
                     consistent,
                     transactions,
+                    spans,
                     ..
                 },
             revoked,
@@ -408,7 +445,7 @@ impl<S: Sink + 'static> Pipeline<S> {
         } = f;
         let ApplyOutcome {
             mut batch,
-            mut result,
+            result,
             verified,
             mut events,
             mut newest,
@@ -421,6 +458,12 @@ impl<S: Sink + 'static> Pipeline<S> {
                 let error = Error::retryable("the apply task ended without an outcome (it panicked or was cancelled)");
                 return Err((buf, revoked, error));
             }
+        };
+        // Part of a destination transaction held open across batches: a
+        // failure undid all of it, which the caller reads again.
+        let mut result = match result {
+            Err(ApplyError { error, .. }) if batch.unit.spans() => return Err((buf, revoked, error)),
+            other => other,
         };
         // A record the destination refuses is dead-lettered and the rest
         // applied again (here, in the pipeline: a rare path).
@@ -524,8 +567,13 @@ impl<S: Sink + 'static> Pipeline<S> {
                 self.telemetry
                     .set_state(&label, tributary_operations::telemetry::TableState::Streaming);
             }
-            let point = consistent.map(|end| ConsistentPoint { transaction_id: end.id, committed_at_ms: end.ts_ms });
-            self.telemetry.record_transactions(transactions, point);
+            // In a destination transaction held open, nothing is visible
+            // yet: the batch that commits it moves the consistent point.
+            if !batch.unit.more {
+                let point =
+                    consistent.map(|end| ConsistentPoint { transaction_id: end.id, committed_at_ms: end.ts_ms });
+                self.telemetry.record_transactions(transactions, point);
+            }
         } else {
             self.telemetry.record_events(&label, events as u64, buf.bytes as u64, newest);
             self.telemetry.record_applied(&label, newest);
@@ -540,6 +588,21 @@ impl<S: Sink + 'static> Pipeline<S> {
             info!(table = %label, "resumed");
         }
         self.set_streaming(&topic, &label);
+        if batch.unit.more {
+            // Nothing is durable until the batch that commits the open
+            // destination transaction: its offsets wait with it.
+            let open = self.open_unit.get_or_insert_with(Default::default);
+            for (t, p, o) in &batch.next_offsets {
+                open.offsets.insert((t.clone(), *p), *o);
+            }
+            for t in &spans {
+                if !open.transactions.contains(t) {
+                    open.transactions.push(t.clone());
+                }
+            }
+            return Ok(buf);
+        }
+        self.open_unit = None;
         // Stored now: what was dead-lettered below these offsets is never
         // consumed again.
         self.dead_letters.stored(&batch.next_offsets);

@@ -179,11 +179,19 @@ impl<S: Sink + 'static> Pipeline<S> {
         } else if let Some(ts) = oldest {
             self.telemetry.record_pending(&(self.labeler)(&table), ts);
         }
+        let spans = if lane {
+            self.transactions.spanning.clone()
+        } else {
+            Vec::new()
+        };
         let batch = SinkBatch {
             table: table.clone(),
             records: batch_records,
             next_offsets,
             expected_offsets: Vec::new(),
+            // Source transactions over the memory bound whose END is not in
+            // the lane yet: their destination transaction stays open.
+            unit: tributary_connectors::UnitPart { continues: false, more: !spans.is_empty() },
         };
         Ok(Some(DecodedBatch {
             raw: RawBatch {
@@ -196,6 +204,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 oldest,
                 consistent,
                 transactions,
+                spans,
             },
             batch,
         }))

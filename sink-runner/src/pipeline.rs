@@ -94,10 +94,24 @@ pub(crate) struct Pipeline<S: Sink + 'static> {
     /// The next batch, decoded while `in_flight` is applied. Only ever set
     /// while `in_flight` is: it bounds how far the pipeline reads ahead.
     pub(crate) ready: Option<DecodedBatch>,
+    /// The destination transaction held open across batches for source
+    /// transactions over the memory bound (transactional consistency).
+    pub(crate) open_unit: Option<OpenUnit>,
     /// When the consumer last gave a record (see [`Pipeline::idle_at`]).
     last_received: Option<Instant>,
     /// Turns true when the runner is asked to stop.
     pub(crate) stop: watch::Receiver<bool>,
+}
+
+/// A destination transaction left open by the batches applied so far of
+/// source transactions over the memory bound (`UnitPart`).
+#[derive(Debug, Default)]
+pub(crate) struct OpenUnit {
+    /// The source transactions it holds part of.
+    pub(crate) transactions: Vec<String>,
+    /// The next offset of every partition its batches covered: stored
+    /// with the batch that commits it.
+    pub(crate) offsets: std::collections::BTreeMap<(String, i32), i64>,
 }
 
 /// Runs a sink runner for the configured destination until `stop` turns true.
@@ -172,6 +186,8 @@ impl<S: Sink + 'static> Pipeline<S> {
             .map(Arc::new);
         let registry = config.schema_registry.registry(&config.schema_registry_url)?;
         let transaction_topic = config.transaction_topic();
+        let mut transactions = Transactions::new(transaction_topic.clone());
+        transactions.spans = sink.spans_batches();
         let limits = BatchLimits {
             max_records: config.batch_max_records,
             max_bytes: config.batch_max_bytes(),
@@ -196,12 +212,13 @@ impl<S: Sink + 'static> Pipeline<S> {
             group,
             next_group_check: Instant::now() + GROUP_CHECK,
             buffers: Buffers::with_lane(transaction_topic.clone()),
-            transactions: Transactions::new(transaction_topic),
+            transactions,
             partitions: Partitions::default(),
             stopped_probe: None,
             tables: HashMap::new(),
             in_flight: None,
             ready: None,
+            open_unit: None,
             last_received: None,
             stop,
         })
@@ -341,9 +358,23 @@ impl<S: Sink + 'static> Pipeline<S> {
             self.flush(&topic).await;
             self.finish_applying().await;
         }
+        self.abandon_open_unit().await;
         self.close();
         info!("stopped");
         Ok(())
+    }
+
+    /// Rolls back the destination transaction held open for a large
+    /// source transaction, if any: what it held is read again from the
+    /// stored offsets (by the next owner, or at the next start).
+    pub(crate) async fn abandon_open_unit(&mut self) {
+        if self.open_unit.take().is_some() {
+            self.sink.lock().await.abandon_unit().await;
+            info!(
+                "the destination transaction held open for a large source transaction is rolled back: it is \
+                   applied again from the stored offsets"
+            );
+        }
     }
 
     /// Stops serving rebalances: the consumer's context serves them from

@@ -370,6 +370,18 @@ impl<S: Sink + 'static> Pipeline<S> {
             let applied = crate::apply::wait_applied(&mut self.in_flight).await;
             self.finish(applied).await;
         }
+        if self.open_unit.is_some() {
+            // What it held goes back to the stored offsets: on revoked
+            // partitions for their next owner, on the others here.
+            self.abandon_open_unit().await;
+            if let Some(lane) = self.buffers.lane.clone() {
+                self.ready = None;
+                self.buffers.clear(&lane);
+            }
+            self.transactions.clear();
+            let parts: Vec<Partition> = self.partitions.iter().map(|(t, p, _)| Partition::new(t, p)).collect();
+            self.restart_from_stored(parts).await;
+        }
     }
 }
 

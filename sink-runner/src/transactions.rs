@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use tracing::warn;
+use tracing::{info, warn};
 use tributary_connectors::{Error, ErrorKind, KafkaPosition, Sink, SinkRecord};
 use tributary_schemas::records::transaction::TransactionRecord;
 use tributary_schemas::{ChangeEvent, Column, DataType, EventDecoder, Op, TableId, TableSchema, Value};
@@ -95,6 +95,19 @@ pub struct Transactions {
     front_since: Option<(String, Instant)>,
     /// Transactions released in parts so far.
     pub split_total: u64,
+    /// Whether a transaction over the bound goes into one destination
+    /// transaction held open across batches (the sink can,
+    /// `Sink::spans_batches`) rather than in committed parts.
+    pub spans: bool,
+    /// The transactions over the bound going into the destination whole
+    /// across batches, each until its END goes into the lane: the
+    /// destination transaction stays open while there is one.
+    pub spanning: Vec<String>,
+    /// Transactions over the bound applied so, so far.
+    pub spanned_total: u64,
+    /// Transactions whose unit across batches failed: applied in parts
+    /// when read again.
+    no_span: VecDeque<String>,
     /// Why this member applies nothing: it holds only some partitions of
     /// the copy (see `Pipeline::check_whole_copy`).
     pub refusing: Option<String>,
@@ -138,12 +151,27 @@ impl Transactions {
     pub fn clear(&mut self) {
         let topic = self.topic.take();
         let refusing = self.refusing.take();
+        let no_span = std::mem::take(&mut self.no_span);
         *self = Self {
             topic,
             split_total: self.split_total,
+            spans: self.spans,
+            spanned_total: self.spanned_total,
+            no_span,
             refusing,
             ..Self::default()
         };
+    }
+
+    /// Makes transaction `id` go in committed parts when it is over the
+    /// bound again: its unit across batches failed.
+    pub fn no_span(&mut self, id: String) {
+        if !self.no_span.contains(&id) {
+            self.no_span.push_back(id);
+        }
+        while self.no_span.len() > FINISHED_KEPT {
+            self.no_span.pop_front();
+        }
     }
 
     /// Drops what waits of a revoked partition.
@@ -253,10 +281,18 @@ impl Transactions {
             if !progressed {
                 if out.records.is_empty() && self.bytes > bound {
                     if let Some(id) = self.oldest_waiting(&txn_topic) {
-                        warn!(transaction = %id, waiting_bytes = self.bytes, bound,
-                            "a source transaction is larger than max_buffered_bytes: it is applied in parts, and a \
-                             reader may see part of it until its last part is applied");
-                        self.split_total += 1;
+                        if self.spans && !self.no_span.contains(&id) {
+                            info!(transaction = %id, waiting_bytes = self.bytes, bound,
+                                "a source transaction is larger than max_buffered_bytes: applied in one destination \
+                                 transaction held open across batches");
+                            self.spanned_total += 1;
+                            self.spanning.push(id.clone());
+                        } else {
+                            warn!(transaction = %id, waiting_bytes = self.bytes, bound,
+                                "a source transaction is larger than max_buffered_bytes: it is applied in parts, and \
+                                 a reader may see part of it until its last part is applied");
+                            self.split_total += 1;
+                        }
                         self.split.insert(id);
                         continue;
                     }
@@ -362,6 +398,7 @@ impl Transactions {
         }
         self.received.remove(&end.id);
         self.split.remove(&end.id);
+        self.spanning.retain(|id| *id != end.id);
         if let Some(q) = self.queues.iter_mut().find(|((t, _), _)| t == txn_topic).map(|(_, q)| q) {
             if let Some(e) = q.pop_front() {
                 self.bytes = self.bytes.saturating_sub(e.raw.size());
@@ -381,8 +418,11 @@ impl Transactions {
     /// The transaction of the oldest change waiting: the END at the front
     /// of the transaction topic's, or else any change at the front of its
     /// partition.
+    /// Only transactions not already going in parts: the END at the front
+    /// of one that is waits for its changes to arrive (looking again at it
+    /// spun for ever).
     fn oldest_waiting(&self, txn_topic: &str) -> Option<String> {
-        if let Some(end) = self.front_end(txn_topic) {
+        if let Some(end) = self.front_end(txn_topic).filter(|e| !self.split.contains(&e.id)) {
             return Some(end.id);
         }
         self.queues.values().find_map(|q| match q.front().map(|e| &e.kind) {
@@ -441,7 +481,11 @@ impl<S: Sink + 'static> Pipeline<S> {
                      this member's, see docs/consistency.md)");
             }
         }
-        self.telemetry.set_transactions_waiting(waiting, self.transactions.split_total);
+        self.telemetry.set_transactions_waiting(
+            waiting,
+            self.transactions.split_total,
+            self.transactions.spanned_total,
+        );
     }
 }
 
@@ -605,5 +649,53 @@ mod tests {
         with(&mut t, "shop.public.a", 0, 3, change("10", "public.a"));
         assert_eq!(t.release(1 << 20, now).records.len(), 1);
         assert_eq!(t.bytes(), 0);
+    }
+
+    #[test]
+    fn the_end_of_a_transaction_in_parts_waits_for_its_changes_without_spinning() {
+        let now = Instant::now();
+        for spans in [false, true] {
+            let mut t = Transactions::new(Some(TXN.into()));
+            t.spans = spans;
+            with(&mut t, "shop.public.a", 0, 0, change("9", "public.a"));
+            with(&mut t, TXN, 0, 0, end("9", &[("public.a", 2)]));
+            with(&mut t, TXN, 0, 1, end("10", &[("public.b", 1)]));
+            // Over the bound: 9 goes in parts; its second change has not
+            // arrived, and 10's END waits behind 9's.
+            let r = t.release(1, now);
+            assert_eq!(offsets(&r), vec![("shop.public.a".into(), 0)]);
+            assert_eq!(t.split_total + t.spanned_total, 1, "split once, not again and again");
+            assert!(t.release(1, now).records.is_empty());
+            with(&mut t, "shop.public.a", 0, 1, change("9", "public.a"));
+            let r = t.release(1, now);
+            assert_eq!(offsets(&r), vec![("shop.public.a".into(), 1), (TXN.into(), 0)]);
+            assert!(t.spanning.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_transaction_over_the_bound_spans_batches_where_the_sink_can_until_its_end_goes() {
+        let now = Instant::now();
+        let mut t = Transactions::new(Some(TXN.into()));
+        t.spans = true;
+        with(&mut t, "shop.public.a", 0, 0, change("9", "public.a"));
+        with(&mut t, "shop.public.b", 0, 0, change("9", "public.b"));
+        let r = t.release(1, now);
+        assert_eq!(r.records.len(), 2, "over the bound: its changes go as they come");
+        assert_eq!((t.split_total, t.spanned_total), (0, 1));
+        assert_eq!(t.spanning, vec!["9".to_string()], "held open until its END goes");
+        with(&mut t, "shop.public.a", 0, 1, change("9", "public.a"));
+        with(&mut t, TXN, 0, 0, end("9", &[("public.a", 2), ("public.b", 1)]));
+        let r = t.release(1 << 20, now);
+        assert_eq!(offsets(&r), vec![("shop.public.a".into(), 1), (TXN.into(), 0)]);
+        assert!(t.spanning.is_empty(), "its END went: the batch holding it commits");
+        // Read again after its destination transaction failed: in parts.
+        t.clear();
+        t.no_span("9".into());
+        with(&mut t, "shop.public.a", 0, 0, change("9", "public.a"));
+        with(&mut t, "shop.public.a", 0, 1, change("9", "public.a"));
+        assert_eq!(t.release(1, now).records.len(), 2);
+        assert_eq!((t.split_total, t.spanned_total), (1, 1));
+        assert!(t.spanning.is_empty());
     }
 }

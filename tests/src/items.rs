@@ -110,6 +110,7 @@ pub fn batch(topic: &str, first_offset: i64, events: Vec<ChangeEvent>) -> SinkBa
             .collect(),
         next_offsets: vec![(topic.into(), 0, first_offset + n)],
         expected_offsets: Vec::new(),
+        unit: tributary_connectors::UnitPart::default(),
     }
 }
 

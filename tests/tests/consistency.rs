@@ -194,8 +194,16 @@ struct Seen {
     violations: Vec<String>,
 }
 
-/// Transfers and orders, one source transaction each, until `stop`.
-async fn workload(name: String, stop: Arc<AtomicBool>) -> u64 {
+/// Lines of the large orders of [`Faults::large`]: about 100 KB of
+/// records in one source transaction, over [`LARGE_SINK_CONFIG`]'s bound.
+const LARGE_ORDER_LINES: i64 = 1500;
+/// A sink runner that may hold 64 KiB of records (and batches of 16 KiB).
+const LARGE_SINK_CONFIG: &str = "batch_max_bytes = 16384\nmax_buffered_bytes = 65536\n";
+
+/// Transfers and orders, one source transaction each, until `stop`; with
+/// `large`, every 40th is an order of [`LARGE_ORDER_LINES`] lines (and its
+/// delete later is as large).
+async fn workload(name: String, stop: Arc<AtomicBool>, large: bool) -> u64 {
     let pg = postgres::connect(&pg_source_url()).await;
     let mut n: i64 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -206,7 +214,11 @@ async fn workload(name: String, stop: Arc<AtomicBool>) -> u64 {
         } else {
             ("accounts_b", "accounts_a")
         };
-        let lines = n % 4 + 1;
+        let lines = if large && n % 40 == 0 {
+            LARGE_ORDER_LINES
+        } else {
+            n % 4 + 1
+        };
         let sql = match n % 5 {
             // An order and its lines.
             0 | 1 => format!(
@@ -260,10 +272,22 @@ fn stack(args: &[&str]) {
     assert!(ok, "scripts/stack {} failed", args.join(" "));
 }
 
-/// Runs the workload into `dest` (with `consistency`); the faults only in
-/// transactional mode, where `standby` runs a second sink member that
-/// takes over from the one killed. Returns what the reader saw.
-async fn run(name: &str, dest: Dest, transactional: bool, standby: bool) -> Seen {
+/// How a run goes.
+#[derive(Clone, Copy, Default)]
+struct Faults {
+    /// Transactional consistency, with the faults (a kill -9 of the
+    /// applying sink member and of the source runner, a broker restart).
+    transactional: bool,
+    /// A second sink member stands by and takes over from the one killed.
+    standby: bool,
+    /// Source transactions larger than the sink runner's memory bound.
+    large: bool,
+}
+
+/// Runs the workload into `dest` as `faults` says. Returns what the reader
+/// saw.
+async fn run(name: &str, dest: Dest, faults: Faults) -> Seen {
+    let Faults { transactional, standby, large } = faults;
     let pg = postgres::connect(&pg_source_url()).await;
     pg.batch_execute(&format!(
         "CREATE SCHEMA {name};
@@ -296,7 +320,8 @@ async fn run(name: &str, dest: Dest, transactional: bool, standby: bool) -> Seen
             let path = dir.join(format!("sink{i}.toml"));
             let config = sink_runner_config(name, &dest.group(), &dest.section())
                 .replace("[admin]\nlisten = \"off\"", &format!("[admin]\nlisten = \"127.0.0.1:{port}\""));
-            std::fs::write(&path, format!("consistency = \"{mode}\"\n{config}")).expect("sink config");
+            let bound = if large { LARGE_SINK_CONFIG } else { "" };
+            std::fs::write(&path, format!("consistency = \"{mode}\"\n{bound}{config}")).expect("sink config");
             path
         })
         .collect();
@@ -313,7 +338,7 @@ async fn run(name: &str, dest: Dest, transactional: bool, standby: bool) -> Seen
     wait_for("the snapshot", STEP, || async { (dest.sample().await == Some(opening)).then_some(()) }).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let work = tokio::spawn(workload(name.to_string(), stop.clone()));
+    let work = tokio::spawn(workload(name.to_string(), stop.clone(), large));
     let read = tokio::spawn(reader(dest.clone(), stop.clone()));
     let mut source = Some(source);
     if transactional {
@@ -379,6 +404,9 @@ async fn run(name: &str, dest: Dest, transactional: bool, standby: bool) -> Seen
         })
         .await;
         assert_eq!(status["consistency"]["transactions_split"], 0, "{status}");
+        if large {
+            assert!(status["consistency"]["transactions_spanned"].as_u64() > Some(0), "{status}");
+        }
         let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
             .await
             .expect("metrics")
@@ -403,7 +431,11 @@ async fn run(name: &str, dest: Dest, transactional: bool, standby: bool) -> Seen
 }
 
 async fn transactional(name: &str, dest: Dest, standby: bool) {
-    let seen = run(name, dest, true, standby).await;
+    whole(run(name, dest, Faults { transactional: true, standby, large: false }).await);
+}
+
+/// Asserts that the reader saw only states the source was in.
+fn whole(seen: Seen) {
     // Every 100 ms for ~30 s; the emulators answer a query in 100-400 ms.
     assert!(seen.samples >= 30, "the reader read {} samples", seen.samples);
     assert!(
@@ -446,12 +478,24 @@ async fn a_reader_of_spanner_sees_only_whole_transactions_through_kill_9_and_a_b
     transactional(&name, Dest::Spanner(spanner::Database::new(&name).await), false).await;
 }
 
+/// Orders of 1,500 lines (and their deletes), each one source transaction
+/// over the sink runner's memory bound (64 KiB), are applied whole in
+/// PostgreSQL, in one destination transaction held open across batches,
+/// through the same faults: the reader never sees part of one, and
+/// nothing went in parts.
+#[tokio::test]
+async fn a_transaction_larger_than_the_sinks_memory_is_applied_whole_in_postgres() {
+    let name = unique("cons_large");
+    let dest = Dest::Postgres(postgres::Destination::new(&name).await);
+    whole(run(&name, dest, Faults { transactional: true, standby: false, large: true }).await);
+}
+
 /// The same reader and workload into a per-table sink: it sees states the
 /// source never was in.
 #[tokio::test]
 async fn per_table_mode_lets_a_reader_see_half_a_transaction() {
     let name = unique("cons_per_table");
-    let seen = run(&name, Dest::Postgres(postgres::Destination::new(&name).await), false, false).await;
+    let seen = run(&name, Dest::Postgres(postgres::Destination::new(&name).await), Faults::default()).await;
     eprintln!("per table: {} of {} samples saw half a transaction", seen.violations.len(), seen.samples);
     assert!(
         !seen.violations.is_empty(),

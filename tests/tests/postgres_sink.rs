@@ -57,6 +57,61 @@ async fn snapshot_updates_deletes_and_truncate_give_the_expected_rows() {
     fx.cleanup().await;
 }
 
+/// One destination transaction over several batches (`UnitPart`, a
+/// source transaction larger than the sink runner's memory bound): the
+/// batches applied with `more` are invisible to other sessions and move no
+/// offset; the batch that continues and ends the unit commits all of them
+/// with the offsets; a unit whose session ended meanwhile is refused
+/// (retryable, the runner reads it again) and none of it stays.
+#[tokio::test]
+async fn a_transaction_held_open_across_batches_commits_once_and_a_lost_one_is_refused() {
+    let fx = Fixture::new("unit").await;
+    let s = items();
+    let mut sink = fx.sink();
+    assert!(sink.spans_batches());
+    let events = |ids: std::ops::RangeInclusive<i32>| -> Vec<ChangeEvent> {
+        ids.map(|i| event(&s, Op::Create, None, Some(row(i, &format!("item {i}"), i, "1.50")), 10, i as u64))
+            .collect()
+    };
+    let mut first = batch("t", 0, events(1..=50));
+    first.unit.more = true;
+    sink.apply(&first).await.expect("first part");
+    assert!(fx.rows().await.is_empty(), "nothing is visible while the unit is open");
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), None);
+    let mut middle = batch("t", 50, events(51..=60));
+    middle.unit = tributary_connectors::UnitPart { continues: true, more: true };
+    sink.apply(&middle).await.expect("middle part");
+    assert!(fx.rows().await.is_empty());
+    let mut last = batch("t", 60, events(61..=80));
+    last.unit.continues = true;
+    sink.apply(&last).await.expect("last part");
+    assert_eq!(fx.rows().await.len(), 80, "all of it at once");
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&80));
+
+    // The session ends while a unit is open: the next part is refused.
+    let mut open = batch("t", 80, events(81..=90));
+    open.unit.more = true;
+    sink.apply(&open).await.expect("opened");
+    let admin = connect(&url()).await;
+    let killed = admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE state = 'idle in transaction' AND query LIKE '%' || $1 || '%'",
+            &[&fx.schema],
+        )
+        .await
+        .expect("terminate");
+    assert_eq!(killed.len(), 1, "the sink's session, idle in its open transaction");
+    let mut next = batch("t", 90, events(91..=95));
+    next.unit.continues = true;
+    // Seen as ended, or failing at its first statement: refused either way.
+    let error = sink.apply(&next).await.expect_err("a part of a lost unit is refused").error;
+    assert_eq!(error.kind(), ErrorKind::Retryable, "{error}");
+    assert_eq!(fx.rows().await.len(), 80, "nothing of the lost unit stays");
+    assert_eq!(fx.offsets().await.get(&("t".into(), 0)), Some(&80));
+    fx.cleanup().await;
+}
+
 /// A sequence record makes the sequence (named as the sink names tables)
 /// and moves it to at least the source's next value: never back, in the
 /// sequence's own direction, in the batch's transaction.
@@ -98,6 +153,7 @@ async fn sequences_are_made_and_only_moved_forward() {
             next_offsets: vec![("t".into(), 0, offset)],
             records,
             expected_offsets: vec![],
+            unit: tributary_connectors::UnitPart::default(),
         }
     };
     let next = |name: &'static str| {
@@ -418,6 +474,7 @@ async fn a_dropped_source_table_is_dropped_only_when_configured() {
         )],
         next_offsets: vec![("t".into(), 0, offset + 1)],
         expected_offsets: Vec::new(),
+        unit: tributary_connectors::UnitPart::default(),
     };
     keep.apply(&dropped(1)).await.unwrap();
     assert_eq!(fx.rows().await.len(), 1, "drop_tables = false must keep the table");

@@ -200,6 +200,7 @@ pub fn split_by_weight(
             records,
             next_offsets,
             expected_offsets: part_expected,
+            unit: crate::UnitPart::default(),
         });
         start = end;
     }
@@ -226,6 +227,7 @@ mod split_tests {
             records,
             next_offsets: vec![("t".into(), 0, 20), ("t".into(), 1, 7)],
             expected_offsets: vec![("t".into(), 0, Some(10)), ("t".into(), 1, None)],
+            unit: crate::UnitPart::default(),
         };
         assert!(split_by_weight(&batch, 5, |_| 1).is_none());
         let parts = split_by_weight(&batch, 2, |_| 1).expect("split");

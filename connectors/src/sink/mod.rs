@@ -120,6 +120,30 @@ pub struct SinkBatch {
     /// or wrote it; a partition not listed is not checked. See
     /// [`bookkeeping::Fence`].
     pub expected_offsets: Vec<(String, i32, Option<i64>)>,
+    /// Where the batch stands in a destination unit that spans batches (a
+    /// unit of its own unless the runner says otherwise).
+    pub unit: UnitPart,
+}
+
+/// Where a batch stands in a destination unit that spans several batches:
+/// a source transaction larger than the sink runner's memory bound,
+/// applied whole by a sink whose [`Sink::spans_batches`] is true
+/// (docs/consistency.md). The default is a unit of the batch's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnitPart {
+    /// An earlier batch (applied with `more`) opened the unit: this one
+    /// continues it, in the same destination transaction.
+    pub continues: bool,
+    /// More batches of the unit follow: it stays open and stores no
+    /// offsets; the batch that ends it stores every partition's.
+    pub more: bool,
+}
+
+impl UnitPart {
+    /// Whether the batch is part of a unit that spans batches.
+    pub fn spans(&self) -> bool {
+        self.continues || self.more
+    }
 }
 
 /// Why a batch was not applied.
@@ -178,8 +202,21 @@ pub trait Sink: Send {
     /// [`Sink::apply`] (`None` when the destination has none yet).
     async fn committed_offsets(&mut self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>>;
 
-    /// Applies a batch and its offsets in one durable step.
+    /// Applies a batch and its offsets in one durable step; with
+    /// [`SinkBatch::unit`] `more`, applies it into a unit left open for the
+    /// next batch (nothing durable yet), and with `continues`, into the
+    /// unit the batch before left open. A failure undoes the whole unit.
     async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError>;
+
+    /// Whether one destination unit can take several batches
+    /// ([`SinkBatch::unit`]): one transaction of one session.
+    fn spans_batches(&self) -> bool {
+        false
+    }
+
+    /// Undoes a unit a batch left open ([`UnitPart::more`]): the runner
+    /// gives up the transaction it was applying (a rebalance). Never fails.
+    async fn abandon_unit(&mut self) {}
 
     /// Applies a batch and undoes it: whether (and at which record) it would
     /// fail, changing nothing.
@@ -248,6 +285,12 @@ impl<'a> Sink for Box<dyn Sink + 'a> {
     }
     async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
         (**self).trial_apply(batch).await
+    }
+    fn spans_batches(&self) -> bool {
+        (**self).spans_batches()
+    }
+    async fn abandon_unit(&mut self) {
+        (**self).abandon_unit().await
     }
     async fn check(&mut self) -> Vec<Problem> {
         (**self).check().await

@@ -593,6 +593,7 @@ pub async fn remove_extra<W: super::warehouse::Warehouse>(
         records,
         next_offsets: Vec::new(),
         expected_offsets: Vec::new(),
+        unit: crate::UnitPart::default(),
     };
     super::warehouse::apply(w, &batch, super::warehouse::Mode::Commit)
         .await

@@ -39,7 +39,7 @@ use super::keyless::record_id;
 use super::reduce::{newest_truncate, Group, Reduction};
 use super::schema::Evolution;
 use super::verify::{self, KeyRange};
-use super::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkRecord};
+use super::{ApplyError, KafkaPosition, Labeler, Sink, SinkBatch, SinkRecord, UnitPart};
 use crate::error::{Error, ErrorKind, Result};
 use crate::problem::Problem;
 
@@ -99,6 +99,23 @@ pub trait Warehouse: Send {
     /// cannot roll back is dropped (the next [`Warehouse::connect`] opens
     /// a new one).
     async fn abort(&mut self);
+
+    /// Whether the unit can stay open after a batch
+    /// ([`Warehouse::keep_open`]) and take the next ones
+    /// ([`crate::UnitPart`]): one transaction of one session.
+    fn spans_batches(&self) -> bool {
+        false
+    }
+
+    /// Ends a batch's work leaving the unit open, no offsets stored: the
+    /// next batch continues it (only where [`Warehouse::spans_batches`]).
+    fn keep_open(&mut self) {}
+
+    /// Whether a unit [`Warehouse::keep_open`] left open is still open:
+    /// false once it ended or its session did.
+    fn unit_open(&self) -> bool {
+        false
+    }
 
     /// Called with an error that is not about the data (retryable, needs an
     /// operator): forget what may no longer hold (cached table shapes, the
@@ -287,7 +304,21 @@ impl<W: WarehouseSink> Sink for W {
 
     async fn apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
         let span = self.apply_span(batch);
+        if batch.unit.spans() {
+            // One unit over several batches: never split into parts.
+            return apply(self, batch, Mode::Commit).instrument(span).await;
+        }
         self.commit(batch).instrument(span).await
+    }
+
+    fn spans_batches(&self) -> bool {
+        Warehouse::spans_batches(self)
+    }
+
+    async fn abandon_unit(&mut self) {
+        if self.unit_open() {
+            self.abort().await;
+        }
     }
 
     async fn trial_apply(&mut self, batch: &SinkBatch) -> Result<(), ApplyError> {
@@ -327,6 +358,12 @@ impl<W: WarehouseSink> Sink for W {
         let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
             return Ok(Vec::new());
         };
+        if self.unit_open() {
+            // Its reads would end the unit a large transaction holds open.
+            return Err(Error::retryable("a verification cannot read inside a transaction held open")
+                .with_class(UNIT_LOST_CLASS)
+                .with_table(schema.id.clone()));
+        }
         let unsupported = |why: &str| -> Vec<verify::Outcome> {
             ranges.iter().map(|r| verify::Outcome::unsupported(schema, r, why)).collect()
         };
@@ -480,20 +517,49 @@ async fn verify_in<W: Warehouse>(
 /// durable step (see the module docs), or, on a permanent error, the index
 /// of the record that caused it.
 pub async fn apply<W: Warehouse>(w: &mut W, batch: &SinkBatch, mode: Mode) -> Result<(), ApplyError> {
-    if let Err(e) = w.connect().await {
+    // A unit over several batches: only in Commit mode, where the
+    // destination can hold one open, and on the session that opened it.
+    let part = if mode == Mode::Commit {
+        batch.unit
+    } else {
+        UnitPart::default()
+    };
+    if part.spans() && !w.spans_batches() {
+        return Err(Error::permanent("this destination cannot keep one transaction open across batches")
+            .with_class(UNIT_LOST_CLASS)
+            .into());
+    }
+    if part.continues {
+        if !w.unit_open() {
+            return Err(Error::retryable(
+                "the destination transaction holding the first parts of a large source transaction ended \
+                 (its session was lost): the transaction is applied again",
+            )
+            .with_class(UNIT_LOST_CLASS)
+            .into());
+        }
+    } else if let Err(e) = w.connect().await {
         return Err(w.failed(e).into());
     }
     let renamed = read_as_newest(&batch.records);
     let records = renamed.as_deref().unwrap_or(&batch.records);
     let offsets = offset_moves(&batch.next_offsets, &batch.expected_offsets);
-    match unit(w, records, &offsets, mode).await {
+    match unit(w, records, &offsets, mode, part).await {
         Ok(()) => Ok(()),
-        Err(f) if f.error.kind() == ErrorKind::Permanent && f.record.is_none() && !records.is_empty() => {
+        // Probing the records one by one would end the open unit: the
+        // runner applies the transaction again in parts, where it can.
+        Err(f)
+            if f.error.kind() == ErrorKind::Permanent && f.record.is_none() && !records.is_empty() && !part.spans() =>
+        {
             locate(w, records, f.error).await
         }
         Err(f) => Err(f),
     }
 }
+
+/// The class of the error of a batch whose unit over several batches was
+/// lost or cannot be had ([`crate::UnitPart`]).
+pub const UNIT_LOST_CLASS: &str = "tributary.unit_lost";
 
 /// The records with every older shape of a table read with the column
 /// names of the table's newest shape in the batch, where that one renamed
@@ -570,11 +636,18 @@ async fn unit<W: Warehouse>(
     records: &[(KafkaPosition, SinkRecord)],
     offsets: &[OffsetMove<'_>],
     mode: Mode,
+    part: UnitPart,
 ) -> Result<(), ApplyError> {
-    w.begin(mode).await?;
+    if !part.continues {
+        w.begin(mode).await?;
+    }
     let result = async {
         apply_records(w, records, false).await?;
-        w.finish(offsets).await?;
+        if part.more {
+            w.keep_open();
+        } else {
+            w.finish(offsets).await?;
+        }
         Ok::<(), ApplyError>(())
     }
     .await;

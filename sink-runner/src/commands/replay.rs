@@ -132,6 +132,7 @@ pub async fn replay(config: &SinkRunnerConfig, dlq_topic: &str, dry_run: bool) -
             records: vec![(position, record)],
             next_offsets: Vec::new(),
             expected_offsets: Vec::new(),
+            unit: tributary_connectors::UnitPart::default(),
         };
         let mut attempt = 0;
         loop {

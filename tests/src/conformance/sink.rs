@@ -79,6 +79,7 @@ fn on_partitions(table: &tributary_schemas::TableId, records: Vec<(i32, i64, Sin
         records,
         next_offsets: next.into_iter().map(|(p, o)| (TOPIC.to_string(), p, o)).collect(),
         expected_offsets: Vec::new(),
+        unit: tributary_connectors::UnitPart::default(),
     }
 }
 
@@ -485,6 +486,7 @@ pub async fn table_drop_when_configured(fx: &dyn SinkFixture) {
         )],
         next_offsets: vec![(TOPIC.into(), 0, offset + 1)],
         expected_offsets: Vec::new(),
+        unit: tributary_connectors::UnitPart::default(),
     };
     let mut keeping = fx.sink(&unique("g"), false);
     keeping.apply(&batch(TOPIC, 0, snapshot_events(&s, 3))).await.expect("snapshot");

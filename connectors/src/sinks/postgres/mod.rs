@@ -140,6 +140,9 @@ pub struct PostgresSink {
     mode: Mode,
     /// When expired deleted-rows entries are removed next.
     prune_at: std::time::Instant,
+    /// Whether the open transaction was left open for the next batch
+    /// (a large source transaction applied whole, `keep_open`).
+    unit_open: bool,
 }
 
 impl fmt::Debug for PostgresSink {
@@ -172,6 +175,7 @@ impl PostgresSink {
             fast_skip: HashMap::new(),
             mode: Mode::Commit,
             prune_at: std::time::Instant::now(),
+            unit_open: false,
         })
     }
 
@@ -221,6 +225,7 @@ impl PostgresSink {
 
     /// Forgets the connection and everything cached about the session.
     fn reset(&mut self) {
+        self.unit_open = false;
         self.session.reset();
         self.tables.clear();
         self.staging.clear();
@@ -310,6 +315,7 @@ impl PostgresSink {
     }
 
     async fn rollback(&mut self) {
+        self.unit_open = false;
         // A transaction whose `BEGIN` is still deferred was never opened.
         let opened = !self.session.take_deferred().starts_with(BEGIN);
         let ok = match self.session.connected() {
@@ -609,10 +615,12 @@ impl Warehouse for PostgresSink {
         self.staging_in_txn.clear();
         self.staging_filled.clear();
         self.mode = mode;
+        self.unit_open = false;
         Ok(())
     }
 
     async fn finish(&mut self, offsets: &[OffsetMove<'_>]) -> Result<()> {
+        self.unit_open = false;
         let ctx = self.ctx();
         if self.mode == Mode::Commit && std::time::Instant::now() >= self.prune_at {
             self.prune_at = std::time::Instant::now() + DELETED_ROWS_PRUNE_INTERVAL;
@@ -643,6 +651,20 @@ impl Warehouse for PostgresSink {
 
     async fn abort(&mut self) {
         self.rollback().await;
+    }
+
+    /// One transaction of the session takes as many batches as a large
+    /// source transaction needs.
+    fn spans_batches(&self) -> bool {
+        true
+    }
+
+    fn keep_open(&mut self) {
+        self.unit_open = true;
+    }
+
+    fn unit_open(&self) -> bool {
+        self.unit_open && self.session.is_open()
     }
 
     /// Drops the session after an error that is not about the data: the
