@@ -169,6 +169,12 @@ pub struct TableStatus {
     /// The table's last verification (sinks; see docs/verification.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
+    /// The verification before it, kept when the next one starts: a
+    /// repair's verification follows the one that found the differences
+    /// within moments, and an operator (or a test) asking for the first
+    /// one must still find it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_verification: Option<Box<Verification>>,
     #[serde(skip)]
     window: (Option<Instant>, u64),
 }
@@ -274,6 +280,7 @@ impl Default for TableStatus {
             last_error: None,
             last_copy_again: None,
             verification: None,
+            previous_verification: None,
             window: (None, 0),
         }
     }
@@ -712,6 +719,9 @@ impl Telemetry {
         }
         let now = now_ms();
         let ended = self.with_table(table, |t| {
+            if t.verification.as_ref().is_some_and(|v| v.id != range.id) {
+                t.previous_verification = t.verification.take().map(Box::new);
+            }
             let v = match &mut t.verification {
                 Some(v) if v.id == range.id => v,
                 slot => slot.insert(Verification {
@@ -838,13 +848,20 @@ impl Telemetry {
     /// (transactional sinks).
     pub fn record_transactions(&self, applied: u64, last: Option<ConsistentPoint>) {
         self.inner.metrics.transactions.inc_by(applied);
-        if let Some(last) = &last {
-            self.inner.metrics.consistent_as_of.set(last.committed_at_ms / 1000);
-        }
         self.with_consistency(|c| {
             c.transactions_applied += applied;
-            if last.is_some() {
-                c.consistent_as_of = last;
+            // Never back, as the destination's row: a transaction the
+            // source sent again after a restart is older than what the
+            // destination already reflects.
+            if let Some(last) = last {
+                let older = c
+                    .consistent_as_of
+                    .as_ref()
+                    .is_some_and(|now| now.committed_at_ms > last.committed_at_ms);
+                if !older {
+                    self.inner.metrics.consistent_as_of.set(last.committed_at_ms / 1000);
+                    c.consistent_as_of = Some(last);
+                }
             }
         });
     }

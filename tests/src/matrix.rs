@@ -707,18 +707,20 @@ impl Runners {
                 Ok(r) => r.json().await.ok(),
                 Err(_) => None,
             };
-            let found = status
+            // The last verification, or the one before it (a repair's
+            // verification can replace the one asked for within a poll).
+            let entry = status
                 .as_ref()
                 .and_then(|s| s.get("tables"))
                 .and_then(|t| t.as_object())
-                .and_then(|t| {
-                    t.iter()
-                        .find(|(k, _)| k.ends_with(table))
-                        .and_then(|(_, v)| v.get("verification").cloned())
-                });
-            // Ended: its last range compared (a range not compared makes it
-            // `not_verified` before then).
-            if let Some(v) = found.filter(|v| v["id"].as_u64().is_some_and(&wanted) && v["finished_ms"].is_i64()) {
+                .and_then(|t| t.iter().find(|(k, _)| k.ends_with(table)).map(|(_, v)| v.clone()));
+            let found = ["previous_verification", "verification"]
+                .iter()
+                .filter_map(|key| entry.as_ref().and_then(|e| e.get(*key)).cloned())
+                // Ended: its last range compared (a range not compared
+                // makes it `not_verified` before then).
+                .find(|v| v["id"].as_u64().is_some_and(&wanted) && v["finished_ms"].is_i64());
+            if let Some(v) = found {
                 return v;
             }
             assert!(
