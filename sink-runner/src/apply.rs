@@ -246,6 +246,11 @@ pub(crate) async fn wait_applied(in_flight: &mut Option<InFlight>) -> Result<App
 /// them), the partitions revoked meanwhile, and why.
 type NotApplied = (Buffer, BTreeSet<(String, i32)>, Error);
 
+/// Whether `partition` of `topic` is among `revoked`.
+fn is_revoked(revoked: &BTreeSet<(String, i32)>, topic: &str, partition: i32) -> bool {
+    revoked.iter().any(|(t, p)| *p == partition && t == topic)
+}
+
 impl<S: Sink + 'static> Pipeline<S> {
     /// Decodes `topic`'s buffer and starts applying it, or, while another
     /// batch is being applied, keeps it decoded to start right after (so
@@ -330,9 +335,8 @@ impl<S: Sink + 'static> Pipeline<S> {
     /// destination's offsets).
     pub(crate) fn restore(&mut self, topic: String, older: Buffer, revoked: &BTreeSet<(String, i32)>) {
         let partitions = &self.partitions;
-        self.buffers.restore(topic, older, |t, p| {
-            !revoked.iter().any(|(rt, rp)| *rp == p && rt == t) && partitions.contains(t, p)
-        });
+        self.buffers
+            .restore(topic, older, |t, p| !is_revoked(revoked, t, p) && partitions.contains(t, p));
     }
 
     /// Waits for the batch being applied and the one decoded meanwhile.
@@ -382,23 +386,7 @@ impl<S: Sink + 'static> Pipeline<S> {
                 }
                 self.telemetry
                     .record_error(&label, &error.to_string(), &error.kind().to_string());
-                if self.ready.as_ref().is_some_and(|r| r.raw.topic == topic) {
-                    self.ready = None;
-                }
-                self.buffers.clear(&topic);
-                // A lane of every topic: all of them, and what waits to
-                // make whole transactions.
-                let all = self.buffers.lane.is_some();
-                if all {
-                    self.transactions.clear();
-                }
-                let parts: Vec<Partition> = self
-                    .partitions
-                    .iter()
-                    .filter(|(t, p, _)| (all || *t == topic) && !revoked.iter().any(|(rt, rp)| rp == p && rt == t))
-                    .map(|(t, p, _)| Partition::new(t, p))
-                    .collect();
-                self.restart_from_stored(parts).await;
+                self.read_again(&topic, &revoked).await;
                 None
             }
             Err((buf, revoked, error)) => {
@@ -419,6 +407,28 @@ impl<S: Sink + 'static> Pipeline<S> {
             }
         }
         drop(applied);
+    }
+
+    /// Drops what is buffered and decoded of `topic` (of the lane of every
+    /// topic: all of them, and what waits to make whole transactions) and
+    /// goes on with its partitions, but `revoked`, from the offsets the
+    /// destination stores now.
+    pub(crate) async fn read_again(&mut self, topic: &str, revoked: &BTreeSet<(String, i32)>) {
+        if self.ready.as_ref().is_some_and(|r| r.raw.topic == topic) {
+            self.ready = None;
+        }
+        self.buffers.clear(topic);
+        let all = self.buffers.lane.is_some();
+        if all {
+            self.transactions.clear();
+        }
+        let parts: Vec<Partition> = self
+            .partitions
+            .iter()
+            .filter(|(t, p, _)| (all || *t == topic) && !is_revoked(revoked, t, *p))
+            .map(|(t, p, _)| Partition::new(t, p))
+            .collect();
+        self.restart_from_stored(parts).await;
     }
 
     async fn finish_inner(
@@ -591,15 +601,12 @@ impl<S: Sink + 'static> Pipeline<S> {
         if batch.unit.more {
             // Nothing is durable until the batch that commits the open
             // destination transaction: its offsets wait with it.
+            // (`spans` holds the unit's earlier transactions too: `start`.)
             let open = self.open_unit.get_or_insert_with(Default::default);
             for (t, p, o) in &batch.next_offsets {
                 open.offsets.insert((t.clone(), *p), *o);
             }
-            for t in &spans {
-                if !open.transactions.contains(t) {
-                    open.transactions.push(t.clone());
-                }
-            }
+            open.transactions = spans;
             return Ok(buf);
         }
         self.open_unit = None;
@@ -608,7 +615,7 @@ impl<S: Sink + 'static> Pipeline<S> {
         self.dead_letters.stored(&batch.next_offsets);
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &batch.next_offsets {
-            if revoked.iter().any(|(rt, rp)| rp == p && rt == t) {
+            if is_revoked(&revoked, t, *p) {
                 continue;
             }
             if let Some(state) = self.partitions.get_mut(t, *p) {

@@ -179,11 +179,8 @@ impl<S: Sink + 'static> Pipeline<S> {
         } else if let Some(ts) = oldest {
             self.telemetry.record_pending(&(self.labeler)(&table), ts);
         }
-        let spans = if lane {
-            self.transactions.spanning.clone()
-        } else {
-            Vec::new()
-        };
+        // (Empty unless the lane waits for whole transactions.)
+        let spans = self.transactions.spanning.clone();
         let batch = SinkBatch {
             table: table.clone(),
             records: batch_records,

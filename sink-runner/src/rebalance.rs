@@ -375,12 +375,8 @@ impl<S: Sink + 'static> Pipeline<S> {
             // partitions for their next owner, on the others here.
             self.abandon_open_unit().await;
             if let Some(lane) = self.buffers.lane.clone() {
-                self.ready = None;
-                self.buffers.clear(&lane);
+                self.read_again(&lane, &Default::default()).await;
             }
-            self.transactions.clear();
-            let parts: Vec<Partition> = self.partitions.iter().map(|(t, p, _)| Partition::new(t, p)).collect();
-            self.restart_from_stored(parts).await;
         }
     }
 }

@@ -180,14 +180,10 @@ impl Transactions {
             for e in q {
                 self.bytes = self.bytes.saturating_sub(e.raw.size());
                 if let Kind::Change { txn, table } = e.kind {
-                    self.forget(&txn, &table);
+                    forget(&mut self.received, &txn, &table);
                 }
             }
         }
-    }
-
-    fn forget(&mut self, txn: &str, table: &str) {
-        forget(&mut self.received, txn, table);
     }
 
     /// Decodes what arrived since the last call, to know each record's
