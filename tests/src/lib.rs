@@ -99,7 +99,14 @@ pub fn workspace_dir() -> PathBuf {
 
 /// `target/<profile>/<package>` for a runner binary of the workspace, built
 /// if needed (`scripts/test` builds them first, so this is normally a no-op).
+///
+/// `TRIBUTARY_RUNNER_DIR` names a directory of runners built before, used
+/// as they are (a long repeated run of copied test binaries, while the
+/// workspace is being edited).
 pub fn runner_binary(package: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("TRIBUTARY_RUNNER_DIR") {
+        return PathBuf::from(dir).join(package);
+    }
     let dir = target_dir();
     let workspace = workspace_dir();
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
@@ -219,6 +226,14 @@ where
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The last `n` lines of a runner's log file (what a failed wait shows,
+/// so that a failure in CI can be read without the machine).
+pub fn log_tail(log: &std::path::Path, n: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(n).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
 /// The CA of the local stack's PostgreSQL server certificate (which names

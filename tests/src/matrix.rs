@@ -599,9 +599,7 @@ impl Proc {
     /// The last `n` lines of its log (what a failed wait shows, so that a
     /// failure in CI can be read without the machine).
     pub fn log_tail(&self, n: usize) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(n).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        crate::log_tail(&self.log, n)
     }
 }
 

@@ -20,10 +20,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tributary_tests::{
-    bigquery, e2e, free_port, pg_destination_url, pg_source_runner_config, pg_source_url, postgres, redshift,
+    bigquery, e2e, free_port, log_tail, pg_destination_url, pg_source_runner_config, pg_source_url, postgres, redshift,
     runner_status, sink_runner_config, snowflake, spanner, unique, wait_for, Runner,
 };
 
@@ -386,8 +386,31 @@ async fn run(name: &str, dest: Dest, faults: Faults) -> Seen {
 
     if transactional {
         let want = source_sample(&pg, name).await;
-        wait_for("the copy to equal the source", STEP, || async { (dest.sample().await == Some(want)).then_some(()) })
-            .await;
+        let deadline = Instant::now() + STEP;
+        loop {
+            let got = dest.sample().await;
+            if got.as_ref() == Some(&want) {
+                break;
+            }
+            if Instant::now() > deadline {
+                // What CI shows of a copy that never caught up: where each
+                // runner stands, and what it said last.
+                let mut said = String::new();
+                for (i, port) in ports.iter().enumerate() {
+                    let status = runner_status(*port).await;
+                    said += &format!(
+                        "\n--- sink {i} /status: {status:?}\n--- sink {i} log:\n{}",
+                        log_tail(&sink_logs[i], 60)
+                    );
+                }
+                panic!(
+                    "timed out after {STEP:?} waiting for the copy to equal the source: the source {want:?}, the copy \
+                     {got:?}{said}\n--- source log:\n{}",
+                    log_tail(&source_log, 60)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
         // The moment it reflects, in the destination and in the applying
         // member's /status and metrics.
         let (txid, committed) = wait_for("consistent_as_of", Duration::from_secs(30), || dest.consistent_as_of()).await;
