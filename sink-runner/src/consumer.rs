@@ -99,6 +99,10 @@ impl ClientContext for ConsumerCtx {
     /// Reads the consumer group's part of the statistics and each
     /// partition's consumer lag (the per-broker rest is not kept).
     fn stats_raw(&self, statistics: &[u8]) {
+        // A consumer made again's predecessor no longer reports.
+        if self.closing.load(Ordering::Relaxed) {
+            return;
+        }
         let stats = match Statistics::parse(statistics) {
             Ok(s) => s,
             Err(e) => {
@@ -196,16 +200,11 @@ impl GroupHealth {
         } else {
             self.unsettled_since.get_or_insert(now);
             // librdkafka's join states that wait for the application (an
-            // assignment or unassignment to serve or complete): the
-            // pipeline is busy (a long apply, a destination look-up), not
-            // the group stuck.
-            let ours = matches!(
-                join_state.as_str(),
-                "wait-assign-call"
-                    | "wait-unassign-call"
-                    | "wait-unassign-to-complete"
-                    | "wait-incr-unassign-to-complete"
-            );
+            // assignment or unassignment to serve): the pipeline is busy (a
+            // long apply, a destination look-up), not the group stuck.
+            // Once it called unassign, librdkafka waits on itself
+            // (`wait-unassign-to-complete`).
+            let ours = matches!(join_state.as_str(), "wait-assign-call" | "wait-unassign-call");
             if ours {
                 self.stuck_since = None;
             } else {
@@ -307,6 +306,12 @@ mod tests {
         // status still counts it as unsettled).
         g.update("up".into(), "wait-assign-call".into(), 0, t0 + Duration::from_secs(36));
         assert_eq!((g.stuck_since, g.unsettled_since), (None, Some(t0 + Duration::from_secs(5))));
+        // An unassignment the pipeline served that librdkafka does not
+        // complete: stuck on librdkafka, from that report.
+        g.update("query-coord".into(), "wait-unassign-to-complete".into(), 0, t0 + Duration::from_secs(37));
+        assert_eq!(g.stuck_since, Some(t0 + Duration::from_secs(37)));
+        let (_, _, join_state) = g.stuck().expect("stuck");
+        assert_eq!(join_state, "wait-unassign-to-complete");
         g.update("up".into(), "steady".into(), 4, t0 + Duration::from_secs(40));
         assert_eq!(g.unsettled_since, None);
         assert_eq!(g.status(t0 + Duration::from_secs(40)).assigned_partitions, 4);

@@ -49,6 +49,13 @@ const STARTUP_METADATA_PROBE_FOR: Duration = Duration::from_secs(60);
 const STARTUP_METADATA_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often the pipeline looks at the consumer group's state.
 const GROUP_CHECK: Duration = Duration::from_secs(5);
+/// How long librdkafka may take to complete an unassignment the pipeline
+/// served before the consumer is made again. It takes milliseconds, or up
+/// to a commit's timeout; after a broker restart it was seen waiting for
+/// ever on a commit queued for a coordinator it never looked up again
+/// (`wait-unassign-to-complete`, `query-coord`): no partition, nothing
+/// applied, no resubscribe possible until the process restarted.
+const UNASSIGN_STUCK_AFTER: Duration = Duration::from_secs(30);
 /// Records taken from librdkafka's queue in one go once one arrived. Bounds
 /// how far a batch can overshoot `batch_max_records` before it is flushed.
 const DRAIN_MAX_RECORDS: usize = 1000;
@@ -153,33 +160,8 @@ impl<S: Sink + 'static> Pipeline<S> {
         control: Control,
         stop: watch::Receiver<bool>,
     ) -> Result<Self, RunError> {
-        let (rebalance_tx, rebalances) = mpsc::unbounded_channel();
-        let group = Arc::new(std::sync::Mutex::new(GroupHealth::default()));
         let offsets_unreadable = Arc::new(AtomicBool::new(false));
-        let closing = Arc::new(AtomicBool::new(false));
-        let excluded_config = config.clone();
-        let topic_label = {
-            let (labeler, prefix) = (labeler.clone(), config.prefix.clone());
-            Arc::new(move |topic: &str| labeler(&table_from_topic(topic, prefix.as_deref())))
-        };
-        let ctx = ConsumerCtx {
-            rebalances: rebalance_tx,
-            excluded: Arc::new(move |t: &str| excluded_config.is_excluded(t)),
-            telemetry: telemetry.clone(),
-            control: control.clone(),
-            group: group.clone(),
-            offsets_unreadable: offsets_unreadable.clone(),
-            topic_label,
-            closing: closing.clone(),
-        };
-        let consumer: ChangeConsumer = consumer_config(&config)?
-            .create_with_context(ctx)
-            .map_err(|e| RunError::Kafka(format!("cannot create the consumer: {e}")))?;
-        let pattern = config.topic_pattern();
-        consumer
-            .subscribe(&[pattern.as_str()])
-            .map_err(|e| RunError::Kafka(format!("cannot subscribe to {pattern}: {e}")))?;
-        info!(pattern = %pattern, "subscribed");
+        let made = make_consumer(&config, &labeler, &telemetry, &control, &offsets_unreadable)?;
         let dead_letters = DeadLetters::new(&config.kafka.client_config()?, &config.consumer_group);
         let repairs = crate::repairs::RepairRequests::new(&config)
             .map_err(|e| RunError::Kafka(e.to_string()))?
@@ -205,11 +187,11 @@ impl<S: Sink + 'static> Pipeline<S> {
             decoder: EventDecoder::new(registry),
             dead_letters: DeadLetterState::new(dead_letters),
             repairs,
-            consumer: Arc::new(consumer),
-            rebalances,
+            consumer: Arc::new(made.consumer),
+            rebalances: made.rebalances,
             offsets_unreadable,
-            closing,
-            group,
+            closing: made.closing,
+            group: made.group,
             next_group_check: Instant::now() + GROUP_CHECK,
             buffers: Buffers::with_lane(transaction_topic.clone()),
             transactions,
@@ -464,6 +446,47 @@ impl<S: Sink + 'static> Pipeline<S> {
         }
     }
 
+    /// Replaces a consumer that librdkafka left waiting on itself: the new
+    /// one joins the group afresh and is assigned at the offsets the
+    /// destination stores, like a restarted runner. The pipeline had served
+    /// the revoke (nothing of the old one is held); the old one stops
+    /// taking part in the group, and is closed off the runtime, since its
+    /// close may wait on what wedged it.
+    fn make_consumer_again(&mut self, state: &str, join_state: &str, waited: Duration) {
+        let made = match make_consumer(
+            &self.config,
+            &self.labeler,
+            &self.telemetry,
+            &self.operator.control,
+            &self.offsets_unreadable,
+        ) {
+            Ok(made) => made,
+            Err(e) => {
+                error!(error = %e, "cannot make the consumer again; trying at the next check");
+                return;
+            }
+        };
+        warn!(
+            state = %state,
+            join_state = %join_state,
+            waited_s = waited.as_secs(),
+            "librdkafka has not completed the unassignment this runner served: the consumer is made again"
+        );
+        let old = std::mem::replace(&mut self.consumer, Arc::new(made.consumer));
+        // The old context serves whatever comes to it from now on, and no
+        // longer reports.
+        std::mem::replace(&mut self.closing, made.closing).store(true, std::sync::atomic::Ordering::Relaxed);
+        self.rebalances = made.rebalances;
+        self.group = made.group;
+        old.unsubscribe();
+        let closed = std::thread::Builder::new()
+            .name("old-consumer-close".into())
+            .spawn(move || drop(old));
+        if let Err(e) = closed {
+            warn!(error = %e, "cannot close the old consumer off the runtime: it is left open");
+        }
+    }
+
     /// Subscribes again when the consumer has been out of a settled group
     /// membership for `group_rejoin_after_secs`: leaving the group
     /// (revoking whatever is still assigned, after the batch being applied)
@@ -477,6 +500,10 @@ impl<S: Sink + 'static> Pipeline<S> {
         let Some((waited, state, join_state)) = stuck else {
             return;
         };
+        if join_state.ends_with("unassign-to-complete") && waited >= UNASSIGN_STUCK_AFTER {
+            self.make_consumer_again(&state, &join_state, waited);
+            return;
+        }
         if waited < Duration::from_secs(self.config.group_rejoin_after_secs) {
             return;
         }
@@ -496,4 +523,50 @@ impl<S: Sink + 'static> Pipeline<S> {
             g.stuck_since = Some(Instant::now());
         }
     }
+}
+
+/// A consumer subscribed to the copy's topics, with what its context
+/// shares with the pipeline.
+struct MadeConsumer {
+    consumer: ChangeConsumer,
+    rebalances: mpsc::UnboundedReceiver<RebalanceEvent>,
+    closing: Arc<AtomicBool>,
+    group: Arc<std::sync::Mutex<GroupHealth>>,
+}
+
+/// Makes the runner's consumer and subscribes it.
+fn make_consumer(
+    config: &SinkRunnerConfig,
+    labeler: &Labeler,
+    telemetry: &Telemetry,
+    control: &Control,
+    offsets_unreadable: &Arc<AtomicBool>,
+) -> Result<MadeConsumer, RunError> {
+    let (rebalance_tx, rebalances) = mpsc::unbounded_channel();
+    let group = Arc::new(std::sync::Mutex::new(GroupHealth::default()));
+    let closing = Arc::new(AtomicBool::new(false));
+    let excluded_config = config.clone();
+    let topic_label = {
+        let (labeler, prefix) = (labeler.clone(), config.prefix.clone());
+        Arc::new(move |topic: &str| labeler(&table_from_topic(topic, prefix.as_deref())))
+    };
+    let ctx = ConsumerCtx {
+        rebalances: rebalance_tx,
+        excluded: Arc::new(move |t: &str| excluded_config.is_excluded(t)),
+        telemetry: telemetry.clone(),
+        control: control.clone(),
+        group: group.clone(),
+        offsets_unreadable: offsets_unreadable.clone(),
+        topic_label,
+        closing: closing.clone(),
+    };
+    let consumer: ChangeConsumer = consumer_config(config)?
+        .create_with_context(ctx)
+        .map_err(|e| RunError::Kafka(format!("cannot create the consumer: {e}")))?;
+    let pattern = config.topic_pattern();
+    consumer
+        .subscribe(&[pattern.as_str()])
+        .map_err(|e| RunError::Kafka(format!("cannot subscribe to {pattern}: {e}")))?;
+    info!(pattern = %pattern, "subscribed");
+    Ok(MadeConsumer { consumer, rebalances, closing, group })
 }
