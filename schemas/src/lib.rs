@@ -32,8 +32,9 @@ pub use decoder::{CompiledEnvelope, Decoded, EventDecoder};
 pub use encoder::{EncodedRecord, EventEncoder};
 pub use error::SchemaError;
 pub use model::{
-    ChangeEvent, Column, DataType, Op, Position, Row, SequenceState, SnapshotMarker, SourceInfo, TableId, TableSchema,
-    TransactionInfo, Value,
+    ChangeEvent, Column, ColumnDefault, ConstraintKind, ConstraintObject, DataType, ForeignKeyTarget, IndexObject, Op,
+    Position, Row, SequenceState, SnapshotMarker, SourceInfo, TableId, TableObjects, TableSchema, TransactionInfo,
+    Value,
 };
 pub use registry::Registry;
 pub use topic::TopicNaming;

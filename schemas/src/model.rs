@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// A table's identity in its source: `schema.table` (for MySQL the schema is
 /// the database name).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct TableId {
     /// Schema (PostgreSQL, SQL Server, Oracle) or database (MySQL).
     pub schema: String,
@@ -481,6 +481,111 @@ impl SequenceState {
             self.next_value() < other.next_value()
         }
     }
+}
+
+/// A table's objects besides its columns and key, as the source has them:
+/// what a destination of the same kind recreates when a database moves
+/// (docs/migration.md). The SQL carried names no other table; a foreign
+/// key's table and a default's sequence are ids, which a sink names as it
+/// names tables. Empty lists serialize to nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableObjects {
+    /// Indexes other than the primary key's and those a constraint owns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indexes: Vec<IndexObject>,
+    /// Constraints other than the primary key and `NOT NULL`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<ConstraintObject>,
+    /// Column defaults and identities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub defaults: Vec<ColumnDefault>,
+}
+
+impl TableObjects {
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.indexes.is_empty() && self.constraints.is_empty() && self.defaults.is_empty()
+    }
+}
+
+/// A secondary index.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IndexObject {
+    /// Its name.
+    pub name: String,
+    /// Whether it is unique.
+    pub unique: bool,
+    /// What follows the table's name in its `CREATE INDEX`: `USING btree
+    /// (lower(email)) INCLUDE (x) WHERE (...)`.
+    pub definition: String,
+}
+
+/// What a constraint is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConstraintKind {
+    /// `CHECK (...)`: about one row.
+    Check,
+    /// `UNIQUE (...)`.
+    Unique,
+    /// `EXCLUDE USING ...`.
+    Exclusion,
+    /// `FOREIGN KEY (...) REFERENCES ...`.
+    ForeignKey,
+}
+
+/// A constraint other than the primary key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConstraintObject {
+    /// Its name.
+    pub name: String,
+    /// What it is.
+    pub kind: ConstraintKind,
+    /// Its definition as the source prints it (`CHECK ((qty > 0))`,
+    /// `UNIQUE (email)`); a foreign key's, up to `REFERENCES` (`FOREIGN KEY
+    /// (customer_id)`), the rest in [`ConstraintObject::references`].
+    pub definition: String,
+    /// A foreign key's referenced table, columns and options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub references: Option<ForeignKeyTarget>,
+}
+
+/// What a foreign key references.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForeignKeyTarget {
+    /// The referenced table.
+    pub table: TableId,
+    /// Its columns, in the key's order.
+    pub columns: Vec<String>,
+    /// What follows the column list: `MATCH FULL ON DELETE CASCADE
+    /// DEFERRABLE INITIALLY DEFERRED` (empty for the defaults).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub options: String,
+}
+
+/// A column's default or identity.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnDefault {
+    /// The column.
+    pub column: String,
+    /// The default's expression as the source prints it (empty for an
+    /// identity): when [`ColumnDefault::sequence`] is set and this is a
+    /// plain `nextval` of it, a sink calls its own sequence instead.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub expression: String,
+    /// The sequence a plain `nextval` default or an identity takes values
+    /// from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<TableId>,
+    /// `GENERATED ALWAYS` (`Some(true)`) or `BY DEFAULT` (`Some(false)`)
+    /// `AS IDENTITY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_always: Option<bool>,
 }
 
 /// Snapshot marker of an event (Debezium's `source.snapshot`).

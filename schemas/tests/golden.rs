@@ -136,6 +136,32 @@ fn control_and_offsets_records_match_their_golden_file() {
                 is_called: true,
             },
         },
+        ControlRecord::Objects {
+            table: table.clone(),
+            objects: tributary_schemas::TableObjects {
+                indexes: vec![tributary_schemas::IndexObject {
+                    name: "items_lower_idx".into(),
+                    unique: true,
+                    definition: "USING btree (lower(name)) WHERE (qty > 0)".into(),
+                }],
+                constraints: vec![tributary_schemas::ConstraintObject {
+                    name: "items_order_fk".into(),
+                    kind: tributary_schemas::ConstraintKind::ForeignKey,
+                    definition: "FOREIGN KEY (order_id)".into(),
+                    references: Some(tributary_schemas::ForeignKeyTarget {
+                        table: TableId::new("public", "orders"),
+                        columns: vec!["id".into()],
+                        options: "ON DELETE CASCADE".into(),
+                    }),
+                }],
+                defaults: vec![tributary_schemas::ColumnDefault {
+                    column: "qty".into(),
+                    expression: "1".into(),
+                    sequence: None,
+                    identity_always: None,
+                }],
+            },
+        },
         ControlRecord::Verify {
             table: table.clone(),
             range: tributary_schemas::records::VerifyRange {

@@ -150,6 +150,7 @@ pub(crate) fn source_ts(records: &[(KafkaPosition, SinkRecord)]) -> impl Iterato
         | SinkRecord::Copied(..)
         | SinkRecord::Reset(..)
         | SinkRecord::Sequence(..)
+        | SinkRecord::Objects(..)
         | SinkRecord::Verify(..) => None,
     })
 }

@@ -31,6 +31,7 @@ pub async fn decode_record(
             Ok(Some(ControlRecord::TableCopied { table, at })) => Ok(Some(SinkRecord::Copied(table, at))),
             Ok(Some(ControlRecord::TableReset { table, reset })) => Ok(Some(SinkRecord::Reset(table, reset))),
             Ok(Some(ControlRecord::Sequence { table, state })) => Ok(Some(SinkRecord::Sequence(table, state))),
+            Ok(Some(ControlRecord::Objects { table, objects })) => Ok(Some(SinkRecord::Objects(table, objects))),
             Ok(Some(ControlRecord::Verify { table, range })) => {
                 let shape = decoder
                     .shape_of(&raw.topic, table, range.schema_id, range.key_schema_id)

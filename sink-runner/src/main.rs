@@ -58,6 +58,19 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
     },
+    /// List the source's indexes, constraints and defaults recorded for a
+    /// PostgreSQL destination, each with its state; with --make-waiting,
+    /// make those that wait for a cutover (docs/migration.md).
+    Objects {
+        /// Make the unique and foreign keys, exclusion constraints and
+        /// identities that wait (once the source is read-only and every
+        /// change is applied), and those refused before.
+        #[arg(long)]
+        make_waiting: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete this copy's consumer group and stored offsets (and, with
     /// --drop-destination, its destination tables).
     Delete {
@@ -86,6 +99,7 @@ fn main() -> ExitCode {
             Some(Command::Status { json }) => client::command(&config.admin, Request::Status { json }).await,
             Some(Command::Pause { table }) => client::command(&config.admin, Request::Pause(table)).await,
             Some(Command::Resume { table }) => client::command(&config.admin, Request::Resume(table)).await,
+            Some(Command::Objects { make_waiting, json }) => objects(config, make_waiting, json).await,
             Some(Command::Delete { yes, drop_destination }) => delete(config, yes, drop_destination).await,
         }
     })
@@ -179,6 +193,35 @@ async fn replay(config: SinkRunnerConfig, dlq: &str, dry_run: bool) -> ExitCode 
             } else {
                 println!("the failing records stay in {dlq}; fix their cause and replay again");
                 ExitCode::from(3)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `objects`: every recorded object and its state; exits 3 when one is
+/// refused.
+async fn objects(config: SinkRunnerConfig, make_waiting: bool, json: bool) -> ExitCode {
+    match sink_runner::commands::objects::objects(&config, make_waiting).await {
+        Ok(list) => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+            } else {
+                for o in &list {
+                    let error = o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+                    println!("{:<40} {:<12} {:<40} {}{error}", o.destination, o.kind, o.name, o.state);
+                }
+            }
+            let refused = list.iter().filter(|o| o.state == "refused").count();
+            let waiting = list.iter().filter(|o| o.state == "at_cutover").count();
+            eprintln!("{} object(s): {refused} refused, {waiting} waiting for a cutover", list.len());
+            if refused > 0 {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
             }
         }
         Err(e) => {

@@ -277,9 +277,11 @@ impl HeldTables {
                     }
                 }
                 SourceMessage::SchemaChanged(s) => out[i] = self.held.contains_key(&s.id),
-                // A sequence only ever moves a destination's forward: never
-                // held back.
-                SourceMessage::Sequence(..) | SourceMessage::TransactionEnd(_) => {}
+                // A sequence only ever moves a destination's forward, and
+                // objects are sent once per change: never held back (an
+                // object the held rows refuse is said by the sink, and
+                // made again at a cutover).
+                SourceMessage::Sequence(..) | SourceMessage::Objects(..) | SourceMessage::TransactionEnd(_) => {}
                 // A held table's changes wait: its rows at the destination
                 // are not the source's until its copy ends, so a range
                 // read meanwhile would differ.

@@ -357,6 +357,17 @@ impl TopicWriter {
         Ok(())
     }
 
+    /// Produces `record` on partition 0 of its table's topic (made if
+    /// needed), into the open transaction.
+    async fn send_on_partition_0(&mut self, table: &TableId, record: &ControlRecord) -> Result<(), Error> {
+        let topic = self.naming.topic(self.config.prefix(), table);
+        self.topics.ensure(&topic, false).await.map_err(|e| e.or_table(table))?;
+        self.producer
+            .send(&topic, Some(0), None, None, Some(control_headers(record)))
+            .await
+            .map_err(|e| e.or_table(table))
+    }
+
     /// Adds a batch's events to the open Kafka transaction, beginning one
     /// when none is open. [`TopicWriter::commit`] makes them durable.
     ///
@@ -410,6 +421,7 @@ impl TopicWriter {
                 | SourceMessage::TableFailed(..)
                 | SourceMessage::TableRewritten(..)
                 | SourceMessage::Sequence(..)
+                | SourceMessage::Objects(..)
                 | SourceMessage::Verify(..)
                 | SourceMessage::TransactionEnd(_) => continue,
             };
@@ -574,16 +586,16 @@ impl TopicWriter {
                     self.send_control(ControlRecord::TableDropped { table: table.clone() }).await?;
                     self.schemas.remove(table);
                 }
+                // One partition is enough for both: applying a sequence
+                // only moves it forward, and a table's objects are its
+                // whole set, whichever member applies them.
                 SourceMessage::Sequence(table, state) => {
-                    // One partition is enough: applying it only moves a
-                    // sequence forward, whichever member does.
                     let record = ControlRecord::Sequence { table: table.clone(), state: state.clone() };
-                    let topic = self.naming.topic(self.config.prefix(), table);
-                    self.topics.ensure(&topic, false).await.map_err(|e| e.or_table(table))?;
-                    self.producer
-                        .send(&topic, Some(0), None, None, Some(control_headers(&record)))
-                        .await
-                        .map_err(|e| e.or_table(table))?;
+                    self.send_on_partition_0(table, &record).await?;
+                }
+                SourceMessage::Objects(table, objects) => {
+                    let record = ControlRecord::Objects { table: table.clone(), objects: objects.clone() };
+                    self.send_on_partition_0(table, &record).await?;
                 }
                 SourceMessage::Verify(table, range) => self.send_verify(table, range).await?,
             }

@@ -878,7 +878,10 @@ fn assert_rows_follow_their_announced_schema(mirror: &Mirror) {
             }
             SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
             SourceMessage::TableRewritten(t, reason) => panic!("{t} rewritten: {reason}"),
-            SourceMessage::Sequence(..) | SourceMessage::Verify(..) | SourceMessage::TransactionEnd(_) => {}
+            SourceMessage::Sequence(..)
+            | SourceMessage::Objects(..)
+            | SourceMessage::Verify(..)
+            | SourceMessage::TransactionEnd(_) => {}
             SourceMessage::Change(e) => {
                 assert!(
                     announced.get(&e.schema.id).is_some_and(|s| **s == *e.schema),

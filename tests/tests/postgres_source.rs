@@ -69,6 +69,8 @@ struct Mirror {
     rewritten: Vec<(TableId, String)>,
     /// Sequence states the source sent, with their table.
     sequences: Vec<(TableId, tributary_schemas::SequenceState)>,
+    /// Objects the source sent, with their table.
+    objects: Vec<(TableId, tributary_schemas::TableObjects)>,
     /// The ends of source transactions, each with the count of events
     /// received of it before it.
     ends: Vec<(tributary_connectors::TransactionEnd, usize)>,
@@ -105,6 +107,7 @@ impl Mirror {
                 SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                 SourceMessage::TableRewritten(t, reason) => self.rewritten.push((t.clone(), reason.clone())),
                 SourceMessage::Sequence(t, state) => self.sequences.push((t.clone(), state.clone())),
+                SourceMessage::Objects(t, objects) => self.objects.push((t.clone(), objects.clone())),
                 SourceMessage::Verify(..) => {}
                 SourceMessage::TransactionEnd(end) => {
                     let before = self

@@ -55,6 +55,8 @@ pub enum Segment<'a> {
     Reset(&'a TableId, u64),
     /// A sequence's state (see [`SinkRecord::Sequence`]).
     Sequence(&'a TableId, &'a tributary_schemas::SequenceState),
+    /// A table's objects (see [`SinkRecord::Objects`]).
+    Objects(&'a TableId, &'a tributary_schemas::TableObjects),
     /// Change records with no drop in between; `start` is the index of the
     /// first one in the batch.
     Changes {
@@ -86,6 +88,10 @@ pub fn segments(records: &[(KafkaPosition, SinkRecord)]) -> Vec<Segment<'_>> {
             }
             SinkRecord::Sequence(id, state) => {
                 out.push(Segment::Sequence(id, state));
+                i += 1;
+            }
+            SinkRecord::Objects(id, objects) => {
+                out.push(Segment::Objects(id, objects));
                 i += 1;
             }
             // Compared before the batch is applied (`Sink::verify`).

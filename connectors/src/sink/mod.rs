@@ -82,6 +82,10 @@ pub enum SinkRecord {
     /// source had it: a destination that keeps sequences moves its own to
     /// at least that (never back).
     Sequence(TableId, tributary_schemas::SequenceState),
+    /// The table's indexes, constraints and defaults as the source has
+    /// them (the whole set): a destination of the same kind makes its own
+    /// match, each at its time (docs/migration.md); others ignore them.
+    Objects(TableId, tributary_schemas::TableObjects),
     /// A key range of the table as the source had it at this point of the
     /// topic, with the table's shape the digests follow: compared by
     /// [`Sink::verify_range`] before the batch it leads is applied (the sink
@@ -97,7 +101,8 @@ impl SinkRecord {
             SinkRecord::TableDropped(t)
             | SinkRecord::Copied(t, _)
             | SinkRecord::Reset(t, _)
-            | SinkRecord::Sequence(t, _) => t,
+            | SinkRecord::Sequence(t, _)
+            | SinkRecord::Objects(t, _) => t,
             SinkRecord::Verify(schema, _) => &schema.id,
         }
     }

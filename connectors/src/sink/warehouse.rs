@@ -25,6 +25,7 @@
 //! besides applying) is a [`Sink`]: that implementation is written once,
 //! here.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -141,6 +142,23 @@ pub trait Warehouse: Send {
         state: &tributary_schemas::SequenceState,
     ) -> Result<()> {
         let _ = (sequence, state);
+        Ok(())
+    }
+
+    /// Makes `table`'s indexes, constraints and defaults match `objects`
+    /// (the source's whole set; `named`: the destination of each other
+    /// table and sequence they name), each at its time: what a change
+    /// applied in batches could break (unique and foreign keys) waits for
+    /// a cutover. An object the destination refuses is said, and does not
+    /// fail the batch. A destination without such objects keeps none (the
+    /// default).
+    async fn match_objects(
+        &mut self,
+        table: &Self::Table,
+        objects: &tributary_schemas::TableObjects,
+        named: &HashMap<TableId, Self::Table>,
+    ) -> Result<()> {
+        let _ = (table, objects, named);
         Ok(())
     }
 
@@ -678,6 +696,19 @@ async fn apply_records<W: Warehouse>(
                 let sequence = w.destination(&state.id());
                 w.advance_sequence(&sequence, state).await.map_err(|e| e.or_table(id))?
             }
+            Segment::Objects(id, objects) => {
+                let table = w.destination(id);
+                // Another table or sequence an object names, as this
+                // destination names it.
+                let named: HashMap<TableId, W::Table> = objects
+                    .constraints
+                    .iter()
+                    .filter_map(|c| c.references.as_ref().map(|r| &r.table))
+                    .chain(objects.defaults.iter().filter_map(|d| d.sequence.as_ref()))
+                    .map(|t| (t.clone(), w.destination(t)))
+                    .collect();
+                w.match_objects(&table, objects, &named).await.map_err(|e| e.or_table(id))?
+            }
             Segment::Changes { start, records: run } => {
                 for (table, events) in group_by_destination(run, start, |t| w.destination(t)) {
                     let span = info_span!("table", table = %table, events = events.len());
@@ -839,7 +870,7 @@ async fn reconcile_all<W: Warehouse>(w: &mut W, records: &[(KafkaPosition, SinkR
             SinkRecord::Reset(id, reset) => table_reset(w, id, *reset).await?,
             // Nothing to reconcile; applied with the prefix that holds it
             // (a verify record: compared before the batch).
-            SinkRecord::Sequence(..) | SinkRecord::Verify(..) => {}
+            SinkRecord::Sequence(..) | SinkRecord::Objects(..) | SinkRecord::Verify(..) => {}
         }
     }
     Ok(())

@@ -101,6 +101,11 @@ pub enum SourceMessage {
     /// runner writes it as a control record on the table's topic, for sinks
     /// that keep sequences.
     Sequence(TableId, tributary_schemas::SequenceState),
+    /// The table's indexes, constraints and defaults as the source has
+    /// them now (read at intervals once the table is copied, sent when
+    /// they changed): the runner writes them as a control record on the
+    /// table's topic, for sinks of the same kind (docs/migration.md).
+    Objects(TableId, tributary_schemas::TableObjects),
     /// A key range of the table as the source has it at this point of its
     /// stream (every earlier change before this message, no later one),
     /// read for a verification ([`Source::verify`]): the runner writes it

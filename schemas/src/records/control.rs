@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{header, RecordError};
-use crate::{Position, SequenceState, TableId};
+use crate::{Position, SequenceState, TableId, TableObjects};
 
 /// Header that marks a control record, its value the kind
 /// ([`ControlRecord::kind`]).
@@ -28,6 +28,11 @@ pub const TABLE_RESET: &str = "table-reset";
 pub const SEQUENCE: &str = "sequence";
 /// Header of a sequence record: the [`SequenceState`] as JSON.
 pub const SEQUENCE_HEADER: &str = "tributary.sequence";
+/// Kind: the table's indexes, constraints and defaults as the source has
+/// them now.
+pub const OBJECTS: &str = "objects";
+/// Header of an objects record: the [`TableObjects`] as JSON.
+pub const OBJECTS_HEADER: &str = "tributary.objects";
 /// Header of a table-copied record: the copy's position as `commit:index`.
 pub const POSITION_HEADER: &str = "tributary.position";
 /// Header of a table-reset record: the reset's id, a decimal number.
@@ -85,6 +90,17 @@ pub enum ControlRecord {
         table: TableId,
         /// The sequence.
         state: SequenceState,
+    },
+    /// The table's indexes, constraints and defaults as the source has
+    /// them now (the whole set: one missing from it was dropped), once the
+    /// table is copied and whenever they change: sinks of the same kind
+    /// make theirs match (docs/migration.md). On partition 0, read at
+    /// intervals.
+    Objects {
+        /// The table.
+        table: TableId,
+        /// Its objects.
+        objects: TableObjects,
     },
     /// A key range of the table as the source has it at this point of the
     /// stream (every earlier change of the table is before it, no later
@@ -247,6 +263,7 @@ impl ControlRecord {
             | ControlRecord::TableCopied { table, .. }
             | ControlRecord::TableReset { table, .. }
             | ControlRecord::Sequence { table, .. }
+            | ControlRecord::Objects { table, .. }
             | ControlRecord::Verify { table, .. } => table,
         }
     }
@@ -258,6 +275,7 @@ impl ControlRecord {
             ControlRecord::TableCopied { .. } => TABLE_COPIED,
             ControlRecord::TableReset { .. } => TABLE_RESET,
             ControlRecord::Sequence { .. } => SEQUENCE,
+            ControlRecord::Objects { .. } => OBJECTS,
             ControlRecord::Verify { .. } => VERIFY,
         }
     }
@@ -275,6 +293,9 @@ impl ControlRecord {
             // Plain data: serializing it cannot fail.
             ControlRecord::Sequence { state, .. } => {
                 out.push((SEQUENCE_HEADER, serde_json::to_string(state).unwrap_or_default()))
+            }
+            ControlRecord::Objects { objects, .. } => {
+                out.push((OBJECTS_HEADER, serde_json::to_string(objects).unwrap_or_default()))
             }
             ControlRecord::Verify { range, .. } => {
                 out.push((VERIFY_HEADER, serde_json::to_string(range).unwrap_or_default()))
@@ -341,6 +362,17 @@ impl ControlRecord {
                     })?;
                 ControlRecord::Sequence { table, state }
             }
+            OBJECTS => {
+                let objects = header(headers, OBJECTS_HEADER)
+                    .and_then(|s| serde_json::from_str::<TableObjects>(s).ok())
+                    .ok_or_else(|| {
+                        RecordError::unreadable(
+                            format!("a {OBJECTS} control record of {table}"),
+                            format!("no readable {OBJECTS_HEADER} header (the table's objects as JSON)"),
+                        )
+                    })?;
+                ControlRecord::Objects { table, objects }
+            }
             VERIFY => {
                 let range = header(headers, VERIFY_HEADER)
                     .and_then(|s| serde_json::from_str::<VerifyRange>(s).ok())
@@ -387,6 +419,41 @@ mod tests {
         }
     }
 
+    pub(crate) fn objects() -> TableObjects {
+        use crate::{ColumnDefault, ConstraintKind, ConstraintObject, ForeignKeyTarget, IndexObject};
+        TableObjects {
+            indexes: vec![IndexObject {
+                name: "items_lower_idx".into(),
+                unique: false,
+                definition: "USING btree (lower(name)) WHERE (qty > 0)".into(),
+            }],
+            constraints: vec![
+                ConstraintObject {
+                    name: "qty_positive".into(),
+                    kind: ConstraintKind::Check,
+                    definition: "CHECK ((qty > 0))".into(),
+                    references: None,
+                },
+                ConstraintObject {
+                    name: "items_order_fk".into(),
+                    kind: ConstraintKind::ForeignKey,
+                    definition: "FOREIGN KEY (order_id)".into(),
+                    references: Some(ForeignKeyTarget {
+                        table: TableId::new("public", "orders"),
+                        columns: vec!["id".into()],
+                        options: "ON DELETE CASCADE".into(),
+                    }),
+                },
+            ],
+            defaults: vec![ColumnDefault {
+                column: "id".into(),
+                expression: String::new(),
+                sequence: Some(TableId::new("public", "order items$2_id_seq")),
+                identity_always: Some(true),
+            }],
+        }
+    }
+
     pub(crate) fn verify_range() -> VerifyRange {
         VerifyRange {
             id: 1_733_500_000_123,
@@ -415,6 +482,8 @@ mod tests {
             },
             ControlRecord::TableReset { table: table(), reset: 1_733_500_000_123 },
             ControlRecord::Sequence { table: table(), state: sequence() },
+            ControlRecord::Objects { table: table(), objects: objects() },
+            ControlRecord::Objects { table: table(), objects: TableObjects::default() },
             ControlRecord::Verify { table: table(), range: verify_range() },
             ControlRecord::Verify {
                 table: table(),

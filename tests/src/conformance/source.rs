@@ -124,7 +124,10 @@ impl Mirror {
                 }
                 SourceMessage::TableFailed(id, reason) => panic!("{id} failed: {reason}"),
                 SourceMessage::TableRewritten(id, reason) => panic!("{id} rewritten: {reason}"),
-                SourceMessage::Sequence(..) | SourceMessage::Verify(..) | SourceMessage::TransactionEnd(_) => {}
+                SourceMessage::Sequence(..)
+                | SourceMessage::Objects(..)
+                | SourceMessage::Verify(..)
+                | SourceMessage::TransactionEnd(_) => {}
                 SourceMessage::Change(ev) => {
                     if self.held.admit(ev) {
                         continue;

@@ -45,6 +45,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod dialect;
+pub mod objects;
 pub mod types;
 
 use std::collections::hash_map::DefaultHasher;
@@ -290,6 +291,24 @@ impl PostgresSink {
         Ok(())
     }
 
+    /// The source's objects recorded for the destination tables, each
+    /// with its state (docs/migration.md).
+    pub async fn objects(&mut self) -> Result<Vec<objects::Outcome>> {
+        self.connect().await?;
+        objects::list(&self.session, &self.consumer_group, &self.ctx()).await
+    }
+
+    /// Makes every object that waits for a cutover (or was refused), and
+    /// returns every object's outcome: run once the source is read-only
+    /// and every change is applied (see [`objects::make_waiting`]).
+    pub async fn make_waiting_objects(&mut self) -> Result<Vec<objects::Outcome>> {
+        self.connect().await?;
+        let out = objects::make_waiting(&self.session, &self.consumer_group, &self.ctx()).await;
+        // Tables may have changed under the cached shapes.
+        self.tables.clear();
+        out
+    }
+
     /// Removes this copy from the destination: its stored offsets and, when
     /// `drop` lists them, the destination tables of those source tables.
     pub async fn delete_copy(&mut self, drop: &[TableId]) -> Result<Vec<String>> {
@@ -301,11 +320,20 @@ impl PostgresSink {
             .execute(&format!("DELETE FROM {} WHERE consumer_group = $1", offsets_table()), &[&group])
             .await
             .map_err(|e| classify(&e, &ctx))?;
+        client
+            .batch_execute(&objects::forget_group_sql(&group))
+            .await
+            .map_err(|e| classify(&e, &ctx))?;
         let mut done = vec![format!("{n} stored offset(s) of consumer group {group}")];
         for source in drop {
             let dest = self.config.destination(source);
             client
-                .batch_execute(&format!("DROP TABLE IF EXISTS {}; {}", dest.quoted(), forget_deleted_sql(&dest)))
+                .batch_execute(&format!(
+                    "DROP TABLE IF EXISTS {}; {}; {}",
+                    dest.quoted(),
+                    forget_deleted_sql(&dest),
+                    objects::forget_sql(&group, &dest)
+                ))
                 .await
                 .map_err(|e| classify(&e, &ctx))?;
             done.push(format!("destination table {dest}"));
@@ -714,7 +742,8 @@ impl Warehouse for PostgresSink {
                     other => other?,
                 };
             if !changes.is_empty() {
-                if !self.state(dest)?.shape.exists {
+                let created = !self.state(dest)?.shape.exists;
+                if created {
                     self.ensure_schema(&dest.schema, &ctx).await?;
                 }
                 let statements: Vec<String> = changes.iter().map(|c| change_sql(dest, c)).collect();
@@ -722,6 +751,11 @@ impl Warehouse for PostgresSink {
                     info!(table = %dest, ddl = %statement, "changing destination table");
                 }
                 self.session.execute(&statements.join("; "), &ctx).await?;
+                if created {
+                    // Objects that came before the table (its rows on
+                    // another partition): made with it.
+                    objects::make_refused_now(&self.session, &self.consumer_group, dest, &ctx).await?;
+                }
                 self.load_table(dest).await?;
             }
         }
@@ -745,10 +779,11 @@ impl Warehouse for PostgresSink {
     async fn drop_table(&mut self, dest: &DestinationTable) -> Result<()> {
         let ctx = self.ctx().in_table(dest.to_string());
         let sql = format!(
-            "SELECT pg_advisory_xact_lock(hashtext({})); DROP TABLE IF EXISTS {}; {}",
+            "SELECT pg_advisory_xact_lock(hashtext({})); DROP TABLE IF EXISTS {}; {}; {}",
             quote_literal(&format!("tributary table {dest}")),
             dest.quoted(),
-            forget_deleted_sql(dest)
+            forget_deleted_sql(dest),
+            objects::forget_sql(&self.consumer_group, dest)
         );
         self.session.execute(&sql, &ctx).await?;
         self.tables.remove(dest);
@@ -786,6 +821,18 @@ impl Warehouse for PostgresSink {
         self.ensure_schema(&sequence.schema, &ctx).await?;
         debug!(sequence = %sequence, next = %state.next_value(), "keeping the sequence at or above the source's");
         self.session.execute(&advance_sequence_sql(sequence, state), &ctx).await
+    }
+
+    async fn match_objects(
+        &mut self,
+        dest: &DestinationTable,
+        source: &tributary_schemas::TableObjects,
+        named: &HashMap<TableId, DestinationTable>,
+    ) -> Result<()> {
+        let ctx = self.ctx().in_table(dest.to_string());
+        self.ensure_schema(&dest.schema, &ctx).await?;
+        let planned = objects::plan(dest, source, named);
+        objects::apply(&self.session, &self.consumer_group, dest, &planned, &ctx).await.map(|_| ())
     }
 
     async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {

@@ -1177,7 +1177,7 @@ mod tests {
                     SourceMessage::TableDropped(t) => self.dropped.push(t.clone()),
                     SourceMessage::TableFailed(t, reason) => panic!("{t} failed: {reason}"),
                     SourceMessage::TableRewritten(t, reason) => panic!("{t} rewritten: {reason}"),
-                    SourceMessage::Sequence(..) | SourceMessage::Verify(..) => {}
+                    SourceMessage::Sequence(..) | SourceMessage::Objects(..) | SourceMessage::Verify(..) => {}
                     SourceMessage::TransactionEnd(end) => self.ends.push(end.clone()),
                     SourceMessage::Change(ev) => {
                         assert_eq!(self.schemas.get(&ev.schema.id), Some(&ev.schema), "announced before use");

@@ -124,6 +124,11 @@ pub struct PostgresSourceConfig {
     /// (0: never).
     #[serde(default = "default_sequence_interval")]
     pub sequence_interval_ms: u64,
+    /// Whether the copied tables' indexes, constraints and defaults are
+    /// read (every `sequence_interval_ms`) and sent, for PostgreSQL
+    /// destinations that recreate them (docs/migration.md).
+    #[serde(default = "default_true")]
+    pub schema_objects: bool,
     /// Most events per streamed batch.
     #[serde(default = "default_max_events")]
     pub max_batch_events: usize,
@@ -167,6 +172,7 @@ impl std::fmt::Debug for PostgresSourceConfig {
             .field("snapshot_parallelism", &self.snapshot_parallelism)
             .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
             .field("sequence_interval_ms", &self.sequence_interval_ms)
+            .field("schema_objects", &self.schema_objects)
             .field("max_batch_events", &self.max_batch_events)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("batch_linger_ms", &self.batch_linger_ms)
@@ -239,6 +245,7 @@ impl PostgresSourceConfig {
             snapshot_parallelism: DEFAULT_SNAPSHOT_PARALLELISM,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             sequence_interval_ms: DEFAULT_SEQUENCE_INTERVAL_MS,
+            schema_objects: true,
             max_batch_events: DEFAULT_MAX_BATCH_EVENTS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             batch_linger_ms: DEFAULT_BATCH_LINGER_MS,

@@ -15,6 +15,7 @@
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod objects;
 pub mod snapshot;
 pub mod stream;
 pub mod types;
@@ -240,6 +241,9 @@ pub struct PostgresSource {
     /// The captured tables' sequences as last sent, and when they are read
     /// next (see [`PostgresSource::sequences_moved`]).
     sequences: SequencesSent,
+    /// The copied tables' objects as last sent, and when they are read
+    /// next (see [`PostgresSource::objects_moved`]).
+    objects: ObjectsSent,
     /// The runner's wake-up between batches (see [`Source::set_wake`]).
     wake: Option<Arc<tokio::sync::Notify>>,
 }
@@ -253,6 +257,17 @@ struct SequencesSent {
     sent: HashMap<TableId, tributary_schemas::SequenceState>,
     /// Sequences this role may not read, warned about once.
     unreadable: std::collections::HashSet<TableId>,
+}
+
+/// The objects a source sent, and when it reads them again.
+#[derive(Debug, Default)]
+struct ObjectsSent {
+    /// When they are read next (`None`: at the next batch).
+    next_read: Option<std::time::Instant>,
+    /// Each copied table's objects as last sent (every table's once per
+    /// process: one dropped while the runner was away is then dropped
+    /// downstream too).
+    sent: HashMap<TableId, tributary_schemas::TableObjects>,
 }
 
 impl std::fmt::Debug for PostgresSource {
@@ -298,6 +313,7 @@ impl PostgresSource {
             domain_change: None,
             start_over: false,
             sequences: SequencesSent::default(),
+            objects: ObjectsSent::default(),
             wake: None,
         })
     }
@@ -1080,6 +1096,7 @@ impl Source for PostgresSource {
                     }
                 }
                 self.sequences_moved(&mut batch).await;
+                self.objects_moved(&mut batch).await;
                 // The batch's own checkpoint, not `self.state`: a snapshot
                 // chunk held back for the last-row marker is already
                 // counted in `self.state` but not returned yet.
@@ -1357,6 +1374,59 @@ impl PostgresSource {
             if self.sequences.sent.get(&id) != Some(&state) {
                 self.sequences.sent.insert(id, state.clone());
                 batch.messages.push(SourceMessage::Sequence(table, state));
+            }
+        }
+    }
+
+    /// Every `sequence_interval_ms` (when `schema_objects` is on): reads
+    /// the indexes, constraints and defaults of the announced tables whose
+    /// copy is done, and adds to `batch` those of tables where they changed
+    /// since they were last sent. Objects are not in the WAL's changes; a
+    /// failed read is said and tried again at the next interval.
+    async fn objects_moved(&mut self, batch: &mut SourceBatch) {
+        let every = self.config.sequence_interval_ms;
+        let now = std::time::Instant::now();
+        if !self.config.schema_objects || every == 0 || self.objects.next_read.is_some_and(|at| now < at) {
+            return;
+        }
+        self.objects.next_read = Some(now + std::time::Duration::from_millis(every));
+        let Some(catalog) = self.catalog.as_ref() else {
+            return;
+        };
+        // A table being copied gets its objects once its rows are in (an
+        // index built before a copy slows it; pgcopydb's order): after its
+        // last rows, by the batch's own checkpoint (a chunk held back for
+        // the last-row marker is done in `self.state` already).
+        let Ok(emitted) = SourceState::from_checkpoint(&batch.checkpoint) else {
+            return;
+        };
+        let copying: BTreeSet<TableId> = emitted
+            .snapshot
+            .as_ref()
+            .map(|s| {
+                s.tables
+                    .iter()
+                    .filter(|t| t.verify.is_none() && (t.segments.is_empty() || t.segments.iter().any(|g| !g.done)))
+                    .map(|t| TableId::new(t.schema.clone(), t.table.clone()))
+                    .collect::<BTreeSet<TableId>>()
+            })
+            .unwrap_or_default();
+        let tables: Vec<TableId> = self.announced.keys().filter(|t| !copying.contains(t)).cloned().collect();
+        if tables.is_empty() {
+            return;
+        }
+        let found = match objects::read(catalog, &tables).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the captured tables' indexes, constraints and defaults; trying again later");
+                return;
+            }
+        };
+        for (table, objects) in found {
+            if self.objects.sent.get(&table) != Some(&objects) {
+                tracing::debug!(table = %table, "the table's indexes, constraints or defaults changed: sending them");
+                self.objects.sent.insert(table.clone(), objects.clone());
+                batch.messages.push(SourceMessage::Objects(table, objects));
             }
         }
     }

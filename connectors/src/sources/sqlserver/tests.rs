@@ -237,6 +237,7 @@ async fn the_new_capture_instance_takes_over_at_its_start_lsn_with_its_schema() 
                 SourceMessage::TableFailed(t, reason) => format!("failed {t}: {reason}"),
                 SourceMessage::TableRewritten(t, reason) => format!("rewritten {t}: {reason}"),
                 SourceMessage::Sequence(t, state) => format!("sequence {t}: {}", state.name),
+                SourceMessage::Objects(t, _) => format!("objects {t}"),
                 SourceMessage::Verify(t, range) => format!("verify {t}: {} rows", range.rows.len()),
                 SourceMessage::TransactionEnd(_) => continue,
             });
