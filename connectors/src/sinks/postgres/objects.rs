@@ -95,7 +95,11 @@ pub fn plan(
         out.push(Planned {
             kind: "index",
             name: index.name.clone(),
-            create: format!("CREATE {unique}INDEX IF NOT EXISTS {} ON {t} {}", quote_ident(&index.name), index.definition),
+            create: format!(
+                "CREATE {unique}INDEX IF NOT EXISTS {} ON {t} {}",
+                quote_ident(&index.name),
+                index.definition
+            ),
             drop: format!("DROP INDEX IF EXISTS {}", in_schema(&index.name)),
             when: if index.unique { When::AtCutover } else { When::Now },
         });
@@ -114,7 +118,11 @@ pub fn plan(
                     DestinationTable::quoted,
                 );
                 let columns: Vec<String> = r.columns.iter().map(|c| quote_ident(c)).collect();
-                let options = if r.options.is_empty() { String::new() } else { format!(" {}", r.options) };
+                let options = if r.options.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", r.options)
+                };
                 format!("{} REFERENCES {target} ({}){options}", c.definition, columns.join(", "))
             }
             None => c.definition.clone(),
@@ -130,9 +138,10 @@ pub fn plan(
     for d in &objects.defaults {
         let column = quote_ident(&d.column);
         let sequence = d.sequence.as_ref().map(|s| {
-            named
-                .get(s)
-                .map_or_else(|| format!("{}.{}", quote_ident(&s.schema), quote_ident(&s.table)), DestinationTable::quoted)
+            named.get(s).map_or_else(
+                || format!("{}.{}", quote_ident(&s.schema), quote_ident(&s.table)),
+                DestinationTable::quoted,
+            )
         });
         match (d.identity_always, &sequence) {
             (Some(always), Some(seq)) => {
@@ -240,13 +249,22 @@ pub(crate) async fn apply(
     let mut stored: BTreeMap<(String, String), Stored> = rows
         .iter()
         .map(|r| {
-            ((r.get(0), r.get(1)), Stored { statement: r.get(2), drop: r.get(3), state: r.get(4) })
+            (
+                (r.get(0), r.get(1)),
+                Stored {
+                    statement: r.get(2),
+                    drop: r.get(3),
+                    state: r.get(4),
+                },
+            )
         })
         .collect();
     let mut refused = 0;
     // Gone from the source's set, or changed: the old one goes first.
     for ((kind, name), old) in &stored {
-        let kept = planned.iter().any(|p| p.kind == kind && &p.name == name && p.create == old.statement);
+        let kept = planned
+            .iter()
+            .any(|p| p.kind == kind && &p.name == name && p.create == old.statement);
         if !kept && old.state == "made" {
             info!(table = %dest, kind = %kind, name = %name, "dropping an object the source no longer has as it was");
             if let Some(e) = attempt(session, &old.drop, ctx).await? {
@@ -268,7 +286,11 @@ pub(crate) async fn apply(
                 .await?;
         }
     }
-    stored.retain(|(kind, name), old| planned.iter().any(|p| p.kind == kind && &p.name == name && p.create == old.statement));
+    stored.retain(|(kind, name), old| {
+        planned
+            .iter()
+            .any(|p| p.kind == kind && &p.name == name && p.create == old.statement)
+    });
     for p in planned {
         let key = (p.kind.to_string(), p.name.clone());
         let state = stored.get(&key).map(|s| s.state.as_str());
@@ -326,7 +348,13 @@ pub(crate) async fn make_refused_now(session: &Session, group: &str, dest: &Dest
     for r in rows {
         let kind: String = r.get(0);
         let kind = if kind == "index" { "index" } else { "default" };
-        let p = Planned { kind, name: r.get(1), create: r.get(2), drop: r.get(3), when: When::Now };
+        let p = Planned {
+            kind,
+            name: r.get(1),
+            create: r.get(2),
+            drop: r.get(3),
+            when: When::Now,
+        };
         let refused = attempt(session, &p.create, ctx).await?;
         let state = if refused.is_none() { "made" } else { "refused" };
         record(session, group, &destination, &p, state, refused.as_deref(), ctx).await?;
@@ -439,14 +467,24 @@ pub(crate) async fn make_waiting(session: &Session, group: &str, ctx: &Ctx) -> R
     let mut out = Vec::new();
     let mut to_validate = Vec::new();
     for r in rows {
-        let (destination, kind, name, statement, state, error): (String, String, String, String, String, Option<String>) =
-            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+        let (destination, kind, name, statement, state, error): (
+            String,
+            String,
+            String,
+            String,
+            String,
+            Option<String>,
+        ) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
         if state == "made" {
             out.push(Outcome { destination, kind, name, state, error });
             continue;
         }
         let later = matches!(kind.as_str(), "check" | "foreign_key") && !statement.ends_with(" NOT VALID");
-        let sql = if later { format!("{statement} NOT VALID") } else { statement };
+        let sql = if later {
+            format!("{statement} NOT VALID")
+        } else {
+            statement
+        };
         session.execute("BEGIN", ctx).await?;
         let refused = attempt(session, &sql, ctx).await?;
         let state = if refused.is_none() { "made" } else { "refused" };
@@ -468,7 +506,13 @@ pub(crate) async fn make_waiting(session: &Session, group: &str, ctx: &Ctx) -> R
         if later && refused.is_none() {
             to_validate.push(out.len());
         }
-        out.push(Outcome { destination, kind, name, state: state.into(), error: refused });
+        out.push(Outcome {
+            destination,
+            kind,
+            name,
+            state: state.into(),
+            error: refused,
+        });
     }
     for i in to_validate {
         let o = &out[i];
@@ -517,7 +561,13 @@ pub(crate) async fn list(session: &Session, group: &str, ctx: &Ctx) -> Result<Ve
     };
     Ok(rows
         .iter()
-        .map(|r| Outcome { destination: r.get(0), kind: r.get(1), name: r.get(2), state: r.get(3), error: r.get(4) })
+        .map(|r| Outcome {
+            destination: r.get(0),
+            kind: r.get(1),
+            name: r.get(2),
+            state: r.get(3),
+            error: r.get(4),
+        })
         .collect())
 }
 
@@ -558,7 +608,10 @@ async fn attempt_alone(session: &Session, sql: &str, ctx: &Ctx) -> Result<Option
 /// stores it).
 fn split_destination(text: &str) -> Option<DestinationTable> {
     let (schema, table) = text.split_once('.')?;
-    Some(DestinationTable { schema: schema.to_string(), table: table.to_string() })
+    Some(DestinationTable {
+        schema: schema.to_string(),
+        table: table.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -574,8 +627,16 @@ mod tests {
     fn each_object_is_made_at_its_time_naming_the_destinations_tables() {
         let objects = TableObjects {
             indexes: vec![
-                IndexObject { name: "items_name".into(), unique: false, definition: "USING btree (name)".into() },
-                IndexObject { name: "items_sku".into(), unique: true, definition: "USING btree (lower(sku))".into() },
+                IndexObject {
+                    name: "items_name".into(),
+                    unique: false,
+                    definition: "USING btree (name)".into(),
+                },
+                IndexObject {
+                    name: "items_sku".into(),
+                    unique: true,
+                    definition: "USING btree (lower(sku))".into(),
+                },
             ],
             constraints: vec![
                 ConstraintObject {
@@ -624,8 +685,10 @@ mod tests {
         .into();
         let planned = plan(&dest("items"), &objects, &named);
         // Every name is quoted; the comparison reads better without.
-        let got: Vec<(&str, String, When)> =
-            planned[..6].iter().map(|p| (p.kind, p.create.replace('"', ""), p.when)).collect();
+        let got: Vec<(&str, String, When)> = planned[..6]
+            .iter()
+            .map(|p| (p.kind, p.create.replace('"', ""), p.when))
+            .collect();
         let got: Vec<(&str, &str, When)> = got.iter().map(|(k, c, w)| (*k, c.as_str(), *w)).collect();
         assert_eq!(
             got,

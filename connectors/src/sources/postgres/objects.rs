@@ -98,7 +98,8 @@ pub async fn read(catalog: &Catalog, tables: &[TableId]) -> Result<BTreeMap<Tabl
     };
     let id = |r: &tokio_postgres::Row| TableId::new(r.get::<_, String>(0), r.get::<_, String>(1));
     for r in ask(INDEXES).await? {
-        let (table, name, definition, prefix): (TableId, String, String, String) = (id(&r), r.get(2), r.get(4), r.get(5));
+        let (table, name, definition, prefix): (TableId, String, String, String) =
+            (id(&r), r.get(2), r.get(4), r.get(5));
         match definition.strip_prefix(&prefix) {
             Some(rest) => out.entry(table).or_default().indexes.push(IndexObject {
                 name,
