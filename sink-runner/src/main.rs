@@ -61,6 +61,7 @@ enum Command {
     /// List the source's indexes, constraints and defaults recorded for a
     /// PostgreSQL destination, each with its state; with --make-waiting,
     /// make those that wait for a cutover (docs/migration.md).
+    #[cfg(feature = "sink-postgres")]
     Objects {
         /// Make the unique and foreign keys, exclusion constraints and
         /// identities that wait (once the source is read-only and every
@@ -68,6 +69,36 @@ enum Command {
         #[arg(long)]
         make_waiting: bool,
         /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a copy from PostgreSQL into PostgreSQL as a migration's
+    /// switch-over: wait until caught up, make the source read-only,
+    /// verify every table, make the objects that waited, move the
+    /// sequences, report (docs/migration.md). Exits 0 only when every
+    /// table verified equal.
+    #[cfg(feature = "cutover")]
+    Cutover {
+        /// The source runner's config file.
+        #[arg(long)]
+        source_config: PathBuf,
+        /// How the source stops taking writes.
+        #[arg(long, value_enum, default_value = "sql")]
+        read_only: sink_runner::commands::cutover::ReadOnly,
+        /// Only print what would be done.
+        #[arg(long)]
+        dry_run: bool,
+        /// The lag, in seconds, every table must be within before the
+        /// source is made read-only.
+        #[arg(long, default_value_t = 5)]
+        max_lag_seconds: u64,
+        /// How long each wait may take, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_seconds: u64,
+        /// Keep the sink's position columns (the copy is to go on).
+        #[arg(long)]
+        keep_position_columns: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -99,7 +130,28 @@ fn main() -> ExitCode {
             Some(Command::Status { json }) => client::command(&config.admin, Request::Status { json }).await,
             Some(Command::Pause { table }) => client::command(&config.admin, Request::Pause(table)).await,
             Some(Command::Resume { table }) => client::command(&config.admin, Request::Resume(table)).await,
+            #[cfg(feature = "sink-postgres")]
             Some(Command::Objects { make_waiting, json }) => objects(config, make_waiting, json).await,
+            #[cfg(feature = "cutover")]
+            Some(Command::Cutover {
+                source_config,
+                read_only,
+                dry_run,
+                max_lag_seconds,
+                timeout_seconds,
+                keep_position_columns,
+                json,
+            }) => {
+                let options = sink_runner::commands::cutover::Options {
+                    source_config,
+                    read_only,
+                    dry_run,
+                    max_lag: std::time::Duration::from_secs(max_lag_seconds),
+                    timeout: std::time::Duration::from_secs(timeout_seconds),
+                    keep_position_columns,
+                };
+                cutover(config, &options, json).await
+            }
             Some(Command::Delete { yes, drop_destination }) => delete(config, yes, drop_destination).await,
         }
     })
@@ -202,8 +254,52 @@ async fn replay(config: SinkRunnerConfig, dlq: &str, dry_run: bool) -> ExitCode 
     }
 }
 
+/// `cutover`: the report; exits 3 unless every table verified equal and
+/// every object was made.
+#[cfg(feature = "cutover")]
+async fn cutover(config: SinkRunnerConfig, options: &sink_runner::commands::cutover::Options, json: bool) -> ExitCode {
+    match sink_runner::commands::cutover::cutover(&config, options).await {
+        Ok(r) => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                let verb = if r.dry_run { "would" } else { "did" };
+                println!("cutover: {verb}");
+                for s in &r.steps {
+                    println!("  - {s}");
+                }
+                println!("{:<40} {:<40} {:>10} VERIFIED", "SOURCE", "DESTINATION", "ROWS");
+                for t in &r.tables {
+                    let rows = t.rows.map_or("-".to_string(), |n| n.to_string());
+                    println!("{:<40} {:<40} {:>10} {}", t.source, t.destination, rows, t.verification);
+                }
+                let refused: Vec<_> = r.objects.iter().filter(|o| o.state == "refused").collect();
+                println!("objects: {} recorded, {} refused", r.objects.len(), refused.len());
+                for o in refused {
+                    println!("  {} {} {}: {}", o.destination, o.kind, o.name, o.error.as_deref().unwrap_or(""));
+                }
+                println!("sequences moved: {}", r.sequences.len());
+                if let Some(ms) = r.downtime_ms {
+                    println!("write downtime: {:.1} s (from read-only to done)", ms as f64 / 1000.0);
+                }
+                println!("to make the source writable again: {}", r.undo_sql);
+            }
+            if r.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `objects`: every recorded object and its state; exits 3 when one is
 /// refused.
+#[cfg(feature = "sink-postgres")]
 async fn objects(config: SinkRunnerConfig, make_waiting: bool, json: bool) -> ExitCode {
     match sink_runner::commands::objects::objects(&config, make_waiting).await {
         Ok(list) => {

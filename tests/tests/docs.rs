@@ -112,9 +112,10 @@ fn commands_flags_scripts_files_ports_and_variables_the_docs_quote_exist() {
                 let bin = &c[1];
                 let args: Vec<&str> = c[2].split_whitespace().collect();
                 let top = helps.get(bin, "").to_string();
+                // The subcommand may follow global flags (`--config x`).
                 let sub = args
-                    .first()
-                    .filter(|a| !a.starts_with('-') && top.contains(&format!("\n  {a} ")))
+                    .iter()
+                    .find(|a| !a.starts_with('-') && top.contains(&format!("\n  {a} ")))
                     .copied();
                 let help = match sub {
                     Some(sub) => helps.get(bin, sub).to_string(),

@@ -47,6 +47,28 @@ async fn catalog(url: &str, schema: &str) -> BTreeSet<String> {
     out
 }
 
+/// A shop's tables in schema `s`, with every kind of object a migration
+/// carries: an identity, a `bigserial`, defaults, a unique constraint, a
+/// check, an expression index with a predicate, a partitioned table with
+/// its own index and a foreign key; and their first rows.
+fn shop(s: &str) -> String {
+    format!(
+        "CREATE TABLE {s}.customers (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, email text NOT NULL, name text, \
+           created date NOT NULL DEFAULT current_date, CONSTRAINT customers_email_key UNIQUE (email), \
+           CONSTRAINT name_not_empty CHECK (length(name) > 0)); \
+         CREATE INDEX customers_lower_name ON {s}.customers (lower(name)) WHERE name IS NOT NULL; \
+         CREATE TABLE {s}.orders (id bigserial, customer_id int NOT NULL REFERENCES {s}.customers (id) ON DELETE CASCADE, \
+           qty int NOT NULL DEFAULT 1 CONSTRAINT qty_positive CHECK (qty > 0), placed date NOT NULL, \
+           PRIMARY KEY (id, placed)) PARTITION BY RANGE (placed); \
+         CREATE TABLE {s}.orders_2025 PARTITION OF {s}.orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01'); \
+         CREATE TABLE {s}.orders_2026 PARTITION OF {s}.orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01'); \
+         CREATE INDEX orders_customer ON {s}.orders (customer_id); \
+         INSERT INTO {s}.customers (email, name) SELECT 'c' || g || '@x', 'n' || g FROM generate_series(1, 50) g; \
+         INSERT INTO {s}.orders (customer_id, qty, placed) \
+           SELECT 1 + g % 50, 1 + g % 5, date '2025-06-01' + g FROM generate_series(1, 300) g"
+    )
+}
+
 /// The objects the sink recorded, as `sink-runner objects --json` lists
 /// them (`--make-waiting` first when asked): `(kind, name, state)`, and
 /// whether the command succeeded.
@@ -84,23 +106,7 @@ async fn postgres_objects_follow_the_source_and_the_rest_wait_for_the_cutover() 
         unreachable!("a PostgreSQL destination")
     };
     let (s, d) = (source.name().to_string(), destination.schema.clone());
-    source
-        .sql(&format!(
-            "CREATE TABLE {s}.customers (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, email text NOT NULL, name text, \
-               created date NOT NULL DEFAULT current_date, CONSTRAINT customers_email_key UNIQUE (email), \
-               CONSTRAINT name_not_empty CHECK (length(name) > 0)); \
-             CREATE INDEX customers_lower_name ON {s}.customers (lower(name)) WHERE name IS NOT NULL; \
-             CREATE TABLE {s}.orders (id bigserial, customer_id int NOT NULL REFERENCES {s}.customers (id) ON DELETE CASCADE, \
-               qty int NOT NULL DEFAULT 1 CONSTRAINT qty_positive CHECK (qty > 0), placed date NOT NULL, \
-               PRIMARY KEY (id, placed)) PARTITION BY RANGE (placed); \
-             CREATE TABLE {s}.orders_2025 PARTITION OF {s}.orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01'); \
-             CREATE TABLE {s}.orders_2026 PARTITION OF {s}.orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01'); \
-             CREATE INDEX orders_customer ON {s}.orders (customer_id); \
-             INSERT INTO {s}.customers (email, name) SELECT 'c' || g || '@x', 'n' || g FROM generate_series(1, 50) g; \
-             INSERT INTO {s}.orders (customer_id, qty, placed) \
-               SELECT 1 + g % 50, 1 + g % 5, date '2025-06-01' + g FROM generate_series(1, 300) g"
-        ))
-        .await;
+    source.sql(&shop(&s)).await;
     let mut runners = Runners::new(&source, &sink);
     runners.source.start();
     runners.sink.start();
@@ -174,4 +180,156 @@ async fn postgres_objects_follow_the_source_and_the_rest_wait_for_the_cutover() 
     runners.delete();
     sink.cleanup().await;
     source.cleanup().await;
+}
+
+/// A PostgreSQL database moved under a steady write load: `sink-runner
+/// cutover` waits for the copy, makes the source read-only (the writer's
+/// session ends), verifies every table, makes the objects that waited and
+/// moves the sequences. The report says every table is equal, the write
+/// downtime is under 10 s, the destination's catalog equals the source's,
+/// and the application's next rows go into the destination with keys above
+/// every source key. The source is a database of its own: read-only is a
+/// database's setting.
+#[tokio::test]
+async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
+    let name = tributary_tests::unique("migcut");
+    let pg = postgres::connect(&pg_source_url()).await;
+    pg.batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("a database of its own");
+    let url = match pg_source_url().rsplit_once('/') {
+        Some((server, _)) => format!("{server}/{name}"),
+        None => panic!("a source URL with a database"),
+    };
+    let db = postgres::connect(&url).await;
+    db.batch_execute(&format!("CREATE SCHEMA {name}; {}", shop(&name)))
+        .await
+        .expect("the shop");
+    let dest = postgres::Destination::new(&name).await;
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (source_port, sink_port) = (tributary_tests::free_port(), tributary_tests::free_port());
+    let source_config = dir.join("source.toml");
+    std::fs::write(
+        &source_config,
+        tributary_tests::pg_source_runner_config(&name)
+            .replace(&format!("url = \"{}\"", pg_source_url()), &format!("url = \"{url}\""))
+            .replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{source_port}\"")),
+    )
+    .expect("source config");
+    let sink_config = dir.join("sink.toml");
+    let section = format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), dest.schema);
+    std::fs::write(
+        &sink_config,
+        tributary_tests::sink_runner_config(&name, &dest.group, &section)
+            .replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{sink_port}\"")),
+    )
+    .expect("sink config");
+    let source = tributary_tests::Runner::start("source-runner", &source_config, &dir.join("source.log"));
+    let sink = tributary_tests::Runner::start("sink-runner", &sink_config, &dir.join("sink.log"));
+    eprintln!("logs: {}", dir.display());
+    wait_for("the copy", Duration::from_secs(120), || async {
+        let status = tributary_tests::runner_status(sink_port).await?;
+        let t = &status["tables"][format!("{}.orders", dest.schema)];
+        (t["events"].as_u64()? + t["rows_snapshotted"].as_u64().unwrap_or(0) >= 300).then_some(())
+    })
+    .await;
+
+    // The application: a session of its own, writing until it cannot.
+    let mut config: tokio_postgres::Config = url.parse().expect("url");
+    config.application_name("shop-app");
+    let (app, connection) = config.connect(tokio_postgres::NoTls).await.expect("the application's session");
+    tokio::spawn(connection);
+    let (s, writes) = (name.clone(), std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)));
+    let counted = writes.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0u64.. {
+            let sql = format!(
+                "BEGIN; INSERT INTO {s}.customers (email, name) VALUES ('w{i}@x', 'w{i}'); \
+                 INSERT INTO {s}.orders (customer_id, qty, placed) SELECT max(id), 1 + {i} % 7, date '2026-01-01' + {i} % 300 \
+                   FROM {s}.customers; \
+                 UPDATE {s}.orders SET qty = qty + 1 WHERE id = 1 + {i} % 300; COMMIT"
+            );
+            if let Err(e) = app.batch_execute(&sql).await {
+                return e.to_string();
+            }
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        unreachable!()
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let out = tokio::task::spawn_blocking({
+        let (sink_config, source_config) = (sink_config.clone(), source_config.clone());
+        move || {
+            std::process::Command::new(runner_binary("sink-runner"))
+                .arg("--config")
+                .arg(&sink_config)
+                .arg("cutover")
+                .arg("--source-config")
+                .arg(&source_config)
+                .args(["--json", "--timeout-seconds", "180"])
+                .output()
+                .expect("run the cutover")
+        }
+    })
+    .await
+    .expect("cutover");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the cutover failed ({}):\n{stdout}\n{stderr}", out.status);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    eprintln!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    let stopped = tokio::time::timeout(Duration::from_secs(30), writer)
+        .await
+        .expect("the writer stops")
+        .expect("writer");
+    assert!(writes.load(std::sync::atomic::Ordering::Relaxed) > 10, "the application wrote during the copy");
+    eprintln!("the application's last error: {stopped}");
+    let tables = report["tables"].as_array().expect("tables");
+    assert_eq!(tables.len(), 2, "{report}");
+    assert!(tables.iter().all(|t| t["verification"] == "equal"), "{report}");
+    let downtime = report["downtime_ms"].as_u64().expect("downtime");
+    assert!(downtime < 10_000, "write downtime {downtime} ms");
+    assert_eq!(catalog(&pg_destination_url(), &dest.schema).await, catalog(&url, &name).await);
+    // The application on the new database: keys above every source key.
+    let d = &dest.schema;
+    let row = dest
+        .admin
+        .query_one(
+            &format!(
+                "WITH c AS (INSERT INTO \"{d}\".customers (email, name) VALUES ('after@x', 'after') RETURNING id), \
+                 o AS (INSERT INTO \"{d}\".orders (customer_id, placed) SELECT id, '2026-06-01' FROM c RETURNING id) \
+                 SELECT (SELECT id FROM c), (SELECT id FROM o)"
+            ),
+            &[],
+        )
+        .await
+        .expect("the application writes into the new database");
+    let (customer, order): (i32, i64) = (row.get(0), row.get(1));
+    // The cutover ended every session of the source but the copy's.
+    let db = postgres::connect(&url).await;
+    let max = db
+        .query_one(&format!("SELECT (SELECT max(id) FROM {name}.customers), (SELECT max(id) FROM {name}.orders)"), &[])
+        .await
+        .expect("the source's keys");
+    assert!(customer > max.get::<_, i32>(0) && order > max.get::<_, i64>(1), "keys the source used");
+
+    drop(sink);
+    drop(source);
+    drop(db);
+    for (runner, config, extra) in [
+        ("source-runner", &source_config, None),
+        ("sink-runner", &sink_config, Some("--drop-destination")),
+    ] {
+        let _ = std::process::Command::new(runner_binary(runner))
+            .arg("--config")
+            .arg(config)
+            .args(["delete", "--yes"])
+            .args(extra)
+            .status();
+    }
+    let _ = pg.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await;
+    dest.exec(&format!("DROP SCHEMA IF EXISTS \"{d}\" CASCADE")).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

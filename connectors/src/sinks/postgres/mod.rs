@@ -78,6 +78,7 @@ use crate::pgwire::{quote_ident, quote_literal, BinaryType, BINARY_COPY_SIGNATUR
 use crate::problem::Problem;
 use crate::sink::bookkeeping::{
     position_i64, reset_i64, staging_name, OffsetMove, PositionSyntax, DELETED_ROWS_PRUNE_INTERVAL, DELETED_TABLE,
+    POSITION_COLUMNS,
 };
 pub use crate::sink::bookkeeping::{BOOKKEEPING_SCHEMA, COMMIT_COLUMN, INDEX_COLUMN, OFFSETS_TABLE};
 use crate::sink::keyless;
@@ -307,6 +308,71 @@ impl PostgresSink {
         // Tables may have changed under the cached shapes.
         self.tables.clear();
         out
+    }
+
+    /// Moves the destination's copy of each of `states`' sequences to at
+    /// least the source's next value (made if missing), each on its own:
+    /// a cutover's last word on them (see [`Warehouse::advance_sequence`]).
+    pub async fn advance_sequences(&mut self, states: &[SequenceState]) -> Result<Vec<DestinationTable>> {
+        self.connect().await?;
+        let mut out = Vec::new();
+        for state in states {
+            let sequence = self.config.destination(&state.id());
+            let ctx = self.ctx().in_table(sequence.to_string());
+            self.ensure_schema(&sequence.schema, &ctx).await?;
+            self.session.execute(&advance_sequence_sql(&sequence, state), &ctx).await?;
+            out.push(sequence);
+        }
+        Ok(out)
+    }
+
+    /// The destination table of source table `source`.
+    pub fn destination_of(&self, source: &TableId) -> DestinationTable {
+        self.config.destination(source)
+    }
+
+    /// Each of `tables`' row count (`None`: no such table).
+    pub async fn row_counts(&mut self, tables: &[DestinationTable]) -> Result<Vec<Option<i64>>> {
+        self.connect().await?;
+        let ctx = self.ctx();
+        let client = self.session.client().await?;
+        let mut out = Vec::new();
+        for t in tables {
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t.quoted()])
+                .await
+                .map_err(|e| classify(&e, &ctx))?
+                .get(0);
+            out.push(if exists {
+                let row = client
+                    .query_one(&format!("SELECT count(*) FROM {}", t.quoted()), &[])
+                    .await
+                    .map_err(|e| classify(&e, &ctx))?;
+                Some(row.get(0))
+            } else {
+                None
+            });
+        }
+        Ok(out)
+    }
+
+    /// Drops the sink's position columns from `tables` (a copy that ended
+    /// at a cutover: the application writes rows without them). The copy
+    /// cannot go on into these tables after.
+    pub async fn drop_position_columns(&mut self, tables: &[DestinationTable]) -> Result<()> {
+        self.connect().await?;
+        for t in tables {
+            let ctx = self.ctx().in_table(t.to_string());
+            let drops: Vec<String> = POSITION_COLUMNS
+                .iter()
+                .map(|c| format!("DROP COLUMN IF EXISTS {}", quote_ident(c)))
+                .collect();
+            self.session
+                .execute(&format!("ALTER TABLE IF EXISTS {} {}", t.quoted(), drops.join(", ")), &ctx)
+                .await?;
+        }
+        self.tables.clear();
+        Ok(())
     }
 
     /// Removes this copy from the destination: its stored offsets and, when

@@ -225,14 +225,22 @@ pub(crate) async fn apply(
 ) -> Result<usize> {
     let table = objects_table();
     let client = session.client().await?;
-    let row = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", &[&table, &dest.quoted()])
-        .await
-        .map_err(|e| classify(&e, ctx))?;
-    let (exists, has_table): (bool, bool) = (row.get(0), row.get(1));
-    if !exists {
-        session.execute(&create_objects_sql(), ctx).await?;
+    match bookkeeping(client, ctx).await? {
+        Bookkeeping::Usable => {}
+        Bookkeeping::Absent { may_create: true } => session.execute(&create_objects_sql(), ctx).await?,
+        Bookkeeping::Absent { may_create: false } | Bookkeeping::Forbidden => {
+            warn!(table = %dest, user = %ctx.user,
+                "this role may not keep {table}: the source's indexes, constraints and defaults are not made in \
+                 the destination (GRANT USAGE, CREATE ON SCHEMA {}, or SELECT, INSERT, UPDATE, DELETE ON {table})",
+                quote_ident(BOOKKEEPING_SCHEMA));
+            return Ok(planned.len());
+        }
     }
+    let has_table: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&dest.quoted()])
+        .await
+        .map_err(|e| classify(&e, ctx))?
+        .get(0);
     let destination = dest.to_string();
     let rows = session
         .client()
@@ -330,7 +338,7 @@ pub(crate) async fn make_refused_now(session: &Session, group: &str, dest: &Dest
     let table = objects_table();
     let client = session.client().await?;
     // Looked for first: a failed query would end the open unit.
-    if !recorded(client, ctx).await? {
+    if bookkeeping(client, ctx).await? != Bookkeeping::Usable {
         return Ok(());
     }
     let rows = client
@@ -362,13 +370,36 @@ pub(crate) async fn make_refused_now(session: &Session, group: &str, dest: &Dest
     Ok(())
 }
 
-/// Whether the objects table exists (no object was recorded before it).
-async fn recorded(client: &tokio_postgres::Client, ctx: &Ctx) -> Result<bool> {
+/// The objects table as this role finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bookkeeping {
+    /// Not made yet (no object was recorded), and whether this role may.
+    Absent { may_create: bool },
+    /// There, and this role may read and write it.
+    Usable,
+    /// There, made by another role that did not grant it to this one.
+    Forbidden,
+}
+
+/// Looks the objects table up without touching it: a refused query would
+/// end the open unit.
+async fn bookkeeping(client: &tokio_postgres::Client, ctx: &Ctx) -> Result<Bookkeeping> {
     let row = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&objects_table()])
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL, \
+                    CASE WHEN to_regclass($1) IS NULL THEN false ELSE \
+                      has_table_privilege(to_regclass($1), 'SELECT') AND has_table_privilege(to_regclass($1), 'INSERT') \
+                      AND has_table_privilege(to_regclass($1), 'UPDATE') AND has_table_privilege(to_regclass($1), 'DELETE') END, \
+                    CASE WHEN to_regnamespace($2) IS NULL THEN false ELSE has_schema_privilege($2, 'CREATE') END",
+            &[&objects_table(), &BOOKKEEPING_SCHEMA],
+        )
         .await
         .map_err(|e| classify(&e, ctx))?;
-    Ok(row.get(0))
+    Ok(match (row.get(0), row.get(1)) {
+        (false, _) => Bookkeeping::Absent { may_create: row.get(2) },
+        (true, true) => Bookkeeping::Usable,
+        (true, false) => Bookkeeping::Forbidden,
+    })
 }
 
 /// Writes `p`'s row with `state`.
@@ -450,8 +481,15 @@ pub struct Outcome {
 pub(crate) async fn make_waiting(session: &Session, group: &str, ctx: &Ctx) -> Result<Vec<Outcome>> {
     let table = objects_table();
     let client = session.client().await?;
-    if !recorded(client, ctx).await? {
-        return Ok(Vec::new());
+    match bookkeeping(client, ctx).await? {
+        Bookkeeping::Usable => {}
+        Bookkeeping::Absent { .. } => return Ok(Vec::new()),
+        Bookkeeping::Forbidden => {
+            return Err(crate::error::Error::needs_operator(format!(
+                "this role may not read and write {table}: GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {}",
+                quote_ident(&ctx.user)
+            )))
+        }
     }
     let rows = client
         .query(
