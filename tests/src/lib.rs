@@ -324,7 +324,24 @@ pub async fn runner_status(port: u16) -> Option<serde_json::Value> {
 }
 
 /// A TCP port free on 127.0.0.1 now (for a runner's admin server).
+///
+/// Picked below the kernel's ephemeral range (32768-60999 here): a port
+/// the kernel hands out for `:0` is one any outgoing connection (a Kafka
+/// client, a database session) may take as its local port before the
+/// runner binds it ("Address already in use", a runner that exits at
+/// start: fidelity failed so in CI). Each test process takes its own block
+/// of 200 ports by its id, in turn, so two test binaries side by side do
+/// not pick the same.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 60) as u16 * 200;
+    for _ in 0..200 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 200;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -17,20 +17,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use tributary_schemas::{TableId, TopicNaming};
 use tributary_tests::{
-    kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, unique, wait_for, Runner,
+    free_port, kafka_bootstrap, pg_destination_url, pg_source_url, runner_binary, schema_registry_url, unique,
+    wait_for, Runner,
 };
 
 async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
     client
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 fn source_config(name: &str, admin: &str) -> String {
