@@ -898,9 +898,7 @@ impl Warehouse for PostgresSink {
         let ctx = self.ctx().in_table(dest.to_string());
         self.ensure_schema(&dest.schema, &ctx).await?;
         let planned = objects::plan(dest, source, named);
-        objects::apply(&self.session, &self.consumer_group, dest, &planned, &ctx)
-            .await
-            .map(|_| ())
+        objects::apply(&self.session, &self.consumer_group, dest, &planned, &ctx).await
     }
 
     async fn forget_positions(&mut self, dest: &DestinationTable, reset: u64) -> Result<()> {

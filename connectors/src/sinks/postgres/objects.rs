@@ -215,14 +215,14 @@ struct Stored {
 
 /// Makes `dest`'s objects match `planned`, inside the open unit: drops the
 /// ones this sink made that are gone or changed, makes the `Now` ones,
-/// records the `AtCutover` ones. Returns how many were refused.
+/// records the `AtCutover` ones.
 pub(crate) async fn apply(
     session: &Session,
     group: &str,
     dest: &DestinationTable,
     planned: &[Planned],
     ctx: &Ctx,
-) -> Result<usize> {
+) -> Result<()> {
     let table = objects_table();
     let client = session.client().await?;
     match bookkeeping(client, ctx).await? {
@@ -233,7 +233,7 @@ pub(crate) async fn apply(
                 "this role may not keep {table}: the source's indexes, constraints and defaults are not made in \
                  the destination (GRANT USAGE, CREATE ON SCHEMA {}, or SELECT, INSERT, UPDATE, DELETE ON {table})",
                 quote_ident(BOOKKEEPING_SCHEMA));
-            return Ok(planned.len());
+            return Ok(());
         }
     }
     let has_table: bool = client
@@ -242,9 +242,7 @@ pub(crate) async fn apply(
         .map_err(|e| classify(&e, ctx))?
         .get(0);
     let destination = dest.to_string();
-    let rows = session
-        .client()
-        .await?
+    let rows = client
         .query(
             &format!(
                 "SELECT kind, name, statement, drop_statement, state FROM {table} \
@@ -254,7 +252,7 @@ pub(crate) async fn apply(
         )
         .await
         .map_err(|e| classify(&e, ctx))?;
-    let mut stored: BTreeMap<(String, String), Stored> = rows
+    let stored: BTreeMap<(String, String), Stored> = rows
         .iter()
         .map(|r| {
             (
@@ -267,38 +265,32 @@ pub(crate) async fn apply(
             )
         })
         .collect();
-    let mut refused = 0;
     // Gone from the source's set, or changed: the old one goes first.
-    for ((kind, name), old) in &stored {
-        let kept = planned
+    let (stored, gone): (BTreeMap<_, _>, BTreeMap<_, _>) = stored.into_iter().partition(|((kind, name), old)| {
+        planned
             .iter()
-            .any(|p| p.kind == kind && &p.name == name && p.create == old.statement);
-        if !kept && old.state == "made" {
+            .any(|p| p.kind == kind && &p.name == name && p.create == old.statement)
+    });
+    for ((kind, name), old) in &gone {
+        if old.state == "made" {
             info!(table = %dest, kind = %kind, name = %name, "dropping an object the source no longer has as it was");
             if let Some(e) = attempt(session, &old.drop, ctx).await? {
                 warn!(table = %dest, kind = %kind, name = %name, error = %e, "the destination refused to drop the object");
             }
         }
-        if !kept {
-            session
-                .execute(
-                    &format!(
-                        "DELETE FROM {table} WHERE consumer_group = {} AND destination = {} AND kind = {} AND name = {}",
-                        quote_literal(group),
-                        quote_literal(&destination),
-                        quote_literal(kind),
-                        quote_literal(name)
-                    ),
-                    ctx,
-                )
-                .await?;
-        }
+        session
+            .execute(
+                &format!(
+                    "DELETE FROM {table} WHERE consumer_group = {} AND destination = {} AND kind = {} AND name = {}",
+                    quote_literal(group),
+                    quote_literal(&destination),
+                    quote_literal(kind),
+                    quote_literal(name)
+                ),
+                ctx,
+            )
+            .await?;
     }
-    stored.retain(|(kind, name), old| {
-        planned
-            .iter()
-            .any(|p| p.kind == kind && &p.name == name && p.create == old.statement)
-    });
     for p in planned {
         let key = (p.kind.to_string(), p.name.clone());
         let state = stored.get(&key).map(|s| s.state.as_str());
@@ -308,17 +300,13 @@ pub(crate) async fn apply(
             (When::AtCutover, _) => ("at_cutover", None),
             // The table's rows on another partition, not applied yet: made
             // with the next set, or at the cutover.
-            (When::Now, _) if !has_table => {
-                refused += 1;
-                ("refused", Some("the destination table does not exist yet".to_string()))
-            }
+            (When::Now, _) if !has_table => ("refused", Some("the destination table does not exist yet".to_string())),
             (When::Now, _) => match attempt(session, &p.create, ctx).await? {
                 None => {
                     info!(table = %dest, kind = p.kind, name = %p.name, "made the source's object");
                     ("made", None)
                 }
                 Some(e) => {
-                    refused += 1;
                     warn!(table = %dest, kind = p.kind, name = %p.name, error = %e, statement = %p.create,
                         "the destination refused the source's object: the copy lacks it (tried again with the next \
                          change of the table's objects and at a cutover)");
@@ -328,7 +316,7 @@ pub(crate) async fn apply(
         };
         record(session, group, &destination, p, state, error.as_deref(), ctx).await?;
     }
-    Ok(refused)
+    Ok(())
 }
 
 /// Makes the objects of `dest` that were refused and are made before a
@@ -400,6 +388,21 @@ async fn bookkeeping(client: &tokio_postgres::Client, ctx: &Ctx) -> Result<Bookk
         (true, true) => Bookkeeping::Usable,
         (true, false) => Bookkeeping::Forbidden,
     })
+}
+
+/// Whether objects were recorded and this role may use them (the
+/// commands' view: a table made by a role that did not grant it is an
+/// operator's to fix).
+async fn recorded(client: &tokio_postgres::Client, ctx: &Ctx) -> Result<bool> {
+    match bookkeeping(client, ctx).await? {
+        Bookkeeping::Usable => Ok(true),
+        Bookkeeping::Absent { .. } => Ok(false),
+        Bookkeeping::Forbidden => Err(crate::error::Error::needs_operator(format!(
+            "this role may not read and write {t}: GRANT SELECT, INSERT, UPDATE, DELETE ON {t} TO {}",
+            quote_ident(&ctx.user),
+            t = objects_table()
+        ))),
+    }
 }
 
 /// Writes `p`'s row with `state`.
@@ -481,15 +484,8 @@ pub struct Outcome {
 pub(crate) async fn make_waiting(session: &Session, group: &str, ctx: &Ctx) -> Result<Vec<Outcome>> {
     let table = objects_table();
     let client = session.client().await?;
-    match bookkeeping(client, ctx).await? {
-        Bookkeeping::Usable => {}
-        Bookkeeping::Absent { .. } => return Ok(Vec::new()),
-        Bookkeeping::Forbidden => {
-            return Err(crate::error::Error::needs_operator(format!(
-                "this role may not read and write {table}: GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {}",
-                quote_ident(&ctx.user)
-            )))
-        }
+    if !recorded(client, ctx).await? {
+        return Ok(Vec::new());
     }
     let rows = client
         .query(
@@ -582,6 +578,9 @@ pub(crate) async fn make_waiting(session: &Session, group: &str, ctx: &Ctx) -> R
 pub(crate) async fn list(session: &Session, group: &str, ctx: &Ctx) -> Result<Vec<Outcome>> {
     let table = objects_table();
     let client = session.client().await?;
+    if !recorded(client, ctx).await? {
+        return Ok(Vec::new());
+    }
     let rows = client
         .query(
             &format!(
@@ -590,13 +589,8 @@ pub(crate) async fn list(session: &Session, group: &str, ctx: &Ctx) -> Result<Ve
             ),
             &[&group],
         )
-        .await;
-    // No table yet: nothing was recorded.
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => return Ok(Vec::new()),
-        Err(e) => return Err(classify(&e, ctx)),
-    };
+        .await
+        .map_err(|e| classify(&e, ctx))?;
     Ok(rows
         .iter()
         .map(|r| Outcome {
