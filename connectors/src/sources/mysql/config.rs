@@ -35,6 +35,8 @@ pub const DEFAULT_MAX_BATCH_EVENTS: usize = 10_000;
 pub const DEFAULT_BATCH_LINGER_MS: u64 = 50;
 /// Connect timeout: a down server is reported (as retryable) quickly.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// How often the copied tables' indexes, constraints and defaults are read.
+pub const DEFAULT_OBJECTS_INTERVAL_MS: u64 = 5_000;
 
 pub use crate::source::SnapshotMode;
 
@@ -110,6 +112,14 @@ pub struct MySqlSourceConfig {
     /// Connect timeout, milliseconds.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
+    /// Whether the copied tables' indexes, constraints and defaults (the
+    /// part that maps) are read every `objects_interval_ms` and sent, for
+    /// PostgreSQL destinations that recreate them (docs/migration.md).
+    #[serde(default = "default_true")]
+    pub schema_objects: bool,
+    /// How often they are read, in milliseconds (0: never).
+    #[serde(default = "default_objects_interval")]
+    pub objects_interval_ms: u64,
     /// `position` or `gtid` (MariaDB).
     #[serde(default)]
     pub resume_by: ResumeBy,
@@ -139,6 +149,8 @@ impl std::fmt::Debug for MySqlSourceConfig {
             .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
             .field("max_batch_events", &self.max_batch_events)
             .field("batch_linger_ms", &self.batch_linger_ms)
+            .field("schema_objects", &self.schema_objects)
+            .field("objects_interval_ms", &self.objects_interval_ms)
             .field("resume_by", &self.resume_by)
             .field("tls", &self.tls)
             .field("tls_ca_file", &self.tls_ca_file)
@@ -164,6 +176,12 @@ fn default_linger() -> u64 {
 fn default_connect_timeout() -> u64 {
     DEFAULT_CONNECT_TIMEOUT_MS
 }
+fn default_true() -> bool {
+    true
+}
+fn default_objects_interval() -> u64 {
+    DEFAULT_OBJECTS_INTERVAL_MS
+}
 
 impl MySqlSourceConfig {
     /// A config with every default and the given URL (tests and tools).
@@ -183,6 +201,8 @@ impl MySqlSourceConfig {
             max_batch_events: DEFAULT_MAX_BATCH_EVENTS,
             batch_linger_ms: DEFAULT_BATCH_LINGER_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            schema_objects: true,
+            objects_interval_ms: DEFAULT_OBJECTS_INTERVAL_MS,
             resume_by: ResumeBy::default(),
             tls: TlsMode::default(),
             tls_ca_file: None,
@@ -232,6 +252,9 @@ impl MySqlSourceConfig {
         }
         if self.max_batch_events < 1 {
             return Err(ConfigError::invalid(field("max_batch_events"), "must be at least 1"));
+        }
+        if self.objects_interval_ms != 0 && self.objects_interval_ms < 100 {
+            return Err(ConfigError::invalid(field("objects_interval_ms"), "must be 0 (never) or at least 100"));
         }
         if self.batch_linger_ms >= self.heartbeat_interval_ms {
             return Err(ConfigError::invalid(field("batch_linger_ms"), "must be shorter than heartbeat_interval_ms"));

@@ -23,6 +23,7 @@ pub mod client;
 pub mod config;
 pub mod gtid;
 pub mod history;
+pub mod objects;
 pub mod rewrites;
 pub mod snapshot;
 pub mod stream;
@@ -352,6 +353,21 @@ pub struct MySqlSource {
     written: SchemaHistory,
     /// The runner's wake-up between batches (see [`Source::set_wake`]).
     wake: Option<Arc<tokio::sync::Notify>>,
+    /// The copied tables' objects as last sent, and when they are read
+    /// next (see [`MySqlSource::objects_moved`]).
+    objects: ObjectsSent,
+}
+
+/// The objects a source sent, and when it reads them again.
+#[derive(Default)]
+struct ObjectsSent {
+    /// When they are read next (`None`: at the next batch).
+    next_read: Option<std::time::Instant>,
+    /// Each copied table's objects as last sent (every table's once per
+    /// start: a sink applies a set it has again as a no-op).
+    sent: BTreeMap<TableId, tributary_schemas::TableObjects>,
+    /// The connection they are read on.
+    conn: Option<mysql_async::Conn>,
 }
 
 impl std::fmt::Debug for MySqlSource {
@@ -392,6 +408,7 @@ impl MySqlSource {
             restored: BTreeMap::new(),
             written: SchemaHistory::default(),
             wake: None,
+            objects: ObjectsSent::default(),
         })
     }
 
@@ -516,6 +533,79 @@ impl MySqlSource {
             self.announce(schema);
         }
         Ok(())
+    }
+
+    /// Every `objects_interval_ms` (when `schema_objects` is on): reads the
+    /// indexes, constraints and defaults of the announced tables whose copy
+    /// is done, and adds to `batch` those of tables where they changed
+    /// since they were last sent, saying once what of them is not carried.
+    /// A failed read is said and tried again at the next interval.
+    async fn objects_moved(&mut self, batch: &mut SourceBatch) {
+        let every = self.config.objects_interval_ms;
+        let now = std::time::Instant::now();
+        if !self.config.schema_objects || every == 0 || self.objects.next_read.is_some_and(|at| now < at) {
+            return;
+        }
+        self.objects.next_read = Some(now + std::time::Duration::from_millis(every));
+        let Some(kind) = self.state.as_ref().map(|s| s.server) else {
+            return;
+        };
+        // A table being copied gets its objects once its rows are in, by
+        // the batch's own checkpoint (pgcopydb's order: an index built
+        // before a copy slows it).
+        let Ok(emitted) = SourceState::from_checkpoint(&batch.checkpoint) else {
+            return;
+        };
+        let copying: Vec<TableId> = emitted
+            .snapshot
+            .map(|s| {
+                s.tables
+                    .iter()
+                    .filter(|t| t.verify.is_none() && !t.done)
+                    .map(TablePlan::id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let tables: BTreeMap<TableId, Arc<TableSchema>> = self
+            .announced
+            .iter()
+            .filter(|(t, _)| !copying.contains(t))
+            .map(|(t, s)| (t.clone(), s.clone()))
+            .collect();
+        if tables.is_empty() {
+            return;
+        }
+        let conn = match self.objects.conn.take() {
+            Some(conn) => Ok(conn),
+            None => connect(&self.params).await,
+        };
+        let found = match conn {
+            Ok(mut conn) => {
+                let found = objects::read(&mut conn, kind, &tables).await;
+                if found.is_ok() {
+                    self.objects.conn = Some(conn);
+                }
+                found
+            }
+            Err(e) => Err(e),
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the captured tables' indexes, constraints and defaults; trying again later");
+                return;
+            }
+        };
+        for (table, objects) in found.objects {
+            if self.objects.sent.get(&table) != Some(&objects) {
+                for what in found.not_carried.get(&table).into_iter().flatten() {
+                    tracing::warn!(table = %table, "not carried into destinations that recreate objects: {what}");
+                }
+                tracing::debug!(table = %table, "the table's indexes, constraints or defaults changed: sending them");
+                self.objects.sent.insert(table.clone(), objects.clone());
+                batch.messages.push(SourceMessage::Objects(table, objects));
+            }
+        }
     }
 
     async fn next_snapshot_batch(&mut self) -> Result<Option<SourceBatch>> {
@@ -647,6 +737,8 @@ impl Source for MySqlSource {
         self.prelude.clear();
         self.progress.clear();
         self.copy_after_run.clear();
+        self.objects.sent.clear();
+        self.objects.next_read = None;
         let mut resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
         // The history as the side records hold it: the durable one (a
         // checkpoint written before side records holds its own).
@@ -801,10 +893,11 @@ impl Source for MySqlSource {
 
     async fn next_batch(&mut self) -> Result<SourceBatch> {
         match self.next_batch_inner().await {
-            Ok(batch) => {
+            Ok(mut batch) => {
                 if let Some(state) = &self.state {
                     self.emitted = Some((state.clone(), self.announced.clone()));
                 }
+                self.objects_moved(&mut batch).await;
                 Ok(batch)
             }
             Err(e) => {
