@@ -72,8 +72,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// End a copy from PostgreSQL into PostgreSQL as a migration's
-    /// switch-over: wait until caught up, make the source read-only,
+    /// End a copy from PostgreSQL, MySQL or MariaDB into PostgreSQL as a
+    /// migration's switch-over: wait until caught up, make the source read-only,
     /// verify every table, make the objects that waited, move the
     /// sequences, report (docs/migration.md). Exits 0 only when every
     /// table verified equal.

@@ -91,6 +91,70 @@ fn objects(config: &std::path::Path, make_waiting: bool) -> (BTreeSet<(String, S
     )
 }
 
+/// Starts a copy for a cutover: a source runner of config `source` and a
+/// sink runner into `dest`, each with its admin server on a port of its
+/// own (`listen = "off"` replaced), logs in `dir`. Returns both configs'
+/// paths, the sink's admin port and the runners.
+fn start_copy(
+    name: &str,
+    dir: &std::path::Path,
+    dest: &postgres::Destination,
+    source: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, u16, (tributary_tests::Runner, tributary_tests::Runner)) {
+    let (source_port, sink_port) = (tributary_tests::free_port(), tributary_tests::free_port());
+    let source_config = dir.join("source.toml");
+    std::fs::write(
+        &source_config,
+        source.replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{source_port}\"")),
+    )
+    .expect("source config");
+    let sink_config = dir.join("sink.toml");
+    let section = format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), dest.schema);
+    std::fs::write(
+        &sink_config,
+        tributary_tests::sink_runner_config(name, &dest.group, &section)
+            .replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{sink_port}\"")),
+    )
+    .expect("sink config");
+    let source = tributary_tests::Runner::start("source-runner", &source_config, &dir.join("source.log"));
+    let sink = tributary_tests::Runner::start("sink-runner", &sink_config, &dir.join("sink.log"));
+    eprintln!("logs: {}", dir.display());
+    (source_config, sink_config, sink_port, (source, sink))
+}
+
+/// Runs `sink-runner cutover --json` (up to 180 s per wait).
+async fn cutover(sink_config: &std::path::Path, source_config: &std::path::Path) -> std::process::Output {
+    let (sink_config, source_config) = (sink_config.to_path_buf(), source_config.to_path_buf());
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(runner_binary("sink-runner"))
+            .arg("--config")
+            .arg(&sink_config)
+            .arg("cutover")
+            .arg("--source-config")
+            .arg(&source_config)
+            .args(["--json", "--timeout-seconds", "180"])
+            .output()
+            .expect("run the cutover")
+    })
+    .await
+    .expect("cutover")
+}
+
+/// Deletes both runners' copy (topics, slot, destination tables).
+fn delete(source_config: &std::path::Path, sink_config: &std::path::Path) {
+    for (runner, config, extra) in [
+        ("source-runner", source_config, None),
+        ("sink-runner", sink_config, Some("--drop-destination")),
+    ] {
+        let _ = std::process::Command::new(runner_binary(runner))
+            .arg("--config")
+            .arg(config)
+            .args(["delete", "--yes"])
+            .args(extra)
+            .status();
+    }
+}
+
 /// Indexes that are not unique and defaults reach the destination once
 /// each table is copied, and follow the source's DDL (an index added, a
 /// default changed); unique, check and foreign keys and identities wait
@@ -208,26 +272,9 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
     let dest = postgres::Destination::new(&name).await;
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let (source_port, sink_port) = (tributary_tests::free_port(), tributary_tests::free_port());
-    let source_config = dir.join("source.toml");
-    std::fs::write(
-        &source_config,
-        tributary_tests::pg_source_runner_config(&name)
-            .replace(&format!("url = \"{}\"", pg_source_url()), &format!("url = \"{url}\""))
-            .replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{source_port}\"")),
-    )
-    .expect("source config");
-    let sink_config = dir.join("sink.toml");
-    let section = format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), dest.schema);
-    std::fs::write(
-        &sink_config,
-        tributary_tests::sink_runner_config(&name, &dest.group, &section)
-            .replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{sink_port}\"")),
-    )
-    .expect("sink config");
-    let source = tributary_tests::Runner::start("source-runner", &source_config, &dir.join("source.log"));
-    let sink = tributary_tests::Runner::start("sink-runner", &sink_config, &dir.join("sink.log"));
-    eprintln!("logs: {}", dir.display());
+    let source_toml = tributary_tests::pg_source_runner_config(&name)
+        .replace(&format!("url = \"{}\"", pg_source_url()), &format!("url = \"{url}\""));
+    let (source_config, sink_config, sink_port, (source, sink)) = start_copy(&name, &dir, &dest, &source_toml);
     wait_for("the copy", Duration::from_secs(120), || async {
         let status = tributary_tests::runner_status(sink_port).await?;
         let t = &status["tables"][format!("{}.orders", dest.schema)];
@@ -259,22 +306,7 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
         unreachable!()
     });
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let out = tokio::task::spawn_blocking({
-        let (sink_config, source_config) = (sink_config.clone(), source_config.clone());
-        move || {
-            std::process::Command::new(runner_binary("sink-runner"))
-                .arg("--config")
-                .arg(&sink_config)
-                .arg("cutover")
-                .arg("--source-config")
-                .arg(&source_config)
-                .args(["--json", "--timeout-seconds", "180"])
-                .output()
-                .expect("run the cutover")
-        }
-    })
-    .await
-    .expect("cutover");
+    let out = cutover(&sink_config, &source_config).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the cutover failed ({}):\n{stdout}\n{stderr}", out.status);
@@ -318,18 +350,206 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
     drop(sink);
     drop(source);
     drop(db);
-    for (runner, config, extra) in [
-        ("source-runner", &source_config, None),
-        ("sink-runner", &sink_config, Some("--drop-destination")),
-    ] {
-        let _ = std::process::Command::new(runner_binary(runner))
-            .arg("--config")
-            .arg(config)
-            .args(["delete", "--yes"])
-            .args(extra)
-            .status();
-    }
+    delete(&source_config, &sink_config);
     let _ = pg.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await;
+    dest.exec(&format!("DROP SCHEMA IF EXISTS \"{d}\" CASCADE")).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A MariaDB database moves into PostgreSQL under a steady write load, with
+/// the objects that map (docs/migration.md): its unique and secondary
+/// indexes (a descending part, the index InnoDB made for a foreign key),
+/// a foreign key with its action, checks, literal and `CURRENT_TIMESTAMP`
+/// defaults and `AUTO_INCREMENT` columns as identities; a prefix index is
+/// not carried. One `sink-runner cutover` makes the server read-only (the
+/// application's account is stopped, its session ended), verifies both
+/// tables, makes the objects that waited and moves the identities past the
+/// source's counters: the application's next rows go into the destination
+/// with keys above every source key, and the copy equals the source.
+#[tokio::test]
+async fn a_mariadb_database_moves_under_writes_and_cuts_over_in_one_command() {
+    use mysql_async::prelude::Queryable;
+    let name = tributary_tests::unique("mymig");
+    let base = tributary_tests::mysql_url();
+    let server = base
+        .rsplit_once('/')
+        .map(|(s, _)| s.to_string())
+        .expect("a MySQL URL with a database");
+    let url = format!("{server}/{name}");
+    let mut admin = mysql_async::Conn::from_url(&base).await.expect("MariaDB");
+    for sql in [
+        format!("CREATE DATABASE {name}"),
+        format!(
+            "CREATE TABLE {name}.customers (id int NOT NULL AUTO_INCREMENT PRIMARY KEY, email varchar(80) NOT NULL, \
+             name varchar(80), status varchar(10) NOT NULL DEFAULT 'new', created datetime DEFAULT CURRENT_TIMESTAMP, \
+             UNIQUE KEY email (email), KEY by_name (name), KEY name_prefix (name(4)), \
+             CONSTRAINT status_known CHECK (status IN ('new', 'vip')))"
+        ),
+        format!(
+            "CREATE TABLE {name}.orders (id bigint NOT NULL AUTO_INCREMENT PRIMARY KEY, customer_id int NOT NULL, \
+             qty int NOT NULL DEFAULT 1, placed date NOT NULL, KEY placed_qty (placed, qty DESC), \
+             CONSTRAINT orders_customer FOREIGN KEY (customer_id) REFERENCES {name}.customers (id) ON DELETE CASCADE, \
+             CONSTRAINT qty_positive CHECK (qty > 0))"
+        ),
+        format!("INSERT INTO {name}.customers (email, name) SELECT concat('c', seq, '@x'), concat('n', seq) FROM seq_1_to_50"),
+        format!(
+            "INSERT INTO {name}.orders (customer_id, qty, placed) \
+             SELECT 1 + seq % 50, 1 + seq % 5, date '2025-06-01' + INTERVAL seq DAY FROM seq_1_to_300"
+        ),
+        // The application's own account: read_only stops it (the copy's
+        // account may write through it).
+        format!("CREATE USER '{name}'@'%' IDENTIFIED BY 'app'"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {name}.* TO '{name}'@'%'"),
+    ] {
+        admin.query_drop(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let dest = postgres::Destination::new(&name).await;
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let server_id = 100_000 + (uuid::Uuid::new_v4().as_u128() % 1_000_000) as u32;
+    let source_toml = format!(
+        "name = \"{name}\"\nschema_registry_url = \"{registry}\"\n[kafka]\nbootstrap_servers = \"{kafka}\"\n\
+         [admin]\nlisten = \"off\"\n[mysql]\nurl = \"{url}\"\nserver_id = {server_id}\n\
+         heartbeat_interval_ms = 1000\nobjects_interval_ms = 1000\n",
+        registry = tributary_tests::schema_registry_url(),
+        kafka = tributary_tests::kafka_bootstrap(),
+    );
+    let (source_config, sink_config, _, (source, sink)) = start_copy(&name, &dir, &dest, &source_toml);
+    // Once copied, the indexes that are not unique and the defaults are
+    // made; the rest waits for the cutover.
+    let now = [
+        ("index", "customers_by_name"),
+        ("index", "orders_placed_qty"),
+        ("index", "orders_orders_customer"),
+        ("default", "status"),
+        ("default", "created"),
+        ("default", "qty"),
+    ];
+    let waiting = [
+        ("index", "customers_email"),
+        ("foreign_key", "orders_customer"),
+        ("check", "qty_positive"),
+        ("check", "status_known"),
+        ("identity", "id"),
+    ];
+    wait_for("the copy and its objects", Duration::from_secs(120), || async {
+        let (listed, ok) = objects(&sink_config, false);
+        let has = |kind: &str, name: &str, state: &str| listed.contains(&(kind.into(), name.into(), state.into()));
+        (ok && now.iter().all(|(k, n)| has(k, n, "made")) && waiting.iter().all(|(k, n)| has(k, n, "at_cutover")))
+            .then_some(())
+    })
+    .await;
+    let (listed, _) = objects(&sink_config, false);
+    assert!(!listed.iter().any(|(_, n, _)| n.contains("prefix")), "a prefix index is not carried: {listed:?}");
+
+    // The application: an account and a session of its own, writing until
+    // it cannot.
+    let app_url = format!("mysql://{name}:app@{}/{name}", server.rsplit('@').next().unwrap_or_default());
+    let mut app = mysql_async::Conn::from_url(app_url.as_str())
+        .await
+        .expect("the application's session");
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = writes.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0u64.. {
+            let statements = [
+                "START TRANSACTION".to_string(),
+                format!("INSERT INTO customers (email, name, status) VALUES ('w{i}@x', 'w{i}', 'vip')"),
+                format!(
+                    "INSERT INTO orders (customer_id, qty, placed) \
+                     VALUES (LAST_INSERT_ID(), 1 + {i} % 7, date '2026-01-01' + INTERVAL {i} % 300 DAY)"
+                ),
+                format!("UPDATE orders SET qty = qty + 1 WHERE id = 1 + {i} % 300"),
+                "COMMIT".to_string(),
+            ];
+            for sql in statements {
+                if let Err(e) = app.query_drop(sql).await {
+                    return e.to_string();
+                }
+            }
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        unreachable!()
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let out = cutover(&sink_config, &source_config).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(30), writer).await;
+    // The server is shared with the other tests: writable again first.
+    admin.query_drop("SET GLOBAL read_only = OFF").await.expect("undo read_only");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the cutover failed ({}):\n{stdout}\n{stderr}", out.status);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    eprintln!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    let stopped = stopped.expect("the writer stops").expect("writer");
+    assert!(writes.load(std::sync::atomic::Ordering::Relaxed) > 10, "the application wrote during the copy");
+    eprintln!("the application's last error: {stopped}");
+    let tables = report["tables"].as_array().expect("tables");
+    assert_eq!(tables.len(), 2, "{report}");
+    assert!(tables.iter().all(|t| t["verification"] == "equal"), "{report}");
+    let downtime = report["downtime_ms"].as_u64().expect("downtime");
+    assert!(downtime < 10_000, "write downtime {downtime} ms");
+    assert!(report["ok"].as_bool() == Some(true), "{report}");
+
+    // The destination's catalog holds every object that maps.
+    let d = &dest.schema;
+    let lines = catalog(&pg_destination_url(), d).await;
+    eprintln!("{lines:#?}");
+    for expected in [
+        "index CREATE UNIQUE INDEX customers_email ON S.customers USING btree (email)",
+        "index CREATE INDEX customers_by_name ON S.customers USING btree (name)",
+        "index CREATE INDEX orders_placed_qty ON S.orders USING btree (placed, qty DESC)",
+        "index CREATE INDEX orders_orders_customer ON S.orders USING btree (customer_id)",
+        "constraint orders_customer FOREIGN KEY (customer_id) REFERENCES S.customers(id) ON UPDATE RESTRICT ON DELETE CASCADE valid=true",
+        "constraint qty_positive CHECK ((qty > 0)) valid=true",
+        "column customers.id default  identity d",
+        "column orders.id default  identity d",
+        "column orders.qty default 1 identity ",
+        "column customers.created default CURRENT_TIMESTAMP identity ",
+    ] {
+        assert!(lines.contains(expected), "{expected} not in {lines:#?}");
+    }
+    for prefix in ["constraint status_known CHECK", "column customers.status default 'new'"] {
+        assert!(lines.iter().any(|l| l.starts_with(prefix)), "{prefix} not in {lines:#?}");
+    }
+    assert!(!lines.iter().any(|l| l.contains("name_prefix")), "{lines:#?}");
+
+    // The application on the new database: keys above every source key,
+    // the defaults filled in.
+    let row = dest
+        .admin
+        .query_one(
+            &format!(
+                "WITH c AS (INSERT INTO \"{d}\".customers (email, name) VALUES ('after@x', 'after') RETURNING id, status), \
+                 o AS (INSERT INTO \"{d}\".orders (customer_id, placed) SELECT id, '2026-06-01' FROM c RETURNING id, qty) \
+                 SELECT (SELECT id FROM c)::bigint, (SELECT id FROM o)::bigint, (SELECT status FROM c)::text, \
+                        (SELECT qty FROM o)::bigint"
+            ),
+            &[],
+        )
+        .await
+        .expect("the application writes into the new database");
+    let (customer, order, status, qty): (i64, i64, String, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!((status.as_str(), qty), ("new", 1));
+    let (max_customer, max_order): (i64, i64) = admin
+        .query_first(format!("SELECT (SELECT max(id) FROM {name}.customers), (SELECT max(id) FROM {name}.orders)"))
+        .await
+        .expect("the source's keys")
+        .expect("a row");
+    assert!(customer > max_customer && order > max_order, "keys the source used");
+    // The foreign key holds in the destination.
+    let refused = dest
+        .admin
+        .batch_execute(&format!("INSERT INTO \"{d}\".orders (customer_id, placed) VALUES (-1, '2026-06-01')"))
+        .await;
+    assert!(refused.is_err(), "an order of no customer is refused");
+
+    drop(sink);
+    drop(source);
+    delete(&source_config, &sink_config);
+    let _ = admin.query_drop(format!("DROP DATABASE {name}")).await;
+    let _ = admin.query_drop(format!("DROP USER '{name}'@'%'")).await;
     dest.exec(&format!("DROP SCHEMA IF EXISTS \"{d}\" CASCADE")).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -142,3 +142,85 @@ pub async fn table_def(conn: &mut impl Queryable, table: &TableId) -> Result<Opt
         primary_key: key,
     }))
 }
+
+/// What makes the server read-only for a migration's cutover
+/// (docs/migration.md): `read_only` stops every account without `SUPER` /
+/// `READ_ONLY ADMIN` (MariaDB has no per-database switch); the sessions
+/// then open on `database` are ended, but this user's (the copy's) and
+/// replication's.
+pub fn read_only_sql(database: &str) -> String {
+    format!(
+        "SET GLOBAL read_only = ON; then KILL CONNECTION for each session of information_schema.PROCESSLIST \
+         with DB = '{}' but this one, the copy's user's and binlog readers'",
+        database.replace('\'', "''")
+    )
+}
+
+/// What makes the server writable again.
+pub const UNDO_READ_ONLY_SQL: &str = "SET GLOBAL read_only = OFF";
+
+/// Makes the server read-only and ends the sessions on `database` (see
+/// [`read_only_sql`]); returns how many were ended.
+pub async fn make_read_only(conn: &mut mysql_async::Conn, database: &str) -> Result<usize> {
+    conn.query_drop("SET GLOBAL read_only = ON")
+        .await
+        .map_err(|e| classify_my(e, "making the server read-only (SET GLOBAL read_only = ON)"))?;
+    let sessions: Vec<u64> = conn
+        .exec(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND DB = ? \
+               AND USER <> SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND COMMAND NOT LIKE 'Binlog Dump%'",
+            (database,),
+        )
+        .await
+        .map_err(|e| classify_my(e, "listing the sessions to end"))?;
+    let mut ended = 0;
+    for id in sessions {
+        // One that ended meanwhile is no error.
+        if conn.query_drop(format!("KILL CONNECTION {id}")).await.is_ok() {
+            ended += 1;
+        }
+    }
+    Ok(ended)
+}
+
+/// Each `AUTO_INCREMENT` column of `tables` as the sequence its identity
+/// takes values from in a destination ([`super::objects::identity_sequence`]),
+/// at the server's counter: a cutover moves the destination's past it.
+pub async fn auto_increment_sequences(
+    conn: &mut mysql_async::Conn,
+    tables: &[TableId],
+) -> Result<Vec<tributary_schemas::SequenceState>> {
+    // MySQL 8 caches the counters in information_schema for a day unless told.
+    let _ = conn.query_drop("SET SESSION information_schema_stats_expiry = 0").await;
+    let mut out = Vec::new();
+    let databases: std::collections::BTreeSet<&str> = tables.iter().map(|t| t.schema.as_str()).collect();
+    for db in databases {
+        let rows: Vec<(String, String, Option<u64>)> = conn
+            .exec(
+                "SELECT c.TABLE_NAME, c.COLUMN_NAME, t.AUTO_INCREMENT FROM information_schema.COLUMNS c \
+                 JOIN information_schema.TABLES t ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME \
+                 WHERE c.TABLE_SCHEMA = ? AND c.EXTRA LIKE '%auto_increment%' ORDER BY 1",
+                (db,),
+            )
+            .await
+            .map_err(|e| classify_my(e, "reading the AUTO_INCREMENT counters"))?;
+        for (table, column, next) in rows {
+            if !tables.iter().any(|t| t.schema == db && t.table == table) {
+                continue;
+            }
+            let next = i64::try_from(next.unwrap_or(1)).unwrap_or(i64::MAX).max(1);
+            out.push(tributary_schemas::SequenceState {
+                schema: db.to_string(),
+                name: super::objects::identity_sequence(&table, &column),
+                data_type: "bigint".into(),
+                increment: 1,
+                min: 1,
+                max: i64::MAX,
+                cycle: false,
+                last_value: if next > 1 { next - 1 } else { 1 },
+                is_called: next > 1,
+            });
+        }
+    }
+    Ok(out)
+}

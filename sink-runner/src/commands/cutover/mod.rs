@@ -1,5 +1,6 @@
-//! `sink-runner cutover`: ends a copy from PostgreSQL into PostgreSQL as a
-//! migration's switch-over (docs/migration.md). With both runners running:
+//! `sink-runner cutover`: ends a copy from PostgreSQL, MySQL or MariaDB into
+//! PostgreSQL as a migration's switch-over (docs/migration.md). With both
+//! runners running:
 //!
 //! 1. waits until the copy is caught up (every table's lag within a bound);
 //! 2. makes the source read-only (the documented SQL, or an operator step
@@ -17,6 +18,8 @@
 //! The source stays read-only whatever happens (the report says how to
 //! undo it): whether to go back is the operator's call.
 
+mod source;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,12 +28,10 @@ use serde::{Deserialize, Serialize};
 use tributary_connectors::sinks::postgres::config::DestinationTable;
 use tributary_connectors::sinks::postgres::objects::Outcome;
 use tributary_connectors::sinks::postgres::PostgresSink;
-use tributary_connectors::sources::postgres::client::Catalog;
+use tributary_connectors::sources::mysql::config::MySqlSourceConfig;
 use tributary_connectors::sources::postgres::config::PostgresSourceConfig;
-use tributary_connectors::SourceConfig as _;
 use tributary_operations::admin::client::call;
 use tributary_operations::admin::AdminConfig;
-use tributary_schemas::TableId;
 
 use crate::config::SinkRunnerConfig;
 use crate::RunError;
@@ -110,6 +111,7 @@ struct SourceSide {
     #[serde(default)]
     admin: AdminConfig,
     postgres: Option<PostgresSourceConfig>,
+    mysql: Option<MySqlSourceConfig>,
     #[serde(flatten)]
     _rest: toml::Table,
 }
@@ -120,36 +122,17 @@ pub async fn cutover(config: &SinkRunnerConfig, o: &Options) -> Result<Report, R
     let text =
         std::fs::read_to_string(&o.source_config).map_err(|e| other(format!("{}: {e}", o.source_config.display())))?;
     let side: SourceSide = toml::from_str(&text).map_err(|e| other(format!("{}: {e}", o.source_config.display())))?;
-    let Some(source) = side.postgres else {
-        return Err(other(
-            "the cutover command moves a PostgreSQL source for now; for MySQL and MariaDB follow the steps of \
-             docs/migration.md"
-                .into(),
-        ));
-    };
-    source.validate_at("postgres").map_err(|e| other(e.to_string()))?;
     let Some(mut dest) = config.destination.postgres.clone() else {
         return Err(other("the cutover command moves a database into PostgreSQL ([postgres])".into()));
     };
     dest.consumer_group = Some(config.consumer_group.clone());
     let mut sink = PostgresSink::new(dest).map_err(|e| other(e.to_string()))?;
-    let params = source.connection().map_err(|e| other(e.to_string()))?;
-    let catalog = Catalog::connect(&params).await.map_err(|e| other(format!("source: {e}")))?;
-    let tables: Vec<TableId> = catalog
-        .list_tables(&source.filter())
+    let (mut db, tables) = source::SourceDb::open(side.postgres.as_ref(), side.mysql.as_ref())
         .await
-        .map_err(|e| other(format!("source: {e}")))?
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
+        .map_err(other)?;
     let destinations: Vec<DestinationTable> = tables.iter().map(|t| sink.destination_of(t)).collect();
-    let db = tributary_connectors::pgwire::quote_ident(&params.database);
-    let read_only_sql = format!(
-        "ALTER DATABASE {db} SET default_transaction_read_only = on; \
-         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() \
-         AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND application_name NOT LIKE 'tributary%'"
-    );
-    let undo_sql = format!("ALTER DATABASE {db} RESET default_transaction_read_only");
+    let read_only_sql = db.read_only_sql();
+    let undo_sql = db.undo_sql();
     for (which, admin, file) in [
         ("source", &side.admin, o.source_config.display().to_string()),
         ("sink", &config.admin, "the sink runner's config".to_string()),
@@ -195,9 +178,7 @@ pub async fn cutover(config: &SinkRunnerConfig, o: &Options) -> Result<Report, R
             if o.dry_run {
                 None
             } else {
-                catalog
-                    .client()
-                    .batch_execute(&read_only_sql)
+                db.make_read_only()
                     .await
                     .map_err(|e| other(format!("source: cannot make it read-only: {e}")))?;
                 Some(Instant::now())
@@ -255,14 +236,7 @@ pub async fn cutover(config: &SinkRunnerConfig, o: &Options) -> Result<Report, R
             .map_err(|e| other(format!("destination: {e}")))?
     };
     step(&mut report, "move every sequence past the source's".into());
-    let states: Vec<_> = catalog
-        .sequences(&tables)
-        .await
-        .map_err(|e| other(format!("source: {e}")))?
-        .into_iter()
-        .filter(|(_, _, readable)| *readable)
-        .map(|(_, s, _)| s)
-        .collect();
+    let states = db.sequences(&tables).await.map_err(|e| other(format!("source: {e}")))?;
     if !o.dry_run {
         sink.advance_sequences(&states)
             .await
