@@ -189,7 +189,8 @@ async fn foreign_keys(q: &mut Reader<'_>) -> Result<()> {
         let id = TableId::new(db, table);
         let Some(schema) = tables.get(&id) else { continue };
         if !has_columns(schema, columns.iter().map(String::as_str)) {
-            q.found.skip(&id, format!("foreign key {name}: on a column left out of the copy"));
+            q.found
+                .skip(&id, format!("foreign key {name}: on a column left out of the copy"));
             continue;
         }
         let mut options = Vec::new();
@@ -199,7 +200,9 @@ async fn foreign_keys(q: &mut Reader<'_>) -> Result<()> {
                 // own NO ACTION (at the statement's end) is its default.
                 "NO ACTION" | "" => {}
                 r @ ("RESTRICT" | "CASCADE" | "SET NULL" | "SET DEFAULT") => options.push(format!("ON {on} {r}")),
-                other => q.found.skip(&id, format!("foreign key {name}: ON {on} {other} (carried without it)")),
+                other => q
+                    .found
+                    .skip(&id, format!("foreign key {name}: ON {on} {other} (carried without it)")),
             }
         }
         let quoted: Vec<String> = columns.iter().map(|c| quote(c)).collect();
@@ -244,7 +247,8 @@ async fn checks(q: &mut Reader<'_>) -> Result<()> {
             continue;
         }
         let Some((expression, columns)) = expression(&clause) else {
-            q.found.skip(&id, format!("check {name} ({clause}): an expression PostgreSQL does not read alike"));
+            q.found
+                .skip(&id, format!("check {name} ({clause}): an expression PostgreSQL does not read alike"));
             continue;
         };
         if !has_columns(schema, columns.iter().map(String::as_str)) {
@@ -286,7 +290,8 @@ async fn defaults(q: &mut Reader<'_>) -> Result<()> {
             continue;
         }
         if extra.contains("on update") {
-            q.found.skip(&id, format!("column {column}: ON UPDATE CURRENT_TIMESTAMP (a trigger in PostgreSQL)"));
+            q.found
+                .skip(&id, format!("column {column}: ON UPDATE CURRENT_TIMESTAMP (a trigger in PostgreSQL)"));
         }
         if extra.contains("auto_increment") {
             match col.data_type {
