@@ -139,6 +139,18 @@ pub struct Control {
     /// Notified at each request: the runner's source ends a batch it waits
     /// on (`Source::set_wake`), so a request waits for no heartbeat.
     wake: Arc<tokio::sync::Notify>,
+    /// A migration's cutover asked from the console (`POST /cutover`).
+    cutover: Arc<CutoverSlot>,
+}
+
+/// A migration's cutover asked through the admin server (`POST /cutover`),
+/// for a runner that serves it (a sink runner told its source runner's
+/// config, docs/migration.md), and its progress (`GET /cutover`).
+struct CutoverSlot {
+    /// Where requests go (`true`: a dry run), once a runner serves them.
+    tx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<bool>>>,
+    /// The last one's progress and report, as `GET /cutover` answers it.
+    state: std::sync::Mutex<serde_json::Value>,
 }
 
 /// A request to copy one table (`schema.table`) again; the runner answers
@@ -197,7 +209,26 @@ impl Control {
             resyncs: Arc::new(ResyncQueue::new()),
             verifies: Arc::new(ResyncQueue::new()),
             wake: Arc::new(tokio::sync::Notify::new()),
+            cutover: Arc::new(CutoverSlot {
+                tx: std::sync::Mutex::new(None),
+                state: std::sync::Mutex::new(serde_json::json!({"state": "none"})),
+            }),
         }
+    }
+
+    /// Says that this runner cuts over when asked (`POST /cutover`): the
+    /// requests (`true`: a dry run) arrive on the returned receiver, one
+    /// at a time (none while one runs).
+    pub fn serve_cutover(&self) -> tokio::sync::mpsc::UnboundedReceiver<bool> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.cutover.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// Sets what `GET /cutover` answers: `state` (`running`, `done`,
+    /// `failed`), the steps so far, the report, the error.
+    pub fn set_cutover_state(&self, state: serde_json::Value) {
+        *self.cutover.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
     }
 
     /// The next verification asked (`POST /verify`) and still waited for;
@@ -511,6 +542,52 @@ async fn resync(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<T
     }
 }
 
+#[derive(Debug, Deserialize)]
+struct CutoverQuery {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// `POST /cutover[?dry_run=true]`: starts a migration's cutover (or its
+/// dry run) in the runner, as `sink-runner cutover` does; `GET /cutover`
+/// follows it.
+async fn cutover(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<CutoverQuery>) -> Response {
+    if let Some(r) = refuse(&s, &headers) {
+        return r;
+    }
+    let tx = s.control.cutover.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let Some(tx) = tx else {
+        return (
+            StatusCode::NOT_FOUND,
+            "this runner cannot cut over: a sink runner into PostgreSQL does, with [cutover] source_config set              (docs/migration.md)\n",
+        )
+            .into_response();
+    };
+    {
+        let mut state = s.control.cutover.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state["state"] == "running" {
+            return (StatusCode::CONFLICT, "a cutover is running: GET /cutover follows it\n").into_response();
+        }
+        *state = serde_json::json!({"state": "running", "dry_run": q.dry_run, "steps": []});
+    }
+    tracing::info!(dry_run = q.dry_run, "cutover asked by an operator");
+    if tx.send(q.dry_run).is_err() {
+        s.control.set_cutover_state(serde_json::json!({"state": "none"}));
+        return (StatusCode::SERVICE_UNAVAILABLE, "the runner is stopping; nothing was done\n").into_response();
+    }
+    let what = if q.dry_run { "dry run of the cutover" } else { "cutover" };
+    (StatusCode::ACCEPTED, format!("{what} started: GET /cutover follows it\n")).into_response()
+}
+
+/// `GET /cutover`: the last cutover's state, steps and report, and whether
+/// this runner cuts over (`available`).
+async fn cutover_state(State(s): State<AppState>) -> Response {
+    let available = s.control.cutover.tx.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+    let mut state = s.control.cutover.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    state["available"] = serde_json::Value::Bool(available);
+    Json(state).into_response()
+}
+
 /// `POST /verify[?table=schema.table][&method=rows|summary]`: verifies the
 /// table (every table without one) while the stream goes on, by the
 /// method asked (the config's without one); the sinks report the outcome.
@@ -581,6 +658,7 @@ pub fn router_with_peers(
         .route("/peers", get(peer_status))
         .route("/resync", post(resync))
         .route("/verify", post(verify))
+        .route("/cutover", get(cutover_state).post(cutover))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/status", get(status))

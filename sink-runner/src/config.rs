@@ -148,10 +148,62 @@ pub struct SinkRunnerConfig {
     /// needs `prefix` and the source runner's `transaction_metadata`).
     #[serde(default)]
     pub consistency: Consistency,
+    /// A migration's cutover from the console (`[cutover]`,
+    /// docs/migration.md): off without the section.
+    #[serde(default)]
+    pub cutover: Option<CutoverConfig>,
     /// The destination: exactly one section, e.g. `[postgres]` or
     /// `[bigquery]`.
     #[serde(flatten)]
     pub destination: Sinks,
+}
+
+/// How long a cutover's catch-up may lag, by default (seconds).
+pub const DEFAULT_CUTOVER_MAX_LAG_SECONDS: u64 = 5;
+/// How long each of a cutover's waits may take, by default (seconds).
+pub const DEFAULT_CUTOVER_TIMEOUT_SECONDS: u64 = 600;
+
+/// `[cutover]`: what a cutover asked from the console (`POST /cutover`)
+/// does, as `sink-runner cutover`'s flags say it; its `source_config` is
+/// also that command's when it is given none.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CutoverConfig {
+    /// The source runner's config file (its database and admin server).
+    pub source_config: std::path::PathBuf,
+    /// How the source stops taking writes: `sql` (the documented SQL) or
+    /// `none` (it takes none already). A console cannot wait for an
+    /// operator's Enter.
+    #[serde(default)]
+    pub read_only: CutoverReadOnly,
+    /// The lag every table must be within before the source is made
+    /// read-only.
+    #[serde(default = "default_cutover_max_lag")]
+    pub max_lag_seconds: u64,
+    /// How long each wait may take.
+    #[serde(default = "default_cutover_timeout")]
+    pub timeout_seconds: u64,
+    /// Keep the sink's position columns (the copy is to go on).
+    #[serde(default)]
+    pub keep_position_columns: bool,
+}
+
+/// `read_only` of `[cutover]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CutoverReadOnly {
+    /// The cutover runs the documented SQL.
+    #[default]
+    Sql,
+    /// The source takes no writes already.
+    None,
+}
+
+fn default_cutover_max_lag() -> u64 {
+    DEFAULT_CUTOVER_MAX_LAG_SECONDS
+}
+fn default_cutover_timeout() -> u64 {
+    DEFAULT_CUTOVER_TIMEOUT_SECONDS
 }
 
 /// librdkafka's setting of how a group's partitions are shared out.
@@ -208,6 +260,17 @@ impl Validate for SinkRunnerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.kafka.validate("kafka")?;
         self.admin.validate()?;
+        if let Some(c) = &self.cutover {
+            if c.source_config.as_os_str().is_empty() {
+                return Err(ConfigError::invalid("cutover.source_config", "must name the source runner's config file"));
+            }
+            if c.timeout_seconds == 0 {
+                return Err(ConfigError::invalid("cutover.timeout_seconds", "must be at least 1"));
+            }
+            if self.admin.listen == "off" {
+                return Err(ConfigError::invalid("cutover", "needs the admin server ([admin] listen)"));
+            }
+        }
         if self.schema_registry_url.trim().is_empty() {
             return Err(ConfigError::invalid("schema_registry_url", "must not be empty"));
         }

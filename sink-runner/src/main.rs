@@ -79,9 +79,10 @@ enum Command {
     /// table verified equal.
     #[cfg(feature = "cutover")]
     Cutover {
-        /// The source runner's config file.
+        /// The source runner's config file ([cutover] source_config when
+        /// not given).
         #[arg(long)]
-        source_config: PathBuf,
+        source_config: Option<PathBuf>,
         /// How the source stops taking writes.
         #[arg(long, value_enum, default_value = "sql")]
         read_only: sink_runner::commands::cutover::ReadOnly,
@@ -142,6 +143,12 @@ fn main() -> ExitCode {
                 keep_position_columns,
                 json,
             }) => {
+                let Some(source_config) =
+                    source_config.or_else(|| config.cutover.as_ref().map(|c| c.source_config.clone()))
+                else {
+                    eprintln!("error: cutover needs --source-config, or [cutover] source_config in the config");
+                    return ExitCode::from(2);
+                };
                 let options = sink_runner::commands::cutover::Options {
                     source_config,
                     read_only,
@@ -149,6 +156,7 @@ fn main() -> ExitCode {
                     max_lag: std::time::Duration::from_secs(max_lag_seconds),
                     timeout: std::time::Duration::from_secs(timeout_seconds),
                     keep_position_columns,
+                    progress: None,
                 };
                 cutover(config, &options, json).await
             }
@@ -171,6 +179,8 @@ async fn run(config: SinkRunnerConfig) -> ExitCode {
     );
     let telemetry = tributary_operations::telemetry::Telemetry::new(&config.consumer_group, "sink");
     let control = tributary_operations::admin::Control::new();
+    #[cfg(feature = "cutover")]
+    sink_runner::commands::cutover::serve_console(&config, &control);
     if let Err(e) = tributary_operations::admin::serve(&config.admin, telemetry.clone(), control.clone()).await {
         eprintln!("error: cannot start the admin server on {}: {e}", config.admin.listen);
         return ExitCode::FAILURE;

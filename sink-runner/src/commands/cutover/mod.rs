@@ -33,7 +33,7 @@ use tributary_connectors::sources::postgres::config::PostgresSourceConfig;
 use tributary_operations::admin::client::call;
 use tributary_operations::admin::AdminConfig;
 
-use crate::config::SinkRunnerConfig;
+use crate::config::{CutoverReadOnly, SinkRunnerConfig};
 use crate::RunError;
 
 /// How the source stops taking writes.
@@ -48,7 +48,7 @@ pub enum ReadOnly {
 }
 
 /// What `cutover` is asked.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Options {
     /// The source runner's config file (its database and admin server).
     pub source_config: PathBuf,
@@ -63,7 +63,12 @@ pub struct Options {
     pub timeout: Duration,
     /// Keep the sink's position columns (the copy is to go on).
     pub keep_position_columns: bool,
+    /// Told each step as it starts (the console's progress).
+    pub progress: Option<Progress>,
 }
+
+/// What is told each step of a cutover as it starts.
+pub type Progress = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 /// One table's outcome.
 #[derive(Debug, Clone, Serialize)]
@@ -158,6 +163,9 @@ pub async fn cutover(config: &SinkRunnerConfig, o: &Options) -> Result<Report, R
     };
     let step = |report: &mut Report, s: String| {
         tracing::info!("{s}");
+        if let Some(progress) = &o.progress {
+            progress(&s);
+        }
         report.steps.push(s);
     };
 
@@ -278,6 +286,59 @@ pub async fn cutover(config: &SinkRunnerConfig, o: &Options) -> Result<Report, R
         && report.tables.iter().all(|t| t.verification == "equal")
         && report.objects.iter().all(|o| o.state == "made");
     Ok(report)
+}
+
+/// Serves the cutovers asked from the console (`POST /cutover`) as the
+/// runner's `[cutover]` says, one at a time, publishing each one's steps as
+/// they start and its report or error for `GET /cutover`.
+pub fn serve_console(config: &SinkRunnerConfig, control: &tributary_operations::admin::Control) {
+    let Some(c) = config.cutover.clone() else {
+        return;
+    };
+    if config.destination.postgres.is_none() {
+        tracing::warn!("[cutover] is for a copy into PostgreSQL: the console's cutover is off");
+        return;
+    }
+    let (config, control) = (config.clone(), control.clone());
+    let mut requests = control.serve_cutover();
+    tokio::spawn(async move {
+        while let Some(dry_run) = requests.recv().await {
+            let steps = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+            let progress: Progress = {
+                let (steps, control) = (steps.clone(), control.clone());
+                std::sync::Arc::new(move |s: &str| {
+                    let mut steps = steps.lock().unwrap_or_else(|p| p.into_inner());
+                    steps.push(s.to_string());
+                    control.set_cutover_state(
+                        serde_json::json!({"state": "running", "dry_run": dry_run, "steps": *steps}),
+                    );
+                })
+            };
+            let options = Options {
+                source_config: c.source_config.clone(),
+                read_only: match c.read_only {
+                    CutoverReadOnly::Sql => ReadOnly::Sql,
+                    CutoverReadOnly::None => ReadOnly::None,
+                },
+                dry_run,
+                max_lag: Duration::from_secs(c.max_lag_seconds),
+                timeout: Duration::from_secs(c.timeout_seconds),
+                keep_position_columns: c.keep_position_columns,
+                progress: Some(progress),
+            };
+            let state = match cutover(&config, &options).await {
+                Ok(report) => {
+                    serde_json::json!({"state": "done", "dry_run": dry_run, "steps": report.steps, "report": report})
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the cutover asked from the console failed");
+                    let steps = steps.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    serde_json::json!({"state": "failed", "dry_run": dry_run, "steps": steps, "error": e.to_string()})
+                }
+            };
+            control.set_cutover_state(state);
+        }
+    });
 }
 
 /// The runner's `/status` at `listen`, as JSON.
