@@ -245,9 +245,12 @@ pub fn merge_sql(
             .collect::<Vec<_>>()
             .join(", ");
         let (ec, ei) = positions("EXCLUDED.");
+        // A table the application made (a migration's way back into the old
+        // database) may have a `GENERATED ALWAYS` identity: the copy writes
+        // the source's values into it.
         let _ = write!(
             merge,
-            "INSERT INTO {t} AS t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} AS s WHERE NOT {d} \
+            "INSERT INTO {t} AS t ({cols}) OVERRIDING SYSTEM VALUE SELECT DISTINCT ON ({keys}) {cols} FROM {s} AS s WHERE NOT {d} \
              AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key = s.{k} \
              AND {removed}) \
              AND NOT EXISTS (SELECT 1 FROM {deleted} AS d WHERE d.dest_table = {name} AND d.row_key = {whole} \
