@@ -91,16 +91,19 @@ fn objects(config: &std::path::Path, make_waiting: bool) -> (BTreeSet<(String, S
     )
 }
 
-/// Starts a copy for a cutover: a source runner of config `source` and a
-/// sink runner into `dest`, each with its admin server on a port of its
-/// own (`listen = "off"` replaced), logs in `dir`. Returns both configs'
+/// Starts a copy: a source runner of config `source` and a sink runner
+/// named `prefix` (the source's name) of group `group` into destination
+/// `section`, each with its admin server on a port of its own (`listen =
+/// "off"` replaced), configs and logs in `dir`. Returns both configs'
 /// paths, the sink's admin port and the runners.
 fn start_copy(
-    name: &str,
+    prefix: &str,
     dir: &std::path::Path,
-    dest: &postgres::Destination,
     source: &str,
+    group: &str,
+    section: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf, u16, (tributary_tests::Runner, tributary_tests::Runner)) {
+    std::fs::create_dir_all(dir).expect("temp dir");
     let (source_port, sink_port) = (tributary_tests::free_port(), tributary_tests::free_port());
     let source_config = dir.join("source.toml");
     std::fs::write(
@@ -109,10 +112,9 @@ fn start_copy(
     )
     .expect("source config");
     let sink_config = dir.join("sink.toml");
-    let section = format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), dest.schema);
     std::fs::write(
         &sink_config,
-        tributary_tests::sink_runner_config(name, &dest.group, &section)
+        tributary_tests::sink_runner_config(prefix, group, section)
             .replace("listen = \"off\"", &format!("listen = \"127.0.0.1:{sink_port}\"")),
     )
     .expect("sink config");
@@ -120,6 +122,51 @@ fn start_copy(
     let sink = tributary_tests::Runner::start("sink-runner", &sink_config, &dir.join("sink.log"));
     eprintln!("logs: {}", dir.display());
     (source_config, sink_config, sink_port, (source, sink))
+}
+
+/// The `[postgres]` section of a sink into `dest`.
+fn into(dest: &postgres::Destination) -> String {
+    format!("[postgres]\nurl = \"{}\"\nschema = \"{}\"\n", pg_destination_url(), dest.schema)
+}
+
+/// The rows of `schema`'s customers and orders at `url`, as text.
+async fn contents(url: &str, schema: &str) -> (Option<String>, Option<String>) {
+    let client = postgres::connect(url).await;
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT (SELECT string_agg(format('%s|%s|%s|%s', id, email, name, created), ',' ORDER BY id) \
+                         FROM \"{schema}\".customers), \
+                        (SELECT string_agg(format('%s|%s|%s|%s', id, customer_id, qty, placed), ',' ORDER BY id) \
+                         FROM \"{schema}\".orders)"
+            ),
+            &[],
+        )
+        .await
+        .expect("the rows");
+    (row.get(0), row.get(1))
+}
+
+/// Asks the sink runner of admin port `port` for a cutover from its
+/// console (`POST /cutover`), a dry run or not, and waits for its end:
+/// what `GET /cutover` then says.
+async fn console_cutover(port: u16, dry_run: bool) -> serde_json::Value {
+    let asked = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/cutover?dry_run={dry_run}"))
+        .send()
+        .await
+        .expect("POST /cutover");
+    assert_eq!(asked.status(), reqwest::StatusCode::ACCEPTED, "{:?}", asked.text().await);
+    wait_for("the cutover asked from the console", Duration::from_secs(240), || async {
+        let state: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/cutover"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (state["state"] != "running").then_some(state)
+    })
+    .await
 }
 
 /// Runs `sink-runner cutover --json` (up to 180 s per wait).
@@ -140,11 +187,12 @@ async fn cutover(sink_config: &std::path::Path, source_config: &std::path::Path)
     .expect("cutover")
 }
 
-/// Deletes both runners' copy (topics, slot, destination tables).
-fn delete(source_config: &std::path::Path, sink_config: &std::path::Path) {
+/// Deletes both runners' copy (topics, slot; the destination's tables too
+/// when `drop_destination`).
+fn delete(source_config: &std::path::Path, sink_config: &std::path::Path, drop_destination: bool) {
     for (runner, config, extra) in [
         ("source-runner", source_config, None),
-        ("sink-runner", sink_config, Some("--drop-destination")),
+        ("sink-runner", sink_config, drop_destination.then_some("--drop-destination")),
     ] {
         let _ = std::process::Command::new(runner_binary(runner))
             .arg("--config")
@@ -274,7 +322,8 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let source_toml = tributary_tests::pg_source_runner_config(&name)
         .replace(&format!("url = \"{}\"", pg_source_url()), &format!("url = \"{url}\""));
-    let (source_config, sink_config, sink_port, (source, sink)) = start_copy(&name, &dir, &dest, &source_toml);
+    let (source_config, sink_config, sink_port, (source, sink)) =
+        start_copy(&name, &dir, &source_toml, &dest.group, &into(&dest));
     wait_for("the copy", Duration::from_secs(120), || async {
         let status = tributary_tests::runner_status(sink_port).await?;
         let t = &status["tables"][format!("{}.orders", dest.schema)];
@@ -324,8 +373,50 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
     let downtime = report["downtime_ms"].as_u64().expect("downtime");
     assert!(downtime < 10_000, "write downtime {downtime} ms");
     assert_eq!(catalog(&pg_destination_url(), &dest.schema).await, catalog(&url, &name).await);
-    // The application on the new database: keys above every source key.
     let d = &dest.schema;
+    // The cutover ended every session of the source but the copy's; its
+    // keys as it left them.
+    let db = postgres::connect(&url).await;
+    let max = db
+        .query_one(&format!("SELECT (SELECT max(id) FROM {name}.customers), (SELECT max(id) FROM {name}.orders)"), &[])
+        .await
+        .expect("the source's keys");
+    let (max_customer, max_order): (i32, i64) = (max.get(0), max.get(1));
+
+    // The way back (docs/migration.md): before the application moves, a
+    // copy from the new database into the old one starts from this point,
+    // without a snapshot (the two are equal); its sink's sessions may write
+    // the read-only database, without its triggers (foreign keys included:
+    // a child row may come before its parent's). (No DDL trigger: the new
+    // database is the one every test's sink writes.)
+    let back = format!("{name}_back");
+    let back_source = format!(
+        "name = \"{back}\"\nschema_registry_url = \"{}\"\n[kafka]\nbootstrap_servers = \"{}\"\n[admin]\nlisten = \"off\"\n\
+         [postgres]\nurl = \"{}\"\nslot_name = \"{back}\"\npublication_name = \"{back}\"\ninclude = [\"{d}.*\"]\n\
+         snapshot_mode = \"never\"\nschema_objects = false\nheartbeat_interval_ms = 1000\n\
+         install_ddl_trigger = false\n",
+        tributary_tests::schema_registry_url(),
+        tributary_tests::kafka_bootstrap(),
+        pg_destination_url()
+    );
+    let back_section = format!(
+        "[postgres]\nurl = \"{url}?options=-c%20default_transaction_read_only%3Doff%20-c%20session_replication_role%3Dreplica\"\n\
+         schema = \"{name}\"\n"
+    );
+    let (back_source_config, back_sink_config, _, back_runners) =
+        start_copy(&back, &dir.join("back"), &back_source, &format!("{back}_group"), &back_section);
+    wait_for("the way back's slot", Duration::from_secs(60), || async {
+        let slots: i64 = dest
+            .admin
+            .query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", &[&back])
+            .await
+            .ok()?
+            .get(0);
+        (slots == 1).then_some(())
+    })
+    .await;
+
+    // The application on the new database: keys above every source key.
     let row = dest
         .admin
         .query_one(
@@ -339,18 +430,35 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
         .await
         .expect("the application writes into the new database");
     let (customer, order): (i32, i64) = (row.get(0), row.get(1));
-    // The cutover ended every session of the source but the copy's.
-    let db = postgres::connect(&url).await;
-    let max = db
-        .query_one(&format!("SELECT (SELECT max(id) FROM {name}.customers), (SELECT max(id) FROM {name}.orders)"), &[])
+    assert!(customer > max_customer && order > max_order, "keys the source used");
+    dest.admin
+        .batch_execute(&format!(
+            "UPDATE \"{d}\".orders SET qty = qty + 5 WHERE id <= 5; DELETE FROM \"{d}\".customers WHERE id = 1"
+        ))
         .await
-        .expect("the source's keys");
-    assert!(customer > max.get::<_, i32>(0) && order > max.get::<_, i64>(1), "keys the source used");
+        .expect("an update, a delete that cascades");
+    // The old database follows the new one, and still refuses the
+    // application's writes.
+    let new = contents(&pg_destination_url(), d).await;
+    assert!(new.0.as_deref().is_some_and(|c| c.contains("after@x")), "{new:?}");
+    let since = std::time::Instant::now();
+    wait_for("the old database to equal the new one", Duration::from_secs(90), || async {
+        (contents(&url, &name).await == contents(&pg_destination_url(), d).await).then_some(())
+    })
+    .await;
+    eprintln!("the old database equalled the new one {} ms after its writes", since.elapsed().as_millis());
+    let refused = db
+        .batch_execute(&format!("INSERT INTO {name}.customers (email, name) VALUES ('late@x', 'late')"))
+        .await
+        .expect_err("the old database is read-only");
+    eprintln!("the old database refused the application: {refused:?}");
+    drop(back_runners);
+    delete(&back_source_config, &back_sink_config, false);
 
     drop(sink);
     drop(source);
     drop(db);
-    delete(&source_config, &sink_config);
+    delete(&source_config, &sink_config, true);
     let _ = pg.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await;
     dest.exec(&format!("DROP SCHEMA IF EXISTS \"{d}\" CASCADE")).await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -361,7 +469,8 @@ async fn a_postgres_database_moves_under_writes_and_cuts_over_in_one_command() {
 /// indexes (a descending part, the index InnoDB made for a foreign key),
 /// a foreign key with its action, checks, literal and `CURRENT_TIMESTAMP`
 /// defaults and `AUTO_INCREMENT` columns as identities; a prefix index is
-/// not carried. One `sink-runner cutover` makes the server read-only (the
+/// not carried. One cutover asked from the sink runner's console (`POST
+/// /cutover`, after a dry run that changes nothing) makes the server read-only (the
 /// application's account is stopped, its session ended), verifies both
 /// tables, makes the objects that waited and moves the identities past the
 /// source's counters: the application's next rows go into the destination
@@ -414,7 +523,10 @@ async fn a_mariadb_database_moves_under_writes_and_cuts_over_in_one_command() {
         registry = tributary_tests::schema_registry_url(),
         kafka = tributary_tests::kafka_bootstrap(),
     );
-    let (source_config, sink_config, _, (source, sink)) = start_copy(&name, &dir, &dest, &source_toml);
+    // The cutover from the console: the sink runner knows the source's config.
+    let section = format!("[cutover]\nsource_config = \"{}\"\n{}", dir.join("source.toml").display(), into(&dest));
+    let (source_config, sink_config, sink_port, (source, sink)) =
+        start_copy(&name, &dir, &source_toml, &dest.group, &section);
     // Once copied, the indexes that are not unique and the defaults are
     // made; the rest waits for the cutover.
     let now = [
@@ -473,15 +585,27 @@ async fn a_mariadb_database_moves_under_writes_and_cuts_over_in_one_command() {
         unreachable!()
     });
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let out = cutover(&sink_config, &source_config).await;
+    // The console's page offers it; a dry run changes nothing (the
+    // application goes on writing); then the cutover.
+    let page = reqwest::get(format!("http://127.0.0.1:{sink_port}/"))
+        .await
+        .expect("the console")
+        .text()
+        .await
+        .expect("its page");
+    assert!(page.contains("cutover-run"), "the console has no cutover");
+    let dry = console_cutover(sink_port, true).await;
+    assert!(dry["state"] == "done" && dry["report"]["dry_run"] == true, "{dry}");
+    let before = writes.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(writes.load(std::sync::atomic::Ordering::Relaxed) > before, "a dry run stops no write");
+    let done = console_cutover(sink_port, false).await;
     let stopped = tokio::time::timeout(Duration::from_secs(30), writer).await;
     // The server is shared with the other tests: writable again first.
     admin.query_drop("SET GLOBAL read_only = OFF").await.expect("undo read_only");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the cutover failed ({}):\n{stdout}\n{stderr}", out.status);
-    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    eprintln!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    assert_eq!(done["state"], "done", "{done}");
+    let report = done["report"].clone();
+    eprintln!("{}", serde_json::to_string_pretty(&done).unwrap_or_default());
     let stopped = stopped.expect("the writer stops").expect("writer");
     assert!(writes.load(std::sync::atomic::Ordering::Relaxed) > 10, "the application wrote during the copy");
     eprintln!("the application's last error: {stopped}");
@@ -547,7 +671,7 @@ async fn a_mariadb_database_moves_under_writes_and_cuts_over_in_one_command() {
 
     drop(sink);
     drop(source);
-    delete(&source_config, &sink_config);
+    delete(&source_config, &sink_config, true);
     let _ = admin.query_drop(format!("DROP DATABASE {name}")).await;
     let _ = admin.query_drop(format!("DROP USER '{name}'@'%'")).await;
     dest.exec(&format!("DROP SCHEMA IF EXISTS \"{d}\" CASCADE")).await;
