@@ -8,6 +8,7 @@
 pub mod keyless;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod memory;
+pub mod objects;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -355,19 +355,9 @@ pub struct MySqlSource {
     wake: Option<Arc<tokio::sync::Notify>>,
     /// The copied tables' objects as last sent, and when they are read
     /// next (see [`MySqlSource::objects_moved`]).
-    objects: ObjectsSent,
-}
-
-/// The objects a source sent, and when it reads them again.
-#[derive(Default)]
-struct ObjectsSent {
-    /// When they are read next (`None`: at the next batch).
-    next_read: Option<std::time::Instant>,
-    /// Each copied table's objects as last sent (every table's once per
-    /// start: a sink applies a set it has again as a no-op).
-    sent: BTreeMap<TableId, tributary_schemas::TableObjects>,
-    /// The connection they are read on.
-    conn: Option<mysql_async::Conn>,
+    objects: crate::source::objects::ObjectsSent,
+    /// The session they are read on.
+    objects_conn: Option<mysql_async::Conn>,
 }
 
 impl std::fmt::Debug for MySqlSource {
@@ -408,7 +398,8 @@ impl MySqlSource {
             restored: BTreeMap::new(),
             written: SchemaHistory::default(),
             wake: None,
-            objects: ObjectsSent::default(),
+            objects: crate::source::objects::ObjectsSent::default(),
+            objects_conn: None,
         })
     }
 
@@ -541,12 +532,9 @@ impl MySqlSource {
     /// since they were last sent, saying once what of them is not carried.
     /// A failed read is said and tried again at the next interval.
     async fn objects_moved(&mut self, batch: &mut SourceBatch) {
-        let every = self.config.objects_interval_ms;
-        let now = std::time::Instant::now();
-        if !self.config.schema_objects || every == 0 || self.objects.next_read.is_some_and(|at| now < at) {
+        if !self.config.schema_objects || !self.objects.due(self.config.objects_interval_ms) {
             return;
         }
-        self.objects.next_read = Some(now + std::time::Duration::from_millis(every));
         let Some(kind) = self.state.as_ref().map(|s| s.server) else {
             return;
         };
@@ -575,7 +563,7 @@ impl MySqlSource {
         if tables.is_empty() {
             return;
         }
-        let conn = match self.objects.conn.take() {
+        let conn = match self.objects_conn.take() {
             Some(conn) => Ok(conn),
             None => connect(&self.params).await,
         };
@@ -583,7 +571,7 @@ impl MySqlSource {
             Ok(mut conn) => {
                 let found = objects::read(&mut conn, kind, &tables).await;
                 if found.is_ok() {
-                    self.objects.conn = Some(conn);
+                    self.objects_conn = Some(conn);
                 }
                 found
             }
@@ -596,15 +584,11 @@ impl MySqlSource {
                 return;
             }
         };
-        for (table, objects) in found.objects {
-            if self.objects.sent.get(&table) != Some(&objects) {
-                for what in found.not_carried.get(&table).into_iter().flatten() {
-                    tracing::warn!(table = %table, "not carried into destinations that recreate objects: {what}");
-                }
-                tracing::debug!(table = %table, "the table's indexes, constraints or defaults changed: sending them");
-                self.objects.sent.insert(table.clone(), objects.clone());
-                batch.messages.push(SourceMessage::Objects(table, objects));
+        for (table, objects) in self.objects.changed(found.objects) {
+            for what in found.not_carried.get(&table).into_iter().flatten() {
+                tracing::warn!(table = %table, "not carried into destinations that recreate objects: {what}");
             }
+            batch.messages.push(SourceMessage::Objects(table, objects));
         }
     }
 
@@ -737,8 +721,7 @@ impl Source for MySqlSource {
         self.prelude.clear();
         self.progress.clear();
         self.copy_after_run.clear();
-        self.objects.sent.clear();
-        self.objects.next_read = None;
+        self.objects.forget();
         let mut resumed = checkpoint.as_ref().map(SourceState::from_checkpoint).transpose()?;
         // The history as the side records hold it: the durable one (a
         // checkpoint written before side records holds its own).

@@ -107,8 +107,8 @@ async fn indexes(q: &mut Reader<'_>) -> Result<()> {
             "indexes",
         )
         .await?;
-    // (table, index) -> unique, parts, why not carried
-    type Index = (bool, Vec<String>, Option<String>);
+    // (table, index) -> unique, (column, descending) parts, why not carried
+    type Index = (bool, Vec<(String, bool)>, Option<String>);
     let mut by_index: BTreeMap<(String, String), Index> = BTreeMap::new();
     for r in rows {
         let table: String = text(&r, 0);
@@ -128,11 +128,7 @@ async fn indexes(q: &mut Reader<'_>) -> Result<()> {
         };
         match (why, column) {
             (Some(why), _) => entry.2 = entry.2.take().or(Some(why)),
-            (None, Some(c)) => entry.1.push(if descending {
-                format!("{} DESC", quote(&c))
-            } else {
-                quote(&c)
-            }),
+            (None, Some(c)) => entry.1.push((c, descending)),
             (None, None) => {}
         }
     }
@@ -143,9 +139,7 @@ async fn indexes(q: &mut Reader<'_>) -> Result<()> {
             q.found.skip(&id, format!("index {index}: {why}"));
             continue;
         }
-        let columns = parts.iter().map(|p| p.trim_end_matches(" DESC"));
-        let names: Vec<String> = columns.map(unquote).collect();
-        if !has_columns(schema, names.iter().map(String::as_str)) {
+        if !has_columns(schema, parts.iter().map(|(c, _)| c.as_str())) {
             q.found.skip(&id, format!("index {index}: on a column left out of the copy"));
             continue;
         }
@@ -154,7 +148,7 @@ async fn indexes(q: &mut Reader<'_>) -> Result<()> {
             objects.indexes.push(IndexObject {
                 name,
                 unique,
-                definition: format!("({})", parts.join(", ")),
+                definition: format!("({})", parts.iter().map(part).collect::<Vec<_>>().join(", ")),
             });
         }
     }
@@ -349,9 +343,13 @@ fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// The name inside [`quote`]'s quotes.
-fn unquote(quoted: &str) -> String {
-    quoted.trim_matches('"').replace("\"\"", "\"")
+/// An index's part: its column, quoted, and its order.
+fn part((column, descending): &(String, bool)) -> String {
+    if *descending {
+        format!("{} DESC", quote(column))
+    } else {
+        quote(column)
+    }
 }
 
 /// `name` cut to what PostgreSQL keeps, at a character's boundary.

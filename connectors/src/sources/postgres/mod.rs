@@ -243,7 +243,7 @@ pub struct PostgresSource {
     sequences: SequencesSent,
     /// The copied tables' objects as last sent, and when they are read
     /// next (see [`PostgresSource::objects_moved`]).
-    objects: ObjectsSent,
+    objects: crate::source::objects::ObjectsSent,
     /// The runner's wake-up between batches (see [`Source::set_wake`]).
     wake: Option<Arc<tokio::sync::Notify>>,
 }
@@ -257,17 +257,6 @@ struct SequencesSent {
     sent: HashMap<TableId, tributary_schemas::SequenceState>,
     /// Sequences this role may not read, warned about once.
     unreadable: std::collections::HashSet<TableId>,
-}
-
-/// The objects a source sent, and when it reads them again.
-#[derive(Debug, Default)]
-struct ObjectsSent {
-    /// When they are read next (`None`: at the next batch).
-    next_read: Option<std::time::Instant>,
-    /// Each copied table's objects as last sent (every table's once per
-    /// process: one dropped while the runner was away is then dropped
-    /// downstream too).
-    sent: HashMap<TableId, tributary_schemas::TableObjects>,
 }
 
 impl std::fmt::Debug for PostgresSource {
@@ -313,7 +302,7 @@ impl PostgresSource {
             domain_change: None,
             start_over: false,
             sequences: SequencesSent::default(),
-            objects: ObjectsSent::default(),
+            objects: crate::source::objects::ObjectsSent::default(),
             wake: None,
         })
     }
@@ -1384,12 +1373,9 @@ impl PostgresSource {
     /// since they were last sent. Objects are not in the WAL's changes; a
     /// failed read is said and tried again at the next interval.
     async fn objects_moved(&mut self, batch: &mut SourceBatch) {
-        let every = self.config.sequence_interval_ms;
-        let now = std::time::Instant::now();
-        if !self.config.schema_objects || every == 0 || self.objects.next_read.is_some_and(|at| now < at) {
+        if !self.config.schema_objects || !self.objects.due(self.config.sequence_interval_ms) {
             return;
         }
-        self.objects.next_read = Some(now + std::time::Duration::from_millis(every));
         let Some(catalog) = self.catalog.as_ref() else {
             return;
         };
@@ -1422,12 +1408,8 @@ impl PostgresSource {
                 return;
             }
         };
-        for (table, objects) in found {
-            if self.objects.sent.get(&table) != Some(&objects) {
-                tracing::debug!(table = %table, "the table's indexes, constraints or defaults changed: sending them");
-                self.objects.sent.insert(table.clone(), objects.clone());
-                batch.messages.push(SourceMessage::Objects(table, objects));
-            }
+        for (table, objects) in self.objects.changed(found) {
+            batch.messages.push(SourceMessage::Objects(table, objects));
         }
     }
 
